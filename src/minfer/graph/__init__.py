@@ -1,0 +1,1 @@
+"""minfer.graph."""
