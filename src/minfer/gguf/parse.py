@@ -1,0 +1,178 @@
+"""Bounds-checked parsing of a GGUF header: the cursor, metadata values and lazy string arrays.
+
+This module owns the byte-level reading of everything before the tensor data. Every count a
+file declares is bounded by the bytes that remain before anything is allocated, so a lying
+header costs at most one pass over the file, never a huge allocation or a hang. Every failure
+is a `GGUFError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from gguf import GGUFValueType
+from minfer.errors import GGUFError
+
+# Scalar value types: struct format (little-endian) and numpy dtype of one element.
+_SCALARS: dict[int, tuple[str, str]] = {
+    GGUFValueType.UINT8: ("<B", "<u1"),
+    GGUFValueType.INT8: ("<b", "<i1"),
+    GGUFValueType.UINT16: ("<H", "<u2"),
+    GGUFValueType.INT16: ("<h", "<i2"),
+    GGUFValueType.UINT32: ("<I", "<u4"),
+    GGUFValueType.INT32: ("<i", "<i4"),
+    GGUFValueType.FLOAT32: ("<f", "<f4"),
+    GGUFValueType.BOOL: ("<B", "<u1"),
+    GGUFValueType.UINT64: ("<Q", "<u8"),
+    GGUFValueType.INT64: ("<q", "<i8"),
+    GGUFValueType.FLOAT64: ("<d", "<f8"),
+}
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+class StringArray:
+    """A GGUF string array kept compact: one bytes buffer plus start/end offsets, decoded on access.
+
+    `[i]` decodes element i as UTF-8 (invalid bytes replaced); `bytes_at(i)` gives the raw bytes.
+    """
+
+    __slots__ = ("_buf", "_ends", "_starts")
+
+    def __init__(self, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+        self._buf = buf
+        self._starts = starts
+        self._ends = ends
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def bytes_at(self, i: int) -> bytes:
+        return self._buf[int(self._starts[i]) : int(self._ends[i])]
+
+    def __getitem__(self, i: int) -> str:
+        return self.bytes_at(i).decode("utf-8", errors="replace")
+
+    def __iter__(self) -> Iterator[str]:
+        buf = self._buf
+        for s, e in zip(self._starts.tolist(), self._ends.tolist(), strict=True):
+            yield buf[s:e].decode("utf-8", errors="replace")
+
+    def tolist(self) -> list[str]:
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"StringArray(len={len(self)})"
+
+
+class Cursor:
+    """Reads little-endian GGUF fields from a buffer, refusing any read past its end."""
+
+    def __init__(self, buf: memoryview, path: str, pos: int = 0) -> None:
+        self.buf = buf
+        self.path = path
+        self.pos = pos
+        self.end = len(buf)
+
+    def fail(self, problem: str) -> GGUFError:
+        return GGUFError(self.path, problem)
+
+    @property
+    def remaining(self) -> int:
+        return self.end - self.pos
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.remaining:
+            raise self.fail(f"truncated: {what} needs {n} bytes at offset {self.pos}, "
+                            f"file has {self.remaining} left")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(v)
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (v,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(v)
+
+    def raw_string(self, what: str) -> bytes:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        data = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        return data
+
+    def string(self, what: str) -> str:
+        data = self.raw_string(what)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        """A uint64 element count, bounded by the bytes left (each item takes >= min_item_bytes)."""
+        n = self.u64(f"count of {what}")
+        if n * min_item_bytes > self.remaining:
+            raise self.fail(f"{what} claims {n} items but only {self.remaining} bytes remain")
+        return n
+
+    def value(self, vtype: int, what: str) -> Any:
+        """One metadata value of type vtype (scalars → Python, arrays → numpy / StringArray)."""
+        if vtype == GGUFValueType.STRING:
+            return self.string(what)
+        if vtype == GGUFValueType.ARRAY:
+            return self.array(what)
+        if vtype not in _SCALARS:
+            raise self.fail(f"{what} has unknown value type {vtype}")
+        fmt, _ = _SCALARS[vtype]
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return bool(v) if vtype == GGUFValueType.BOOL else v
+
+    def array(self, what: str) -> np.ndarray | StringArray:
+        etype = self.u32(f"element type of {what}")
+        if etype == GGUFValueType.STRING:
+            return self.string_array(what)
+        if etype == GGUFValueType.ARRAY:
+            raise self.fail(f"{what} is a nested array, which minfer does not read")
+        if etype not in _SCALARS:
+            raise self.fail(f"{what} has unknown element type {etype}")
+        dtype = np.dtype(_SCALARS[etype][1])
+        n = self.count(what, dtype.itemsize)
+        arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos).copy()
+        self.pos += n * dtype.itemsize
+        if etype == GGUFValueType.BOOL:
+            return arr != 0
+        return arr.astype(dtype.newbyteorder("="), copy=False)
+
+    def string_array(self, what: str) -> StringArray:
+        n = self.count(what, 8)
+        first = self.pos
+        starts = np.empty(n, dtype=np.int64)
+        ends = np.empty(n, dtype=np.int64)
+        unpack, buf, pos = _U64.unpack_from, self.buf, self.pos
+        try:
+            for i in range(n):
+                (length,) = unpack(buf, pos)
+                pos += 8
+                starts[i] = pos
+                pos += length
+                ends[i] = pos
+        except struct.error:
+            raise self.fail(f"truncated: {what} runs past the end of the file") from None
+        if pos > self.end:
+            raise self.fail(f"truncated: {what} runs past the end of the file")
+        self.pos = pos
+        starts -= first
+        ends -= first
+        return StringArray(bytes(buf[first:pos]), starts, ends)
