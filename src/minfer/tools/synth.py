@@ -1,0 +1,261 @@
+"""Synthetic GGUF models: random weights, real shapes and a working byte-level BPE tokenizer.
+
+Owns `write_tiny_model` (the model every unit test runs) and `write_model_like_qwen25_05b`
+(random weights in the development model's exact shapes and tensor types, for speed tests).
+Weights are written with the `gguf` writer; quantized roles go through `minfer.gguf.quantize`.
+Block formats need the row length (n_embd for most matrices, n_ff for ffn_down, n_head*head_dim
+for attn_output) to be a multiple of the block size: 32 for Q4_0…Q8_0, 256 for the K-quants.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+from minfer.gguf.quantize import can_quantize, quantize
+
+ROLES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output",
+         "ffn_gate", "ffn_up", "ffn_down")
+WeightTypes = QType | Mapping[str, QType]  # one type, or role → type ("default" for the rest)
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+USER_TOKENS = ("<tool_call>",)
+
+# Enough English (and a little code) that common pairs such as "th", "in", " the" merge.
+_TRAIN_TEXT = """
+The quick brown fox jumps over the lazy dog. The dog sleeps in the sun, and the fox runs
+into the forest. In the morning there is nothing better than a cup of tea and a good book.
+She said that the weather would be fine, but then it started to rain in the evening.
+Hello world! This is a small test of the tokenizer: it should merge the most common pairs
+of letters, such as th, in, er, an, on and the whole word the. We are testing, they are
+learning, and everything is running. def main(): return print("hello, world") if x else None
+for i in range(10): total = total + i  # counting numbers 0123456789
+"""
+_PRETOKEN_RE = re.compile(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable symbol map, in GPT-2's order (printable bytes first)."""
+    byte_values = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    code_points = list(byte_values)
+    unprintable = [b for b in range(256) if b not in byte_values]
+    byte_values += unprintable
+    code_points += [256 + i for i in range(len(unprintable))]
+    return {b: chr(c) for b, c in zip(byte_values, code_points, strict=True)}
+
+
+def train_merges(text: str, n_merges: int) -> list[tuple[str, str]]:
+    """Greedy byte-level BPE on `text` (ties broken by the smaller pair): deterministic."""
+    enc = bytes_to_unicode()
+    words = Counter(_PRETOKEN_RE.findall(text))
+    seqs = {tuple(enc[b] for b in w.encode()): c for w, c in words.items()}
+    merges: list[tuple[str, str]] = []
+    for _ in range(n_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for seq, count in seqs.items():
+            for pair in itertools.pairwise(seq):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        if pairs[best] < 2:
+            break
+        merges.append(best)
+        seqs = {_apply_merge(seq, best): c for seq, c in seqs.items()}
+    return merges
+
+
+def _apply_merge(seq: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
+    out: list[str] = []
+    i = 0
+    while i < len(seq):
+        if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
+            out.append(seq[i] + seq[i + 1])
+            i += 2
+        else:
+            out.append(seq[i])
+            i += 1
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class TinyVocab:
+    """tokens / token_type (1 normal, 3 control, 4 user-defined, 5 unused) / merges."""
+
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+
+    def id(self, token: str) -> int:
+        return self.tokens.index(token)
+
+
+def build_tiny_vocab(*, n_merges: int = 200, extra_tokens: Sequence[str] = (),
+                     vocab_size: int | None = None) -> TinyVocab:
+    """256 byte symbols + trained merges + control/user tokens, padded with `[PADn]` if asked."""
+    tokens = list(bytes_to_unicode().values())
+    merges = train_merges(_TRAIN_TEXT, n_merges)
+    for a, b in merges:
+        if a + b not in tokens:
+            tokens.append(a + b)
+    types = [1] * len(tokens)
+    for tok, ttype in [*((t, 3) for t in CONTROL_TOKENS),
+                       *((t, 4) for t in (*USER_TOKENS, *extra_tokens))]:
+        tokens.append(tok)
+        types.append(ttype)
+    if vocab_size is not None:
+        if vocab_size < len(tokens):
+            raise ValueError(f"vocab_size={vocab_size} < the {len(tokens)} tokens needed")
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+        types += [5] * (vocab_size - len(types))
+    return TinyVocab(tokens, types, [f"{a} {b}" for a, b in merges])
+
+
+def _type_for(weight_types: WeightTypes, role: str) -> QType:
+    if isinstance(weight_types, QType):
+        return weight_types
+    return QType(weight_types.get(role, weight_types.get("default", QType.F32)))
+
+
+def _random_matrix(rng: np.random.Generator, n_out: int, n_in: int, *, std: float,
+                   qtype: QType, name: str) -> tuple[np.ndarray, QType | None]:
+    """A [n_out, n_in] normal(0, std) weight in qtype, built in row chunks to bound memory."""
+    if not can_quantize(qtype, n_in):
+        raise ValueError(f"{name}: rows of {n_in} values cannot be {qtype.name} "
+                         "(block formats need multiples of 32, K-quants of 256)")
+    chunks = []
+    for start in range(0, n_out, 8192):
+        rows = min(8192, n_out - start)
+        chunks.append(quantize(rng.standard_normal((rows, n_in), dtype=np.float32) * std, qtype))
+    raw_dtype = None if qtype in (QType.F32, QType.F16) else qtype
+    return np.concatenate(chunks), raw_dtype
+
+
+def write_tiny_model(
+    path: str | Path,
+    *,
+    arch: str = "qwen2",
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    head_dim: int | None = None,
+    vocab: TinyVocab | None = None,
+    weight_types: WeightTypes = QType.F32,
+    weight_type: WeightTypes | None = None,
+    tied: bool = True,
+    seed: int = 0,
+    chat_template: str | None = None,
+    n_ctx_train: int = 2048,
+    rope_base: float = 10000.0,
+    extra_tokens: Sequence[str] = (),
+) -> Path:
+    """Write a random-weight qwen2/qwen3 GGUF with a working tokenizer; return its path.
+
+    `weight_types` (alias `weight_type`) is one type or a role → type mapping over ROLES (norms
+    and biases stay F32). `chat_template=None` writes the ChatML default, "" writes none.
+    qwen2 gets q/k/v biases; qwen3 gets attn_q_norm / attn_k_norm and no biases.
+    """
+    if arch not in ("qwen2", "qwen3"):
+        raise ValueError(f"write_tiny_model writes qwen2 or qwen3, not {arch!r}")
+    path = Path(path)
+    types = weight_type if weight_type is not None else weight_types
+    vocab = vocab or build_tiny_vocab(extra_tokens=extra_tokens)
+    hd = head_dim or n_embd // n_head
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch, use_temp_file=True)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    if head_dim is not None or arch == "qwen3":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(1e-6)
+    _add_tokenizer(w, vocab, chat_template)
+
+    def matrix(name: str, role: str, n_out: int, n_in: int, std: float = 0.05) -> None:
+        data, raw_dtype = _random_matrix(rng, n_out, n_in, std=std, qtype=_type_for(types, role),
+                                         name=name)
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+
+    def vector(name: str, n: int, *, mean: float, std: float) -> None:
+        w.add_tensor(name, (mean + std * rng.standard_normal(n)).astype(np.float32))
+
+    n_vocab = len(vocab.tokens)
+    matrix("token_embd.weight", "token_embd", n_vocab, n_embd, std=0.1)
+    for i in range(n_layer):
+        blk = f"blk.{i}"
+        vector(f"{blk}.attn_norm.weight", n_embd, mean=1.0, std=0.05)
+        for proj, n_out in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
+            matrix(f"{blk}.attn_{proj}.weight", f"attn_{proj}", n_out, n_embd)
+            if arch == "qwen2":
+                vector(f"{blk}.attn_{proj}.bias", n_out, mean=0.0, std=0.02)
+        if arch == "qwen3":
+            vector(f"{blk}.attn_q_norm.weight", hd, mean=1.0, std=0.05)
+            vector(f"{blk}.attn_k_norm.weight", hd, mean=1.0, std=0.05)
+        matrix(f"{blk}.attn_output.weight", "attn_output", n_embd, n_head * hd)
+        vector(f"{blk}.ffn_norm.weight", n_embd, mean=1.0, std=0.05)
+        matrix(f"{blk}.ffn_gate.weight", "ffn_gate", n_ff, n_embd)
+        matrix(f"{blk}.ffn_up.weight", "ffn_up", n_ff, n_embd)
+        matrix(f"{blk}.ffn_down.weight", "ffn_down", n_embd, n_ff)
+    vector("output_norm.weight", n_embd, mean=1.0, std=0.05)
+    if not tied:
+        matrix("output.weight", "output", n_vocab, n_embd, std=0.1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, vocab: TinyVocab, chat_template: str | None) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_eos_token_id(vocab.id("<|im_end|>"))
+    w.add_bos_token_id(vocab.id("<|endoftext|>"))
+    w.add_pad_token_id(vocab.id("<|endoftext|>"))
+    w.add_add_bos_token(False)
+    template = DEFAULT_CHAT_TEMPLATE if chat_template is None else chat_template
+    if template:
+        w.add_chat_template(template)
+
+
+# The development model's tensor types by role (it alternates ffn_down Q4_K/Q6_K and attn_v
+# Q5_0/Q8_0 across layers; one type per role is close enough for speed work).
+QWEN25_05B_TYPES: Mapping[str, QType] = {
+    "token_embd": QType.Q5_0, "output": QType.Q8_0, "attn_v": QType.Q8_0,
+    "ffn_down": QType.Q4_K, "default": QType.Q5_0,
+}
+
+
+def write_model_like_qwen25_05b(path: str | Path, *, weight_type: WeightTypes = QWEN25_05B_TYPES,
+                                seed: int = 0) -> Path:
+    """Random weights in Qwen2.5-0.5B's shapes (24 layers, 896 wide, vocab 151,936): ~0.5 GB."""
+    return write_tiny_model(
+        path, arch="qwen2", n_layer=24, n_embd=896, n_head=14, n_head_kv=2, n_ff=4864,
+        vocab=build_tiny_vocab(vocab_size=151936), weight_types=weight_type, tied=False,
+        seed=seed, n_ctx_train=32768, rope_base=1000000.0,
+    )
