@@ -1,0 +1,129 @@
+"""The CPU backend: runs every op with the compiled kernels in `kernels/`.
+
+It supports every node, so it is also the backend of last resort in assignment. Matmuls read
+weights in their GGUF block format (zero-copy from the file) and quantize their activation once
+per input node per forward (memoised in the ExecContext), so q/k/v and gate/up share one
+quantization of the same input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer.backends.base import ExecContext
+from minfer.backends.cpu import kernels as K
+from minfer.errors import GraphError
+from minfer.graph import ir
+from minfer.graph.ir import ComputeGraph, Node
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def supports_op(self, node: Node, graph: ComputeGraph) -> bool:
+        return True
+
+    def execute_node(
+        self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None, ctx: ExecContext
+    ) -> None:
+        handler = _HANDLERS.get(type(node.op))
+        if handler is None:
+            raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
+        handler(node, srcs, out, ctx)
+
+
+Srcs = list[np.ndarray | None]
+
+
+def _get_rows(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    assert out is not None
+    if node.meta.weights:  # embedding lookup from the (quantized) table
+        w, qtype = ctx.weights.matrix(node.meta.weights[0])
+        K.get_rows(w, qtype, srcs[0], out)
+    else:  # tail rows of an activation
+        np.take(srcs[0], srcs[1], axis=0, out=out)
+
+
+def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    assert isinstance(node.op, ir.RmsNorm)
+    K.rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), node.op.eps, out)
+
+
+def _matmul(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    assert out is not None and srcs[0] is not None
+    w, qtype = ctx.weights.matrix(node.meta.weights[0])
+    K.matmul(w, qtype, srcs[0], out)
+    if len(node.meta.weights) > 1:
+        out += ctx.weights.vector(node.meta.weights[1])
+
+
+def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    assert out is not None and srcs[0] is not None
+    gate_w, gate_t = ctx.weights.matrix(node.meta.weights[0])
+    up_w, up_t = ctx.weights.matrix(node.meta.weights[1])
+    gate = ctx.memo.get(("gate_scratch", out.shape))
+    if gate is None:
+        gate = ctx.memo[("gate_scratch", out.shape)] = np.empty_like(out)
+    K.matmul(gate_w, gate_t, srcs[0], gate)
+    K.matmul(up_w, up_t, srcs[0], out)
+    K.swiglu(gate, out, out)
+
+
+def _binary(kernel):  # type: ignore[no-untyped-def]
+    def run(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+        kernel(srcs[0], srcs[1], out)
+
+    return run
+
+
+def _silu(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    K.silu(srcs[0], out)
+
+
+def _rope(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    op = node.op
+    assert isinstance(op, ir.Rope)
+    K.rope_neox(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
+                rope_dim=op.rope_dim, base=op.base, out=out)
+
+
+def _qk_norm(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    op = node.op
+    assert isinstance(op, ir.QkNorm)
+    K.head_rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), n_head=op.n_head,
+                    head_dim=op.head_dim, eps=op.eps, out=out)
+
+
+def _kv_store(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    assert isinstance(node.op, ir.KvcacheStore)
+    layer = node.op.layer
+    K.kv_store(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])
+
+
+def _kv_load(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    return None  # a view of the persistent region; attention reads it through ctx.kv
+
+
+def _attn(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    op = node.op
+    assert isinstance(op, ir.Attn)
+    K.attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
+                n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
+                scale=op.scale, out=out)
+
+
+_HANDLERS = {
+    ir.GetRows: _get_rows,
+    ir.RmsNorm: _rms_norm,
+    ir.MatMul: _matmul,
+    ir.FusedGateUp: _fused_gate_up,
+    ir.Add: _binary(K.add),
+    ir.Mul: _binary(K.mul),
+    ir.SwiGLU: _binary(K.swiglu),
+    ir.Silu: _silu,
+    ir.Rope: _rope,
+    ir.QkNorm: _qk_norm,
+    ir.KvcacheStore: _kv_store,
+    ir.KvcacheLoad: _kv_load,
+    ir.Attn: _attn,
+}

@@ -1,0 +1,179 @@
+"""The engine's forward pass: params → reuse or build → fill inputs → execute → logits.
+
+An `Engine` owns one session's context: n_ctx fixed at creation, the persistent KV regions, the
+allocator, the graph cache and the backends. `forward` takes a batch as plain data (token ids,
+RoPE positions, the KV cell each token writes, the KV window each token reads, the rows whose
+logits are wanted) and returns an owned `[n_out, n_vocab]` float32 array. A single sequence is
+the common case (`forward(tokens, positions)`); several sequences batched together only change
+the data, never the graph.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from minfer.backends.base import Backend, ExecContext
+from minfer.backends.cpu.backend import CpuBackend
+from minfer.engine.weights import ModelWeights
+from minfer.errors import ContextOverflowError, MinferError
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.graph import scheduler
+from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
+from minfer.graph.cache import GraphCache, PreparedGraph
+from minfer.graph.fusion import fuse
+from minfer.graph.ir import InputKind
+from minfer.graph.params import ContextParams, GraphParams
+from minfer.models.registry import graph_builder_for
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward's worth of tokens; every field is input data, none is topology."""
+
+    tokens: np.ndarray  # [nt] int32
+    positions: np.ndarray  # [nt] RoPE positions
+    cells: np.ndarray  # [nt] KV cell written by each token
+    kv_start: np.ndarray  # [nt] first readable cell per token
+    kv_end: np.ndarray  # [nt] one past the last readable cell per token
+    out_rows: np.ndarray  # [n_out] rows whose logits are returned (ascending)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @classmethod
+    def single(cls, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> Batch:
+        """Tokens of one sequence at positions start_pos.. in cells of the same index."""
+        nt = len(tokens)
+        pos = np.arange(start_pos, start_pos + nt, dtype=np.int32)
+        return cls(
+            tokens=np.asarray(tokens, dtype=np.int32),
+            positions=pos,
+            cells=pos.copy(),
+            kv_start=np.zeros(nt, np.int32),
+            kv_end=pos + 1,
+            out_rows=np.arange(nt - n_out, nt, dtype=np.int32),
+        )
+
+
+class Engine:
+    def __init__(
+        self,
+        gguf_file: GGUFFile,
+        hparams: HParams,
+        *,
+        n_ctx: int,
+        kv_type: str = "f16",
+        fuse_swiglu: bool = True,
+        fuse_gate_up: bool = True,
+        backends: Sequence[Backend] | None = None,
+        n_threads: int | None = None,
+    ) -> None:
+        if kv_type not in ("f16", "f32"):
+            raise MinferError(f"unknown KV type {kv_type!r} (use f16 or f32)")
+        if n_ctx < 1:
+            raise MinferError(f"n_ctx must be positive, got {n_ctx}")
+        self.hparams = hparams
+        self.weights = ModelWeights(gguf_file)
+        self._backends = list(backends) if backends else [CpuBackend()]
+        self.ctx_params = ContextParams(
+            n_ctx=n_ctx,
+            kv_type=kv_type,
+            fuse_swiglu=fuse_swiglu,
+            fuse_gate_up=fuse_gate_up,
+            backends=tuple(b.name for b in self._backends),
+        )
+        self.kv = KVRegions(n_layer=hparams.n_layer, n_ctx=n_ctx,
+                            n_kv_embd=hparams.n_head_kv * hparams.head_dim, kv_type=kv_type)
+        self.allocator = Allocator(self.kv)
+        self.cache = GraphCache(self._prepare)
+        self._build_fn = graph_builder_for(hparams.arch)
+        self._shapes = self.weights.shapes()
+        self._by_name = {b.name: b for b in self._backends}
+        self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
+        if n_threads:
+            set_threads(n_threads)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx_params.n_ctx
+
+    def params_for(self, n_tokens: int, n_out: int) -> GraphParams:
+        return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version)
+
+    def _prepare(self, params: GraphParams) -> PreparedGraph:
+        graph = self._build_fn(self.hparams, params, self._shapes)
+        fuse(graph, params)
+        scheduler.assign_backends(graph, self._backends)
+        graph.topo_order()
+        plan = plan_buffers(graph)
+        return PreparedGraph(params, graph, plan, scheduler.make_splits(graph, plan.live))
+
+    # -- the forward ---------------------------------------------------------------------------
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray:
+        """One sequence's tokens at start_pos..; logits of the last n_out rows."""
+        return self.forward_batch(Batch.single(tokens, start_pos, n_out))
+
+    def forward_batch(self, batch: Batch) -> np.ndarray:
+        self._check(batch)
+        prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
+        buffers = self._buffers(prepared)
+        graph = prepared.graph
+        fills = {
+            InputKind.TOKEN_IDS: batch.tokens,
+            InputKind.POSITIONS: batch.positions,
+            InputKind.KV_CELLS: batch.cells,
+            InputKind.KV_START: batch.kv_start,
+            InputKind.KV_END: batch.kv_end,
+            InputKind.TAIL_IDS: batch.out_rows,
+        }
+        for kind, node_id in graph.inputs.items():
+            buf = buffers[node_id]
+            assert buf is not None
+            buf[:] = fills[kind]
+        ctx = ExecContext(weights=self.weights, kv=self.kv)
+        scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
+        logits = buffers[graph.outputs[0]]
+        assert logits is not None
+        return logits.copy()
+
+    def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
+        cached = prepared.scratch.get("buffers")
+        if cached is None or cached[0] != self.allocator.generation:
+            views = self.allocator.buffers(prepared.graph, prepared.plan)
+            prepared.scratch["buffers"] = cached = (self.allocator.generation, views)
+        return cached[1]  # type: ignore[no-any-return]
+
+    def _check(self, b: Batch) -> None:
+        nt, n_ctx = b.n_tokens, self.n_ctx
+        if nt == 0:
+            raise MinferError("empty batch")
+        for name in ("positions", "cells", "kv_start", "kv_end"):
+            if getattr(b, name).shape != (nt,):
+                raise MinferError(f"batch field {name} must have {nt} entries")
+        if int(b.cells.max()) >= n_ctx or int(b.positions.max()) >= n_ctx:
+            raise ContextOverflowError(
+                f"position {int(max(b.cells.max(), b.positions.max()))} is outside the context "
+                f"(n_ctx = {n_ctx})"
+            )
+        if int(b.cells.min()) < 0 or int(b.positions.min()) < 0:
+            raise MinferError("negative position or KV cell")
+        if np.any(b.kv_start < 0) or np.any(b.kv_end > n_ctx) or np.any(b.kv_start > b.cells) \
+                or np.any(b.kv_end <= b.cells):
+            raise MinferError("a token's KV window must lie in the context and include its cell")
+        rows = b.out_rows
+        if len(rows) == 0 or int(rows.min()) < 0 or int(rows.max()) >= nt:
+            raise MinferError("output rows must index the batch")
+        if len(rows) == nt and not np.array_equal(rows, np.arange(nt)):
+            raise MinferError("a batch returning every row returns them in order")
+
+
+def set_threads(n_threads: int) -> None:
+    import numba
+
+    numba.set_num_threads(max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS)))

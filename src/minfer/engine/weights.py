@@ -1,0 +1,50 @@
+"""Model weights by GGUF tensor name, as the backends read them.
+
+Matrices stay in their file format, zero-copy from the memory map: quantized tensors as
+`uint8[n_rows, row_bytes]` block bytes, float tensors as typed views. Small vectors (norm
+weights, biases) are converted to float32 once and kept.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+from minfer.gguf.reader import GGUFFile
+
+FLOAT_TYPES = {
+    gguf.GGMLQuantizationType.F32,
+    gguf.GGMLQuantizationType.F16,
+    gguf.GGMLQuantizationType.BF16,
+}
+
+
+class ModelWeights:
+    def __init__(self, f: GGUFFile, version: int = 0) -> None:
+        self.file = f
+        self.version = version
+        self._vectors: dict[str, np.ndarray] = {}
+        self._matrices: dict[str, tuple[np.ndarray, int]] = {}
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in self.file.tensors.items()}
+
+    def matrix(self, name: str) -> tuple[np.ndarray, int]:
+        hit = self._matrices.get(name)
+        if hit is None:
+            qtype = int(self.file.tensors[name].ggml_type)
+            data = self.file.array(name) if qtype in FLOAT_TYPES else self.file.raw(name)
+            hit = self._matrices[name] = (data, qtype)
+        return hit
+
+    def vector(self, name: str) -> np.ndarray:
+        vec = self._vectors.get(name)
+        if vec is None:
+            info = self.file.tensors[name]
+            if int(info.ggml_type) == gguf.GGMLQuantizationType.BF16:
+                raw = self.file.array(name).astype(np.uint32) << 16
+                vec = raw.view(np.float32).reshape(-1)
+            else:
+                vec = np.ascontiguousarray(self.file.array(name), dtype=np.float32).reshape(-1)
+            self._vectors[name] = vec
+        return vec

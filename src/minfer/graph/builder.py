@@ -1,0 +1,147 @@
+"""The graph builder: a pure, append-only factory of nodes.
+
+Each method checks its sources' shapes, computes the output shape, appends one node and returns
+its id. Nothing is computed, allocated or touched on a device: weights are known only by name and
+shape (GGUF `ne` order). Because a node can only reference ids that already exist, the node list
+is a topological order by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from minfer.errors import GraphError
+from minfer.graph import ir
+from minfer.graph.ir import ComputeGraph, DType, InputKind, Node, NodeMeta
+
+
+class GraphBuilder:
+    def __init__(self, weight_shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self._weights = weight_shapes
+        self.graph = ComputeGraph()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _append(
+        self,
+        name: str,
+        op: ir.Op,
+        srcs: tuple[int, ...],
+        shape: tuple[int, ...],
+        *,
+        dtype: DType = DType.F32,
+        meta: NodeMeta | None = None,
+    ) -> int:
+        nodes = self.graph.nodes
+        for src in srcs:
+            if not 0 <= src < len(nodes):
+                raise GraphError(f"{name}: source {src} does not exist yet")
+        node_id = len(nodes)
+        nodes.append(Node(node_id, name, op, srcs, shape, dtype, meta or NodeMeta()))
+        return node_id
+
+    def shape(self, node_id: int) -> tuple[int, ...]:
+        if not 0 <= node_id < len(self.graph.nodes):
+            raise GraphError(f"node {node_id} does not exist yet")
+        return self.graph.nodes[node_id].shape
+
+    def _weight(self, name: str) -> tuple[int, ...]:
+        try:
+            return self._weights[name]
+        except KeyError:
+            raise GraphError(f"weight {name!r} is not in the model") from None
+
+    def _same_shape(self, name: str, a: int, b: int) -> tuple[int, ...]:
+        if self.shape(a) != self.shape(b):
+            raise GraphError(f"{name}: shapes {self.shape(a)} and {self.shape(b)} differ")
+        return self.shape(a)
+
+    # -- leaves -----------------------------------------------------------------------------
+    def input(self, kind: InputKind, n: int) -> int:
+        node_id = self._append(kind.value, ir.Input(kind), (), (n,), dtype=DType.I32)
+        self.graph.inputs[kind] = node_id
+        return node_id
+
+    def output(self, node_id: int) -> None:
+        self.graph.outputs.append(node_id)
+
+    # -- ops --------------------------------------------------------------------------------
+    def embedding(self, weight: str, ids: int) -> int:
+        n_embd = self._weight(weight)[0]
+        meta = NodeMeta(role="token_embd", weights=(weight,))
+        return self._append("token_embd", ir.GetRows(), (ids,), (self.shape(ids)[0], n_embd),
+                            meta=meta)
+
+    def get_rows(self, name: str, x: int, ids: int, *, layer: int = -1) -> int:
+        shape = (self.shape(ids)[0], *self.shape(x)[1:])
+        return self._append(name, ir.GetRows(), (x, ids), shape,
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def rms_norm(self, name: str, x: int, weight: str, eps: float, *, layer: int = -1) -> int:
+        if self._weight(weight) != (self.shape(x)[-1],):
+            raise GraphError(f"{name}: norm weight {weight} does not match width {self.shape(x)}")
+        meta = NodeMeta(role=name, layer=layer, weights=(weight,))
+        return self._append(name, ir.RmsNorm(eps), (x,), self.shape(x), meta=meta)
+
+    def matmul(self, name: str, x: int, weight: str, *, bias: str | None = None,
+               layer: int = -1) -> int:
+        n_in, n_out = self._weight(weight)[:2]
+        if self.shape(x)[-1] != n_in:
+            raise GraphError(f"{name}: input width {self.shape(x)[-1]} != {weight} in {n_in}")
+        weights = (weight,) if bias is None else (weight, bias)
+        if bias is not None and self._weight(bias) != (n_out,):
+            raise GraphError(f"{name}: bias {bias} does not match {n_out}")
+        meta = NodeMeta(role=name, layer=layer, weights=weights)
+        return self._append(name, ir.MatMul(), (x,), (self.shape(x)[0], n_out), meta=meta)
+
+    def fused_gate_up(self, name: str, x: int, gate: str, up: str, *, layer: int) -> int:
+        n_in, n_ff = self._weight(gate)[:2]
+        if self._weight(up)[:2] != (n_in, n_ff) or self.shape(x)[-1] != n_in:
+            raise GraphError(f"{name}: gate/up shapes do not match the input")
+        meta = NodeMeta(role=name, layer=layer, weights=(gate, up))
+        return self._append(name, ir.FusedGateUp(), (x,), (self.shape(x)[0], n_ff), meta=meta)
+
+    def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
+        shape = self._same_shape(name, a, b)
+        return self._append(name, ir.Add(), (a, b), shape, meta=NodeMeta(role=name, layer=layer))
+
+    def mul(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
+        shape = self._same_shape(name, a, b)
+        return self._append(name, ir.Mul(), (a, b), shape, meta=NodeMeta(role=name, layer=layer))
+
+    def silu(self, name: str, x: int, *, layer: int = -1) -> int:
+        return self._append(name, ir.Silu(), (x,), self.shape(x),
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def swiglu(self, name: str, gate: int, up: int, *, layer: int = -1) -> int:
+        shape = self._same_shape(name, gate, up)
+        return self._append(name, ir.SwiGLU(), (gate, up), shape,
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def rope(self, name: str, x: int, positions: int, op: ir.Rope, *, layer: int) -> int:
+        if self.shape(x)[-1] != op.n_head * op.head_dim:
+            raise GraphError(f"{name}: width {self.shape(x)[-1]} != heads x head_dim")
+        return self._append(name, op, (x, positions), self.shape(x),
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def qk_norm(self, name: str, x: int, weight: str, op: ir.QkNorm, *, layer: int) -> int:
+        if self._weight(weight) != (op.head_dim,):
+            raise GraphError(f"{name}: {weight} is not one head wide")
+        meta = NodeMeta(role=name, layer=layer, weights=(weight,))
+        return self._append(name, op, (x,), self.shape(x), meta=meta)
+
+    def kv_store(self, layer: int, k: int, v: int, cells: int) -> int:
+        self._same_shape(f"kv_store.{layer}", k, v)
+        return self._append(f"kv_store.{layer}", ir.KvcacheStore(layer), (k, v, cells), (),
+                            meta=NodeMeta(role="kv_store", layer=layer))
+
+    def kv_load(self, layer: int, store: int, *, n_ctx: int, n_kv_embd: int) -> int:
+        return self._append(f"kv_load.{layer}", ir.KvcacheLoad(layer), (store,),
+                            (2, n_ctx, n_kv_embd), meta=NodeMeta(role="kv_load", layer=layer))
+
+    def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn) -> int:
+        if self.shape(q)[-1] != op.n_head * op.head_dim:
+            raise GraphError(f"attn.{op.layer}: q width does not match the heads")
+        if self.shape(kv)[-1] != op.n_head_kv * op.head_dim:
+            raise GraphError(f"attn.{op.layer}: KV width does not match the heads")
+        return self._append(f"attn.{op.layer}", op, (q, kv, start, end), self.shape(q),
+                            meta=NodeMeta(role="attn", layer=op.layer))

@@ -1,0 +1,195 @@
+"""The graph IR: ops as value types, nodes, and the compute graph.
+
+A forward pass is data. Every `Op` is a frozen dataclass that carries its full payload (eps, rope
+base, layer, head counts), so two graphs compare node by node with `==` and a dump reads as the
+forward pass itself. Nodes name the GGUF weights they read in `NodeMeta`; no node holds a pointer
+to memory. Node ids equal list positions and sources always point backwards, so build order is a
+topological order; `topo_order()` validates that instead of sorting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+
+from minfer.errors import GraphError
+
+
+class DType(str, Enum):
+    F32 = "f32"
+    I32 = "i32"
+
+
+class InputKind(str, Enum):
+    """What an input leaf is filled with before every execution (data, never topology)."""
+
+    TOKEN_IDS = "token_ids"  # [nt] token ids
+    POSITIONS = "positions"  # [nt] RoPE position of each token (within its sequence)
+    KV_CELLS = "kv_cells"  # [nt] KV cell each token's K/V row is written to
+    KV_START = "kv_start"  # [nt] first KV cell the token's query may read
+    KV_END = "kv_end"  # [nt] one past the last KV cell the token's query may read
+    TAIL_IDS = "tail_ids"  # [n_out] rows kept after the last attention projection
+
+
+class Op:
+    """Marker base class; concrete ops are frozen dataclasses below."""
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def payload(self) -> dict[str, object]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
+
+
+@dataclass(frozen=True)
+class Input(Op):
+    input_kind: InputKind
+
+
+@dataclass(frozen=True)
+class GetRows(Op):
+    """Rows of a weight table (embedding) or of an activation (tail selection)."""
+
+
+@dataclass(frozen=True)
+class RmsNorm(Op):
+    eps: float
+
+
+@dataclass(frozen=True)
+class MatMul(Op):
+    """y = x @ W.T (+ bias); W and bias named in the node's meta."""
+
+
+@dataclass(frozen=True)
+class Add(Op):
+    pass
+
+
+@dataclass(frozen=True)
+class Mul(Op):
+    pass
+
+
+@dataclass(frozen=True)
+class Silu(Op):
+    pass
+
+
+@dataclass(frozen=True)
+class SwiGLU(Op):
+    """silu(gate) * up; the fusion pass writes it in place of Mul(Silu(gate), up)."""
+
+
+@dataclass(frozen=True)
+class Rope(Op):
+    style: str  # "neox"
+    base: float
+    n_head: int
+    head_dim: int
+    rope_dim: int
+
+
+@dataclass(frozen=True)
+class QkNorm(Op):
+    """Per-head RMSNorm of Q or K (Qwen3), applied before RoPE."""
+
+    eps: float
+    n_head: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class KvcacheStore(Op):
+    """Writes K and V rows into the layer's persistent KV region at the cells input."""
+
+    layer: int
+
+
+@dataclass(frozen=True)
+class KvcacheLoad(Op):
+    """A view of the layer's persistent KV region; its source orders it after the store."""
+
+    layer: int
+
+
+@dataclass(frozen=True)
+class Attn(Op):
+    layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    scale: float
+
+
+@dataclass(frozen=True)
+class FusedGateUp(Op):
+    """Decode fusion: silu(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
+
+
+@dataclass(frozen=True)
+class NodeMeta:
+    """Where a node sits in the model, and which GGUF tensors it reads (by name)."""
+
+    role: str = ""
+    layer: int = -1
+    weights: tuple[str, ...] = ()
+
+
+@dataclass
+class Node:
+    id: int
+    name: str
+    op: Op
+    srcs: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: DType = DType.F32
+    meta: NodeMeta = field(default_factory=NodeMeta)
+    backend: str | None = None  # set by backend assignment, never by the builder
+
+    def structure(self) -> tuple[object, ...]:
+        """Everything that defines this node, for node-by-node comparison."""
+        return (self.id, self.name, self.op, self.srcs, self.shape, self.dtype, self.meta)
+
+
+@dataclass
+class ComputeGraph:
+    nodes: list[Node] = field(default_factory=list)
+    inputs: dict[InputKind, int] = field(default_factory=dict)
+    outputs: list[int] = field(default_factory=list)
+    uid: int = -1  # assigned when the graph enters the cache
+
+    def topo_order(self) -> list[int]:
+        """Validate ids, sources and acyclicity; return the (build) execution order."""
+        for index, node in enumerate(self.nodes):
+            if node.id != index:
+                raise GraphError(f"node {node.name!r} has id {node.id} at position {index}")
+            for src in node.srcs:
+                if not 0 <= src < len(self.nodes):
+                    raise GraphError(f"node {node.id} ({node.name}) reads dangling id {src}")
+                if src >= node.id:
+                    raise GraphError(
+                        f"node {node.id} ({node.name}) reads node {src}: cycle or forward edge"
+                    )
+        for out in self.outputs:
+            if not 0 <= out < len(self.nodes):
+                raise GraphError(f"output id {out} does not exist")
+        return list(range(len(self.nodes)))
+
+    def consumers(self) -> list[list[int]]:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for node in self.nodes:
+            for src in node.srcs:
+                users[src].append(node.id)
+        return users
+
+    def structure(self) -> list[tuple[object, ...]]:
+        return [node.structure() for node in self.nodes]
+
+    def by_name(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)

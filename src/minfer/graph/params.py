@@ -1,0 +1,48 @@
+"""GraphParams: exactly what changes the node list, and nothing else.
+
+Token ids, positions, n_past and the KV window each query reads are input data filled before
+every execution; they are deliberately absent here. Two equal GraphParams must build identical
+graphs, which is what lets the cache reuse a graph by comparing params alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from minfer.errors import GraphError
+
+
+class GraphType(str, Enum):
+    PREFILL = "prefill"  # some rows are dropped before the output stack (tail rows)
+    DECODE = "decode"  # every row produces logits (one token, or one per batched sequence)
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """Session-wide settings fixed when the context is created."""
+
+    n_ctx: int  # KV cells in the persistent regions (all sequences together)
+    kv_type: str = "f16"  # "f16" (llama.cpp's default) or "f32"
+    fuse_swiglu: bool = True  # Mul(Silu(gate), up) -> SwiGLU
+    fuse_gate_up: bool = True  # decode: gate, up and SwiGLU in one node
+    backends: tuple[str, ...] = ("cpu",)  # backends allowed to take nodes, in preference order
+    window: str = "per_token"  # KV window inputs: kv_start/kv_end per query token
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    n_tokens: int
+    n_out: int
+    gtype: GraphType
+    ctx: ContextParams
+    weights_version: int = 0
+
+    @classmethod
+    def for_batch(
+        cls, n_tokens: int, n_out: int, ctx: ContextParams, weights_version: int = 0
+    ) -> GraphParams:
+        if n_tokens < 1 or not 1 <= n_out <= n_tokens:
+            raise GraphError(f"bad batch shape: n_tokens={n_tokens}, n_out={n_out}")
+        gtype = GraphType.DECODE if n_out == n_tokens else GraphType.PREFILL
+        return cls(n_tokens, n_out, gtype, ctx, weights_version)

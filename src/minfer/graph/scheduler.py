@@ -1,0 +1,77 @@
+"""Backend assignment, splits, and execution in build order.
+
+Assignment gives each node the first backend (in the session's preference order) whose
+`supports_op` accepts it; input leaves always live on the host CPU backend. Consecutive nodes
+on one backend form a split. Execution walks the splits in order and runs every live node;
+nodes orphaned by fusion (no buffer, not a KV op) are skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from minfer.backends.base import Backend, ExecContext
+from minfer.errors import GraphError
+from minfer.graph import ir
+from minfer.graph.ir import ComputeGraph
+
+
+def assign_backends(graph: ComputeGraph, backends: Sequence[Backend]) -> None:
+    for node in graph.nodes:
+        if isinstance(node.op, ir.Input):
+            node.backend = "cpu"
+            continue
+        for backend in backends:
+            if backend.supports_op(node, graph):
+                node.backend = backend.name
+                break
+        else:
+            raise GraphError(f"no backend runs node {node.id} ({node.name}, {node.op.kind})")
+
+
+def make_splits(graph: ComputeGraph, live: Sequence[bool]) -> list[tuple[str, list[int]]]:
+    splits: list[tuple[str, list[int]]] = []
+    for node in graph.nodes:
+        if not live[node.id] or isinstance(node.op, ir.Input):
+            continue
+        assert node.backend is not None
+        if splits and splits[-1][0] == node.backend:
+            splits[-1][1].append(node.id)
+        else:
+            splits.append((node.backend, [node.id]))
+    return splits
+
+
+def count_crossings(graph: ComputeGraph, live: Sequence[bool]) -> int:
+    """Edges whose producer and consumer run on different backends (the copies per forward)."""
+    crossings = 0
+    for node in graph.nodes:
+        if live[node.id]:
+            crossings += sum(graph.nodes[s].backend != node.backend for s in node.srcs)
+    return crossings
+
+
+def execute(
+    graph: ComputeGraph,
+    splits: Sequence[tuple[str, list[int]]],
+    buffers: Sequence[np.ndarray | None],
+    backends: Mapping[str, Backend],
+    ctx: ExecContext,
+    profile: dict[str, float] | None = None,
+) -> None:
+    nodes = graph.nodes
+    for backend_name, node_ids in splits:
+        backend = backends[backend_name]
+        for node_id in node_ids:
+            node = nodes[node_id]
+            srcs = [buffers[s] for s in node.srcs]
+            if profile is None:
+                backend.execute_node(node, srcs, buffers[node_id], ctx)
+                continue
+            t0 = time.perf_counter()
+            backend.execute_node(node, srcs, buffers[node_id], ctx)
+            key = f"{node.op.kind}:{node.meta.role}"
+            profile[key] = profile.get(key, 0.0) + time.perf_counter() - t0

@@ -1,0 +1,30 @@
+"""Which architectures minfer runs, and the graph builder for each.
+
+An architecture not listed here is refused by name; nothing falls back to a look-alike.
+DeepSeek-R1-Distill-Qwen files declare `qwen2` and load as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from minfer.errors import ModelError
+from minfer.gguf.hparams import HParams
+from minfer.graph.ir import ComputeGraph
+from minfer.graph.params import GraphParams
+from minfer.models.qwen import build_qwen
+
+GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], ComputeGraph]
+
+ARCHITECTURES: dict[str, GraphBuildFn] = {
+    "qwen2": build_qwen,
+    "qwen3": build_qwen,
+}
+
+
+def graph_builder_for(arch: str) -> GraphBuildFn:
+    try:
+        return ARCHITECTURES[arch]
+    except KeyError:
+        supported = ", ".join(sorted(ARCHITECTURES))
+        raise ModelError(f"architecture {arch!r} is not supported (minfer runs: {supported})") from None

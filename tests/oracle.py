@@ -1,0 +1,86 @@
+"""A plain numpy forward pass of the Qwen family: the slow, obviously-correct oracle.
+
+Written independently of minfer's graph and kernels: weights are dequantized with the `gguf`
+package's reference code and everything runs in float64 with textbook formulas.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from gguf.quants import dequantize
+
+
+class OracleQwen:
+    def __init__(self, path: str) -> None:
+        reader = gguf.GGUFReader(path)
+        self.w: dict[str, np.ndarray] = {}
+        for t in reader.tensors:
+            arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            self.w[t.name] = arr.reshape(shape)
+        arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+
+        def field(key: str, default: float | None = None) -> float:
+            f = reader.fields.get(f"{arch}.{key}")
+            if f is None:
+                assert default is not None, key
+                return default
+            return float(f.parts[-1][0])
+
+        self.n_layer = int(field("block_count"))
+        self.n_embd = int(field("embedding_length"))
+        self.n_head = int(field("attention.head_count"))
+        self.n_head_kv = int(field("attention.head_count_kv"))
+        self.head_dim = int(field("attention.key_length", self.n_embd // self.n_head))
+        self.eps = field("attention.layer_norm_rms_epsilon")
+        self.base = field("rope.freq_base", 10000.0)
+
+    def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def _rope(self, x: np.ndarray, pos: np.ndarray, n_head: int) -> np.ndarray:
+        hd = self.head_dim
+        x = x.reshape(len(pos), n_head, hd)
+        half = hd // 2
+        inv = self.base ** (-np.arange(half) * 2.0 / hd)
+        ang = pos[:, None] * inv[None, :]  # [nt, half]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(len(pos), -1)
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """Logits for every position of one sequence, [nt, n_vocab]."""
+        w = self.w
+        nt = len(tokens)
+        pos = np.arange(nt, dtype=np.float64)
+        h = w["token_embd.weight"][tokens]
+        group = self.n_head // self.n_head_kv
+        mask = np.triu(np.full((nt, nt), -np.inf), k=1)
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            x = self._norm(h, w[p + "attn_norm.weight"])
+            q = x @ w[p + "attn_q.weight"].T + w.get(p + "attn_q.bias", 0.0)
+            k = x @ w[p + "attn_k.weight"].T + w.get(p + "attn_k.bias", 0.0)
+            v = x @ w[p + "attn_v.weight"].T + w.get(p + "attn_v.bias", 0.0)
+            if p + "attn_q_norm.weight" in w:
+                q = self._norm(q.reshape(nt, -1, self.head_dim), w[p + "attn_q_norm.weight"])
+                k = self._norm(k.reshape(nt, -1, self.head_dim), w[p + "attn_k_norm.weight"])
+                q, k = q.reshape(nt, -1), k.reshape(nt, -1)
+            q = self._rope(q, pos, self.n_head).reshape(nt, self.n_head, self.head_dim)
+            k = self._rope(k, pos, self.n_head_kv).reshape(nt, self.n_head_kv, self.head_dim)
+            v = v.reshape(nt, self.n_head_kv, self.head_dim)
+            out = np.empty((nt, self.n_head, self.head_dim))
+            for hh in range(self.n_head):
+                kv = hh // group
+                s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(self.head_dim) + mask
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                out[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+            h = h + out.reshape(nt, -1) @ w[p + "attn_output.weight"].T
+            x = self._norm(h, w[p + "ffn_norm.weight"])
+            g = x @ w[p + "ffn_gate.weight"].T
+            u = x @ w[p + "ffn_up.weight"].T
+            h = h + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+        x = self._norm(h, w["output_norm.weight"])
+        out_w = w.get("output.weight", w["token_embd.weight"])
+        return x @ out_w.T
