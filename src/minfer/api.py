@@ -1,0 +1,151 @@
+"""The public Python API: `minfer.load(model)` → a `Model` that can generate and chat.
+
+A Model bundles what one GGUF file gives (metadata, hyper-parameters, tokenizer, chat template)
+with an Engine created on first use. The session's n_ctx is max(requested n_ctx, prompt length),
+capped at the model's training context; it is fixed for the Engine's lifetime, and a later prompt
+that needs more makes a new Engine (a new session), never a silent truncation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from minfer.engine.forward import Engine
+from minfer.engine.generate import Finished, Piece, generate
+from minfer.errors import ContextOverflowError, MinferError
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.sampling.params import SamplerParams
+from minfer.sampling.sampler import Sampler
+from minfer.store import resolve_model
+from minfer.tokenizer.chat import ChatTemplate
+from minfer.tokenizer.tokenizer import Tokenizer
+
+DEFAULT_N_CTX = 4096
+
+
+class Model:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        kv_type: str = "f16",
+        threads: int | None = None,
+        batch_size: int = 512,
+        backend: str = "auto",
+        fuse: bool = True,
+    ) -> None:
+        self.path = path
+        self.file = GGUFFile.open(path)
+        self.hparams = HParams.from_gguf(self.file)
+        self.tokenizer = Tokenizer.from_gguf(self.file)
+        self.chat_template = ChatTemplate.from_gguf(self.file, self.tokenizer)
+        self.n_ctx = n_ctx
+        self.kv_type = kv_type
+        self.threads = threads or default_threads()
+        self.batch_size = batch_size
+        self.backend = backend
+        self.fuse = fuse
+        self._engine: Engine | None = None
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self.file.metadata
+
+    @property
+    def name(self) -> str:
+        return self.path.name.removesuffix(".gguf")
+
+    # -- sessions -----------------------------------------------------------------------------
+    def session_n_ctx(self, n_prompt: int) -> int:
+        n_ctx = min(max(self.n_ctx, n_prompt), self.hparams.n_ctx_train)
+        if n_prompt > n_ctx:
+            raise ContextOverflowError(
+                f"prompt of {n_prompt} tokens exceeds the model's context length "
+                f"({self.hparams.n_ctx_train})"
+            )
+        return n_ctx
+
+    def engine(self, n_prompt: int = 0) -> Engine:
+        """The current Engine, or a new one when it cannot hold n_prompt tokens."""
+        n_ctx = self.session_n_ctx(n_prompt)
+        if self._engine is None or self._engine.n_ctx < n_ctx:
+            from minfer.backends.select import select_backends
+
+            self._engine = Engine(
+                self.file, self.hparams, n_ctx=n_ctx, kv_type=self.kv_type,
+                fuse_swiglu=self.fuse, fuse_gate_up=self.fuse,
+                backends=select_backends(self.backend), n_threads=self.threads,
+            )
+        return self._engine
+
+    def sampler(self, params: SamplerParams, seed: int | None, n_ctx: int) -> Sampler:
+        return Sampler(params, self.hparams.n_vocab, seed=seed, token_text=self.tokenizer.token_text,
+                       encode=lambda s: self.tokenizer.encode(s, special=False), n_ctx=n_ctx)
+
+    # -- generation ---------------------------------------------------------------------------
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        return self.chat_template.render(messages, tools=tools,
+                                         add_generation_prompt=add_generation_prompt)
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        top_logits: int = 0,
+        sampling: SamplerParams | None = None,
+    ) -> Iterator[Piece | Finished]:
+        """Events of one generation from a fresh context: Pieces, then one Finished."""
+        if not prompt_ids:
+            raise MinferError("the prompt is empty")
+        if max_tokens < 0:
+            raise MinferError("max_tokens must be >= 0")
+        engine = self.engine(len(prompt_ids))
+        params = sampling or SamplerParams()
+        sampler = self.sampler(params, seed, engine.n_ctx)
+        sampler.reset(list(prompt_ids)[-max(params.penalty_last_n, 0):] if params.penalty_last_n
+                      else [])
+        yield from generate(engine, self.tokenizer, sampler, prompt_ids, max_tokens=max_tokens,
+                            stops=stop, batch_size=self.batch_size, top_logits=top_logits)
+
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
+                 stop: Sequence[str] = (), seed: int | None = None,
+                 **sampling: Any) -> Iterator[str]:
+        """Continue a raw prompt (no chat template); yields text pieces as they are produced."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        params = SamplerParams(**sampling)
+        for event in self.stream(ids, max_tokens=max_tokens, stop=stop, seed=seed,
+                                 sampling=params):
+            if isinstance(event, Piece):
+                yield event.text
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
+             stop: Sequence[str] = (), seed: int | None = None,
+             tools: Sequence[Mapping[str, Any]] | None = None, **sampling: Any) -> Iterator[str]:
+        """Reply to a conversation rendered with the model's chat template."""
+        prompt = self.render_chat(messages, tools=tools)
+        yield from self.generate(self.tokenizer.encode(prompt), max_tokens=max_tokens, stop=stop,
+                                 seed=seed, **sampling)
+
+
+def default_threads() -> int:
+    env = os.environ.get("MINFER_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else (os.cpu_count() or 1))
+
+
+def load(model: str | Path | None = None, **options: Any) -> Model:
+    """Open a model by path or cache name (None → the default model, fetched on first use)."""
+    path = resolve_model(None if model is None else str(model))
+    return Model(path, **options)

@@ -1,0 +1,89 @@
+"""Flags shared by the generating commands (run, chat, serve, bench) and their translation.
+
+Names and defaults follow llama.cpp's CLI so its users find what they expect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from minfer.errors import MinferError
+from minfer.sampling.params import SamplerParams
+
+
+def add_model_args(p: argparse.ArgumentParser, *, n_ctx_help: str = "context size") -> None:
+    p.add_argument("-m", "--model", dest="model_opt", help="model path or cached name")
+    p.add_argument("-c", "--n-ctx", type=int, default=4096, help=f"{n_ctx_help} (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="prefill chunk size in tokens (default 512)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), default="f16",
+                   help="KV cache element type (default f16, as llama.cpp)")
+    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None,
+                   help="compute backend (default: auto, or $MINFER_BACKEND)")
+    p.add_argument("--no-fuse", action="store_true", help="run the unfused graph")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (llama.cpp defaults)")
+    d = SamplerParams()
+    g.add_argument("-n", "--n-predict", "--max-tokens", dest="n_predict", type=int, default=512,
+                   help="maximum tokens to generate (default 512)")
+    g.add_argument("--temp", type=float, default=d.temp, help="temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, default=d.top_k)
+    g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--min-p", type=float, default=d.min_p)
+    g.add_argument("--typical-p", "--typical", dest="typical_p", type=float, default=d.typical_p)
+    g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty)
+    g.add_argument("--repeat-last-n", type=int, default=d.penalty_last_n)
+    g.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
+    g.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
+    g.add_argument("--dry-multiplier", type=float, default=d.dry_multiplier)
+    g.add_argument("--dry-base", type=float, default=d.dry_base)
+    g.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length)
+    g.add_argument("--mirostat", type=int, choices=(0, 1, 2), default=d.mirostat)
+    g.add_argument("--mirostat-lr", type=float, default=d.mirostat_eta)
+    g.add_argument("--mirostat-ent", type=float, default=d.mirostat_tau)
+    g.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplerParams:
+    return SamplerParams(
+        temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        typical_p=args.typical_p, repeat_penalty=args.repeat_penalty,
+        penalty_last_n=args.repeat_last_n, frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty, dry_multiplier=args.dry_multiplier,
+        dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
+        mirostat=args.mirostat, mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent,
+    )
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.n_ctx < 1 or args.batch_size < 1:
+        raise MinferError("--n-ctx and --batch-size must be positive")
+    return {
+        "n_ctx": args.n_ctx, "kv_type": args.kv_type, "threads": args.threads,
+        "batch_size": args.batch_size, "backend": args.backend, "fuse": not args.no_fuse,
+    }
+
+
+def looks_like_model(arg: str) -> bool:
+    """A positional that names a model: an existing .gguf path or a cached model name."""
+    path = Path(arg).expanduser()
+    if path.suffix == ".gguf" and path.exists():
+        return True
+    if "\n" in arg or " " in arg or len(arg) > 200:
+        return False
+    from minfer.store.catalog import minfer_home
+
+    return (minfer_home() / f"{arg}.gguf").exists()
+
+
+def read_stdin_prompt() -> str:
+    if sys.stdin is None or sys.stdin.isatty():
+        raise MinferError("no prompt given (pass it as an argument or on stdin)")
+    return sys.stdin.read()

@@ -1,0 +1,161 @@
+"""`minfer run [MODEL] [PROMPT]`: one prompt in, streamed text out.
+
+The chat template is applied unless `--raw`; text streams to stdout while the Prefill / Generated /
+Total rates go to stderr. `--json` prints one object instead. `--dump-graph(-json) FILE` exports
+the graph the prompt would run and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from minfer.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    looks_like_model,
+    model_options,
+    read_stdin_prompt,
+    sampling_from_args,
+)
+from minfer.errors import MinferError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="generate from one prompt",
+                       description="Generate text from one prompt (chat template by default).")
+    p.add_argument("positionals", nargs="*", metavar="[MODEL] [PROMPT]",
+                   help="model (path or cached name) and prompt; prompt from stdin if omitted")
+    p.add_argument("-p", "--prompt", help="the prompt (instead of a positional)")
+    p.add_argument("--system", help="system message (chat template only)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, no chat template")
+    p.add_argument("--no-special", action="store_true",
+                   help="treat special-token text in the prompt as plain text")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--top-logits", type=int, default=0, metavar="K",
+                   help="with --json: the K highest raw logits at every sampled step")
+    p.add_argument("--cnv", action="store_true", help="start an interactive chat instead")
+    p.add_argument("--dump-graph", metavar="FILE", help="write the graph as Graphviz DOT and exit")
+    p.add_argument("--dump-graph-json", metavar="FILE", help="write the graph as JSON and exit")
+    p.add_argument("--dump-decode", action="store_true",
+                   help="dump the decode-step graph instead of the prefill graph")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run)
+
+
+def split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    model, prompt = args.model_opt, args.prompt
+    pos = list(args.positionals)
+    if len(pos) > 2:
+        raise MinferError("expected at most two positionals: [MODEL] [PROMPT]")
+    if len(pos) == 2:
+        if model is not None or prompt is not None:
+            raise MinferError("model or prompt given twice")
+        return pos[0], pos[1]
+    if len(pos) == 1:
+        if model is None and prompt is None and looks_like_model(pos[0]):
+            return pos[0], None
+        if prompt is None:
+            return model, pos[0]
+        if model is None:
+            return pos[0], prompt
+        raise MinferError("model or prompt given twice")
+    return model, prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cnv:
+        from minfer.cli import chat_cmd
+
+        return int(chat_cmd.run(args))
+    model_arg, prompt = split_positionals(args)
+    import minfer
+
+    model = minfer.load(model_arg, **model_options(args))
+    if prompt is None:
+        prompt = read_stdin_prompt()
+    if args.raw:
+        text = prompt
+    else:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": prompt})
+        text = model.render_chat(messages)
+    prompt_ids = model.tokenizer.encode(text, special=not args.no_special)
+    if args.dump_graph or args.dump_graph_json:
+        return dump_graphs(model, args, len(prompt_ids))
+    return generate_and_print(model, args, prompt_ids)
+
+
+def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
+    from minfer.graph.export import dump_json, to_dot
+
+    engine = model.engine(n_prompt)
+    n_tokens = 1 if args.dump_decode else max(1, n_prompt)
+    params = engine.params_for(n_tokens, 1)
+    graph = engine.cache.get(params).graph
+    if args.dump_graph:
+        with open(args.dump_graph, "w", encoding="utf-8") as f:
+            f.write(to_dot(graph, params))
+    if args.dump_graph_json:
+        with open(args.dump_graph_json, "w", encoding="utf-8") as f:
+            f.write(dump_json(graph, params))
+    print(f"graph: {len(graph.nodes)} nodes ({params.gtype.value}, n_tokens={n_tokens})",
+          file=sys.stderr)
+    return 0
+
+
+def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[int]) -> int:
+    from minfer.engine.generate import Finished, Piece
+
+    if args.n_predict < 0:
+        raise MinferError("-n must be >= 0")
+    t0 = time.perf_counter()
+    finished: Finished | None = None
+    events = model.stream(prompt_ids, max_tokens=args.n_predict, stop=args.stop, seed=args.seed,
+                          top_logits=args.top_logits, sampling=sampling_from_args(args))
+    for event in events:
+        if isinstance(event, Piece):
+            if not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        else:
+            finished = event
+    total = time.perf_counter() - t0
+    assert finished is not None
+    if args.json:
+        out: dict[str, Any] = {
+            "prompt_ids": list(prompt_ids),
+            "ids": finished.ids,
+            "text": finished.text,
+            "finish_reason": finished.reason,
+            "timings": finished.timings.as_dict(),
+        }
+        if args.top_logits:
+            out["top_logits"] = [[[i, v] for i, v in step] for step in finished.top_logits]
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print()
+    print_rates(finished, total)
+    return 0
+
+
+def print_rates(finished: Any, total_s: float) -> None:
+    t = finished.timings
+    n_gen = len(finished.ids) + (finished.eot_id is not None)
+    lines = [
+        f"Prefill:   {t.prefill_tokens} tokens in {t.prefill_s:.2f} s "
+        f"({t.as_dict()['prefill_tokens_per_s']:.1f} tok/s)",
+        f"Generated: {n_gen} tokens in {t.decode_s:.2f} s "
+        f"({t.as_dict()['decode_tokens_per_s']:.1f} tok/s), stopped by {finished.reason}",
+        f"Total:     {t.prefill_tokens + n_gen} tokens in {total_s:.2f} s",
+    ]
+    if os.environ.get("MINFER_TIMING"):
+        lines.append(f"Timing:    forward {t.prefill_s + t.decode_s:.3f} s, "
+                     f"sampling {t.sample_s:.3f} s "
+                     f"({1000 * t.sample_s / max(1, n_gen):.2f} ms/token)")
+    print("\n".join(lines), file=sys.stderr)

@@ -1,0 +1,118 @@
+"""The engine on synthetic models: minfer's logits against the numpy oracle, and the invariants
+that need real execution (tail rows, fusion twins, KV regions surviving rebuilds, batching)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from minfer.engine.forward import Batch, Engine
+from minfer.errors import ContextOverflowError
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.tools.synth import write_tiny_model
+from tests.oracle import OracleQwen
+
+TOKENS = [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11]
+
+
+def _engine(path: Path, **kw: object) -> Engine:
+    f = GGUFFile.open(path)
+    kw.setdefault("n_ctx", 64)
+    return Engine(f, HParams.from_gguf(f), **kw)  # type: ignore[arg-type]
+
+
+def _all_rows(engine: Engine, tokens: list[int]) -> np.ndarray:
+    nt = len(tokens)
+    b = Batch.single(tokens, 0, n_out=nt)
+    return engine.forward_batch(b)
+
+
+def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+@pytest.fixture(scope="module")
+def f32_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("f32") / "f32.gguf", weight_types=QType.F32)
+
+
+def test_f32_model_matches_oracle_tightly(f32_model: Path) -> None:
+    ref = OracleQwen(str(f32_model)).logits(TOKENS)
+    got = _all_rows(_engine(f32_model, kv_type="f32"), TOKENS)
+    assert _rel_err(got, ref) < 1e-4
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_qwen3"])
+def test_quantized_models_match_oracle(fixture: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(fixture)
+    ref = OracleQwen(str(path)).logits(TOKENS)
+    got = _all_rows(_engine(path, kv_type="f32"), TOKENS)
+    # activations are quantized to 8 bits per block, as llama.cpp does: a small, bounded drift
+    assert _rel_err(got, ref) < 0.03
+    assert np.array_equal(got.argmax(-1), ref.argmax(-1)) or _rel_err(got, ref) < 0.01
+
+
+def test_tail_rows_equal_the_full_graphs_last_rows(tiny_qwen2: Path) -> None:
+    full = _all_rows(_engine(tiny_qwen2), TOKENS)
+    for n_out in (1, 3):
+        tail = _engine(tiny_qwen2).forward(TOKENS, 0, n_out=n_out)
+        np.testing.assert_allclose(tail, full[-n_out:], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_equals_unfused(tiny_qwen3: Path) -> None:
+    results = []
+    for fuse in (True, False):
+        e = _engine(tiny_qwen3, fuse_swiglu=fuse, fuse_gate_up=fuse)
+        prefill = e.forward(TOKENS[:6], 0)
+        steps = [e.forward([t], 6 + i) for i, t in enumerate(TOKENS[6:])]
+        results.append(np.concatenate([prefill, *steps]))
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-5)
+
+
+def test_incremental_decode_matches_one_prefill_and_kv_survives_rebuilds(tiny_qwen2: Path) -> None:
+    full = _all_rows(_engine(tiny_qwen2), TOKENS)
+    e = _engine(tiny_qwen2)
+    e.forward(TOKENS[:4], 0)  # prefill graph
+    got = [e.forward([TOKENS[4]], 4)]  # decode graph: a rebuild, the KV regions stay
+    got.append(e.forward(TOKENS[5:8], 5, n_out=3))  # another shape
+    for i in range(8, len(TOKENS)):
+        got.append(e.forward([TOKENS[i]], i))
+    np.testing.assert_allclose(np.concatenate(got), full[4:], rtol=2e-3, atol=2e-3)
+    assert e.cache.rebuilds == 3 and e.cache.reuses == len(TOKENS) - 9
+
+
+def test_batched_sequences_equal_each_alone(tiny_qwen3: Path) -> None:
+    a, b = TOKENS[:5], TOKENS[3:10]
+    alone_a = _engine(tiny_qwen3).forward(a, 0)
+    alone_b = _engine(tiny_qwen3).forward(b, 0)
+    e = _engine(tiny_qwen3)  # sequence A in cells 0.., B in cells 32..
+    na, nb = len(a), len(b)
+    pos = np.concatenate([np.arange(na), np.arange(nb)]).astype(np.int32)
+    cells = np.concatenate([np.arange(na), 32 + np.arange(nb)]).astype(np.int32)
+    start = np.array([0] * na + [32] * nb, np.int32)
+    batch = Batch(np.array(a + b, np.int32), pos, cells, start, cells + 1,
+                  np.array([na - 1, na + nb - 1], np.int32))
+    both = e.forward_batch(batch)
+    np.testing.assert_allclose(both[0], alone_a[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(both[1], alone_b[0], rtol=1e-4, atol=1e-4)
+
+
+def test_out_of_range_position_is_refused_before_writing(tiny_qwen2: Path) -> None:
+    e = _engine(tiny_qwen2, n_ctx=8)
+    e.forward(TOKENS[:4], 0)
+    before = [k.copy() for k in e.kv.k]
+    with pytest.raises(ContextOverflowError, match="n_ctx = 8"):
+        e.forward(TOKENS[:6], 4)  # positions 4..9, two past the end
+    with pytest.raises(ContextOverflowError):
+        e.forward([1], 8)
+    assert all(np.array_equal(x, y) for x, y in zip(before, e.kv.k, strict=True))
+
+
+def test_kv_f16_and_f32_agree_closely(tiny_qwen2: Path) -> None:
+    a = _engine(tiny_qwen2, kv_type="f16").forward(TOKENS, 0)
+    b = _engine(tiny_qwen2, kv_type="f32").forward(TOKENS, 0)
+    assert _rel_err(a, b) < 1e-2
