@@ -84,7 +84,8 @@ class Model:
         return self._engine
 
     def sampler(self, params: SamplerParams, seed: int | None, n_ctx: int) -> Sampler:
-        return Sampler(params, self.hparams.n_vocab, seed=seed, token_text=self.tokenizer.token_text,
+        return Sampler(params, self.hparams.n_vocab, seed=seed,
+                       token_text=self.tokenizer.token_text,
                        encode=lambda s: self.tokenizer.encode(s, special=False), n_ctx=n_ctx)
 
     # -- generation ---------------------------------------------------------------------------

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from minfer.errors import GraphError
 
 
-class DType(str, Enum):
+class DType(StrEnum):
     F32 = "f32"
     I32 = "i32"
 
 
-class InputKind(str, Enum):
+class InputKind(StrEnum):
     """What an input leaf is filled with before every execution (data, never topology)."""
 
     TOKEN_IDS = "token_ids"  # [nt] token ids

@@ -8,12 +8,12 @@ graphs, which is what lets the cache reuse a graph by comparing params alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from minfer.errors import GraphError
 
 
-class GraphType(str, Enum):
+class GraphType(StrEnum):
     PREFILL = "prefill"  # some rows are dropped before the output stack (tail rows)
     DECODE = "decode"  # every row produces logits (one token, or one per batched sequence)
 

@@ -27,4 +27,6 @@ def graph_builder_for(arch: str) -> GraphBuildFn:
         return ARCHITECTURES[arch]
     except KeyError:
         supported = ", ".join(sorted(ARCHITECTURES))
-        raise ModelError(f"architecture {arch!r} is not supported (minfer runs: {supported})") from None
+        raise ModelError(
+            f"architecture {arch!r} is not supported (minfer runs: {supported})"
+        ) from None

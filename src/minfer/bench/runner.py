@@ -1,0 +1,114 @@
+"""llama-bench's measurements on minfer's engine: pp<P> and tg<T> rows.
+
+`pp<P>` prefills P random tokens into an empty context and generates nothing; `tg<T>` prefills one
+token untimed, then times T single-token decode steps. Each test runs one untimed warm-up, then
+`reps` timed repetitions, each from an empty KV (the regions are reused; windows are data, so
+"empty" needs no zeroing) and without reloading the model. tg rows also report the decode
+roofline figure: weight bytes read per token × tokens/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from minfer.engine.forward import Engine
+from minfer.engine.generate import prefill
+
+
+@dataclass
+class BenchRow:
+    model: str
+    size_bytes: int
+    n_params: int
+    backend: str
+    n_threads: int
+    test: str
+    n_prompt: int
+    n_gen: int
+    tokens_per_s: float
+    stddev: float
+    samples_s: list[float]
+    gb_per_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def weight_bytes_per_token(engine: Engine) -> int:
+    """Bytes of weights one decode step reads: every matrix once, one embedding row."""
+    tensors = engine.weights.file.tensors
+    total = sum(t.nbytes for t in tensors.values())
+    embd = tensors["token_embd.weight"]
+    row = embd.nbytes // embd.shape[1]
+    if engine.hparams.tie_embeddings:
+        return total + row  # the table is read whole as the output projection
+    return total - embd.nbytes + row
+
+
+def _random_tokens(n: int, n_vocab: int, rng: np.random.Generator) -> list[int]:
+    return rng.integers(0, n_vocab, size=n).tolist()
+
+
+def time_pp(engine: Engine, n_prompt: int, batch_size: int, rng: np.random.Generator) -> float:
+    tokens = _random_tokens(n_prompt, engine.hparams.n_vocab, rng)
+    t0 = time.perf_counter()
+    prefill(engine, tokens, 0, batch_size)
+    return time.perf_counter() - t0
+
+
+def time_tg(engine: Engine, n_gen: int, rng: np.random.Generator) -> float:
+    tokens = _random_tokens(n_gen + 1, engine.hparams.n_vocab, rng)
+    engine.forward(tokens[:1], 0)  # the one-token context, untimed
+    t0 = time.perf_counter()
+    for i in range(1, n_gen + 1):
+        engine.forward([tokens[i]], i)
+    return time.perf_counter() - t0
+
+
+def run_test(
+    engine: Engine,
+    *,
+    model: str,
+    backend: str,
+    n_threads: int,
+    n_prompt: int = 0,
+    n_gen: int = 0,
+    reps: int = 3,
+    batch_size: int = 512,
+    seed: int = 1234,
+) -> BenchRow:
+    rng = np.random.default_rng(seed)
+    if n_prompt and n_gen:
+        raise ValueError("a test is either pp or tg")
+
+    def once() -> float:
+        if n_prompt:
+            return time_pp(engine, n_prompt, batch_size, rng)
+        return time_tg(engine, n_gen, rng)
+
+    once()  # warm-up: compiles kernels and builds the graphs
+    samples = [once() for _ in range(reps)]
+    n = n_prompt or n_gen
+    rates = [n / s for s in samples]
+    mean = statistics.fmean(rates)
+    row = BenchRow(
+        model=model,
+        size_bytes=engine.weights.file.file_size,
+        n_params=sum(int(np.prod(t.shape)) for t in engine.weights.file.tensors.values()),
+        backend=backend,
+        n_threads=n_threads,
+        test=f"pp{n_prompt}" if n_prompt else f"tg{n_gen}",
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        tokens_per_s=mean,
+        stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
+        samples_s=samples,
+    )
+    if n_gen:
+        row.gb_per_s = weight_bytes_per_token(engine) * mean / 1e9
+    return row

@@ -1,0 +1,93 @@
+"""`minfer bench [MODEL] [-p 512] [-n 128] [-r 3] [-t N] [-o md|csv|json]`: llama-bench's shape."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+
+from minfer.bench.runner import BenchRow, run_test
+from minfer.errors import MinferError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 128,256: {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("sizes must be >= 0")
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bench", help="measure prefill and decode speed (llama-bench style)")
+    p.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
+    p.add_argument("-m", "--model", dest="model_opt")
+    p.add_argument("-p", "--n-prompt", type=_int_list, default=[512], help="pp sizes (512)")
+    p.add_argument("-n", "--n-gen", type=_int_list, default=[128], help="tg sizes (128)")
+    p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("-t", "--threads", type=_int_list, default=None, help="thread counts")
+    p.add_argument("-b", "--batch-size", type=int, default=512)
+    p.add_argument("-c", "--n-ctx", type=int, default=0, help="context (default: fits the test)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
+    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None)
+    p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import minfer
+    from minfer.api import default_threads
+
+    if args.repetitions < 1:
+        raise MinferError("-r must be at least 1")
+    threads_list = args.threads or [default_threads()]
+    need = max([*args.n_prompt, *(n + 1 for n in args.n_gen), 1])
+    model = minfer.load(args.model_opt or args.model, n_ctx=max(args.n_ctx, need),
+                        kv_type=args.kv_type, backend=args.backend, batch_size=args.batch_size)
+    rows: list[BenchRow] = []
+    for n_threads in threads_list:
+        model.threads = n_threads
+        model._engine = None  # a fresh session per thread count
+        engine = model.engine(need)
+        backend = "+".join(engine.ctx_params.backends)
+        tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
+        for n_prompt, n_gen in tests:
+            rows.append(run_test(engine, model=model.name, backend=backend, n_threads=n_threads,
+                                 n_prompt=n_prompt, n_gen=n_gen, reps=args.repetitions,
+                                 batch_size=args.batch_size))
+            if args.output == "md":
+                print(_md([rows[-1]], header=len(rows) == 1), end="", flush=True)
+    if args.output == "json":
+        print(json.dumps([r.as_dict() for r in rows], indent=1))
+    elif args.output == "csv":
+        print(_csv(rows), end="")
+    return 0
+
+
+def _md(rows: list[BenchRow], *, header: bool) -> str:
+    out = io.StringIO()
+    if header:
+        out.write("| model | size | params | backend | threads | test | t/s | GB/s |\n")
+        out.write("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n")
+    for r in rows:
+        gb = f"{r.gb_per_s:.1f}" if r.gb_per_s is not None else ""
+        out.write(f"| {r.model} | {r.size_bytes / 2**20:.1f} MiB | {r.n_params / 1e6:.0f} M | "
+                  f"{r.backend} | {r.n_threads} | {r.test} | "
+                  f"{r.tokens_per_s:.2f} ± {r.stddev:.2f} | {gb} |\n")
+    return out.getvalue()
+
+
+def _csv(rows: list[BenchRow]) -> str:
+    out = io.StringIO()
+    fields = ["model", "size_bytes", "n_params", "backend", "n_threads", "test", "tokens_per_s",
+              "stddev", "gb_per_s"]
+    w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r.as_dict())
+    return out.getvalue()
+
+
