@@ -1,0 +1,192 @@
+"""The vocabulary a GGUF file declares under `tokenizer.ggml.*`, read once into plain values.
+
+`read_vocab(f)` is the only place that touches GGUF metadata for the tokenizer; everything else
+works on the `Vocab` it returns. Special-token rules follow llama.cpp's `llama_vocab::load`:
+token types come from `tokenizer.ggml.token_type`, tokens whose text llama.cpp recognises as
+end-of-generation (or FIM pad / repo / file-separator) are promoted to control tokens, and the
+end-of-generation set is eos + eot + eom + those tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from minfer.errors import TokenizerError
+
+# llama_token_type values stored in tokenizer.ggml.token_type.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Token texts llama.cpp treats as end-of-generation whatever the metadata says.
+EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+})
+# Texts that are ordinary words in some vocabularies (Qwen2 has `</s>` as a normal token, as in
+# HTML): counted as end-of-generation only when the vocabulary marks them special.
+EOG_TEXTS_IF_SPECIAL = frozenset({"</s>", "<eos>"})
+# FIM pad / repo / file-separator tokens: llama.cpp stops generation on them too.
+FIM_EOG_TEXTS = {
+    "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "tokenizer.ggml.fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+                                        "<reponame>"),
+    "tokenizer.ggml.fim_sep_token_id": ("<|file_sep|>",),
+}
+_EOG_CANDIDATES = EOG_TEXTS.union(*FIM_EOG_TEXTS.values())
+_EOG_ID_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                "tokenizer.ggml.eom_token_id")
+
+
+class HasMetadata(Protocol):
+    """What the tokenizer needs of a `GGUFFile`."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Plain-value view of the tokenizer metadata (token types already llama.cpp-adjusted)."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    types: np.ndarray  # int32 [n_vocab]
+    merges: list[str]
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    unk_id: int | None
+    eot_ids: frozenset[int]
+    add_bos: bool
+    chat_template: str | None
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+
+def _as_list(value: Any, key: str) -> list[str]:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise TokenizerError(f"{key} is not a string array")
+    return value
+
+
+def _token_id(meta: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
+    """An id-valued key, or None when absent or out of range (llama.cpp ignores those)."""
+    value = meta.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TokenizerError(f"{key}={value!r} is not an integer")
+    return int(value) if 0 <= int(value) < n_vocab else None
+
+
+def read_vocab(f: HasMetadata) -> Vocab:
+    """Read and check the `tokenizer.*` metadata of an open GGUF file."""
+    meta = f.metadata
+    model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        raise TokenizerError("the file has no tokenizer (tokenizer.ggml.model is missing)")
+    if model != "gpt2":
+        raise TokenizerError(f"unsupported tokenizer model {model!r} (minfer reads 'gpt2' BPE)")
+    tokens = _as_list(meta.get("tokenizer.ggml.tokens", []), "tokenizer.ggml.tokens")
+    if not tokens:
+        raise TokenizerError("tokenizer.ggml.tokens is missing or empty")
+    merges = _as_list(meta.get("tokenizer.ggml.merges", []), "tokenizer.ggml.merges")
+    n_vocab = len(tokens)
+    raw_types = meta.get("tokenizer.ggml.token_type")
+    if raw_types is None:
+        types = np.full(n_vocab, NORMAL, dtype=np.int32)
+    else:
+        types = np.array(raw_types, dtype=np.int32)
+        if types.shape != (n_vocab,):
+            raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for "
+                                 f"{n_vocab} tokens")
+    eot_ids = _end_of_generation(meta, tokens, types)
+    return Vocab(
+        model=model,
+        pre=str(meta.get("tokenizer.ggml.pre", "")),
+        tokens=tokens,
+        types=types,
+        merges=merges,
+        bos_id=_token_id(meta, "tokenizer.ggml.bos_token_id", n_vocab),
+        eos_id=_token_id(meta, "tokenizer.ggml.eos_token_id", n_vocab),
+        pad_id=_token_id(meta, "tokenizer.ggml.padding_token_id", n_vocab),
+        unk_id=_token_id(meta, "tokenizer.ggml.unknown_token_id", n_vocab),
+        eot_ids=eot_ids,
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=read_chat_template(f),
+    )
+
+
+def read_chat_template(f: HasMetadata) -> str | None:
+    """The file's `tokenizer.chat_template`, None when it has none."""
+    template = f.metadata.get("tokenizer.chat_template")
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def _end_of_generation(meta: Mapping[str, Any], tokens: Sequence[str],
+                       types: np.ndarray) -> frozenset[int]:
+    """Every end-of-generation id; promotes the ones found by text to CONTROL in `types`."""
+    index = {t: i for i, t in enumerate(tokens) if t in _EOG_CANDIDATES}
+    eog: set[int] = set()
+    for key, texts in FIM_EOG_TEXTS.items():
+        tid = _token_id(meta, key, len(tokens))
+        if tid is None:
+            tid = next((index[t] for t in texts if t in index), None)
+        if tid is not None:
+            eog.add(tid)
+            types[tid] = CONTROL
+    for text, tid in index.items():
+        if text in EOG_TEXTS_IF_SPECIAL and types[tid] == NORMAL:
+            continue
+        if text in EOG_TEXTS:
+            eog.add(tid)
+            types[tid] = CONTROL
+    for key in _EOG_ID_KEYS:
+        tid = _token_id(meta, key, len(tokens))
+        if tid is not None:
+            eog.add(tid)
+    return frozenset(eog)
+
+
+# GPT-2 byte-level alphabet: byte b is stored as the character BYTE_CHARS[b].
+def _byte_chars() -> list[str]:
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = [""] * 256
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+BYTE_CHARS = _byte_chars()
+_CHAR_TO_BYTE = {ord(c): b for b, c in enumerate(BYTE_CHARS)}
+_OUTSIDE_ALPHABET = re.compile("[^" + re.escape("".join(BYTE_CHARS)) + "]")
+
+
+def byte_level_decode(text: str) -> bytes:
+    """The bytes a byte-level token string stands for (chars outside the alphabet as UTF-8)."""
+    if not _OUTSIDE_ALPHABET.search(text):
+        return text.translate(_CHAR_TO_BYTE).encode("latin-1")
+    out = bytearray()
+    for ch in text:
+        b = _CHAR_TO_BYTE.get(ord(ch))
+        if b is None:
+            out += ch.encode("utf-8")
+        else:
+            out.append(b)
+    return bytes(out)
