@@ -1,0 +1,45 @@
+"""The logit-mask stage: the hook a grammar / JSON-schema constraint plugs into.
+
+A mask runs FIRST, on a private copy of the raw logits, before penalties, DRY and every
+truncation stage (llama.cpp's "grammar first" order). It must set the logits of forbidden token
+ids to -inf in place and leave the others untouched. The sampler forwards `accept` (each token the
+caller commits) and `reset` (a new generation) so the mask can advance its own parser state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class LogitMask(Protocol):
+    """What the sampler needs from a constraint (e.g. an llguidance matcher wrapper)."""
+
+    def apply(self, logits: np.ndarray) -> None:
+        """Set logits [n_vocab] (float32, writable) of forbidden ids to -inf, in place."""
+
+    def accept(self, token_id: int) -> None:
+        """Advance past a committed token."""
+
+    def reset(self) -> None:
+        """Start over for a new generation."""
+
+
+class AllowedTokens:
+    """A fixed mask: only the given ids may be sampled (for tests, and to force a choice)."""
+
+    def __init__(self, allowed: Iterable[int], n_vocab: int) -> None:
+        self.forbidden = np.ones(n_vocab, dtype=bool)
+        self.forbidden[list(allowed)] = False
+
+    def apply(self, logits: np.ndarray) -> None:
+        logits[self.forbidden] = -np.inf
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
