@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-
 from gguf import GGUFValueType
+
 from minfer.errors import GGUFError
 
 # Scalar value types: struct format (little-endian) and numpy dtype of one element.
@@ -160,17 +160,19 @@ class Cursor:
         first = self.pos
         starts = np.empty(n, dtype=np.int64)
         ends = np.empty(n, dtype=np.int64)
-        unpack, buf, pos = _U64.unpack_from, self.buf, self.pos
+        unpack, buf, pos, end = _U64.unpack_from, self.buf, self.pos, self.end
         try:
             for i in range(n):
                 (length,) = unpack(buf, pos)
                 pos += 8
                 starts[i] = pos
                 pos += length
+                if pos > end:
+                    break
                 ends[i] = pos
         except struct.error:
-            raise self.fail(f"truncated: {what} runs past the end of the file") from None
-        if pos > self.end:
+            pos = end + 1
+        if pos > end:
             raise self.fail(f"truncated: {what} runs past the end of the file")
         self.pos = pos
         starts -= first

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 QK_K = 256

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
+
 from minfer.errors import GGUFError
 from minfer.gguf.parse import Cursor
 
@@ -140,18 +140,26 @@ def _parse_part(path: Path, part_no: int) -> _Part:
     return _Part(path, version, metadata, tensors, data)
 
 
+def _split_field(path: Path, meta: Mapping[str, Any], key: str, default: int) -> int:
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 100000:
+        raise GGUFError(path, f"{key}={value!r} is not a valid split number")
+    return value
+
+
 def _split_paths(path: Path, meta: Mapping[str, Any]) -> list[Path]:
     """All part paths of the split set whose first part is `path` ([path] if not split)."""
-    count = int(meta.get("split.count", 1))
+    count = _split_field(path, meta, "split.count", 1)
     if count <= 1:
         return [path]
     m = _SPLIT_RE.match(path.name)
     if not m or int(m["count"]) != count:
         raise GGUFError(path, f"split.count={count} but the name is not "
                               f"'<name>-00001-of-{count:05d}.gguf'")
-    if int(meta.get("split.no", 0)) != 0:
+    split_no = _split_field(path, meta, "split.no", 0)
+    if split_no != 0:
         first = f"{m['stem']}-00001-of-{count:05d}.gguf"
-        raise GGUFError(path, f"is part {int(meta['split.no']) + 1} of a split set; open {first}")
+        raise GGUFError(path, f"is part {split_no + 1} of a split set; open {first}")
     return [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
@@ -181,12 +189,12 @@ class GGUFFile:
             if not p.is_file():
                 raise GGUFError(path, f"split part {p.name} is missing")
             part = _parse_part(p, i)
-            if int(part.metadata.get("split.no", -1)) != i:
+            if part.metadata.get("split.no") != i:
                 raise GGUFError(p, f"split.no is {part.metadata.get('split.no')}, expected {i}")
             parts.append(part)
         f = cls(parts)
         declared = first.metadata.get("split.tensors.count")
-        if len(paths) > 1 and declared is not None and int(declared) != len(f.tensors):
+        if len(paths) > 1 and declared is not None and declared != len(f.tensors):
             raise GGUFError(path, f"split.tensors.count={declared} but the parts hold "
                                   f"{len(f.tensors)} tensors")
         return f

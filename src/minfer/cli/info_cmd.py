@@ -1,0 +1,119 @@
+"""`minfer info [MODEL]`: what a GGUF file holds (hyper-parameters, tokenizer, tensor types)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from minfer.gguf.hparams import HParams
+from minfer.gguf.parse import StringArray
+from minfer.gguf.reader import GGUFFile
+from minfer.store.models import model_quantization, resolve_model
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("info", help="show a model's architecture, tokenizer and tensors")
+    p.add_argument("model", nargs="?", help="path to a .gguf or a cached model name "
+                                            "(default: the default model)")
+    p.add_argument("--metadata", action="store_true", help="also list every metadata key")
+    p.set_defaults(func=run)
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _kv_table(title: str, rows: list[tuple[str, object]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, Text(str(value)))
+    return table
+
+
+def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
+    return [
+        ("file", f.path), ("file size", f"{human_bytes(f.file_size)} ({f.file_size:,} bytes)"),
+        ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
+        ("architecture", hp.arch), ("quantization", model_quantization(f)),
+        ("layers", hp.n_layer), ("embedding", hp.n_embd),
+        ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", hp.head_dim),
+        ("feed-forward", hp.n_ff), ("vocabulary", hp.n_vocab),
+        ("context length (trained)", hp.n_ctx_train),
+        ("rope", f"neox, base {hp.rope_base:g}, {hp.rope_dim} dims"),
+        ("rms eps", f"{hp.rms_eps:g}"), ("tied embeddings", hp.tie_embeddings),
+        ("q/k/v bias", hp.has_qkv_bias), ("q/k norm", hp.has_qk_norm),
+    ]
+
+
+def _token(meta: Any, key: str) -> str:
+    tid = meta.get(key)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tid, int):
+        return "-"
+    if isinstance(tokens, StringArray) and 0 <= tid < len(tokens):
+        return f"{tid} {tokens[tid]!r}"
+    return f"{tid} (out of range)"
+
+
+def _tokenizer_rows(f: GGUFFile) -> list[tuple[str, object]]:
+    meta = f.metadata
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    template = meta.get("tokenizer.chat_template")
+    return [
+        ("model", meta.get("tokenizer.ggml.model", "-")),
+        ("pre-tokenizer", meta.get("tokenizer.ggml.pre", "-")),
+        ("tokens", len(tokens) if tokens is not None else "-"),
+        ("merges", len(merges) if merges is not None else "-"),
+        ("bos", _token(meta, "tokenizer.ggml.bos_token_id")),
+        ("eos", _token(meta, "tokenizer.ggml.eos_token_id")),
+        ("add_bos", meta.get("tokenizer.ggml.add_bos_token", "-")),
+        ("chat template", f"yes ({len(template)} chars)" if isinstance(template, str) else "no"),
+    ]
+
+
+def _tensor_table(f: GGUFFile) -> Table:
+    table = Table(title="tensors", title_justify="left")
+    for col in ("type", "count", "bytes"):
+        table.add_column(col, justify="left" if col == "type" else "right")
+    nbytes: dict[str, int] = {}
+    for t in f.tensors.values():
+        nbytes[t.type_name] = nbytes.get(t.type_name, 0) + t.nbytes
+    for name, count in f.type_census().items():
+        table.add_row(name, str(count), human_bytes(nbytes[name]))
+    table.add_row("total", str(len(f.tensors)), human_bytes(sum(nbytes.values())), style="bold")
+    return table
+
+
+def _short(value: object) -> str:
+    if isinstance(value, StringArray | np.ndarray):
+        first = [value[i] for i in range(min(4, len(value)))]
+        head = ", ".join(repr(x.item() if isinstance(x, np.generic) else x) for x in first)
+        return f"[{len(value)} items: {head}{', …' if len(value) > 4 else ''}]"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def run(args: argparse.Namespace) -> int:
+    path = resolve_model(args.model)
+    with GGUFFile.open(path) as f:
+        hp = HParams.from_gguf(f)
+        console = Console()
+        console.print(_kv_table("model", _model_rows(f, hp)))
+        console.print(_kv_table("tokenizer", _tokenizer_rows(f)))
+        console.print(_tensor_table(f))
+        if args.metadata:
+            console.print(_kv_table("metadata", [(k, _short(v)) for k, v in f.metadata.items()]))
+    return 0

