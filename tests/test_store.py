@@ -189,3 +189,10 @@ def test_pull_verifies_present_real_model(real_model_path: Path, tmp_path: Path,
     assert (home / f"{target.name}.sha256").read_text().strip() == load_catalog().entry(
         "qwen2.5-coder-0.5b-instruct").sha256
     assert resolve_model(None) == target
+
+
+def test_bad_catalogue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "catalog.json").write_text('{"default": "x", "models": {"x": {}}}')
+    monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
+    with pytest.raises(DownloadError, match="bad model catalogue"):
+        pull("x", progress=False)

@@ -214,6 +214,8 @@ class GGUFFile:
         return str(self.metadata.get("general.architecture", ""))
 
     def _info(self, name: str) -> TensorInfo:
+        if not self._parts:
+            raise GGUFError(self.path, "the file has been closed")
         try:
             return self.tensors[name]
         except KeyError:

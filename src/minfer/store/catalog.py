@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from minfer.errors import ModelNotFoundError
+from minfer.errors import DownloadError, ModelNotFoundError
 
 _BUILTIN = Path(__file__).with_name("catalog.json")
 
@@ -59,14 +59,18 @@ def minfer_home() -> Path:
 
 def load_catalog() -> Catalog:
     path = Path(os.environ.get("MINFER_CATALOG") or _BUILTIN)
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    models = {}
-    for name, m in raw["models"].items():
-        parts = tuple(CatalogPart(**p) for p in m["parts"])
-        if sum(p.size for p in parts) != m["size"]:
-            raise ValueError(f"{path}: parts of {name!r} do not add up to its size")
-        models[name] = CatalogEntry(name, m.get("description", ""), m["size"], m["sha256"], parts)
-    return Catalog(raw["default"], models)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        models = {}
+        for name, m in raw["models"].items():
+            parts = tuple(CatalogPart(**p) for p in m["parts"])
+            if sum(p.size for p in parts) != m["size"]:
+                raise ValueError(f"the parts of {name!r} do not add up to its size")
+            models[name] = CatalogEntry(name, m.get("description", ""), m["size"], m["sha256"],
+                                        parts)
+        return Catalog(raw["default"], models)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DownloadError(f"bad model catalogue {path}: {exc}") from None
 
 
 def default_model_name() -> str:
