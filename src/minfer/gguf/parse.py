@@ -9,6 +9,7 @@ is a `GGUFError` naming the file and the problem.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,7 +150,8 @@ class Cursor:
             raise self.fail(f"{what} has unknown element type {etype}")
         dtype = np.dtype(_SCALARS[etype][1])
         n = self.count(what, dtype.itemsize)
-        arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos).copy()
+        # A read-only view of the mapping: a lying count costs no memory until it is read.
+        arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos)
         self.pos += n * dtype.itemsize
         if etype == GGUFValueType.BOOL:
             return arr != 0
@@ -158,23 +160,22 @@ class Cursor:
     def string_array(self, what: str) -> StringArray:
         n = self.count(what, 8)
         first = self.pos
-        starts = np.empty(n, dtype=np.int64)
-        ends = np.empty(n, dtype=np.int64)
+        # Grown item by item (not preallocated from n), so memory follows the bytes really read.
+        starts, ends = array("q"), array("q")
         unpack, buf, pos, end = _U64.unpack_from, self.buf, self.pos, self.end
         try:
-            for i in range(n):
+            for _ in range(n):
                 (length,) = unpack(buf, pos)
                 pos += 8
-                starts[i] = pos
+                starts.append(pos - first)
                 pos += length
                 if pos > end:
                     break
-                ends[i] = pos
+                ends.append(pos - first)
         except struct.error:
             pos = end + 1
         if pos > end:
             raise self.fail(f"truncated: {what} runs past the end of the file")
         self.pos = pos
-        starts -= first
-        ends -= first
-        return StringArray(bytes(buf[first:pos]), starts, ends)
+        return StringArray(bytes(buf[first:pos]), np.frombuffer(starts, dtype=np.int64),
+                           np.frombuffer(ends, dtype=np.int64))
