@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minfer.engine.forward import Engine
-from minfer.engine.generate import Finished, Piece, generate
+from minfer.engine.generate import Constraint, Finished, Piece, generate
 from minfer.errors import ContextOverflowError, MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -23,6 +23,10 @@ from minfer.sampling.sampler import Sampler
 from minfer.store import resolve_model
 from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from minfer.sampling.grammar import GrammarMask, GrammarVocab
+    from minfer.sampling.mask import LogitMask
 
 DEFAULT_N_CTX = 4096
 
@@ -51,6 +55,7 @@ class Model:
         self.backend = backend
         self.fuse = fuse
         self._engine: Engine | None = None
+        self._grammar_vocab: GrammarVocab | None = None
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -83,10 +88,21 @@ class Model:
             )
         return self._engine
 
-    def sampler(self, params: SamplerParams, seed: int | None, n_ctx: int) -> Sampler:
+    def sampler(self, params: SamplerParams, seed: int | None, n_ctx: int,
+                logit_mask: LogitMask | None = None) -> Sampler:
         return Sampler(params, self.hparams.n_vocab, seed=seed,
                        token_text=self.tokenizer.token_text,
-                       encode=lambda s: self.tokenizer.encode(s, special=False), n_ctx=n_ctx)
+                       encode=lambda s: self.tokenizer.encode(s, special=False), n_ctx=n_ctx,
+                       logit_mask=logit_mask)
+
+    def grammar_mask(self, grammar: str) -> GrammarMask:
+        """A fresh mask for a grammar from minfer.sampling.grammar / tool_calls (one per
+        generation); the vocabulary view behind it is built on first use and kept."""
+        from minfer.sampling.grammar import GrammarMask, GrammarVocab
+
+        if self._grammar_vocab is None:
+            self._grammar_vocab = GrammarVocab.from_tokenizer(self.tokenizer, self.hparams.n_vocab)
+        return GrammarMask(self._grammar_vocab, grammar)
 
     # -- generation ---------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
@@ -104,19 +120,24 @@ class Model:
         seed: int | None = None,
         top_logits: int = 0,
         sampling: SamplerParams | None = None,
+        logit_mask: LogitMask | None = None,
     ) -> Iterator[Piece | Finished]:
-        """Events of one generation from a fresh context: Pieces, then one Finished."""
+        """Events of one generation from a fresh context: Pieces, then one Finished.
+
+        logit_mask: a constraint run first in the sampler chain, e.g. `self.grammar_mask(g)`;
+        a mask with `is_stopped()` ends the generation (reason "grammar") when nothing may follow.
+        """
         if not prompt_ids:
             raise MinferError("the prompt is empty")
         if max_tokens < 0:
             raise MinferError("max_tokens must be >= 0")
         engine = self.engine(len(prompt_ids))
         params = sampling or SamplerParams()
-        sampler = self.sampler(params, seed, engine.n_ctx)
-        sampler.reset(list(prompt_ids)[-max(params.penalty_last_n, 0):] if params.penalty_last_n
-                      else [])
+        sampler = self.sampler(params, seed, engine.n_ctx, logit_mask)
+        sampler.reset(prompt_ids)  # each stage keeps the history it needs
         yield from generate(engine, self.tokenizer, sampler, prompt_ids, max_tokens=max_tokens,
-                            stops=stop, batch_size=self.batch_size, top_logits=top_logits)
+                            stops=stop, batch_size=self.batch_size, top_logits=top_logits,
+                            constraint=logit_mask if isinstance(logit_mask, Constraint) else None)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  stop: Sequence[str] = (), seed: int | None = None,

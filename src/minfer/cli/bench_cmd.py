@@ -6,9 +6,12 @@ import argparse
 import csv
 import io
 import json
+from typing import TYPE_CHECKING
 
-from minfer.bench.runner import BenchRow, run_test
 from minfer.errors import MinferError
+
+if TYPE_CHECKING:
+    from minfer.bench.runner import BenchRow
 
 
 def _int_list(text: str) -> list[int]:
@@ -40,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     import minfer
     from minfer.api import default_threads
+    from minfer.bench.runner import run_test
 
     if args.repetitions < 1:
         raise MinferError("-r must be at least 1")

@@ -18,7 +18,9 @@ COMMANDS = ("run", "chat", "serve", "bench", "info", "list", "pull", "tokenize",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minfer", description="Local LLM inference for GGUF models.")
+    parser = argparse.ArgumentParser(
+        prog="minfer", description="Local LLM inference for GGUF models."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
