@@ -24,7 +24,7 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure prefill and decode speed (llama-bench style)")
     p.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
     p.add_argument("-m", "--model", dest="model_opt")

@@ -2,7 +2,8 @@
 
 The chat template is applied unless `--raw`; text streams to stdout while the Prefill / Generated /
 Total rates go to stderr. `--json` prints one object instead. `--dump-graph(-json) FILE` exports
-the graph the prompt would run and exits.
+the graph the prompt would run and exits. `--grammar(-file)`, `-j/--json-schema`, `-jf/
+--json-schema-file` and `--json-object` constrain the output (checked before the model loads).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from minfer.cli.common import (
 from minfer.errors import MinferError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate from one prompt",
                        description="Generate text from one prompt (chat template by default).")
     p.add_argument("positionals", nargs="*", metavar="[MODEL] [PROMPT]",
@@ -45,7 +46,39 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="dump the decode-step graph instead of the prefill graph")
     add_model_args(p)
     add_sampling_args(p)
+    add_grammar_args(p)
     p.set_defaults(func=run)
+
+
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("constrained output").add_mutually_exclusive_group()
+    g.add_argument("--grammar", metavar="GBNF", help="a GBNF grammar the output must follow")
+    g.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from FILE")
+    g.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="the output is JSON valid against this JSON Schema")
+    g.add_argument("-jf", "--json-schema-file", metavar="FILE",
+                   help="read the JSON Schema from FILE")
+    g.add_argument("--json-object", action="store_true", help="the output is any JSON object")
+
+
+def grammar_from_args(args: argparse.Namespace) -> str | None:
+    """The llguidance grammar the flags ask for (GrammarError when it is refused)."""
+    from minfer.sampling import grammar
+
+    def read(path: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise MinferError(f"cannot read {path}: {exc.strerror}") from None
+
+    if args.grammar is not None or args.grammar_file:
+        return grammar.gbnf_grammar(args.grammar if args.grammar is not None
+                                    else read(args.grammar_file))
+    if args.json_schema is not None or args.json_schema_file:
+        return grammar.json_schema_grammar(args.json_schema if args.json_schema is not None
+                                           else read(args.json_schema_file))
+    return grammar.json_object_grammar() if args.json_object else None
 
 
 def split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -74,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
         return int(chat_cmd.run(args))
     model_arg, prompt = split_positionals(args)
+    args.grammar_text = grammar_from_args(args)  # refuse a bad grammar before loading the model
     import minfer
 
     model = minfer.load(model_arg, **model_options(args))
@@ -114,10 +148,13 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
 
     if args.n_predict < 0:
         raise MinferError("-n must be >= 0")
+    grammar_text = getattr(args, "grammar_text", None)
+    mask = model.grammar_mask(grammar_text) if grammar_text else None
     t0 = time.perf_counter()
     finished: Finished | None = None
     events = model.stream(prompt_ids, max_tokens=args.n_predict, stop=args.stop, seed=args.seed,
-                          top_logits=args.top_logits, sampling=sampling_from_args(args))
+                          top_logits=args.top_logits, sampling=sampling_from_args(args),
+                          logit_mask=mask)
     for event in events:
         if isinstance(event, Piece):
             if not args.json:
@@ -140,6 +177,8 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
         print(json.dumps(out, ensure_ascii=False))
     else:
         print()
+    if finished.reason == "grammar" and mask is not None:
+        print(f"Grammar:   {mask.stop_reason}", file=sys.stderr)
     print_rates(finished, total)
     return 0
 

@@ -147,7 +147,8 @@ class Engine:
         if cached is None or cached[0] != self.allocator.generation:
             views = self.allocator.buffers(prepared.graph, prepared.plan)
             prepared.scratch["buffers"] = cached = (self.allocator.generation, views)
-        return cached[1]  # type: ignore[no-any-return]
+        buffers: list[np.ndarray | None] = cached[1]
+        return buffers
 
     def _check(self, b: Batch) -> None:
         nt, n_ctx = b.n_tokens, self.n_ctx
@@ -175,5 +176,6 @@ class Engine:
 
 def set_threads(n_threads: int) -> None:
     import numba
+    from numba.core import config
 
-    numba.set_num_threads(max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(max(1, min(n_threads, config.NUMBA_NUM_THREADS)))

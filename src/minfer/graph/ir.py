@@ -40,7 +40,7 @@ class Op:
         return type(self).__name__
 
     def payload(self) -> dict[str, object]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)

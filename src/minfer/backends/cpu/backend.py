@@ -8,6 +8,8 @@ quantization of the same input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from minfer.backends.base import ExecContext
@@ -41,7 +43,9 @@ def _get_rows(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) 
         w, qtype = ctx.weights.matrix(node.meta.weights[0])
         K.get_rows(w, qtype, srcs[0], out)
     else:  # tail rows of an activation
-        np.take(srcs[0], srcs[1], axis=0, out=out)
+        x, rows = srcs
+        assert x is not None and rows is not None
+        np.take(x, rows, axis=0, out=out)
 
 
 def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
@@ -69,7 +73,10 @@ def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecCont
     K.swiglu(gate, out, out)
 
 
-def _binary(kernel):  # type: ignore[no-untyped-def]
+Handler = Callable[[Node, Srcs, np.ndarray | None, ExecContext], None]
+
+
+def _binary(kernel: Callable[..., None]) -> Handler:
     def run(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
         kernel(srcs[0], srcs[1], out)
 
@@ -112,7 +119,7 @@ def _attn(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> N
                 scale=op.scale, out=out)
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Handler] = {
     ir.GetRows: _get_rows,
     ir.RmsNorm: _rms_norm,
     ir.MatMul: _matmul,
