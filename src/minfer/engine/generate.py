@@ -13,7 +13,7 @@ import codecs
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,6 +26,13 @@ class TokenSampler(Protocol):
     def sample(self, logits: np.ndarray) -> int: ...
 
     def accept(self, token_id: int) -> None: ...
+
+
+@runtime_checkable
+class Constraint(Protocol):
+    """A grammar mask the loop asks before sampling (minfer.sampling.grammar.GrammarMask)."""
+
+    def is_stopped(self) -> bool: ...
 
 
 class TokenText(Protocol):
@@ -59,7 +66,7 @@ class Timings:
 
 @dataclass
 class Finished:
-    reason: str  # "stop" | "length" | "eos" | "context"
+    reason: str  # "stop" | "length" | "eos" | "context" | "grammar" (no token allowed)
     ids: list[int]
     text: str
     timings: Timings
@@ -105,6 +112,7 @@ def generate(
     start_pos: int = 0,
     batch_size: int = 512,
     top_logits: int = 0,
+    constraint: Constraint | None = None,
 ) -> Iterator[Piece | Finished]:
     timings = Timings(prefill_tokens=len(prompt_ids))
     t0 = time.perf_counter()
@@ -121,6 +129,9 @@ def generate(
         if top_logits:
             tops.append(top_k_pairs(logits, top_logits))
         ts = time.perf_counter()
+        if constraint is not None and constraint.is_stopped():
+            reason = "grammar"  # nothing may follow: stop on a valid prefix, draw nothing
+            break
         token = sampler.sample(logits)
         sampler.accept(token)
         timings.sample_s += time.perf_counter() - ts

@@ -1,0 +1,363 @@
+"""OpenAI tool calls for Qwen2.5 / Qwen3 models: the grammar that forces them, and the parsers.
+
+Those models write a call as (several calls are separated by a newline)
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400):
+
+- `tools_for_prompt(tools, tool_choice) -> list | None`: the tools to render into the chat
+  template (None when there are none or `tool_choice` is "none").
+- `tool_choice_grammar(tools, tool_choice, *, parallel=True) -> str | None`: None for "auto" /
+  "none" / no tools (free text); for "required" or `{"type": "function", "function": {"name": N}}`
+  an llguidance grammar (see minfer.sampling.grammar) that forces one or more (`parallel`)
+  `<tool_call>` blocks whose arguments match the function's `parameters` schema, then end of
+  generation. Pass it to `Model.grammar_mask(...)` like a `response_format` grammar.
+- `parse_tool_calls(text) -> (content, tool_calls)`: the finished text split into the content
+  (text outside the parsed blocks, stripped; "" when nothing is left, which the server sends as
+  null) and OpenAI `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`,
+  `arguments` being the JSON text the model wrote). A block that is not valid JSON with a string
+  `name`, or that is never closed, stays in the content. When the list is not empty the
+  `finish_reason` is "tool_calls".
+- `ToolCallStream()`: `.push(text) -> list[delta]` for each generated piece, `.finish() ->
+  list[delta]` at the end; each delta is a chat.completion.chunk `delta` object: `{"content": s}`
+  or `{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]}` (a call's
+  first delta) then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}` as the
+  arguments arrive. `.tool_calls` holds the calls so far. For well-formed output (always, under a
+  tool_choice grammar) the joined deltas equal `parse_tool_calls` of the whole text. A call is
+  announced as soon as its `{"name": ..., "arguments": ` header is read, so a block that turns
+  out malformed or unclosed after that is still reported as a call (the one-shot parser would
+  leave it as content).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from minfer.errors import GrammarError
+from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+NL, NAME_KEY = "\n", '"name": '
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+Delta = dict[str, Any]
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+# -- offering and forcing -------------------------------------------------------------------------
+
+def _functions(tools: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
+    out = []
+    for tool in tools or ():
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" or \
+                not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or \
+                not fn["name"]:
+            raise GrammarError(f"a tool must be {{'type': 'function', 'function': {{'name': ...}}}}"
+                               f", got {str(tool)[:80]}")
+        out.append(fn)
+    return out
+
+
+def _choice(tool_choice: str | Mapping[str, Any] | None) -> str:
+    """'none' | 'auto' | 'required' | 'fn:<name>'."""
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, str):
+        if tool_choice in ("none", "auto", "required"):
+            return tool_choice
+    elif isinstance(tool_choice, Mapping):
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else tool_choice.get("name")
+        if isinstance(name, str) and name:
+            return "fn:" + name
+    raise GrammarError(f"tool_choice must be 'none', 'auto', 'required' or "
+                       f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+
+
+def tools_for_prompt(tools: Sequence[Mapping[str, Any]] | None,
+                     tool_choice: str | Mapping[str, Any] | None = None) -> list[Any] | None:
+    """The tools the chat template should list (None: render no tool section)."""
+    if not tools or _choice(tool_choice) == "none":
+        return None
+    _functions(tools)
+    return list(tools)
+
+
+def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
+                        tool_choice: str | Mapping[str, Any] | None = None,
+                        *, parallel: bool = True) -> str | None:
+    """A grammar forcing tool calls for 'required' / a named function; None otherwise."""
+    choice = _choice(tool_choice)
+    functions = _functions(tools)
+    if choice in ("none", "auto"):
+        return None
+    if not functions:
+        raise GrammarError(f"tool_choice {choice!r} needs at least one tool")
+    if choice.startswith("fn:"):
+        functions = [fn for fn in functions if fn["name"] == choice[3:]]
+        if not functions:
+            raise GrammarError(f"tool_choice names an unknown function {choice[3:]!r}")
+    alternatives = " | ".join(f"fn{i}" for i in range(len(functions)))
+    rules = ["start: call" + (' ("\\n" call)*' if parallel else ""),
+             f"call: {_lit(OPEN + NL + '{' + NAME_KEY)} ({alternatives}) {_lit('}' + NL + CLOSE)}"]
+    for i, fn in enumerate(functions):
+        schema = fn.get("parameters") or {"type": "object"}
+        if not isinstance(schema, Mapping):
+            raise GrammarError(f"parameters of {fn['name']!r} must be a JSON schema object")
+        schema = {**schema, "x-guidance": {**JSON_DEFAULTS, **schema.get("x-guidance", {})}}
+        header = json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
+        rules.append(f"fn{i}: {_lit(header)} args{i}")
+        rules.append(f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}")
+    return lark_grammar("\n".join(rules) + "\n")
+
+
+def _lit(text: str) -> str:
+    """A Lark string literal for `text`."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+# -- parsing a finished text ----------------------------------------------------------------------
+
+def parse_tool_calls(text: str, *, new_id: Callable[[], str] = new_call_id
+                     ) -> tuple[str, list[dict[str, Any]]]:
+    """(content, tool_calls) of a finished generation; see the module docstring."""
+    calls: list[dict[str, Any]] = []
+    content: list[str] = []
+    last = 0
+    for m in _BLOCK.finditer(text):
+        call = parse_block(m.group(1))
+        if call is None:
+            continue
+        content.append(text[last:m.start()])
+        last = m.end()
+        name, arguments = call
+        calls.append(_call(new_id(), name, arguments))
+    content.append(text[last:])
+    return "".join(content).strip(), calls
+
+
+def parse_block(body: str) -> tuple[str, str] | None:
+    """(name, arguments JSON text) of one block's body, or None when it is malformed."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        return obj["name"], args
+    m = _HEADER.match(body)
+    if m is not None and list(obj) == ["name", "arguments"]:
+        end = scan_value(body, m.end())
+        if end is not None and body[end:].strip() == "}":
+            return obj["name"], body[m.end():end]  # as written, so streaming gives the same
+    return obj["name"], json.dumps(args, ensure_ascii=False)
+
+
+def scan_value(text: str, start: int) -> int | None:
+    """End index of the JSON value at text[start] (a bracket/quote scan, no validation), or None
+    when text ends before it does."""
+    first = text[start] if start < len(text) else ""
+    if first in "{[":
+        depth, in_str, esc = 0, False, False
+        for i in range(start, len(text)):
+            c = text[i]
+            if in_str:
+                esc, in_str = (False, True) if esc else (c == "\\", c != '"')
+            elif c == '"':
+                in_str = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+        return None
+    if first == '"':
+        esc = False
+        for i in range(start + 1, len(text)):
+            if esc:
+                esc = False
+            elif text[i] == "\\":
+                esc = True
+            elif text[i] == '"':
+                return i + 1
+        return None
+    m = re.compile(r"[^\s,}\]]*").match(text, start)
+    assert m is not None
+    return m.end() if m.end() < len(text) else None
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# -- parsing a stream -----------------------------------------------------------------------------
+
+class ToolCallStream:
+    """Turns generated text pieces into chat.completion.chunk deltas (content and tool calls).
+
+    States: text (content, holding back what may start `<tool_call>`); head (inside a block,
+    waiting for the `{"name": ..., "arguments": ` header or the closing tag); args (streaming the
+    arguments value); tail (after the value, waiting for the closing tag).
+    """
+
+    def __init__(self, *, new_id: Callable[[], str] = new_call_id) -> None:
+        self.tool_calls: list[dict[str, Any]] = []
+        self._new_id = new_id
+        self._state = "text"
+        self._buf = ""  # unconsumed text of the current state
+        self._sent = 0  # args: how much of _buf was sent as arguments
+        self._started = False  # content: anything but whitespace sent yet?
+        self._held_ws = ""  # content: trailing whitespace not sent yet
+
+    def push(self, text: str) -> list[Delta]:
+        """Deltas made ready by one more piece of generated text."""
+        self._buf += text
+        out: list[Delta] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Delta]:
+        """Deltas for what is left at the end of generation (an unclosed block stays text,
+        unless its header was already sent)."""
+        out: list[Delta] = []
+        if self._state == "text":
+            self._content(self._buf, out)
+        elif self._state == "head":
+            self._content(OPEN + self._buf, out)
+        elif self._state == "args":
+            self._send_args(len(self._buf), out)
+        self._buf, self._state = "", "text"
+        return out
+
+    # -- states -------------------------------------------------------------------------------
+    def _step(self, out: list[Delta]) -> bool:
+        """Advance one state transition if the buffer allows; False when it needs more text."""
+        if self._state == "text":
+            return self._step_text(out)
+        if self._state == "head":
+            return self._step_head(out)
+        if self._state == "args":
+            return self._step_args(out)
+        return self._step_tail()
+
+    def _step_text(self, out: list[Delta]) -> bool:
+        at = self._buf.find(OPEN)
+        if at >= 0:
+            self._content(self._buf[:at], out)
+            self._buf, self._state = self._buf[at + len(OPEN):], "head"
+            return True
+        keep = _partial_suffix(self._buf, OPEN)
+        self._content(self._buf[:len(self._buf) - keep], out)
+        self._buf = self._buf[len(self._buf) - keep:]
+        return False
+
+    def _step_head(self, out: list[Delta]) -> bool:
+        m = _HEADER.match(self._buf)
+        close = self._buf.find(CLOSE)
+        name = _json_string(m.group(1)) if m is not None else None
+        if m is not None and name is not None and (close < 0 or m.end() < close):
+            self._begin_call(name, out)
+            self._buf, self._sent, self._state = self._buf[m.end():], 0, "args"
+            return True
+        if close < 0:
+            return False
+        body, self._buf = self._buf[:close], self._buf[close + len(CLOSE):]
+        call = parse_block(body)  # a block in another shape: all at once, or left as text
+        if call is None:
+            self._content(OPEN + body + CLOSE, out)
+        else:
+            self._begin_call(call[0], out)
+            self._args_delta(call[1], out)
+        self._state = "text"
+        return True
+
+    def _step_args(self, out: list[Delta]) -> bool:
+        end = scan_value(self._buf, 0)
+        close = self._buf.find(CLOSE)
+        if end is not None and (close < 0 or end <= close):
+            value = self._buf[:end]
+            if value.startswith('"'):  # arguments given as a JSON string: send its text
+                try:
+                    self._args_delta(json.loads(value), out)
+                except json.JSONDecodeError:
+                    self._args_delta(value, out)
+            else:
+                self._send_args(end, out)
+            self._buf, self._state = self._buf[end:], "tail"
+            return True
+        if close >= 0:  # closed inside the value: malformed, but already announced
+            self._send_args(close, out)
+            self._buf, self._state = self._buf[close + len(CLOSE):], "text"
+            return True
+        if self._buf[:1] in ("{", "["):  # send what cannot be the closing tag's start
+            self._send_args(len(self._buf) - _partial_suffix(self._buf, CLOSE), out)
+        return False
+
+    def _step_tail(self) -> bool:
+        close = self._buf.find(CLOSE)
+        if close < 0:
+            return False
+        self._buf, self._state = self._buf[close + len(CLOSE):], "text"
+        return True
+
+    # -- emitting -----------------------------------------------------------------------------
+    def _content(self, text: str, out: list[Delta]) -> None:
+        """Content with leading and trailing whitespace of the whole reply removed."""
+        if not self._started:
+            text = text.lstrip()
+        body = text.rstrip()
+        if body:
+            out.append({"content": self._held_ws + body})
+            self._started, self._held_ws = True, text[len(body):]
+        else:
+            self._held_ws += text
+
+    def _begin_call(self, name: str, out: list[Delta]) -> None:
+        call = _call(self._new_id(), name, "")
+        self.tool_calls.append(call)
+        out.append({"tool_calls": [{"index": len(self.tool_calls) - 1, **call,
+                                    "function": {"name": name, "arguments": ""}}]})
+
+    def _send_args(self, upto: int, out: list[Delta]) -> None:
+        if upto > self._sent:
+            self._args_delta(self._buf[self._sent:upto], out)
+            self._sent = upto
+
+    def _args_delta(self, piece: str, out: list[Delta]) -> None:
+        if not piece:
+            return
+        self.tool_calls[-1]["function"]["arguments"] += piece
+        out.append({"tool_calls": [{"index": len(self.tool_calls) - 1,
+                                    "function": {"arguments": piece}}]})
+
+
+def _json_string(literal: str) -> str | None:
+    try:
+        value = json.loads(literal)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
