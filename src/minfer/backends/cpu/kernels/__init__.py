@@ -1,0 +1,62 @@
+"""minfer.backends.cpu.kernels: compiled (numba) CPU kernels; numpy in, numpy out.
+
+Public API (see docs/interfaces.md):
+- matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
+  quantize_q8_0(x), quantize_q8_k(x) -- `matmul`
+- dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
+- rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
+- attention, kv_store -- `attention`
+
+numba's SLP vectoriser is off by default; the kernels are written for it to be on. Its setting is
+read from the environment at each compilation, so setting it here (before any kernel compiles)
+is enough. numba's on-disk cache does not record it: a cache built without it would be reused.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
+
+from .attention import attention, kv_store
+from .dequant import dequantize, dequantize_into, get_rows
+from .elementwise import add, mul, silu, swiglu
+from .matmul import (
+    PREFILL_MIN_TOKENS,
+    QuantizedActivation,
+    matmul,
+    matmul_prequant,
+    matmul_sgemm,
+    quantize_activation,
+)
+from .norm import head_rms_norm, rms_norm
+from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
+from .quant_types import QType, row_bytes
+from .rope import rope_neox
+
+__all__ = [
+    "PREFILL_MIN_TOKENS",
+    "Q8Blocks",
+    "Q8KBlocks",
+    "QType",
+    "QuantizedActivation",
+    "add",
+    "attention",
+    "dequantize",
+    "dequantize_into",
+    "get_rows",
+    "head_rms_norm",
+    "kv_store",
+    "matmul",
+    "matmul_prequant",
+    "matmul_sgemm",
+    "mul",
+    "quantize_activation",
+    "quantize_q8_0",
+    "quantize_q8_k",
+    "rms_norm",
+    "rope_neox",
+    "row_bytes",
+    "silu",
+    "swiglu",
+]

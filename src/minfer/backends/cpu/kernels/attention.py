@@ -1,0 +1,108 @@
+"""Causal / windowed multi-head attention over a KV cache, with grouped-query heads, and the
+cache writes that feed it.
+
+`attention`: query t attends to cache cells `[kv_start[t], kv_end[t])` (the window is data, so a
+batch mixing sequences needs no new code path). Query head h reads KV head h // (n_head /
+n_head_kv). Scores and softmax are f32 with max subtraction; the exp sum is accumulated in f64
+like ggml's `ggml_vec_soft_max_f32`. With an f16 cache the query is rounded to f16 before the
+q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
+Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
+query-head group.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._llvm import as_f32
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+               out):
+    nt = q.shape[0]
+    group = n_head // n_head_kv
+    for item in prange(nt * n_head_kv):
+        t = item // n_head_kv
+        kvh = item % n_head_kv
+        s0 = kv_start[t]
+        n = kv_end[t] - s0
+        kb = kvh * head_dim
+        scores = np.empty((group, max(n, 1)), np.float32)
+        acc = np.empty(head_dim, np.float32)
+        for g in range(group):
+            qb = (kvh * group + g) * head_dim
+            qh = q[t, qb : qb + head_dim]
+            mx = np.float32(-np.inf)
+            for c in range(n):
+                dot = np.float32(0.0)
+                for j in range(head_dim):
+                    dot += qh[j] * as_f32(k[s0 + c, kb + j])
+                sc = dot * scale
+                scores[g, c] = sc
+                mx = max(mx, sc)
+            total = 0.0
+            for c in range(n):
+                e = np.exp(scores[g, c] - mx)
+                scores[g, c] = e
+                total += e
+            inv = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+            acc[:] = 0.0
+            for c in range(n):
+                p = scores[g, c]
+                for j in range(head_dim):
+                    acc[j] += p * as_f32(v[s0 + c, kb + j])
+            for j in range(head_dim):
+                out[t, qb + j] = acc[j] * inv
+
+
+def _cache_view(cache: np.ndarray) -> np.ndarray:
+    if cache.dtype == np.float16:
+        return cache.view(np.uint16)
+    if cache.dtype not in (np.float32, np.uint16):
+        raise ValueError(f"KV cache must be f32 or f16, got {cache.dtype}")
+    return cache
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
+              kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
+              out: np.ndarray) -> None:
+    """out[t, h*hd:(h+1)*hd] = softmax(scale * q_h . K[window]) @ V[window] for every token/head.
+
+    q, out: f32 `[nt, n_head*head_dim]`; caches: f32 or f16 `[n_ctx, n_head_kv*head_dim]`;
+    kv_start/kv_end: int `[nt]` bounds of each query's window of cache cells.
+    """
+    nt = q.shape[0]
+    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
+        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
+                         f"over {n_head_kv} KV heads")
+    k, v = _cache_view(k_cache), _cache_view(v_cache)
+    if k.shape != v.shape or k.ndim != 2 or k.shape[1] != n_head_kv * head_dim:
+        raise ValueError(f"caches {k_cache.shape} / {v_cache.shape} are not "
+                         f"[n_ctx, {n_head_kv}*{head_dim}]")
+    lo = np.ascontiguousarray(kv_start, dtype=np.int64).reshape(-1)
+    hi = np.ascontiguousarray(kv_end, dtype=np.int64).reshape(-1)
+    if lo.shape[0] != nt or hi.shape[0] != nt:
+        raise ValueError("kv_start / kv_end need one entry per query row")
+    if nt and (lo.min() < 0 or hi.max() > k.shape[0] or (hi < lo).any()):
+        raise ValueError(f"KV window outside the cache of {k.shape[0]} cells")
+    if k.dtype == np.uint16:
+        q = q.astype(np.float16).astype(np.float32)
+    _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+
+
+def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+             cells: np.ndarray) -> None:
+    """Write rows k[t], v[t] (f32 `[nt, n_head_kv*head_dim]`) into cache cells[t] (f16 rounding
+    to nearest even when the cache is f16, as ggml's f32->f16 copy)."""
+    cells = np.asarray(cells, dtype=np.int64).reshape(-1)
+    if k.shape != v.shape or k.shape[0] != cells.shape[0] or k.shape[1] != k_cache.shape[1]:
+        raise ValueError(f"k {k.shape} / v {v.shape} / cells {cells.shape} do not match the cache")
+    if cells.size and (cells.min() < 0 or cells.max() >= k_cache.shape[0]):
+        raise ValueError(f"cache cell outside [0, {k_cache.shape[0]})")
+    for src, dst in ((k, k_cache), (v, v_cache)):
+        if dst.dtype == np.uint16:
+            dst[cells] = src.astype(np.float16).view(np.uint16)
+        else:
+            dst[cells] = src.astype(dst.dtype)

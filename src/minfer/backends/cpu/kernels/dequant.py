@@ -1,0 +1,194 @@
+"""Dequantization of GGUF weight rows to f32, bit-exact with `gguf.quants.dequantize`.
+
+Used for embedding lookups (`get_rows`), the prefill path (dequantize a tile of weight rows,
+then a BLAS sgemm) and tests. The arithmetic mirrors ggml's `dequantize_row_*` operation by
+operation (e.g. Q4_K: `(d*sc) * q - (dmin*m)`), compiled without fastmath so LLVM fuses nothing
+into an FMA and the results stay exact. One parallel kernel serves every quantized type; the
+per-row type switch costs nothing next to a row's work. Float types are plain numpy views.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .dot32 import U, load_f16
+from .quant_types import BLOCK_LAYOUT, FLOAT_TYPES, QType, qtype_of, weight_view
+
+_M4 = np.uint8(15)
+_S4 = np.uint8(4)
+
+
+@njit(inline="always")
+def _q4_0(w, y):
+    for b in range(U(y.shape[0] // 32)):
+        d = load_f16(w, b * U(18))
+        for j in range(U(16)):
+            q = w[b * U(18) + U(2) + j]
+            y[b * U(32) + j] = d * np.float32(np.int32(q & _M4) - 8)
+            y[b * U(32) + U(16) + j] = d * np.float32(np.int32(q >> _S4) - 8)
+
+
+@njit(inline="always")
+def _q4_1(w, y):
+    for b in range(U(y.shape[0] // 32)):
+        d = load_f16(w, b * U(20))
+        m = load_f16(w, b * U(20) + U(2))
+        for j in range(U(16)):
+            q = w[b * U(20) + U(4) + j]
+            y[b * U(32) + j] = d * np.float32(q & _M4) + m
+            y[b * U(32) + U(16) + j] = d * np.float32(q >> _S4) + m
+
+
+@njit(inline="always")
+def _q5(w, y, size, signed):
+    """Q5_0 (signed: d*(q-16)) and Q5_1 (d*q + m); qh sits after the f16 fields."""
+    hdr = U(2) if signed else U(4)
+    for b in range(U(y.shape[0] // 32)):
+        base = b * U(size)
+        d = load_f16(w, base)
+        m = np.float32(0.0) if signed else load_f16(w, base + U(2))
+        qh = (np.uint32(w[base + hdr]) | (np.uint32(w[base + hdr + U(1)]) << np.uint32(8))
+              | (np.uint32(w[base + hdr + U(2)]) << np.uint32(16))
+              | (np.uint32(w[base + hdr + U(3)]) << np.uint32(24)))
+        for j in range(U(16)):
+            q = w[base + hdr + U(4) + j]
+            lo = np.int32(q & _M4) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << 4)
+            hi = np.int32(q >> _S4) | np.int32(((qh >> np.uint32(j + U(16))) & np.uint32(1)) << 4)
+            if signed:
+                y[b * U(32) + j] = d * np.float32(lo - 16)
+                y[b * U(32) + U(16) + j] = d * np.float32(hi - 16)
+            else:
+                y[b * U(32) + j] = d * np.float32(lo) + m
+                y[b * U(32) + U(16) + j] = d * np.float32(hi) + m
+
+
+@njit(inline="always")
+def _q8_0(w, y):
+    for b in range(U(y.shape[0] // 32)):
+        d = load_f16(w, b * U(34))
+        for j in range(U(32)):
+            y[b * U(32) + j] = np.float32(np.int8(w[b * U(34) + U(2) + j])) * d
+
+
+@njit(inline="always")
+def _scale_min(w, s, j):
+    if j < 4:
+        return w[s + j] & np.uint8(63), w[s + j + U(4)] & np.uint8(63)
+    sc = (w[s + j + U(4)] & _M4) | ((w[s + j - U(4)] >> np.uint8(6)) << _S4)
+    mn = (w[s + j + U(4)] >> _S4) | ((w[s + j] >> np.uint8(6)) << _S4)
+    return sc, mn
+
+
+@njit(inline="always")
+def _q45_k(w, y, size, five):
+    """Q4_K (size 144) and Q5_K (size 176, `five`): v = (d*sc)*q - (dmin*m) per 32 values."""
+    qs_off = U(48) if five else U(16)
+    for i in range(U(y.shape[0] // 256)):
+        base = i * U(size)
+        d = load_f16(w, base)
+        dmin = load_f16(w, base + U(2))
+        for j in range(U(4)):
+            sc0, m0 = _scale_min(w, base + U(4), U(2) * j)
+            sc1, m1 = _scale_min(w, base + U(4), U(2) * j + U(1))
+            d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
+            d1, dm1 = d * np.float32(sc1), dmin * np.float32(m1)
+            for m in range(U(32)):
+                q = w[base + qs_off + U(32) * j + m]
+                lo, hi = q & _M4, q >> _S4
+                if five:
+                    h = w[base + U(16) + m] >> np.uint8(2 * j)
+                    lo |= (h & np.uint8(1)) << _S4
+                    hi |= ((h >> np.uint8(1)) & np.uint8(1)) << _S4
+                y[i * U(256) + U(64) * j + m] = d0 * np.float32(lo) - dm0
+                y[i * U(256) + U(64) * j + U(32) + m] = d1 * np.float32(hi) - dm1
+
+
+@njit(inline="always")
+def _q6_k(w, y):
+    for i in range(U(y.shape[0] // 256)):
+        base = i * U(210)
+        d = load_f16(w, base + U(208))
+        for n in range(U(2)):
+            for k in range(U(4)):  # code k of half n covers y[128n + 32k : +32]
+                for g in range(U(2)):
+                    dk = d * np.float32(np.int8(w[base + U(192) + U(8) * n + U(2) * k + g]))
+                    for m in range(U(16)):
+                        lq = w[base + U(64) * n + U(32) * (k & U(1)) + U(16) * g + m]
+                        hq = w[base + U(128) + U(32) * n + U(16) * g + m]
+                        q = ((lq >> np.uint8(4 * (k >> U(1)))) & _M4) | (
+                            ((hq >> np.uint8(2 * k)) & np.uint8(3)) << _S4)
+                        y[i * U(256) + U(128) * n + U(32) * k + U(16) * g + m] = dk * np.float32(
+                            np.int32(q) - 32)
+
+
+@njit(parallel=True, cache=True)
+def dequant_rows(w, qtype, rows, out):
+    """out[i] = dequantized w[rows[i]] for a quantized uint8 weight (GGML type id `qtype`)."""
+    for i in prange(rows.shape[0]):
+        src = w[rows[i]]
+        dst = out[i]
+        if qtype == 2:
+            _q4_0(src, dst)
+        elif qtype == 3:
+            _q4_1(src, dst)
+        elif qtype == 6:
+            _q5(src, dst, 22, True)
+        elif qtype == 7:
+            _q5(src, dst, 24, False)
+        elif qtype == 8:
+            _q8_0(src, dst)
+        elif qtype == 12:
+            _q45_k(src, dst, 144, False)
+        elif qtype == 13:
+            _q45_k(src, dst, 176, True)
+        elif qtype == 14:
+            _q6_k(src, dst)
+
+
+def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> None:
+    src = w[rows]
+    if qt is QType.F32:
+        out[...] = src
+    elif qt is QType.F16:
+        out[...] = src.view(np.float16)
+    else:  # BF16: the high half of an f32
+        out.view(np.uint32)[...] = src.astype(np.uint32) << np.uint32(16)
+
+
+def dequantize_into(w_raw: np.ndarray, qtype: int, rows: np.ndarray, out: np.ndarray) -> None:
+    """out[i, :] = f32 values of weight row rows[i]; out is f32 [len(rows), n_in], C-contiguous."""
+    qt = qtype_of(qtype)
+    w, n_in = weight_view(w_raw, qt)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if out.shape != (rows.shape[0], n_in) or out.dtype != np.float32:
+        raise ValueError(f"out must be f32 {(rows.shape[0], n_in)}, got {out.dtype} {out.shape}")
+    if rows.size and (rows.min() < 0 or rows.max() >= w.shape[0]):
+        raise IndexError(f"row index out of range [0, {w.shape[0]})")
+    if qt in FLOAT_TYPES:
+        _float_rows(w, qt, rows, out)
+    else:
+        dequant_rows(w, int(qt), rows, out)
+
+
+def dequantize(w_raw: np.ndarray, qtype: int, n_in: int) -> np.ndarray:
+    """All rows of a weight as f32 `[n_rows, n_in]`."""
+    w, have = weight_view(np.asarray(w_raw).reshape(-1, _row_len(w_raw, qtype, n_in)), qtype)
+    if have != n_in:
+        raise ValueError(f"weight rows hold {have} values, expected {n_in}")
+    out = np.empty((w.shape[0], n_in), np.float32)
+    dequantize_into(w, qtype, np.arange(w.shape[0]), out)
+    return out
+
+
+def _row_len(w_raw: np.ndarray, qtype: int, n_in: int) -> int:
+    """Row length in w_raw's own elements (bytes for quantized data)."""
+    block, size = BLOCK_LAYOUT[qtype_of(qtype)]
+    if w_raw.dtype == np.uint8:
+        return n_in // block * size
+    return n_in
+
+
+def get_rows(w_raw: np.ndarray, qtype: int, ids: np.ndarray, out: np.ndarray) -> None:
+    """Embedding lookup: out[i] = dequantized row ids[i] (out f32 [len(ids), n_embd])."""
+    dequantize_into(w_raw, qtype, np.asarray(ids).reshape(-1), out)

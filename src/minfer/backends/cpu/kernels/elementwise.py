@@ -1,0 +1,96 @@
+"""Element-wise activations and arithmetic: `silu`, `swiglu`, `add`, `mul`.
+
+silu(x) = x / (1 + expf(-x)) in f32, as ggml's scalar `ggml_silu_f32` (ggml's AVX path uses a
+polynomial expf, so agreement is to a few ulp). Serial kernels over flat arrays: at decode sizes a
+parallel region would cost more than the work. Every output may alias an input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, fastmath=True)
+def _silu(x, out):
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = v / (np.float32(1.0) + np.exp(-v))
+
+
+@njit(cache=True, fastmath=True)
+def _swiglu(g, u, out):
+    for i in range(g.shape[0]):
+        v = g[i]
+        out[i] = v / (np.float32(1.0) + np.exp(-v)) * u[i]
+
+
+@njit(cache=True, fastmath=True)
+def _add(a, b, out):
+    for i in range(a.shape[0]):
+        out[i] = a[i] + b[i]
+
+
+@njit(cache=True, fastmath=True)
+def _mul(a, b, out):
+    for i in range(a.shape[0]):
+        out[i] = a[i] * b[i]
+
+
+@njit(cache=True, fastmath=True)
+def _add_row(a, b, out):
+    n = b.shape[0]
+    for i in range(a.shape[0]):
+        out[i] = a[i] + b[i % n]
+
+
+@njit(cache=True, fastmath=True)
+def _mul_row(a, b, out):
+    n = b.shape[0]
+    for i in range(a.shape[0]):
+        out[i] = a[i] * b[i % n]
+
+
+def _flat(*arrs: np.ndarray) -> list[np.ndarray]:
+    flat = []
+    for a in arrs:
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("element-wise kernels take C-contiguous f32 arrays")
+        flat.append(a.reshape(-1))
+    return flat
+
+
+def silu(x: np.ndarray, out: np.ndarray) -> None:
+    """out = x * sigmoid(x)."""
+    if x.shape != out.shape:
+        raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
+    _silu(*_flat(x, out))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """out = silu(gate) * up."""
+    if not gate.shape == up.shape == out.shape:
+        raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
+    _swiglu(*_flat(gate, up, out))
+
+
+def _binary(a: np.ndarray, b: np.ndarray, out: np.ndarray, full, row) -> None:
+    """Same shapes, or b one row broadcast over a's rows (a bias / a norm weight)."""
+    if a.shape != out.shape:
+        raise ValueError(f"shape mismatch {a.shape} vs {out.shape}")
+    if b.shape == a.shape:
+        full(*_flat(a, b, out))
+    elif b.ndim == 1 and b.shape[0] == a.shape[-1]:
+        row(*_flat(a, b, out))
+    else:
+        raise ValueError(f"cannot broadcast {b.shape} over {a.shape}")
+
+
+def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a + b (b same shape, or one row added to every row)."""
+    _binary(a, b, out, _add, _add_row)
+
+
+def mul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a * b (b same shape, or one row multiplied into every row)."""
+    _binary(a, b, out, _mul, _mul_row)

@@ -1,0 +1,138 @@
+"""`out = x @ W.T` for every supported weight type: the dispatch between the decode and prefill
+paths.
+
+Decode / small batches (nt < `PREFILL_MIN_TOKENS`): the activation rows are quantized once per
+call (Q8_0+Q8_1 blocks for the 32-value types, Q8_K for K-quants; rounded to f16 / bf16 for
+those float weights) and dotted against the GGUF blocks in integers, as ggml does -- see `dot32`
+and `dotk`. `quantize_activation` + `matmul_prequant` let a caller share one quantized activation
+across several weights that read the same input (q/k/v, gate/up).
+
+Prefill (nt >= `PREFILL_MIN_TOKENS`) is compute-bound: tiles of weight rows are dequantized to
+f32 by a compiled kernel and multiplied by BLAS sgemm with f32 activations. That path differs
+from llama.cpp's integer path by float rounding only (no activation quantization).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dequant import dequant_rows
+from .dot32 import mv_q4_0, mv_q4_1, mv_q5_0, mv_q5_1, mv_q8_0
+from .dotk import mv_q4_k, mv_q5_k, mv_q6_k
+from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
+from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
+from .quant_types import FLOAT_TYPES, KQUANT_TYPES, QType, qtype_of, weight_view
+
+# From this many activation rows on, dequantize + sgemm beats the integer dots (measured on the
+# dev machine, see benchmarks/kernels_bench.py).
+PREFILL_MIN_TOKENS = 16
+# f32 bytes of one dequantized weight tile on the prefill path (fits L2 next to the activations)
+_TILE_BYTES = 1 << 20
+
+QuantizedActivation = Q8Blocks | Q8KBlocks | np.ndarray
+
+_BLOCK32 = {
+    QType.Q4_0: (mv_q4_0, "isum"),
+    QType.Q4_1: (mv_q4_1, "s"),
+    QType.Q5_0: (mv_q5_0, "isum"),
+    QType.Q5_1: (mv_q5_1, "s"),
+    QType.Q8_0: (mv_q8_0, "isum"),
+}
+_KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k}
+
+
+def quantize_activation(x: np.ndarray, qtype: int) -> QuantizedActivation:
+    """x f32 `[nt, n_in]` in the form `qtype`'s dot kernel reads (ggml's `vec_dot_type`)."""
+    qt = qtype_of(qtype)
+    if qt in KQUANT_TYPES:
+        return quantize_q8_k(x)
+    if qt is QType.F32:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if qt is QType.F16:
+        return round_to_f16(x)
+    if qt is QType.BF16:
+        return round_to_bf16(x)
+    return quantize_q8_0(x)
+
+
+def matmul_prequant(w_raw: np.ndarray, qtype: int, xq: QuantizedActivation,
+                    out: np.ndarray) -> None:
+    """`out[nt, n_out] = x @ W.T` from an activation made by `quantize_activation(x, qtype)`."""
+    qt = qtype_of(qtype)
+    w, n_in = weight_view(w_raw, qt)
+    n_rows = xq.qs.shape if isinstance(xq, Q8Blocks | Q8KBlocks) else xq.shape
+    _check_out(out, (n_rows[0], w.shape[0]))
+    if n_rows[1] != n_in:
+        raise ValueError(f"activation has {n_rows[1]} features, weight rows {n_in}")
+    if qt in _BLOCK32:
+        kernel, extra = _BLOCK32[qt]
+        if not isinstance(xq, Q8Blocks):
+            raise TypeError(f"{qt.name} needs a Q8_0 activation")
+        kernel(w, xq.qs, xq.d, getattr(xq, extra), out)
+    elif qt in _KQUANT:
+        if not isinstance(xq, Q8KBlocks):
+            raise TypeError(f"{qt.name} needs a Q8_K activation")
+        _KQUANT[qt](w, xq.qs, xq.d, xq.bsums, out)
+    else:
+        if not isinstance(xq, np.ndarray):
+            raise TypeError(f"{qt.name} needs a float activation")
+        {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}[qt](w, xq, out)
+
+
+def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> None:
+    """`out[nt, n_out] = x[nt, n_in] @ W.T` for weight `w_raw` of GGML type `qtype`."""
+    qt = qtype_of(qtype)
+    w, n_in = weight_view(w_raw, qt)
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"x of shape {x.shape} does not match weight rows of {n_in}")
+    _check_out(out, (x.shape[0], w.shape[0]))
+    if x.shape[0] >= PREFILL_MIN_TOKENS:
+        matmul_sgemm(w, qt, x, out)
+    else:
+        matmul_prequant(w, qt, quantize_activation(x, qt), out)
+
+
+def matmul_sgemm(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> None:
+    """The prefill path: dequantized f32 weight tiles times f32 activations through BLAS."""
+    qt = qtype_of(qtype)
+    w, n_in = weight_view(w_raw, qt)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if qt is QType.F32:
+        np.matmul(x, w.T, out=out)
+        return
+    n_out = w.shape[0]
+    rows = max(16, min(n_out, _TILE_BYTES // (4 * n_in)))
+    tile = np.empty((rows, n_in), np.float32)
+    part = np.empty((x.shape[0], rows), np.float32)
+    for r0 in range(0, n_out, rows):
+        r1 = min(n_out, r0 + rows)
+        t = tile[: r1 - r0]
+        _dequant_tile(w, qt, r0, r1, t)
+        p = part[:, : r1 - r0]
+        np.matmul(x, t.T, out=p)
+        out[:, r0:r1] = p
+
+
+def _dequant_tile(w: np.ndarray, qt: QType, r0: int, r1: int, tile: np.ndarray) -> None:
+    if qt is QType.F16:
+        tile[...] = w[r0:r1].view(np.float16)
+    elif qt is QType.BF16:
+        tile.view(np.uint32)[...] = w[r0:r1].astype(np.uint32) << np.uint32(16)
+    else:
+        dequant_rows(w, int(qt), np.arange(r0, r1, dtype=np.int64), tile)
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, int]) -> None:
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous f32 {shape}, got {out.dtype} {out.shape}")
+
+
+__all__ = [
+    "FLOAT_TYPES",
+    "PREFILL_MIN_TOKENS",
+    "QuantizedActivation",
+    "matmul",
+    "matmul_prequant",
+    "matmul_sgemm",
+    "quantize_activation",
+]

@@ -1,0 +1,132 @@
+"""Activation quantization: Q8_0/Q8_1 (32-value blocks) and Q8_K (256-value blocks).
+
+Quantized weights are dotted against an activation row quantized the way ggml does on x86, so
+the integer sums are exactly ggml's:
+
+- Q8_0 / Q8_1 (ggml `quantize_row_q8_0` / `_q8_1`, AVX path): amax = max|x| over the block,
+  d = amax/127 stored as f16, q = round-half-even(x * (127/amax)). Q8_1 adds
+  s = f16(d * sum(q)) (d unrounded), used by Q4_1/Q5_1 for their `m` offsets. Both are produced
+  together: `Q8Blocks` carries qs, d (the f16 value as f32), s and the integer block sums, which the
+  kernels use to move unsigned weight codes onto the u8 x s8 dot (an exact integer identity).
+- Q8_K (ggml `quantize_row_q8_K_ref`): the first element of largest magnitude `max` sets
+  iscale = -127/max; q = min(127, round-half-even(iscale*x)); d = 1/iscale in f32; bsums are
+  int16 sums of each 16 quants.
+
+Quantize once per activation and share it across every matmul that reads it (q/k/v, gate/up).
+These kernels are exact (no fastmath: a reciprocal-multiply would change rounding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from ._llvm import f16_to_f32, f32_to_f16
+
+
+@dataclass(frozen=True)
+class Q8Blocks:
+    """An activation `[nt, n]` quantized in blocks of 32 (serves as Q8_0 and Q8_1)."""
+
+    qs: np.ndarray  # int8 [nt, n]
+    d: np.ndarray  # f32 [nt, n/32], the f16-rounded scale
+    s: np.ndarray  # f32 [nt, n/32], Q8_1's f16(d * sum(qs))
+    isum: np.ndarray  # int32 [nt, n/32], sum(qs) per block
+
+
+@dataclass(frozen=True)
+class Q8KBlocks:
+    """An activation `[nt, n]` quantized in blocks of 256 (Q8_K)."""
+
+    qs: np.ndarray  # int8 [nt, n]
+    d: np.ndarray  # f32 [nt, n/256]
+    bsums: np.ndarray  # int16 [nt, n/16]
+
+
+@njit(cache=True)
+def _quantize_q8_0_rows(x, qs, d, s, isum):
+    nt, n = x.shape
+    for t in range(nt):
+        for b in range(n // 32):
+            xb = x[t, b * 32 : b * 32 + 32]
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(xb[j]))
+            dd = amax / np.float32(127.0)
+            idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            total = np.int32(0)
+            for j in range(32):
+                q = np.int32(np.rint(xb[j] * idd))
+                qs[t, b * 32 + j] = q
+                total += q
+            d[t, b] = f16_to_f32(f32_to_f16(dd))
+            s[t, b] = f16_to_f32(f32_to_f16(dd * np.float32(total)))
+            isum[t, b] = total
+
+
+@njit(cache=True)
+def _quantize_q8_k_rows(x, qs, d, bsums):
+    nt, n = x.shape
+    for t in range(nt):
+        for b in range(n // 256):
+            xb = x[t, b * 256 : b * 256 + 256]
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(256):
+                ax = abs(xb[j])
+                if ax > amax:
+                    amax = ax
+                    vmax = xb[j]
+            if amax == 0:
+                d[t, b] = 0.0
+                qs[t, b * 256 : b * 256 + 256] = 0
+                bsums[t, b * 16 : b * 16 + 16] = 0
+                continue
+            iscale = np.float32(-127.0) / vmax
+            for g in range(16):
+                total = np.int32(0)
+                for j in range(g * 16, g * 16 + 16):
+                    q = np.int32(np.rint(iscale * xb[j]))
+                    q = q if q < 127 else np.int32(127)
+                    qs[t, b * 256 + j] = q
+                    total += q
+                bsums[t, b * 16 + g] = total
+            d[t, b] = np.float32(1.0) / iscale
+
+
+def _rows(x: np.ndarray, block: int) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2 or x.shape[1] % block:
+        raise ValueError(f"activation of shape {x.shape} is not rows of whole {block}-blocks")
+    return x
+
+
+def quantize_q8_0(x: np.ndarray) -> Q8Blocks:
+    """Quantize f32 `[nt, n]` (n % 32 == 0) to Q8_0 blocks, with Q8_1's `s` alongside."""
+    x = _rows(x, 32)
+    nt, n = x.shape
+    out = Q8Blocks(
+        qs=np.empty((nt, n), np.int8),
+        d=np.empty((nt, n // 32), np.float32),
+        s=np.empty((nt, n // 32), np.float32),
+        isum=np.empty((nt, n // 32), np.int32),
+    )
+    _quantize_q8_0_rows(x, out.qs, out.d, out.s, out.isum)
+    return out
+
+
+def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
+    """Quantize f32 `[nt, n]` (n % 256 == 0) to Q8_K blocks."""
+    x = _rows(x, 256)
+    nt, n = x.shape
+    out = Q8KBlocks(
+        qs=np.empty((nt, n), np.int8),
+        d=np.empty((nt, n // 256), np.float32),
+        bsums=np.empty((nt, n // 16), np.int16),
+    )
+    _quantize_q8_k_rows(x, out.qs, out.d, out.bsums)
+    return out

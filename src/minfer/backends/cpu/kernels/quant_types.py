@@ -1,0 +1,118 @@
+"""GGML tensor types the CPU kernels handle, and their block layouts.
+
+Each quantized row of a GGUF weight is a run of fixed-size blocks; `w_raw` arrays are
+`uint8[n_out, row_bytes]` views of those bytes (zero-copy from the file's memmap).
+Byte layouts (little-endian, f16 = IEEE half):
+
+  Q4_0  (32 values, 18 B): d f16 | qs[16] (low nibbles = values 0..15, high = 16..31), v = d*(q-8)
+  Q4_1  (32 values, 20 B): d f16 | m f16 | qs[16],                       v = d*q + m
+  Q5_0  (32 values, 22 B): d f16 | qh u32 (bit j = 5th bit of value j) | qs[16], v = d*(q-16)
+  Q5_1  (32 values, 24 B): d f16 | m f16 | qh u32 | qs[16],              v = d*q + m
+  Q8_0  (32 values, 34 B): d f16 | qs int8[32],                          v = d*q
+  Q4_K  (256 values, 144 B): d f16 | dmin f16 | scales[12] (8 six-bit scales + 8 six-bit mins)
+        | qs[128] (4 chunks of 64: low nibbles = values 0..31 of the chunk, high = 32..63),
+        v = d*sc*q - dmin*m per 32-value sub-block
+  Q5_K  (256 values, 176 B): d | dmin | scales[12] | qh[32] (bit 2j / 2j+1 = 5th bit of chunk j's
+        low / high half) | qs[128]
+  Q6_K  (256 values, 210 B): ql[128] | qh[64] | scales int8[16] | d f16,
+        v = d*sc*(q-32) per 16-value sub-block
+
+Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from minfer.errors import ModelError
+
+
+class QType(IntEnum):
+    """GGML type ids (the values stored in a GGUF tensor header)."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    BF16 = 30
+
+
+# (values per block, bytes per block) for the weight types the kernels accept
+BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
+    QType.F32: (1, 4),
+    QType.F16: (1, 2),
+    QType.BF16: (1, 2),
+    QType.Q4_0: (32, 18),
+    QType.Q4_1: (32, 20),
+    QType.Q5_0: (32, 22),
+    QType.Q5_1: (32, 24),
+    QType.Q8_0: (32, 34),
+    QType.Q4_K: (256, 144),
+    QType.Q5_K: (256, 176),
+    QType.Q6_K: (256, 210),
+}
+
+FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
+BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0})
+KQUANT_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K})
+
+
+def qtype_of(qtype: int) -> QType:
+    """The QType for a GGML type id; anything the kernels cannot run is refused by name."""
+    try:
+        qt = QType(int(qtype))
+    except ValueError:
+        try:
+            name = GGMLQuantizationType(int(qtype)).name
+        except ValueError:
+            name = f"#{int(qtype)}"
+        raise ModelError(f"tensor type {name} is not supported by the CPU kernels") from None
+    if qt not in BLOCK_LAYOUT:
+        raise ModelError(f"tensor type {qt.name} is not supported as a CPU weight")
+    return qt
+
+
+def row_bytes(qtype: int, n_in: int) -> int:
+    """Bytes of one row of `n_in` values stored as `qtype`."""
+    block, size = BLOCK_LAYOUT[qtype_of(qtype)]
+    if n_in % block:
+        raise ModelError(f"row length {n_in} is not a multiple of the {QType(qtype).name} "
+                         f"block size {block}")
+    return n_in // block * size
+
+
+def weight_view(w: np.ndarray, qtype: int) -> tuple[np.ndarray, int]:
+    """Normalise a weight to what the kernels take, and return it with its row length n_in.
+
+    Quantized: `uint8[n_out, row_bytes]`. F32: `float32[n_out, n_in]`. F16 and BF16:
+    `uint16[n_out, n_in]` bit patterns. A float weight may also arrive as raw bytes (uint8).
+    """
+    qt = qtype_of(qtype)
+    if w.ndim != 2:
+        raise ValueError(f"weight must be 2-D, got shape {w.shape}")
+    if w.strides[1] != w.itemsize:
+        raise ValueError("weight rows must be contiguous")
+    if qt in FLOAT_TYPES:
+        want = np.dtype(np.float32) if qt is QType.F32 else np.dtype(np.uint16)
+        if w.dtype == np.uint8 or (qt is QType.F16 and w.dtype == np.float16):
+            w = w.view(want)
+        if w.dtype != want:
+            raise ValueError(f"{qt.name} weight has dtype {w.dtype}")
+        return w, w.shape[1]
+    if w.dtype != np.uint8:
+        raise ValueError(f"{qt.name} weight must be uint8 block bytes, got {w.dtype}")
+    block, size = BLOCK_LAYOUT[qt]
+    if w.shape[1] % size:
+        raise ValueError(f"{qt.name} row of {w.shape[1]} bytes is not whole blocks of {size}")
+    return w, w.shape[1] // size * block

@@ -1,0 +1,125 @@
+"""Slow, obviously-correct numpy references the compiled kernels are tested against.
+
+Independent of the kernels' code: activation quantizers written from ggml's definitions, the
+exact (float64) value of the integer dot products ggml computes, and plain float64 RoPE,
+attention and RMSNorm. Also random weight blocks for the K-quants, which `gguf.quants` cannot
+quantize.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, QType
+
+
+def ref_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(qs int8 [nt, n], d f32 [nt, n/32] (f16-rounded), s f32 [nt, n/32]) as ggml's AVX path."""
+    nt, n = x.shape
+    xb = x.astype(np.float32).reshape(nt, n // 32, 32)
+    amax = np.abs(xb).max(axis=-1)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int8)
+    s = (d * q.astype(np.int32).sum(-1).astype(np.float32)).astype(np.float16)
+    return q.reshape(nt, n), d.astype(np.float16).astype(np.float32), s.astype(np.float32)
+
+
+def ref_quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(qs int8 [nt, n], d f32 [nt, n/256], bsums int16 [nt, n/16]) as quantize_row_q8_K_ref."""
+    nt, n = x.shape
+    xb = x.astype(np.float32).reshape(nt, n // 256, 256)
+    first = np.abs(xb).argmax(axis=-1)  # first index of the largest magnitude
+    vmax = np.take_along_axis(xb, first[..., None], axis=-1)[..., 0]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(vmax != 0, np.float32(-127.0) / vmax, np.float32(0.0)).astype(np.float32)
+    q = np.minimum(127, np.rint(xb * iscale[..., None])).astype(np.int8)
+    with np.errstate(divide="ignore"):
+        d = np.where(iscale != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
+    bsums = q.reshape(nt, n // 16, 16).astype(np.int32).sum(-1).astype(np.int16)
+    return q.reshape(nt, n), d, bsums
+
+
+def ref_matmul_quant(w: np.ndarray, qtype: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The exact value (float64) of ggml's integer-path `x @ W.T`, and the sum of |terms| (a
+    scale for tolerances). The activation is quantized as ggml does for this weight type."""
+    qt = QType(qtype)
+    gt = GGMLQuantizationType(int(qt))
+    size = BLOCK_LAYOUT[qt][1]
+    wq = gguf_dequantize(w, gt).astype(np.float64)
+    if qt in KQUANT_TYPES:
+        qs, d, _ = ref_quantize_q8_k(x)
+        xd = (qs.astype(np.float64).reshape(x.shape[0], -1, 256) * d[..., None]).reshape(x.shape)
+        return xd @ wq.T, np.abs(xd) @ np.abs(wq).T
+    qs, d, s = ref_quantize_q8_0(x)
+    xd = (qs.astype(np.float64).reshape(x.shape[0], -1, 32) * d[..., None]).reshape(x.shape)
+    if qt not in (QType.Q4_1, QType.Q5_1):
+        return xd @ wq.T, np.abs(xd) @ np.abs(wq).T
+    # m_w * s_x replaces m_w * d_x * sum(q_x): split the codes part from the mins part
+    blocks = w.reshape(w.shape[0], -1, size).copy()
+    m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # [n_out, nb]
+    blocks[:, :, 2:4] = 0
+    wcodes = gguf_dequantize(blocks.reshape(w.shape), gt).astype(np.float64)
+    ref = xd @ wcodes.T + s.astype(np.float64) @ m.T
+    scale = np.abs(xd) @ np.abs(wcodes).T + np.abs(s) @ np.abs(m).T
+    return ref, scale
+
+
+def random_kquant_blocks(qtype: int, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """Random Q4_K / Q5_K / Q6_K weight bytes `[n_out, row_bytes]` with moderate f16 scales."""
+    qt = QType(qtype)
+    size = BLOCK_LAYOUT[qt][1]
+    nb = n_in // 256
+    blocks = rng.integers(0, 256, (n_out, nb, size), dtype=np.uint8)
+    scales = (rng.random((n_out, nb, 2)) * np.array([0.01, 0.005])).astype(np.float16)
+    raw = scales.view(np.uint8).reshape(n_out, nb, 4)
+    if qt is QType.Q6_K:
+        blocks[:, :, 208:210] = raw[:, :, 0:2]
+    else:
+        blocks[:, :, 0:4] = raw
+    return blocks.reshape(n_out, nb * size)
+
+
+def ref_rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
+                  rope_dim: int, base: float) -> np.ndarray:
+    """NEOX RoPE in float64 with the exact theta = pos * base^(-2i/rope_dim)."""
+    nt = x.shape[0]
+    half = rope_dim // 2
+    inv = float(base) ** (-2.0 * np.arange(half) / rope_dim)
+    theta = positions.astype(np.float64)[:, None] * inv[None, :]  # [nt, half]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    xh = x.astype(np.float64).reshape(nt, n_head, head_dim)
+    out = xh.copy()
+    x0, x1 = xh[..., :half], xh[..., half:rope_dim]
+    out[..., :half] = x0 * cos - x1 * sin
+    out[..., half:rope_dim] = x0 * sin + x1 * cos
+    return out.reshape(nt, n_head * head_dim)
+
+
+def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_start: np.ndarray,
+                  kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
+                  scale: float) -> np.ndarray:
+    """Windowed GQA softmax attention in float64 (caches given as f32/f16 arrays)."""
+    nt = q.shape[0]
+    group = n_head // n_head_kv
+    out = np.zeros((nt, n_head * head_dim))
+    kf, vf = k.astype(np.float64), v.astype(np.float64)
+    for t in range(nt):
+        lo, hi = int(kv_start[t]), int(kv_end[t])
+        for h in range(n_head):
+            c = (h // group) * head_dim
+            kw, vw = kf[lo:hi, c : c + head_dim], vf[lo:hi, c : c + head_dim]
+            s = kw @ q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64) * scale
+            if s.size:
+                p = np.exp(s - s.max())
+                out[t, h * head_dim : (h + 1) * head_dim] = (p / p.sum()) @ vw
+    return out
+
+
+def ref_rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w per row, float64."""
+    xf = x.astype(np.float64)
+    return xf / np.sqrt((xf * xf).mean(-1, keepdims=True) + eps) * w.astype(np.float64)

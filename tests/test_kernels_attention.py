@@ -1,0 +1,87 @@
+"""Attention over a KV cache (windows, GQA, f16 cache) and the cache writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu.kernels import attention, kv_store
+from minfer.backends.cpu.kernels.reference import ref_attention
+
+RNG = np.random.default_rng(0)
+
+
+def _setup(nt: int, n_head: int, n_kv: int, hd: int, n_ctx: int, dtype: type = np.float32
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q = RNG.standard_normal((nt, n_head * hd)).astype(np.float32)
+    k = RNG.standard_normal((n_ctx, n_kv * hd)).astype(dtype)
+    v = RNG.standard_normal((n_ctx, n_kv * hd)).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(("n_head", "n_kv"), [(4, 4), (14, 2), (8, 1)])
+def test_causal_attention_with_gqa(n_head: int, n_kv: int) -> None:
+    nt, hd, n_ctx = 5, 64, 16
+    q, k, v = _setup(nt, n_head, n_kv, hd, n_ctx)
+    pos = np.arange(3, 3 + nt)  # three cells already in the cache, then the new tokens
+    start, end = np.zeros(nt, np.int32), (pos + 1).astype(np.int32)
+    out = np.empty_like(q)
+    scale = 1 / np.sqrt(hd)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale,
+              out=out)
+    ref = ref_attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd,
+                        scale=scale)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+
+
+def test_windows_are_data_and_empty_windows_give_zero() -> None:
+    nt, n_head, n_kv, hd = 4, 2, 1, 32
+    q, k, v = _setup(nt, n_head, n_kv, hd, 12)
+    start = np.array([0, 4, 8, 5], np.int32)  # e.g. two sequences packed in one batch
+    end = np.array([3, 7, 12, 5], np.int32)  # the last row sees nothing
+    out = np.empty_like(q)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.2,
+              out=out)
+    ref = ref_attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd,
+                        scale=0.2)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    assert not out[3].any()
+    # a single visible cell returns its value row exactly (softmax of one score is 1)
+    one = np.empty_like(q[:1])
+    attention(q[:1], k, v, np.array([6]), np.array([7]), n_head=n_head, n_head_kv=n_kv,
+              head_dim=hd, scale=0.2, out=one)
+    np.testing.assert_allclose(one[0, :hd], v[6, :hd], rtol=1e-6)
+
+
+def test_f16_cache_rounds_the_query_like_ggml() -> None:
+    nt, n_head, n_kv, hd, n_ctx = 3, 4, 2, 64, 20
+    q, k, v = _setup(nt, n_head, n_kv, hd, n_ctx, np.float16)
+    start, end = np.zeros(nt, np.int32), np.array([5, 13, 20], np.int32)
+    out = np.empty_like(q)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.125,
+              out=out)
+    q16 = q.astype(np.float16).astype(np.float32)
+    ref = ref_attention(q16, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd,
+                        scale=0.125)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_kv_store_writes_rows_into_cells(dtype: type) -> None:
+    kc = np.zeros((8, 16), dtype)
+    vc = np.zeros((8, 16), dtype)
+    k = RNG.standard_normal((2, 16)).astype(np.float32)
+    v = RNG.standard_normal((2, 16)).astype(np.float32)
+    kv_store(k, v, kc, vc, np.array([5, 2]))
+    np.testing.assert_array_equal(kc[[5, 2]], k.astype(dtype))
+    np.testing.assert_array_equal(vc[[5, 2]], v.astype(dtype))
+    assert not kc[[0, 1, 3, 4, 6, 7]].any()
+    with pytest.raises(ValueError):
+        kv_store(k, v, kc, vc, np.array([8, 0]))
+
+
+def test_bad_windows_are_refused() -> None:
+    q, k, v = _setup(1, 2, 1, 32, 4)
+    with pytest.raises(ValueError):
+        attention(q, k, v, np.array([0]), np.array([5]), n_head=2, n_head_kv=1, head_dim=32,
+                  scale=1.0, out=np.empty_like(q))

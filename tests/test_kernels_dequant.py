@@ -1,0 +1,96 @@
+"""Dequantization and activation quantization kernels against gguf.quants / numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from minfer.backends.cpu.kernels import (
+    QType,
+    dequantize,
+    get_rows,
+    quantize_q8_0,
+    quantize_q8_k,
+    row_bytes,
+)
+from minfer.backends.cpu.kernels.reference import (
+    random_kquant_blocks,
+    ref_quantize_q8_0,
+    ref_quantize_q8_k,
+)
+from minfer.errors import ModelError
+
+QUANT_32 = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0]
+QUANT_K = [QType.Q4_K, QType.Q5_K, QType.Q6_K]
+
+
+def make_weight(qt: QType, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
+    """Weight bytes (or a float array) of type qt, from random normal data."""
+    rng = np.random.default_rng(seed)
+    if qt in QUANT_K:
+        return random_kquant_blocks(qt, n_out, n_in, rng)
+    data = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    if qt is QType.F32:
+        return data
+    if qt is QType.F16:
+        return data.astype(np.float16)
+    return gguf_quantize(data, GT(int(qt)))
+
+
+@pytest.mark.parametrize("qt", [*QUANT_32, *QUANT_K, QType.F32, QType.F16, QType.BF16],
+                         ids=lambda q: q.name)
+def test_dequantize_matches_gguf_exactly(qt: QType) -> None:
+    w = make_weight(qt, 19, 512)
+    got = dequantize(w, qt, 512)
+    want = gguf_dequantize(w, GT(int(qt))).astype(np.float32).reshape(19, 512)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q6_K, QType.F16], ids=lambda q: q.name)
+def test_get_rows_is_an_embedding_lookup(qt: QType) -> None:
+    w = make_weight(qt, 40, 256, seed=1)
+    ids = np.array([3, 0, 39, 3], dtype=np.int32)
+    out = np.empty((4, 256), np.float32)
+    get_rows(w, qt, ids, out)
+    np.testing.assert_array_equal(out, dequantize(w, qt, 256)[ids])
+
+
+def test_get_rows_refuses_out_of_range_ids() -> None:
+    w = make_weight(QType.Q8_0, 4, 64)
+    with pytest.raises(IndexError):
+        get_rows(w, QType.Q8_0, np.array([4]), np.empty((1, 64), np.float32))
+
+
+def test_unsupported_type_is_refused_by_name() -> None:
+    with pytest.raises(ModelError, match="Q2_K"):
+        dequantize(np.zeros((1, 84), np.uint8), int(GT.Q2_K), 256)
+    assert row_bytes(QType.Q6_K, 4864) == 19 * 210
+
+
+def test_quantize_q8_0_matches_reference() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4864)).astype(np.float32)
+    x[1, :32] = 0.0  # an all-zero block: d = 0, q = 0
+    x[2, 32:64] *= 1e-3
+    got = quantize_q8_0(x)
+    qs, d, s = ref_quantize_q8_0(x)
+    np.testing.assert_array_equal(got.qs, qs)
+    np.testing.assert_array_equal(got.d, d)
+    np.testing.assert_array_equal(got.s, s)
+    np.testing.assert_array_equal(got.isum, qs.reshape(3, -1, 32).astype(np.int32).sum(-1))
+
+
+def test_quantize_q8_k_matches_reference() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 1024)).astype(np.float32)
+    x[0, :256] = 0.0
+    x[1, 256:512] = -np.abs(x[1, 256:512])  # the extreme value is negative
+    got = quantize_q8_k(x)
+    qs, d, bsums = ref_quantize_q8_k(x)
+    np.testing.assert_array_equal(got.qs, qs)
+    np.testing.assert_array_equal(got.d, d)
+    np.testing.assert_array_equal(got.bsums, bsums)

@@ -1,0 +1,139 @@
+"""Quantized / float matmul kernels: the integer decode path against the exact value of ggml's
+integer dot, both paths against the f32 dequantized product, and the dispatch rules."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu.kernels import (
+    PREFILL_MIN_TOKENS,
+    QType,
+    dequantize,
+    matmul,
+    matmul_prequant,
+    matmul_sgemm,
+    quantize_activation,
+)
+from minfer.backends.cpu.kernels.floatmv import round_to_bf16
+from minfer.backends.cpu.kernels.reference import ref_matmul_quant
+
+from .test_kernels_dequant import QUANT_32, QUANT_K, make_weight
+
+# weight shape per type (K-quants need n_in % 256 == 0; n_out not a multiple of the row chunk)
+N_IN = {**{q: 896 for q in QUANT_32}, **{q: 768 for q in QUANT_K}}
+N_OUT = 83
+
+
+def _x(nt: int, n_in: int, seed: int = 5) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((nt, n_in)).astype(np.float32)
+
+
+@pytest.mark.parametrize("qt", QUANT_32 + QUANT_K, ids=lambda q: q.name)
+@pytest.mark.parametrize("nt", [1, 3])
+def test_integer_path_equals_ggml_integer_dot(qt: QType, nt: int) -> None:
+    n_in = N_IN[qt]
+    w = make_weight(qt, N_OUT, n_in)
+    x = _x(nt, n_in)
+    out = np.empty((nt, N_OUT), np.float32)
+    matmul(w, qt, x, out)
+    ref, terms = ref_matmul_quant(w, qt, x)
+    # integer sums are exact; only the f32 scale-and-sum order differs from the reference
+    assert np.all(np.abs(out - ref) <= 1e-5 * terms + 1e-30)
+    # and the whole thing approximates the f32 product of the dequantized weight
+    f32 = x @ dequantize(w, qt, n_in).T
+    assert np.abs(out - f32).max() <= 3e-2 * np.abs(f32).max()
+
+
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q4_1, QType.Q4_K, QType.Q6_K],
+                         ids=lambda q: q.name)
+def test_prefill_sgemm_path_matches_dequantized_product(qt: QType) -> None:
+    n_in = N_IN[qt]
+    w = make_weight(qt, 300, n_in, seed=7)  # several tiles plus a ragged last one
+    x = _x(PREFILL_MIN_TOKENS + 3, n_in)
+    out = np.empty((x.shape[0], 300), np.float32)
+    matmul(w, qt, x, out)  # nt >= PREFILL_MIN_TOKENS: the sgemm path
+    ref = x.astype(np.float64) @ dequantize(w, qt, n_in).astype(np.float64).T
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
+def test_prefill_and_decode_paths_agree_to_quantization_noise() -> None:
+    w = make_weight(QType.Q8_0, 64, 512)
+    x = _x(PREFILL_MIN_TOKENS, 512)
+    big = np.empty((x.shape[0], 64), np.float32)
+    small = np.empty((1, 64), np.float32)
+    matmul(w, QType.Q8_0, x, big)
+    matmul(w, QType.Q8_0, x[5:6], small)
+    assert np.abs(big[5] - small[0]).max() < 2e-2 * np.abs(big[5]).max()
+
+
+@pytest.mark.parametrize("qt", [QType.F32, QType.F16, QType.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("nt", [1, 2, PREFILL_MIN_TOKENS])
+def test_float_weights(qt: QType, nt: int) -> None:
+    n_in = 200  # not a multiple of the 64-wide inner loop
+    w = make_weight(qt, 37, n_in, seed=9)
+    if qt is QType.BF16:
+        w = make_weight(QType.F32, 37, n_in, seed=9)
+        w = (round_to_bf16(w).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    x = _x(nt, n_in)
+    out = np.empty((nt, 37), np.float32)
+    matmul(w, qt, x, out)
+    wf = dequantize(w, qt, n_in).astype(np.float64)
+    if nt < PREFILL_MIN_TOKENS and qt is not QType.F32:  # ggml rounds x to the weight type
+        x = x.astype(np.float16) if qt is QType.F16 else round_to_bf16(x)
+    ref = x.astype(np.float64) @ wf.T
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
+def test_prequantized_activation_is_shared_across_weights() -> None:
+    x = _x(1, 896)
+    xq = quantize_activation(x, QType.Q5_0)  # Q8_0 blocks serve Q5_0 and Q8_0 weights
+    for qt in (QType.Q5_0, QType.Q8_0):
+        w = make_weight(qt, 40, 896, seed=int(qt))
+        a, b = np.empty((1, 40), np.float32), np.empty((1, 40), np.float32)
+        matmul_prequant(w, qt, xq, a)
+        matmul(w, qt, x, b)
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError):  # a K-quant needs Q8_K blocks
+        matmul_prequant(make_weight(QType.Q4_K, 4, 1024), QType.Q4_K,
+                        quantize_activation(_x(1, 1024), QType.Q8_0), np.empty((1, 4), np.float32))
+
+
+def test_shape_errors_are_loud() -> None:
+    w = make_weight(QType.Q8_0, 8, 64)
+    with pytest.raises(ValueError):
+        matmul(w, QType.Q8_0, _x(1, 32), np.empty((1, 8), np.float32))
+    with pytest.raises(ValueError):
+        matmul(w, QType.Q8_0, _x(1, 64), np.empty((1, 9), np.float32))
+    with pytest.raises(ValueError):
+        matmul_sgemm(w.view(np.int8), QType.Q8_0, _x(1, 64), np.empty((1, 8), np.float32))
+
+
+def _dev_model() -> Path | None:
+    p = Path(os.environ.get("MINFER_DEV_MODEL", "/tmp/model.gguf"))
+    return p if p.is_file() else None
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(_dev_model() is None, reason="development GGUF not present")
+def test_real_weights_of_the_dev_model() -> None:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(_dev_model()))
+    seen = set()
+    for t in reader.tensors:
+        qt = QType(int(t.tensor_type))
+        if qt in seen or qt not in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K):
+            continue
+        seen.add(qt)
+        w = np.ascontiguousarray(t.data[:64])  # first 64 rows
+        n_in = int(t.shape[0])
+        x = _x(2, n_in, seed=11)
+        out = np.empty((2, 64), np.float32)
+        matmul(w, qt, x, out)
+        ref, terms = ref_matmul_quant(w, qt, x)
+        assert np.all(np.abs(out - ref) <= 1e-5 * terms), t.name
+    assert seen == {QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K}

@@ -1,0 +1,102 @@
+"""Norms, RoPE and element-wise kernels against float64 numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu.kernels import (
+    add,
+    head_rms_norm,
+    mul,
+    rms_norm,
+    rope_neox,
+    silu,
+    swiglu,
+)
+from minfer.backends.cpu.kernels.reference import ref_rms_norm, ref_rope_neox
+
+RNG = np.random.default_rng(0)
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_rms_norm_and_in_place() -> None:
+    x, w = _rand(5, 896), _rand(896)
+    out = np.empty_like(x)
+    rms_norm(x, w, 1e-6, out)
+    np.testing.assert_allclose(out, ref_rms_norm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
+    rms_norm(x, w, 1e-6, x)
+    np.testing.assert_array_equal(x, out)
+
+
+def test_head_rms_norm_normalises_each_head() -> None:
+    x, w = _rand(3, 4 * 32), _rand(32)
+    out = np.empty_like(x)
+    head_rms_norm(x, w, n_head=4, head_dim=32, eps=1e-6, out=out)
+    ref = ref_rms_norm(x.reshape(3, 4, 32), w, 1e-6).reshape(3, 128)
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-6)
+    with pytest.raises(ValueError):
+        head_rms_norm(x, w, n_head=3, head_dim=32, eps=1e-6, out=out)
+
+
+def _rope_like_ggml(x: np.ndarray, pos: np.ndarray, n_head: int, hd: int, rope_dim: int,
+                    base: float) -> np.ndarray:
+    """ggml's recipe in numpy: theta multiplied up in f32, f32 cos/sin."""
+    half = rope_dim // 2
+    ts = np.float32(base) ** np.float32(-2.0 / rope_dim)
+    out = x.copy().reshape(x.shape[0], n_head, hd)
+    for t, p in enumerate(pos):
+        theta = np.float32(p)
+        cos, sin = np.empty(half, np.float32), np.empty(half, np.float32)
+        for i in range(half):
+            cos[i], sin[i] = np.cos(theta), np.sin(theta)
+            theta = np.float32(theta * ts)
+        x0, x1 = out[t, :, :half].copy(), out[t, :, half:rope_dim].copy()
+        out[t, :, :half] = x0 * cos - x1 * sin
+        out[t, :, half:rope_dim] = x0 * sin + x1 * cos
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("rope_dim", [64, 32])
+def test_rope_neox(rope_dim: int) -> None:
+    n_head, hd = 3, 64
+    x = _rand(4, n_head * hd)
+    pos = np.array([0, 1, 17, 3000])
+    out = np.empty_like(x)
+    rope_neox(x, pos, n_head=n_head, head_dim=hd, rope_dim=rope_dim, base=1e6, out=out)
+    np.testing.assert_allclose(out, _rope_like_ggml(x, pos, n_head, hd, rope_dim, 1e6),
+                               rtol=0, atol=2e-5)
+    exact = ref_rope_neox(x, pos, n_head=n_head, head_dim=hd, rope_dim=rope_dim, base=1e6)
+    np.testing.assert_allclose(out, exact, rtol=0, atol=5e-3)  # f32 theta at pos 3000
+    np.testing.assert_allclose(out[:3], exact[:3], rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(out[0], x[0])  # position 0 is the identity
+    if rope_dim < hd:  # the unrotated tail passes through
+        np.testing.assert_array_equal(out.reshape(4, n_head, hd)[..., rope_dim:],
+                                      x.reshape(4, n_head, hd)[..., rope_dim:])
+    rope_neox(x, pos, n_head=n_head, head_dim=hd, rope_dim=rope_dim, base=1e6, out=x)
+    np.testing.assert_array_equal(x, out)
+
+
+def test_silu_swiglu_add_mul() -> None:
+    g, u = _rand(3, 100) * 4, _rand(3, 100)
+    out = np.empty_like(g)
+    silu(g, out)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g.astype(np.float64))), rtol=1e-6,
+                               atol=1e-6)
+    swiglu(g, u, out)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-6,
+                               atol=1e-6)
+    add(g, u, out)
+    np.testing.assert_array_equal(out, g + u)
+    mul(g, u, out)
+    np.testing.assert_array_equal(out, g * u)
+    bias = _rand(100)
+    add(g, bias, out)  # one row broadcast over the rows
+    np.testing.assert_array_equal(out, g + bias)
+    mul(g, bias, out)
+    np.testing.assert_array_equal(out, g * bias)
+    with pytest.raises(ValueError):
+        add(g, _rand(7), out)
