@@ -1,0 +1,83 @@
+"""The host-side mirror of a session's KV cache: which token sits in each written cell.
+
+`KVMirror` wraps an engine and records every forward: the tokens written at `start_pos..` become
+the mirror's cells `start_pos..`, and anything the mirror held at or beyond `start_pos` is
+forgotten first. So the mirror always describes what the KV really holds, however a generation
+ends — a stop gate, the length cap, or a Ctrl-C between two forwards — and the write cursor is
+simply `len(tokens)`. Cells past the cursor may still hold stale rows (after a rewind); attention
+never reads them, because a token's window ends at its own cell, and the next forward overwrites
+them.
+
+The mirror is append-only at the cursor: a forward that would leave a gap is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from minfer.errors import MinferError
+
+
+class ForwardEngine(Protocol):
+    """What a session needs from an engine (minfer.engine.forward.Engine satisfies it)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray: ...
+
+
+class KVMirror:
+    """An engine wrapper that keeps `tokens`: the id written in every KV cell below the cursor."""
+
+    def __init__(self, engine: ForwardEngine) -> None:
+        self.engine = engine
+        self._tokens: list[int] = []
+        self.n_forwarded = 0
+        """Tokens forwarded through this mirror since it was made (prefill and decode)."""
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        """A copy of the cell contents `[0, cursor)`."""
+        return list(self._tokens)
+
+    @property
+    def cursor(self) -> int:
+        """The next cell to write; also the number of tokens in the KV."""
+        return len(self._tokens)
+
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray:
+        """Write tokens at start_pos.. (≤ cursor) and return the engine's logits."""
+        if start_pos > len(self._tokens):
+            raise MinferError(
+                f"KV write at {start_pos} would leave a gap (cursor at {len(self._tokens)})")
+        # Forget first: if the engine fails half-way, the mirror must not claim rows it lost.
+        del self._tokens[start_pos:]
+        logits = self.engine.forward(tokens, start_pos, n_out)
+        self._tokens.extend(int(t) for t in tokens)
+        self.n_forwarded += len(tokens)
+        return logits
+
+    def rewind(self, cursor: int) -> None:
+        """Move the cursor back to `cursor` (no-op when it is already there or before)."""
+        if cursor < 0:
+            raise MinferError(f"cannot rewind the KV to {cursor}")
+        del self._tokens[cursor:]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n

@@ -1,0 +1,114 @@
+"""`minfer chat [MODEL]` (and `minfer run --cnv`): a multi-turn chat in the terminal.
+
+Each turn prefills only what the conversation added since the last one (see
+minfer.chat.session); `--verbose` prints the per-turn counts on stderr. `-p PROMPT` is the first
+user message (`--single-turn`: answer it and exit). `--session FILE` restores a saved
+conversation (one prefill of the history) and saves it again after every turn; a file that is
+not a minfer session is refused, never overwritten. With stdin not a terminal, every input line
+is one turn and replies are printed plainly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from minfer.cli.common import add_model_args, add_sampling_args, model_options, sampling_from_args
+from minfer.errors import MinferError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser("chat", help="chat with a model (multi-turn REPL)",
+                       description="Chat with a model: a REPL with /regen /clear /help /exit.")
+    p.add_argument("model_pos", nargs="?", metavar="MODEL",
+                   help="model path or cached name (default model if omitted)")
+    p.add_argument("-p", "--prompt", help="the first user message")
+    p.add_argument("--single-turn", action="store_true",
+                   help="answer one message (-p, or the first input) and exit")
+    p.add_argument("--system", help="system message")
+    p.add_argument("--multiline", action="store_true",
+                   help="a message is several lines; an empty line sends it")
+    p.add_argument("--color", choices=("auto", "on", "off"), default="auto",
+                   help="colour output (default: auto, on when stdout is a terminal)")
+    p.add_argument("--session", metavar="FILE",
+                   help="restore the conversation from FILE and save it there after every turn")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="per-turn prefill counts on stderr")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run)
+
+
+def model_and_prompt(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(model, first prompt) from `chat`'s namespace or from `run --cnv`'s."""
+    if hasattr(args, "positionals"):  # minfer run --cnv [MODEL] [PROMPT]
+        from minfer.cli.run_cmd import split_positionals
+
+        return split_positionals(args)
+    model = args.model_pos
+    if model is not None and args.model_opt is not None:
+        raise MinferError("model given twice (positional and -m)")
+    return model if model is not None else args.model_opt, args.prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    from minfer.chat import store
+    from minfer.chat.repl import PipeReader, PromptReader, Repl, ReplOptions, ReplyWriter
+
+    model_arg, prompt = model_and_prompt(args)
+    if args.n_predict < 0:
+        raise MinferError("-n must be >= 0")
+    session_path = Path(args.session).expanduser() if getattr(args, "session", None) else None
+    saved = store.load(session_path) if session_path else None  # refuse before loading a model
+    import minfer
+
+    model = minfer.load(model_arg, **model_options(args))
+    session = make_session(model, args)
+    if saved is not None:
+        if saved.model and saved.model != model.name:
+            print(f"note: {session_path} was saved with {saved.model}", file=sys.stderr)
+        n = session.restore(saved.messages)
+        if getattr(args, "verbose", False):
+            print(f"[restored {len(saved.messages)} messages: prefilled {n} tokens]",
+                  file=sys.stderr)
+    single = bool(getattr(args, "single_turn", False))
+    multiline = bool(getattr(args, "multiline", False))
+    interactive = sys.stdin.isatty() and not (single and prompt is not None)
+    color = _color(getattr(args, "color", "auto"))
+    options = ReplOptions(multiline=multiline, color="on" if color else "off",
+                          verbose=bool(getattr(args, "verbose", False)), single_turn=single,
+                          first_prompt=prompt, interactive=interactive)
+    reader = (PromptReader(multiline=multiline) if interactive
+              else PipeReader(sys.stdin, multiline=multiline))
+    writer = ReplyWriter(color=color, interactive=interactive)
+
+    def save(s: Any) -> None:
+        if session_path is not None:
+            store.save(session_path, s.transcript(), model=model.name)
+
+    banner = (f"minfer chat · {model.name} · n_ctx {session.n_ctx} · /help for commands, "
+              "Ctrl-D to leave") if interactive else None
+    return Repl(session, options, reader=reader, writer=writer, on_change=save,
+                banner=banner).run()
+
+
+def make_session(model: Any, args: argparse.Namespace) -> Any:
+    from minfer.chat.session import ChatConfig, ChatSession
+
+    engine = model.engine()
+    params = sampling_from_args(args)
+    sampler = model.sampler(params, args.seed, engine.n_ctx)
+    config = ChatConfig(max_tokens=args.n_predict, stops=tuple(args.stop),
+                        batch_size=args.batch_size)
+    return ChatSession(engine, model.tokenizer, model.chat_template, sampler,
+                       system=args.system, config=config)
+
+
+def _color(choice: str) -> bool:
+    if choice == "on":
+        return True
+    if choice == "off":
+        return False
+    return sys.stdout.isatty()
