@@ -116,3 +116,21 @@ def test_kv_f16_and_f32_agree_closely(tiny_qwen2: Path) -> None:
     a = _engine(tiny_qwen2, kv_type="f16").forward(TOKENS, 0)
     b = _engine(tiny_qwen2, kv_type="f32").forward(TOKENS, 0)
     assert _rel_err(a, b) < 1e-2
+
+
+def test_batch_invariant_rows_do_not_depend_on_the_batch(tiny_qwen3: Path) -> None:
+    # The server's guarantee: a sequence's arithmetic is the same alone or beside a long prefill.
+    a, b = TOKENS[:4], (TOKENS * 3)[:20]
+    alone = _engine(tiny_qwen3, batch_invariant=True)
+    alone.forward(a[:3], 0)
+    ref = alone.forward([a[3]], 3)[0]
+    e = _engine(tiny_qwen3, batch_invariant=True)
+    e.forward(a[:3], 0)
+    nb = len(b)
+    pos = np.array([3, *range(nb)], np.int32)
+    cells = np.array([3, *(32 + np.arange(nb))], np.int32)
+    start = np.array([0] + [32] * nb, np.int32)
+    batch = Batch(np.array([a[3], *b], np.int32), pos, cells, start, cells + 1,
+                  np.array([0, nb], np.int32))
+    got = e.forward_batch(batch)
+    assert np.array_equal(got[0], ref)

@@ -24,6 +24,9 @@ class ExecContext:
     weights: Any  # minfer.engine.weights.ModelWeights
     kv: KVRegions
     memo: dict[Any, Any] = field(default_factory=dict)  # per-forward cache (quantized inputs)
+    # Every row's arithmetic independent of the batch around it (the server's guarantee that a
+    # greedy request yields the same ids whatever else runs): integer-dot matmuls at any size.
+    batch_invariant: bool = False
 
 
 class Backend(Protocol):

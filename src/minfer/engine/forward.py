@@ -73,12 +73,14 @@ class Engine:
         fuse_gate_up: bool = True,
         backends: Sequence[Backend] | None = None,
         n_threads: int | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         if kv_type not in ("f16", "f32"):
             raise MinferError(f"unknown KV type {kv_type!r} (use f16 or f32)")
         if n_ctx < 1:
             raise MinferError(f"n_ctx must be positive, got {n_ctx}")
         self.hparams = hparams
+        self.batch_invariant = batch_invariant
         self.weights = ModelWeights(gguf_file)
         self._backends = list(backends) if backends else [CpuBackend()]
         self.ctx_params = ContextParams(
@@ -136,7 +138,7 @@ class Engine:
             buf = buffers[node_id]
             assert buf is not None
             buf[:] = fills[kind]
-        ctx = ExecContext(weights=self.weights, kv=self.kv)
+        ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=self.batch_invariant)
         scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
         logits = buffers[graph.outputs[0]]
         assert logits is not None

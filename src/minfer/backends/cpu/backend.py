@@ -4,6 +4,10 @@ It supports every node, so it is also the backend of last resort in assignment. 
 weights in their GGUF block format (zero-copy from the file) and quantize their activation once
 per input node per forward (memoised in the ExecContext), so q/k/v and gate/up share one
 quantization of the same input.
+
+Small batches (decode) take the integer-dot path; from `PREFILL_MIN_TOKENS` rows on, matmuls
+dequantize weight tiles into BLAS sgemm, which is faster but whose per-row rounding depends on
+the batch shape. A batch-invariant context keeps every matmul on the row-independent integer path.
 """
 
 from __future__ import annotations
@@ -53,23 +57,45 @@ def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) 
     K.rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), node.op.eps, out)
 
 
+_KQUANTS = frozenset({K.QType.Q4_K, K.QType.Q5_K, K.QType.Q6_K})
+_FLOATS = frozenset({K.QType.F32, K.QType.F16, K.QType.BF16})
+
+
+def _activation_form(qtype: int) -> int | str:
+    """Which quantized activation a weight type reads: Q8_K, Q8_0(+sums), or a float form."""
+    if qtype in _KQUANTS:
+        return "q8_k"
+    return qtype if qtype in _FLOATS else "q8_0"
+
+
+def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext) -> None:
+    """out = x @ W.T, sharing one quantized activation among the weights that read node x."""
+    w, qtype = ctx.weights.matrix(w_name)
+    if x.shape[0] >= K.PREFILL_MIN_TOKENS and not ctx.batch_invariant:
+        K.matmul_sgemm(w, qtype, x, out)
+        return
+    form = _activation_form(qtype)
+    key = ("q8", x_node, form)
+    xq = ctx.memo.get(key)
+    if xq is None:
+        xq = ctx.memo[key] = K.quantize_activation(x, qtype)
+    K.matmul_prequant(w, qtype, xq, out)
+
+
 def _matmul(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
     assert out is not None and srcs[0] is not None
-    w, qtype = ctx.weights.matrix(node.meta.weights[0])
-    K.matmul(w, qtype, srcs[0], out)
+    _project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx)
     if len(node.meta.weights) > 1:
         out += ctx.weights.vector(node.meta.weights[1])
 
 
 def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
     assert out is not None and srcs[0] is not None
-    gate_w, gate_t = ctx.weights.matrix(node.meta.weights[0])
-    up_w, up_t = ctx.weights.matrix(node.meta.weights[1])
     gate = ctx.memo.get(("gate_scratch", out.shape))
     if gate is None:
         gate = ctx.memo[("gate_scratch", out.shape)] = np.empty_like(out)
-    K.matmul(gate_w, gate_t, srcs[0], gate)
-    K.matmul(up_w, up_t, srcs[0], out)
+    _project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx)
+    _project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx)
     K.swiglu(gate, out, out)
 
 
