@@ -1,0 +1,74 @@
+"""The torch backend: bf16 prefill GEMMs on CPUs with AMX / AVX512-BF16, and CUDA when present.
+
+`make_torch_backend(required)` is what `--backend auto|torch` calls. Settings (environment):
+
+- `MINFER_TORCH_DEVICE=auto|cpu|cuda`: `auto` takes CUDA when a GPU is visible, else the CPU when
+  it has a native bf16 GEMM (flags `amx_bf16`+`amx_tile`, or `avx512_bf16`); `cpu` forces the
+  host even without one (slow, for checks).
+- `MINFER_TORCH_WEIGHTS=scratch|bf16`: per-forward dequantization into one reused buffer
+  (memory-neutral, default on the CPU), or a resident bf16 copy (default on CUDA).
+- `MINFER_TORCH_CLAIM=matmul|dense|all` and `MINFER_TORCH_MIN_ROWS=N`: which nodes torch takes
+  (see backend.py); defaults from benchmarks/torch_prefill.py measurements.
+
+torch is imported only when a backend is made, so `import minfer` never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from minfer.backends.torch_backend.device import DEVICES, choose_device, detect, env_choice
+from minfer.errors import MinferError
+
+if TYPE_CHECKING:
+    from minfer.backends.torch_backend.backend import TorchBackend
+
+CLAIM_CHOICES = ("matmul", "dense", "all")
+WEIGHT_CHOICES = ("scratch", "bf16")
+# Rows from which a node goes to torch: below it the quantized CPU kernels win (measured in
+# benchmarks/torch_prefill.py --sweep on the 0.5B model, 2 threads).
+DEFAULT_MIN_ROWS = {"scratch": 64, "bf16": 16}
+
+
+def make_torch_backend(required: bool) -> TorchBackend | None:
+    """The torch backend configured from the environment, or None where it would not pay.
+
+    With `required` (an explicit `--backend torch`) every reason it cannot run is an error.
+    """
+    caps = detect()
+    if not caps.torch_ok:
+        if required:
+            raise MinferError("the torch backend needs torch: pip install 'minfer[torch]'")
+        return None
+    wanted = env_choice("MINFER_TORCH_DEVICE", DEVICES, "auto")
+    device = choose_device(caps, wanted)
+    if device is None:
+        if required:
+            raise MinferError(
+                f"the torch backend has no fast device here ({caps.describe()}); set "
+                "MINFER_TORCH_DEVICE=cpu to run it anyway")
+        return None
+    from minfer.backends.torch_backend.backend import TorchBackend
+
+    weights = env_choice("MINFER_TORCH_WEIGHTS", WEIGHT_CHOICES,
+                         "scratch" if device == "cpu" else "bf16")
+    claim = env_choice("MINFER_TORCH_CLAIM", CLAIM_CHOICES, "all" if device == "cpu" else "dense")
+    return TorchBackend(device=device, claim=claim, weights=weights,
+                        min_rows=_min_rows(weights))
+
+
+def _min_rows(weights: str) -> int:
+    text = os.environ.get("MINFER_TORCH_MIN_ROWS", "").strip()
+    if not text:
+        return DEFAULT_MIN_ROWS[weights]
+    try:
+        value = int(text)
+    except ValueError:
+        raise MinferError(f"MINFER_TORCH_MIN_ROWS={text!r} is not an integer") from None
+    if value < 1:
+        raise MinferError("MINFER_TORCH_MIN_ROWS must be at least 1")
+    return value
+
+
+__all__ = ["make_torch_backend"]

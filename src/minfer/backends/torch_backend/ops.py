@@ -1,0 +1,87 @@
+"""The ops the torch backend runs, as plain functions on tensors (f32 unless said otherwise).
+
+The matmul is where the speed is: bf16 operands into oneDNN (AMX / AVX512-BF16) or cuBLAS. On
+the CPU build `torch.mm` of bf16 tensors returns bf16 (no f32-output variant exists there), so
+the product is rounded once more to bf16 before it lands in the f32 buffer; the measured effect
+on the 0.5B model is in tests/test_torch_backend_real.py. Everything else (norms, RoPE, the
+softmax in attention) runs in f32, as DESIGN §3 asks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def linear_bf16(x_bf16: torch.Tensor, w_bf16: torch.Tensor) -> torch.Tensor:
+    """x @ W.T on bf16 operands: [nt, n_in] x [n_out, n_in] -> [nt, n_out] (bf16)."""
+    return F.linear(x_bf16, w_bf16)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """out = x / sqrt(mean(x^2) + eps) * w over the last axis."""
+    scale = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    torch.mul(x * scale, w, out=out)
+
+
+def head_rms_norm(x: torch.Tensor, w: torch.Tensor, *, n_head: int, head_dim: int, eps: float,
+                  out: torch.Tensor) -> None:
+    """RMSNorm of every head separately (Qwen3's q/k norm): x is [nt, n_head * head_dim]."""
+    heads = x.view(-1, n_head, head_dim)
+    rms_norm(heads, w, eps, out.view(-1, n_head, head_dim))
+
+
+def rope_tables(positions: torch.Tensor, *, base: float, rope_dim: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of pos * base^(-2i / rope_dim), [nt, rope_dim / 2], computed in f64."""
+    half = rope_dim // 2
+    inv = base ** (-torch.arange(half, dtype=torch.float64, device=positions.device) * 2 / rope_dim)
+    angles = positions.to(torch.float64)[:, None] * inv[None, :]
+    return angles.cos().float(), angles.sin().float()
+
+
+def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, n_head: int,
+              head_dim: int, rope_dim: int, out: torch.Tensor) -> None:
+    """NEOX rotation: pairs (i, i + rope_dim/2) of each head; dims past rope_dim pass through."""
+    half = rope_dim // 2
+    heads = x.view(-1, n_head, head_dim)
+    dst = out.view(-1, n_head, head_dim)
+    a, b = heads[..., :half], heads[..., half:rope_dim]
+    c, s = cos[:, None, :], sin[:, None, :]
+    ra = a * c - b * s
+    rb = a * s + b * c
+    dst[..., :half] = ra
+    dst[..., half:rope_dim] = rb
+    if rope_dim < head_dim:
+        dst[..., rope_dim:] = heads[..., rope_dim:]
+
+
+def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             cells: torch.Tensor) -> None:
+    """Rows k[t], v[t] into cache cell cells[t] (converted to the cache's dtype)."""
+    index = cells.long()
+    k_cache.index_copy_(0, index, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, index, v.to(v_cache.dtype))
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              kv_start: torch.Tensor, kv_end: torch.Tensor, *, n_head: int, n_head_kv: int,
+              head_dim: int, scale: float, out: torch.Tensor) -> None:
+    """Query t attends to cache cells [kv_start[t], kv_end[t]); grouped-query heads.
+
+    Only the cells some query can see are read (one contiguous range) and converted to f32.
+    """
+    lo, hi = int(kv_start.min()), int(kv_end.max())
+    nt, span, group = q.shape[0], hi - lo, n_head // n_head_kv
+    keys = k_cache[lo:hi].view(span, n_head_kv, head_dim).float().transpose(0, 1)
+    vals = v_cache[lo:hi].view(span, n_head_kv, head_dim).float().transpose(0, 1)
+    if group > 1:  # [n_head, span, head_dim]
+        keys = keys.repeat_interleave(group, dim=0)
+        vals = vals.repeat_interleave(group, dim=0)
+    cell = torch.arange(lo, hi, device=q.device, dtype=torch.int32)
+    mask = (cell[None, :] >= kv_start[:, None]) & (cell[None, :] < kv_end[:, None])  # [nt, span]
+    queries = q.view(nt, n_head, head_dim).transpose(0, 1)  # [n_head, nt, head_dim]
+    # 4-D operands (a batch of one) take torch's fused CPU attention kernel; 3-D ones do not.
+    ctx = F.scaled_dot_product_attention(queries[None], keys[None], vals[None],
+                                         attn_mask=mask[None, None], scale=scale)
+    out.view(nt, n_head, head_dim).copy_(ctx[0].transpose(0, 1))

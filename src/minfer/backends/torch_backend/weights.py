@@ -1,0 +1,101 @@
+"""Weights as torch sees them: bf16 matrices, f32 vectors, on the backend's device.
+
+Two ways to hold the matrices (`MINFER_TORCH_WEIGHTS`, or the backend's `weights=` argument):
+
+- `scratch` (default on the CPU): each matmul dequantizes its weight from the GGUF blocks into one
+  reused f32 buffer and rounds it into one reused bf16 buffer just before the GEMM. Memory-neutral
+  (two buffers the size of the largest matrix torch multiplies), at the price of a dequantization
+  per matrix per forward.
+- `bf16`: a bf16 copy of every matrix torch touches, made on first use and kept (2 bytes per
+  weight, ~0.7 GB for the 0.5B model's layers). No per-forward dequantization.
+
+Dequantization is the compiled CPU kernel (`minfer.backends.cpu.kernels.dequantize_into`, exact
+against gguf's reference); the f32 -> bf16 copy rounds to nearest even.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from minfer.backends.cpu.kernels import dequantize_into
+
+MODES = ("scratch", "bf16")
+_F32 = int(gguf.GGMLQuantizationType.F32)
+
+
+def readonly_tensor(array: np.ndarray) -> torch.Tensor:
+    """torch.from_numpy without the warning for read-only (memory-mapped) arrays; never written."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return torch.from_numpy(array)
+
+
+class TorchWeights:
+    """Matrices and vectors of one ModelWeights, converted for torch on `device`."""
+
+    def __init__(self, weights: Any, *, device: torch.device, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"weights mode {mode!r} not in {MODES}")
+        self.source = weights  # minfer.engine.weights.ModelWeights
+        self.device = device
+        self.mode = mode
+        self._resident: dict[str, torch.Tensor] = {}
+        self._vectors: dict[str, torch.Tensor] = {}
+        self._f32 = np.empty(0, np.float32)  # dequantization scratch (host)
+        self._bf16 = torch.empty(0, dtype=torch.bfloat16, device=device)  # scratch mode only
+        self.dequantized = 0  # matrices dequantized so far (scratch refills included)
+
+    @property
+    def resident_bytes(self) -> int:
+        kept = sum(t.numel() * t.element_size() for t in self._resident.values())
+        return kept + self._f32.nbytes + self._bf16.numel() * 2
+
+    def matrix(self, name: str) -> torch.Tensor:
+        """bf16 [n_out, n_in]. In scratch mode the view is valid until the next call."""
+        if self.mode == "bf16":
+            hit = self._resident.get(name)
+            if hit is None:
+                hit = self._resident[name] = self._host_f32(name).to(self.device, torch.bfloat16)
+            return hit
+        host = self._host_f32(name)
+        n = host.numel()
+        if self._bf16.numel() < n:
+            self._bf16 = torch.empty(n, dtype=torch.bfloat16, device=self.device)
+        view = self._bf16[:n].view(host.shape)
+        view.copy_(host)
+        return view
+
+    def vector(self, name: str) -> torch.Tensor:
+        vec = self._vectors.get(name)
+        if vec is None:
+            vec = self._vectors[name] = readonly_tensor(self.source.vector(name)).to(self.device)
+        return vec
+
+    def rows(self, name: str, ids: np.ndarray) -> torch.Tensor:
+        """f32 rows `ids` of a (quantized) table, e.g. the token embedding: [len(ids), n_in]."""
+        raw, qtype = self.source.matrix(name)
+        out = np.empty((len(ids), self._n_in(name)), np.float32)
+        dequantize_into(raw, qtype, ids, out)
+        return torch.from_numpy(out).to(self.device)
+
+    def _n_in(self, name: str) -> int:
+        return int(self.source.file.tensors[name].shape[0])
+
+    def _host_f32(self, name: str) -> torch.Tensor:
+        """The whole matrix as f32 [n_out, n_in] on the host (a view of the reused scratch,
+        or of the file itself for F32 weights)."""
+        raw, qtype = self.source.matrix(name)
+        if qtype == _F32:
+            return readonly_tensor(np.ascontiguousarray(raw))
+        n_out, n_in = raw.shape[0], self._n_in(name)
+        if self._f32.size < n_out * n_in:
+            self._f32 = np.empty(n_out * n_in, np.float32)
+        out = self._f32[: n_out * n_in].reshape(n_out, n_in)
+        dequantize_into(raw, qtype, np.arange(n_out), out)
+        self.dequantized += 1
+        return torch.from_numpy(out)
