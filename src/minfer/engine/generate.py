@@ -17,9 +17,17 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from minfer.engine.forward import Engine
 from minfer.engine.stops import StopMatcher
 from minfer.errors import ContextOverflowError
+
+
+class Forward(Protocol):
+    """What the loop needs of an engine (an Engine, or a wrapper that records the KV)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray: ...
 
 
 class TokenSampler(Protocol):
@@ -79,7 +87,7 @@ def _rate(n: int, s: float) -> float:
     return n / s if s > 0 else 0.0
 
 
-def prefill(engine: Engine, tokens: Sequence[int], start_pos: int, batch_size: int) -> np.ndarray:
+def prefill(engine: Forward, tokens: Sequence[int], start_pos: int, batch_size: int) -> np.ndarray:
     """Feed tokens at start_pos.. in chunks; return the logits of the last token."""
     if not tokens:
         raise ValueError("nothing to prefill")
@@ -102,7 +110,7 @@ def top_k_pairs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 
 def generate(
-    engine: Engine,
+    engine: Forward,
     vocab: TokenText,
     sampler: TokenSampler,
     prompt_ids: Sequence[int],
@@ -125,7 +133,7 @@ def generate(
     text: list[str] = []
     tops: list[list[tuple[int, float]]] = []
     reason, eot = "length", None
-    while True:
+    while len(ids) < max_tokens:
         if top_logits:
             tops.append(top_k_pairs(logits, top_logits))
         ts = time.perf_counter()
