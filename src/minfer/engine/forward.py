@@ -180,4 +180,5 @@ def set_threads(n_threads: int) -> None:
     import numba
     from numba.core import config
 
-    numba.set_num_threads(max(1, min(n_threads, config.NUMBA_NUM_THREADS)))
+    limit = int(config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    numba.set_num_threads(max(1, min(n_threads, limit)))

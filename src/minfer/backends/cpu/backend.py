@@ -13,6 +13,7 @@ the batch shape. A batch-invariant context keeps every matmul on the row-indepen
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -35,24 +36,22 @@ class CpuBackend:
         handler = _HANDLERS.get(type(node.op))
         if handler is None:
             raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
-        handler(node, srcs, out, ctx)
+        handler(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)
 
 
-Srcs = list[np.ndarray | None]
+Srcs = list[np.ndarray]  # KV loads/stores are the only nodes with a None buffer
 
 
-def _get_rows(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
-    assert out is not None
+def _get_rows(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     if node.meta.weights:  # embedding lookup from the (quantized) table
         w, qtype = ctx.weights.matrix(node.meta.weights[0])
         K.get_rows(w, qtype, srcs[0], out)
     else:  # tail rows of an activation
         x, rows = srcs
-        assert x is not None and rows is not None
         np.take(x, rows, axis=0, out=out)
 
 
-def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     assert isinstance(node.op, ir.RmsNorm)
     K.rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), node.op.eps, out)
 
@@ -82,15 +81,13 @@ def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: Exec
     K.matmul_prequant(w, qtype, xq, out)
 
 
-def _matmul(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
-    assert out is not None and srcs[0] is not None
+def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     _project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx)
     if len(node.meta.weights) > 1:
         out += ctx.weights.vector(node.meta.weights[1])
 
 
-def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
-    assert out is not None and srcs[0] is not None
+def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     gate = ctx.memo.get(("gate_scratch", out.shape))
     if gate is None:
         gate = ctx.memo[("gate_scratch", out.shape)] = np.empty_like(out)
@@ -99,45 +96,45 @@ def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecCont
     K.swiglu(gate, out, out)
 
 
-Handler = Callable[[Node, Srcs, np.ndarray | None, ExecContext], None]
+Handler = Callable[[Node, Srcs, np.ndarray, ExecContext], None]
 
 
 def _binary(kernel: Callable[..., None]) -> Handler:
-    def run(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+    def run(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
         kernel(srcs[0], srcs[1], out)
 
     return run
 
 
-def _silu(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _silu(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     K.silu(srcs[0], out)
 
 
-def _rope(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _rope(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.Rope)
     K.rope_neox(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
                 rope_dim=op.rope_dim, base=op.base, out=out)
 
 
-def _qk_norm(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _qk_norm(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.QkNorm)
     K.head_rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), n_head=op.n_head,
                     head_dim=op.head_dim, eps=op.eps, out=out)
 
 
-def _kv_store(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _kv_store(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     assert isinstance(node.op, ir.KvcacheStore)
     layer = node.op.layer
     K.kv_store(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])
 
 
-def _kv_load(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _kv_load(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     return None  # a view of the persistent region; attention reads it through ctx.kv
 
 
-def _attn(node: Node, srcs: Srcs, out: np.ndarray | None, ctx: ExecContext) -> None:
+def _attn(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.Attn)
     K.attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
