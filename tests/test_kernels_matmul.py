@@ -48,6 +48,18 @@ def test_integer_path_equals_ggml_integer_dot(qt: QType, nt: int) -> None:
     assert np.abs(out - f32).max() <= 3e-2 * np.abs(f32).max()
 
 
+@pytest.mark.parametrize("qt", QUANT_32, ids=lambda q: q.name)
+@pytest.mark.parametrize("n_blocks", [1, 5, 13])  # the kernels' 8-, 4- and 1-block steps
+def test_row_tails(qt: QType, n_blocks: int) -> None:
+    n_in = 32 * n_blocks
+    w = make_weight(qt, 17, n_in, seed=n_blocks)
+    x = _x(2, n_in)
+    out = np.empty((2, 17), np.float32)
+    matmul(w, qt, x, out)
+    ref, terms = ref_matmul_quant(w, qt, x)
+    assert np.all(np.abs(out - ref) <= 1e-5 * terms + 1e-30)
+
+
 @pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q4_1, QType.Q4_K, QType.Q6_K],
                          ids=lambda q: q.name)
 def test_prefill_sgemm_path_matches_dequantized_product(qt: QType) -> None:

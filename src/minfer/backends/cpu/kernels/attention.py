@@ -4,7 +4,8 @@ cache writes that feed it.
 `attention`: query t attends to cache cells `[kv_start[t], kv_end[t])` (the window is data, so a
 batch mixing sequences needs no new code path). Query head h reads KV head h // (n_head /
 n_head_kv). Scores and softmax are f32 with max subtraction; the exp sum is accumulated in f64
-like ggml's `ggml_vec_soft_max_f32`. With an f16 cache the query is rounded to f16 before the
+like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's SIMD softmax
+uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the
 q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
 Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
 query-head group.
@@ -16,11 +17,11 @@ import numpy as np
 from numba import njit, prange
 
 from ._llvm import as_f32
+from .elementwise import fast_exp
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
-               out):
+def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, out):
     nt = q.shape[0]
     group = n_head // n_head_kv
     for item in prange(nt * n_head_kv):
@@ -29,32 +30,37 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
         s0 = kv_start[t]
         n = kv_end[t] - s0
         kb = kvh * head_dim
+        qb = kvh * group * head_dim  # the group's query heads are adjacent
         scores = np.empty((group, max(n, 1)), np.float32)
-        acc = np.empty(head_dim, np.float32)
-        for g in range(group):
-            qb = (kvh * group + g) * head_dim
-            qh = q[t, qb : qb + head_dim]
-            mx = np.float32(-np.inf)
-            for c in range(n):
+        for c in range(n):  # each K row is read once for the whole group
+            krow = k[s0 + c, kb : kb + head_dim]
+            for g in range(group):
+                qh = q[t, qb + g * head_dim : qb + (g + 1) * head_dim]
                 dot = np.float32(0.0)
                 for j in range(head_dim):
-                    dot += qh[j] * as_f32(k[s0 + c, kb + j])
-                sc = dot * scale
-                scores[g, c] = sc
-                mx = max(mx, sc)
+                    dot += qh[j] * as_f32(krow[j])
+                scores[g, c] = dot * scale
+        inv = np.empty(group, np.float32)
+        for g in range(group):
+            mx = np.float32(-np.inf)
+            for c in range(n):
+                mx = max(mx, scores[g, c])
             total = 0.0
             for c in range(n):
-                e = np.exp(scores[g, c] - mx)
+                e = fast_exp(scores[g, c] - mx)
                 scores[g, c] = e
                 total += e
-            inv = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
-            acc[:] = 0.0
-            for c in range(n):
+            inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+        acc = np.zeros((group, head_dim), np.float32)
+        for c in range(n):
+            vrow = v[s0 + c, kb : kb + head_dim]
+            for g in range(group):
                 p = scores[g, c]
                 for j in range(head_dim):
-                    acc[j] += p * as_f32(v[s0 + c, kb + j])
+                    acc[g, j] += p * as_f32(vrow[j])
+        for g in range(group):
             for j in range(head_dim):
-                out[t, qb + j] = acc[j] * inv
+                out[t, qb + g * head_dim + j] = acc[g, j] * inv[g]
 
 
 def _cache_view(cache: np.ndarray) -> np.ndarray:

@@ -122,28 +122,32 @@ def _q6_k(w, y):
                             np.int32(q) - 32)
 
 
+@njit(inline="always")
+def dequant_row(src, qtype, dst):
+    """dst[:] = the f32 values of one quantized row `src` (uint8 bytes) of GGML type `qtype`."""
+    if qtype == 2:
+        _q4_0(src, dst)
+    elif qtype == 3:
+        _q4_1(src, dst)
+    elif qtype == 6:
+        _q5(src, dst, 22, True)
+    elif qtype == 7:
+        _q5(src, dst, 24, False)
+    elif qtype == 8:
+        _q8_0(src, dst)
+    elif qtype == 12:
+        _q45_k(src, dst, 144, False)
+    elif qtype == 13:
+        _q45_k(src, dst, 176, True)
+    elif qtype == 14:
+        _q6_k(src, dst)
+
+
 @njit(parallel=True, cache=True)
 def dequant_rows(w, qtype, rows, out):
     """out[i] = dequantized w[rows[i]] for a quantized uint8 weight (GGML type id `qtype`)."""
     for i in prange(rows.shape[0]):
-        src = w[rows[i]]
-        dst = out[i]
-        if qtype == 2:
-            _q4_0(src, dst)
-        elif qtype == 3:
-            _q4_1(src, dst)
-        elif qtype == 6:
-            _q5(src, dst, 22, True)
-        elif qtype == 7:
-            _q5(src, dst, 24, False)
-        elif qtype == 8:
-            _q8_0(src, dst)
-        elif qtype == 12:
-            _q45_k(src, dst, 144, False)
-        elif qtype == 13:
-            _q45_k(src, dst, 176, True)
-        elif qtype == 14:
-            _q6_k(src, dst)
+        dequant_row(w[rows[i]], qtype, out[i])
 
 
 def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> None:

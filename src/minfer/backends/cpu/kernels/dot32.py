@@ -6,13 +6,10 @@ of the weight codes with the activation quants, scaled by `d_w * d_x` (f32) and 
 Q4_1/Q5_1 add `sum(m_w * s_x)`. Summation order differs from ggml's SIMD lanes, so results agree
 to f32 rounding, not bit for bit.
 
-How the code is shaped for LLVM (decode is memory-bound, so every instruction per block counts):
-- weight codes stay unsigned (Q8_0's int8 flipped by ^0x80) so each block dot is u8 x s8, which
-  LLVM lowers to `vpdpbusd`; the offset returns exactly as `-offset * sum(x_q)` from the
-  activation's block sums;
-- the block dots are `simd` intrinsics (explicit vector IR), not auto-vectorised loops;
+How the code is shaped (decode is memory-bound, so every instruction per block counts):
+- each block is one `simd` intrinsic (explicit vector IR): unpack, exact int32 pair sums
+  (`vpmaddwd`), scale by d_w*d_x into a 16-lane f32 accumulator -- no per-block horizontal sum;
 - indices are unsigned (uint64), which drops numba's negative-index wraparound selects;
-- pass 1 writes per-block int sums to a small array, pass 2 folds the scales in f32;
 - rows are split across threads in contiguous chunks; a software prefetch runs `_PF` bytes ahead.
 """
 
@@ -22,11 +19,30 @@ import numpy as np
 from numba import njit, prange
 
 from ._llvm import f16_to_f32, prefetch
-from .simd import dot_q4, dot_q5, dot_q8
+from .simd import (
+    BLOCKS_PER_CALL,
+    LANES,
+    acc1_q4_0,
+    acc1_q4_1,
+    acc1_q5_0,
+    acc1_q5_1,
+    acc1_q8_0,
+    acc4_q4_0,
+    acc4_q4_1,
+    acc4_q5_0,
+    acc4_q5_1,
+    acc4_q8_0,
+    acc_q4_0,
+    acc_q4_1,
+    acc_q5_0,
+    acc_q5_1,
+    acc_q8_0,
+)
 
 _PF = 1024  # prefetch distance in bytes
 _CHUNK = 16  # rows per work item
 U = np.uint64
+_ACC = BLOCKS_PER_CALL * LANES  # f32 accumulator lanes: one lane group per block of a call
 
 
 @njit(inline="always")
@@ -35,100 +51,137 @@ def load_f16(buf, off):
     return f16_to_f32(np.uint16(buf[off]) | np.uint16(np.uint16(buf[off + 1]) << np.uint16(8)))
 
 
+@njit(inline="always")
+def _prefetch(row, base, nbytes):
+    """Prefetch the cache lines of row[base + _PF : base + _PF + nbytes]."""
+    for off in range(U(0), U(nbytes), U(64)):
+        prefetch(row, base + off + U(_PF))
+
+
+@njit(inline="always")
+def hsum16(acc):
+    """Sum of the lanes of an accumulator (16 or 32 f32)."""
+    s = np.float32(0.0)
+    for i in range(acc.shape[0]):
+        s += acc[i]
+    return s
+
+
 @njit(parallel=True, fastmath=True, cache=True)
-def mv_q4_0(w, xq, xd, xsum, out):
+def mv_q4_0(w, xq, xd, xs, out):
     n_out, nt, nb = w.shape[0], xq.shape[0], xq.shape[1] // 32
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        isums = np.empty(nb, np.int32)
+        acc = np.empty(_ACC, np.float32)
         for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
             row = w[r]
             for t in range(nt):
-                xr = xq[t]
-                for b in range(U(nb)):
-                    prefetch(row, b * U(18) + U(_PF))
-                    s = dot_q4(row, b * U(18) + U(2), xr, b * U(32))
-                    isums[b] = s - np.int32(8) * xsum[t, b]
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    acc += (load_f16(row, b * 18) * xd[t, b]) * np.float32(isums[b])
-                out[t, r] = acc
+                xr, xdr, xsr = xq[t], xd[t], xs[t]
+                acc[:] = 0.0
+                b = U(0)
+                while b + U(8) <= U(nb):
+                    _prefetch(row, b * U(18), 144)
+                    acc_q4_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(8)
+                if b + U(4) <= U(nb):
+                    acc4_q4_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(4)
+                while b < U(nb):
+                    acc1_q4_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(1)
+                out[t, r] = hsum16(acc)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def mv_q4_1(w, xq, xd, xs, out):
     n_out, nt, nb = w.shape[0], xq.shape[0], xq.shape[1] // 32
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        isums = np.empty(nb, np.int32)
+        acc = np.empty(_ACC, np.float32)
         for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
             row = w[r]
             for t in range(nt):
-                xr = xq[t]
-                for b in range(U(nb)):
-                    prefetch(row, b * U(20) + U(_PF))
-                    isums[b] = dot_q4(row, b * U(20) + U(4), xr, b * U(32))
-                acc = np.float32(0.0)
-                summs = np.float32(0.0)
-                for b in range(nb):
-                    acc += (load_f16(row, b * 20) * xd[t, b]) * np.float32(isums[b])
-                    summs += load_f16(row, b * 20 + 2) * xs[t, b]
-                out[t, r] = acc + summs
+                xr, xdr, xsr = xq[t], xd[t], xs[t]
+                acc[:] = 0.0
+                b = U(0)
+                while b + U(8) <= U(nb):
+                    _prefetch(row, b * U(20), 160)
+                    acc_q4_1(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(8)
+                if b + U(4) <= U(nb):
+                    acc4_q4_1(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(4)
+                while b < U(nb):
+                    acc1_q4_1(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(1)
+                out[t, r] = hsum16(acc)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def mv_q5_0(w, xq, xd, xsum, out):
+def mv_q5_0(w, xq, xd, xs, out):
     n_out, nt, nb = w.shape[0], xq.shape[0], xq.shape[1] // 32
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        isums = np.empty(nb, np.int32)
+        acc = np.empty(_ACC, np.float32)
         for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
             row = w[r]
             for t in range(nt):
-                xr = xq[t]
-                for b in range(U(nb)):
-                    base = b * U(22)
-                    prefetch(row, base + U(_PF))
-                    s = dot_q5(row, base + U(6), base + U(2), xr, b * U(32))
-                    isums[b] = s - np.int32(16) * xsum[t, b]
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    acc += (load_f16(row, b * 22) * xd[t, b]) * np.float32(isums[b])
-                out[t, r] = acc
+                xr, xdr, xsr = xq[t], xd[t], xs[t]
+                acc[:] = 0.0
+                b = U(0)
+                while b + U(8) <= U(nb):
+                    _prefetch(row, b * U(22), 176)
+                    acc_q5_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(8)
+                if b + U(4) <= U(nb):
+                    acc4_q5_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(4)
+                while b < U(nb):
+                    acc1_q5_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(1)
+                out[t, r] = hsum16(acc)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def mv_q5_1(w, xq, xd, xs, out):
     n_out, nt, nb = w.shape[0], xq.shape[0], xq.shape[1] // 32
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        isums = np.empty(nb, np.int32)
+        acc = np.empty(_ACC, np.float32)
         for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
             row = w[r]
             for t in range(nt):
-                xr = xq[t]
-                for b in range(U(nb)):
-                    base = b * U(24)
-                    prefetch(row, base + U(_PF))
-                    isums[b] = dot_q5(row, base + U(8), base + U(4), xr, b * U(32))
-                acc = np.float32(0.0)
-                summs = np.float32(0.0)
-                for b in range(nb):
-                    acc += (load_f16(row, b * 24) * xd[t, b]) * np.float32(isums[b])
-                    summs += load_f16(row, b * 24 + 2) * xs[t, b]
-                out[t, r] = acc + summs
+                xr, xdr, xsr = xq[t], xd[t], xs[t]
+                acc[:] = 0.0
+                b = U(0)
+                while b + U(8) <= U(nb):
+                    _prefetch(row, b * U(24), 192)
+                    acc_q5_1(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(8)
+                if b + U(4) <= U(nb):
+                    acc4_q5_1(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(4)
+                while b < U(nb):
+                    acc1_q5_1(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(1)
+                out[t, r] = hsum16(acc)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def mv_q8_0(w, xq, xd, xsum, out):
+def mv_q8_0(w, xq, xd, xs, out):
     n_out, nt, nb = w.shape[0], xq.shape[0], xq.shape[1] // 32
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        isums = np.empty(nb, np.int32)
+        acc = np.empty(_ACC, np.float32)
         for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
             row = w[r]
             for t in range(nt):
-                xr = xq[t]
-                for b in range(U(nb)):
-                    prefetch(row, b * U(34) + U(_PF))
-                    s = dot_q8(row, b * U(34) + U(2), xr, b * U(32))
-                    isums[b] = s - np.int32(128) * xsum[t, b]
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    acc += (load_f16(row, b * 34) * xd[t, b]) * np.float32(isums[b])
-                out[t, r] = acc
+                xr, xdr, xsr = xq[t], xd[t], xs[t]
+                acc[:] = 0.0
+                b = U(0)
+                while b + U(8) <= U(nb):
+                    _prefetch(row, b * U(34), 272)
+                    acc_q8_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(8)
+                if b + U(4) <= U(nb):
+                    acc4_q8_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(4)
+                while b < U(nb):
+                    acc1_q8_0(acc, 0, row, xr, xdr, xsr, b)
+                    b += U(1)
+                out[t, r] = hsum16(acc)

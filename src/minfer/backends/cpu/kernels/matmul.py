@@ -16,27 +16,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dequant import dequant_rows
 from .dot32 import mv_q4_0, mv_q4_1, mv_q5_0, mv_q5_1, mv_q8_0
 from .dotk import mv_q4_k, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
+from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import FLOAT_TYPES, KQUANT_TYPES, QType, qtype_of, weight_view
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots (measured on the
 # dev machine, see benchmarks/kernels_bench.py).
 PREFILL_MIN_TOKENS = 16
-# f32 bytes of one dequantized weight tile on the prefill path (fits L2 next to the activations)
-_TILE_BYTES = 1 << 20
 
 QuantizedActivation = Q8Blocks | Q8KBlocks | np.ndarray
 
 _BLOCK32 = {
-    QType.Q4_0: (mv_q4_0, "isum"),
-    QType.Q4_1: (mv_q4_1, "s"),
-    QType.Q5_0: (mv_q5_0, "isum"),
-    QType.Q5_1: (mv_q5_1, "s"),
-    QType.Q8_0: (mv_q8_0, "isum"),
+    QType.Q4_0: mv_q4_0,
+    QType.Q4_1: mv_q4_1,
+    QType.Q5_0: mv_q5_0,
+    QType.Q5_1: mv_q5_1,
+    QType.Q8_0: mv_q8_0,
 }
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k}
 
@@ -65,10 +63,9 @@ def matmul_prequant(w_raw: np.ndarray, qtype: int, xq: QuantizedActivation,
     if n_rows[1] != n_in:
         raise ValueError(f"activation has {n_rows[1]} features, weight rows {n_in}")
     if qt in _BLOCK32:
-        kernel, extra = _BLOCK32[qt]
         if not isinstance(xq, Q8Blocks):
             raise TypeError(f"{qt.name} needs a Q8_0 activation")
-        kernel(w, xq.qs, xq.d, getattr(xq, extra), out)
+        _BLOCK32[qt](w, xq.qs, xq.d, xq.s, out)
     elif qt in _KQUANT:
         if not isinstance(xq, Q8KBlocks):
             raise TypeError(f"{qt.name} needs a Q8_K activation")
@@ -97,29 +94,10 @@ def matmul_sgemm(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) 
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if qt is QType.F32:
-        np.matmul(x, w.T, out=out)
-        return
-    n_out = w.shape[0]
-    rows = max(16, min(n_out, _TILE_BYTES // (4 * n_in)))
-    tile = np.empty((rows, n_in), np.float32)
-    part = np.empty((x.shape[0], rows), np.float32)
-    for r0 in range(0, n_out, rows):
-        r1 = min(n_out, r0 + rows)
-        t = tile[: r1 - r0]
-        _dequant_tile(w, qt, r0, r1, t)
-        p = part[:, : r1 - r0]
-        np.matmul(x, t.T, out=p)
-        out[:, r0:r1] = p
-
-
-def _dequant_tile(w: np.ndarray, qt: QType, r0: int, r1: int, tile: np.ndarray) -> None:
-    if qt is QType.F16:
-        tile[...] = w[r0:r1].view(np.float16)
-    elif qt is QType.BF16:
-        tile.view(np.uint32)[...] = w[r0:r1].astype(np.uint32) << np.uint32(16)
-    else:
-        dequant_rows(w, int(qt), np.arange(r0, r1, dtype=np.int64), tile)
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"x of shape {x.shape} does not match weight rows of {n_in}")
+    _check_out(out, (x.shape[0], w.shape[0]))
+    sgemm_tiles(w, qt, x, out)
 
 
 def _check_out(out: np.ndarray, shape: tuple[int, int]) -> None:
