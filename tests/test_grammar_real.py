@@ -53,12 +53,24 @@ def test_sampled_json_validates(model: Any, name: str) -> None:
     ask = [{"role": "system", "content": "You answer with JSON only."},
            {"role": "user", "content": "Give a short example object for this JSON schema:\n"
             + json.dumps(schema)}]
+    grammar = json_schema_grammar(schema)
+    finished = 0
     for seed in (1, 2):
-        done = _run(model, ask, json_schema_grammar(schema), seed=seed, n=160)
+        done = _run(model, ask, grammar, seed=seed, n=160)
         if done.reason == "length":  # cut short: still a prefix the grammar accepts
+            _assert_valid_prefix(model, grammar, done.ids)
             continue
         assert done.reason == "eos", done.reason
         jsonschema.validate(json.loads(done.text), schema)
+        finished += 1
+    assert finished, "no sampled output finished within 160 tokens"
+
+
+def _assert_valid_prefix(model: Any, grammar: str, ids: list[int]) -> None:
+    check = model.grammar_mask(grammar)
+    for token in ids:
+        check.accept(token)
+    assert check.stop_reason == "" and not check.is_stopped()
 
 
 def test_length_cut_is_a_valid_prefix(model: Any) -> None:
@@ -67,10 +79,7 @@ def test_length_cut_is_a_valid_prefix(model: Any) -> None:
     ask = [{"role": "user", "content": "Describe a person as JSON."}]
     done = _run(model, ask, grammar, seed=3, n=6)
     assert done.reason == "length" and len(done.ids) == 6
-    check = model.grammar_mask(grammar)
-    for token in done.ids:
-        check.accept(token)
-    assert check.stop_reason == "" and not check.is_stopped()
+    _assert_valid_prefix(model, grammar, done.ids)
 
 
 def test_sampled_arithmetic(model: Any) -> None:
