@@ -1,0 +1,159 @@
+"""`minfer serve [MODEL]`: the OpenAI-compatible HTTP server (FastAPI on uvicorn).
+
+The socket comes up first and the model loads behind it (`/health` is 503 until it is ready).
+`--n-ctx` is the context of each slot (capped at the model's training context); the engine holds
+slots × n-ctx KV cells. SIGINT / SIGTERM stop accepting connections, let in-flight requests finish
+for up to `--drain-timeout` seconds, cut what is left, and exit 0 (a second SIGINT forces it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from minfer.errors import MinferError
+
+if TYPE_CHECKING:
+    from minfer.server.state import ServerConfig
+
+log = logging.getLogger("minfer.server")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                       description="Serve a model over an OpenAI-compatible HTTP API.")
+    p.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
+    p.add_argument("-m", "--model", dest="model_opt", help="model path or cached name")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("-c", "--n-ctx", type=int, default=4096,
+                   help="context per slot in tokens (default 4096, capped at the model's)")
+    p.add_argument("--slots", "-np", "--parallel", dest="slots", type=int, default=4,
+                   help="requests decoded together (default 4)")
+    p.add_argument("--queue", type=int, default=64,
+                   help="requests that may wait for a slot; more get 503 (default 64)")
+    p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
+                   help="require Authorization: Bearer KEY (default: $MINFER_API_KEY)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("-b", "--chunk", "--batch-size", dest="chunk", type=int, default=256,
+                   help="prompt tokens prefilled per step (default 256)")
+    p.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="cap on tokens generated per request (default -1: the context)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
+    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None)
+    p.add_argument("--no-fuse", action="store_true", help="run the unfused graph")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish on shutdown (default 30)")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from minfer.server.state import ServerConfig
+    from minfer.store import resolve_model
+
+    if args.model and args.model_opt:
+        raise MinferError("model given twice")
+    for name in ("n_ctx", "slots", "chunk"):
+        if getattr(args, name) < 1:
+            raise MinferError(f"--{name.replace('_', '-')} must be positive")
+    if args.queue < 0 or not 0 < args.port < 65536:
+        raise MinferError("--queue must be >= 0 and --port in 1..65535")
+    config = ServerConfig(
+        model_path=resolve_model(args.model or args.model_opt), n_ctx=args.n_ctx,
+        slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
+        chunk=args.chunk, n_predict=args.n_predict, kv_type=args.kv_type, backend=args.backend,
+        fuse=not args.no_fuse,
+    )
+    if not _is_loopback(args.host) and not config.api_key:
+        print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
+    return serve(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
+                 verbose=args.verbose)
+
+
+def serve(config: ServerConfig, *, host: str, port: int, drain_timeout: float = 30.0,
+          verbose: bool = False) -> int:
+    import uvicorn
+
+    from minfer.server.app import create_app
+    from minfer.server.state import ServerState
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    state = ServerState(config)
+    app = create_app(state)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level="info" if verbose
+                               else "warning", access_log=verbose, lifespan="on",
+                               timeout_graceful_shutdown=round(drain_timeout) + 5)
+    server = _make_server(uv_config, state, drain_timeout)
+    threading.Thread(target=_exit_on_load_error, args=(state, server), daemon=True).start()
+    print(f"minfer: serving {config.model_path.name} on http://{host}:{port} "
+          f"({config.slots} slots x {config.n_ctx} tokens); loading the model...",
+          file=sys.stderr, flush=True)
+    server.run()
+    if state.error:
+        print(f"minfer: error: {state.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _make_server(uv_config: Any, state: Any, drain_timeout: float) -> Any:
+    """uvicorn's server, with signals that drain and then exit 0 (not re-raised afterwards).
+
+    The first signal stops new work (uvicorn closes the socket, the state answers 503) and
+    starts the drain clock; when it runs out, requests still in flight end with an error event
+    (streams) or a 503, so their connections close cleanly. uvicorn's own graceful-shutdown
+    timeout, a few seconds longer, is only the backstop."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            sigs = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not state.draining:
+                state.draining = True
+                timer = threading.Timer(max(0.0, drain_timeout), state.abort_all)
+                timer.daemon = True
+                timer.start()
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    return DrainingServer(uv_config)
+
+
+def _exit_on_load_error(state: Any, server: Any) -> None:
+    state.start()
+    while state.status == "loading":
+        threading.Event().wait(0.1)
+    if state.error:
+        server.should_exit = True
+    else:
+        print("minfer: model loaded, ready", file=sys.stderr, flush=True)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return False

@@ -1,0 +1,124 @@
+"""OpenAI-style errors: one exception type, one body shape, and the handlers that enforce them.
+
+Every failure a client can cause ends as `{"error": {"message", "type", "param", "code"}}` with a
+4xx status; a full queue or a model still loading is a 503 with `Retry-After`. Validation errors
+(malformed JSON, wrong types, out-of-range values) are 400 as OpenAI answers them, not FastAPI's
+422. Anything else escaping a handler is a bug: it is logged and answered with a 500 in the same
+shape, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minfer.errors import ContextOverflowError, MinferError
+
+log = logging.getLogger("minfer.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "server_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client as-is (status, message, param, code, extra headers)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or _TYPES.get(status, "invalid_request_error" if status < 500
+                                        else "server_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type_=self.type, param=self.param, code=self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(message: str, *, type_: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unavailable(message: str, *, retry_after: int = 1, code: str | None = None) -> APIError:
+    return APIError(503, message, code=code, headers={"Retry-After": str(retry_after)})
+
+
+def from_minfer_error(exc: MinferError, *, param: str | None = None) -> APIError:
+    """A MinferError raised on the user's input becomes a 400 naming its cause."""
+    code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
+    return bad_request(str(exc), param=param, code=code)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    msg = str(first.get("msg", "invalid value"))
+    if param:
+        msg = f"{param}: {msg}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more error(s))"
+    return msg, param
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Route every exception to an OpenAI-shaped body."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return bad_request(message, param=param, code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return APIError(exc.status_code, detail, headers=dict(exc.headers or {})).response()
+
+    @app.exception_handler(MinferError)
+    async def _minfer(_: Request, exc: MinferError) -> JSONResponse:
+        return from_minfer_error(exc).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in a request handler", exc_info=exc)
+        return APIError(500, "internal server error", type_="server_error").response()

@@ -1,0 +1,160 @@
+"""One request's generation state on the engine thread: logits row in, text and events out.
+
+A `Generation` samples from its sequence's logits, computes logprobs when asked (log-softmax of
+the raw logits, before any sampler stage), cuts stop strings on the byte stream and decodes
+UTF-8 incrementally, then posts events to the request's `Handle`. The handle lives on the event
+loop; `post` crosses threads with `call_soon_threadsafe`, and `cancel` (a client gone) is a flag
+the engine thread reads before each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from minfer.engine.stops import StopMatcher
+from minfer.sampling.sampler import Sampler
+
+
+class Vocab(Protocol):
+    eot_ids: frozenset[int]
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text that became safe to show, and the tokens sampled in this step (with logprobs)."""
+
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str  # "stop" | "length"
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    status: int = 500
+
+
+Event = Delta | Done | Failed
+
+
+class Handle:
+    """The event loop's end of a request: an asyncio queue fed from the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = False
+        self.seq_id = -1
+
+    def post(self, event: Event) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class GenRequest:
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    stops: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # None: off; k: the chosen token plus k alternatives
+
+
+def log_softmax_top(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """log-softmax of the raw logits at token, and the k most likely ids with theirs."""
+    x = np.asarray(logits, dtype=np.float32)
+    m = float(x.max())
+    lse = m + float(np.log(np.exp(x - m).sum(dtype=np.float64)))
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        k = min(k, x.shape[0])
+        idx = np.argpartition(x, x.shape[0] - k)[-k:]
+        idx = idx[np.argsort(-x[idx], kind="stable")]
+        top = [(int(i), float(x[i]) - lse) for i in idx]
+    return TokenLogprob(token, float(x[token]) - lse, top)
+
+
+class Generation:
+    """Sampling, stop strings and text for one running request (engine thread only)."""
+
+    def __init__(self, req: GenRequest, handle: Handle, vocab: Vocab, *, n_ctx_slot: int) -> None:
+        self.req = req
+        self.handle = handle
+        self.vocab = vocab
+        self.n_ctx_slot = n_ctx_slot
+        self.matcher = StopMatcher(req.stops)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.n_generated = 0
+        self.n_cached = 0
+        self.t_submit = time.perf_counter()
+        self.t_last: float | None = None
+        self.first_token_s: float | None = None
+        self.last_gap: float | None = None  # seconds since the previous token (None: first)
+
+    def step(self, logits: np.ndarray) -> tuple[int, str | None]:
+        """Sample one token and post what it makes visible; (token, finish reason or None)."""
+        token = self.req.sampler.sample(logits)
+        self.req.sampler.accept(token)
+        self.n_generated += 1
+        now = time.perf_counter()
+        if self.t_last is not None:
+            self.last_gap = now - self.t_last
+        else:
+            self.first_token_s = now - self.t_submit
+        self.t_last = now
+        lps = []
+        if self.req.logprobs is not None:
+            lps.append(log_softmax_top(logits, token, self.req.logprobs))
+        if token in self.vocab.eot_ids:  # not shown; what the stop matcher held is released
+            self._post_text(b"", lps, final=True, flush=True)
+            return token, "stop"
+        emit, stopped = self.matcher.push(self.vocab.token_bytes(token))
+        reason: str | None = "stop" if stopped else None
+        if reason is None and (self.n_generated >= self.req.max_tokens
+                               or len(self.req.prompt) + self.n_generated > self.n_ctx_slot):
+            reason = "length"
+        self._post_text(emit, lps, final=reason is not None, flush=not stopped)
+        return token, reason
+
+    def _post_text(self, emit: bytes, lps: list[TokenLogprob], *, final: bool,
+                   flush: bool) -> None:
+        if final and flush:
+            emit += self.matcher.flush()
+        text = self.utf8.decode(emit, final=final)
+        if text or lps:
+            self.handle.post(Delta(text, lps))
+
+    def done(self, reason: str) -> Done:
+        usage = Usage(len(self.req.prompt), self.n_generated, self.n_cached)
+        return Done("stop" if reason == "stop" else "length", usage)

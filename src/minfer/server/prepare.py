@@ -1,0 +1,154 @@
+"""From a validated request body to a `GenRequest`: prompt ids, limits and the sampler.
+
+The checks that need the loaded model live here: the prompt must tokenize to 1..n_ctx_slot
+tokens, token ids must be in the vocabulary, `max_tokens` may not exceed the slot's context.
+Unset sampling fields keep llama.cpp's defaults (`SamplerParams()`), as llama-server does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from minfer.errors import MinferError
+from minfer.sampling.params import SamplerParams
+from minfer.sampling.sampler import Sampler
+from minfer.server.errors import APIError, bad_request, from_minfer_error
+from minfer.server.generation import GenRequest
+from minfer.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minfer.server.structured import OutputPlan, plan_output
+
+SEED_MASK = (1 << 64) - 1
+MIN_TEMPERATURE = 1e-3
+
+
+class TokenizerLike(Protocol):
+    n_vocab: int
+    eot_ids: frozenset[int]
+
+    def encode(self, text: str, *, special: bool = True,
+               add_bos: bool | None = None) -> list[int]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def token_text(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
+class TemplateLike(Protocol):
+    def render(self, messages: Sequence[Any], *, add_generation_prompt: bool = True,
+               tools: Sequence[Any] | None = None, **extra: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    n_ctx_slot: int
+    n_predict: int = -1  # server-wide cap on max_tokens; -1 = none
+
+
+@dataclass
+class Prepared:
+    gen: GenRequest
+    output: OutputPlan
+
+
+def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: TemplateLike,
+                output: OutputPlan) -> list[int]:
+    messages = [m.for_template() for m in req.messages]
+    try:
+        text = template.render(messages, add_generation_prompt=True, tools=output.tools)
+    except MinferError as exc:
+        raise from_minfer_error(exc, param="messages") from None
+    return tok.encode_prompt(text)
+
+
+def completion_prompt(req: CompletionRequest, tok: TokenizerLike) -> list[int]:
+    if req.echo:
+        raise bad_request("echo is not supported", param="echo", code="unsupported_value")
+    if req.suffix:
+        raise bad_request("suffix (fill-in-the-middle) is not supported", param="suffix",
+                          code="unsupported_value")
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one (the schema caps the list at one)
+    if isinstance(prompt, str):
+        return tok.encode(prompt)
+    ids = [int(t) for t in prompt]  # type: ignore[arg-type]
+    bad = [t for t in ids if not 0 <= t < tok.n_vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary (0..{tok.n_vocab - 1})",
+                          param="prompt", code="invalid_token_id")
+    return ids
+
+
+def sampler_params(req: SamplingFields) -> SamplerParams:
+    changes: dict[str, Any] = {}
+    if req.temperature is not None:  # a vanishing temperature is greedy (and cannot overflow)
+        changes["temp"] = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
+    if req.top_p is not None:
+        changes["top_p"] = max(req.top_p, 1e-9)  # top_p = 0 keeps only the best token
+    if req.top_k is not None:
+        changes["top_k"] = max(req.top_k, 0)
+    if req.min_p is not None:
+        changes["min_p"] = req.min_p
+    if req.presence_penalty is not None:
+        changes["presence_penalty"] = req.presence_penalty
+    if req.frequency_penalty is not None:
+        changes["frequency_penalty"] = req.frequency_penalty
+    if req.repeat_penalty is not None:
+        changes["repeat_penalty"] = req.repeat_penalty
+    try:
+        return SamplerParams(**changes)
+    except MinferError as exc:
+        raise from_minfer_error(exc) from None
+
+
+def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
+    if requested is not None and requested > limits.n_ctx_slot:
+        raise bad_request(f"{param} = {requested} exceeds the context length "
+                          f"({limits.n_ctx_slot} tokens per request)", param=param,
+                          code="context_length_exceeded")
+    n = requested if requested is not None else limits.n_ctx_slot
+    if limits.n_predict > 0:
+        n = min(n, limits.n_predict)
+    return max(1, n)
+
+
+def prepare(req: ChatCompletionRequest | CompletionRequest, tok: TokenizerLike,
+            template: TemplateLike, limits: Limits) -> Prepared:
+    """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot."""
+    output = plan_output(req, tok.n_vocab)
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs = true", param="top_logprobs")
+        prompt = chat_prompt(req, tok, template, output)
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        requested = req.max_completion_tokens or req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        prompt = completion_prompt(req, tok)
+        param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
+    check_prompt(prompt, limits, "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
+    params = sampler_params(req)
+    seed = None if req.seed is None or req.seed == -1 else req.seed & SEED_MASK
+    try:
+        sampler = Sampler(params, tok.n_vocab, seed=seed, token_text=tok.token_text,
+                          encode=lambda s: tok.encode(s, special=False),
+                          logit_mask=output.logit_mask, n_ctx=limits.n_ctx_slot)
+        sampler.reset(prompt)  # each stage keeps the history it needs
+    except MinferError as exc:
+        raise from_minfer_error(exc) from None
+    gen = GenRequest(prompt=prompt, max_tokens=max_tokens(requested, limits, param),
+                     sampler=sampler, stops=req.stops(), logprobs=logprobs)
+    return Prepared(gen, output)
+
+
+def check_prompt(prompt: list[int], limits: Limits, param: str) -> None:
+    if not prompt:
+        raise bad_request("the prompt is empty (it tokenizes to no tokens)", param=param)
+    if len(prompt) > limits.n_ctx_slot:
+        raise APIError(400, f"the prompt has {len(prompt)} tokens; this server's context length "
+                       f"is {limits.n_ctx_slot} tokens per request", param=param,
+                       code="context_length_exceeded")

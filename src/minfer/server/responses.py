@@ -1,0 +1,125 @@
+"""OpenAI response bodies, field for field: completions, chat completions and their stream chunks.
+
+Chat: `chat.completion` with `choices[{index, message{role, content}, logprobs, finish_reason}]`;
+streamed as `chat.completion.chunk`s whose first delta carries the role, then content deltas,
+then an empty delta with the finish reason, then (with `stream_options.include_usage`) one chunk
+with no choices and the usage. Every other chunk then carries `"usage": null`, as OpenAI sends.
+Completions: `text_completion` with `choices[{index, text, logprobs, finish_reason}]`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from minfer.server.generation import TokenLogprob, Usage
+
+TokenBytes = Callable[[int], bytes]
+
+
+def usage_body(u: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def _piece(token_bytes: TokenBytes, tid: int) -> tuple[str, list[int]]:
+    b = token_bytes(tid)
+    return b.decode("utf-8", errors="replace"), list(b)
+
+
+def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict[str, Any]:
+    content = []
+    for lp in lps:
+        text, raw = _piece(token_bytes, lp.token_id)
+        top = []
+        for tid, value in lp.top:
+            t, r = _piece(token_bytes, tid)
+            top.append({"token": t, "logprob": value, "bytes": r})
+        content.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
+                        offset: int = 0) -> dict[str, Any]:
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        text, _ = _piece(token_bytes, lp.token_id)
+        tokens.append(text)
+        values.append(lp.logprob)
+        top: dict[str, float] = {}
+        for tid, value in lp.top:
+            top.setdefault(_piece(token_bytes, tid)[0], value)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+@dataclass
+class Envelope:
+    """What every body and chunk of one response shares."""
+
+    kind: str  # "chat" | "completion"
+    model: str
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
+        self.id = self.id or prefix + secrets.token_hex(12)
+        self.created = self.created or int(time.time())
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": "minfer"}
+
+    # -- whole responses -----------------------------------------------------------------------
+    def full(self, text_fields: dict[str, Any], finish: str, usage: Usage,
+             logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", **text_fields,
+                                              "refusal": None},
+                      "logprobs": logprobs, "finish_reason": finish}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text_fields["content"], "logprobs": logprobs,
+                      "finish_reason": finish}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        body["usage"] = usage_body(usage)
+        return body
+
+    # -- stream chunks -------------------------------------------------------------------------
+    def chunk(self, *, text: str | None = None, role: bool = False, finish: str | None = None,
+              logprobs: dict[str, Any] | None = None, with_usage: bool = False) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+                delta["content"] = ""
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            body = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        if with_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        body = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        body["choices"] = []
+        body["usage"] = usage_body(usage)
+        return body

@@ -1,0 +1,80 @@
+"""The runner: one `Plan` → one multi-sequence `Batch` → one forward → logits per sequence.
+
+Slot s owns KV cells [s * n_ctx_slot, (s + 1) * n_ctx_slot) of an engine created with
+n_ctx = n_slots * n_ctx_slot. A token at position p of slot s writes cell s * n_ctx_slot + p and
+reads cells [s * n_ctx_slot, its cell]; positions restart at 0 in every slot. So batching several
+sequences changes only the data of the batch, never the graph's topology.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from minfer.server.scheduler import Plan, Work
+
+if TYPE_CHECKING:
+    from minfer.engine.forward import Batch
+
+
+class BatchEngine(Protocol):
+    """What the runner needs of `minfer.engine.forward.Engine` (tests pass a fake)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def forward_batch(self, batch: Batch) -> np.ndarray: ...
+
+
+def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
+    """The batch for plan, and the seq ids whose logits its out rows hold (in row order)."""
+    # imported here: the engine module loads the compiled kernels, which the scheduler and the
+    # HTTP layer (and their tests, on a fake engine) do not need
+    from minfer.engine.forward import Batch
+
+    tokens: list[int] = []
+    positions: list[np.ndarray] = []
+    bases: list[np.ndarray] = []
+    out_rows: list[int] = []
+    out_ids: list[int] = []
+    for w in plan.works:
+        n = len(w.tokens)
+        tokens.extend(w.tokens)
+        positions.append(np.arange(w.start_pos, w.start_pos + n, dtype=np.int32))
+        bases.append(np.full(n, w.slot * n_ctx_slot, dtype=np.int32))
+        if w.logits:
+            out_rows.append(len(tokens) - 1)
+            out_ids.append(w.seq_id)
+    if not out_rows:  # a step of prompt chunks only: the graph still returns one row
+        out_rows.append(len(tokens) - 1)
+    pos = np.concatenate(positions)
+    base = np.concatenate(bases)
+    cells = base + pos
+    batch = Batch(
+        tokens=np.asarray(tokens, dtype=np.int32),
+        positions=pos,
+        cells=cells,
+        kv_start=base,
+        kv_end=cells + 1,
+        out_rows=np.asarray(out_rows, dtype=np.int32),
+    )
+    return batch, out_ids
+
+
+class Runner:
+    def __init__(self, engine: BatchEngine, n_ctx_slot: int) -> None:
+        self.engine = engine
+        self.n_ctx_slot = n_ctx_slot
+
+    def warm_up(self) -> None:
+        """Compile and build what the first requests need (a prompt chunk, then a decode step)
+        by running them in slot 0; the scheduler never reads those cells (its cache is empty)."""
+        self.run(Plan((Work(-1, 0, 0, (0, 0), True),)))
+        self.run(Plan((Work(-1, 0, 2, (0,), True),)))
+
+    def run(self, plan: Plan) -> dict[int, np.ndarray]:
+        """Execute plan; the logits row [n_vocab] of every sequence that asked for one."""
+        batch, out_ids = build_batch(plan, self.n_ctx_slot)
+        logits = self.engine.forward_batch(batch)
+        return {seq_id: logits[i] for i, seq_id in enumerate(out_ids)}

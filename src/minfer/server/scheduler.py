@@ -1,0 +1,189 @@
+"""The slot scheduler: who runs in the next forward and how many tokens each feeds.
+
+Pure bookkeeping, no model and no threads (vLLM v1's split): the scheduler decides, a runner
+executes (`runner.py`), and two small dataclasses, `Work` and `Plan`, are the whole interface.
+
+A sequence's progress is one counter: `n_computed` of its `tokens` (prompt, then every sampled
+token) have their KV in the slot. Each step feeds `tokens[n_computed:]`, capped by a token budget,
+so chunked prefill and decode are one mechanism: a decoding sequence simply has one token left.
+Running decodes are scheduled first (one token each, so streams never stall behind a long prompt);
+the rest of the step's budget goes to prompts in arrival order.
+
+Slots own disjoint KV ranges (slot s: cells [s * n_ctx_slot, (s + 1) * n_ctx_slot)), positions
+restart at 0 in each slot. A slot remembers the tokens its cells hold after its sequence ends; a
+new request takes the free slot whose cache shares the longest prefix with its prompt and prefills
+only the rest (the prompt cache). At least the last prompt token is always recomputed, because its
+logits are needed to sample the first token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from minfer.errors import MinferError
+
+
+class QueueFullError(MinferError):
+    """The waiting queue is at capacity: the request is refused, not parked."""
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    tokens: list[int]
+    n_prompt: int
+    n_computed: int = 0
+    n_cached: int = 0  # prompt tokens found in the slot's cache at admission
+    slot: int | None = None
+
+    @property
+    def n_pending(self) -> int:
+        return len(self.tokens) - self.n_computed
+
+    @property
+    def decoding(self) -> bool:
+        return self.n_computed >= self.n_prompt
+
+
+@dataclass
+class Slot:
+    index: int
+    cached: list[int] = field(default_factory=list)  # tokens in cells [0, len)
+    seq_id: int | None = None
+    last_used: int = 0
+
+
+@dataclass(frozen=True)
+class Work:
+    """Feed `tokens` of one sequence at positions start_pos.. of its slot."""
+
+    seq_id: int
+    slot: int
+    start_pos: int
+    tokens: tuple[int, ...]
+    logits: bool  # the last token's logits are wanted (the sequence samples after this step)
+
+
+@dataclass(frozen=True)
+class Plan:
+    works: tuple[Work, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(w.tokens) for w in self.works)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class Scheduler:
+    def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 256,
+                 max_waiting: int = 64) -> None:
+        if n_slots < 1 or n_ctx_slot < 1 or chunk < 1 or max_waiting < 0:
+            raise MinferError("slots, context, chunk must be positive and the queue >= 0")
+        self.n_ctx_slot = n_ctx_slot
+        self.chunk = chunk
+        self.max_waiting = max_waiting
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[int, Sequence] = {}  # in admission order
+        self._tick = itertools.count(1)
+
+    # -- requests in and out -------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence; QueueFullError when more than max_waiting would have to wait."""
+        if not 1 <= seq.n_prompt <= self.n_ctx_slot or seq.n_prompt != len(seq.tokens):
+            raise MinferError(f"a prompt needs 1..{self.n_ctx_slot} tokens, got {seq.n_prompt}")
+        if len(self.waiting) - self.n_free >= self.max_waiting:
+            raise QueueFullError(f"the request queue is full ({self.max_waiting} waiting)")
+        self.waiting.append(seq)
+
+    def append(self, seq_id: int, token: int) -> None:
+        """A sampled token becomes known; the next step computes it."""
+        self.running[seq_id].tokens.append(token)
+
+    def finish(self, seq_id: int) -> None:
+        """Drop a sequence (done, cancelled or failed); its slot keeps the computed tokens."""
+        seq = self.running.pop(seq_id, None)
+        if seq is None:
+            self.waiting = deque(s for s in self.waiting if s.seq_id != seq_id)
+            return
+        assert seq.slot is not None
+        slot = self.slots[seq.slot]
+        slot.seq_id = None
+        slot.cached = seq.tokens[: seq.n_computed]
+        slot.last_used = next(self._tick)
+
+    # -- one step ------------------------------------------------------------------------------
+    def schedule(self) -> Plan:
+        """Admit what fits, then plan the next forward (empty when there is nothing to run)."""
+        self._admit()
+        works: list[Work] = []
+        budget = self.chunk
+        for seq in self.running.values():
+            if seq.decoding and seq.n_pending > 0:
+                works.append(self._work(seq, 1))
+        for seq in self.running.values():
+            if not seq.decoding and budget > 0:
+                n = min(seq.n_pending, budget)
+                works.append(self._work(seq, n))
+                budget -= n
+        works.sort(key=lambda w: w.slot)
+        return Plan(tuple(works))
+
+    def advance(self, plan: Plan) -> None:
+        """The runner computed plan: the fed tokens now have KV in their slots."""
+        for w in plan.works:
+            seq = self.running.get(w.seq_id)
+            if seq is None:
+                continue
+            assert w.start_pos == seq.n_computed
+            seq.n_computed += len(w.tokens)
+            self.slots[w.slot].cached = seq.tokens[: seq.n_computed]
+
+    def _work(self, seq: Sequence, n: int) -> Work:
+        assert seq.slot is not None
+        start = seq.n_computed
+        if start + n > self.n_ctx_slot:
+            raise MinferError(f"sequence {seq.seq_id} would pass the slot's context")
+        return Work(seq.seq_id, seq.slot, start, tuple(seq.tokens[start : start + n]),
+                    logits=start + n == len(seq.tokens))
+
+    def _admit(self) -> None:
+        while self.waiting and self.n_free:
+            seq = self.waiting.popleft()
+            slot = self._pick_slot(seq.tokens)
+            hit = min(common_prefix(slot.cached, seq.tokens), seq.n_prompt - 1)
+            slot.cached = slot.cached[:hit]
+            slot.seq_id = seq.seq_id
+            seq.slot, seq.n_computed, seq.n_cached = slot.index, hit, hit
+            self.running[seq.seq_id] = seq
+
+    def _pick_slot(self, prompt: list[int]) -> Slot:
+        """The free slot with the longest cached prefix; on a tie the least recently used."""
+        free = [s for s in self.slots if s.seq_id is None]
+        return max(free, key=lambda s: (common_prefix(s.cached, prompt), -s.last_used))
+
+    # -- gauges --------------------------------------------------------------------------------
+    @property
+    def n_free(self) -> int:
+        return sum(1 for s in self.slots if s.seq_id is None)
+
+    @property
+    def n_busy(self) -> int:
+        return len(self.slots) - self.n_free
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_cells_used(self) -> int:
+        return sum(len(s.cached) for s in self.slots)

@@ -1,0 +1,122 @@
+"""Request bodies of the HTTP API as pydantic models (they also make the OpenAPI schema).
+
+Field names and ranges follow OpenAI's API (`temperature` 0–2, penalties −2–2, `n` = 1 only),
+plus the llama-server extensions clients send (`top_k`, `min_p`, `repeat_penalty`, `grammar`).
+Types are strict: a string where a number belongs is a 400, never coerced. Unknown fields are
+ignored, as OpenAI-compatible servers do, so newer clients keep working. Values that depend on the
+loaded model (context length, vocabulary) are checked later, in `requests.py`.
+
+`response_format`, `tools`, `tool_choice` and `grammar` are parsed here and handed to
+`structured.py`, the one place a later change adds constrained decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+MAX_STOPS = 16
+
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+StopText = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(_Strict):
+    """Settings shared by /v1/chat/completions and /v1/completions."""
+
+    model: str | None = Field(None, max_length=512)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(None, ge=0.01, le=100.0)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, le=1)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
+    # structured output: parsed now, honoured by structured.py
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str | None:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it (developer is the newer name of system)."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.text()}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+PromptIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | PromptIds | Annotated[list[str], Field(min_length=1, max_length=1)] \
+        | Annotated[list[PromptIds], Field(min_length=1, max_length=1)]
+    max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=1)
+
+
+class TokenizeRequest(_Strict):
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    tokens: list[TokenId]

@@ -1,0 +1,165 @@
+"""Server settings and the loaded model, which appears in the background after the socket is up.
+
+`ServerState.start()` spawns a loader thread: open the GGUF (tokenizer, chat template), then start
+the engine thread, which creates the Engine with n_ctx = slots × n_ctx_slot and reports ready.
+Until then `/health` answers 503 `loading`; routes that need the model answer 503 with
+`Retry-After`. A load failure is kept and reported (`/health` → 503 `error`), and `minfer serve`
+exits with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.server.errors import unavailable
+from minfer.server.metrics import Metrics
+from minfer.server.prepare import Limits, TemplateLike, TokenizerLike
+from minfer.server.worker import EngineFactory, Worker
+from minfer.tokenizer.chat import ChatTemplate
+from minfer.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("minfer.server")
+
+
+@dataclass
+class ServerConfig:
+    model_path: Path
+    n_ctx: int = 4096  # per slot
+    slots: int = 4
+    queue: int = 64
+    api_key: str | None = None
+    threads: int | None = None
+    chunk: int = 256  # prompt tokens per step
+    n_predict: int = -1  # cap on max_tokens; -1 = the context
+    kv_type: str = "f16"
+    backend: str | None = None
+    fuse: bool = True
+    max_body_bytes: int = 16 << 20
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    tokenizer: TokenizerLike
+    template: TemplateLike
+    limits: Limits
+    worker: Worker
+
+
+def model_name(path: Path) -> str:
+    """The name /v1/models lists: the cache name (a cached model's file is <name>.gguf)."""
+    return path.name.removesuffix(".gguf")
+
+
+def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig) -> EngineFactory:
+    """Engine(n_ctx) over the model's file; called on the engine thread (numba's thread count is
+    per thread). Imported lazily: only a real engine needs the compiled kernels."""
+
+    def make(n_ctx: int) -> Any:
+        from minfer.api import default_threads
+        from minfer.backends.select import select_backends
+        from minfer.engine.forward import Engine, set_threads
+
+        threads = config.threads or default_threads()
+        set_threads(threads)
+        return Engine(f, hparams, n_ctx=n_ctx, kv_type=config.kv_type,
+                      fuse_swiglu=config.fuse, fuse_gate_up=config.fuse,
+                      backends=select_backends(config.backend), n_threads=threads)
+
+    return make
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, *, engine_factory: EngineFactory | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self._engine_factory = engine_factory
+        self._model: LoadedModel | None = None
+        self._started = False
+        self._lock = threading.Lock()
+        self.error: str | None = None
+        self.draining = False
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "error"
+        if self._model is None:
+            return "loading"
+        if self._model.worker.error is not None:  # the engine thread died
+            return "error"
+        return "draining" if self.draining else "ok"
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._load, name="minfer-loader", daemon=True).start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.status == "loading" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.status == "ok"
+
+    def model(self) -> LoadedModel:
+        """The loaded model, or a 503 while it loads (or after it failed)."""
+        if self._model is None:
+            what = "failed to load" if self.error else "is loading"
+            raise unavailable(f"the model {what}", retry_after=2, code="model_not_ready")
+        if self.draining:
+            raise unavailable("the server is shutting down", code="shutting_down")
+        return self._model
+
+    def abort_all(self) -> None:
+        """Cut whatever is still in flight (end of the drain period)."""
+        if self._model is not None:
+            self._model.worker.abort_all("the server is shutting down")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._model is not None:
+            self._model.worker.stop(timeout)
+
+    def _load(self) -> None:
+        try:
+            self._model = self._open()
+        except Exception as exc:  # reported by /health and by `minfer serve`
+            log.exception("loading the model failed")
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _open(self) -> LoadedModel:
+        cfg = self.config
+        f = GGUFFile.open(cfg.model_path)
+        hparams = HParams.from_gguf(f)
+        tokenizer = Tokenizer.from_gguf(f)
+        template = ChatTemplate.from_gguf(f, tokenizer)
+        n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
+        factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
+        worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
+                        chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics)
+        self._register_gauges(worker)
+        worker.start()
+        worker.ready.wait()
+        if worker.error is not None:
+            raise worker.error
+        return LoadedModel(model_name(cfg.model_path), tokenizer, template,
+                           Limits(n_ctx_slot, cfg.n_predict), worker)
+
+    def _register_gauges(self, worker: Worker) -> None:
+        s = worker.scheduler
+        m = self.metrics
+        m.gauge("minfer_queue_depth", "Requests waiting for a slot", lambda: s.n_waiting)
+        m.gauge("minfer_slots_busy", "Slots running a request", lambda: s.n_busy)
+        m.gauge("minfer_slots_total", "Slots", lambda: len(s.slots))
+        m.gauge("minfer_kv_cells_used", "KV cells holding tokens (running and cached)",
+                lambda: s.kv_cells_used)
+        m.gauge("minfer_kv_cells_total", "KV cells", lambda: len(s.slots) * s.n_ctx_slot)

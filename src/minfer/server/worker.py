@@ -1,0 +1,196 @@
+"""The engine thread: the only code that touches the Engine.
+
+Each step it reaps cancelled requests, asks the scheduler for a plan, runs it as one
+multi-sequence forward (outside the lock), then samples every sequence that got logits and feeds
+the chosen tokens back to the scheduler. The event loop only `submit`s and `cancel`s; a lock guards
+the scheduler (held for bookkeeping, never during a forward), and a condition wakes an idle thread.
+
+numba's thread count is per thread, so the engine is created (and `set_threads` called) on this
+thread, not the one that configured the server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from minfer.server.generation import Failed, Generation, GenRequest, Handle, Vocab
+from minfer.server.metrics import Metrics
+from minfer.server.runner import BatchEngine, Runner
+from minfer.server.scheduler import Plan, Scheduler, Sequence
+
+log = logging.getLogger("minfer.server")
+
+EngineFactory = Callable[[int], BatchEngine]  # total n_ctx -> engine
+
+
+class Worker:
+    def __init__(
+        self,
+        make_engine: EngineFactory,
+        vocab: Vocab,
+        *,
+        n_slots: int,
+        n_ctx_slot: int,
+        chunk: int = 256,
+        max_waiting: int = 64,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.vocab = vocab
+        self.n_ctx_slot = n_ctx_slot
+        self.metrics = metrics or Metrics()
+        self.scheduler = Scheduler(n_slots=n_slots, n_ctx_slot=n_ctx_slot, chunk=chunk,
+                                   max_waiting=max_waiting)
+        self._make_engine = make_engine
+        self._cv = threading.Condition()
+        self._gens: dict[int, Generation] = {}
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.steps = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="minfer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel everything still queued or running and join the thread."""
+        with self._cv:
+            self._stopping = True
+            for gen in self._gens.values():
+                gen.handle.cancel()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the event loop's side -----------------------------------------------------------------
+    def submit(self, req: GenRequest, handle: Handle) -> None:
+        """Queue a request (QueueFullError when the queue is full); events go to handle."""
+        seq_id = next(self._ids)
+        gen = Generation(req, handle, self.vocab, n_ctx_slot=self.n_ctx_slot)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine is shutting down")
+            self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt)))
+            handle.seq_id = seq_id
+            self._gens[seq_id] = gen
+            self._cv.notify()
+
+    def abort_all(self, message: str) -> None:
+        """End every queued and running request now with a 503 (the drain timeout ran out)."""
+        with self._cv:
+            for seq_id in list(self._gens):
+                self._end(seq_id, None, Failed(message, status=503))
+            self._cv.notify()
+
+    def cancel(self, handle: Handle) -> None:
+        handle.cancel()
+        with self._cv:
+            self._cv.notify()
+
+    def busy(self) -> bool:
+        with self._cv:
+            return bool(self._gens)
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            runner = Runner(self._make_engine(len(self.scheduler.slots) * self.n_ctx_slot),
+                            self.n_ctx_slot)
+            if self.n_ctx_slot >= 3:
+                runner.warm_up()
+        except BaseException as exc:
+            log.exception("could not create the engine")
+            self.error = exc
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            self._loop(runner)
+        except BaseException as exc:  # a bug: fail every request rather than leave it hanging
+            log.exception("the engine thread died")
+            self.error = exc
+            with self._cv:
+                self._stopping = True
+                for seq_id in list(self._gens):
+                    self._end(seq_id, None, Failed(f"the engine stopped: {exc}"))
+
+    def _loop(self, runner: Runner) -> None:
+        while True:
+            with self._cv:
+                self._reap_cancelled()
+                plan = self.scheduler.schedule()
+                if not plan.works:
+                    if self._stopping:
+                        return
+                    self._cv.wait(0.5)
+                    continue
+            self._step(runner, plan)
+
+    def _step(self, runner: Runner, plan: Plan) -> None:
+        try:
+            rows = runner.run(plan)
+        except Exception as exc:  # a failed forward fails its requests, never the server
+            log.exception("forward failed")
+            with self._cv:
+                for w in plan.works:
+                    self._end(w.seq_id, None, Failed(f"the forward pass failed: {exc}"))
+            return
+        self.steps += 1
+        decisions = [(seq_id, *self._sample(seq_id, row)) for seq_id, row in rows.items()]
+        with self._cv:
+            self.scheduler.advance(plan)
+            for seq_id, token, reason in decisions:
+                if reason is None and token is not None:
+                    self.scheduler.append(seq_id, token)
+                elif reason is not None:
+                    self._end(seq_id, reason)
+
+    def _sample(self, seq_id: int, row: np.ndarray) -> tuple[int | None, str | None]:
+        gen = self._gens.get(seq_id)
+        if gen is None or gen.handle.cancelled:  # aborted or cancelled during the forward
+            return None, None
+        try:
+            token, reason = gen.step(row)
+        except Exception as exc:
+            log.exception("sampling failed")
+            gen.handle.post(Failed(f"sampling failed: {exc}"))
+            return None, "failed"
+        m = self.metrics
+        m.generated_tokens.inc()
+        if gen.first_token_s is not None and gen.n_generated == 1:
+            m.ttft.observe(gen.first_token_s)
+        elif gen.last_gap is not None:
+            m.tpot.observe(gen.last_gap)
+        return token, reason
+
+    def _reap_cancelled(self) -> None:
+        for seq_id in [s for s, g in self._gens.items() if g.handle.cancelled]:
+            self._end(seq_id, None)
+
+    def _end(self, seq_id: int, reason: str | None, failure: Failed | None = None) -> None:
+        """Free a sequence's slot (lock held) and post its last event."""
+        gen = self._gens.pop(seq_id, None)
+        seq = self.scheduler.running.get(seq_id)
+        self.scheduler.finish(seq_id)
+        if gen is None:
+            return
+        if failure is not None:
+            gen.handle.post(failure)
+        elif reason not in (None, "failed"):
+            gen.n_cached = seq.n_cached if seq is not None else 0
+            done = gen.done(reason)
+            self.metrics.prompt_tokens.inc(done.usage.prompt_tokens)
+            self.metrics.cached_tokens.inc(done.usage.cached_tokens)
+            gen.handle.post(done)

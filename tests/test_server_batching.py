@@ -1,0 +1,105 @@
+"""Batch invariance on the real engine: a row's logits may not depend on what shares its batch.
+
+Continuous batching promises that a greedy request yields the same ids whether it runs alone,
+beside other decodes, beside a prompt chunk, or after a prompt-cache hit (its prefix computed in
+other chunk sizes). That holds only if the kernels compute each row the same way whatever the
+batch holds; these tests pin it on the tiny model, bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    from minfer.engine.forward import Engine
+except (ImportError, AttributeError) as exc:  # the compiled kernels are not importable
+    pytest.skip(f"the engine cannot run here: {exc}", allow_module_level=True)
+
+from minfer.backends.select import select_backends
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.server.runner import Runner
+from minfer.server.scheduler import Plan, Work
+
+N_CTX_SLOT = 64
+PREFIX = [11, 42, 7, 99, 3, 250, 17, 8, 120, 64, 5, 31, 77, 200, 150, 13, 9, 88, 21, 33]
+
+
+def _runner(path: Path, n_slots: int = 3) -> Runner:
+    f = GGUFFile.open(path)
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=n_slots * N_CTX_SLOT,
+                    backends=select_backends(None))  # what `minfer serve` uses
+    return Runner(engine, N_CTX_SLOT)
+
+
+def _prefill(runner: Runner, slot: int, tokens: list[int], chunk: int) -> np.ndarray:
+    """Feed tokens into slot in chunks of `chunk`; the last row's logits."""
+    out = None
+    for i in range(0, len(tokens), chunk):
+        part = tuple(tokens[i : i + chunk])
+        out = runner.run(Plan((Work(slot, slot, i, part, True),)))[slot]
+    assert out is not None
+    return out
+
+
+@pytest.fixture(params=["tiny_qwen2", "tiny_qwen3"])
+def model(request: pytest.FixtureRequest) -> Path:
+    return Path(request.getfixturevalue(request.param))
+
+
+# Rows in a batch of >= PREFILL_MIN_TOKENS (16) tokens take the dequantize + sgemm path in
+# minfer.backends.cpu.kernels.matmul (and the torch backend's), rows in smaller batches the
+# integer dot path: the same row's logits differ (by up to ~0.4 on the dev model). Until the
+# kernels compute a row the same way at every batch size, these two cases fail; strict, so the
+# marker must go when the kernels are fixed.
+KERNEL_BATCH_DEPENDENCE = pytest.mark.xfail(
+    strict=True, reason="kernels: rows of batches >= 16 tokens take another matmul path")
+
+
+def _warm(runner: Runner) -> Work:
+    for slot in range(3):
+        _prefill(runner, slot, PREFIX, 8)
+    return Work(0, 0, len(PREFIX), (5,), True)
+
+
+def test_a_decode_row_is_the_same_alone_and_beside_other_decodes(model: Path) -> None:
+    runner = _runner(model)
+    step = _warm(runner)
+    alone = runner.run(Plan((step,)))[0]
+    beside = runner.run(Plan((step, Work(1, 1, len(PREFIX), (6,), True),
+                              Work(2, 2, len(PREFIX), (7,), True))))[0]
+    assert np.array_equal(alone, beside)
+
+
+def test_a_decode_row_is_the_same_beside_a_short_prompt_chunk(model: Path) -> None:
+    runner = _runner(model)
+    step = _warm(runner)
+    alone = runner.run(Plan((step,)))[0]
+    chunk = Work(1, 1, 0, tuple(PREFIX[:9]), False)  # 10 rows in all
+    assert np.array_equal(alone, runner.run(Plan((step, chunk)))[0])
+
+
+@KERNEL_BATCH_DEPENDENCE
+def test_a_decode_row_is_the_same_beside_a_long_prompt_chunk(model: Path) -> None:
+    runner = _runner(model)
+    step = _warm(runner)
+    alone = runner.run(Plan((step,)))[0]
+    chunk = Work(1, 1, 0, tuple(PREFIX[::-1]), False)  # 21 rows in all
+    assert np.array_equal(alone, runner.run(Plan((step, chunk)))[0])
+
+
+def test_kv_does_not_depend_on_short_chunking_of_the_prompt(model: Path) -> None:
+    """A prompt-cache hit prefills only the suffix: the prefix's KV came in other chunk sizes."""
+    runner = _runner(model)
+    by_tokens = _prefill(runner, 0, PREFIX, 1)
+    assert np.array_equal(by_tokens, _prefill(runner, 1, PREFIX, 7))
+    assert np.array_equal(by_tokens, _prefill(runner, 2, PREFIX, 15))
+
+
+@KERNEL_BATCH_DEPENDENCE
+def test_kv_does_not_depend_on_long_chunking_of_the_prompt(model: Path) -> None:
+    runner = _runner(model)
+    assert np.array_equal(_prefill(runner, 0, PREFIX, 1), _prefill(runner, 1, PREFIX, 64))

@@ -1,0 +1,65 @@
+"""`minfer serve` on the development model (Qwen2.5-Coder-0.5B-Instruct), via the openai client.
+
+Slow: a real answer through the chat template, stream and non-stream agreeing, and greedy
+streams batched together (beside a long prompt prefilling in chunks) yielding exactly their solo
+text. The server runs with `--chunk 8` and 4 slots, so no forward holds 16 rows or more: the
+kernels switch matmul paths at 16 rows (see test_server_batching.py), which would change a row's
+logits with the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_server_process import Server, openai
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def real_server(real_model_path: Path) -> Iterator[Server]:
+    srv = Server(real_model_path, "--slots", "4", "--n-ctx", "1024", "--chunk", "8")
+    try:
+        srv.wait_ready(600)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_chat_answers_through_the_template(real_server: Server) -> None:
+    c = real_server.client()
+    msgs = [{"role": "user", "content": "What is 2+2? Answer with one number."}]
+    r = c.chat.completions.create(model="qwen", messages=msgs, max_tokens=16, **GREEDY)
+    assert "4" in (r.choices[0].message.content or "")
+    assert r.choices[0].finish_reason == "stop"  # <|im_end|> ends the turn
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="qwen", messages=msgs, max_tokens=16, stream=True, **GREEDY) if ch.choices)
+    assert streamed == r.choices[0].message.content
+
+
+def test_batched_greedy_streams_equal_their_solo_runs(real_server: Server) -> None:
+    prompts = [f"def function_{i}(x):\n    # returns x times {i}\n" for i in range(3)]
+    c = real_server.client()
+    solo = [c.completions.create(model="q", prompt=p, max_tokens=20, **GREEDY).choices[0].text
+            for p in prompts]
+
+    async def one(client: openai.AsyncOpenAI, prompt: str) -> str:
+        stream = await client.completions.create(model="q", prompt=prompt, max_tokens=20,
+                                                 stream=True, **GREEDY)
+        return "".join([ch.choices[0].text async for ch in stream if ch.choices])
+
+    async def main() -> list[str]:
+        client = real_server.aclient()
+        # a long prompt prefills in chunks beside the three decodes
+        long_prompt = "# notes\n" + "x = 1\n" * 100
+        extra = client.completions.create(model="q", prompt=long_prompt, max_tokens=4)
+        *texts, _ = await asyncio.gather(*(one(client, p) for p in prompts), extra)
+        return list(texts)
+
+    assert asyncio.run(main()) == solo
