@@ -153,70 +153,119 @@ def _concat(builder: Any, parts: list[Any]) -> Any:
     return parts[0]
 
 
-def _blocks(size: int, qs_off: int, qh_off: int | None, offset: int, signed: bool = False,
-            count: int = 8, m_off: int | None = None) -> Any:
-    """An intrinsic acc(acc, lane0, w, x, xd, xs, b) for `count` consecutive 32-value blocks
-    b, b+1.. of a row `w` with `size`-byte blocks: for each block, acc lanes += f16(d_w) * xd[b] *
-    lane sums of (code - offset) * x[32b : 32b+32]; block k uses lanes lane0 + k*L ... With
-    `m_off` (Q4_1/Q5_1) the block's f16 min times the activation's xs[b] is added as well."""
+def _emit_blocks(context: Any, builder: Any, arrs: tuple[Any, ...], b: Any, count: int,
+                 layout: tuple[int, int, int | None, int, bool, int | None]) -> Any:
+    """IR for `count` consecutive blocks b.. of a row: <count*LANES x f32> lane contributions
+    d_w * d_x * (lane sums of (code - offset) * x) (+ m_w * s_x in each block's first lane)."""
+    size, qs_off, qh_off, offset, signed, m_off = layout
+    (w_t, w_v), (x_t, x_v), (xd_t, xd_v), (xs_t, xs_v) = arrs
+    u64 = b.type
+    bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
+             for k in range(count)]
+    xo = builder.mul(b, ir.Constant(u64, 32))
+    parts = []
+    for k in range(count):
+        codes = _codes32(context, builder, w_t, w_v, bases[k], qs_off, qh_off, signed)
+        xk = _load(context, builder, x_t, x_v, builder.add(xo, ir.Constant(u64, 32 * k)),
+                   _vec(_I8, 32))
+        parts.append(_lane_sums(builder, codes, xk, offset, signed))
+    lanes = _concat(builder, parts)
 
-    def typer(typingctx: Any, acc: Any, lane0: Any, w: Any, x: Any, xd: Any, xs: Any,
-              b: Any) -> Any:
-        sig = types.void(acc, lane0, w, x, xd, xs, b)
+    def per_block(arr_t: Any, arr_v: Any, field: int) -> tuple[Any, Any]:
+        """(f16 field of each block as <count x f32>, arr[b:b+count] as <count x f32>)"""
+        act = builder.load(builder.bitcast(_ptr(context, builder, arr_t, arr_v, b),
+                                           _vec(_F32, count).as_pointer()), align=4)
+        wv = ir.Constant(_vec(_F32, count), None)
+        for k in range(count):
+            f = _f16_at(context, builder, w_t, w_v, builder.add(bases[k], ir.Constant(u64, field)))
+            wv = builder.insert_element(wv, f, ir.Constant(_I32, k))
+        return wv, act
+
+    dw, dx = per_block(xd_t, xd_v, 0)
+    dk = builder.fmul(dw, dx)  # d_w * d_x per block, broadcast over its lanes
+    n = LANES * count
+    dv = builder.shuffle_vector(dk, dk, ir.Constant(
+        _vec(_I32, n), [k for k in range(count) for _ in range(LANES)]))
+    add = builder.fmul(dv, builder.sitofp(lanes, _vec(_F32, n)), flags=["fast"])
+    if m_off is not None:  # + m_w * s_x per block, into the block's first lane
+        mw, sx = per_block(xs_t, xs_v, m_off)
+        ms = builder.fmul(mw, sx)
+        ms = builder.shuffle_vector(ms, ir.Constant(_vec(_F32, count), [0.0] * count),
+                                    ir.Constant(_vec(_I32, n), [
+                                        k if i == 0 else count
+                                        for k in range(count) for i in range(LANES)]))
+        add = builder.fadd(add, ms, flags=["fast"])
+    return add
+
+
+def _prefetch_ir(builder: Any, ptr: Any) -> None:
+    i32 = ir.IntType(32)
+    i8p = ir.IntType(8).as_pointer()
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                      ir.Constant(i32, 1)])
+
+
+def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None]) -> Any:
+    """An intrinsic rowdot(w, x, xd, xs) -> f32: the dot of one weight row (uint8 block bytes)
+    with a quantized activation row (x int8, xd per-block scales, xs per-block Q8_1 sums).
+    Steps of BLOCKS_PER_CALL blocks, then single blocks; the accumulators stay in registers and
+    a software prefetch runs PREFETCH bytes ahead."""
+    size = layout[0]
+
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, xs: Any) -> Any:
+        sig = types.float32(w, x, xd, xs)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            acc_t, _, w_t, x_t, xd_t, xs_t, b_t = signature.args
-            acc_v, lane0, w_v, x_v, xd_v, xs_v, b = args
-            b = context.cast(builder, b, b_t, types.uint64)
-            u64 = b.type
-            base = builder.mul(b, ir.Constant(u64, size))
-            bases = [builder.add(base, ir.Constant(u64, k * size)) for k in range(count)]
-            xo = builder.mul(b, ir.Constant(u64, 32))
-            parts = []
-            for k in range(count):
-                codes = _codes32(context, builder, w_t, w_v, bases[k], qs_off, qh_off, signed)
-                xk = _load(context, builder, x_t, x_v, builder.add(xo, ir.Constant(u64, 32 * k)),
-                           _vec(_I8, 32))
-                parts.append(_lane_sums(builder, codes, xk, offset, signed))
-            lanes = _concat(builder, parts)
-            def per_block(arr_t: Any, arr_v: Any, field: int) -> tuple[Any, Any]:
-                """(f16 field of each block as <count x f32>, arr[b:b+count] as <count x f32>)"""
-                act = builder.load(builder.bitcast(_ptr(context, builder, arr_t, arr_v, b),
-                                                   _vec(_F32, count).as_pointer()), align=4)
-                wv = ir.Constant(_vec(_F32, count), None)
-                for k in range(count):
-                    f = _f16_at(context, builder, w_t, w_v,
-                                builder.add(bases[k], ir.Constant(u64, field)))
-                    wv = builder.insert_element(wv, f, ir.Constant(_I32, k))
-                return wv, act
-
-            dw, dx = per_block(xd_t, xd_v, 0)
-            dk = builder.fmul(dw, dx)  # d_w * d_x per block, broadcast over its lanes
-            n = LANES * count
-            dv = builder.shuffle_vector(dk, dk, ir.Constant(
-                _vec(_I32, n), [k for k in range(count) for _ in range(LANES)]))
-            add = builder.fmul(dv, builder.sitofp(lanes, _vec(_F32, n)), flags=["fast"])
-            if m_off is not None:  # + m_w * s_x per block, into the block's first lane
-                mw, sx = per_block(xs_t, xs_v, m_off)
-                ms = builder.fmul(mw, sx)
-                ms = builder.shuffle_vector(ms, ir.Constant(_vec(_F32, count), [0.0] * count),
-                                            ir.Constant(_vec(_I32, n), [
-                                                k if i == 0 else count
-                                                for k in range(count) for i in range(LANES)]))
-                add = builder.fadd(add, ms, flags=["fast"])
-            ptr = _ptr(context, builder, acc_t, acc_v, lane0)
-            ptr = builder.bitcast(ptr, _vec(_F32, n).as_pointer())
-            builder.store(builder.fadd(builder.load(ptr, align=4), add, flags=["fast"]), ptr,
-                          align=4)
-            return context.get_dummy_value()
+            arrs = tuple(zip(signature.args, args, strict=True))
+            nb = builder.udiv(context.make_array(signature.args[1])(
+                context, builder, args[1]).nitems, ir.Constant(cgutils.intp_t, 32))
+            u64 = ir.IntType(64)
+            nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
+            n_main = builder.udiv(nb, ir.Constant(u64, BLOCKS_PER_CALL))
+            wide = _vec(_F32, LANES * BLOCKS_PER_CALL)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(wide, [0.0] * wide.count))
+            acc1 = cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, LANES),
+                                                                  [0.0] * LANES))
+            w_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            with cgutils.for_range(builder, n_main) as loop:
+                b = builder.mul(loop.index, ir.Constant(u64, BLOCKS_PER_CALL))
+                start = builder.add(builder.mul(b, ir.Constant(u64, size)),
+                                    ir.Constant(u64, PREFETCH))
+                for off in range(0, size * BLOCKS_PER_CALL, 64):
+                    _prefetch_ir(builder, builder.gep(w_data, [
+                        builder.add(start, ir.Constant(u64, off))]))
+                add = _emit_blocks(context, builder, arrs, b, BLOCKS_PER_CALL, layout)
+                builder.store(builder.fadd(builder.load(acc), add, flags=["fast"]), acc)
+            tail0 = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
+            with cgutils.for_range(builder, builder.sub(nb, tail0)) as loop:
+                add = _emit_blocks(context, builder, arrs, builder.add(tail0, loop.index), 1,
+                                   layout)
+                builder.store(builder.fadd(builder.load(acc1), add, flags=["fast"]), acc1)
+            total = builder.load(acc)
+            n = wide.count
+            while n > LANES:  # fold halves down to LANES, then add the tail accumulator
+                n //= 2
+                lo = builder.shuffle_vector(total, total, ir.Constant(_vec(_I32, n),
+                                                                      list(range(n))))
+                hi = builder.shuffle_vector(total, total, ir.Constant(_vec(_I32, n),
+                                                                      list(range(n, 2 * n))))
+                total = builder.fadd(lo, hi, flags=["fast"])
+            total = builder.fadd(total, builder.load(acc1), flags=["fast"])
+            result = builder.extract_element(total, ir.Constant(_I32, 0))
+            for i in range(1, LANES):
+                result = builder.fadd(result, builder.extract_element(total, ir.Constant(_I32, i)),
+                                      flags=["fast"])
+            return result
 
         return sig, codegen
 
     return intrinsic(typer)
 
 
-# acc_<type>: BLOCKS_PER_CALL blocks per call; acc4_ / acc1_: 4 and 1 blocks (a row's tail)
-BLOCKS_PER_CALL = 8
+BLOCKS_PER_CALL = 8  # blocks per step of the row loop
+PREFETCH = 1024  # software prefetch distance, bytes
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
 _LAYOUTS = {
     "q4_0": (18, 2, None, 8, False, None),
@@ -225,18 +274,11 @@ _LAYOUTS = {
     "q5_1": (24, 8, 4, 0, False, 2),
     "q8_0": (34, 2, None, 0, True, None),
 }
-
-
-def _family(name: str, count: int) -> Any:
-    size, qs, qh, off, signed, m = _LAYOUTS[name]
-    return _blocks(size, qs, qh, off, signed, count=count, m_off=m)
-
-
-acc_q4_0, acc4_q4_0, acc1_q4_0 = (_family("q4_0", n) for n in (8, 4, 1))
-acc_q4_1, acc4_q4_1, acc1_q4_1 = (_family("q4_1", n) for n in (8, 4, 1))
-acc_q5_0, acc4_q5_0, acc1_q5_0 = (_family("q5_0", n) for n in (8, 4, 1))
-acc_q5_1, acc4_q5_1, acc1_q5_1 = (_family("q5_1", n) for n in (8, 4, 1))
-acc_q8_0, acc4_q8_0, acc1_q8_0 = (_family("q8_0", n) for n in (8, 4, 1))
+rowdot_q4_0: Any = _row_dot(_LAYOUTS["q4_0"])
+rowdot_q4_1: Any = _row_dot(_LAYOUTS["q4_1"])
+rowdot_q5_0: Any = _row_dot(_LAYOUTS["q5_0"])
+rowdot_q5_1: Any = _row_dot(_LAYOUTS["q5_1"])
+rowdot_q8_0: Any = _row_dot(_LAYOUTS["q8_0"])
 
 
 def _reduce_add(builder: Any, v: Any) -> Any:
@@ -245,119 +287,136 @@ def _reduce_add(builder: Any, v: Any) -> Any:
     return builder.call(fn, [v])
 
 
-def _ksuper(kind: str) -> Any:
-    """An intrinsic kacc(iacc, w, base, x, xo, bsums, bso) for one 256-value K-quant super-block
-    at byte `base` of w, activation quants x[xo:xo+256] and their 16-value sums bsums[bso:bso+16]:
-    iacc (int32 lanes) += sum over sub-blocks of scale * lane sums of codes . x. Returns the
-    int32 sum over sub-blocks of min * (activation sum) for Q4_K/Q5_K (0 for Q6_K)."""
+def _emit_super(context: Any, builder: Any, arrs: tuple[Any, ...], i: Any,
+                kind: str) -> tuple[Any, Any]:
+    """IR for super-block i of a K-quant row: (<LANES x i32> sum over sub-blocks of scale * lane
+    sums of codes . x, i32 sum of min * activation sums (Q4_K/Q5_K; 0 for Q6_K))."""
+    (w_t, w_v), (x_t, x_v), _, (bs_t, bs_v) = arrs
+    u64 = i.type
+    base = builder.mul(i, ir.Constant(u64, _KSIZE[kind]))
+    xo = builder.mul(i, ir.Constant(u64, 256))
 
-    def typer(typingctx: Any, iacc: Any, w: Any, base: Any, x: Any, xo: Any, bsums: Any,
-              bso: Any) -> Any:
-        sig = types.int32(iacc, w, base, x, xo, bsums, bso)
+    def wat(off: int) -> Any:
+        return builder.add(base, ir.Constant(u64, off))
+
+    def xat(off: int) -> Any:
+        return builder.add(xo, ir.Constant(u64, off))
+
+    def splat_lane(vec: Any, idx: list[int]) -> Any:
+        return builder.shuffle_vector(vec, vec, ir.Constant(_vec(_I32, len(idx)), idx))
+
+    acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+    if kind == "q6":
+        sc = builder.sext(_load(context, builder, w_t, w_v, wat(192), _vec(_I8, 16)),
+                          _vec(_I32, 16))
+        half = LANES // 2
+        for n in range(2):
+            h = _load(context, builder, w_t, w_v, wat(128 + 32 * n), _vec(_I8, 32))
+            for k in range(4):
+                q = _load(context, builder, w_t, w_v, wat(64 * n + 32 * (k & 1)), _vec(_I8, 32))
+                lo = builder.and_(builder.lshr(q, _splat(builder, 4 * (k >> 1), 32)),
+                                  _splat(builder, 15, 32))
+                hi = builder.and_(builder.lshr(h, _splat(builder, 2 * k, 32)),
+                                  _splat(builder, 3, 32))
+                codes = builder.or_(lo, builder.shl(hi, _splat(builder, 4, 32)))
+                xv = _load(context, builder, x_t, x_v, xat(128 * n + 32 * k), _vec(_I8, 32))
+                lanes = _lane_sums(builder, codes, xv, 32, False)
+                s0 = 8 * n + 2 * k
+                acc = builder.add(acc, builder.mul(
+                    lanes, splat_lane(sc, [s0] * half + [s0 + 1] * half)))
+        return acc, ir.Constant(_I32, 0)
+    # Q4_K / Q5_K: unpack the 6-bit scales and mins as ggml does with 32-bit words
+    u0, u1, u2 = (_load(context, builder, w_t, w_v, wat(off), _I32) for off in (4, 8, 12))
+
+    def c(v: int) -> Any:
+        return ir.Constant(_I32, v)
+
+    m3f, m0f, m03 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    t3 = builder.or_(builder.and_(builder.lshr(u2, c(4)), m0f),
+                     builder.shl(builder.and_(builder.lshr(u1, c(6)), m03), c(4)))
+    t1 = builder.or_(builder.and_(u2, m0f),
+                     builder.shl(builder.and_(builder.lshr(u0, c(6)), m03), c(4)))
+    words = ir.Constant(_vec(_I32, 4), None)
+    for j, v in enumerate((builder.and_(u0, m3f), t1, builder.and_(u1, m3f), t3)):
+        words = builder.insert_element(words, v, c(j))
+    sm = builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I32, 16))  # 8 sc, 8 mins
+    # mins . (pair sums of the 16-value activation sums)
+    bsv = builder.sext(_load(context, builder, bs_t, bs_v, builder.mul(i, ir.Constant(u64, 16)),
+                             _vec(_I16, 16)), _vec(_I32, 16))
+    pairs = builder.add(splat_lane(bsv, list(range(0, 16, 2))),
+                        splat_lane(bsv, list(range(1, 16, 2))))
+    summ = _reduce_add(builder, builder.mul(pairs, splat_lane(sm, list(range(8, 16)))))
+    qs = 48 if kind == "q5" else 16
+    h = _load(context, builder, w_t, w_v, wat(16), _vec(_I8, 32)) if kind == "q5" else None
+    for j in range(4):
+        q = _load(context, builder, w_t, w_v, wat(qs + 32 * j), _vec(_I8, 32))
+        for half_i, shift in ((0, 0), (1, 4)):
+            codes = builder.and_(builder.lshr(q, _splat(builder, shift, 32)),
+                                 _splat(builder, 15, 32))
+            if h is not None:
+                bit = builder.and_(builder.lshr(h, _splat(builder, 2 * j + half_i, 32)),
+                                   _splat(builder, 1, 32))
+                codes = builder.or_(codes, builder.shl(bit, _splat(builder, 4, 32)))
+            xv = _load(context, builder, x_t, x_v, xat(64 * j + 32 * half_i), _vec(_I8, 32))
+            lanes = _lane_sums(builder, codes, xv, 0, False)
+            acc = builder.add(acc, builder.mul(lanes, splat_lane(sm, [2 * j + half_i] * LANES)))
+    return acc, summ
+
+
+_KSIZE = {"q4": 144, "q5": 176, "q6": 210}
+_KD_OFF = {"q4": 0, "q5": 0, "q6": 208}  # byte offset of the f16 d (Q4_K/Q5_K: dmin follows)
+
+
+def _row_dot_k(kind: str) -> Any:
+    """An intrinsic rowdot(w, x, xd, bsums) -> f32 for one K-quant weight row against a Q8_K
+    activation row: per super-block, d_x * d_w * float(int lanes) into an f32 register
+    accumulator and -d_x * dmin_w * summ into a scalar one; one horizontal sum at the end."""
+    size = _KSIZE[kind]
+
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, bsums: Any) -> Any:
+        sig = types.float32(w, x, xd, bsums)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            iacc_t, w_t, base_t, x_t, xo_t, bs_t, _ = signature.args
-            iacc_v, w_v, base, x_v, xo, bs_v, bso = args
-            base = context.cast(builder, base, base_t, types.uint64)
-            xo = context.cast(builder, xo, xo_t, types.uint64)
-
-            def wat(off: int) -> Any:
-                return builder.add(base, ir.Constant(base.type, off))
-
-            def xat(off: int) -> Any:
-                return builder.add(xo, ir.Constant(xo.type, off))
-
-            def splat_lane(vec: Any, idx: list[int]) -> Any:
-                return builder.shuffle_vector(vec, vec, ir.Constant(_vec(_I32, len(idx)), idx))
-
-            ptr = builder.bitcast(_ptr(context, builder, iacc_t, iacc_v, ir.Constant(_I32, 0)),
-                                  _vec(_I32, LANES).as_pointer())
-            acc = builder.load(ptr, align=4)
-            if kind == "q6":
-                sc = builder.sext(_load(context, builder, w_t, w_v, wat(192), _vec(_I8, 16)),
-                                  _vec(_I32, 16))
-                half = LANES // 2
-                for n in range(2):
-                    h = _load(context, builder, w_t, w_v, wat(128 + 32 * n), _vec(_I8, 32))
-                    for k in range(4):
-                        q = _load(context, builder, w_t, w_v, wat(64 * n + 32 * (k & 1)),
-                                  _vec(_I8, 32))
-                        lo = builder.and_(builder.lshr(q, _splat(builder, 4 * (k >> 1), 32)),
-                                          _splat(builder, 15, 32))
-                        hi = builder.and_(builder.lshr(h, _splat(builder, 2 * k, 32)),
-                                          _splat(builder, 3, 32))
-                        codes = builder.or_(lo, builder.shl(hi, _splat(builder, 4, 32)))
-                        xv = _load(context, builder, x_t, x_v, xat(128 * n + 32 * k),
-                                   _vec(_I8, 32))
-                        lanes = _lane_sums(builder, codes, xv, 32, False)
-                        s0 = 8 * n + 2 * k
-                        acc = builder.add(acc, builder.mul(
-                            lanes, splat_lane(sc, [s0] * half + [s0 + 1] * half)))
-                builder.store(acc, ptr, align=4)
-                return ir.Constant(_I32, 0)
-            # Q4_K / Q5_K: unpack the 6-bit scales and mins as ggml does with 32-bit words
-            u0, u1, u2 = (_load(context, builder, w_t, w_v, wat(off), _I32) for off in (4, 8, 12))
-
-            def c(v: int) -> Any:
-                return ir.Constant(_I32, v)
-
-            m3f, m0f, m03 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-            t3 = builder.or_(builder.and_(builder.lshr(u2, c(4)), m0f),
-                             builder.shl(builder.and_(builder.lshr(u1, c(6)), m03), c(4)))
-            t1 = builder.or_(builder.and_(u2, m0f),
-                             builder.shl(builder.and_(builder.lshr(u0, c(6)), m03), c(4)))
-            words = ir.Constant(_vec(_I32, 4), None)
-            for i, v in enumerate((builder.and_(u0, m3f), t1, builder.and_(u1, m3f), t3)):
-                words = builder.insert_element(words, v, c(i))
-            sm = builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I32, 16))
-            # mins . (pair sums of the 16-value activation sums)
-            bsv = _load(context, builder, bs_t, bs_v, bso, _vec(_I16, 16))
-            bsv = builder.sext(bsv, _vec(_I32, 16))
-            pairs = builder.add(splat_lane(bsv, list(range(0, 16, 2))),
-                                splat_lane(bsv, list(range(1, 16, 2))))
-            summ = _reduce_add(builder, builder.mul(pairs, splat_lane(sm, list(range(8, 16)))))
-            qs = 48 if kind == "q5" else 16
-            h = _load(context, builder, w_t, w_v, wat(16), _vec(_I8, 32)) if kind == "q5" else None
-            for j in range(4):
-                q = _load(context, builder, w_t, w_v, wat(qs + 32 * j), _vec(_I8, 32))
-                for half_i, shift in ((0, 0), (1, 4)):
-                    codes = builder.and_(builder.lshr(q, _splat(builder, shift, 32)),
-                                         _splat(builder, 15, 32))
-                    if h is not None:
-                        bit = builder.and_(builder.lshr(h, _splat(builder, 2 * j + half_i, 32)),
-                                           _splat(builder, 1, 32))
-                        codes = builder.or_(codes, builder.shl(bit, _splat(builder, 4, 32)))
-                    xv = _load(context, builder, x_t, x_v, xat(64 * j + 32 * half_i),
-                               _vec(_I8, 32))
-                    lanes = _lane_sums(builder, codes, xv, 0, False)
-                    acc = builder.add(acc, builder.mul(
-                        lanes, splat_lane(sm, [2 * j + half_i] * LANES)))
-            builder.store(acc, ptr, align=4)
-            return summ
+            arrs = tuple(zip(signature.args, args, strict=True))
+            (w_t, w_v), _, (xd_t, xd_v), _ = arrs
+            u64 = ir.IntType(64)
+            nb = context.make_array(xd_t)(context, builder, xd_v).nitems
+            nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, LANES),
+                                                                 [0.0] * LANES))
+            accm = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0))
+            w_data = context.make_array(w_t)(context, builder, w_v).data
+            with cgutils.for_range(builder, nb) as loop:
+                i = loop.index
+                base = builder.mul(i, ir.Constant(u64, size))
+                for off in range(0, size, 64):
+                    _prefetch_ir(builder, builder.gep(w_data, [
+                        builder.add(base, ir.Constant(u64, PREFETCH + off))]))
+                lanes, summ = _emit_super(context, builder, arrs, i, kind)
+                dx = builder.load(_ptr(context, builder, xd_t, xd_v, i))
+                dw = _f16_at(context, builder, w_t, w_v,
+                             builder.add(base, ir.Constant(u64, _KD_OFF[kind])))
+                d = _splat(builder, builder.fmul(dx, dw), LANES)
+                add = builder.fmul(d, builder.sitofp(lanes, _vec(_F32, LANES)), flags=["fast"])
+                builder.store(builder.fadd(builder.load(acc), add, flags=["fast"]), acc)
+                if kind != "q6":
+                    dmin = _f16_at(context, builder, w_t, w_v,
+                                   builder.add(base, ir.Constant(u64, 2)))
+                    m = builder.fmul(builder.fmul(builder.fneg(dx), dmin),
+                                     builder.sitofp(summ, _F32), flags=["fast"])
+                    builder.store(builder.fadd(builder.load(accm), m, flags=["fast"]), accm)
+            total = builder.load(acc)
+            result = builder.load(accm)
+            for j in range(LANES):
+                result = builder.fadd(result, builder.extract_element(total, ir.Constant(_I32, j)),
+                                      flags=["fast"])
+            return result
 
         return sig, codegen
 
     return intrinsic(typer)
 
 
-ksuper_q4: Any = _ksuper("q4")
-ksuper_q5: Any = _ksuper("q5")
-ksuper_q6: Any = _ksuper("q6")
-
-
-def _kflush(typingctx: Any, acc: Any, iacc: Any, d: Any) -> Any:
-    """acc += d * float(iacc); iacc = 0 (end of a K-quant super-block)."""
-    sig = types.void(acc, iacc, d)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        t = signature.args
-        iptr = _acc_ptr(context, builder, t[1], args[1], _I32)
-        d = context.cast(builder, args[2], t[2], types.float32)
-        _fma_into(context, builder, t[0], args[0], builder.load(iptr, align=4), d)
-        builder.store(ir.Constant(_vec(_I32, LANES), [0] * LANES), iptr, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-kflush: Any = intrinsic(_kflush)
+rowdot_q4_k: Any = _row_dot_k("q4")
+rowdot_q5_k: Any = _row_dot_k("q5")
+rowdot_q6_k: Any = _row_dot_k("q6")
