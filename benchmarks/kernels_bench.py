@@ -2,7 +2,7 @@
 
 Decode (one token): matrix-vector per weight type, reported as weight GB/s (the roofline is
 memory bandwidth). Prefill: nt tokens through `matmul` (dequantized tiles + sgemm), in GFLOP/s.
-`--crossover` times the integer path against the sgemm path at small nt (PREFILL_MIN_TOKENS).
+`--crossover` times the integer path against the sgemm path (where prefill_min_tokens switches).
 
     python benchmarks/kernels_bench.py [--threads 2] [--types Q5_0,Q8_0] [--prefill 128,512]
 
@@ -99,21 +99,22 @@ def bench_prefill(types: list[QType], nts: list[int], reps: int, rng: np.random.
 
 
 def bench_crossover(types: list[QType], reps: int, rng: np.random.Generator) -> None:
-    n_in, n_out = 4864, 896
-    print(f"crossover ({n_in}->{n_out}): ms per call, integer path / sgemm path (best of N)")
+    print("crossover: GFLOP/s integer path / sgemm path (best of N) -> prefill_min_tokens")
     for qt in types:
         if qt in FLOAT_TYPES:
             continue
+        n_in, n_out = (4864, 896) if qt in KQUANT_TYPES else (896, 4864)
         w = make_weight(qt, n_out, n_in, rng)
         cells = []
-        for nt in (1, 4, 8, 16, 32, 64):
+        for nt in (4, 16, 32, 64, 128):
             x = rng.standard_normal((nt, n_in)).astype(np.float32)
             out = np.empty((nt, n_out), np.float32)
             ti, _ = timed(lambda w=w, qt=qt, x=x, out=out: matmul_prequant(
                 w, qt, quantize_activation(x, qt), out), reps)
             ts, _ = timed(lambda w=w, qt=qt, x=x, out=out: matmul_sgemm(w, qt, x, out), reps)
-            cells.append(f"{nt}: {ti * 1e3:.2f}/{ts * 1e3:.2f}")
-        print(f"  {qt.name:5s} " + "  ".join(cells), flush=True)
+            gflop = 2.0 * nt * n_in * n_out / 1e9
+            cells.append(f"{nt}: {gflop / ti:4.0f}/{gflop / ts:4.0f}")
+        print(f"  {qt.name:5s} {n_in}->{n_out}  " + "  ".join(cells), flush=True)
 
 
 def main() -> None:

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from minfer.backends.cpu.kernels import (
-    PREFILL_MIN_TOKENS,
     QType,
     dequantize,
     matmul,
     matmul_prequant,
     matmul_sgemm,
+    prefill_min_tokens,
     quantize_activation,
 )
 from minfer.backends.cpu.kernels.floatmv import round_to_bf16
@@ -65,16 +65,16 @@ def test_row_tails(qt: QType, n_blocks: int) -> None:
 def test_prefill_sgemm_path_matches_dequantized_product(qt: QType) -> None:
     n_in = N_IN[qt]
     w = make_weight(qt, 300, n_in, seed=7)  # several tiles plus a ragged last one
-    x = _x(PREFILL_MIN_TOKENS + 3, n_in)
+    x = _x(prefill_min_tokens(qt) + 3, n_in)
     out = np.empty((x.shape[0], 300), np.float32)
-    matmul(w, qt, x, out)  # nt >= PREFILL_MIN_TOKENS: the sgemm path
+    matmul(w, qt, x, out)  # nt >= prefill_min_tokens: the sgemm path
     ref = x.astype(np.float64) @ dequantize(w, qt, n_in).astype(np.float64).T
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
 
 
 def test_prefill_and_decode_paths_agree_to_quantization_noise() -> None:
     w = make_weight(QType.Q8_0, 64, 512)
-    x = _x(PREFILL_MIN_TOKENS, 512)
+    x = _x(prefill_min_tokens(QType.Q8_0), 512)
     big = np.empty((x.shape[0], 64), np.float32)
     small = np.empty((1, 64), np.float32)
     matmul(w, QType.Q8_0, x, big)
@@ -83,7 +83,7 @@ def test_prefill_and_decode_paths_agree_to_quantization_noise() -> None:
 
 
 @pytest.mark.parametrize("qt", [QType.F32, QType.F16, QType.BF16], ids=lambda q: q.name)
-@pytest.mark.parametrize("nt", [1, 2, PREFILL_MIN_TOKENS])
+@pytest.mark.parametrize("nt", [1, 2, 40])
 def test_float_weights(qt: QType, nt: int) -> None:
     n_in = 200  # not a multiple of the 64-wide inner loop
     w = make_weight(qt, 37, n_in, seed=9)
@@ -94,7 +94,7 @@ def test_float_weights(qt: QType, nt: int) -> None:
     out = np.empty((nt, 37), np.float32)
     matmul(w, qt, x, out)
     wf = dequantize(w, qt, n_in).astype(np.float64)
-    if nt < PREFILL_MIN_TOKENS and qt is not QType.F32:  # ggml rounds x to the weight type
+    if nt < prefill_min_tokens(qt) and qt is not QType.F32:  # ggml rounds x to the weight type
         x = x.astype(np.float16) if qt is QType.F16 else round_to_bf16(x)
     ref = x.astype(np.float64) @ wf.T
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())

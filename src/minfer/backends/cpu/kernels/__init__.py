@@ -27,6 +27,7 @@ from .matmul import (
     matmul,
     matmul_prequant,
     matmul_sgemm,
+    prefill_min_tokens,
     quantize_activation,
 )
 from .norm import head_rms_norm, rms_norm
@@ -51,6 +52,7 @@ __all__ = [
     "matmul_prequant",
     "matmul_sgemm",
     "mul",
+    "prefill_min_tokens",
     "quantize_activation",
     "quantize_q8_0",
     "quantize_q8_k",

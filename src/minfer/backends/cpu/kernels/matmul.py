@@ -7,9 +7,12 @@ those float weights) and dotted against the GGUF blocks in integers, as ggml doe
 and `dotk`. `quantize_activation` + `matmul_prequant` let a caller share one quantized activation
 across several weights that read the same input (q/k/v, gate/up).
 
-Prefill (nt >= `PREFILL_MIN_TOKENS`) is compute-bound: tiles of weight rows are dequantized to
-f32 by a compiled kernel and multiplied by BLAS sgemm with f32 activations. That path differs
-from llama.cpp's integer path by float rounding only (no activation quantization).
+Prefill (nt >= `prefill_min_tokens(qtype)`) is compute-bound: tiles of weight rows are dequantized
+to f32 by a compiled kernel and multiplied by BLAS sgemm with f32 activations (see `prefill`). That
+path differs from llama.cpp's integer path by float rounding only (no activation quantization).
+Where the two cross over was measured per type (benchmarks/kernels_bench.py --crossover): the
+VNNI integer dots reach ~90-100 GFLOP/s per thread for Q4_0/Q8_0/K-quants, close to the
+sgemm path, so those switch late; the 5-bit types unpack more per block and switch early.
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import FLOAT_TYPES, KQUANT_TYPES, QType, qtype_of, weight_view
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots (measured on the
-# dev machine, see benchmarks/kernels_bench.py).
-PREFILL_MIN_TOKENS = 16
+# dev machine kind, see the module docstring); PREFILL_MIN_TOKENS is the default.
+PREFILL_MIN_TOKENS = 32
+_PREFILL_MIN = {
+    QType.Q4_0: 64, QType.Q4_1: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 64,
+    QType.Q5_0: 16, QType.Q5_1: 16, QType.Q5_K: 32,
+    QType.F32: 16, QType.F16: 16, QType.BF16: 16,
+}
+
+
+def prefill_min_tokens(qtype: int) -> int:
+    """Token count from which `matmul` takes the sgemm path for this weight type."""
+    return _PREFILL_MIN.get(qtype_of(qtype), PREFILL_MIN_TOKENS)
 
 QuantizedActivation = Q8Blocks | Q8KBlocks | np.ndarray
 
@@ -83,7 +96,7 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> Non
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x of shape {x.shape} does not match weight rows of {n_in}")
     _check_out(out, (x.shape[0], w.shape[0]))
-    if x.shape[0] >= PREFILL_MIN_TOKENS:
+    if x.shape[0] >= _PREFILL_MIN.get(qt, PREFILL_MIN_TOKENS):
         matmul_sgemm(w, qt, x, out)
     else:
         matmul_prequant(w, qt, quantize_activation(x, qt), out)
@@ -112,5 +125,6 @@ __all__ = [
     "matmul",
     "matmul_prequant",
     "matmul_sgemm",
+    "prefill_min_tokens",
     "quantize_activation",
 ]
