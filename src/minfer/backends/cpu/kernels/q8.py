@@ -13,7 +13,7 @@ the integer sums are exactly ggml's:
   int16 sums of each 16 quants.
 
 Quantize once per activation and share it across every matmul that reads it (q/k/v, gate/up).
-These kernels are exact (no fastmath: a reciprocal-multiply would change rounding).
+These kernels are exact (only order-insensitive fastmath flags; see _FM).
 """
 
 from __future__ import annotations
@@ -45,52 +45,63 @@ class Q8KBlocks:
     bsums: np.ndarray  # int16 [nt, n/16]
 
 
-@njit(cache=True)
+# Exactness allows reordering the max-|x| reductions and integer sums, but nothing that could
+# change a single rounding (no `arcp`: 127/amax must stay a true division; no `contract`).
+_FM = {"nnan", "ninf", "nsz", "reassoc"}
+
+
+@njit(cache=True, fastmath=_FM)
 def _quantize_q8_0_rows(x, qs, d, s, isum):
     nt, n = x.shape
     for t in range(nt):
+        xr, qr = x[t], qs[t]
         for b in range(n // 32):
-            xb = x[t, b * 32 : b * 32 + 32]
+            o = b * 32
             amax = np.float32(0.0)
             for j in range(32):
-                amax = max(amax, abs(xb[j]))
+                a = abs(xr[o + j])
+                amax = a if a > amax else amax
             dd = amax / np.float32(127.0)
             idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             total = np.int32(0)
             for j in range(32):
-                q = np.int32(np.rint(xb[j] * idd))
-                qs[t, b * 32 + j] = q
+                q = np.int32(np.rint(xr[o + j] * idd))
+                qr[o + j] = q
                 total += q
             d[t, b] = f16_to_f32(f32_to_f16(dd))
             s[t, b] = f16_to_f32(f32_to_f16(dd * np.float32(total)))
             isum[t, b] = total
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=_FM)
 def _quantize_q8_k_rows(x, qs, d, bsums):
     nt, n = x.shape
     for t in range(nt):
+        xr, qr = x[t], qs[t]
         for b in range(n // 256):
-            xb = x[t, b * 256 : b * 256 + 256]
+            o = b * 256
+            xb = xr[o : o + 256]
             amax = np.float32(0.0)
-            vmax = np.float32(0.0)
             for j in range(256):
-                ax = abs(xb[j])
-                if ax > amax:
-                    amax = ax
-                    vmax = xb[j]
+                a = abs(xb[j])
+                amax = a if a > amax else amax
             if amax == 0:
                 d[t, b] = 0.0
-                qs[t, b * 256 : b * 256 + 256] = 0
+                qr[o : o + 256] = 0
                 bsums[t, b * 16 : b * 16 + 16] = 0
                 continue
-            iscale = np.float32(-127.0) / vmax
+            first = 0  # the first element of largest magnitude sets the sign of the scale
+            while abs(xr[o + first]) != amax:
+                first += 1
+            iscale = np.float32(-127.0) / xr[o + first]
             for g in range(16):
+                xg = xr[o + g * 16 : o + g * 16 + 16]
+                qg = qr[o + g * 16 : o + g * 16 + 16]
                 total = np.int32(0)
-                for j in range(g * 16, g * 16 + 16):
-                    q = np.int32(np.rint(iscale * xb[j]))
+                for j in range(16):
+                    q = np.int32(np.rint(iscale * xg[j]))
                     q = q if q < 127 else np.int32(127)
-                    qs[t, b * 256 + j] = q
+                    qg[j] = q
                     total += q
                 bsums[t, b * 16 + g] = total
             d[t, b] = np.float32(1.0) / iscale
