@@ -7,16 +7,12 @@ Public API (see docs/interfaces.md):
 - rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
 - attention, kv_store -- `attention`
 
-numba's SLP vectoriser is off by default; the kernels are written for it to be on. Its setting is
-read from the environment at each compilation, so setting it here (before any kernel compiles)
-is enough. numba's on-disk cache does not record it: a cache built without it would be reused.
+The hot loops do not depend on numba's auto-vectoriser settings: the quantized dots are explicit
+vector IR (`simd`, `simd_k`), and the element-wise loops are simple enough for LLVM's loop
+vectoriser (kernels with divisions use error_model="numpy" so no zero-check blocks it).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
 
 from .attention import attention, kv_store
 from .dequant import dequantize, dequantize_into, get_rows

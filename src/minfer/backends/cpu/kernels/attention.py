@@ -20,7 +20,7 @@ from ._llvm import as_f32
 from .elementwise import fast_exp
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
 def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, out):
     nt = q.shape[0]
     group = n_head // n_head_kv

@@ -38,44 +38,44 @@ def fast_exp(x):
     return p * bits_to_f32(np.uint32(np.int32(n) + 127) << np.uint32(23))
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, fastmath=_FM, error_model="numpy")
 def _silu(x, out):
     for i in range(x.shape[0]):
         v = x[i]
         out[i] = v / (np.float32(1.0) + fast_exp(-v))
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, fastmath=_FM, error_model="numpy")
 def _swiglu(g, u, out):
     for i in range(g.shape[0]):
         v = g[i]
         out[i] = v / (np.float32(1.0) + fast_exp(-v)) * u[i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, error_model="numpy")
 def _add(a, b, out):
     for i in range(a.shape[0]):
         out[i] = a[i] + b[i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, error_model="numpy")
 def _mul(a, b, out):
     for i in range(a.shape[0]):
         out[i] = a[i] * b[i]
 
 
-@njit(cache=True, fastmath=True)
-def _add_row(a, b, out):
-    n = b.shape[0]
-    for i in range(a.shape[0]):
-        out[i] = a[i] + b[i % n]
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _add_row(a, b, out):  # a, out: [rows, n]; b: [n]
+    for r in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            out[r, i] = a[r, i] + b[i]
 
 
-@njit(cache=True, fastmath=True)
-def _mul_row(a, b, out):
-    n = b.shape[0]
-    for i in range(a.shape[0]):
-        out[i] = a[i] * b[i % n]
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _mul_row(a, b, out):  # a, out: [rows, n]; b: [n]
+    for r in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            out[r, i] = a[r, i] * b[i]
 
 
 def _flat(*arrs: np.ndarray) -> list[np.ndarray]:
@@ -108,7 +108,8 @@ def _binary(a: np.ndarray, b: np.ndarray, out: np.ndarray, full, row) -> None:
     if b.shape == a.shape:
         full(*_flat(a, b, out))
     elif b.ndim == 1 and b.shape[0] == a.shape[-1]:
-        row(*_flat(a, b, out))
+        fa, fb, fo = _flat(a, b, out)
+        row(fa.reshape(-1, b.shape[0]), fb, fo.reshape(-1, b.shape[0]))
     else:
         raise ValueError(f"cannot broadcast {b.shape} over {a.shape}")
 

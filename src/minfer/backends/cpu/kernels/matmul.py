@@ -1,8 +1,8 @@
 """`out = x @ W.T` for every supported weight type: the dispatch between the decode and prefill
 paths.
 
-Decode / small batches (nt < `PREFILL_MIN_TOKENS`): the activation rows are quantized once per
-call (Q8_0+Q8_1 blocks for the 32-value types, Q8_K for K-quants; rounded to f16 / bf16 for
+Decode / small batches (nt < `prefill_min_tokens(qtype)`): the activation rows are quantized once
+per call (Q8_0+Q8_1 blocks for the 32-value types, Q8_K for K-quants; rounded to f16 / bf16 for
 those float weights) and dotted against the GGUF blocks in integers, as ggml does -- see `dot32`
 and `dotk`. `quantize_activation` + `matmul_prequant` let a caller share one quantized activation
 across several weights that read the same input (q/k/v, gate/up).
@@ -24,7 +24,7 @@ from .dotk import mv_q4_k, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
-from .quant_types import FLOAT_TYPES, KQUANT_TYPES, QType, qtype_of, weight_view
+from .quant_types import KQUANT_TYPES, QType, qtype_of, weight_view
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots (measured on the
 # dev machine kind, see the module docstring); PREFILL_MIN_TOKENS is the default.
@@ -39,6 +39,7 @@ _PREFILL_MIN = {
 def prefill_min_tokens(qtype: int) -> int:
     """Token count from which `matmul` takes the sgemm path for this weight type."""
     return _PREFILL_MIN.get(qtype_of(qtype), PREFILL_MIN_TOKENS)
+
 
 QuantizedActivation = Q8Blocks | Q8KBlocks | np.ndarray
 
@@ -119,7 +120,6 @@ def _check_out(out: np.ndarray, shape: tuple[int, int]) -> None:
 
 
 __all__ = [
-    "FLOAT_TYPES",
     "PREFILL_MIN_TOKENS",
     "QuantizedActivation",
     "matmul",

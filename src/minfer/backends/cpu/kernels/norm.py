@@ -1,6 +1,6 @@
 """RMSNorm over rows (`rms_norm`) and over each head of a row (`head_rms_norm`, Qwen3's q/k norm).
 
-As ggml's `rms_norm` followed by the weight `mul`: the sum of squares is accumulated in f64 (ggml's
+As ggml's `rms_norm` followed by the weight `mul`: the f32 squares are summed in f64 (ggml's
 `ggml_float`), scale = 1/sqrtf(mean + eps) in f32, y = (x * scale) * w with two f32 roundings.
 Serial kernels: rows are short and a parallel region costs more than the work at decode sizes.
 """
@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rms_rows(x, w, eps, out, n_seg, seg):
     """Normalise each `seg`-long segment of every row (n_seg per row) with weight w[seg]."""
     for t in range(x.shape[0]):
@@ -19,8 +19,8 @@ def _rms_rows(x, w, eps, out, n_seg, seg):
             base = h * seg
             ssum = 0.0
             for j in range(seg):
-                v = np.float64(x[t, base + j])
-                ssum += v * v
+                v = x[t, base + j]
+                ssum += np.float64(v * v)  # f32 square, f64 sum: as ggml
             mean = np.float32(ssum / seg)
             scale = np.float32(1.0) / np.sqrt(mean + eps)
             for j in range(seg):

@@ -50,7 +50,7 @@ class Q8KBlocks:
 _FM = {"nnan", "ninf", "nsz", "reassoc"}
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_0_rows(x, qs, d, s, isum):
     nt, n = x.shape
     for t in range(nt):
@@ -73,7 +73,7 @@ def _quantize_q8_0_rows(x, qs, d, s, isum):
             isum[t, b] = total
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_k_rows(x, qs, d, bsums):
     nt, n = x.shape
     for t in range(nt):

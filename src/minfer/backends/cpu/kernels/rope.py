@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rope_neox(x, positions, n_head, head_dim, rope_dim, base, out):
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
