@@ -35,8 +35,6 @@ _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 
-
-
 # u8 x s8 dot in groups of 4 (vpdpbusd): AVX512-VNNI with VL, or AVX-VNNI
 HAS_VNNI = target_has("avxvnni") or target_has("avx512vnni", "avx512vl")
 LANES = 8 if HAS_VNNI else 16  # lanes per block sum: 4-sums (vpdpbusd) or pair sums (pmaddwd)
