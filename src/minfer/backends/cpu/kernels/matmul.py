@@ -11,8 +11,9 @@ Prefill (nt >= `prefill_min_tokens(qtype)`) is compute-bound: tiles of weight ro
 to f32 by a compiled kernel and multiplied by BLAS sgemm with f32 activations (see `prefill`). That
 path differs from llama.cpp's integer path by float rounding only (no activation quantization).
 Where the two cross over was measured per type (benchmarks/kernels_bench.py --crossover): the
-VNNI integer dots reach ~90-100 GFLOP/s per thread for Q4_0/Q8_0/K-quants, close to the
-sgemm path, so those switch late; the 5-bit types unpack more per block and switch early.
+VNNI integer dots reach ~85-100 GFLOP/s per thread for Q4_0/Q8_0/Q4_K/Q6_K, about what the
+sgemm path reaches, so those switch late (Q6_K's dequantization is also the slowest); the 5-bit
+types unpack more per block (~50-80 GFLOP/s) and switch early.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from .quant_types import KQUANT_TYPES, QType, qtype_of, weight_view
 # dev machine kind, see the module docstring); PREFILL_MIN_TOKENS is the default.
 PREFILL_MIN_TOKENS = 32
 _PREFILL_MIN = {
-    QType.Q4_0: 64, QType.Q4_1: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 64,
-    QType.Q5_0: 16, QType.Q5_1: 16, QType.Q5_K: 32,
+    QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
+    QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16,
     QType.F32: 16, QType.F16: 16, QType.BF16: 16,
 }
 
