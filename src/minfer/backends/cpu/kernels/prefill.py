@@ -47,11 +47,14 @@ SGEMM, SET_THREADS_LOCAL = _find_openblas()
 
 
 @njit(inline="always")
-def _gemm_tile(x, tile, out, r0, sgemm, set_threads):  # C = x @ tile.T into out[:, r0:]
-    call_int_fn(set_threads, 1)
+def _gemm_tile(x, tile, out, r0, sgemm, set_threads):
+    """out[:, r0:r0+m] = x @ tile.T on this thread alone (its previous OpenBLAS setting is put
+    back: the calling Python thread is one of numba's workers)."""
+    prev = call_int_fn(set_threads, 1)
     nt, n_in = x.shape
     call_sgemm_rm_nt(sgemm, nt, tile.shape[0], n_in, x.ctypes.data, n_in, tile.ctypes.data, n_in,
                      out.ctypes.data + r0 * 4, out.shape[1])
+    call_int_fn(set_threads, prev)
 
 
 @njit(parallel=True, cache=True)
