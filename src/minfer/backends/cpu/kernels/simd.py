@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._llvm import half_to_float, target_has
+from ._llvm import HAS_F16C, half_to_float, target_has
 
 _I1 = ir.IntType(1)
 _I8 = ir.IntType(8)
@@ -156,9 +156,22 @@ def _emit_blocks(context: Any, builder: Any, arrs: tuple[Any, ...], b: Any, coun
         """(f16 field of each block as <count x f32>, arr[b:b+count] as <count x f32>)"""
         act = builder.load(builder.bitcast(_ptr(context, builder, arr_t, arr_v, b),
                                            _vec(_F32, count).as_pointer()), align=4)
+        if count == 1:
+            f = _f16_at(context, builder, w_t, w_v, builder.add(bases[0], ir.Constant(u64, field)))
+            return builder.insert_element(ir.Constant(_vec(_F32, 1), None), f,
+                                          ir.Constant(_I32, 0)), act
+        # one wide load of the blocks' bytes, then a byte shuffle picks the f16 fields
+        span = size * (count - 1) + field + 2
+        raw = _load(context, builder, w_t, w_v, bases[0], _vec(_I8, span))
+        idx = [size * k + field + i for k in range(count) for i in range(2)]
+        pairs = builder.shuffle_vector(raw, raw, ir.Constant(_vec(_I32, 2 * count), idx))
+        halves = builder.bitcast(pairs, _vec(_I16, count))
+        if HAS_F16C:  # one vcvtph2ps
+            return builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), count)),
+                                 _vec(_F32, count)), act
         wv = ir.Constant(_vec(_F32, count), None)
         for k in range(count):
-            f = _f16_at(context, builder, w_t, w_v, builder.add(bases[k], ir.Constant(u64, field)))
+            f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
             wv = builder.insert_element(wv, f, ir.Constant(_I32, k))
         return wv, act
 
