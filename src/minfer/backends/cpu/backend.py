@@ -5,7 +5,7 @@ weights in their GGUF block format (zero-copy from the file) and quantize their 
 per input node per forward (memoised in the ExecContext), so q/k/v and gate/up share one
 quantization of the same input.
 
-Small batches (decode) take the integer-dot path; from `PREFILL_MIN_TOKENS` rows on, matmuls
+Small batches (decode) take the integer-dot path; from `prefill_min_tokens(type)` rows on, matmuls
 dequantize weight tiles into BLAS sgemm, which is faster but whose per-row rounding depends on
 the batch shape. A batch-invariant context keeps every matmul on the row-independent integer path.
 """
@@ -70,7 +70,7 @@ def _activation_form(qtype: int) -> int | str:
 def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext) -> None:
     """out = x @ W.T, sharing one quantized activation among the weights that read node x."""
     w, qtype = ctx.weights.matrix(w_name)
-    if x.shape[0] >= K.PREFILL_MIN_TOKENS and not ctx.batch_invariant:
+    if x.shape[0] >= K.prefill_min_tokens(qtype) and not ctx.batch_invariant:
         K.matmul_sgemm(w, qtype, x, out)
         return
     form = _activation_form(qtype)
