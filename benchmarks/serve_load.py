@@ -55,7 +55,8 @@ def start_minfer(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
 def start_llama(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
     cmd = [args.ref_python, "-m", "llama_cpp.server", "--model", args.model, "--host", HOST,
            "--port", str(port), "--n_threads", str(args.threads), "--n_threads_batch",
-           str(args.threads), "--n_ctx", str(args.n_ctx), "--model_alias", "ref"]
+           str(args.threads), "--n_ctx", str(args.n_ctx), "--model_alias", "ref",
+           "--interrupt_requests", "False"]  # queue concurrent requests instead of cutting them
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

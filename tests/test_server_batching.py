@@ -3,7 +3,9 @@
 Continuous batching promises that a greedy request yields the same ids whether it runs alone,
 beside other decodes, beside a prompt chunk, or after a prompt-cache hit (its prefix computed in
 other chunk sizes). That holds only if the kernels compute each row the same way whatever the
-batch holds; these tests pin it on the tiny model, bit for bit.
+batch holds (`Engine(batch_invariant=True)`: the integer-dot path at every batch size, where
+the default switches to dequantize + sgemm from 16 rows); these tests pin it through the server's
+runner on the tiny models, bit for bit, for short and long neighbours and chunkings.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ try:
 except (ImportError, AttributeError) as exc:  # the compiled kernels are not importable
     pytest.skip(f"the engine cannot run here: {exc}", allow_module_level=True)
 
-from minfer.backends.select import select_backends
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.server.runner import Runner
@@ -31,7 +32,7 @@ PREFIX = [11, 42, 7, 99, 3, 250, 17, 8, 120, 64, 5, 31, 77, 200, 150, 13, 9, 88,
 def _runner(path: Path, n_slots: int = 3) -> Runner:
     f = GGUFFile.open(path)
     engine = Engine(f, HParams.from_gguf(f), n_ctx=n_slots * N_CTX_SLOT,
-                    backends=select_backends(None))  # what `minfer serve` uses
+                    batch_invariant=True)  # as `minfer serve` creates it
     return Runner(engine, N_CTX_SLOT)
 
 
@@ -48,15 +49,6 @@ def _prefill(runner: Runner, slot: int, tokens: list[int], chunk: int) -> np.nda
 @pytest.fixture(params=["tiny_qwen2", "tiny_qwen3"])
 def model(request: pytest.FixtureRequest) -> Path:
     return Path(request.getfixturevalue(request.param))
-
-
-# Rows in a batch of >= PREFILL_MIN_TOKENS (16) tokens take the dequantize + sgemm path in
-# minfer.backends.cpu.kernels.matmul (and the torch backend's), rows in smaller batches the
-# integer dot path: the same row's logits differ (by up to ~0.4 on the dev model). Until the
-# kernels compute a row the same way at every batch size, these two cases fail; strict, so the
-# marker must go when the kernels are fixed.
-KERNEL_BATCH_DEPENDENCE = pytest.mark.xfail(
-    strict=True, reason="kernels: rows of batches >= 16 tokens take another matmul path")
 
 
 def _warm(runner: Runner) -> Work:
@@ -82,7 +74,6 @@ def test_a_decode_row_is_the_same_beside_a_short_prompt_chunk(model: Path) -> No
     assert np.array_equal(alone, runner.run(Plan((step, chunk)))[0])
 
 
-@KERNEL_BATCH_DEPENDENCE
 def test_a_decode_row_is_the_same_beside_a_long_prompt_chunk(model: Path) -> None:
     runner = _runner(model)
     step = _warm(runner)
@@ -99,7 +90,6 @@ def test_kv_does_not_depend_on_short_chunking_of_the_prompt(model: Path) -> None
     assert np.array_equal(by_tokens, _prefill(runner, 2, PREFIX, 15))
 
 
-@KERNEL_BATCH_DEPENDENCE
 def test_kv_does_not_depend_on_long_chunking_of_the_prompt(model: Path) -> None:
     runner = _runner(model)
     assert np.array_equal(_prefill(runner, 0, PREFIX, 1), _prefill(runner, 1, PREFIX, 64))

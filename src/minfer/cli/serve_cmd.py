@@ -44,12 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
                    help="require Authorization: Bearer KEY (default: $MINFER_API_KEY)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
-    p.add_argument("-b", "--chunk", "--batch-size", dest="chunk", type=int, default=256,
-                   help="prompt tokens prefilled per step (default 256)")
+    p.add_argument("-b", "--chunk", "--batch-size", dest="chunk", type=int, default=128,
+                   help="prompt tokens prefilled per step, beside the decodes (default 128)")
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="cap on tokens generated per request (default -1: the context)")
     p.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
-    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None)
     p.add_argument("--no-fuse", action="store_true", help="run the unfused graph")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on shutdown (default 30)")
@@ -71,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model_path=resolve_model(args.model or args.model_opt), n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
-        chunk=args.chunk, n_predict=args.n_predict, kv_type=args.kv_type, backend=args.backend,
-        fuse=not args.no_fuse,
+        chunk=args.chunk, n_predict=args.n_predict, kv_type=args.kv_type, fuse=not args.no_fuse,
     )
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)

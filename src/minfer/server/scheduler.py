@@ -84,7 +84,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Scheduler:
-    def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 256,
+    def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 128,
                  max_waiting: int = 64) -> None:
         if n_slots < 1 or n_ctx_slot < 1 or chunk < 1 or max_waiting < 0:
             raise MinferError("slots, context, chunk must be positive and the queue >= 0")

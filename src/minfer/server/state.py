@@ -36,10 +36,9 @@ class ServerConfig:
     queue: int = 64
     api_key: str | None = None
     threads: int | None = None
-    chunk: int = 256  # prompt tokens per step
+    chunk: int = 128  # prompt tokens per step
     n_predict: int = -1  # cap on max_tokens; -1 = the context
     kv_type: str = "f16"
-    backend: str | None = None
     fuse: bool = True
     max_body_bytes: int = 16 << 20
 
@@ -60,18 +59,20 @@ def model_name(path: Path) -> str:
 
 def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig) -> EngineFactory:
     """Engine(n_ctx) over the model's file; called on the engine thread (numba's thread count is
-    per thread). Imported lazily: only a real engine needs the compiled kernels."""
+    per thread). Imported lazily: only a real engine needs the compiled kernels.
+
+    Batch-invariant and CPU only: every row takes the same matmul path whatever the batch
+    holds, so a greedy request's ids do not depend on its neighbours or on prompt-cache hits."""
 
     def make(n_ctx: int) -> Any:
         from minfer.api import default_threads
-        from minfer.backends.select import select_backends
         from minfer.engine.forward import Engine, set_threads
 
         threads = config.threads or default_threads()
         set_threads(threads)
         return Engine(f, hparams, n_ctx=n_ctx, kv_type=config.kv_type,
                       fuse_swiglu=config.fuse, fuse_gate_up=config.fuse,
-                      backends=select_backends(config.backend), n_threads=threads)
+                      n_threads=threads, batch_invariant=True)
 
     return make
 

@@ -5,6 +5,10 @@ the prompt by the chat template), and refuses by name what it cannot do yet (`re
 json_object / json_schema, `grammar`, a forced `tool_choice`). A later change plugs a grammar
 matcher in as `OutputPlan.logit_mask` (the sampler applies it first, on the raw logits) and parses
 tool calls out of the text in `OutputPlan.finalize`; nothing else in the server needs to change.
+The pieces for that exist in `minfer.sampling.grammar` (GrammarMask, response_format_to_grammar)
+and `minfer.sampling.tool_calls` (tools_for_prompt, parse_tool_calls, ToolCallStream); what is
+left is wiring them here, ending a generation when the mask reports `is_stopped()`
+(generation.py) and streaming `tool_calls` deltas (app.py).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class Worker:
         *,
         n_slots: int,
         n_ctx_slot: int,
-        chunk: int = 256,
+        chunk: int = 128,
         max_waiting: int = 64,
         metrics: Metrics | None = None,
     ) -> None:
