@@ -7,6 +7,7 @@ of 512: cold = the process's first long prefill, warm = the next one), peak RSS,
 crossings per pp<P> forward (all edges between backends / those not from input leaves).
 
     .venv/bin/python benchmarks/torch_prefill.py -t 2                   # cpu, auto, scratch, bf16
+    .venv/bin/python benchmarks/torch_prefill.py --inproc --rounds 5    # speed on a busy machine
     .venv/bin/python benchmarks/torch_prefill.py --sweep                # min_rows crossover
     .venv/bin/python benchmarks/torch_prefill.py --threads-check        # numba + torch pools
 """
@@ -72,6 +73,7 @@ SWEEP = textwrap.dedent(
     from minfer.gguf.hparams import HParams
     from minfer.gguf.reader import GGUFFile
     path, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    sizes = [int(v) for v in sys.argv[4].split(",")]
     f = GGUFFile.open(path); hp = HParams.from_gguf(f)
     mk = lambda b: Engine(f, hp, n_ctx=520, backends=b, n_threads=threads)
     engines = {"cpu": mk([CpuBackend()]),
@@ -79,7 +81,7 @@ SWEEP = textwrap.dedent(
                "bf16": mk([TorchBackend(min_rows=1, weights="bf16"), CpuBackend()])}
     rng = np.random.default_rng(0)
     print("rows  " + "  ".join(f"{k:>12s}" for k in engines) + "   (ms per forward, best)")
-    for nt in (4, 8, 16, 32, 64, 128, 256, 512):
+    for nt in sizes:
         ids = rng.integers(0, hp.n_vocab, nt).tolist()
         best = {}
         for k, e in engines.items():
@@ -88,7 +90,43 @@ SWEEP = textwrap.dedent(
             for _ in range(reps):
                 t0 = time.perf_counter(); e.forward(ids, 0); ts.append(time.perf_counter() - t0)
             best[k] = min(ts) * 1e3
-        print(f"{nt:4d}  " + "  ".join(f"{v:12.1f}" for v in best.values()))
+        print(f"{nt:4d}  " + "  ".join(f"{v:12.1f}" for v in best.values()), flush=True)
+    """
+)
+
+
+INPROC = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from minfer.backends.cpu.backend import CpuBackend
+    from minfer.backends.torch_backend.backend import TorchBackend
+    from minfer.engine.forward import Engine
+    from minfer.engine.generate import prefill
+    from minfer.gguf.hparams import HParams
+    from minfer.gguf.reader import GGUFFile
+    path, threads, pp, ttft, rounds = sys.argv[1], *map(int, sys.argv[2:6])
+    f = GGUFFile.open(path); hp = HParams.from_gguf(f)
+    n_ctx = max(pp, ttft) + 8
+    mk = lambda b: Engine(f, hp, n_ctx=n_ctx, backends=[*b, CpuBackend()], n_threads=threads)
+    engines = {"cpu": mk([]), "torch-scratch": mk([TorchBackend(min_rows=48)]),
+               "torch-bf16": mk([TorchBackend(min_rows=16, weights="bf16")])}
+    rng = np.random.default_rng(0)
+    def timed(e, n):
+        toks = rng.integers(0, hp.n_vocab, n).tolist()
+        t0 = time.perf_counter(); prefill(e, toks, 0, 512); return time.perf_counter() - t0
+    best = {k: {"pp": 1e9, "ttft": 1e9} for k in engines}
+    for e in engines.values():
+        timed(e, 64)
+    for _ in range(rounds):  # alternate, so load spikes hit every config alike
+        for k, e in engines.items():
+            best[k]["pp"] = min(best[k]["pp"], timed(e, pp))
+            if ttft:
+                best[k]["ttft"] = min(best[k]["ttft"], timed(e, ttft))
+    print(f"| config | pp{pp} tok/s (best of {rounds}) | TTFT {ttft} tokens s (best) |")
+    print("|---|---|---|")
+    for k, v in best.items():
+        print(f"| {k} | {pp / v['pp']:.1f} | {v['ttft'] if ttft else 0:.2f} |")
     """
 )
 
@@ -154,11 +192,18 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--inproc", action="store_true",
+                   help="cpu / scratch / bf16 alternating in one process (robust to load)")
     p.add_argument("--sweep", action="store_true", help="ms per forward by row count")
+    p.add_argument("--sweep-sizes", default="4,8,16,32,64,128")
     p.add_argument("--threads-check", action="store_true")
     a = p.parse_args()
-    if a.sweep:
-        print(run_child(SWEEP, [a.model, str(a.threads), str(a.reps)], {}))
+    if a.inproc:
+        print(run_child(INPROC, [a.model, str(a.threads), str(a.pp), str(a.ttft),
+                                 str(a.rounds)], {}))
+    elif a.sweep:  # streamed: the CPU rows at large sizes take a while
+        subprocess.run([sys.executable, "-c", SWEEP, a.model, str(a.threads), str(a.reps),
+                        a.sweep_sizes], check=True)
     elif a.threads_check:
         threads_check(a)
     else:

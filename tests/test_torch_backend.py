@@ -150,6 +150,17 @@ def test_weight_modes_agree_and_scratch_stays_small(tiny_qwen3: Path) -> None:
     assert resident["scratch"] < resident["bf16"]
 
 
+def test_scratch_tiles_cover_big_matrices(tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import minfer.backends.torch_backend.weights as tw
+
+    whole = _all_rows(_engine(tiny_qwen2, TorchBackend(min_rows=2)), TOKENS)
+    monkeypatch.setattr(tw, "TILE_WEIGHTS", 64 * 50)  # 50-row tiles: the output table in several
+    tb = TorchBackend(min_rows=2)
+    tiled = _all_rows(_engine(tiny_qwen2, tb), TOKENS)
+    np.testing.assert_array_equal(tiled, whole)
+    assert tb._weights is not None and tb._weights.resident_bytes <= 64 * 50 * 6
+
+
 def test_cpu_flags_decide_the_device(tmp_path: Path) -> None:
     def caps(flags: str) -> Capabilities:
         info = tmp_path / "cpuinfo"

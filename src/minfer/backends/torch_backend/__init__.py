@@ -28,7 +28,7 @@ CLAIM_CHOICES = ("matmul", "dense", "all")
 WEIGHT_CHOICES = ("scratch", "bf16")
 # Rows from which a node goes to torch: below it the quantized CPU kernels win (measured in
 # benchmarks/torch_prefill.py --sweep on the 0.5B model, 2 threads).
-DEFAULT_MIN_ROWS = {"scratch": 64, "bf16": 16}
+DEFAULT_MIN_ROWS = {"scratch": 48, "bf16": 16}
 
 
 def make_torch_backend(required: bool) -> TorchBackend | None:

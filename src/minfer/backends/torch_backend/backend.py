@@ -135,16 +135,22 @@ def _rows(node: Node, graph: ComputeGraph) -> int:
 Handler = Callable[[TorchBackend, Node, Srcs, "np.ndarray | None", ExecContext], None]
 
 
+def _project(b: TorchBackend, ctx: ExecContext, x: torch.Tensor, weight: str,
+             dst: torch.Tensor) -> None:
+    """dst[nt, n_out] = x @ W.T, one bf16 GEMM per weight tile (one tile for layer matrices)."""
+    for r0, r1, w in b.torch_weights(ctx).tiles(weight):
+        product = ops.linear_bf16(x, w)  # [nt, r1 - r0] bf16
+        (dst if r1 - r0 == dst.shape[1] else dst[:, r0:r1]).copy_(product)
+
+
 def _matmul(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
             ctx: ExecContext) -> None:
     x = b.src_bf16(ctx, node, 0, srcs)
-    tw = b.torch_weights(ctx)
-    product = ops.linear_bf16(x, tw.matrix(node.meta.weights[0]))  # [nt, n_out] bf16
 
     def compute(dst: torch.Tensor) -> None:
-        dst.copy_(product)
+        _project(b, ctx, x, node.meta.weights[0], dst)
         if len(node.meta.weights) > 1:
-            dst += tw.vector(node.meta.weights[1])
+            dst += b.torch_weights(ctx).vector(node.meta.weights[1])
 
     b.run(ctx, node, out, compute)
 
@@ -152,10 +158,14 @@ def _matmul(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
 def _fused_gate_up(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
                    ctx: ExecContext) -> None:
     x = b.src_bf16(ctx, node, 0, srcs)
-    tw = b.torch_weights(ctx)
-    gate = ops.linear_bf16(x, tw.matrix(node.meta.weights[0])).float()
-    up = ops.linear_bf16(x, tw.matrix(node.meta.weights[1]))
-    b.run(ctx, node, out, lambda dst: torch.mul(F.silu(gate), up, out=dst))
+
+    def compute(dst: torch.Tensor) -> None:
+        gate = torch.empty_like(dst)
+        _project(b, ctx, x, node.meta.weights[0], gate)
+        _project(b, ctx, x, node.meta.weights[1], dst)
+        torch.mul(F.silu(gate), dst, out=dst)
+
+    b.run(ctx, node, out, compute)
 
 
 def _rms_norm(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,

@@ -9,6 +9,9 @@ softmax in attention) runs in f32, as DESIGN §3 asks.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -69,8 +72,20 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               head_dim: int, scale: float, out: torch.Tensor) -> None:
     """Query t attends to cache cells [kv_start[t], kv_end[t]); grouped-query heads.
 
-    Only the cells some query can see are read (one contiguous range) and converted to f32.
+    Consecutive queries with the same window start (one sequence of a batch) are one run, and
+    each run reads only the cells it can see, so sequences far apart in the cache never make
+    a [tokens, whole-cache] mask.
     """
+    starts = kv_start.cpu().numpy()
+    cuts = [0, *(np.flatnonzero(np.diff(starts)) + 1).tolist(), len(starts)]
+    for a, b in itertools.pairwise(cuts):
+        _attend(q[a:b], k_cache, v_cache, kv_start[a:b], kv_end[a:b], n_head=n_head,
+                n_head_kv=n_head_kv, head_dim=head_dim, scale=scale, out=out[a:b])
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            kv_start: torch.Tensor, kv_end: torch.Tensor, *, n_head: int, n_head_kv: int,
+            head_dim: int, scale: float, out: torch.Tensor) -> None:
     lo, hi = int(kv_start.min()), int(kv_end.max())
     nt, span, group = q.shape[0], hi - lo, n_head // n_head_kv
     keys = k_cache[lo:hi].view(span, n_head_kv, head_dim).float().transpose(0, 1)

@@ -3,9 +3,9 @@
 Two ways to hold the matrices (`MINFER_TORCH_WEIGHTS`, or the backend's `weights=` argument):
 
 - `scratch` (default on the CPU): each matmul dequantizes its weight from the GGUF blocks into one
-  reused f32 buffer and rounds it into one reused bf16 buffer just before the GEMM. Memory-neutral
-  (two buffers the size of the largest matrix torch multiplies), at the price of a dequantization
-  per matrix per forward.
+  reused f32 buffer and rounds it into one reused bf16 buffer just before the GEMM, in row tiles
+  of at most `TILE_WEIGHTS`. Memory-neutral (~50 MB of buffers), at the price of a
+  dequantization per matrix per forward.
 - `bf16`: a bf16 copy of every matrix torch touches, made on first use and kept (2 bytes per
   weight, ~0.7 GB for the 0.5B model's layers). No per-forward dequantization.
 
@@ -16,6 +16,7 @@ against gguf's reference); the f32 -> bf16 copy rounds to nearest even.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import gguf
@@ -25,6 +26,7 @@ import torch
 from minfer.backends.cpu.kernels import dequantize_into
 
 MODES = ("scratch", "bf16")
+TILE_WEIGHTS = 8 << 20  # weights per scratch tile: 32 MiB f32 + 16 MiB bf16 at most
 _F32 = int(gguf.GGMLQuantizationType.F32)
 
 
@@ -55,20 +57,31 @@ class TorchWeights:
         kept = sum(t.numel() * t.element_size() for t in self._resident.values())
         return kept + self._f32.nbytes + self._bf16.numel() * 2
 
-    def matrix(self, name: str) -> torch.Tensor:
-        """bf16 [n_out, n_in]. In scratch mode the view is valid until the next call."""
+    def tiles(self, name: str) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(first row, end row, bf16 [rows, n_in]) covering the matrix.
+
+        bf16 mode: one tile, the resident copy. Scratch mode: tiles of at most TILE_WEIGHTS
+        weights (a layer's matrices fit in one; the 151,936-row output table takes ~17), each
+        valid until the next one is made, so the scratch never outgrows one tile.
+        """
         if self.mode == "bf16":
             hit = self._resident.get(name)
             if hit is None:
-                hit = self._resident[name] = self._host_f32(name).to(self.device, torch.bfloat16)
-            return hit
-        host = self._host_f32(name)
-        n = host.numel()
-        if self._bf16.numel() < n:
-            self._bf16 = torch.empty(n, dtype=torch.bfloat16, device=self.device)
-        view = self._bf16[:n].view(host.shape)
-        view.copy_(host)
-        return view
+                host = self._host_f32(name, 0, self.source.matrix(name)[0].shape[0])
+                hit = self._resident[name] = host.to(self.device, torch.bfloat16)
+            yield 0, hit.shape[0], hit
+            return
+        n_out, n_in = self.source.matrix(name)[0].shape[0], self._n_in(name)
+        step = max(1, min(n_out, TILE_WEIGHTS // n_in))
+        for r0 in range(0, n_out, step):
+            r1 = min(n_out, r0 + step)
+            host = self._host_f32(name, r0, r1)
+            n = host.numel()
+            if self._bf16.numel() < n:
+                self._bf16 = torch.empty(n, dtype=torch.bfloat16, device=self.device)
+            view = self._bf16[:n].view(host.shape)
+            view.copy_(host)
+            yield r0, r1, view
 
     def vector(self, name: str) -> torch.Tensor:
         vec = self._vectors.get(name)
@@ -86,16 +99,16 @@ class TorchWeights:
     def _n_in(self, name: str) -> int:
         return int(self.source.file.tensors[name].shape[0])
 
-    def _host_f32(self, name: str) -> torch.Tensor:
-        """The whole matrix as f32 [n_out, n_in] on the host (a view of the reused scratch,
-        or of the file itself for F32 weights)."""
+    def _host_f32(self, name: str, r0: int, r1: int) -> torch.Tensor:
+        """Rows [r0, r1) as f32 [r1 - r0, n_in] on the host (a view of the reused scratch, or
+        of the file itself for F32 weights)."""
         raw, qtype = self.source.matrix(name)
         if qtype == _F32:
-            return readonly_tensor(np.ascontiguousarray(raw))
-        n_out, n_in = raw.shape[0], self._n_in(name)
-        if self._f32.size < n_out * n_in:
-            self._f32 = np.empty(n_out * n_in, np.float32)
-        out = self._f32[: n_out * n_in].reshape(n_out, n_in)
-        dequantize_into(raw, qtype, np.arange(n_out), out)
+            return readonly_tensor(np.ascontiguousarray(raw[r0:r1]))
+        n = (r1 - r0) * self._n_in(name)
+        if self._f32.size < n:
+            self._f32 = np.empty(n, np.float32)
+        out = self._f32[:n].reshape(r1 - r0, -1)
+        dequantize_into(raw, qtype, np.arange(r0, r1), out)
         self.dequantized += 1
         return torch.from_numpy(out)
