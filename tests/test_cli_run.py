@@ -1,0 +1,83 @@
+"""`minfer run` end to end on a tiny synthetic model: JSON output, stops, dumps, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minfer.cli.main import main
+
+
+def _run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["run", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_json_output_has_the_documented_fields(tiny_qwen2: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run_json(capsys, str(tiny_qwen2), "hello there", "--temp", "0", "-n", "5",
+                    "--top-logits", "3", "--raw")
+    assert set(out) >= {"prompt_ids", "ids", "text", "finish_reason", "timings", "top_logits"}
+    ids = out["ids"]
+    assert isinstance(ids, list) and len(ids) <= 5
+    assert out["finish_reason"] in ("length", "eos")
+    tops = out["top_logits"]
+    assert isinstance(tops, list) and len(tops) == len(ids) + (out["finish_reason"] == "eos")
+    for step, chosen in zip(tops, ids, strict=False):  # greedy: the first pair is the choice
+        assert len(step) == 3 and step[0][0] == chosen and step[0][1] >= step[1][1]
+    assert {"prefill_s", "decode_s", "prefill_tokens_per_s", "decode_tokens_per_s"} <= set(
+        out["timings"])  # type: ignore[arg-type]
+
+
+def test_same_seed_same_output(tiny_qwen2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = (str(tiny_qwen2), "once upon", "--raw", "-n", "8", "--temp", "1.0", "--seed", "7")
+    a = _run_json(capsys, *args)
+    b = _run_json(capsys, *args)
+    assert a["ids"] == b["ids"] and len(a["ids"]) > 0  # type: ignore[arg-type]
+
+
+def test_chat_template_applied_unless_raw(tiny_qwen2: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    chat = _run_json(capsys, str(tiny_qwen2), "hi", "-n", "1", "--system", "be brief")
+    raw = _run_json(capsys, str(tiny_qwen2), "hi", "-n", "1", "--raw")
+    assert len(chat["prompt_ids"]) > len(raw["prompt_ids"]) + 5  # type: ignore[arg-type]
+
+
+def test_stop_string_is_not_printed(tiny_qwen2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    free = _run_json(capsys, str(tiny_qwen2), "the", "--raw", "-n", "12", "--temp", "1",
+                     "--seed", "3")
+    text = str(free["text"])
+    assert len(text) >= 3
+    stop = text[1:3]
+    cut = _run_json(capsys, str(tiny_qwen2), "the", "--raw", "-n", "12", "--temp", "1",
+                    "--seed", "3", "--stop", stop)
+    assert cut["finish_reason"] == "stop" and stop not in str(cut["text"])
+    assert text.startswith(str(cut["text"]))
+
+
+def test_dump_graph_files(tiny_qwen3: Path, tmp_path: Path) -> None:
+    dot, js = tmp_path / "g.dot", tmp_path / "g.json"
+    assert main(["run", str(tiny_qwen3), "hello", "--raw", "--dump-graph", str(dot),
+                 "--dump-graph-json", str(js)]) == 0
+    assert dot.read_text().startswith("digraph")
+    data = json.loads(js.read_text())
+    assert data["params"]["gtype"] == "prefill" and data["params"]["n_out"] == 1
+    assert any(n["op"] == "QkNorm" for n in data["nodes"])
+
+
+def test_bad_model_file_is_one_line_exit_2(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 20)
+    assert main(["run", str(bad), "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.gguf" in err[0]
+
+
+def test_prompt_beyond_the_models_context_is_refused(tiny_qwen2: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    long_prompt = "word " * 3000  # the tiny model's training context is 2048
+    assert main(["run", str(tiny_qwen2), long_prompt, "--raw", "-n", "1"]) == 2
+    assert "context" in capsys.readouterr().err
