@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+import psutil
 
 HOST = "127.0.0.1"
 
@@ -38,6 +39,7 @@ class Level:
     ttft_p50: float
     ttft_p99: float
     tokens: int
+    tok_per_cpu_s: float  # tokens per CPU-second of the server: steadier on a shared machine
 
 
 def free_port() -> int:
@@ -114,43 +116,53 @@ class Tally:
 
     tokens: int = 0
     wall: float = 0.0
+    cpu: float = 0.0
     ttfts: list[float] = field(default_factory=list)
 
     def level(self, streams: int) -> Level:
         t = sorted(self.ttfts)
         p99 = t[min(len(t) - 1, round(0.99 * (len(t) - 1)))]
-        return Level(streams, self.tokens / self.wall, statistics.median(t), p99, self.tokens)
+        return Level(streams, self.tokens / self.wall, statistics.median(t), p99, self.tokens,
+                     self.tokens / self.cpu if self.cpu else 0.0)
 
 
-async def wave(base: str, streams: int, tag: str, max_tokens: int, timeout: float,
+def cpu_seconds(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+async def wave(base: str, pid: int, streams: int, tag: str, max_tokens: int, timeout: float,
                tally: Tally) -> None:
     """`streams` concurrent requests with distinct prompts, added to tally."""
     prompts = [f"# Task {tag}-{i}: a Python function that computes item {i * 13} of a "
                f"sequence.\ndef solve_{tag}_{i}(n):\n" for i in range(streams)]
     async with httpx.AsyncClient(base_url=base, timeout=timeout) as client:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds(pid)
         results = await asyncio.gather(*(one_stream(client, p, max_tokens) for p in prompts))
         tally.wall += time.perf_counter() - t0
+        tally.cpu += cpu_seconds(pid) - c0
     tally.ttfts += [t for t, _ in results]
     tally.tokens += sum(n for _, n in results)
 
 
-def run_all(servers: dict[str, str], args: argparse.Namespace) -> dict[str, list[Level]]:
+def run_all(servers: dict[str, tuple[str, int]],
+            args: argparse.Namespace) -> dict[str, list[Level]]:
     """Level by level, wave by wave, alternating servers (so machine drift hits both)."""
-    for base in servers.values():  # warm-up: compiles and first graphs
-        asyncio.run(wave(base, 1, "warm", 8, args.timeout, Tally()))
+    for base, pid in servers.values():  # warm-up: compiles and first graphs
+        asyncio.run(wave(base, pid, 1, "warm", 8, args.timeout, Tally()))
     results: dict[str, list[Level]] = {name: [] for name in servers}
     for n in args.levels:
         tallies = {name: Tally() for name in servers}
         for r in range(args.rounds):
-            for name, base in servers.items():
-                asyncio.run(wave(base, n, f"{n}_{r}", args.max_tokens, args.timeout,
+            for name, (base, pid) in servers.items():
+                asyncio.run(wave(base, pid, n, f"{n}_{r}", args.max_tokens, args.timeout,
                                  tallies[name]))
         for name, tally in tallies.items():
             lv = tally.level(n)
             results[name].append(lv)
             print(f"{name:10s} streams={n}: {lv.tok_s:6.1f} tok/s, TTFT p50 {lv.ttft_p50:.2f} s"
-                  f" p99 {lv.ttft_p99:.2f} s ({lv.tokens} tokens)", file=sys.stderr, flush=True)
+                  f" p99 {lv.ttft_p99:.2f} s ({lv.tokens} tokens, {lv.tok_per_cpu_s:.1f} tok per "
+                  f"CPU-s)", file=sys.stderr, flush=True)
     return results
 
 
@@ -169,17 +181,17 @@ def main() -> int:
     args = p.parse_args()
 
     procs: list[subprocess.Popen[bytes]] = []
-    servers: dict[str, str] = {}
+    servers: dict[str, tuple[str, int]] = {}
     try:
         port = free_port()
         procs.append(start_minfer(args, port))
-        servers["minfer"] = f"http://{HOST}:{port}"
-        wait_ready(procs[-1], servers["minfer"], "/health", args.load_timeout)
+        servers["minfer"] = (f"http://{HOST}:{port}", procs[-1].pid)
+        wait_ready(procs[-1], servers["minfer"][0], "/health", args.load_timeout)
         if args.ref_python:
             port = free_port()
             procs.append(start_llama(args, port))
-            servers["llama.cpp"] = f"http://{HOST}:{port}"
-            wait_ready(procs[-1], servers["llama.cpp"], "/v1/models", args.load_timeout)
+            servers["llama.cpp"] = (f"http://{HOST}:{port}", procs[-1].pid)
+            wait_ready(procs[-1], servers["llama.cpp"][0], "/v1/models", args.load_timeout)
         results = run_all(servers, args)
     finally:
         for proc in procs:
@@ -189,14 +201,18 @@ def main() -> int:
         return 0
     print(f"\nmodel {args.model}, {args.threads} threads, {args.max_tokens} tokens per stream, "
           f"{args.rounds} waves per level and server, servers alternating\n")
-    print("| server | streams | aggregate tok/s | vs 1 stream | TTFT p50 (s) | TTFT p99 (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| server | streams | aggregate tok/s | vs 1 stream | TTFT p50 (s) | TTFT p99 (s) "
+          "| tok per CPU-s | vs 1 stream |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, levels in results.items():
-        base = levels[0].tok_s if levels else 0.0
+        base = levels[0] if levels else None
         for lv in levels:
-            ratio = lv.tok_s / base if base else 0.0
+            ratio = lv.tok_s / base.tok_s if base and base.tok_s else 0.0
+            cpu_ratio = lv.tok_per_cpu_s / base.tok_per_cpu_s if base and base.tok_per_cpu_s \
+                else 0.0
             print(f"| {name} | {lv.streams} | {lv.tok_s:.1f} | {ratio:.2f}x | "
-                  f"{lv.ttft_p50:.2f} | {lv.ttft_p99:.2f} |")
+                  f"{lv.ttft_p50:.2f} | {lv.ttft_p99:.2f} | {lv.tok_per_cpu_s:.1f} | "
+                  f"{cpu_ratio:.2f}x |")
     return 0
 
 
