@@ -133,7 +133,19 @@ def test_typical_keeps_tokens_whose_surprise_is_near_the_entropy() -> None:
 
 def test_temperature_scales_and_zero_keeps_first_argmax() -> None:
     c = st.temperature(cands([1.0, 2.0, 4.0]), 0.5)
-    np.testing.assert_allclose(c.logits, [2.0, 4.0, 8.0])
+    np.testing.assert_allclose(c.logits, [-6.0, -4.0, 0.0])  # (x - max) / temp
+    tiny = st.temperature(cands([1.0, 2.0, 4.0]), 5e-324)  # the limit is the argmax, no inf
+    assert tiny.logits.tolist() == [-np.inf, -np.inf, 0.0]
+
+
+def test_extreme_but_valid_settings_still_sample() -> None:
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal(500) * 5).astype(np.float32)
+    top = int(logits.argmax())
+    for kw in ({"temp": 5e-324}, {"temp": 1e-30}, {"repeat_penalty": 5e-324, "temp": 0.0}):
+        s = Sampler(SamplerParams(**kw), 500, seed=1)  # type: ignore[arg-type]
+        s.reset([top])
+        assert 0 <= s.sample(logits) < 500
     g = st.temperature(cands([1.0, 4.0, 4.0, 0.0]), 0.0)
     assert g.ids.tolist() == [1]
 

@@ -14,7 +14,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numba
 import numpy as np
+from numba.core import config
 
 from minfer.backends.base import Backend, ExecContext
 from minfer.backends.cpu.backend import CpuBackend
@@ -98,8 +100,7 @@ class Engine:
         self._shapes = self.weights.shapes()
         self._by_name = {b.name: b for b in self._backends}
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
-        if n_threads:
-            set_threads(n_threads)
+        self.n_threads = n_threads
 
     @property
     def n_ctx(self) -> int:
@@ -123,6 +124,8 @@ class Engine:
 
     def forward_batch(self, batch: Batch) -> np.ndarray:
         self._check(batch)
+        if self.n_threads:  # numba's thread count is per calling thread: set it where we run
+            set_threads(self.n_threads)
         prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
         buffers = self._buffers(prepared)
         graph = prepared.graph
@@ -177,8 +180,7 @@ class Engine:
 
 
 def set_threads(n_threads: int) -> None:
-    import numba
-    from numba.core import config
-
     limit = int(config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-    numba.set_num_threads(max(1, min(n_threads, limit)))
+    want = max(1, min(n_threads, limit))
+    if numba.get_num_threads() != want:
+        numba.set_num_threads(want)

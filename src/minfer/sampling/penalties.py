@@ -28,7 +28,7 @@ class RepetitionPenalty:
     ) -> None:
         """`last_n`: window length (0 = off, < 0 = unbounded); the rest as in SamplerParams."""
         self.last_n = last_n
-        self.repeat = np.float32(repeat)
+        self.repeat = float(repeat)
         self.frequency = np.float32(frequency)
         self.presence = np.float32(presence)
         self.enabled = last_n != 0 and not (repeat == 1.0 and frequency == 0.0 and presence == 0.0)
@@ -65,7 +65,9 @@ class RepetitionPenalty:
         n = len(self._counts)
         ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=n)
         cnt = np.fromiter(self._counts.values(), dtype=np.float32, count=n)
-        vals = logits[ids]
-        vals = np.where(vals <= 0, vals * self.repeat, vals / self.repeat)
+        vals = logits[ids].astype(np.float64)
+        with np.errstate(over="ignore"):
+            vals = np.where(vals <= 0, vals * self.repeat, vals / self.repeat)
         vals -= cnt * self.frequency + self.presence
-        logits[ids] = vals
+        # a tiny penalty can push a logit past float32's range: clamp, never store an inf
+        logits[ids] = np.clip(vals, -3e38, 3e38)

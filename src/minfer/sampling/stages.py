@@ -166,7 +166,11 @@ def temperature(c: Candidates, temp: float) -> Candidates:
         return Candidates(c.ids[i : i + 1], c.logits[i : i + 1], True)
     if temp == 1.0:
         return c
-    return Candidates(c.ids, c.logits / np.float32(temp), c.sorted)
+    # Shift by the maximum first so a tiny temperature sends the rest to -inf, never the top to
+    # +inf: the limit of temp -> 0+ is the argmax, and the draw stays well defined.
+    with np.errstate(over="ignore"):
+        scaled = (c.logits - np.max(c.logits)).astype(np.float64) / float(temp)
+    return Candidates(c.ids, scaled.astype(np.float32, copy=False), c.sorted)
 
 
 def draw(c: Candidates, rng: np.random.Generator) -> tuple[int, float]:
