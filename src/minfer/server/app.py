@@ -4,7 +4,8 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions` (stream or not), `GE
 `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize` (each `/v1/...` also answers
 without the prefix). A request is validated (schemas.py), turned into a GenRequest (prepare.py,
 on a worker thread since tokenizing can take a while), queued on the engine thread (worker.py),
-and its events are relayed as one JSON body or as SSE chunks (responses.py). A client that goes
+and its events are relayed as one JSON body or as SSE chunks (responses.py); when tools were
+offered, the text goes through the tool-call parser (structured.py) first. A client that goes
 away cancels its request, which frees its slot at the engine's next step.
 """
 
@@ -121,7 +122,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 async def _complete(state: ServerState, request: Request,
                     body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
     lm = state.model()
-    prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits)
+    prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
+                                       grammar_vocab=lm.grammar_vocab)
     handle = Handle(asyncio.get_running_loop())
     try:
         lm.worker.submit(prepared.gen, handle)
@@ -173,8 +175,8 @@ async def _collect(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Pre
             logprobs = None
             if prepared.gen.logprobs is not None:
                 logprobs = _logprobs_fn(lm, env.kind)(lps, 0)
-            return env.full(prepared.output.finalize(text), event.finish_reason, event.usage,
-                            logprobs)
+            fields, finish = prepared.output.finalize(text, event.finish_reason)
+            return env.full(fields, finish, event.usage, logprobs)
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -186,24 +188,49 @@ async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prep
                   include_usage: bool) -> AsyncIterator[str]:
     to_logprobs = _logprobs_fn(lm, env.kind)
     want_lps = prepared.gen.logprobs is not None
+    tools = prepared.output.tool_stream() if env.kind == "chat" else None
     offset = 0
     try:
         if env.kind == "chat":
-            yield _sse(env.chunk(role=True, with_usage=include_usage))
+            role_fields = {"content": None} if tools is not None else None
+            yield _sse(env.chunk(role=True, with_usage=include_usage, fields=role_fields))
         while True:
             event: Event = await handle.events.get()
             if isinstance(event, Delta):
                 lp = to_logprobs(event.logprobs, offset) if want_lps else None
                 offset += len(event.text)
-                yield _sse(env.chunk(text=event.text, logprobs=lp, with_usage=include_usage))
+                if tools is None:
+                    yield _sse(env.chunk(text=event.text, logprobs=lp, with_usage=include_usage))
+                    continue
+                for chunk in _tool_chunks(env, tools.push(event.text), lp, include_usage):
+                    yield _sse(chunk)
             elif isinstance(event, Failed):
                 yield _sse(APIError(event.status, event.message).body())
                 break
             elif isinstance(event, Done):
-                yield _sse(env.chunk(finish=event.finish_reason, with_usage=include_usage))
+                finish = event.finish_reason
+                if tools is not None:
+                    for chunk in _tool_chunks(env, tools.finish(), None, include_usage):
+                        yield _sse(chunk)
+                    if tools.tool_calls and finish == "stop":
+                        finish = "tool_calls"
+                yield _sse(env.chunk(finish=finish, with_usage=include_usage))
                 if include_usage:
                     yield _sse(env.usage_chunk(event.usage))
                 break
         yield _sse("[DONE]")
     finally:
         lm.worker.cancel(handle)  # the client left (or we are done): free the slot now
+
+
+def _tool_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[str, Any] | None,
+                 include_usage: bool) -> list[dict[str, Any]]:
+    """Chunks for ToolCallStream deltas; a step's logprobs ride on its first chunk (on an empty
+    delta when the parser held all of its text back)."""
+    if not deltas and logprobs is not None:
+        deltas = [{}]
+    chunks = []
+    for i, delta in enumerate(deltas):
+        chunks.append(env.chunk(fields=delta, logprobs=logprobs if i == 0 else None,
+                                with_usage=include_usage))
+    return chunks

@@ -22,6 +22,12 @@ from minfer.engine.stops import StopMatcher
 from minfer.sampling.sampler import Sampler
 
 
+class Constraint(Protocol):
+    """A grammar mask the loop asks after each token (minfer.sampling.grammar.GrammarMask)."""
+
+    def is_stopped(self) -> bool: ...
+
+
 class Vocab(Protocol):
     eot_ids: frozenset[int]
 
@@ -89,6 +95,7 @@ class GenRequest:
     sampler: Sampler
     stops: list[str] = field(default_factory=list)
     logprobs: int | None = None  # None: off; k: the chosen token plus k alternatives
+    constraint: Constraint | None = None  # the sampler's grammar mask, if any
 
 
 def log_softmax_top(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
@@ -122,8 +129,15 @@ class Generation:
         self.first_token_s: float | None = None
         self.last_gap: float | None = None  # seconds since the previous token (None: first)
 
-    def step(self, logits: np.ndarray) -> tuple[int, str | None]:
-        """Sample one token and post what it makes visible; (token, finish reason or None)."""
+    def step(self, logits: np.ndarray) -> tuple[int | None, str | None]:
+        """Sample one token and post what it makes visible; (token, finish reason or None).
+
+        Under a grammar that allows no further token the request ends with "stop" and no token
+        is drawn: the text so far is a valid prefix (the check is also made right after each
+        accepted token, so a finished grammar costs no extra forward)."""
+        if self._grammar_done():
+            self._post_text(b"", [], final=True, flush=True)
+            return None, "stop"
         token = self.req.sampler.sample(logits)
         self.req.sampler.accept(token)
         self.n_generated += 1
@@ -141,11 +155,17 @@ class Generation:
             return token, "stop"
         emit, stopped = self.matcher.push(self.vocab.token_bytes(token))
         reason: str | None = "stop" if stopped else None
+        if reason is None and self._grammar_done():
+            reason = "stop"
         if reason is None and (self.n_generated >= self.req.max_tokens
                                or len(self.req.prompt) + self.n_generated > self.n_ctx_slot):
             reason = "length"
         self._post_text(emit, lps, final=reason is not None, flush=not stopped)
         return token, reason
+
+    def _grammar_done(self) -> bool:
+        c = self.req.constraint
+        return c is not None and c.is_stopped()
 
     def _post_text(self, emit: bytes, lps: list[TokenLogprob], *, final: bool,
                    flush: bool) -> None:

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from minfer.errors import MinferError
+from minfer.sampling.grammar import GrammarVocab
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
 from minfer.server.generation import GenRequest
 from minfer.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from minfer.server.structured import OutputPlan, plan_output
+from minfer.server.structured import OutputPlan, plan_output, template_messages
 
 SEED_MASK = (1 << 64) - 1
 MIN_TEMPERATURE = 1e-3
@@ -56,7 +57,7 @@ class Prepared:
 
 def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: TemplateLike,
                 output: OutputPlan) -> list[int]:
-    messages = [m.for_template() for m in req.messages]
+    messages = template_messages(req.messages)
     try:
         text = template.render(messages, add_generation_prompt=True, tools=output.tools)
     except MinferError as exc:
@@ -117,9 +118,11 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
 
 
 def prepare(req: ChatCompletionRequest | CompletionRequest, tok: TokenizerLike,
-            template: TemplateLike, limits: Limits) -> Prepared:
-    """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot."""
-    output = plan_output(req, tok.n_vocab)
+            template: TemplateLike, limits: Limits, *,
+            grammar_vocab: GrammarVocab | None = None) -> Prepared:
+    """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot.
+    grammar_vocab: the model's vocabulary view for structured output (None: refused)."""
+    output = plan_output(req, tok.n_vocab, grammar_vocab)
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs = true", param="top_logprobs")
@@ -141,7 +144,8 @@ def prepare(req: ChatCompletionRequest | CompletionRequest, tok: TokenizerLike,
     except MinferError as exc:
         raise from_minfer_error(exc) from None
     gen = GenRequest(prompt=prompt, max_tokens=max_tokens(requested, limits, param),
-                     sampler=sampler, stops=req.stops(), logprobs=logprobs)
+                     sampler=sampler, stops=req.stops(), logprobs=logprobs,
+                     constraint=output.constraint)
     return Prepared(gen, output)
 
 

@@ -1,9 +1,10 @@
 """OpenAI response bodies, field for field: completions, chat completions and their stream chunks.
 
 Chat: `chat.completion` with `choices[{index, message{role, content}, logprobs, finish_reason}]`;
-streamed as `chat.completion.chunk`s whose first delta carries the role, then content deltas,
-then an empty delta with the finish reason, then (with `stream_options.include_usage`) one chunk
-with no choices and the usage. Every other chunk then carries `"usage": null`, as OpenAI sends.
+streamed as `chat.completion.chunk`s whose first delta carries the role, then content deltas
+(or `tool_calls` deltas), then an empty delta with the finish reason, then (with
+`stream_options.include_usage`) one chunk with no choices and the usage. Every other chunk
+then carries `"usage": null`, as OpenAI sends.
 Completions: `text_completion` with `choices[{index, text, logprobs, finish_reason}]`.
 """
 
@@ -99,7 +100,10 @@ class Envelope:
 
     # -- stream chunks -------------------------------------------------------------------------
     def chunk(self, *, text: str | None = None, role: bool = False, finish: str | None = None,
-              logprobs: dict[str, Any] | None = None, with_usage: bool = False) -> dict[str, Any]:
+              logprobs: dict[str, Any] | None = None, with_usage: bool = False,
+              fields: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One chunk; for chat, `fields` are extra delta fields (`tool_calls`, or `content`
+        None next to the role when the reply may be tool calls only)."""
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -107,6 +111,7 @@ class Envelope:
                 delta["content"] = ""
             if text is not None:
                 delta["content"] = text
+            delta.update(fields or {})
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             body = self._head("chat.completion.chunk")
         else:

@@ -1,27 +1,44 @@
 """Per-request output shaping: the logit mask a request samples under, and the final message.
 
-This is the seam for structured output. Today it honours `logit_bias` and `tools` (rendered into
-the prompt by the chat template), and refuses by name what it cannot do yet (`response_format`
-json_object / json_schema, `grammar`, a forced `tool_choice`). A later change plugs a grammar
-matcher in as `OutputPlan.logit_mask` (the sampler applies it first, on the raw logits) and parses
-tool calls out of the text in `OutputPlan.finalize`; nothing else in the server needs to change.
-The pieces for that exist in `minfer.sampling.grammar` (GrammarMask, response_format_to_grammar)
-and `minfer.sampling.tool_calls` (tools_for_prompt, parse_tool_calls, ToolCallStream); what is
-left is wiring them here, ending a generation when the mask reports `is_stopped()`
-(generation.py) and streaming `tool_calls` deltas (app.py).
+- `response_format` (`text`, `json_object`, `json_schema`) and llama-server's `grammar` (GBNF)
+  compile to an llguidance grammar (minfer.sampling.grammar); a forced `tool_choice` (`required`
+  or a named function) compiles to a grammar that can only write well-formed `<tool_call>` blocks
+  (minfer.sampling.tool_calls). The request gets its own `GrammarMask` over the model's
+  `GrammarVocab` (built once at load), applied first in its sampler, then `logit_bias`. A bad
+  schema, grammar or tool list is a 400 naming the problem, before anything is queued.
+- `OutputPlan.constraint` is that mask: the generation loop asks `is_stopped()` and ends the
+  request with "stop" on a valid prefix when no token may follow (generation.py).
+- `tools` are rendered by the chat template (not with `tool_choice: "none"`); the finished text
+  is parsed into OpenAI `tool_calls` (`finalize`), or streamed through a `ToolCallStream`.
+- `template_messages` turns request messages into what chat templates expect (assistant
+  `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from minfer.errors import GrammarError
+from minfer.sampling.grammar import (
+    GrammarMask,
+    GrammarVocab,
+    gbnf_grammar,
+    response_format_to_grammar,
+)
 from minfer.sampling.mask import LogitMask
+from minfer.sampling.tool_calls import (
+    ToolCallStream,
+    parse_tool_calls,
+    tool_choice_grammar,
+    tools_for_prompt,
+)
 from minfer.server.errors import bad_request
-from minfer.server.schemas import ChatCompletionRequest, SamplingFields
+from minfer.server.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
 
 
 class LogitBias:
@@ -63,37 +80,116 @@ class ChainedMask:
 
 @dataclass
 class OutputPlan:
-    logit_mask: LogitMask | None = None
-    tools: list[dict[str, Any]] | None = None
+    logit_mask: LogitMask | None = None  # everything the sampler applies first
+    constraint: GrammarMask | None = None  # the grammar part of it (ends the generation)
+    tools: list[dict[str, Any]] | None = None  # rendered into the prompt; output parsed
 
-    def finalize(self, text: str) -> dict[str, Any]:
-        """The assistant message's fields for the generated text (tool-call parsing goes here)."""
-        return {"content": text}
+    def finalize(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        """The assistant message's fields for the generated text, and the finish reason."""
+        if self.tools is None:
+            return {"content": text}, finish
+        content, calls = parse_tool_calls(text)
+        if not calls:
+            return {"content": content}, finish
+        fields = {"content": content or None, "tool_calls": calls}
+        return fields, "tool_calls" if finish == "stop" else finish
+
+    def tool_stream(self) -> ToolCallStream | None:
+        """A parser for streamed tool calls (None when no tools were offered)."""
+        return ToolCallStream() if self.tools is not None else None
 
 
-def plan_output(req: SamplingFields, n_vocab: int) -> OutputPlan:
-    """What shapes this request's output; a 400 for what is not supported yet."""
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise bad_request(f"response_format type {fmt.get('type')!r} is not supported yet",
-                          param="response_format", code="unsupported_value")
-    if req.grammar:
-        raise bad_request("grammar-constrained output is not supported yet", param="grammar",
-                          code="unsupported_value")
+def plan_output(req: SamplingFields, n_vocab: int,
+                vocab: GrammarVocab | None = None) -> OutputPlan:
+    """What shapes this request's output; a 400 for a bad schema, grammar or tool list."""
     plan = OutputPlan()
+    grammar = _request_grammar(req)
+    if isinstance(req, ChatCompletionRequest):
+        plan.tools, tool_grammar = _tools(req)
+        if tool_grammar is not None:
+            if grammar is not None:
+                raise bad_request(f"{grammar[1]} cannot be combined with a forced tool_choice",
+                                  param="tool_choice", code="invalid_value")
+            grammar = (tool_grammar, "tool_choice")
     masks: list[LogitMask] = []
+    if grammar is not None:
+        plan.constraint = _mask(vocab, *grammar)
+        masks.append(plan.constraint)
     if req.logit_bias:
         masks.append(LogitBias(_bias_ids(req.logit_bias, n_vocab)))
     if masks:
         plan.logit_mask = masks[0] if len(masks) == 1 else ChainedMask(masks)
-    if isinstance(req, ChatCompletionRequest) and req.tools:
-        choice = req.tool_choice
-        if choice not in (None, "auto", "none"):
-            raise bad_request("forcing a tool call (tool_choice) is not supported yet",
-                              param="tool_choice", code="unsupported_value")
-        if choice != "none":
-            plan.tools = req.tools
     return plan
+
+
+def _request_grammar(req: SamplingFields) -> tuple[str, str] | None:
+    """(grammar, the field it came from) for response_format / grammar, or None."""
+    try:
+        from_format = response_format_to_grammar(req.response_format)
+    except GrammarError as exc:
+        raise bad_request(f"response_format: {exc}", param="response_format",
+                          code="invalid_value") from None
+    if req.grammar is None:
+        return None if from_format is None else (from_format, "response_format")
+    if from_format is not None:
+        raise bad_request("give either grammar or a response_format, not both", param="grammar",
+                          code="invalid_value")
+    try:
+        return gbnf_grammar(req.grammar), "grammar"
+    except GrammarError as exc:
+        raise bad_request(f"grammar: {exc}", param="grammar", code="invalid_value") from None
+
+
+def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(tools to render, grammar forcing a call or None)."""
+    param = "tools"
+    try:
+        tools = tools_for_prompt(req.tools, req.tool_choice)
+        param = "tool_choice"
+        grammar = tool_choice_grammar(req.tools, req.tool_choice,
+                                      parallel=req.parallel_tool_calls is not False)
+    except GrammarError as exc:
+        raise bad_request(f"{param}: {exc}", param=param, code="invalid_value") from None
+    return (None if tools is None else [dict(t) for t in tools]), grammar
+
+
+def _mask(vocab: GrammarVocab | None, grammar: str, param: str) -> GrammarMask:
+    if vocab is None:
+        raise bad_request(f"{param}: this model's vocabulary cannot be grammar-constrained",
+                          param=param, code="unsupported_value")
+    try:
+        return GrammarMask(vocab, grammar)
+    except GrammarError as exc:
+        raise bad_request(f"{param}: {exc}", param=param, code="invalid_value") from None
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them; tool-call arguments (JSON text in the API)
+    become objects, as Qwen's, Llama's and Hermes' templates write `arguments | tojson`."""
+    out = []
+    for i, message in enumerate(messages):
+        m = message.for_template()
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_template_call(c, f"messages.{i}.tool_calls.{j}")
+                               for j, c in enumerate(m["tool_calls"])]
+        out.append(m)
+    return out
+
+
+def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request(f"{where}: a tool call needs function.name", param=where,
+                          code="invalid_value")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise bad_request(f"{where}.function.arguments is not valid JSON: {exc}",
+                              param=where, code="invalid_value") from None
+    return {**call, "type": call.get("type", "function"),
+            "function": {**fn, "arguments": args}}
 
 
 def _bias_ids(bias: dict[str, float], n_vocab: int) -> dict[int, float]:
