@@ -144,8 +144,9 @@ def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str
     """(tools to render, grammar forcing a call or None)."""
     param = "tools"
     try:
-        tools = tools_for_prompt(req.tools, req.tool_choice)
+        tools_for_prompt(req.tools)  # the tools themselves, before the choice among them
         param = "tool_choice"
+        tools = tools_for_prompt(req.tools, req.tool_choice)
         grammar = tool_choice_grammar(req.tools, req.tool_choice,
                                       parallel=req.parallel_tool_calls is not False)
     except GrammarError as exc:

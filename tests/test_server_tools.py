@@ -1,0 +1,149 @@
+"""Tool calls through the HTTP app in-process (tiny model's tokenizer, fake engine).
+
+A forced tool_choice (a named function, or `required`) is grammar-constrained, so even random
+logits write a call that parses and matches the parameter schema: `message.tool_calls`, content
+null, finish_reason "tool_calls"; streamed as `delta.tool_calls` whose joined arguments equal the
+whole response's. Bad tool lists and choices are 400s; assistant tool calls in the request reach
+the template with their arguments as objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minfer.server.schemas import ChatMessage
+from minfer.server.state import ServerState
+from minfer.server.structured import template_messages
+from tests.test_server_app import CHAT, HELLO, call, make_state, sse
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"enum": ["Paris", "Rome"]}, "celsius": {"type": "boolean"}},
+        "required": ["city", "celsius"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False}}}
+FORCED = {"messages": HELLO, "tools": [WEATHER, TIME], "max_tokens": 300, "temperature": 0,
+          "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+          "parallel_tool_calls": False}
+
+
+@pytest.fixture(scope="module")
+def state(tiny_qwen2: Path) -> Iterator[ServerState]:
+    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
+    st.start()
+    assert st.wait_ready(30)
+    yield st
+    st.stop()
+
+
+def check_weather_args(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert args["city"] in ("Paris", "Rome") and isinstance(args["celsius"], bool)
+    assert set(args) == {"city", "celsius"}
+
+
+def test_forced_named_call_returns_tool_calls(state: ServerState) -> None:
+    r = call(state, "POST", CHAT, json=FORCED)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    msg = choice["message"]
+    assert msg["role"] == "assistant" and msg["content"] is None
+    (tc,) = msg["tool_calls"]
+    assert tc["type"] == "function" and tc["id"].startswith("call_")
+    assert tc["function"]["name"] == "get_weather"
+    check_weather_args(tc["function"]["arguments"])
+
+
+def test_forced_call_streams_tool_call_deltas(state: ServerState) -> None:
+    whole = call(state, "POST", CHAT, json=FORCED).json()["choices"][0]["message"]
+    chunks = sse(call(state, "POST", CHAT, json={**FORCED, "stream": True}))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None
+    calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    first = calls[0][0]
+    assert first["index"] == 0 and first["id"].startswith("call_")
+    assert first["type"] == "function"
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
+    assert all(c[0]["index"] == 0 and set(c[0]) == {"index", "function"} for c in calls[1:])
+    arguments = "".join(c[0]["function"]["arguments"] for c in calls)
+    assert arguments == whole["tool_calls"][0]["function"]["arguments"]
+    check_weather_args(arguments)
+    assert not any(d.get("content") for d in deltas)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_required_calls_one_of_the_tools(state: ServerState) -> None:
+    body = {**FORCED, "tool_choice": "required", "messages": [{"role": "user", "content": "?"}]}
+    r = call(state, "POST", CHAT, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (tc,) = choice["message"]["tool_calls"]
+    assert tc["function"]["name"] in ("get_weather", "get_time")
+    assert isinstance(json.loads(tc["function"]["arguments"]), dict)
+
+
+def test_auto_and_none_leave_free_text(state: ServerState) -> None:
+    for choice in ("auto", "none"):
+        r = call(state, "POST", CHAT, json={**FORCED, "tool_choice": choice, "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        body = r.json()["choices"][0]
+        assert body["finish_reason"] == "length" and "tool_calls" not in body["message"]
+        assert isinstance(body["message"]["content"], str)
+
+
+def test_a_tool_round_trip_request_is_accepted(state: ServerState) -> None:
+    call_ = {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [*HELLO, {"role": "assistant", "content": "", "tool_calls": [call_]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = call(state, "POST", CHAT, json={"messages": msgs, "tools": [WEATHER], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+
+
+BAD = [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "unknown function"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice", "at least one tool"),
+    ({"tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools", "a tool must be"),
+    ({"response_format": {"type": "json_object"}}, "tool_choice", "cannot be combined"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": 7}}}]}, "tool_choice", "type"),
+]
+
+
+@pytest.mark.parametrize(("extra", "param", "words"), BAD)
+def test_bad_tools_are_a_400(state: ServerState, extra: dict[str, Any], param: str,
+                             words: str) -> None:
+    r = call(state, "POST", CHAT, json={**FORCED, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"]
+
+
+def test_bad_tool_call_arguments_in_a_message_are_a_400(state: ServerState) -> None:
+    bad = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}
+    msgs = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [bad]}]
+    r = call(state, "POST", CHAT, json={"messages": msgs, "max_tokens": 4})
+    assert r.status_code == 400
+    assert "arguments is not valid JSON" in r.json()["error"]["message"]
+
+
+def test_template_messages_turn_arguments_into_objects() -> None:
+    msg = ChatMessage(role="assistant", content=None, tool_calls=[
+        {"id": "c1", "type": "function",
+         "function": {"name": "f", "arguments": '{"a": [1, 2]}'}},
+        {"id": "c2", "function": {"name": "g", "arguments": {"b": 1}}}])
+    (out,) = template_messages([msg])
+    assert out["tool_calls"][0]["function"]["arguments"] == {"a": [1, 2]}
+    assert out["tool_calls"][1]["function"] == {"name": "g", "arguments": {"b": 1}}
+    assert out["tool_calls"][1]["type"] == "function"
