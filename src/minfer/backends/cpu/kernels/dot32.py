@@ -9,8 +9,12 @@ to f32 rounding, not bit for bit.
 The per-row work is one `simd.rowdot_*` intrinsic (the whole row loop in explicit vector IR:
 VNNI lane sums, per-block scales folded into register accumulators, software prefetch, one
 horizontal sum per row). Here rows are split across threads in contiguous chunks of `_CHUNK`
-(numba's static schedule hands each thread one contiguous run of chunks); for a few tokens the
-token loop sits inside a chunk so its rows are reused from cache.
+(numba's static schedule hands each thread one contiguous run of chunks). Tokens go through a
+chunk MAX_TOKENS at a time (`rowdot4_*`: each weight block unpacked once, dotted against four
+activation rows), the rest one at a time; both intrinsics emit the same per-token float
+operations, so out[t] is bitwise independent of the batch (batch-invariant serving). Compiled
+without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
+reassociable.
 """
 
 from __future__ import annotations
@@ -19,7 +23,19 @@ import numpy as np
 from numba import njit, prange
 
 from ._llvm import f16_to_f32
-from .simd import rowdot_q4_0, rowdot_q4_1, rowdot_q5_0, rowdot_q5_1, rowdot_q8_0
+from .simd import (
+    MAX_TOKENS,
+    rowdot4_q4_0,
+    rowdot4_q4_1,
+    rowdot4_q5_0,
+    rowdot4_q5_1,
+    rowdot4_q8_0,
+    rowdot_q4_0,
+    rowdot_q4_1,
+    rowdot_q5_0,
+    rowdot_q5_1,
+    rowdot_q8_0,
+)
 
 _CHUNK = 16  # rows per work item
 U = np.uint64
@@ -31,51 +47,73 @@ def load_f16(buf, off):
     return f16_to_f32(np.uint16(buf[off]) | np.uint16(np.uint16(buf[off + 1]) << np.uint16(8)))
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+
+
+@njit(parallel=True, cache=True)
 def mv_q4_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, xsr = xq[t], xd[t], xs[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q4_0(w[r], xr, xdr, xsr)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q4_0(w[r], xq, xd, xs, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_0(w[r], xq, xd, xs, t, out, r)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q4_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, xsr = xq[t], xd[t], xs[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q4_1(w[r], xr, xdr, xsr)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q4_1(w[r], xq, xd, xs, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_1(w[r], xq, xd, xs, t, out, r)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q5_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, xsr = xq[t], xd[t], xs[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q5_0(w[r], xr, xdr, xsr)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q5_0(w[r], xq, xd, xs, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q5_0(w[r], xq, xd, xs, t, out, r)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q5_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, xsr = xq[t], xd[t], xs[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q5_1(w[r], xr, xdr, xsr)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q5_1(w[r], xq, xd, xs, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q5_1(w[r], xq, xd, xs, t, out, r)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q8_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, xsr = xq[t], xd[t], xs[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q8_0(w[r], xr, xdr, xsr)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q8_0(w[r], xq, xd, xs, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q8_0(w[r], xq, xd, xs, t, out, r)

@@ -6,7 +6,8 @@ accumulated in int32 lanes per super-block by the `simd_k.rowdot_*_k` row intrin
 unpack the 6-bit scales and dot the mins (Q4_K/Q5_K) with the activation's 16-value `bsums`);
 Q6_K's -32 offset is applied to the codes. The float part is
 `d_x * d_w * sumi` plus `-d_x * dmin_w * summ` in f32 (order differs from ggml's SIMD lanes:
-agreement to f32 rounding). Same code shape as `dot32`.
+agreement to f32 rounding). Same code shape as `dot32`: MAX_TOKENS activation rows per
+pass over a weight row, batch-invariant, no fastmath.
 """
 
 from __future__ import annotations
@@ -14,34 +15,54 @@ from __future__ import annotations
 from numba import njit, prange
 
 from .dot32 import _CHUNK
-from .simd_k import rowdot_q4_k, rowdot_q5_k, rowdot_q6_k
+from .simd import MAX_TOKENS
+from .simd_k import (
+    rowdot4_q4_k,
+    rowdot4_q5_k,
+    rowdot4_q6_k,
+    rowdot_q4_k,
+    rowdot_q5_k,
+    rowdot_q6_k,
+)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q4_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, bs = xq[t], xd[t], bsums[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q4_k(w[r], xr, xdr, bs)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q4_k(w[r], xq, xd, bsums, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_k(w[r], xq, xd, bsums, t, out, r)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q5_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, bs = xq[t], xd[t], bsums[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q5_k(w[r], xr, xdr, bs)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q5_k(w[r], xq, xd, bsums, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q5_k(w[r], xq, xd, bsums, t, out, r)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def mv_q6_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for t in range(nt):  # the chunk's rows stay in cache across the tokens
-            xr, xdr, bs = xq[t], xd[t], bsums[t]
-            for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
-                out[t, r] = rowdot_q6_k(w[r], xr, xdr, bs)
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q6_k(w[r], xq, xd, bsums, t, out, r)
+        for t in range(n_full, nt):
+            for r in range(c * _CHUNK, r1):
+                rowdot_q6_k(w[r], xq, xd, bsums, t, out, r)

@@ -8,10 +8,15 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
 - exact int32 lane sums of (code - offset) * x: with VNNI one `vpdpbusd` gives 8 lanes of 4-sums
   (u8 x s8; the code offset is a second vpdpbusd of the constant), else the portable
   mul/add-adjacent-pairs form that x86 lowers to `vpmaddwd` gives 16 lanes;
-- `rowdot_<type>(w_row, x, xd, xs) -> f32` for the 32-value types runs a whole row: steps of
-  BLOCKS_PER_CALL blocks (then single blocks), lanes times d_w * d_x per block added to f32
-  accumulators that stay in registers, a software prefetch PREFETCH bytes ahead, one horizontal
-  sum at the end (ggml's AVX2 loop, minus the per-block reduction);
+- `rowdot_<type>(w_row, x, xd, xs, t, out, r)` for the 32-value types runs a whole row against
+  activation row t (`rowdot4_<type>`: rows t..t+3, each block unpacked once for the four):
+  steps of BLOCKS_PER_CALL blocks (then single blocks), lanes times d_w * d_x per block fused
+  (FMA) into per-token f32 accumulators that stay in registers (loop-carried phis), a software
+  prefetch PREFETCH bytes ahead, one fixed-order horizontal sum per token at the end;
+- batch invariance: the float operations for one (token, row) are emitted identically whatever
+  the number of tokens per pass, and carry no fastmath flags (the kernels are compiled without
+  fastmath), so LLVM cannot reassociate them differently: a token's result is bitwise the same
+  alone or batched (tests/test_kernels_batch_invariance.py);
 - the K-quant rows (`simd_k`) reuse these helpers.
 
 Arguments are 1-D contiguous arrays; nothing is bounds-checked. numba's cache does not see edits
@@ -37,6 +42,7 @@ _F32 = ir.FloatType()
 
 # u8 x s8 dot in groups of 4 (vpdpbusd): AVX512-VNNI with VL, or AVX-VNNI
 HAS_VNNI = target_has("avxvnni") or target_has("avx512vnni", "avx512vl")
+HAS_FMA = target_has("fma")
 LANES = 8 if HAS_VNNI else 16  # lanes per block sum: 4-sums (vpdpbusd) or pair sums (pmaddwd)
 
 
@@ -51,23 +57,6 @@ def _splat(builder: Any, v: Any, n: int) -> Any:
     undef = ir.Constant(_vec(v.type, n), None)
     v1 = builder.insert_element(undef, v, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v1, undef, ir.Constant(_vec(_I32, n), [0] * n))
-
-
-def _ptr(context: Any, builder: Any, aryty: Any, ary: Any, idx: Any) -> Any:
-    arr = context.make_array(aryty)(context, builder, ary)
-    return cgutils.get_item_pointer(
-        context, builder, aryty, arr, [idx], wraparound=False, boundscheck=False
-    )
-
-
-def _load(context: Any, builder: Any, aryty: Any, ary: Any, idx: Any, ty: ir.Type) -> Any:
-    """Unaligned load of one `ty` (a scalar or a vector) starting at ary[idx]."""
-    ptr = _ptr(context, builder, aryty, ary, idx)
-    return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
-
-
-def _f16_at(context: Any, builder: Any, aryty: Any, ary: Any, idx: Any) -> Any:
-    return half_to_float(builder, _load(context, builder, aryty, ary, idx, _I16))
 
 
 def _nibbles(builder: Any, q: Any) -> Any:
@@ -107,23 +96,6 @@ def _lane_sums(builder: Any, codes: Any, x: Any, offset: int, signed: bool) -> A
     return builder.add(even, odd)
 
 
-def _codes32(context: Any, builder: Any, w_t: Any, w_v: Any, base: Any, qs_off: int,
-             qh_off: int | None, signed: bool) -> Any:
-    """The 32 codes of the block at byte `base` as <32 x i8> (raw int8 for Q8_0)."""
-
-    def at(off: int) -> Any:
-        return builder.add(base, ir.Constant(base.type, off))
-
-    if signed:  # Q8_0
-        return _load(context, builder, w_t, w_v, at(qs_off), _vec(_I8, 32))
-    codes = _nibbles(builder, _load(context, builder, w_t, w_v, at(qs_off), _vec(_I8, 16)))
-    if qh_off is not None:  # 5th bits: bit j of a u32 -> byte j
-        qh = _load(context, builder, w_t, w_v, at(qh_off), _I32)
-        bits = builder.zext(builder.bitcast(qh, _vec(_I1, 32)), _vec(_I8, 32))
-        codes = builder.or_(codes, builder.shl(bits, _splat(builder, 4, 32)))
-    return codes
-
-
 def _concat(builder: Any, parts: list[Any]) -> Any:
     """Concatenate equal-length vectors (a power-of-two count), pairwise."""
     while len(parts) > 1:
@@ -134,62 +106,121 @@ def _concat(builder: Any, parts: list[Any]) -> Any:
     return parts[0]
 
 
-def _emit_blocks(context: Any, builder: Any, arrs: tuple[Any, ...], b: Any, count: int,
-                 layout: tuple[int, int, int | None, int, bool, int | None]) -> Any:
-    """IR for `count` consecutive blocks b.. of a row: <count*LANES x f32> lane contributions
-    d_w * d_x * (lane sums of (code - offset) * x) (+ m_w * s_x in each block's first lane)."""
+def _ld(builder: Any, ptr: Any, off: Any, ty: ir.Type) -> Any:
+    """Unaligned load of one `ty` at byte offset `off` (an i64 value or int) from an i8*."""
+    if isinstance(off, int):
+        off = ir.Constant(ir.IntType(64), off)
+    return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=1)
+
+
+def _row_ptr(context: Any, builder: Any, aryty: Any, ary: Any, t: Any) -> Any:
+    """i8* to ary[t, 0] of a C-contiguous 2-D array (no bounds check)."""
+    arr = context.make_array(aryty)(context, builder, ary)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, arr, [t, ir.Constant(t.type, 0)],
+                                   wraparound=False, boundscheck=False)
+    return builder.bitcast(ptr, _I8.as_pointer())
+
+
+def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c: one fused rounding where the target has FMA, else two (no fastmath flags, so
+    the value depends only on the operands, whatever code surrounds it)."""
+    if HAS_FMA:
+        ty = a.type
+        name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
+        return builder.call(fn, [a, b, c])
+    return builder.fadd(builder.fmul(a, b), c)
+
+
+def _hsum(builder: Any, v: Any) -> Any:
+    """Horizontal f32 sum of a power-of-two vector in a fixed tree order (halves folded)."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n, 2 * n))))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _f16s(builder: Any, w: Any, bases: list[Any], field: int, size: int) -> Any:
+    """The f16 field at byte `field` of each of len(bases) consecutive blocks, <n x f32>."""
+    count = len(bases)
+    if count == 1:
+        f = half_to_float(builder, _ld(builder, w, builder.add(bases[0], ir.Constant(
+            bases[0].type, field)), _I16))
+        return builder.insert_element(ir.Constant(_vec(_F32, 1), None), f, ir.Constant(_I32, 0))
+    # one wide load of the blocks' bytes, then a byte shuffle picks the f16 fields
+    span = size * (count - 1) + field + 2
+    raw = _ld(builder, w, bases[0], _vec(_I8, span))
+    idx = [size * k + field + i for k in range(count) for i in range(2)]
+    pairs = builder.shuffle_vector(raw, raw, ir.Constant(_vec(_I32, 2 * count), idx))
+    halves = builder.bitcast(pairs, _vec(_I16, count))
+    if HAS_F16C:  # one vcvtph2ps
+        return builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), count)),
+                             _vec(_F32, count))
+    wv = ir.Constant(_vec(_F32, count), None)
+    for k in range(count):
+        f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
+        wv = builder.insert_element(wv, f, ir.Constant(_I32, k))
+    return wv
+
+
+def _codes_at(builder: Any, w: Any, base: Any, qs_off: int, qh_off: int | None,
+              signed: bool) -> Any:
+    """The 32 codes of the block at byte `base` of the row at i8* `w`, <32 x i8>."""
+
+    def at(off: int) -> Any:
+        return builder.add(base, ir.Constant(base.type, off))
+
+    if signed:  # Q8_0
+        return _ld(builder, w, at(qs_off), _vec(_I8, 32))
+    codes = _nibbles(builder, _ld(builder, w, at(qs_off), _vec(_I8, 16)))
+    if qh_off is not None:  # 5th bits: bit j of a u32 -> byte j
+        qh = _ld(builder, w, at(qh_off), _I32)
+        bits = builder.zext(builder.bitcast(qh, _vec(_I1, 32)), _vec(_I8, 32))
+        codes = builder.or_(codes, builder.shl(bits, _splat(builder, 4, 32)))
+    return codes
+
+
+def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, Any, Any]], b: Any, count: int,
+                 layout: tuple[int, int, int | None, int, bool, int | None],
+                 acc: list[Any], accm: list[Any]) -> tuple[list[Any], list[Any]]:
+    """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xd, xs)
+    i8* row pointers). The blocks are unpacked once and shared by the tokens. Per token: the
+    int lane sums of (code - offset) * x, times d_w * d_x per block, fused into that token's
+    accumulator `acc[j]` (the count*LANES lanes folded onto its width, lowest half first), and
+    m_w * s_x fused into `accm[j]` (<count x f32>; Q4_1 / Q5_1). The float operations for one
+    token are the same whatever the other tokens are: a token's result never depends on R."""
     size, qs_off, qh_off, offset, signed, m_off = layout
-    (w_t, w_v), (x_t, x_v), (xd_t, xd_v), (xs_t, xs_v) = arrs
     u64 = b.type
     bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
              for k in range(count)]
     xo = builder.mul(b, ir.Constant(u64, 32))
-    parts = []
-    for k in range(count):
-        codes = _codes32(context, builder, w_t, w_v, bases[k], qs_off, qh_off, signed)
-        xk = _load(context, builder, x_t, x_v, builder.add(xo, ir.Constant(u64, 32 * k)),
-                   _vec(_I8, 32))
-        parts.append(_lane_sums(builder, codes, xk, offset, signed))
-    lanes = _concat(builder, parts)
-
-    def per_block(arr_t: Any, arr_v: Any, field: int) -> tuple[Any, Any]:
-        """(f16 field of each block as <count x f32>, arr[b:b+count] as <count x f32>)"""
-        act = builder.load(builder.bitcast(_ptr(context, builder, arr_t, arr_v, b),
-                                           _vec(_F32, count).as_pointer()), align=4)
-        if count == 1:
-            f = _f16_at(context, builder, w_t, w_v, builder.add(bases[0], ir.Constant(u64, field)))
-            return builder.insert_element(ir.Constant(_vec(_F32, 1), None), f,
-                                          ir.Constant(_I32, 0)), act
-        # one wide load of the blocks' bytes, then a byte shuffle picks the f16 fields
-        span = size * (count - 1) + field + 2
-        raw = _load(context, builder, w_t, w_v, bases[0], _vec(_I8, span))
-        idx = [size * k + field + i for k in range(count) for i in range(2)]
-        pairs = builder.shuffle_vector(raw, raw, ir.Constant(_vec(_I32, 2 * count), idx))
-        halves = builder.bitcast(pairs, _vec(_I16, count))
-        if HAS_F16C:  # one vcvtph2ps
-            return builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), count)),
-                                 _vec(_F32, count)), act
-        wv = ir.Constant(_vec(_F32, count), None)
-        for k in range(count):
-            f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
-            wv = builder.insert_element(wv, f, ir.Constant(_I32, k))
-        return wv, act
-
-    dw, dx = per_block(xd_t, xd_v, 0)
-    dk = builder.fmul(dw, dx)  # d_w * d_x per block, broadcast over its lanes
+    fo = builder.mul(b, ir.Constant(u64, 4))
+    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
+    dw = _f16s(builder, w, bases, 0, size)
+    mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     n = LANES * count
-    dv = builder.shuffle_vector(dk, dk, ir.Constant(
-        _vec(_I32, n), [k for k in range(count) for _ in range(LANES)]))
-    add = builder.fmul(dv, builder.sitofp(lanes, _vec(_F32, n)), flags=["fast"])
-    if m_off is not None:  # + m_w * s_x per block, into the block's first lane
-        mw, sx = per_block(xs_t, xs_v, m_off)
-        ms = builder.fmul(mw, sx)
-        ms = builder.shuffle_vector(ms, ir.Constant(_vec(_F32, count), [0.0] * count),
-                                    ir.Constant(_vec(_I32, n), [
-                                        k if i == 0 else count
-                                        for k in range(count) for i in range(LANES)]))
-        add = builder.fadd(add, ms, flags=["fast"])
-    return add
+    out_acc, out_m = [], []
+    for j, (x, xd, xs) in enumerate(toks):
+        parts = [_lane_sums(builder, codes[k], _ld(builder, x, builder.add(
+            xo, ir.Constant(u64, 32 * k)), _vec(_I8, 32)), offset, signed)
+                 for k in range(count)]
+        lanes = builder.sitofp(_concat(builder, parts), _vec(_F32, n))
+        dk = builder.fmul(dw, _ld(builder, xd, fo, _vec(_F32, count)))
+        dv = builder.shuffle_vector(dk, dk, ir.Constant(
+            _vec(_I32, n), [k for k in range(count) for _ in range(LANES)]))
+        a = acc[j]
+        width = a.type.count
+        for h in range(0, n, width):  # fold the blocks' lanes onto the accumulator's width
+            sel = ir.Constant(_vec(_I32, width), list(range(h, h + width)))
+            a = _fma(builder, builder.shuffle_vector(dv, dv, sel),
+                     builder.shuffle_vector(lanes, lanes, sel), a)
+        out_acc.append(a)
+        if mw is not None:
+            out_m.append(_fma(builder, mw, _ld(builder, xs, fo, _vec(_F32, count)), accm[j]))
+    return out_acc, out_m
 
 
 def _prefetch_ir(builder: Any, ptr: Any) -> None:
@@ -201,57 +232,114 @@ def _prefetch_ir(builder: Any, ptr: Any) -> None:
                       ir.Constant(i32, 1)])
 
 
-def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None]) -> Any:
-    """An intrinsic rowdot(w, x, xd, xs) -> f32: the dot of one weight row (uint8 block bytes)
-    with a quantized activation row (x int8, xd per-block scales, xs per-block Q8_1 sums).
-    Steps of BLOCKS_PER_CALL blocks, then single blocks; the accumulators stay in registers and
-    a software prefetch runs PREFETCH bytes ahead."""
-    size = layout[0]
+def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]:
+    """for i in range(count): vals = body(i, vals), with the values carried in phis (the
+    accumulators stay in registers). Returns the final values."""
+    u64 = count.type
+    pre = builder.block
+    head = builder.append_basic_block("acc.head")
+    loop_bb = builder.append_basic_block("acc.body")
+    done = builder.append_basic_block("acc.done")
+    builder.branch(head)
+    builder.position_at_end(head)
+    idx = builder.phi(u64)
+    idx.add_incoming(ir.Constant(u64, 0), pre)
+    phis = []
+    for v in init:
+        p = builder.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    builder.cbranch(builder.icmp_unsigned("<", idx, count), loop_bb, done)
+    builder.position_at_end(loop_bb)
+    new = body(idx, phis)
+    nxt = builder.add(idx, ir.Constant(u64, 1))
+    end_bb = builder.block
+    idx.add_incoming(nxt, end_bb)
+    for p, v in zip(phis, new, strict=True):
+        p.add_incoming(v, end_bb)
+    builder.branch(head)
+    builder.position_at_end(done)
+    return phis
 
-    def typer(typingctx: Any, w: Any, x: Any, xd: Any, xs: Any) -> Any:
-        sig = types.float32(w, x, xd, xs)
+
+def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
+    """An intrinsic rowdot(w, x, xd, xs, t, out, r) -> None: out[t + j, r] = dot of the weight
+    row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xd per-block
+    scales, xs per-block Q8_1 sums; all 2-D) for j < ntok. Each block is unpacked once and
+    dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then single blocks; per token
+    an ACC_BLOCKS-block-wide f32 accumulator (fused multiply-adds in block order) plus one for
+    the tail blocks, summed in a fixed tree at the end. The per-token float operations do not
+    depend on ntok, so the batched result is bitwise the one-token result."""
+    size, m_off = layout[0], layout[5]
+
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, xs: Any, t: Any, out: Any,
+              r: Any) -> Any:
+        sig = types.void(w, x, xd, xs, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            arrs = tuple(zip(signature.args, args, strict=True))
-            nb = builder.udiv(context.make_array(signature.args[1])(
-                context, builder, args[1]).nitems, ir.Constant(cgutils.intp_t, 32))
+            w_t, x_t, xd_t, xs_t, t_t, out_t, r_t = signature.args
+            w_v, x_v, xd_v, xs_v, t_v, out_v, r_v = args
             u64 = ir.IntType(64)
+            intp = cgutils.intp_t
+            t_v = context.cast(builder, t_v, t_t, types.intp)
+            r_v = context.cast(builder, r_v, r_t, types.intp)
+            x_arr = context.make_array(x_t)(context, builder, x_v)
+            n_in = builder.extract_value(x_arr.shape, 1)
+            nb = builder.udiv(n_in, ir.Constant(intp, 32))
             nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
             n_main = builder.udiv(nb, ir.Constant(u64, BLOCKS_PER_CALL))
-            wide = _vec(_F32, LANES * BLOCKS_PER_CALL)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(wide, [0.0] * wide.count))
-            acc1 = cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, LANES),
-                                                                  [0.0] * LANES))
-            w_data = context.make_array(signature.args[0])(context, builder, args[0]).data
-            with cgutils.for_range(builder, n_main) as loop:
-                b = builder.mul(loop.index, ir.Constant(u64, BLOCKS_PER_CALL))
+            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
+                                  _I8.as_pointer())
+            toks = []
+            for j in range(ntok):
+                tj = builder.add(t_v, ir.Constant(intp, j))
+                toks.append(tuple(_row_ptr(context, builder, aty, av, tj)
+                                  for aty, av in ((x_t, x_v), (xd_t, xd_v), (xs_t, xs_v))))
+            wide = _vec(_F32, LANES * ACC_BLOCKS)
+            mvec = _vec(_F32, BLOCKS_PER_CALL)
+            zero_w = ir.Constant(wide, [0.0] * wide.count)
+            zero_m = ir.Constant(mvec, [0.0] * mvec.count)
+            has_m = m_off is not None
+
+            def main_body(i: Any, vals: list[Any]) -> list[Any]:
+                b = builder.mul(i, ir.Constant(u64, BLOCKS_PER_CALL))
                 start = builder.add(builder.mul(b, ir.Constant(u64, size)),
                                     ir.Constant(u64, PREFETCH))
                 for off in range(0, size * BLOCKS_PER_CALL, 64):
-                    _prefetch_ir(builder, builder.gep(w_data, [
+                    _prefetch_ir(builder, builder.gep(w_p, [
                         builder.add(start, ir.Constant(u64, off))]))
-                add = _emit_blocks(context, builder, arrs, b, BLOCKS_PER_CALL, layout)
-                builder.store(builder.fadd(builder.load(acc), add, flags=["fast"]), acc)
+                a, m = _emit_blocks(builder, w_p, toks, b, BLOCKS_PER_CALL, layout,
+                                    vals[:ntok], vals[ntok:])
+                return a + m
+
+            init = [zero_w] * ntok + ([zero_m] * ntok if has_m else [])
+            vals = _phi_loop(builder, n_main, init, main_body)
+            acc, accm = vals[:ntok], vals[ntok:]
             tail0 = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
-            with cgutils.for_range(builder, builder.sub(nb, tail0)) as loop:
-                add = _emit_blocks(context, builder, arrs, builder.add(tail0, loop.index), 1,
-                                   layout)
-                builder.store(builder.fadd(builder.load(acc1), add, flags=["fast"]), acc1)
-            total = builder.load(acc)
-            n = wide.count
-            while n > LANES:  # fold halves down to LANES, then add the tail accumulator
-                n //= 2
-                lo = builder.shuffle_vector(total, total, ir.Constant(_vec(_I32, n),
-                                                                      list(range(n))))
-                hi = builder.shuffle_vector(total, total, ir.Constant(_vec(_I32, n),
-                                                                      list(range(n, 2 * n))))
-                total = builder.fadd(lo, hi, flags=["fast"])
-            total = builder.fadd(total, builder.load(acc1), flags=["fast"])
-            result = builder.extract_element(total, ir.Constant(_I32, 0))
-            for i in range(1, LANES):
-                result = builder.fadd(result, builder.extract_element(total, ir.Constant(_I32, i)),
-                                      flags=["fast"])
-            return result
+
+            def tail_body(i: Any, vals: list[Any]) -> list[Any]:
+                a, m = _emit_blocks(builder, w_p, toks, builder.add(tail0, i), 1, layout,
+                                    vals[:ntok], vals[ntok:])
+                return a + m
+
+            z1 = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
+            z1m = ir.Constant(_vec(_F32, 1), [0.0])
+            init1 = [z1] * ntok + ([z1m] * ntok if has_m else [])
+            vals1 = _phi_loop(builder, builder.sub(nb, tail0), init1, tail_body)
+            acc1, accm1 = vals1[:ntok], vals1[ntok:]
+            out_arr = context.make_array(out_t)(context, builder, out_v)
+            for j in range(ntok):
+                total = builder.fadd(_hsum(builder, acc[j]), _hsum(builder, acc1[j]))
+                if has_m:
+                    msum = builder.fadd(_hsum(builder, accm[j]), builder.extract_element(
+                        accm1[j], ir.Constant(_I32, 0)))
+                    total = builder.fadd(total, msum)
+                ptr = cgutils.get_item_pointer(
+                    context, builder, out_t, out_arr,
+                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
+                    wraparound=False, boundscheck=False)
+                builder.store(total, ptr)
+            return context.get_dummy_value()
 
         return sig, codegen
 
@@ -268,8 +356,15 @@ _LAYOUTS = {
     "q5_1": (24, 8, 4, 0, False, 2),
     "q8_0": (34, 2, None, 0, True, None),
 }
-rowdot_q4_0: Any = _row_dot(_LAYOUTS["q4_0"])
-rowdot_q4_1: Any = _row_dot(_LAYOUTS["q4_1"])
-rowdot_q5_0: Any = _row_dot(_LAYOUTS["q5_0"])
-rowdot_q5_1: Any = _row_dot(_LAYOUTS["q5_1"])
-rowdot_q8_0: Any = _row_dot(_LAYOUTS["q8_0"])
+ACC_BLOCKS = 4  # blocks' worth of f32 lanes per token accumulator (a few zmm per token)
+MAX_TOKENS = 4  # activation rows per pass over a weight row (the batched intrinsics)
+rowdot_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 1)
+rowdot_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 1)
+rowdot_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 1)
+rowdot_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 1)
+rowdot_q8_0: Any = _row_dot(_LAYOUTS["q8_0"], 1)
+rowdot4_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS)
+rowdot4_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], MAX_TOKENS)
+rowdot4_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS)
+rowdot4_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], MAX_TOKENS)
+rowdot4_q8_0: Any = _row_dot(_LAYOUTS["q8_0"], MAX_TOKENS)

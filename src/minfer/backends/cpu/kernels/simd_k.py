@@ -17,18 +17,22 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._llvm import half_to_float
 from .simd import (
     _F32,
     _I8,
     _I16,
     _I32,
     LANES,
+    MAX_TOKENS,
     PREFETCH,
-    _f16_at,
+    _fma,
+    _hsum,
     _lane_sums,
-    _load,
+    _ld,
+    _phi_loop,
     _prefetch_ir,
-    _ptr,
+    _row_ptr,
     _splat,
     _vec,
 )
@@ -40,46 +44,30 @@ def _reduce_add(builder: Any, v: Any) -> Any:
     return builder.call(fn, [v])
 
 
-def _emit_super(context: Any, builder: Any, arrs: tuple[Any, ...], i: Any,
-                kind: str) -> tuple[Any, Any]:
-    """IR for super-block i of a K-quant row: (<LANES x i32> sum over sub-blocks of scale * lane
-    sums of codes . x, i32 sum of min * activation sums (Q4_K/Q5_K; 0 for Q6_K))."""
-    (w_t, w_v), (x_t, x_v), _, (bs_t, bs_v) = arrs
-    u64 = i.type
-    base = builder.mul(i, ir.Constant(u64, _KSIZE[kind]))
-    xo = builder.mul(i, ir.Constant(u64, 256))
+def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any], Any]:
+    """Super-block at byte `base` of the row at i8* `w`: its eight 32-code groups (<32 x i8>, in
+    activation order; Q6_K's still offset by 32) and the scales/mins as <16 x i32> (Q4_K/Q5_K:
+    8 scales then 8 mins; Q6_K: 16 signed scales, one per 16 values)."""
+    u64 = base.type
 
     def wat(off: int) -> Any:
         return builder.add(base, ir.Constant(u64, off))
 
-    def xat(off: int) -> Any:
-        return builder.add(xo, ir.Constant(u64, off))
-
-    def splat_lane(vec: Any, idx: list[int]) -> Any:
-        return builder.shuffle_vector(vec, vec, ir.Constant(_vec(_I32, len(idx)), idx))
-
-    acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+    codes = []
     if kind == "q6":
-        sc = builder.sext(_load(context, builder, w_t, w_v, wat(192), _vec(_I8, 16)),
-                          _vec(_I32, 16))
-        half = LANES // 2
+        sc = builder.sext(_ld(builder, w, wat(192), _vec(_I8, 16)), _vec(_I32, 16))
         for n in range(2):
-            h = _load(context, builder, w_t, w_v, wat(128 + 32 * n), _vec(_I8, 32))
+            h = _ld(builder, w, wat(128 + 32 * n), _vec(_I8, 32))
             for k in range(4):
-                q = _load(context, builder, w_t, w_v, wat(64 * n + 32 * (k & 1)), _vec(_I8, 32))
+                q = _ld(builder, w, wat(64 * n + 32 * (k & 1)), _vec(_I8, 32))
                 lo = builder.and_(builder.lshr(q, _splat(builder, 4 * (k >> 1), 32)),
                                   _splat(builder, 15, 32))
                 hi = builder.and_(builder.lshr(h, _splat(builder, 2 * k, 32)),
                                   _splat(builder, 3, 32))
-                codes = builder.or_(lo, builder.shl(hi, _splat(builder, 4, 32)))
-                xv = _load(context, builder, x_t, x_v, xat(128 * n + 32 * k), _vec(_I8, 32))
-                lanes = _lane_sums(builder, codes, xv, 32, False)
-                s0 = 8 * n + 2 * k
-                acc = builder.add(acc, builder.mul(
-                    lanes, splat_lane(sc, [s0] * half + [s0 + 1] * half)))
-        return acc, ir.Constant(_I32, 0)
+                codes.append(builder.or_(lo, builder.shl(hi, _splat(builder, 4, 32))))
+        return codes, sc
     # Q4_K / Q5_K: unpack the 6-bit scales and mins as ggml does with 32-bit words
-    u0, u1, u2 = (_load(context, builder, w_t, w_v, wat(off), _I32) for off in (4, 8, 12))
+    u0, u1, u2 = (_ld(builder, w, wat(off), _I32) for off in (4, 8, 12))
 
     def c(v: int) -> Any:
         return ir.Constant(_I32, v)
@@ -93,26 +81,49 @@ def _emit_super(context: Any, builder: Any, arrs: tuple[Any, ...], i: Any,
     for j, v in enumerate((builder.and_(u0, m3f), t1, builder.and_(u1, m3f), t3)):
         words = builder.insert_element(words, v, c(j))
     sm = builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I32, 16))  # 8 sc, 8 mins
-    # mins . (pair sums of the 16-value activation sums)
-    bsv = builder.sext(_load(context, builder, bs_t, bs_v, builder.mul(i, ir.Constant(u64, 16)),
-                             _vec(_I16, 16)), _vec(_I32, 16))
-    pairs = builder.add(splat_lane(bsv, list(range(0, 16, 2))),
-                        splat_lane(bsv, list(range(1, 16, 2))))
-    summ = _reduce_add(builder, builder.mul(pairs, splat_lane(sm, list(range(8, 16)))))
     qs = 48 if kind == "q5" else 16
-    h = _load(context, builder, w_t, w_v, wat(16), _vec(_I8, 32)) if kind == "q5" else None
+    h = _ld(builder, w, wat(16), _vec(_I8, 32)) if kind == "q5" else None
     for j in range(4):
-        q = _load(context, builder, w_t, w_v, wat(qs + 32 * j), _vec(_I8, 32))
+        q = _ld(builder, w, wat(qs + 32 * j), _vec(_I8, 32))
         for half_i, shift in ((0, 0), (1, 4)):
-            codes = builder.and_(builder.lshr(q, _splat(builder, shift, 32)),
-                                 _splat(builder, 15, 32))
+            cd = builder.and_(builder.lshr(q, _splat(builder, shift, 32)),
+                              _splat(builder, 15, 32))
             if h is not None:
                 bit = builder.and_(builder.lshr(h, _splat(builder, 2 * j + half_i, 32)),
                                    _splat(builder, 1, 32))
-                codes = builder.or_(codes, builder.shl(bit, _splat(builder, 4, 32)))
-            xv = _load(context, builder, x_t, x_v, xat(64 * j + 32 * half_i), _vec(_I8, 32))
-            lanes = _lane_sums(builder, codes, xv, 0, False)
-            acc = builder.add(acc, builder.mul(lanes, splat_lane(sm, [2 * j + half_i] * LANES)))
+                cd = builder.or_(cd, builder.shl(bit, _splat(builder, 4, 32)))
+            codes.append(cd)
+    return codes, sm
+
+
+def _splat_lane(builder: Any, vec: Any, idx: list[int]) -> Any:
+    return builder.shuffle_vector(vec, vec, ir.Constant(_vec(_I32, len(idx)), idx))
+
+
+def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
+               kind: str) -> tuple[Any, Any]:
+    """One token's integer part of super-block i: (<LANES x i32> sum over sub-blocks of scale *
+    lane sums of codes . x, i32 sum of min * activation sums (Q4_K/Q5_K; 0 for Q6_K))."""
+    u64 = i.type
+    xo = builder.mul(i, ir.Constant(u64, 256))
+    acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+    for g, cd in enumerate(codes):
+        xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
+        lanes = _lane_sums(builder, cd, xv, 32 if kind == "q6" else 0, False)
+        if kind == "q6":
+            half = LANES // 2
+            sc = _splat_lane(builder, sm, [2 * g] * half + [2 * g + 1] * half)
+        else:
+            sc = _splat_lane(builder, sm, [g] * LANES)
+        acc = builder.add(acc, builder.mul(lanes, sc))
+    if kind == "q6":
+        return acc, ir.Constant(_I32, 0)
+    # mins . (pair sums of the 16-value activation sums)
+    bsv = builder.sext(_ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16)),
+                       _vec(_I32, 16))
+    pairs = builder.add(_splat_lane(builder, bsv, list(range(0, 16, 2))),
+                        _splat_lane(builder, bsv, list(range(1, 16, 2))))
+    summ = _reduce_add(builder, builder.mul(pairs, _splat_lane(builder, sm, list(range(8, 16)))))
     return acc, summ
 
 
@@ -120,56 +131,84 @@ _KSIZE = {"q4": 144, "q5": 176, "q6": 210}
 _KD_OFF = {"q4": 0, "q5": 0, "q6": 208}  # byte offset of the f16 d (Q4_K/Q5_K: dmin follows)
 
 
-def _row_dot_k(kind: str) -> Any:
-    """An intrinsic rowdot(w, x, xd, bsums) -> f32 for one K-quant weight row against a Q8_K
-    activation row: per super-block, d_x * d_w * float(int lanes) into an f32 register
-    accumulator and -d_x * dmin_w * summ into a scalar one; one horizontal sum at the end."""
+def _row_dot_k(kind: str, ntok: int) -> Any:
+    """An intrinsic rowdot(w, x, xd, bsums, t, out, r) -> None: out[t + j, r] for j < ntok, one
+    K-quant weight row against Q8_K activation rows (2-D arrays). Each super-block is unpacked
+    once and dotted against the ntok rows: per token d_x * d_w times float(int lanes) fused into
+    an f32 register accumulator and -d_x * dmin_w times summ into a scalar one; a fixed-order
+    horizontal sum at the end. A token's float operations do not depend on ntok."""
     size = _KSIZE[kind]
 
-    def typer(typingctx: Any, w: Any, x: Any, xd: Any, bsums: Any) -> Any:
-        sig = types.float32(w, x, xd, bsums)
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, bsums: Any, t: Any, out: Any,
+              r: Any) -> Any:
+        sig = types.void(w, x, xd, bsums, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            arrs = tuple(zip(signature.args, args, strict=True))
-            (w_t, w_v), _, (xd_t, xd_v), _ = arrs
+            w_t, x_t, xd_t, bs_t, t_t, out_t, r_t = signature.args
+            w_v, x_v, xd_v, bs_v, t_v, out_v, r_v = args
             u64 = ir.IntType(64)
-            nb = context.make_array(xd_t)(context, builder, xd_v).nitems
+            intp = cgutils.intp_t
+            t_v = context.cast(builder, t_v, t_t, types.intp)
+            r_v = context.cast(builder, r_v, r_t, types.intp)
+            xd_arr = context.make_array(xd_t)(context, builder, xd_v)
+            nb = builder.extract_value(xd_arr.shape, 1)
             nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, LANES),
-                                                                 [0.0] * LANES))
-            accm = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0))
-            w_data = context.make_array(w_t)(context, builder, w_v).data
-            with cgutils.for_range(builder, nb) as loop:
-                i = loop.index
+            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
+                                  _I8.as_pointer())
+            toks = []
+            for j in range(ntok):
+                tj = builder.add(t_v, ir.Constant(intp, j))
+                toks.append(tuple(_row_ptr(context, builder, aty, av, tj)
+                                  for aty, av in ((x_t, x_v), (xd_t, xd_v), (bs_t, bs_v))))
+            zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
+            zm = ir.Constant(_F32, 0.0)
+
+            def body(i: Any, vals: list[Any]) -> list[Any]:
                 base = builder.mul(i, ir.Constant(u64, size))
                 for off in range(0, size, 64):
-                    _prefetch_ir(builder, builder.gep(w_data, [
+                    _prefetch_ir(builder, builder.gep(w_p, [
                         builder.add(base, ir.Constant(u64, PREFETCH + off))]))
-                lanes, summ = _emit_super(context, builder, arrs, i, kind)
-                dx = builder.load(_ptr(context, builder, xd_t, xd_v, i))
-                dw = _f16_at(context, builder, w_t, w_v,
-                             builder.add(base, ir.Constant(u64, _KD_OFF[kind])))
-                d = _splat(builder, builder.fmul(dx, dw), LANES)
-                add = builder.fmul(d, builder.sitofp(lanes, _vec(_F32, LANES)), flags=["fast"])
-                builder.store(builder.fadd(builder.load(acc), add, flags=["fast"]), acc)
+                codes, sm = _unpack_super(builder, w_p, base, kind)
+                dw = half_to_float(builder, _ld(builder, w_p, builder.add(
+                    base, ir.Constant(u64, _KD_OFF[kind])), _I16))
+                dmin = None
                 if kind != "q6":
-                    dmin = _f16_at(context, builder, w_t, w_v,
-                                   builder.add(base, ir.Constant(u64, 2)))
-                    m = builder.fmul(builder.fmul(builder.fneg(dx), dmin),
-                                     builder.sitofp(summ, _F32), flags=["fast"])
-                    builder.store(builder.fadd(builder.load(accm), m, flags=["fast"]), accm)
-            total = builder.load(acc)
-            result = builder.load(accm)
-            for j in range(LANES):
-                result = builder.fadd(result, builder.extract_element(total, ir.Constant(_I32, j)),
-                                      flags=["fast"])
-            return result
+                    dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
+                        base, ir.Constant(u64, 2)), _I16))
+                new_acc, new_m = [], []
+                for j, (x, xd, bs) in enumerate(toks):
+                    lanes, summ = _dot_super(builder, codes, sm, x, bs, i, kind)
+                    dx = _ld(builder, xd, builder.mul(i, ir.Constant(u64, 4)), _F32)
+                    d = _splat(builder, builder.fmul(dx, dw), LANES)
+                    new_acc.append(_fma(builder, d, builder.sitofp(lanes, _vec(_F32, LANES)),
+                                        vals[j]))
+                    if dmin is not None:
+                        new_m.append(_fma(builder, builder.fmul(builder.fneg(dx), dmin),
+                                          builder.sitofp(summ, _F32), vals[ntok + j]))
+                return new_acc + new_m
+
+            init = [zero] * ntok + ([zm] * ntok if kind != "q6" else [])
+            vals = _phi_loop(builder, nb, init, body)
+            out_arr = context.make_array(out_t)(context, builder, out_v)
+            for j in range(ntok):
+                total = _hsum(builder, vals[j])
+                if kind != "q6":
+                    total = builder.fadd(total, vals[ntok + j])
+                ptr = cgutils.get_item_pointer(
+                    context, builder, out_t, out_arr,
+                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
+                    wraparound=False, boundscheck=False)
+                builder.store(total, ptr)
+            return context.get_dummy_value()
 
         return sig, codegen
 
     return intrinsic(typer)
 
 
-rowdot_q4_k: Any = _row_dot_k("q4")
-rowdot_q5_k: Any = _row_dot_k("q5")
-rowdot_q6_k: Any = _row_dot_k("q6")
+rowdot_q4_k: Any = _row_dot_k("q4", 1)
+rowdot_q5_k: Any = _row_dot_k("q5", 1)
+rowdot_q6_k: Any = _row_dot_k("q6", 1)
+rowdot4_q4_k: Any = _row_dot_k("q4", MAX_TOKENS)
+rowdot4_q5_k: Any = _row_dot_k("q5", MAX_TOKENS)
+rowdot4_q6_k: Any = _row_dot_k("q6", MAX_TOKENS)

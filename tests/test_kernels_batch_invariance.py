@@ -1,0 +1,47 @@
+"""Batch invariance of the integer-dot path: the value for (token t, output row r) is bitwise
+the same whatever else is in the batch (the server's greedy results must not depend on it).
+The kernels dot several activation rows per pass over a weight row; these tests pin that a
+token's result equals its one-token result, for every batch size and position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu.kernels import QType, matmul_prequant, quantize_activation
+
+from .test_kernels_dequant import QUANT_32, QUANT_K, make_weight
+
+
+def _n_in(qt: QType) -> int:
+    return 256 * 5 if qt in QUANT_K else 32 * 45  # main steps plus tail blocks
+
+
+@pytest.mark.parametrize("qt", QUANT_32 + QUANT_K, ids=lambda q: q.name)
+def test_each_row_of_a_batch_equals_that_row_alone(qt: QType) -> None:
+    n_in, n_out = _n_in(qt), 37
+    w = make_weight(qt, n_out, n_in)
+    x = np.random.default_rng(int(qt)).standard_normal((20, n_in)).astype(np.float32)
+    x[3] *= 1e3  # rows of very different magnitude side by side
+    x[7] *= 1e-3
+    alone = np.empty((20, n_out), np.float32)
+    for t in range(20):
+        o = np.empty((1, n_out), np.float32)
+        matmul_prequant(w, qt, quantize_activation(x[t:t + 1], qt), o)
+        alone[t] = o[0]
+    for nt in range(1, 21):
+        for start in sorted({0, 20 - nt, (20 - nt) // 2}):
+            out = np.empty((nt, n_out), np.float32)
+            matmul_prequant(w, qt, quantize_activation(x[start:start + nt], qt), out)
+            assert np.array_equal(out, alone[start:start + nt]), (nt, start)
+
+
+@pytest.mark.parametrize("qt", [QType.Q8_0, QType.Q4_K], ids=lambda q: q.name)
+def test_activation_quantization_is_per_row(qt: QType) -> None:
+    x = np.random.default_rng(3).standard_normal((9, 1024)).astype(np.float32)
+    whole = quantize_activation(x, qt)
+    for t in range(9):
+        one = quantize_activation(x[t:t + 1], qt)
+        for field in ("qs", "d", "s", "isum", "bsums"):
+            if hasattr(whole, field):
+                assert np.array_equal(getattr(whole, field)[t], getattr(one, field)[0]), field
