@@ -184,7 +184,8 @@ BAD = [
     (CHAT, {"messages": HELLO, "stop": [""]}, 400, None),
     (CHAT, {"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
     (CHAT, {"messages": HELLO, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
-    (CHAT, {"messages": HELLO, "response_format": {"type": "json_object"}}, 400,
+    (CHAT, {"messages": HELLO, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}}, 400,
      "response_format"),
     (CHAT, {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages"),
     (COMP, {"prompt": [10**9]}, 400, "prompt"),
