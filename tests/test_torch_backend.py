@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from minfer.backends.cpu.backend import CpuBackend  # noqa: E402
 from minfer.backends.torch_backend import make_torch_backend  # noqa: E402
 from minfer.backends.torch_backend.backend import TorchBackend  # noqa: E402
-from minfer.backends.torch_backend.boundary import DeviceIO, exports  # noqa: E402
+from minfer.backends.torch_backend.boundary import DeviceIO, DevicePlan, exports  # noqa: E402
 from minfer.backends.torch_backend.device import Capabilities, choose_device, detect  # noqa: E402
 from minfer.engine.forward import Batch, Engine  # noqa: E402
 from minfer.errors import MinferError  # noqa: E402
@@ -137,6 +137,14 @@ def test_copying_io_equals_host_io_and_copies_only_at_boundaries(tiny_qwen2: Pat
               for s in n.srcs if graph.nodes[s].backend == "torch"}
     assert to_cpu <= out_of_torch
     assert tb.io.device_to_host == len(out_of_torch)  # one write-back per exported value
+    plan = DevicePlan.of(graph, "torch")  # device values freed after their last torch reader
+    readers: dict[int, list[int]] = {}
+    for n in graph.nodes:
+        if n.backend == "torch":
+            for s in n.srcs:
+                readers.setdefault(s, []).append(n.id)
+    released = {s: at for at, ids in plan.release.items() for s in ids}
+    assert released == {s: max(r) for s, r in readers.items() if s not in graph.outputs}
 
 
 def test_weight_modes_agree_and_scratch_stays_small(tiny_qwen3: Path) -> None:
@@ -150,7 +158,8 @@ def test_weight_modes_agree_and_scratch_stays_small(tiny_qwen3: Path) -> None:
     assert resident["scratch"] < resident["bf16"]
 
 
-def test_scratch_tiles_cover_big_matrices(tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scratch_tiles_cover_big_matrices(tiny_qwen2: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import minfer.backends.torch_backend.weights as tw
 
     whole = _all_rows(_engine(tiny_qwen2, TorchBackend(min_rows=2)), TOKENS)

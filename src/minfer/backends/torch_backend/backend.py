@@ -41,7 +41,8 @@ ALL_OPS = (*DENSE_OPS, *HOST_ONLY_OPS, ir.GetRows)
 CLAIMS = {"matmul": MATMUL_OPS, "dense": DENSE_OPS, "all": ALL_OPS}
 
 Srcs = list[np.ndarray | None]
-_THREADS = "torch.threads"
+_THREADS = "torch.threads"  # memo key: torch's pool was sized this forward
+_BF16_INPUT = "torch.bf16"  # memo key: (source id, its bf16 conversion)
 
 
 class TorchBackend:
@@ -98,6 +99,7 @@ class TorchBackend:
             ctx.memo[_THREADS] = True
         with torch.inference_mode():
             handler(self, node, srcs, out, ctx)
+        self.io.after(ctx.memo, node)
 
     def torch_weights(self, ctx: ExecContext) -> TorchWeights:
         if self._weights is None or self._weights.source is not ctx.weights:
@@ -108,12 +110,13 @@ class TorchBackend:
         return self.io.read(ctx.memo, node.srcs[i], srcs[i])
 
     def src_bf16(self, ctx: ExecContext, node: Node, i: int, srcs: Srcs) -> torch.Tensor:
-        """Source i as bf16, converted once per forward however many matmuls read it."""
-        key = ("torch.bf16", node.srcs[i])
-        hit = ctx.memo.get(key)
-        if hit is None:
-            hit = ctx.memo[key] = self.src(ctx, node, i, srcs).to(torch.bfloat16)
-        return hit
+        """Source i as bf16. The matmuls that share an input (q/k/v, gate/up) run one after
+        another, so one remembered conversion serves them all and memory stays one tensor."""
+        src_id = node.srcs[i]
+        hit = ctx.memo.get(_BF16_INPUT)
+        if hit is None or hit[0] != src_id:
+            hit = ctx.memo[_BF16_INPUT] = (src_id, self.src(ctx, node, i, srcs).to(torch.bfloat16))
+        return hit[1]
 
     def run(self, ctx: ExecContext, node: Node, out: np.ndarray | None,
             compute: Callable[[torch.Tensor], Any]) -> None:

@@ -7,14 +7,16 @@ and hands the result to `publish`; nothing else converts between numpy and torch
   memory), so a crossing between the CPU backend and torch costs nothing and every result lands
   straight in its planned buffer.
 - `DeviceIO` (device `cuda`, or forced on `cpu` by tests to exercise the same path): results stay
-  on the device in the per-forward memo, keyed by node id; a value produced on the host is copied
-  to the device once per forward, however many torch nodes read it; a device value is copied back
-  into its numpy buffer only when a node of another backend (or the caller) reads it.
+  on the device in the per-forward memo, keyed by node id, until their last torch reader has run
+  (`DevicePlan.release`); a value produced on the host is copied to the device once per forward,
+  however many torch nodes read it; a device value is copied back into its numpy buffer only
+  when a node of another backend (or the caller) reads it (`DevicePlan.exports`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,7 +25,7 @@ import torch
 from minfer.graph.ir import ComputeGraph, Node
 
 _DEV = "torch.dev"  # memo key prefix: (prefix, node id) -> device tensor
-_EXPORTS = "torch.exports"  # memo key: node ids whose value must reach the host this forward
+_PLAN = "torch.device_plan"  # memo key: this forward's DevicePlan
 
 _TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32}
 
@@ -38,6 +40,8 @@ class TensorIO(Protocol):
 
     def publish(self, memo: dict[Any, Any], node: Node, out: np.ndarray | None,
                 result: torch.Tensor) -> None: ...
+
+    def after(self, memo: dict[Any, Any], node: Node) -> None: ...
 
 
 class HostIO:
@@ -54,6 +58,9 @@ class HostIO:
     def publish(self, memo: dict[Any, Any], node: Node, out: np.ndarray | None,
                 result: torch.Tensor) -> None:
         return None  # `result` is the buffer itself
+
+    def after(self, memo: dict[Any, Any], node: Node) -> None:
+        return None
 
 
 class DeviceIO:
@@ -85,12 +92,42 @@ class DeviceIO:
             torch.from_numpy(out).copy_(result)
             self.device_to_host += 1
 
+    def after(self, memo: dict[Any, Any], node: Node) -> None:
+        """Drop the device values whose last torch reader was `node`."""
+        for src_id in self._plan(memo, node).release.get(node.id, ()):
+            memo.pop((_DEV, src_id), None)
+
     def _exports(self, memo: dict[Any, Any], node: Node) -> frozenset[int]:
-        hit = memo.get(_EXPORTS)
+        return self._plan(memo, node).exports
+
+    def _plan(self, memo: dict[Any, Any], node: Node) -> DevicePlan:
+        hit = memo.get(_PLAN)
         if hit is None:
             graph = self._graph_of(node)
-            hit = memo[_EXPORTS] = exports(graph, node.backend) if graph else _EVERYTHING
+            hit = memo[_PLAN] = DevicePlan.of(graph, node.backend) if graph else _KEEP_ALL
         return hit
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Per graph: which torch values must reach the host, and after which node each device
+    value (torch-made or copied in) has no torch reader left."""
+
+    exports: frozenset[int]
+    release: dict[int, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, graph: ComputeGraph, backend: str | None) -> DevicePlan:
+        last: dict[int, int] = {}
+        for n in graph.nodes:
+            if n.backend == backend:
+                for s in n.srcs:
+                    last[s] = n.id
+        release: dict[int, list[int]] = {}
+        for src, reader in last.items():
+            if src not in graph.outputs:
+                release.setdefault(reader, []).append(src)
+        return cls(exports(graph, backend), {k: tuple(v) for k, v in release.items()})
 
 
 class _Everything(frozenset[int]):
@@ -101,6 +138,7 @@ class _Everything(frozenset[int]):
 
 
 _EVERYTHING = _Everything()
+_KEEP_ALL = DevicePlan(_EVERYTHING, {})  # graph unknown: write everything back, free nothing
 
 
 def exports(graph: ComputeGraph, backend: str | None) -> frozenset[int]:
