@@ -11,7 +11,7 @@ VNNI lane sums, per-block scales folded into register accumulators, software pre
 horizontal sum per row). Here rows are split across threads in contiguous chunks of `_CHUNK`
 (numba's static schedule hands each thread one contiguous run of chunks). Tokens go through a
 chunk MAX_TOKENS at a time (`rowdot4_*`: each weight block unpacked once, dotted against four
-activation rows), the rest one at a time; both intrinsics emit the same per-token float
+activation rows), then two, then one; both intrinsics emit the same per-token float
 operations, so out[t] is bitwise independent of the batch (batch-invariant serving). Compiled
 without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
 reassociable.
@@ -25,6 +25,11 @@ from numba import njit, prange
 from ._llvm import f16_to_f32
 from .simd import (
     MAX_TOKENS,
+    rowdot2_q4_0,
+    rowdot2_q4_1,
+    rowdot2_q5_0,
+    rowdot2_q5_1,
+    rowdot2_q8_0,
     rowdot4_q4_0,
     rowdot4_q4_1,
     rowdot4_q5_0,
@@ -58,9 +63,12 @@ def mv_q4_0(w, xq, xd, xs, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q4_0(w[r], xq, xd, xs, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_0(w[r], xq, xd, xs, t, out, r)
+                rowdot2_q4_0(w[r], xq, xd, xs, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_0(w[r], xq, xd, xs, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
@@ -72,9 +80,12 @@ def mv_q4_1(w, xq, xd, xs, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q4_1(w[r], xq, xd, xs, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_1(w[r], xq, xd, xs, t, out, r)
+                rowdot2_q4_1(w[r], xq, xd, xs, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_1(w[r], xq, xd, xs, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
@@ -86,9 +97,12 @@ def mv_q5_0(w, xq, xd, xs, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q5_0(w[r], xq, xd, xs, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_0(w[r], xq, xd, xs, t, out, r)
+                rowdot2_q5_0(w[r], xq, xd, xs, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q5_0(w[r], xq, xd, xs, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
@@ -100,9 +114,12 @@ def mv_q5_1(w, xq, xd, xs, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q5_1(w[r], xq, xd, xs, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_1(w[r], xq, xd, xs, t, out, r)
+                rowdot2_q5_1(w[r], xq, xd, xs, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q5_1(w[r], xq, xd, xs, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
@@ -114,6 +131,9 @@ def mv_q8_0(w, xq, xd, xs, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q8_0(w[r], xq, xd, xs, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q8_0(w[r], xq, xd, xs, t, out, r)
+                rowdot2_q8_0(w[r], xq, xd, xs, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q8_0(w[r], xq, xd, xs, nt - 1, out, r)

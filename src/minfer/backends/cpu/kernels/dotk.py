@@ -17,6 +17,9 @@ from numba import njit, prange
 from .dot32 import _CHUNK
 from .simd import MAX_TOKENS
 from .simd_k import (
+    rowdot2_q4_k,
+    rowdot2_q5_k,
+    rowdot2_q6_k,
     rowdot4_q4_k,
     rowdot4_q5_k,
     rowdot4_q6_k,
@@ -35,9 +38,12 @@ def mv_q4_k(w, xq, xd, bsums, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q4_k(w[r], xq, xd, bsums, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_k(w[r], xq, xd, bsums, t, out, r)
+                rowdot2_q4_k(w[r], xq, xd, bsums, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_k(w[r], xq, xd, bsums, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
@@ -49,9 +55,12 @@ def mv_q5_k(w, xq, xd, bsums, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q5_k(w[r], xq, xd, bsums, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_k(w[r], xq, xd, bsums, t, out, r)
+                rowdot2_q5_k(w[r], xq, xd, bsums, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q5_k(w[r], xq, xd, bsums, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
@@ -63,6 +72,9 @@ def mv_q6_k(w, xq, xd, bsums, out):
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 rowdot4_q6_k(w[r], xq, xd, bsums, t, out, r)
-        for t in range(n_full, nt):
+        if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q6_k(w[r], xq, xd, bsums, t, out, r)
+                rowdot2_q6_k(w[r], xq, xd, bsums, n_full, out, r)
+        if (nt - n_full) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q6_k(w[r], xq, xd, bsums, nt - 1, out, r)
