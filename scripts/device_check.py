@@ -6,9 +6,12 @@
 It writes a random-weight model in Qwen2.5-0.5B's shapes (`write_model_like_qwen25_05b`, ~0.5 GB,
 about 10-30 s; `--layers N` writes fewer layers of the same shapes), then:
 
-1. agreement: last-row logits of a prefill on the torch backend vs the CPU backend (max |diff|,
-   relative to the largest logit, top-1 equal), and a few decode steps after it;
-2. speed: prefill of `--prompt` tokens (best of `--reps`) and decode tokens/s, CPU vs torch;
+1. agreement: last-row logits of a prefill (and a few decode steps) on the torch backend on the
+   device vs the CPU backend, next to torch on the host CPU (same bf16 math, zero-copy) as the
+   noise floor: max |diff| relative to the largest logit, top-1 equal. Random weights have
+   near-ties, so the pass rule is "the device adds nothing beyond bf16's own noise";
+2. speed: prefill of `--prompt` tokens (best of `--reps`) and decode tokens/s for the CPU
+   kernels, torch on the host CPU (AMX there?) and torch on the device;
 3. the copies: crossings per forward and host<->device copies actually made.
 
 With `--device cpu` the torch backend runs on the host but through the copying I/O path
@@ -42,6 +45,8 @@ def write_model(path: Path, layers: int) -> Path:
 
 
 def make_engines(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """cpu: the compiled kernels; host: torch on the host CPU, zero-copy (the bf16 noise floor);
+    device: torch on `args.device` through the copying I/O (forced on a CPU dry run)."""
     from minfer.backends.cpu.backend import CpuBackend
     from minfer.backends.torch_backend.backend import TorchBackend
     from minfer.engine.forward import Engine
@@ -51,33 +56,40 @@ def make_engines(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     f = GGUFFile.open(path)
     hp = HParams.from_gguf(f)
     n_ctx = args.prompt + args.decode + 8
-    torch_backend = TorchBackend(device=args.device, claim="dense", weights="bf16",
-                                 min_rows=args.min_rows, force_copies=args.device == "cpu")
-    return {
-        "cpu": Engine(f, hp, n_ctx=n_ctx, backends=[CpuBackend()], n_threads=args.threads),
-        "torch": Engine(f, hp, n_ctx=n_ctx, backends=[torch_backend, CpuBackend()],
-                        n_threads=args.threads),
-        "backend": torch_backend,
-    }
+    device = TorchBackend(device=args.device, claim="dense", weights="bf16",
+                          min_rows=args.min_rows, force_copies=args.device == "cpu")
+    host = TorchBackend(device="cpu", claim="dense", weights="bf16", min_rows=args.min_rows)
+
+    def engine(*backends: Any) -> Engine:
+        return Engine(f, hp, n_ctx=n_ctx, backends=[*backends, CpuBackend()],
+                      n_threads=args.threads)
+
+    return {"cpu": engine(), "host": engine(host), "device": engine(device), "backend": device}
 
 
 def agreement(engines: dict[str, Any], tokens: list[int], n_decode: int) -> dict[str, Any]:
+    """Last-row logits of the prefill and of a few decode steps (all fed the CPU's greedy
+    tokens), as max |diff| relative to the largest |logit|."""
     rows: dict[str, np.ndarray] = {}
-    for name in ("cpu", "torch"):
+    for name in ("cpu", "host", "device"):
         e = engines[name]
         seq = [e.forward(tokens, 0)[0]]
-        for i in range(n_decode):  # greedy on the CPU's choice, so both read the same tokens
-            nxt = int(np.argmax(rows["cpu"][i])) if name == "torch" else int(np.argmax(seq[-1]))
+        for i in range(n_decode):
+            nxt = int(np.argmax(rows["cpu"][i] if name != "cpu" else seq[-1]))
             seq.append(e.forward([nxt], len(tokens) + i)[0])
         rows[name] = np.stack(seq)
-    cpu, tor = rows["cpu"], rows["torch"]
-    diff = np.abs(cpu - tor).max(axis=1)
+
+    def rel(a: str, b: str, sl: slice) -> float:
+        return float(np.abs(rows[a][sl] - rows[b][sl]).max() / np.abs(rows[b][sl]).max())
+
+    pre, dec = slice(0, 1), slice(1, None)
     return {
-        "prefill_max_abs_diff": float(diff[0]),
-        "prefill_rel_diff": float(diff[0] / np.abs(cpu[0]).max()),
-        "prefill_top1_equal": bool(cpu[0].argmax() == tor[0].argmax()),
-        "decode_max_abs_diff": float(diff[1:].max()) if n_decode else 0.0,
-        "decode_top1_equal": int((cpu[1:].argmax(1) == tor[1:].argmax(1)).sum()),
+        "prefill_rel_device_vs_cpu": rel("device", "cpu", pre),
+        "prefill_rel_host_vs_cpu": rel("host", "cpu", pre),  # bf16's own noise
+        "prefill_rel_device_vs_host": rel("device", "host", pre),
+        "prefill_top1_device_eq_cpu": bool(rows["device"][0].argmax() == rows["cpu"][0].argmax()),
+        "decode_rel_device_vs_cpu": rel("device", "cpu", dec) if n_decode else 0.0,
+        "decode_top1_equal": int((rows["device"][1:].argmax(1) == rows["cpu"][1:].argmax(1)).sum()),
     }
 
 
@@ -100,10 +112,11 @@ def _timed(fn: Any) -> float:
 def copies(engines: dict[str, Any], n_tokens: int) -> dict[str, Any]:
     from minfer.graph import scheduler
 
-    e = engines["torch"]
+    e = engines["device"]
     prepared = e.cache.get(e.params_for(n_tokens, 1))
     io = engines["backend"].io
     return {
+        "backend": engines["backend"].describe(),
         "crossings_per_prefill": scheduler.count_crossings(prepared.graph, prepared.plan.live),
         "splits_per_prefill": len(prepared.splits),
         "host_to_device_total": getattr(io, "host_to_device", 0),
@@ -128,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible; use --device cpu for a dry run", file=sys.stderr)
         return 2
-    report: dict[str, Any] = {"device": args.device, "torch": torch.__version__,
+    report: dict[str, Any] = {"device": args.device, "torch_version": torch.__version__,
                               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda"
                               else "", "layers": args.layers, "prompt": args.prompt}
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,15 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(0)
         tokens = rng.integers(0, engines["cpu"].hparams.n_vocab, args.prompt).tolist()
         report["agreement"] = agreement(engines, tokens, min(args.decode, 4))
-        report["cpu"] = speed(engines["cpu"], tokens, args.decode, args.reps)
-        report["torch"] = speed(engines["torch"], tokens, args.decode, args.reps)
+        for name in ("cpu", "host", "device"):
+            report[f"speed_{name}"] = speed(engines[name], tokens, args.decode, args.reps)
         report["copies"] = copies(engines, args.prompt)
-    report["prefill_speedup"] = report["torch"]["prefill_tok_s"] / report["cpu"]["prefill_tok_s"]
+    report["prefill_speedup_device_vs_cpu"] = (report["speed_device"]["prefill_tok_s"]
+                                               / report["speed_cpu"]["prefill_tok_s"])
     print(json.dumps(report, indent=2))
     if os.environ.get("OUT"):
         (Path(os.environ["OUT"]) / "device_check.json").write_text(json.dumps(report, indent=2))
-    agree = report["agreement"]
-    ok = agree["prefill_top1_equal"] and agree["prefill_rel_diff"] < 0.05
+    agree = report["agreement"]  # the device must add nothing beyond bf16's own noise
+    ok = (agree["prefill_rel_device_vs_host"] < 0.02
+          and agree["prefill_rel_device_vs_cpu"] < 2 * agree["prefill_rel_host_vs_cpu"] + 0.01)
     print("device check:", "OK" if ok else "MISMATCH", file=sys.stderr)
     return 0 if ok else 1
 

@@ -6,10 +6,15 @@ Lake+ and AMD Zen 4+) both give oneDNN a native bf16 GEMM several times the f32 
 either, bf16 is emulated and loses to the compiled quantized kernels.
 
 Threads: numba owns them (interfaces.md). torch's intra-op pool is sized to numba's count before
-each forward that torch takes part in, and its inter-op pool to one thread. The two OpenMP
-runtimes (numba's omppool links the system libgomp; the torch wheel ships its own) are separate
-pools that run strictly one after the other in the scheduler's walk, so they never compute at the
-same time; see `benchmarks/torch_prefill.py --threads-check` for the measurement.
+each forward torch takes part in, and its inter-op pool to one thread. numba's `omp` layer links
+the system libgomp and the torch wheel ships its own, so the process holds two OpenMP pools
+(3 threads at n=2) that take turns in the scheduler's walk. Measured on 2 cores (0.5B, pp256,
+torch taking matmuls only, i.e. the most alternation; `benchmarks/torch_prefill.py
+--threads-check`): default 532 tok/s, OMP_WAIT_POLICY=passive 520, NUMBA_THREADING_LAYER=
+workqueue 489 (5 threads): no oversubscription, so the defaults stay. Where other busy processes
+share the cores, spinning OpenMP waiters cost torch dearly (bf16 pp512 770 -> 240 tok/s next to
+one busy process); OMP_WAIT_POLICY=passive in the environment recovers 420 (at -9 % on an idle
+machine), and one torch thread gives ~420 either way. The user chooses; nothing here sets it.
 """
 
 from __future__ import annotations
