@@ -182,6 +182,11 @@ def test_cpu_flags_decide_the_device(tmp_path: Path) -> None:
     assert caps("avx512_bf16").cpu_bf16 and not caps("avx512_bf16").amx
     plain = Capabilities(torch_ok=True, amx=False, avx512_bf16=False, cuda=False)
     assert choose_device(plain) is None
+    assert choose_device(Capabilities(True, amx=True, avx512_bf16=True, cuda=False)) == "cpu"
+    # AVX512-BF16 without AMX: torch only when asked for (the rule for `auto`)
+    assert choose_device(Capabilities(True, amx=False, avx512_bf16=True, cuda=False)) is None
+    assert choose_device(Capabilities(True, amx=False, avx512_bf16=True, cuda=False),
+                         "cpu") == "cpu"
     assert choose_device(plain, "cpu") == "cpu"
     assert choose_device(plain, "cuda") is None
     assert choose_device(Capabilities(True, False, False, cuda=True)) == "cuda"

@@ -47,6 +47,8 @@ def make_torch_backend(required: bool) -> TorchBackend | None:
         return None
     wanted = env_choice("MINFER_TORCH_DEVICE", DEVICES, "auto")
     device = choose_device(caps, wanted)
+    if device is None and required and wanted == "auto" and caps.cpu_bf16:
+        device = "cpu"  # asked for by name: a native bf16 dot product is enough
     if device is None:
         if required:
             raise MinferError(
