@@ -8,17 +8,23 @@ simply `len(tokens)`. Cells past the cursor may still hold stale rows (after a r
 never reads them, because a token's window ends at its own cell, and the next forward overwrites
 them.
 
-The mirror is append-only at the cursor: a forward that would leave a gap is refused.
+The mirror is append-only at the cursor: a forward that would leave a gap is refused. The one
+other edit is `shift`: cells [src_start, src_end) move down to dst_start (the engine re-rotates
+their keys for the new positions, see minfer.engine.kv_shift), the cells between are forgotten,
+and the cursor ends right after the moved block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
 from minfer.errors import MinferError
+
+if TYPE_CHECKING:
+    from minfer.engine.forward import Engine
 
 
 class ForwardEngine(Protocol):
@@ -30,6 +36,26 @@ class ForwardEngine(Protocol):
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray: ...
 
 
+class KVShifter(Protocol):
+    """An engine (or wrapper) that can move KV cells to new positions in place."""
+
+    def shift_kv(self, *, src_start: int, src_end: int, dst_start: int) -> None: ...
+
+
+def kv_shifter(engine: object) -> Callable[[int, int, int], None] | None:
+    """How to shift `engine`'s KV: its own `shift_kv`, minfer's for an Engine, else None."""
+    own = getattr(engine, "shift_kv", None)
+    if callable(own):
+        shifter = cast(KVShifter, engine)
+        return lambda s, e, d: shifter.shift_kv(src_start=s, src_end=e, dst_start=d)
+    if hasattr(engine, "kv") and hasattr(engine, "hparams"):
+        from minfer.engine.kv_shift import shift_kv
+
+        real = cast("Engine", engine)
+        return lambda s, e, d: shift_kv(real, src_start=s, src_end=e, dst_start=d)
+    return None
+
+
 class KVMirror:
     """An engine wrapper that keeps `tokens`: the id written in every KV cell below the cursor."""
 
@@ -38,6 +64,8 @@ class KVMirror:
         self._tokens: list[int] = []
         self.n_forwarded = 0
         """Tokens forwarded through this mirror since it was made (prefill and decode)."""
+        self.n_shifted = 0
+        """KV cells moved by `shift` since the mirror was made."""
 
     @property
     def n_ctx(self) -> int:
@@ -64,6 +92,25 @@ class KVMirror:
         self._tokens.extend(int(t) for t in tokens)
         self.n_forwarded += len(tokens)
         return logits
+
+    @property
+    def can_shift(self) -> bool:
+        return kv_shifter(self.engine) is not None
+
+    def shift(self, src_start: int, src_end: int, dst_start: int) -> None:
+        """Move cells [src_start, src_end) (≤ cursor) down to dst_start; the cursor follows."""
+        shifter = kv_shifter(self.engine)
+        if shifter is None:
+            raise MinferError("this engine cannot shift its KV cells")
+        if not 0 <= dst_start <= src_start <= src_end <= len(self._tokens):
+            raise MinferError(f"cannot shift KV cells [{src_start}, {src_end}) to {dst_start} "
+                              f"(cursor at {len(self._tokens)})")
+        moved = self._tokens[src_start:src_end]
+        # Forget first, as forward does: a failed shift leaves the mirror claiming only [0, dst).
+        del self._tokens[dst_start:]
+        shifter(src_start, src_end, dst_start)
+        self._tokens.extend(moved)
+        self.n_shifted += len(moved)
 
     def rewind(self, cursor: int) -> None:
         """Move the cursor back to `cursor` (no-op when it is already there or before)."""

@@ -238,12 +238,16 @@ def format_report(r: TurnReport) -> str:
     """One stderr line per turn for --verbose."""
     how = "re-rendered" if r.re_rendered else "delta"
     if r.n_dropped:
-        how = f"re-prefill after dropping {r.n_dropped} turn{'s' if r.n_dropped > 1 else ''}"
+        turns = f"{r.n_dropped} turn{'s' if r.n_dropped > 1 else ''}"
+        how = (f"shifted {r.n_shifted} KV rows after dropping {turns}" if r.n_shifted
+               else f"re-prefill after dropping {turns}")
     extras = []
     if r.eot_inserted:
         extras.append("end-of-turn inserted")
     if r.regen:
         extras.append("regenerated")
+    if r.shift_fallback:
+        extras.append("shift fell back to re-prefill")
     rate = r.n_generated / r.decode_s if r.decode_s > 0 else 0.0
     tail = f", {', '.join(extras)}" if extras else ""
     return (f"[turn {r.turn}: prefilled {r.n_prefilled} tokens ({how}), {r.n_kv} in KV, "

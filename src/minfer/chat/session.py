@@ -18,9 +18,20 @@ cap, stop string, Ctrl-C) is trimmed back to the tokens that spell its kept text
 delta inserts the end-of-turn token at the cursor before the new message (`eot_inserted`).
 
 Context full: before a turn whose prompt plus a reply reserve would not fit, the oldest turns are
-dropped (the system prompt stays) until the history fills at most `keep` of the context, and the
-kept history is re-prefilled (exact; its cost is reported as that turn's `n_prefilled`). A reply
-that still reaches the end of the context drops turns the same way and goes on.
+dropped (the system prompt stays) until the history fills at most `keep` of the context. A reply
+that still reaches the end of the context drops turns the same way and goes on. Two strategies
+bring the KV back to (a prefix of) the render of the kept conversation:
+
+- `overflow="shift"`: the kept turns' rows are moved down over the dropped ones in place, their
+  keys re-rotated for the new positions (minfer.engine.kv_shift); only the new delta is prefilled.
+  This is exact for the tokens and the positions, approximate for the values: rows past the first
+  layer were computed while the dropped turns were still in the window (as llama.cpp's context
+  shift). It applies when the edit is prefix-consistent — the render of the kept conversation is
+  exactly [the rows before the dropped turns] + [the kept turns' rows as they are in the KV] — and
+  the engine can shift; otherwise the turn falls back to a re-prefill (`shift_fallback`, counted in
+  `n_shift_fallbacks`).
+- `overflow="reprefill"`: the kept history after the shared prefix (the system rows) is prefilled
+  again (exact; its cost is reported as that turn's `n_prefilled`).
 """
 
 from __future__ import annotations
@@ -73,6 +84,7 @@ class ChatConfig:
     batch_size: int = 512
     reserve: int | None = None  # cells kept free for a reply; None → min(max_tokens+1, n_ctx/4)
     keep: float = 0.5  # after an overflow the history fills at most this share of the context
+    overflow: str = "shift"  # shift | reprefill: how the KV follows the dropped turns
 
 
 @dataclass
@@ -85,6 +97,8 @@ class TurnReport:
     re_rendered: bool = False  # the render did not extend the KV; rewound to the common prefix
     n_re_renders: int = 0  # re-renders so far in the session
     n_dropped: int = 0  # oldest turns dropped for context overflow during this turn
+    n_shifted: int = 0  # KV rows moved (and re-rotated) instead of re-prefilled after the drop
+    shift_fallback: bool = False  # a shift was wanted but the edit was not prefix-consistent
     eot_inserted: bool = False  # the previous turn's missing end-of-turn token came in this delta
     reason: str = "interrupted"  # eos | length | stop | context | interrupted
     ids: list[int] = field(default_factory=list)  # the reply's sampled ids (EOT not included)
@@ -93,6 +107,7 @@ class TurnReport:
 
 
 TurnEvents = Generator[Piece | TurnReport, None, None]
+OVERFLOW_STRATEGIES = ("shift", "reprefill")
 
 
 class ChatSession:
@@ -100,18 +115,23 @@ class ChatSession:
 
     def __init__(self, engine: ForwardEngine, tokenizer: ChatTokenizer, template: ChatRenderer,
                  sampler: ChatSampler, *, system: str | None = None,
-                 config: ChatConfig | None = None) -> None:
+                 config: ChatConfig | None = None, overflow: str | None = None) -> None:
         self.kv = KVMirror(engine)
         self.tokenizer = tokenizer
         self.template = template
         self.sampler = sampler
         self.config = config or ChatConfig()
+        self.overflow = overflow if overflow is not None else self.config.overflow
+        if self.overflow not in OVERFLOW_STRATEGIES:
+            raise MinferError(f"unknown overflow strategy {self.overflow!r} "
+                              f"(use {' or '.join(OVERFLOW_STRATEGIES)})")
         self.system = system
         self.messages: list[Message] = self._fresh_messages()
         self.dropped: list[Message] = []  # turns dropped for context room, oldest first
         self.turn_start = 0
         self.reports: list[TurnReport] = []
         self.n_re_renders = 0
+        self.n_shift_fallbacks = 0
         self.end_of_turn_id = find_end_of_turn(tokenizer, template)
         self._eot_pending = False
         self._base_seed = int(getattr(sampler, "seed", 0))
@@ -198,6 +218,7 @@ class ChatSession:
         """Render, fit the context, and rewind to what the KV shares with the render."""
         target = self._render_ids(True)
         if len(target) + self._reserve() > self.n_ctx:
+            before = list(self.messages)
             while len(target) > self._keep_limit() and self._drop_oldest_turn(keep_last=True):
                 report.n_dropped += 1
                 target = self._render_ids(True)
@@ -205,6 +226,8 @@ class ChatSession:
                 raise ContextOverflowError(
                     f"the message does not fit in the context ({len(target)} tokens with the "
                     f"system prompt, n_ctx = {self.n_ctx})")
+            if report.n_dropped:
+                self._shift_after_drop(report, before, target, [])
         return self._delta(report, target)
 
     def _delta(self, report: TurnReport, target: list[int]) -> list[int]:
@@ -260,6 +283,7 @@ class ChatSession:
                                ids: list[int]) -> tuple[list[int], int] | None:
         """The reply hit the end of the context: drop old turns, re-prefill, keep going."""
         target = self._render_ids(True)
+        before = list(self.messages)
         dropped = 0
         while len(target) + len(ids) > self._keep_limit() and self._drop_oldest_turn(True):
             dropped += 1
@@ -267,11 +291,54 @@ class ChatSession:
         if not dropped:
             return None
         report.n_dropped += dropped
+        self._shift_after_drop(report, before, target, ids)
         full = target + ids
         start = min(common_prefix(self.kv.tokens, full), len(full) - 1)
         self.kv.rewind(start)
         self.turn_start = min(self.turn_start, start)
         return full[start:], len(target)
+
+    def _shift_after_drop(self, report: TurnReport, before: list[Message], target: list[int],
+                          tail: list[int]) -> None:
+        """Move the kept turns' KV rows down over the dropped turns' rows (overflow="shift").
+
+        `before` is the conversation before the drop, `self.messages` the kept one and `target`
+        its render (generation prompt added); `tail` follows the render in the KV (the reply so
+        far). The dropped messages are `before[first:nxt]`, contiguous after the system prompt.
+        With F = render(before), b = len(render(before[:nxt])) (where the kept turns begin in F)
+        and a = b - (len(F) - len(target)), the edit is prefix-consistent when target == F[:a] +
+        F[b:] and the KV agrees with target on [0, a); then the KV's cells from b on that spell
+        target[a:] (+ tail) move to a. Anything else is a counted fallback to the re-prefill.
+        """
+        if self.overflow != "shift":
+            return
+        n_dropped = len(before) - len(self.messages)
+        first = next((i for i, m in enumerate(before) if m["role"] != "system"), 0)
+        kv = self.kv.tokens
+        try:
+            full = self._render_ids(True, before)
+            b = len(self._render_ids(False, before[:first + n_dropped]))
+        except TemplateError:
+            full, b = [], -1
+        a = b - (len(full) - len(target))
+        consistent = (self.kv.can_shift and 0 <= a <= b <= len(kv)
+                      and full[:a] == target[:a] and full[b:] == target[a:]
+                      and kv[:a] == target[:a])
+        if not consistent:
+            report.shift_fallback = True
+            self.n_shift_fallbacks += 1
+            return
+        want = target + tail
+        n = common_prefix(kv[b:], want[a:])
+        if n == 0:
+            self.kv.rewind(a)
+        else:
+            self.kv.shift(b, b + n, a)
+            report.n_shifted += n
+        # the turn's first cell moves with its rows (or back to where the kept rows end)
+        start = self.turn_start
+        self.turn_start = start - (b - a) if start >= b else min(start, a)
+        self.turn_start = min(self.turn_start, self.kv.cursor)
 
     def _end_turn(self, report: TurnReport, ids: list[int], text: str, reason: str,
                   reply_start: int) -> None:

@@ -1,0 +1,88 @@
+"""Moving KV cells to new positions in place: the "context shift" for an overflowing chat.
+
+The engine stores K rows after RoPE (NEOX: pair i of each head is elements (i, i + rope_dim/2),
+rotated by theta_i(p) = p * base^(-2i/rope_dim)), and a token's cell is its position. Moving the
+rows of cells [src_start, src_end) to [dst_start, ...) therefore has to re-position the keys too.
+RoPE is a plane rotation per pair, and rotations compose, so rotating a stored key by
+theta_i(q) - theta_i(p) turns the key at position p into the key at position q — no weights and
+no forward needed. V rows carry no position and are copied as they are.
+
+The angles are built exactly as the rope kernel builds them (f32 theta by repeated f32
+multiplication by theta_scale from the position, see backends/cpu/kernels/rope.py), the
+difference and the rotation are computed in f64 and the result is written back in the cache's
+dtype: a shifted row equals a fresh computation at the new position up to the kernel's own f32
+rounding (plus one more f16 rounding with an f16 cache).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numba import njit
+
+from minfer.errors import MinferError
+
+if TYPE_CHECKING:
+    from minfer.engine.forward import Engine
+
+
+@njit(cache=True, error_model="numpy")
+def _thetas(positions, rope_dim, base):  # pragma: no cover - compiled
+    """theta[t, i] as rope_neox computes it (f32 all the way)."""
+    half = rope_dim // 2
+    theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
+    out = np.empty((positions.shape[0], half), np.float32)
+    for t in range(positions.shape[0]):
+        theta = np.float32(positions[t])
+        for i in range(half):
+            out[t, i] = theta
+            theta = theta * theta_scale
+    return out
+
+
+def rope_thetas(positions: np.ndarray, *, rope_dim: int, base: float) -> np.ndarray:
+    """The f32 angles `[n, rope_dim/2]` the NEOX rope kernel uses at `positions`."""
+    pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    result: np.ndarray = _thetas(pos, rope_dim, np.float32(base))
+    return result
+
+
+def rerotate(k: np.ndarray, src_pos: np.ndarray, dst_pos: np.ndarray, *, n_head: int,
+             head_dim: int, rope_dim: int, base: float) -> np.ndarray:
+    """Post-RoPE keys `[n, n_head*head_dim]` at src_pos turned into keys at dst_pos (f64)."""
+    n = k.shape[0]
+    half = rope_dim // 2
+    delta = (rope_thetas(dst_pos, rope_dim=rope_dim, base=base).astype(np.float64)
+             - rope_thetas(src_pos, rope_dim=rope_dim, base=base).astype(np.float64))
+    cos = np.cos(delta)[:, None, :]
+    sin = np.sin(delta)[:, None, :]
+    x = k.astype(np.float64).reshape(n, n_head, head_dim)
+    x0 = x[:, :, :half].copy()
+    x1 = x[:, :, half:rope_dim].copy()
+    x[:, :, :half] = x0 * cos - x1 * sin
+    x[:, :, half:rope_dim] = x0 * sin + x1 * cos
+    return x.reshape(n, n_head * head_dim)
+
+
+def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) -> None:
+    """Move KV cells [src_start, src_end) to [dst_start, ...) in every layer, re-rotating K.
+
+    Assumes the engine's usual single-sequence layout (the token in cell c sits at position c).
+    Cells outside the destination are left as they are (those past the new cursor are stale).
+    """
+    n = src_end - src_start
+    n_ctx = engine.n_ctx
+    if not 0 <= src_start <= src_end <= n_ctx or dst_start < 0 or dst_start + n > n_ctx:
+        raise MinferError(f"cannot shift KV cells [{src_start}, {src_end}) to {dst_start} "
+                          f"(n_ctx = {n_ctx})")
+    if n == 0 or dst_start == src_start:
+        return
+    hp = engine.hparams
+    src_pos = np.arange(src_start, src_end, dtype=np.int64)
+    dst_pos = src_pos + (dst_start - src_start)
+    for k, v in zip(engine.kv.k, engine.kv.v, strict=True):
+        rows = rerotate(k[src_start:src_end], src_pos, dst_pos, n_head=hp.n_head_kv,
+                        head_dim=hp.head_dim, rope_dim=hp.rope_dim, base=hp.rope_base)
+        k[dst_start:dst_start + n] = rows.astype(k.dtype)
+        v[dst_start:dst_start + n] = v[src_start:src_end].copy()  # the ranges may overlap
