@@ -17,7 +17,7 @@ import pytest
 from minfer.chat.kv import KVMirror, common_prefix
 from minfer.chat.session import ChatConfig, ChatError, ChatSession, TurnReport
 from minfer.engine.generate import Piece
-from minfer.errors import ContextOverflowError
+from minfer.errors import ContextOverflowError, MinferError
 from minfer.tokenizer.chat import CHATML, ChatTemplate
 
 IM_START, IM_END, EOT = 1, 2, 3
@@ -89,6 +89,19 @@ class FakeEngine:
 
 
 @dataclass
+class ShiftingFakeEngine(FakeEngine):
+    """A FakeEngine whose cells can be moved (what a context shift does to the real KV)."""
+
+    shifts: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def shift_kv(self, *, src_start: int, src_end: int, dst_start: int) -> None:
+        n = src_end - src_start
+        self.cells[dst_start:dst_start + n] = self.cells[src_start:src_end].copy()
+        self.cells[dst_start + n:] = -1  # past the new cursor nothing may be read
+        self.shifts.append((src_start, src_end, dst_start))
+
+
+@dataclass
 class GreedySampler:
     seed: int = 7
     resets: list[tuple[list[int], int | None]] = field(default_factory=list)
@@ -104,8 +117,8 @@ class GreedySampler:
 
 
 def make(n_ctx: int = 512, *, system: str | None = None, template: str = CHATML,
-         **config: object) -> tuple[ChatSession, FakeEngine, GreedySampler]:
-    engine = FakeEngine(n_ctx)
+         shifting: bool = False, **config: object) -> tuple[ChatSession, FakeEngine, GreedySampler]:
+    engine = ShiftingFakeEngine(n_ctx) if shifting else FakeEngine(n_ctx)
     sampler = GreedySampler()
     session = ChatSession(engine, TOK, ChatTemplate(template), sampler, system=system,
                           config=ChatConfig(**config))  # type: ignore[arg-type]
@@ -234,7 +247,7 @@ def test_clear_keeps_the_system_rows() -> None:
 
 # -- context overflow ------------------------------------------------------------------------------
 def test_overflow_drops_oldest_turns_keeps_the_system_prompt_and_fits() -> None:
-    s, engine, _ = make(n_ctx=160, system="SYS", max_tokens=16)
+    s, engine, _ = make(n_ctx=160, system="SYS", max_tokens=16, overflow="reprefill")
     system_ids = render_ids(s, s.messages, False)
     overflowed = []
     for i in range(30):
@@ -259,7 +272,7 @@ def test_overflow_drops_oldest_turns_keeps_the_system_prompt_and_fits() -> None:
 
 
 def test_reply_reaching_the_end_of_the_context_drops_turns_and_goes_on() -> None:
-    s, engine, _ = make(n_ctx=64, max_tokens=40, reserve=2, keep=0.5)
+    s, engine, _ = make(n_ctx=64, max_tokens=40, reserve=2, keep=0.5, overflow="reprefill")
     turn(s.say("abc"))
     long = "x" * 14
     target = render_ids(s, [*s.messages, {"role": "user", "content": long}], True)
@@ -272,6 +285,72 @@ def test_reply_reaching_the_end_of_the_context_drops_turns_and_goes_on() -> None
     assert s.messages == [{"role": "user", "content": long},
                               {"role": "assistant", "content": f"<{long}>"}]
     assert s.kv.cursor <= 64
+
+
+def test_overflow_by_shift_moves_the_kept_rows_and_prefills_only_the_delta() -> None:
+    s, engine, _ = make(n_ctx=160, system="SYS", max_tokens=16, shifting=True)
+    assert isinstance(engine, ShiftingFakeEngine) and s.overflow == "shift"
+    system_ids = render_ids(s, s.messages, False)
+    shifted = []
+    for i in range(30):
+        msg = f"m{i:02d}"
+        kv_before = s.kv.tokens
+        n_calls = len(engine.calls)
+        text, r = turn(s.say(msg))
+        assert text == f"<{msg}>"  # the echo model reads the moved cells: they hold the history
+        assert list(engine.cells[: s.kv.cursor]) == s.kv.tokens
+        assert s.kv.tokens[: len(system_ids)] == system_ids
+        canonical = render_ids(s, s.messages, False)
+        assert s.kv.tokens == canonical[:-1]  # still the canonical render of what is kept
+        if r.n_dropped:
+            shifted.append(r)
+            assert not r.shift_fallback and r.n_shifted > 0
+            src, end, dst = engine.shifts[-1]
+            assert dst == len(system_ids) and end == len(kv_before)
+            assert r.n_shifted == end - src
+            # only the new message's delta is forwarded, at the end of the moved rows
+            delta, pos = engine.calls[n_calls]
+            assert pos == dst + r.n_shifted
+            assert r.n_prefilled == len(delta) == len(
+                render_ids(s, s.messages[:-1], True)) - pos
+            assert r.n_prefilled == len(TOK.encode_prompt(
+                f"\n<|im_start|>user\n{msg}<|im_end|>\n<|im_start|>assistant\n"))
+    assert len(shifted) >= 3 and s.n_shift_fallbacks == 0
+    assert s.kv.n_shifted == sum(r.n_shifted for r in shifted)
+
+
+def test_reply_reaching_the_end_of_the_context_shifts_and_goes_on() -> None:
+    s, engine, _ = make(n_ctx=64, max_tokens=40, reserve=2, keep=0.5, shifting=True)
+    turn(s.say("abc"))
+    long = "x" * 14
+    text, r = turn(s.say(long))
+    assert text == f"<{long}>" and r.reason == "eos" and r.n_dropped == 1 and r.n_shifted > 0
+    assert s.messages == [{"role": "user", "content": long},
+                              {"role": "assistant", "content": f"<{long}>"}]
+    assert list(engine.cells[: s.kv.cursor]) == s.kv.tokens
+    assert s.kv.tokens == render_ids(s, s.messages, False)[:-1]
+    text, r = turn(s.regen())  # the turn start moved with the rows
+    assert text == f"<{long}>" and s.kv.tokens == render_ids(s, s.messages, False)[:-1]
+
+
+def test_shift_that_is_not_prefix_consistent_falls_back_to_re_prefill() -> None:
+    # a template that counts the messages up front: dropping turns rewrites the head of the render
+    numbered = "{{ '#' ~ (messages | length) ~ '\n' }}" + CHATML
+    s, engine, _ = make(n_ctx=160, system="SYS", max_tokens=16, shifting=True, template=numbered)
+    fallbacks = 0
+    for i in range(20):
+        text, r = turn(s.say(f"m{i:02d}"))
+        assert text == f"<m{i:02d}>"
+        assert list(engine.cells[: s.kv.cursor]) == s.kv.tokens
+        if r.n_dropped:
+            assert r.shift_fallback and r.n_shifted == 0
+            fallbacks += 1
+    assert fallbacks >= 2 and s.n_shift_fallbacks == fallbacks and not engine.shifts  # type: ignore[attr-defined]
+
+
+def test_unknown_overflow_strategy_is_refused() -> None:
+    with pytest.raises(MinferError):
+        make(overflow="truncate")
 
 
 def test_a_message_that_cannot_fit_is_refused_and_forgotten() -> None:
