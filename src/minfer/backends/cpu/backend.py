@@ -137,9 +137,11 @@ def _kv_load(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
 def _attn(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.Attn)
+    # prefill: the blocked sgemm kernel, whose rounding depends on the batch shape
+    blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
     K.attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
                 n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                scale=op.scale, out=out)
+                scale=op.scale, out=out, blocked=blocked)
 
 
 _HANDLERS: dict[type, Handler] = {

@@ -5,7 +5,8 @@ Public API (see docs/interfaces.md):
   quantize_q8_0(x), quantize_q8_k(x) -- `matmul`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
 - rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
-- attention, kv_store -- `attention`
+- attention (blocked=True: the sgemm kernel of `attention_blocked`, used from
+  ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attention`
 
 The hot loops do not depend on numba's auto-vectoriser settings: the quantized dots are explicit
 vector IR (`simd`, `simd_k`), and the element-wise loops are simple enough for LLVM's loop
@@ -15,6 +16,7 @@ vectoriser (kernels with divisions use error_model="numpy" so no zero-check bloc
 from __future__ import annotations
 
 from .attention import attention, kv_store
+from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from .dequant import dequantize, dequantize_into, get_rows
 from .elementwise import add, mul, silu, swiglu
 from .matmul import (
@@ -32,6 +34,7 @@ from .quant_types import QType, row_bytes
 from .rope import rope_neox
 
 __all__ = [
+    "ATTN_BLOCKED_MIN_TOKENS",
     "PREFILL_MIN_TOKENS",
     "Q8Blocks",
     "Q8KBlocks",

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._llvm import as_f32
+from .attention_blocked import attention_blocked, blocked_available
 from .elementwise import fast_exp
 
 
@@ -73,8 +74,11 @@ def _cache_view(cache: np.ndarray) -> np.ndarray:
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              out: np.ndarray) -> None:
+              out: np.ndarray, blocked: bool = False) -> None:
     """out[t, h*hd:(h+1)*hd] = softmax(scale * q_h . K[window]) @ V[window] for every token/head.
+
+    `blocked=True` takes the sgemm kernel of `attention_blocked` (from `BLOCKED_MIN_TOKENS` rows
+    on it is faster; its rounding depends on the batch shape, so not for batch-invariant use).
 
     q, out: f32 `[nt, n_head*head_dim]`; caches: f32 or f16 `[n_ctx, n_head_kv*head_dim]`;
     kv_start/kv_end: int `[nt]` bounds of each query's window of cache cells.
@@ -93,6 +97,9 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
         raise ValueError("kv_start / kv_end need one entry per query row")
     if nt and (lo.min() < 0 or hi.max() > k.shape[0] or (hi < lo).any()):
         raise ValueError(f"KV window outside the cache of {k.shape[0]} cells")
+    if blocked and nt and blocked_available():
+        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
+        return
     if k.dtype == np.uint16:
         q = q.astype(np.float16).astype(np.float32)
     _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
