@@ -76,8 +76,9 @@ def test_ten_turns_prefill_only_their_deltas_and_match_a_fresh_run(model: Any) -
         assert top1 - top2 < 0.05, (k, fresh.ids, tenth, fresh.top_logits[k])
 
 
-def test_overflow_drops_old_turns_and_reports_the_re_prefill(model: Any) -> None:
-    s = _session(model, max_tokens=16)
+@pytest.mark.parametrize("overflow", ["shift", "reprefill"])
+def test_overflow_drops_old_turns_and_reports_the_re_prefill(model: Any, overflow: str) -> None:
+    s = _session(model, max_tokens=16, overflow=overflow)
     n_ctx = 320
     s.kv.engine = _Window(model.engine(), n_ctx)  # a small context on the shared engine
     system = _render(model, [{"role": "user", "content": "x"}], gen=False)[:20]
@@ -88,9 +89,14 @@ def test_overflow_drops_old_turns_and_reports_the_re_prefill(model: Any) -> None
         assert s.kv.tokens[:20] == system  # the (template's default) system prompt stays
         if r.n_dropped:
             costs.append(r.n_prefilled)
-    print(f"\noverflowing turns: {len(costs)}, tokens prefilled on each: {costs}; "
-          f"ordinary turns: {[r.n_prefilled for r in s.reports if not r.n_dropped]}")
+            assert not r.shift_fallback
+            assert (r.n_shifted > 0) == (overflow == "shift")
+    ordinary = [r.n_prefilled for r in s.reports if not r.n_dropped]
+    print(f"\n{overflow}: overflowing turns: {len(costs)}, tokens prefilled on each: {costs}; "
+          f"ordinary turns: {ordinary}")
     assert costs and max(costs) <= n_ctx // 2 + 40
+    if overflow == "shift":  # an overflowing turn costs what an ordinary one does
+        assert max(costs) <= max(ordinary[1:]) + 2
 
 
 class _Window:
@@ -103,3 +109,9 @@ class _Window:
     def forward(self, tokens: Any, start_pos: int, n_out: int = 1) -> Any:
         assert start_pos + len(tokens) <= self.n_ctx
         return self._engine.forward(tokens, start_pos, n_out)
+
+    def shift_kv(self, *, src_start: int, src_end: int, dst_start: int) -> None:
+        from minfer.engine.kv_shift import shift_kv
+
+        assert max(src_end, dst_start + src_end - src_start) <= self.n_ctx
+        shift_kv(self._engine, src_start=src_start, src_end=src_end, dst_start=dst_start)
