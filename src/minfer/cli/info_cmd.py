@@ -21,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="path to a .gguf or a cached model name "
                                             "(default: the default model)")
     p.add_argument("--metadata", action="store_true", help="also list every metadata key")
+    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None,
+                   help="show which backend would run which ops (default: auto)")
     p.set_defaults(func=run)
 
 
@@ -106,6 +108,18 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "…"
 
 
+def _backend_rows(choice: str | None) -> list[tuple[str, object]]:
+    """Which backends `--backend choice` selects here, and what each takes."""
+    from minfer.backends.select import select_backends
+
+    rows: list[tuple[str, object]] = [("selection", choice or "auto")]
+    for backend in select_backends(choice):
+        describe = getattr(backend, "describe", None)
+        what = describe() if callable(describe) else "every op the others decline"
+        rows.append((backend.name, what))
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     with GGUFFile.open(path) as f:
@@ -114,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(_kv_table("model", _model_rows(f, hp)))
         console.print(_kv_table("tokenizer", _tokenizer_rows(f)))
         console.print(_tensor_table(f))
+        console.print(_kv_table("backends", _backend_rows(args.backend)))
         if args.metadata:
             console.print(_kv_table("metadata", [(k, _short(v)) for k, v in f.metadata.items()]))
     return 0
