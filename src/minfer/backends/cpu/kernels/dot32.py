@@ -24,6 +24,7 @@ from numba import njit, prange
 
 from ._llvm import f16_to_f32
 from .simd import (
+    HAS_VNNI,
     MAX_TOKENS,
     rowdot2_q4_0,
     rowdot2_q4_1,
@@ -54,86 +55,108 @@ def load_f16(buf, off):
 
 
 
+@njit(cache=True)
+def lane_corr(xq, offset):
+    """int32 [nt, n/4]: -offset * (sums of 4 consecutive activation quants), the lanes the VNNI
+    row dots start from so that one vpdpbusd gives (code - offset) . x (0 x 0 when there is no
+    code offset or no VNNI). It depends on the activation only: computed once per call."""
+    nt, n = xq.shape
+    if offset == 0 or not HAS_VNNI:
+        return np.zeros((nt, 0), np.int32)
+    xc = np.empty((nt, n // 4), np.int32)
+    for t in range(nt):
+        for i in range(n // 4):
+            s = (np.int32(xq[t, 4 * i]) + np.int32(xq[t, 4 * i + 1]) + np.int32(xq[t, 4 * i + 2])
+                 + np.int32(xq[t, 4 * i + 3]))
+            xc[t, i] = -offset * s
+    return xc
+
+
 @njit(parallel=True, cache=True)
 def mv_q4_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    xc = lane_corr(xq, 8)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q4_0(w[r], xq, xd, xs, t, out, r)
+                rowdot4_q4_0(w[r], xq, xd, xs, xc, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_0(w[r], xq, xd, xs, n_full, out, r)
+                rowdot2_q4_0(w[r], xq, xd, xs, xc, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_0(w[r], xq, xd, xs, nt - 1, out, r)
+                rowdot_q4_0(w[r], xq, xd, xs, xc, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q4_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    xc = lane_corr(xq, 0)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q4_1(w[r], xq, xd, xs, t, out, r)
+                rowdot4_q4_1(w[r], xq, xd, xs, xc, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_1(w[r], xq, xd, xs, n_full, out, r)
+                rowdot2_q4_1(w[r], xq, xd, xs, xc, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_1(w[r], xq, xd, xs, nt - 1, out, r)
+                rowdot_q4_1(w[r], xq, xd, xs, xc, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q5_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    xc = lane_corr(xq, 16)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q5_0(w[r], xq, xd, xs, t, out, r)
+                rowdot4_q5_0(w[r], xq, xd, xs, xc, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_0(w[r], xq, xd, xs, n_full, out, r)
+                rowdot2_q5_0(w[r], xq, xd, xs, xc, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_0(w[r], xq, xd, xs, nt - 1, out, r)
+                rowdot_q5_0(w[r], xq, xd, xs, xc, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q5_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    xc = lane_corr(xq, 0)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q5_1(w[r], xq, xd, xs, t, out, r)
+                rowdot4_q5_1(w[r], xq, xd, xs, xc, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_1(w[r], xq, xd, xs, n_full, out, r)
+                rowdot2_q5_1(w[r], xq, xd, xs, xc, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_1(w[r], xq, xd, xs, nt - 1, out, r)
+                rowdot_q5_1(w[r], xq, xd, xs, xc, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q8_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    xc = lane_corr(xq, 128)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q8_0(w[r], xq, xd, xs, t, out, r)
+                rowdot4_q8_0(w[r], xq, xd, xs, xc, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q8_0(w[r], xq, xd, xs, n_full, out, r)
+                rowdot2_q8_0(w[r], xq, xd, xs, xc, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q8_0(w[r], xq, xd, xs, nt - 1, out, r)
+                rowdot_q8_0(w[r], xq, xd, xs, xc, nt - 1, out, r)

@@ -6,9 +6,12 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
 
 - unpack a block's weight codes to 32 bytes (nibbles, 5th bits from a bit mask, 6-bit Q6_K codes);
 - exact int32 lane sums of (code - offset) * x: with VNNI one `vpdpbusd` gives 8 lanes of 4-sums
-  (u8 x s8; the code offset is a second vpdpbusd of the constant), else the portable
-  mul/add-adjacent-pairs form that x86 lowers to `vpmaddwd` gives 16 lanes;
-- `rowdot_<type>(w_row, x, xd, xs, t, out, r)` for the 32-value types runs a whole row against
+  (u8 x s8), started from the activation's -offset * 4-sums (`xc`, computed once per call by
+  `dot32.lane_corr`: the offset correction depends on the activation only, so it costs nothing
+  per weight row; Q8_0's signed codes go in as code ^ 0x80 with offset 128); with AVX512-VNNI
+  two blocks share one zmm `vpdpbusd` (the lanes are the same as two ymm ones). Without VNNI
+  the portable mul/add-adjacent-pairs form that x86 lowers to `vpmaddwd` gives 16 lanes;
+- `rowdot_<type>(w_row, x, xd, xs, xc, t, out, r)` for the 32-value types runs a whole row against
   activation row t (`rowdot4_<type>`: rows t..t+3, each block unpacked once for the four):
   steps of BLOCKS_PER_CALL blocks (then single blocks), lanes times d_w * d_x per block fused
   (FMA) into per-token f32 accumulators that stay in registers (loop-carried phis), a software
@@ -42,6 +45,7 @@ _F32 = ir.FloatType()
 
 # u8 x s8 dot in groups of 4 (vpdpbusd): AVX512-VNNI with VL, or AVX-VNNI
 HAS_VNNI = target_has("avxvnni") or target_has("avx512vnni", "avx512vl")
+HAS_VNNI512 = target_has("avx512vnni", "avx512bw")  # vpdpbusd on zmm: two blocks per op
 HAS_FMA = target_has("fma")
 LANES = 8 if HAS_VNNI else 16  # lanes per block sum: 4-sums (vpdpbusd) or pair sums (pmaddwd)
 
@@ -66,22 +70,31 @@ def _nibbles(builder: Any, q: Any) -> Any:
     return builder.shuffle_vector(lo, hi, ir.Constant(_vec(_I32, 32), list(range(32))))
 
 
-def _vpdpbusd(builder: Any, u: Any, x: Any) -> Any:
-    """<8 x i32>: sums of 4 adjacent u8 x s8 products of two <32 x i8> (one vpdpbusd)."""
-    v8 = _vec(_I32, 8)
+def _vpdpbusd(builder: Any, u: Any, x: Any, acc: Any = None) -> Any:
+    """acc + sums of 4 adjacent u8 x s8 products of u and x (<32 x i8> -> <8 x i32>, or
+    <64 x i8> -> <16 x i32> on zmm): one vpdpbusd. `acc` defaults to zero."""
+    n = u.type.count // 4
+    vn = _vec(_I32, n)
     fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.x86.avx512.vpdpbusd.256")
-    zero = ir.Constant(v8, [0] * 8)
-    return builder.call(fn, [zero, builder.bitcast(u, v8), builder.bitcast(x, v8)])
+        builder.module, ir.FunctionType(vn, [vn, vn, vn]), f"llvm.x86.avx512.vpdpbusd.{32 * n}")
+    if acc is None:
+        acc = ir.Constant(vn, [0] * n)
+    return builder.call(fn, [acc, builder.bitcast(u, vn), builder.bitcast(x, vn)])
 
 
-def _lane_sums(builder: Any, codes: Any, x: Any, offset: int, signed: bool) -> Any:
+def _lane_sums(builder: Any, codes: Any, x: Any, offset: int, signed: bool,
+               corr: Any = None) -> Any:
     """Exact int32 lane sums of (code - offset) * x over 32 values: <8 x i32> of 4-sums with
-    VNNI, else <16 x i32> of pair sums (the pmaddwd pattern). `signed` codes are int8 (Q8_0)."""
+    VNNI, else <16 x i32> of pair sums (the pmaddwd pattern). `signed` codes are int8 (Q8_0).
+    With VNNI, `corr` (when given) is the activation's -offset * 4-sums (`-128` for signed
+    codes, whose u8 form is code ^ 0x80), the accumulator the one vpdpbusd starts from; codes
+    and x may then also be two blocks (<64 x i8>, 16 lanes, a zmm vpdpbusd)."""
     if HAS_VNNI:
         if signed:  # u8 operand required: code + 128, and subtract 128 * x below
-            codes = builder.xor(codes, _splat(builder, 0x80, 32))
+            codes = builder.xor(codes, _splat(builder, 0x80, codes.type.count))
             offset = 128
+        if corr is not None:
+            return _vpdpbusd(builder, codes, x, corr)
         lanes = _vpdpbusd(builder, codes, x)
         if offset:
             lanes = builder.sub(lanes, _vpdpbusd(builder, _splat(builder, offset, 32), x))
@@ -183,7 +196,7 @@ def _codes_at(builder: Any, w: Any, base: Any, qs_off: int, qh_off: int | None,
     return codes
 
 
-def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, Any, Any]], b: Any, count: int,
+def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any]], b: Any, count: int,
                  layout: tuple[int, int, int | None, int, bool, int | None],
                  acc: list[Any], accm: list[Any]) -> tuple[list[Any], list[Any]]:
     """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xd, xs)
@@ -203,10 +216,19 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, Any, Any]], b: Any,
     mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     n = LANES * count
     out_acc, out_m = [], []
-    for j, (x, xd, xs) in enumerate(toks):
-        parts = [_lane_sums(builder, codes[k], _ld(builder, x, builder.add(
-            xo, ir.Constant(u64, 32 * k)), _vec(_I8, 32)), offset, signed)
-                 for k in range(count)]
+    use_corr = HAS_VNNI and (offset or signed)
+    pair = HAS_VNNI512 and count % 2 == 0
+    if pair:  # two blocks' codes per zmm
+        codes = [_concat(builder, codes[k:k + 2]) for k in range(0, count, 2)]
+    co = builder.mul(b, ir.Constant(u64, 4 * LANES))
+    for j, (x, xd, xs, xc) in enumerate(toks):
+        step = 2 if pair else 1
+        parts = []
+        for k in range(0, count, step):
+            xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * k)), _vec(_I8, 32 * step))
+            corr = _ld(builder, xc, builder.add(co, ir.Constant(u64, 4 * LANES * k)),
+                       _vec(_I32, LANES * step)) if use_corr else None
+            parts.append(_lane_sums(builder, codes[k // step], xv, offset, signed, corr))
         lanes = builder.sitofp(_concat(builder, parts), _vec(_F32, n))
         dk = builder.fmul(dw, _ld(builder, xd, fo, _vec(_F32, count)))
         dv = builder.shuffle_vector(dk, dk, ir.Constant(
@@ -263,22 +285,23 @@ def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]
 
 
 def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
-    """An intrinsic rowdot(w, x, xd, xs, t, out, r) -> None: out[t + j, r] = dot of the weight
-    row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xd per-block
-    scales, xs per-block Q8_1 sums; all 2-D) for j < ntok. Each block is unpacked once and
+    """An intrinsic rowdot(w, x, xd, xs, xc, t, out, r) -> None: out[t + j, r] = dot of the
+    weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xd
+    per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`, read for
+    code offsets with VNNI only); all 2-D) for j < ntok. Each block is unpacked once and
     dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then single blocks; per token
     an ACC_BLOCKS-block-wide f32 accumulator (fused multiply-adds in block order) plus one for
     the tail blocks, summed in a fixed tree at the end. The per-token float operations do not
     depend on ntok, so the batched result is bitwise the one-token result."""
     size, m_off = layout[0], layout[5]
 
-    def typer(typingctx: Any, w: Any, x: Any, xd: Any, xs: Any, t: Any, out: Any,
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, xs: Any, xc: Any, t: Any, out: Any,
               r: Any) -> Any:
-        sig = types.void(w, x, xd, xs, t, out, r)
+        sig = types.void(w, x, xd, xs, xc, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            w_t, x_t, xd_t, xs_t, t_t, out_t, r_t = signature.args
-            w_v, x_v, xd_v, xs_v, t_v, out_v, r_v = args
+            w_t, x_t, xd_t, xs_t, xc_t, t_t, out_t, r_t = signature.args
+            w_v, x_v, xd_v, xs_v, xc_v, t_v, out_v, r_v = args
             u64 = ir.IntType(64)
             intp = cgutils.intp_t
             t_v = context.cast(builder, t_v, t_t, types.intp)
@@ -294,7 +317,8 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             for j in range(ntok):
                 tj = builder.add(t_v, ir.Constant(intp, j))
                 toks.append(tuple(_row_ptr(context, builder, aty, av, tj)
-                                  for aty, av in ((x_t, x_v), (xd_t, xd_v), (xs_t, xs_v))))
+                                  for aty, av in ((x_t, x_v), (xd_t, xd_v), (xs_t, xs_v),
+                                                  (xc_t, xc_v))))
             wide = _vec(_F32, LANES * ACC_BLOCKS)
             mvec = _vec(_F32, BLOCKS_PER_CALL)
             zero_w = ir.Constant(wide, [0.0] * wide.count)
