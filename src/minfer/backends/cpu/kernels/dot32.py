@@ -11,8 +11,10 @@ VNNI lane sums, per-block scales folded into register accumulators, software pre
 horizontal sum per row). Here rows are split across threads in contiguous chunks of `_CHUNK`
 (numba's static schedule hands each thread one contiguous run of chunks). Tokens go through a
 chunk MAX_TOKENS at a time (`rowdot4_*`: each weight block unpacked once, dotted against four
-activation rows), then two, then one; both intrinsics emit the same per-token float
-operations, so out[t] is bitwise independent of the batch (batch-invariant serving). Compiled
+activation rows), then two, then one; the intrinsics emit the same per-token float
+operations, so out[t] is bitwise independent of the batch (batch-invariant serving). Per call
+the activation-only parts are precomputed: `lane_corr` / `block_corr` (the code offset times
+activation sums, where the dots start) and `block_transpose` (the multi-row layout). Compiled
 without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
 reassociable.
 """
@@ -24,7 +26,9 @@ from numba import njit, prange
 
 from ._llvm import f16_to_f32
 from .simd import (
+    BLOCKS_PER_CALL,
     HAS_VNNI,
+    HAS_VNNI512,
     MAX_TOKENS,
     rowdot2_q4_0,
     rowdot2_q4_1,
@@ -58,8 +62,8 @@ def load_f16(buf, off):
 @njit(cache=True)
 def lane_corr(xq, offset):
     """int32 [nt, n/4]: -offset * (sums of 4 consecutive activation quants), the lanes the VNNI
-    row dots start from so that one vpdpbusd gives (code - offset) . x (0 x 0 when there is no
-    code offset or no VNNI). It depends on the activation only: computed once per call."""
+    row dots start from so that one vpdpbusd gives (code - offset) . x (0 columns when there is
+    no code offset or no VNNI). It depends on the activation only: computed once per call."""
     nt, n = xq.shape
     if offset == 0 or not HAS_VNNI:
         return np.zeros((nt, 0), np.int32)
@@ -72,82 +76,124 @@ def lane_corr(xq, offset):
     return xc
 
 
+@njit(cache=True)
+def block_corr(xq, offset):
+    """int32 [nt, n/32]: -offset * (sum of each block's activation quants), where the
+    transposed multi-row dots start (0 columns when unused: one row, no offset, no VNNI)."""
+    nt, n = xq.shape
+    if offset == 0 or not HAS_VNNI512 or nt < 2:
+        return np.zeros((nt, 0), np.int32)
+    cb = np.empty((nt, n // 32), np.int32)
+    for t in range(nt):
+        for b in range(n // 32):
+            s = np.int32(0)
+            for i in range(32):
+                s += np.int32(xq[t, 32 * b + i])
+            cb[t, b] = -offset * s
+    return cb
+
+
+@njit(cache=True)
+def block_transpose(xq):
+    """The activation for the transposed multi-row dots (`simd._emit_blocks`): in each group
+    of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then one of 8 if 8 are left),
+    dword j of block i moves to dword j * G + i of the group; the rest stays as it is. One
+    pass per call (0 columns for one row or without AVX512-VNNI)."""
+    nt, n = xq.shape
+    if not HAS_VNNI512 or nt < 2:
+        return np.zeros((nt, 0), np.int8)
+    xt = xq.copy()
+    nb = n // 32
+    for t in range(nt):
+        b0 = 0
+        while b0 < nb:
+            g = BLOCKS_PER_CALL if nb - b0 >= BLOCKS_PER_CALL else 8
+            if nb - b0 < g:
+                break
+            for i in range(g):
+                for j in range(8):
+                    for c in range(4):
+                        xt[t, 32 * b0 + 4 * (j * g + i) + c] = xq[t, 32 * (b0 + i) + 4 * j + c]
+            b0 += g
+    return xt
+
+
 @njit(parallel=True, cache=True)
 def mv_q4_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    xc = lane_corr(xq, 8)
+    xc, cb, xt = lane_corr(xq, 8), block_corr(xq, 8), block_transpose(xq)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q4_0(w[r], xq, xd, xs, xc, t, out, r)
+                rowdot4_q4_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_0(w[r], xq, xd, xs, xc, n_full, out, r)
+                rowdot2_q4_0(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_0(w[r], xq, xd, xs, xc, nt - 1, out, r)
+                rowdot_q4_0(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q4_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    xc = lane_corr(xq, 0)
+    xc, cb, xt = lane_corr(xq, 0), block_corr(xq, 0), block_transpose(xq)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q4_1(w[r], xq, xd, xs, xc, t, out, r)
+                rowdot4_q4_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_1(w[r], xq, xd, xs, xc, n_full, out, r)
+                rowdot2_q4_1(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q4_1(w[r], xq, xd, xs, xc, nt - 1, out, r)
+                rowdot_q4_1(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q5_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    xc = lane_corr(xq, 16)
+    xc, cb, xt = lane_corr(xq, 16), block_corr(xq, 16), block_transpose(xq)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q5_0(w[r], xq, xd, xs, xc, t, out, r)
+                rowdot4_q5_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_0(w[r], xq, xd, xs, xc, n_full, out, r)
+                rowdot2_q5_0(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_0(w[r], xq, xd, xs, xc, nt - 1, out, r)
+                rowdot_q5_0(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q5_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    xc = lane_corr(xq, 0)
+    xc, cb, xt = lane_corr(xq, 0), block_corr(xq, 0), block_transpose(xq)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
-                rowdot4_q5_1(w[r], xq, xd, xs, xc, t, out, r)
+                rowdot4_q5_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
         if nt - n_full >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_1(w[r], xq, xd, xs, xc, n_full, out, r)
+                rowdot2_q5_1(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
         if (nt - n_full) % 2:
             for r in range(c * _CHUNK, r1):
-                rowdot_q5_1(w[r], xq, xd, xs, xc, nt - 1, out, r)
+                rowdot_q5_1(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)
 def mv_q8_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    xc = lane_corr(xq, 128)
+    xc = lane_corr(xq, 128 if nt > 1 else 0)  # one row: the correction is a vpdpbusd
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)

@@ -11,11 +11,19 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
   per weight row; Q8_0's signed codes go in as code ^ 0x80 with offset 128); with AVX512-VNNI
   two blocks share one zmm `vpdpbusd` (the lanes are the same as two ymm ones). Without VNNI
   the portable mul/add-adjacent-pairs form that x86 lowers to `vpmaddwd` gives 16 lanes;
-- `rowdot_<type>(w_row, x, xd, xs, xc, t, out, r)` for the 32-value types runs a whole row against
-  activation row t (`rowdot4_<type>`: rows t..t+3, each block unpacked once for the four):
-  steps of BLOCKS_PER_CALL blocks (then single blocks), lanes times d_w * d_x per block fused
-  (FMA) into per-token f32 accumulators that stay in registers (loop-carried phis), a software
-  prefetch PREFETCH bytes ahead, one fixed-order horizontal sum per token at the end;
+- `rowdot_<type>(w_row, x, xt, xd, xs, xc, cb, t, out, r)` for Q4_0/Q4_1/Q5_0/Q5_1 runs a
+  whole row against activation row t (`rowdot4_<type>` / `rowdot2_<type>`: rows t..t+3 / t+1,
+  each block unpacked once for all): steps of BLOCKS_PER_CALL = 16 blocks (then 8, pairs, one)
+  whose exact per-block int sums, as floats, times d_w * d_x are fused (one FMA per step) into
+  a 16-lane f32 accumulator per token that stays in registers (loop-carried phis), a software
+  prefetch PREFETCH bytes ahead, one fixed-order horizontal sum per token at the end. The block
+  sums come from the lane sums added down (one row), or, for several rows, from the codes
+  transposed once per step (dword j of block i -> lane i of vector j) against the activation
+  transposed the same way once per call (`xt`): 8 vpdpbusd per row per 16 blocks, no per-row
+  shuffles. Q8_0 (`_row_dot_lanes`, rowdot(w_row, x, xd, xs, xc, t, out, r)) keeps per-lane
+  float steps (its codes need no unpacking, so the reductions would slow its one-row dot);
+- integer sums are exact whichever way they are formed, so a block's float inputs are the same
+  in the one-row and the multi-row code;
 - batch invariance: the float operations for one (token, row) are emitted identically whatever
   the number of tokens per pass, and carry no fastmath flags (the kernels are compiled without
   fastmath), so LLVM cannot reassociate them differently: a token's result is bitwise the same
@@ -97,7 +105,8 @@ def _lane_sums(builder: Any, codes: Any, x: Any, offset: int, signed: bool,
             return _vpdpbusd(builder, codes, x, corr)
         lanes = _vpdpbusd(builder, codes, x)
         if offset:
-            lanes = builder.sub(lanes, _vpdpbusd(builder, _splat(builder, offset, 32), x))
+            lanes = builder.sub(lanes, _vpdpbusd(builder, _splat(builder, offset, x.type.count),
+                                                 x))
         return lanes
     n = codes.type.count
     a = builder.sext(codes, _vec(_I32, n)) if signed else builder.zext(codes, _vec(_I32, n))
@@ -196,14 +205,143 @@ def _codes_at(builder: Any, w: Any, base: Any, qs_off: int, qh_off: int | None,
     return codes
 
 
-def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any]], b: Any, count: int,
+def _block_sums(builder: Any, parts: list[Any], count: int) -> Any:
+    """<count x i32>: the exact per-block sums of `parts` (equal vectors holding the blocks'
+    int lane sums in block order, each block's lanes contiguous): adjacent lanes are added
+    pairwise (even + odd lanes of two vectors at once), halving the lanes per block."""
+    while True:
+        n = parts[0].type.count
+        per_block = n * len(parts) // count
+        if len(parts) > 1 and per_block >= 2:
+            ev = ir.Constant(_vec(_I32, n), list(range(0, 2 * n, 2)))
+            od = ir.Constant(_vec(_I32, n), list(range(1, 2 * n, 2)))
+            parts = [builder.add(builder.shuffle_vector(x, y, ev),
+                                 builder.shuffle_vector(x, y, od))
+                     for x, y in zip(parts[::2], parts[1::2], strict=True)]
+        elif len(parts) > 1:
+            return _concat(builder, parts)
+        elif per_block >= 2:
+            v = parts[0]
+            ev = ir.Constant(_vec(_I32, n // 2), list(range(0, n, 2)))
+            od = ir.Constant(_vec(_I32, n // 2), list(range(1, n, 2)))
+            parts = [builder.add(builder.shuffle_vector(v, v, ev),
+                                 builder.shuffle_vector(v, v, od))]
+        else:
+            return parts[0]
+
+
+def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
+    """8 or 16 blocks' codes (<32 x i8> each) -> eight <4 count x i8>: vector j holds dword j
+    (codes 4j..4j+3) of every block, block i at dword i. Three rounds of two-source shuffles,
+    each swapping one bit of the vector index with one of the dword position."""
+    count = len(codes)
+    rows = [builder.bitcast(c, _vec(_I32, 8)) for c in codes]
+    # 16 blocks: block i in vector i % 8, half i // 8 (so that lane i ends up holding block i)
+    z = [_concat(builder, [rows[p], rows[p + 8]]) for p in range(8)] if count == 16 else rows
+    n = z[0].type.count
+    for k in range(3):
+        bit = 1 << k
+        lo = ir.Constant(_vec(_I32, n), [p if not p & bit else n + (p & ~bit) for p in range(n)])
+        hi = ir.Constant(_vec(_I32, n), [p | bit if not p & bit else n + p for p in range(n)])
+        nz = list(z)
+        for v in range(8):
+            if not v & bit:
+                nz[v] = builder.shuffle_vector(z[v], z[v | bit], lo)
+                nz[v | bit] = builder.shuffle_vector(z[v], z[v | bit], hi)
+        z = nz
+    return [builder.bitcast(v, _vec(_I8, 4 * count)) for v in z]
+
+
+def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, count: int,
                  layout: tuple[int, int, int | None, int, bool, int | None],
-                 acc: list[Any], accm: list[Any]) -> tuple[list[Any], list[Any]]:
-    """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xd, xs)
-    i8* row pointers). The blocks are unpacked once and shared by the tokens. Per token: the
-    int lane sums of (code - offset) * x, times d_w * d_x per block, fused into that token's
-    accumulator `acc[j]` (the count*LANES lanes folded onto its width, lowest half first), and
-    m_w * s_x fused into `accm[j]` (<count x f32>; Q4_1 / Q5_1). The float operations for one
+                 acc: list[Any], accm: list[Any], transposed: bool) -> tuple[list[Any], list[Any]]:
+    """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xt, xd,
+    xs, xc, cb) i8* row pointers). The blocks are unpacked once and shared by the tokens. Per
+    token the exact int32 dot of each block, (code - offset) . x, as <count x i32>, then
+    d_w * d_x per block times its float fused into that token's accumulator `acc[j]` (its low
+    lanes), and m_w * s_x fused into `accm[j]` (Q4_1 / Q5_1).
+
+    The block sums come one of two ways, equal as integers: `transposed` (count 8 or 16, AVX512
+    VNNI, several tokens): the codes are transposed once so that dword i of vector j is dword j
+    of block i, and 8 vpdpbusd against the activation laid out the same way (`xt`, from
+    `dot32.block_transpose`), starting from the block's -offset * sum(x) (`cb`), leave block i's
+    sum in lane i: 8 vpdpbusd per token for 16 blocks and nothing else. Otherwise (one token,
+    tail blocks): the lane sums of each block (pairs of blocks per zmm vpdpbusd, started from
+    `xc`) added down to one lane per block. The float operations for one token are the same
+    either way, whatever the other tokens are: a token's result never depends on R."""
+    size, qs_off, qh_off, offset, signed, m_off = layout
+    u64 = b.type
+    bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
+             for k in range(count)]
+    xo = builder.mul(b, ir.Constant(u64, 32))
+    fo = builder.mul(b, ir.Constant(u64, 4))
+    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
+    dw = _f16s(builder, w, bases, 0, size)
+    mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
+    out_acc, out_m = [], []
+    use_corr = HAS_VNNI and (offset or signed)
+    ivec = _vec(_I32, count)
+    if transposed:
+        if signed:
+            codes = [builder.xor(c, _splat(builder, 0x80, 32)) for c in codes]
+        wt = _transpose_codes(builder, codes)
+    pair = HAS_VNNI512 and count % 2 == 0
+    if pair and not transposed:  # two blocks' codes per zmm
+        codes = [_concat(builder, codes[k:k + 2]) for k in range(0, count, 2)]
+    co = builder.mul(b, ir.Constant(u64, 4 * LANES))
+    for j, (x, xt, xd, xs, xc, cb) in enumerate(toks):
+        if transposed:
+            sums = [_ld(builder, cb, fo, ivec) if use_corr else ir.Constant(ivec, [0] * count),
+                    ir.Constant(ivec, [0] * count)]
+            for g in range(8):
+                xv = _ld(builder, xt, builder.add(xo, ir.Constant(u64, 4 * count * g)),
+                         _vec(_I8, 4 * count))
+                sums[g % 2] = _vpdpbusd(builder, wt[g], xv, sums[g % 2])
+            isum = builder.add(sums[0], sums[1])
+        else:
+            step = 2 if pair else 1
+            parts = []
+            for k in range(0, count, step):
+                xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * k)),
+                         _vec(_I8, 32 * step))
+                corr = _ld(builder, xc, builder.add(co, ir.Constant(u64, 4 * LANES * k)),
+                           _vec(_I32, LANES * step)) if use_corr else None
+                parts.append(_lane_sums(builder, codes[k // step], xv, offset, signed, corr))
+            isum = _block_sums(builder, parts, count)
+        dk = builder.fmul(dw, _ld(builder, xd, fo, _vec(_F32, count)))
+        out_acc.append(_fma_fold(builder, dk, builder.sitofp(isum, _vec(_F32, count)), acc[j]))
+        if mw is not None:
+            out_m.append(_fma_fold(builder, mw, _ld(builder, xs, fo, _vec(_F32, count)),
+                                   accm[j]))
+    return out_acc, out_m
+
+
+def _fma_fold(builder: Any, d: Any, v: Any, a: Any) -> Any:
+    """a + d * v lane-wise (fused), the n lanes of d, v folded onto a's width W: lanes h..h+W
+    in turn when n >= W (lowest first), else into a's lowest n lanes (the rest kept)."""
+    n, width = d.type.count, a.type.count
+    if n < width:
+        low = ir.Constant(_vec(_I32, n), list(range(n)))
+        part = _fma(builder, d, v, builder.shuffle_vector(a, a, low))
+        wide = builder.shuffle_vector(part, part, ir.Constant(
+            _vec(_I32, width), list(range(n)) + [0] * (width - n)))
+        return builder.shuffle_vector(a, wide, ir.Constant(
+            _vec(_I32, width), [width + i for i in range(n)] + list(range(n, width))))
+    for h in range(0, n, width):
+        sel = ir.Constant(_vec(_I32, width), list(range(h, h + width)))
+        a = _fma(builder, builder.shuffle_vector(d, d, sel), builder.shuffle_vector(v, v, sel), a)
+    return a
+
+
+def _emit_blocks_lanes(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any]], b: Any,
+                       count: int, layout: tuple[int, int, int | None, int, bool, int | None],
+                       acc: list[Any], accm: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(Q8_0's form: per-lane float steps.) `count` consecutive blocks b.. of a weight row
+    against each token of `toks` ((x, xd, xs, xc) i8* row pointers). The blocks are unpacked
+    once and shared by the tokens. Per token: the int lane sums of (code - offset) * x, times
+    d_w * d_x per block, fused into that token's accumulator `acc[j]` (the count*LANES lanes
+    folded onto its width, lowest half first), and m_w * s_x fused into `accm[j]` (<count x
+    f32>). The float operations for one
     token are the same whatever the other tokens are: a token's result never depends on R."""
     size, qs_off, qh_off, offset, signed, m_off = layout
     u64 = b.type
@@ -216,7 +354,7 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any]], b:
     mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     n = LANES * count
     out_acc, out_m = [], []
-    use_corr = HAS_VNNI and (offset or signed)
+    use_corr = HAS_VNNI and (offset or signed) and len(toks) > 1  # one row: 2nd vpdpbusd
     pair = HAS_VNNI512 and count % 2 == 0
     if pair:  # two blocks' codes per zmm
         codes = [_concat(builder, codes[k:k + 2]) for k in range(0, count, 2)]
@@ -285,11 +423,99 @@ def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]
 
 
 def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
+    """An intrinsic rowdot(w, x, xt, xd, xs, xc, cb, t, out, r) -> None: out[t + j, r] = dot of
+    the weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xt
+    the same transposed per block group (`dot32.block_transpose`, read when ntok > 1), xd
+    per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`), cb int32
+    -offset * block sums (`block_corr`, ntok > 1); all 2-D) for j < ntok. Each block is
+    unpacked once and dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then one of
+    8 if 8 are left, then pairs, then one; per token one BLOCKS_PER_CALL-wide f32 accumulator
+    (one fused multiply-add per step, the short steps into its low lanes), summed in a fixed
+    tree at the end. The per-token float operations do not depend on ntok, so the batched
+    result is bitwise the one-token result."""
+    size, m_off = layout[0], layout[5]
+    fast = ntok > 1 and HAS_VNNI512
+
+    def typer(typingctx: Any, w: Any, x: Any, xt: Any, xd: Any, xs: Any, xc: Any, cb: Any,
+              t: Any, out: Any, r: Any) -> Any:
+        sig = types.void(w, x, xt, xd, xs, xc, cb, t, out, r)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            w_t, x_t, xt_t, xd_t, xs_t, xc_t, cb_t, t_t, out_t, r_t = signature.args
+            w_v, x_v, xt_v, xd_v, xs_v, xc_v, cb_v, t_v, out_v, r_v = args
+            u64 = ir.IntType(64)
+            intp = cgutils.intp_t
+            t_v = context.cast(builder, t_v, t_t, types.intp)
+            r_v = context.cast(builder, r_v, r_t, types.intp)
+            x_arr = context.make_array(x_t)(context, builder, x_v)
+            n_in = builder.extract_value(x_arr.shape, 1)
+            nb = builder.udiv(n_in, ir.Constant(intp, 32))
+            nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
+            n_main = builder.udiv(nb, ir.Constant(u64, BLOCKS_PER_CALL))
+            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
+                                  _I8.as_pointer())
+            toks = []
+            for j in range(ntok):
+                tj = builder.add(t_v, ir.Constant(intp, j))
+                toks.append(tuple(_row_ptr(context, builder, aty, av, tj) for aty, av in (
+                    (x_t, x_v), (xt_t, xt_v), (xd_t, xd_v), (xs_t, xs_v), (xc_t, xc_v),
+                    (cb_t, cb_v))))
+            wide = _vec(_F32, BLOCKS_PER_CALL)
+            zero = ir.Constant(wide, [0.0] * wide.count)
+            has_m = m_off is not None
+
+            def step(first: Any, count: int, prefetch: bool) -> Any:
+                def body(i: Any, vals: list[Any]) -> list[Any]:
+                    b = builder.add(first, builder.mul(i, ir.Constant(u64, count)))
+                    if prefetch:
+                        start = builder.add(builder.mul(b, ir.Constant(u64, size)),
+                                            ir.Constant(u64, PREFETCH))
+                        for off in range(0, size * count, 64):
+                            _prefetch_ir(builder, builder.gep(w_p, [
+                                builder.add(start, ir.Constant(u64, off))]))
+                    a, m = _emit_blocks(builder, w_p, toks, b, count, layout, vals[:ntok],
+                                        vals[ntok:], fast and count >= 8)
+                    return a + m
+                return body
+
+            init = [zero] * (2 * ntok if has_m else ntok)
+            vals = _phi_loop(builder, n_main, init, step(ir.Constant(u64, 0), BLOCKS_PER_CALL,
+                                                          True))
+            # the remaining blocks: 8 if there are, pairs, one; into the accumulators' low lanes
+            done = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
+            n8 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 8))
+            vals = _phi_loop(builder, n8, vals, step(done, 8, False))
+            done = builder.add(done, builder.mul(n8, ir.Constant(u64, 8)))
+            left = builder.sub(nb, done)
+            vals = _phi_loop(builder, builder.udiv(left, ir.Constant(u64, 2)), vals,
+                             step(done, 2, False))
+            last = builder.sub(nb, builder.urem(left, ir.Constant(u64, 2)))
+            vals = _phi_loop(builder, builder.urem(left, ir.Constant(u64, 2)), vals,
+                             step(last, 1, False))
+            acc, accm = vals[:ntok], vals[ntok:]
+            out_arr = context.make_array(out_t)(context, builder, out_v)
+            for j in range(ntok):
+                total = _hsum(builder, acc[j])
+                if has_m:
+                    total = builder.fadd(total, _hsum(builder, accm[j]))
+                ptr = cgutils.get_item_pointer(
+                    context, builder, out_t, out_arr,
+                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
+                    wraparound=False, boundscheck=False)
+                builder.store(total, ptr)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
     """An intrinsic rowdot(w, x, xd, xs, xc, t, out, r) -> None: out[t + j, r] = dot of the
     weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xd
     per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`, read for
     code offsets with VNNI only); all 2-D) for j < ntok. Each block is unpacked once and
-    dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then single blocks; per token
+    dotted against the ntok rows. Steps of LANE_BLOCKS blocks, then single blocks; per token
     an ACC_BLOCKS-block-wide f32 accumulator (fused multiply-adds in block order) plus one for
     the tail blocks, summed in a fixed tree at the end. The per-token float operations do not
     depend on ntok, so the batched result is bitwise the one-token result."""
@@ -310,7 +536,7 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             n_in = builder.extract_value(x_arr.shape, 1)
             nb = builder.udiv(n_in, ir.Constant(intp, 32))
             nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
-            n_main = builder.udiv(nb, ir.Constant(u64, BLOCKS_PER_CALL))
+            n_main = builder.udiv(nb, ir.Constant(u64, LANE_BLOCKS))
             w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
                                   _I8.as_pointer())
             toks = []
@@ -320,29 +546,29 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
                                   for aty, av in ((x_t, x_v), (xd_t, xd_v), (xs_t, xs_v),
                                                   (xc_t, xc_v))))
             wide = _vec(_F32, LANES * ACC_BLOCKS)
-            mvec = _vec(_F32, BLOCKS_PER_CALL)
+            mvec = _vec(_F32, LANE_BLOCKS)
             zero_w = ir.Constant(wide, [0.0] * wide.count)
             zero_m = ir.Constant(mvec, [0.0] * mvec.count)
             has_m = m_off is not None
 
             def main_body(i: Any, vals: list[Any]) -> list[Any]:
-                b = builder.mul(i, ir.Constant(u64, BLOCKS_PER_CALL))
+                b = builder.mul(i, ir.Constant(u64, LANE_BLOCKS))
                 start = builder.add(builder.mul(b, ir.Constant(u64, size)),
                                     ir.Constant(u64, PREFETCH))
-                for off in range(0, size * BLOCKS_PER_CALL, 64):
+                for off in range(0, size * LANE_BLOCKS, 64):
                     _prefetch_ir(builder, builder.gep(w_p, [
                         builder.add(start, ir.Constant(u64, off))]))
-                a, m = _emit_blocks(builder, w_p, toks, b, BLOCKS_PER_CALL, layout,
+                a, m = _emit_blocks_lanes(builder, w_p, toks, b, LANE_BLOCKS, layout,
                                     vals[:ntok], vals[ntok:])
                 return a + m
 
             init = [zero_w] * ntok + ([zero_m] * ntok if has_m else [])
             vals = _phi_loop(builder, n_main, init, main_body)
             acc, accm = vals[:ntok], vals[ntok:]
-            tail0 = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
+            tail0 = builder.mul(n_main, ir.Constant(u64, LANE_BLOCKS))
 
             def tail_body(i: Any, vals: list[Any]) -> list[Any]:
-                a, m = _emit_blocks(builder, w_p, toks, builder.add(tail0, i), 1, layout,
+                a, m = _emit_blocks_lanes(builder, w_p, toks, builder.add(tail0, i), 1, layout,
                                     vals[:ntok], vals[ntok:])
                 return a + m
 
@@ -370,7 +596,7 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
     return intrinsic(typer)
 
 
-BLOCKS_PER_CALL = 8  # blocks per step of the row loop
+BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 8)
 PREFETCH = 1024  # software prefetch distance, bytes
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
 _LAYOUTS = {
@@ -380,20 +606,23 @@ _LAYOUTS = {
     "q5_1": (24, 8, 4, 0, False, 2),
     "q8_0": (34, 2, None, 0, True, None),
 }
-ACC_BLOCKS = 4  # blocks' worth of f32 lanes per token accumulator (a few zmm per token)
+# Q8_0 keeps the per-lane form (`_row_dot_lanes`): its codes need no unpacking, so the
+# per-block sums' shuffles would make the one-row dot slower
+LANE_BLOCKS = 8  # blocks per step of the per-lane form
+ACC_BLOCKS = 4  # its blocks' worth of f32 lanes per token accumulator
 MAX_TOKENS = 4  # activation rows per pass over a weight row (the batched intrinsics)
 rowdot_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 1)
 rowdot_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 1)
 rowdot_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 1)
 rowdot_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 1)
-rowdot_q8_0: Any = _row_dot(_LAYOUTS["q8_0"], 1)
+rowdot_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 1)
 rowdot4_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS)
 rowdot4_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], MAX_TOKENS)
 rowdot4_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS)
 rowdot4_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], MAX_TOKENS)
-rowdot4_q8_0: Any = _row_dot(_LAYOUTS["q8_0"], MAX_TOKENS)
+rowdot4_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], MAX_TOKENS)
 rowdot2_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 2)
 rowdot2_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 2)
 rowdot2_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 2)
 rowdot2_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 2)
-rowdot2_q8_0: Any = _row_dot(_LAYOUTS["q8_0"], 2)
+rowdot2_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 2)
