@@ -197,3 +197,25 @@ def test_forced_calls_always_parse_and_match_the_schema(tok: Tokenizer,
         assert _stream(_split_bytes(text, (len(text) // 2,)))[1] == parse_tool_calls(
             text, new_id=ids())[1]
     assert names == ({"get_weather", "now"} if choice == "required" else {"get_weather"})
+
+
+BARE_CASES = [
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "", ["get_weather"]),
+    ('```json\n{"name": "f", "arguments": {}}\n```', "", ["f"]),
+    ('Hello {"name": "f", "arguments": {}}', 'Hello {"name": "f", "arguments": {}}', []),
+    ('{"a": 1}', '{"a": 1}', []),
+    ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "names"), BARE_CASES)
+def test_untagged_call_is_a_call_in_both_parsers(text: str, content: str,
+                                                 names: list[str]) -> None:
+    got_content, calls = parse_tool_calls(text)
+    assert got_content == content and [c["function"]["name"] for c in calls] == names
+    for step in (1, 2, 7, len(text)):
+        stream = ToolCallStream()
+        deltas = [d for i in range(0, len(text), step) for d in stream.push(text[i:i + step])]
+        deltas += stream.finish()
+        assert "".join(d.get("content", "") for d in deltas) == content
+        assert [c["function"] for c in stream.tool_calls] == [c["function"] for c in calls]

@@ -20,16 +20,19 @@ API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400
   null) and OpenAI `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`,
   `arguments` being the JSON text the model wrote). A block that is not valid JSON with a string
   `name`, or that is never closed, stays in the content. When the list is not empty the
-  `finish_reason` is "tool_calls".
+  `finish_reason` is "tool_calls". Small models often drop the tags: a reply that is nothing but
+  one `{"name": ..., "arguments": ...}` object (optionally in a ```json fence) is a call too, as
+  llama.cpp's parser accepts it.
 - `ToolCallStream()`: `.push(text) -> list[delta]` for each generated piece, `.finish() ->
-  list[delta]` at the end; each delta is a chat.completion.chunk `delta` object: `{"content": s}`
-  or `{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]}` (a call's
-  first delta) then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}` as the
-  arguments arrive. `.tool_calls` holds the calls so far. For well-formed output (always, under a
-  tool_choice grammar) the joined deltas equal `parse_tool_calls` of the whole text. A call is
-  announced as soon as its `{"name": ..., "arguments": ` header is read, so a block that turns
-  out malformed or unclosed after that is still reported as a call (the one-shot parser would
-  leave it as content).
+  list[delta]` at the end; each delta is a chat.completion.chunk `delta` object: `{"content":
+  s}` or `{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]}` (a
+  call's first delta) then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}` as
+  the arguments arrive. A reply that opens with `{` or a fence is held back until the end, where
+  it is either a bare call (one call delta) or content. `.tool_calls` holds the calls so far.
+  For well-formed output (always, under a tool_choice grammar) the joined deltas equal
+  `parse_tool_calls` of the whole text. A call is announced as soon as its `{"name": ...,
+  "arguments": ` header is read, so a block that turns out malformed or unclosed after that is
+  still reported as a call (the one-shot parser would leave it as content).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NL, NAME_KEY = "\n", '"name": '
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
+_JSON_FENCE = "```json"
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 
 Delta = dict[str, Any]
@@ -145,7 +150,22 @@ def parse_tool_calls(text: str, *, new_id: Callable[[], str] = new_call_id
         name, arguments = call
         calls.append(_call(new_id(), name, arguments))
     content.append(text[last:])
+    if not calls:
+        bare = parse_bare_call(text)
+        if bare is not None:
+            return "", [_call(new_id(), *bare)]
     return "".join(content).strip(), calls
+
+
+def parse_bare_call(text: str) -> tuple[str, str] | None:
+    """(name, arguments) when the whole reply is one untagged call object, else None."""
+    body = _FENCE.sub("", text.strip()).strip()
+    if not body.startswith("{"):
+        return None
+    call = parse_block(body)
+    if call is None or '"arguments"' not in body:
+        return None
+    return call
 
 
 def parse_block(body: str) -> tuple[str, str] | None:
@@ -212,7 +232,8 @@ class ToolCallStream:
 
     States: text (content, holding back what may start `<tool_call>`); head (inside a block,
     waiting for the `{"name": ..., "arguments": ` header or the closing tag); args (streaming the
-    arguments value); tail (after the value, waiting for the closing tag).
+    arguments value); tail (after the value, waiting for the closing tag); bare (a reply that
+    opens like an untagged call object, held whole until `finish`).
     """
 
     def __init__(self, *, new_id: Callable[[], str] = new_call_id) -> None:
@@ -236,7 +257,14 @@ class ToolCallStream:
         """Deltas for what is left at the end of generation (an unclosed block stays text,
         unless its header was already sent)."""
         out: list[Delta] = []
-        if self._state == "text":
+        if self._state == "bare":
+            call = parse_bare_call(self._buf)
+            if call is None:
+                self._content(self._buf, out)
+            else:
+                self._begin_call(call[0], out)
+                self._args_delta(call[1], out)
+        elif self._state == "text":
             self._content(self._buf, out)
         elif self._state == "head":
             self._content(OPEN + self._buf, out)
@@ -254,9 +282,20 @@ class ToolCallStream:
             return self._step_head(out)
         if self._state == "args":
             return self._step_args(out)
+        if self._state == "bare":
+            return False  # held whole until finish()
         return self._step_tail()
 
     def _step_text(self, out: list[Delta]) -> bool:
+        if not self._started and not self.tool_calls:
+            head = self._buf.lstrip()
+            opens_call = head.startswith(("{", _JSON_FENCE))
+            if opens_call:  # may be a call without tags: decide at the end
+                self._state = "bare"
+            if opens_call or _JSON_FENCE.startswith(head):  # or too short to tell yet
+                return False
+            if not head:
+                return False
         at = self._buf.find(OPEN)
         if at >= 0:
             self._content(self._buf[:at], out)
