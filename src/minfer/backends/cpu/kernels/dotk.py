@@ -12,10 +12,11 @@ pass over a weight row, batch-invariant, no fastmath.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, prange
 
 from .dot32 import _CHUNK
-from .simd import MAX_TOKENS
+from .simd import HAS_VNNI, MAX_TOKENS
 from .simd_k import (
     rowdot2_q4_k,
     rowdot2_q5_k,
@@ -63,9 +64,25 @@ def mv_q5_k(w, xq, xd, bsums, out):
                 rowdot_q5_k(w[r], xq, xd, bsums, nt - 1, out, r)
 
 
+@njit(cache=True)
+def q6_corr(xq, bsums):
+    """What Q6_K's row dots read in place of bsums with VNNI: int16 [nt, n/2], -32 * (sums of
+    adjacent activation quant pairs), added to the pmaddubsw pair sums so that they are the
+    pair sums of (code - 32) * x (computed once per call; without VNNI: bsums, unused)."""
+    if not HAS_VNNI:
+        return bsums
+    nt, n = xq.shape
+    c = np.empty((nt, n // 2), np.int16)
+    for t in range(nt):
+        for i in range(n // 2):
+            c[t, i] = np.int16(-32 * (np.int32(xq[t, 2 * i]) + np.int32(xq[t, 2 * i + 1])))
+    return c
+
+
 @njit(parallel=True, cache=True)
 def mv_q6_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
+    bsums = q6_corr(xq, bsums)
     n_full = nt - nt % MAX_TOKENS
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)

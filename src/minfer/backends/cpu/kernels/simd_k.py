@@ -23,6 +23,7 @@ from .simd import (
     _I8,
     _I16,
     _I32,
+    HAS_VNNI,
     LANES,
     MAX_TOKENS,
     PREFETCH,
@@ -96,17 +97,67 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
     return codes, sm
 
 
+def _x86(builder: Any, name: str, ret: ir.Type, args: list[Any]) -> Any:
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _pmaddubsw(builder: Any, u: Any, x: Any) -> Any:
+    """<16 x i16> sums of adjacent u8 x s8 products (saturating; exact for codes <= 63)."""
+    return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), [u, x])
+
+
+def _pmaddwd(builder: Any, a: Any, b: Any) -> Any:
+    """<8 x i32> sums of adjacent i16 x i16 products."""
+    return _x86(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [a, b])
+
+
+def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
+    """acc + sums of adjacent i16 x i16 products (<8 x i32>; one vpdpwssd)."""
+    v8 = _vec(_I32, 8)
+    return _x86(builder, "llvm.x86.avx512.vpdpwssd.256", v8,
+                [acc, builder.bitcast(a, v8), builder.bitcast(b, v8)])
+
+
+def _scales16(builder: Any, sm: Any, kind: str) -> tuple[list[Any], Any]:
+    """Per 32-code group the scales as <16 x i16> in pmaddubsw pair order (Q6_K: one per 16
+    values, so two halves), and Q4_K/Q5_K's mins with each repeated for a bsums pair."""
+    sm16 = builder.trunc(sm, _vec(_I16, 16))
+    if kind == "q6":
+        scales = [_splat_lane(builder, sm16, [2 * g] * 8 + [2 * g + 1] * 8) for g in range(8)]
+        return scales, None
+    scales = [_splat_lane(builder, sm16, [g] * 16) for g in range(8)]
+    return scales, _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
+
+
 def _splat_lane(builder: Any, vec: Any, idx: list[int]) -> Any:
     return builder.shuffle_vector(vec, vec, ir.Constant(_vec(_I32, len(idx)), idx))
 
 
 def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
-               kind: str) -> tuple[Any, Any]:
+               kind: str, scales16: list[Any], mins16: Any) -> tuple[Any, Any]:
     """One token's integer part of super-block i: (<LANES x i32> sum over sub-blocks of scale *
-    lane sums of codes . x, i32 sum of min * activation sums (Q4_K/Q5_K; 0 for Q6_K))."""
+    lane sums of codes . x, i32 sum of min * activation sums (Q4_K/Q5_K; 0 for Q6_K)). With
+    VNNI the lanes are the same integers formed as pmaddubsw pair sums (codes <= 63, so no
+    saturation) fed to vpdpwssd against the i16 scales (`_scales16`); Q6_K's `bs` is then the
+    activation's -32 * pair sums (`dotk.q6_corr`), not bsums."""
     u64 = i.type
     xo = builder.mul(i, ir.Constant(u64, 256))
     acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+    if HAS_VNNI:  # pmaddubsw pair sums (Q6_K: minus 32 * x pair sums), vpdpwssd with scales
+        for g, cd in enumerate(codes):
+            xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
+            pairs = _pmaddubsw(builder, cd, xv)
+            if kind == "q6":
+                pairs = builder.add(pairs, _ld(builder, bs, builder.add(
+                    builder.mul(i, ir.Constant(u64, 256)), ir.Constant(u64, 32 * g)),
+                    _vec(_I16, 16)))
+            acc = _vpdpwssd(builder, acc, pairs, scales16[g])
+        if kind == "q6":
+            return acc, ir.Constant(_I32, 0)
+        bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
+        return acc, _reduce_add(builder, _pmaddwd(builder, bsv, mins16))
     for g, cd in enumerate(codes):
         xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
         lanes = _lane_sums(builder, cd, xv, 32 if kind == "q6" else 0, False)
@@ -176,8 +227,10 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                     dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
                         base, ir.Constant(u64, 2)), _I16))
                 new_acc, new_m = [], []
+                scales16, mins16 = _scales16(builder, sm, kind) if HAS_VNNI else ([], None)
                 for j, (x, xd, bs) in enumerate(toks):
-                    lanes, summ = _dot_super(builder, codes, sm, x, bs, i, kind)
+                    lanes, summ = _dot_super(builder, codes, sm, x, bs, i, kind, scales16,
+                                             mins16)
                     dx = _ld(builder, xd, builder.mul(i, ir.Constant(u64, 4)), _F32)
                     d = _splat(builder, builder.fmul(dx, dw), LANES)
                     new_acc.append(_fma(builder, d, builder.sitofp(lanes, _vec(_F32, LANES)),
