@@ -24,9 +24,11 @@ from .simd import (
     _I16,
     _I32,
     HAS_VNNI,
+    HAS_VNNI512,
     LANES,
     MAX_TOKENS,
     PREFETCH,
+    _concat,
     _fma,
     _hsum,
     _lane_sums,
@@ -104,8 +106,11 @@ def _x86(builder: Any, name: str, ret: ir.Type, args: list[Any]) -> Any:
 
 
 def _pmaddubsw(builder: Any, u: Any, x: Any) -> Any:
-    """<16 x i16> sums of adjacent u8 x s8 products (saturating; exact for codes <= 63)."""
-    return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), [u, x])
+    """<n/2 x i16> sums of adjacent u8 x s8 products of <n x i8> (n = 32 or 64; saturating,
+    exact for codes <= 63)."""
+    n = u.type.count
+    name = "llvm.x86.avx512.pmaddubs.w.512" if n == 64 else "llvm.x86.avx2.pmadd.ub.sw"
+    return _x86(builder, name, _vec(_I16, n // 2), [u, x])
 
 
 def _pmaddwd(builder: Any, a: Any, b: Any) -> Any:
@@ -114,21 +119,24 @@ def _pmaddwd(builder: Any, a: Any, b: Any) -> Any:
 
 
 def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
-    """acc + sums of adjacent i16 x i16 products (<8 x i32>; one vpdpwssd)."""
-    v8 = _vec(_I32, 8)
-    return _x86(builder, "llvm.x86.avx512.vpdpwssd.256", v8,
-                [acc, builder.bitcast(a, v8), builder.bitcast(b, v8)])
+    """acc + sums of adjacent i16 x i16 products (<8 or 16 x i32>; one vpdpwssd)."""
+    vn = acc.type
+    return _x86(builder, f"llvm.x86.avx512.vpdpwssd.{32 * vn.count}", vn,
+                [acc, builder.bitcast(a, vn), builder.bitcast(b, vn)])
 
 
 def _scales16(builder: Any, sm: Any, kind: str) -> tuple[list[Any], Any]:
     """Per 32-code group the scales as <16 x i16> in pmaddubsw pair order (Q6_K: one per 16
     values, so two halves), and Q4_K/Q5_K's mins with each repeated for a bsums pair."""
     sm16 = builder.trunc(sm, _vec(_I16, 16))
+    mins = None if kind == "q6" else _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
     if kind == "q6":
-        scales = [_splat_lane(builder, sm16, [2 * g] * 8 + [2 * g + 1] * 8) for g in range(8)]
-        return scales, None
-    scales = [_splat_lane(builder, sm16, [g] * 16) for g in range(8)]
-    return scales, _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
+        idx = [[2 * g] * 8 + [2 * g + 1] * 8 for g in range(8)]
+    else:
+        idx = [[g] * 16 for g in range(8)]
+    if HAS_VNNI512:  # two groups per zmm
+        idx = [idx[g] + idx[g + 1] for g in range(0, 8, 2)]
+    return [_splat_lane(builder, sm16, ix) for ix in idx], mins
 
 
 def _splat_lane(builder: Any, vec: Any, idx: list[int]) -> Any:
@@ -146,14 +154,19 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
     xo = builder.mul(i, ir.Constant(u64, 256))
     acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
     if HAS_VNNI:  # pmaddubsw pair sums (Q6_K: minus 32 * x pair sums), vpdpwssd with scales
+        per = codes[0].type.count  # codes per vector: 32, or 64 (two groups, zmm)
+        acc = ir.Constant(_vec(_I32, per // 4), [0] * (per // 4))
         for g, cd in enumerate(codes):
-            xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
+            xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, per * g)), _vec(_I8, per))
             pairs = _pmaddubsw(builder, cd, xv)
             if kind == "q6":
                 pairs = builder.add(pairs, _ld(builder, bs, builder.add(
-                    builder.mul(i, ir.Constant(u64, 256)), ir.Constant(u64, 32 * g)),
-                    _vec(_I16, 16)))
+                    builder.mul(i, ir.Constant(u64, 256)), ir.Constant(u64, per * g)),
+                    _vec(_I16, per // 2)))
             acc = _vpdpwssd(builder, acc, pairs, scales16[g])
+        if per == 64:  # even groups' lanes + odd groups' lanes (exact)
+            acc = builder.add(_splat_lane(builder, acc, list(range(8))),
+                              _splat_lane(builder, acc, list(range(8, 16))))
         if kind == "q6":
             return acc, ir.Constant(_I32, 0)
         bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
@@ -220,6 +233,8 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                     _prefetch_ir(builder, builder.gep(w_p, [
                         builder.add(base, ir.Constant(u64, PREFETCH + off))]))
                 codes, sm = _unpack_super(builder, w_p, base, kind)
+                if HAS_VNNI512:  # two 32-code groups per zmm
+                    codes = [_concat(builder, codes[g:g + 2]) for g in range(0, 8, 2)]
                 dw = half_to_float(builder, _ld(builder, w_p, builder.add(
                     base, ir.Constant(u64, _KD_OFF[kind])), _I16))
                 dmin = None
