@@ -30,6 +30,7 @@ from .simd import (
     HAS_VNNI,
     HAS_VNNI512,
     MAX_TOKENS,
+    ROWS8_MAX_IN,
     rowdot2_q4_0,
     rowdot2_q4_1,
     rowdot2_q5_0,
@@ -40,6 +41,11 @@ from .simd import (
     rowdot4_q5_0,
     rowdot4_q5_1,
     rowdot4_q8_0,
+    rowdot8_q4_0,
+    rowdot8_q4_1,
+    rowdot8_q5_0,
+    rowdot8_q5_1,
+    rowdot8_q8_0,
     rowdot_q4_0,
     rowdot_q4_1,
     rowdot_q5_0,
@@ -122,16 +128,20 @@ def block_transpose(xq):
 def mv_q4_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
     xc, cb, xt = lane_corr(xq, 8), block_corr(xq, 8), block_transpose(xq)
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q4_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q4_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_0(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q4_0(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q4_0(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
@@ -140,16 +150,20 @@ def mv_q4_0(w, xq, xd, xs, out):
 def mv_q4_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
     xc, cb, xt = lane_corr(xq, 0), block_corr(xq, 0), block_transpose(xq)
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q4_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q4_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_1(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q4_1(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q4_1(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
@@ -158,16 +172,20 @@ def mv_q4_1(w, xq, xd, xs, out):
 def mv_q5_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
     xc, cb, xt = lane_corr(xq, 16), block_corr(xq, 16), block_transpose(xq)
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q5_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q5_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_0(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q5_0(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q5_0(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
@@ -176,16 +194,20 @@ def mv_q5_0(w, xq, xd, xs, out):
 def mv_q5_1(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
     xc, cb, xt = lane_corr(xq, 0), block_corr(xq, 0), block_transpose(xq)
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q5_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q5_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_1(w[r], xq, xt, xd, xs, xc, cb, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q5_1(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q5_1(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
@@ -194,15 +216,19 @@ def mv_q5_1(w, xq, xd, xs, out):
 def mv_q8_0(w, xq, xd, xs, out):
     n_out, nt = w.shape[0], xq.shape[0]
     xc = lane_corr(xq, 128 if nt > 1 else 0)  # one row: the correction is a vpdpbusd
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q8_0(w[r], xq, xd, xs, xc, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q8_0(w[r], xq, xd, xs, xc, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q8_0(w[r], xq, xd, xs, xc, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q8_0(w[r], xq, xd, xs, xc, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q8_0(w[r], xq, xd, xs, xc, nt - 1, out, r)

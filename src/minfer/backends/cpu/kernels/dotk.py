@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from .dot32 import _CHUNK
-from .simd import HAS_VNNI, MAX_TOKENS
+from .simd import HAS_VNNI, MAX_TOKENS, ROWS8_MAX_IN
 from .simd_k import (
     rowdot2_q4_k,
     rowdot2_q5_k,
@@ -24,6 +24,9 @@ from .simd_k import (
     rowdot4_q4_k,
     rowdot4_q5_k,
     rowdot4_q6_k,
+    rowdot8_q4_k,
+    rowdot8_q5_k,
+    rowdot8_q6_k,
     rowdot_q4_k,
     rowdot_q5_k,
     rowdot_q6_k,
@@ -33,16 +36,20 @@ from .simd_k import (
 @njit(parallel=True, cache=True)
 def mv_q4_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q4_k(w[r], xq, xd, bsums, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q4_k(w[r], xq, xd, bsums, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q4_k(w[r], xq, xd, bsums, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q4_k(w[r], xq, xd, bsums, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q4_k(w[r], xq, xd, bsums, nt - 1, out, r)
 
@@ -50,16 +57,20 @@ def mv_q4_k(w, xq, xd, bsums, out):
 @njit(parallel=True, cache=True)
 def mv_q5_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q5_k(w[r], xq, xd, bsums, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q5_k(w[r], xq, xd, bsums, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q5_k(w[r], xq, xd, bsums, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q5_k(w[r], xq, xd, bsums, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q5_k(w[r], xq, xd, bsums, nt - 1, out, r)
 
@@ -83,15 +94,19 @@ def q6_corr(xq, bsums):
 def mv_q6_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
     bsums = q6_corr(xq, bsums)
-    n_full = nt - nt % MAX_TOKENS
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n_full, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q6_k(w[r], xq, xd, bsums, t, out, r)
+        for t in range(n8, n4, 4):
             for r in range(c * _CHUNK, r1):
                 rowdot4_q6_k(w[r], xq, xd, bsums, t, out, r)
-        if nt - n_full >= 2:
+        if nt - n4 >= 2:
             for r in range(c * _CHUNK, r1):
-                rowdot2_q6_k(w[r], xq, xd, bsums, n_full, out, r)
-        if (nt - n_full) % 2:
+                rowdot2_q6_k(w[r], xq, xd, bsums, n4, out, r)
+        if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q6_k(w[r], xq, xd, bsums, nt - 1, out, r)

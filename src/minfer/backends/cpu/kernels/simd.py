@@ -610,17 +610,25 @@ _LAYOUTS = {
 # per-block sums' shuffles would make the one-row dot slower
 LANE_BLOCKS = 8  # blocks per step of the per-lane form
 ACC_BLOCKS = 4  # its blocks' worth of f32 lanes per token accumulator
-MAX_TOKENS = 4  # activation rows per pass over a weight row (the batched intrinsics)
+MAX_TOKENS = 8  # activation rows per pass over a weight row (then passes of 4, 2, 1)
+# 8-row passes only up to this many inputs: the 8 activation rows and their per-call
+# corrections (about 2 bytes per value) must stay in L1 while a chunk's rows stream past
+ROWS8_MAX_IN = 2048
 rowdot_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 1)
 rowdot_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 1)
 rowdot_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 1)
 rowdot_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 1)
 rowdot_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 1)
-rowdot4_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS)
-rowdot4_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], MAX_TOKENS)
-rowdot4_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS)
-rowdot4_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], MAX_TOKENS)
-rowdot4_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], MAX_TOKENS)
+rowdot8_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS)
+rowdot4_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 4)
+rowdot8_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], MAX_TOKENS)
+rowdot4_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 4)
+rowdot8_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS)
+rowdot4_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 4)
+rowdot8_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], MAX_TOKENS)
+rowdot4_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 4)
+rowdot8_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], MAX_TOKENS)
+rowdot4_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 4)
 rowdot2_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 2)
 rowdot2_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 2)
 rowdot2_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 2)
