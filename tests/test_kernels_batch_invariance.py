@@ -45,3 +45,20 @@ def test_activation_quantization_is_per_row(qt: QType) -> None:
         for field in ("qs", "d", "s", "isum", "bsums"):
             if hasattr(whole, field):
                 assert np.array_equal(getattr(whole, field)[t], getattr(one, field)[0]), field
+
+
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q6_K], ids=lambda q: q.name)
+def test_wide_rows_batch_invariant(qt: QType) -> None:
+    # past ROWS8_MAX_IN inputs the kernels take passes of 4 rows instead of 8
+    n_in, n_out = (256 * 9 if qt in QUANT_K else 32 * 70), 19
+    w = make_weight(qt, n_out, n_in)
+    x = np.random.default_rng(5).standard_normal((13, n_in)).astype(np.float32)
+    alone = np.empty((13, n_out), np.float32)
+    for t in range(13):
+        o = np.empty((1, n_out), np.float32)
+        matmul_prequant(w, qt, quantize_activation(x[t:t + 1], qt), o)
+        alone[t] = o[0]
+    for nt in (2, 4, 5, 8, 9, 13):
+        out = np.empty((nt, n_out), np.float32)
+        matmul_prequant(w, qt, quantize_activation(x[:nt], qt), out)
+        assert np.array_equal(out, alone[:nt]), nt
