@@ -5,6 +5,7 @@ memory bandwidth). Prefill: nt tokens through `matmul` (dequantized tiles + sgem
 `--crossover` times the integer path against the sgemm path (where prefill_min_tokens switches).
 
     python benchmarks/kernels_bench.py [--threads 2] [--types Q5_0,Q8_0] [--prefill 128,512]
+    python benchmarks/kernels_bench.py --threads 1 --no-decode --prefill "" --batch 1,4,8
 
 Timings are best-of-N (the machine is shared; the best run is the kernel's own speed) with the
 median alongside.
@@ -83,6 +84,28 @@ def bench_decode(types: list[QType], reps: int, rng: np.random.Generator) -> Non
         print(f"  {qt.name:5s} " + "   ".join(cells), flush=True)
 
 
+def bench_batch(types: list[QType], rows: list[int], reps: int, rng: np.random.Generator) -> None:
+    """Server batching: the integer kernels with several activation rows (each weight block is
+    unpacked once for all of them), as µs and as a multiple of the one-row call."""
+    print("batched rows (integer path, activation pre-quantized): us best (x one row)")
+    for qt in types:
+        if qt in FLOAT_TYPES:
+            continue
+        for n_in, n_out in DECODE_SHAPES[:2]:
+            if qt in KQUANT_TYPES and n_in % 256:
+                n_in = 1024
+            w = make_weight(qt, n_out, n_in, rng)
+            cells, one = [], 0.0
+            for nt in rows:
+                xq = quantize_activation(rng.standard_normal((nt, n_in)).astype(np.float32), qt)
+                out = np.empty((nt, n_out), np.float32)
+                best, _ = timed(lambda w=w, qt=qt, xq=xq, out=out: matmul_prequant(
+                    w, qt, xq, out), reps)
+                one = one or best
+                cells.append(f"nt={nt}: {best * 1e6:7.1f} ({best / one:4.2f}x)")
+            print(f"  {qt.name:5s} {n_in}->{n_out:<6d} " + "  ".join(cells), flush=True)
+
+
 def bench_prefill(types: list[QType], nts: list[int], reps: int, rng: np.random.Generator) -> None:
     print("prefill (896->4864; K-quants 4864->896; dequant tiles + sgemm): GFLOP/s  best / median")
     for qt in types:
@@ -125,6 +148,8 @@ def main() -> None:
     ap.add_argument("--prefill", default="128,512", help="token counts for the prefill rows")
     ap.add_argument("--crossover", action="store_true", help="integer vs sgemm at small nt")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--batch", default="", help="row counts for the batched integer kernels, "
+                    "e.g. 1,4,8 (first should be 1)")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     types = [QType[name] for name in args.types.split(",")]
@@ -136,6 +161,8 @@ def main() -> None:
           f"{time.perf_counter() - t0:.2f}s")
     if not args.no_decode:
         bench_decode(types, args.reps, rng)
+    if args.batch:
+        bench_batch(types, [int(n) for n in args.batch.split(",")], args.reps, rng)
     if args.prefill:
         nts = [int(n) for n in args.prefill.split(",")]
         bench_prefill([t for t in types if t in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.F16)]

@@ -10,8 +10,9 @@ The per-row work is one `simd.rowdot_*` intrinsic (the whole row loop in explici
 VNNI lane sums, per-block scales folded into register accumulators, software prefetch, one
 horizontal sum per row). Here rows are split across threads in contiguous chunks of `_CHUNK`
 (numba's static schedule hands each thread one contiguous run of chunks). Tokens go through a
-chunk MAX_TOKENS at a time (`rowdot4_*`: each weight block unpacked once, dotted against four
-activation rows), then two, then one; the intrinsics emit the same per-token float
+chunk MAX_TOKENS (8) at a time (`rowdot8_*`: each weight block unpacked once, dotted against
+eight activation rows; rows of more than ROWS8_MAX_IN inputs go four at a time), then four,
+two, one; the intrinsics emit the same per-token float
 operations, so out[t] is bitwise independent of the batch (batch-invariant serving). Per call
 the activation-only parts are precomputed: `lane_corr` / `block_corr` (the code offset times
 activation sums, where the dots start) and `block_transpose` (the multi-row layout). Compiled

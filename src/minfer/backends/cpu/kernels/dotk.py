@@ -6,8 +6,8 @@ accumulated in int32 lanes per super-block by the `simd_k.rowdot_*_k` row intrin
 unpack the 6-bit scales and dot the mins (Q4_K/Q5_K) with the activation's 16-value `bsums`);
 Q6_K's -32 offset is applied to the codes. The float part is
 `d_x * d_w * sumi` plus `-d_x * dmin_w * summ` in f32 (order differs from ggml's SIMD lanes:
-agreement to f32 rounding). Same code shape as `dot32`: MAX_TOKENS activation rows per
-pass over a weight row, batch-invariant, no fastmath.
+agreement to f32 rounding). Same code shape as `dot32`: MAX_TOKENS (8) activation rows per
+pass over a weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invariant, no fastmath.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-value super-block
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
-are dotted with the Q8_K activation in exact int32 lanes (`simd._lane_sums`: vpdpbusd or pmaddwd),
-times the sub-block scales; then d_x * d_w * float(lanes) goes into an f32 register accumulator
-and -d_x * dmin_w * (mins . bsums) into a scalar one. One horizontal sum per row.
+are dotted with the Q8_K activation in exact int32 lanes times the sub-block scales (with VNNI:
+pmaddubsw pair sums, two 32-code groups per zmm, fed to vpdpwssd against the i16 scales; Q6_K's
+-32 offset as the activation's -32 * pair sums, `dotk.q6_corr`, added to the pair sums; else
+`simd._lane_sums` times the scales); then d_x * d_w * float(lanes) goes into an f32 register
+accumulator and -d_x * dmin_w * (mins . bsums) into a scalar one. One horizontal sum per row.
 Edits here are not seen by numba's cache: touch dotk.py afterwards.
 """
 
