@@ -9,6 +9,7 @@ drains and exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -86,14 +87,21 @@ class Server:
         raise KeyError(name)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_qwen2: Path) -> Iterator[Server]:
-    srv = Server(tiny_qwen2, "--slots", "4", "--n-ctx", "512", "--queue", "256")
+@contextlib.contextmanager
+def serving(model: Path, *extra: str, timeout: float = 300) -> Iterator[Server]:
+    """A `minfer serve` process, ready; it must exit 0 on SIGTERM afterwards."""
+    srv = Server(model, *extra)
     try:
-        srv.wait_ready()
+        srv.wait_ready(timeout)
         yield srv
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen2: Path) -> Iterator[Server]:
+    with serving(tiny_qwen2, "--slots", "4", "--n-ctx", "512", "--queue", "256") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_server_process import Server, openai
+from tests.test_server_process import Server, openai, serving
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -22,12 +22,9 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(scope="module")
 def real_server(real_model_path: Path) -> Iterator[Server]:
-    srv = Server(real_model_path, "--slots", "4", "--n-ctx", "1024", "--chunk", "64")
-    try:
-        srv.wait_ready(600)
+    with serving(real_model_path, "--slots", "4", "--n-ctx", "1024", "--chunk", "64",
+                 timeout=600) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0, srv.output()
 
 
 def test_chat_answers_through_the_template(real_server: Server) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_server_process import Server
+from tests.test_server_process import Server, serving
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -32,12 +32,9 @@ RESULT = '{"city": "Paris", "temperature_c": 21, "sky": "sunny"}'
 
 @pytest.fixture(scope="module")
 def server(real_model_path: Path) -> Iterator[Server]:
-    srv = Server(real_model_path, "--slots", "2", "--n-ctx", "1024", "--chunk", "256")
-    try:
-        srv.wait_ready(600)
+    with serving(real_model_path, "--slots", "2", "--n-ctx", "1024", "--chunk", "256",
+                 timeout=600) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0, srv.output()
 
 
 def test_json_schema_response_validates(server: Server) -> None:
