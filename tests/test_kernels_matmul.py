@@ -65,21 +65,40 @@ def test_row_tails(qt: QType, n_blocks: int) -> None:
 def test_prefill_sgemm_path_matches_dequantized_product(qt: QType) -> None:
     n_in = N_IN[qt]
     w = make_weight(qt, 300, n_in, seed=7)  # several tiles plus a ragged last one
-    x = _x(prefill_min_tokens(qt) + 3, n_in)
+    x = _x(35, n_in)
     out = np.empty((x.shape[0], 300), np.float32)
-    matmul(w, qt, x, out)  # nt >= prefill_min_tokens: the sgemm path
+    matmul_sgemm(w, qt, x, out)
     ref = x.astype(np.float64) @ dequantize(w, qt, n_in).astype(np.float64).T
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
 
 
-def test_prefill_and_decode_paths_agree_to_quantization_noise() -> None:
+def test_sgemm_and_integer_paths_agree_to_quantization_noise() -> None:
     w = make_weight(QType.Q8_0, 64, 512)
-    x = _x(prefill_min_tokens(QType.Q8_0), 512)
+    x = _x(70, 512)
     big = np.empty((x.shape[0], 64), np.float32)
     small = np.empty((1, 64), np.float32)
-    matmul(w, QType.Q8_0, x, big)
-    matmul(w, QType.Q8_0, x[5:6], small)
+    matmul_sgemm(w, QType.Q8_0, x, big)
+    matmul_prequant(w, QType.Q8_0, quantize_activation(x[5:6], QType.Q8_0), small)
     assert np.abs(big[5] - small[0]).max() < 2e-2 * np.abs(big[5]).max()
+
+
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K],
+                         ids=lambda q: q.name)
+def test_prefill_sized_batch_takes_a_path_that_matches_its_rows(qt: QType) -> None:
+    """matmul on a prefill-sized batch: with AVX512-VNNI the integer path, whose rows are
+    bitwise the one-row result; elsewhere the sgemm path, equal to float rounding."""
+    n_in = N_IN[qt]
+    w = make_weight(qt, 48, n_in, seed=3)
+    x = _x(300, n_in)
+    big = np.empty((300, 48), np.float32)
+    matmul(w, qt, x, big)
+    for t in (0, 7, 299):
+        one = np.empty((1, 48), np.float32)
+        matmul(w, qt, x[t:t + 1], one)
+        if prefill_min_tokens(qt) > 300:
+            np.testing.assert_array_equal(big[t], one[0])
+        else:
+            assert np.abs(big[t] - one[0]).max() < 2e-2 * np.abs(one[0]).max()
 
 
 @pytest.mark.parametrize("qt", [QType.F32, QType.F16, QType.BF16], ids=lambda q: q.name)

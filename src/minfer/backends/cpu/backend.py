@@ -5,9 +5,10 @@ weights in their GGUF block format (zero-copy from the file) and quantize their 
 per input node per forward (memoised in the ExecContext), so q/k/v and gate/up share one
 quantization of the same input.
 
-Small batches (decode) take the integer-dot path; from `prefill_min_tokens(type)` rows on, matmuls
-dequantize weight tiles into BLAS sgemm, which is faster but whose per-row rounding depends on
-the batch shape. A batch-invariant context keeps every matmul on the row-independent integer path.
+Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Only from
+`prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without AVX512-VNNI)
+do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on the batch
+shape. A batch-invariant context keeps every matmul on the integer path.
 """
 
 from __future__ import annotations

@@ -7,13 +7,17 @@ those float weights) and dotted against the GGUF blocks in integers, as ggml doe
 and `dotk`. `quantize_activation` + `matmul_prequant` let a caller share one quantized activation
 across several weights that read the same input (q/k/v, gate/up).
 
-Prefill (nt >= `prefill_min_tokens(qtype)`) is compute-bound: tiles of weight rows are dequantized
-to f32 by a compiled kernel and multiplied by BLAS sgemm with f32 activations (see `prefill`). That
-path differs from llama.cpp's integer path by float rounding only (no activation quantization).
-Where the two cross over was measured per type (benchmarks/kernels_bench.py --crossover): the
-VNNI integer dots reach ~85-100 GFLOP/s per thread for Q4_0/Q8_0/Q4_K/Q6_K, about what the
-sgemm path reaches, so those switch late (Q6_K's dequantization is also the slowest); the 5-bit
-types unpack more per block (~50-80 GFLOP/s) and switch early.
+Prefill: with AVX512-VNNI the same integer kernels are also the fastest prefill path for every
+quantized type. Their 8-token passes unpack each weight block once for eight activation rows and
+form the block sums with transposed vpdpbusd, so at 512 tokens they run at 280-470 GFLOP/s on two
+threads against 180-245 for dequantized tiles through BLAS sgemm (benchmarks/kernels_bench.py
+--crossover, re-measured per type at nt 16..512). They are also bitwise batch-invariant and use
+llama.cpp's arithmetic (Q8 activations), so prefill and decode agree exactly. Float weights, and
+quantized ones on a CPU without AVX512-VNNI, switch to the sgemm path (see `prefill`) from
+`prefill_min_tokens(qtype)` rows on: tiles of weight rows dequantized to f32 times f32
+activations, which differs from the integer path by float rounding only. The thresholds for
+CPUs without AVX512-VNNI were measured before the 8-token passes existed and not since (no such
+machine here).
 """
 
 from __future__ import annotations
@@ -26,20 +30,26 @@ from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import KQUANT_TYPES, QType, qtype_of, weight_view
+from .simd import HAS_VNNI512
 
-# From this many activation rows on, dequantize + sgemm beats the integer dots (measured on the
-# dev machine kind, see the module docstring); PREFILL_MIN_TOKENS is the default.
+# From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
+# only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
 PREFILL_MIN_TOKENS = 32
-_PREFILL_MIN = {
+_FLOAT_MIN = {QType.F32: 16, QType.F16: 16, QType.BF16: 16}
+_PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
-    QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16,
-    QType.F32: 16, QType.F16: 16, QType.BF16: 16,
+    QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
 }
+_NEVER = 1 << 62
 
 
 def prefill_min_tokens(qtype: int) -> int:
-    """Token count from which `matmul` takes the sgemm path for this weight type."""
-    return _PREFILL_MIN.get(qtype_of(qtype), PREFILL_MIN_TOKENS)
+    """Token count from which `matmul` takes the sgemm path for this weight type (a huge number
+    where the integer path is always the faster one)."""
+    qt = qtype_of(qtype)
+    if HAS_VNNI512 and qt not in _FLOAT_MIN:
+        return _NEVER
+    return _PREFILL_MIN.get(qt, PREFILL_MIN_TOKENS)
 
 
 QuantizedActivation = Q8Blocks | Q8KBlocks | np.ndarray
@@ -98,7 +108,7 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> Non
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x of shape {x.shape} does not match weight rows of {n_in}")
     _check_out(out, (x.shape[0], w.shape[0]))
-    if x.shape[0] >= _PREFILL_MIN.get(qt, PREFILL_MIN_TOKENS):
+    if x.shape[0] >= prefill_min_tokens(qt):
         matmul_sgemm(w, qt, x, out)
     else:
         matmul_prequant(w, qt, quantize_activation(x, qt), out)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ._llvm import f16_to_f32, f32_to_f16
 
@@ -50,61 +50,88 @@ class Q8KBlocks:
 _FM = {"nnan", "ninf", "nsz", "reassoc"}
 
 
+# From this many rows on, the rows are split across the threads (prefill); fewer stay on the
+# calling thread (decode: a parallel region costs more than the row).
+PARALLEL_MIN_ROWS = 16
+
+
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _q8_0_row(x, qs, d, s, isum, t):
+    n = x.shape[1]
+    xr, qr = x[t], qs[t]
+    for b in range(n // 32):
+        o = b * 32
+        amax = np.float32(0.0)
+        for j in range(32):
+            a = abs(xr[o + j])
+            amax = a if a > amax else amax
+        dd = amax / np.float32(127.0)
+        idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        total = np.int32(0)
+        for j in range(32):
+            q = np.int32(np.rint(xr[o + j] * idd))
+            qr[o + j] = q
+            total += q
+        d[t, b] = f16_to_f32(f32_to_f16(dd))
+        s[t, b] = f16_to_f32(f32_to_f16(dd * np.float32(total)))
+        isum[t, b] = total
+
+
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_0_rows(x, qs, d, s, isum):
-    nt, n = x.shape
-    for t in range(nt):
-        xr, qr = x[t], qs[t]
-        for b in range(n // 32):
-            o = b * 32
-            amax = np.float32(0.0)
-            for j in range(32):
-                a = abs(xr[o + j])
-                amax = a if a > amax else amax
-            dd = amax / np.float32(127.0)
-            idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    for t in range(x.shape[0]):
+        _q8_0_row(x, qs, d, s, isum, t)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy", parallel=True)
+def _quantize_q8_0_rows_par(x, qs, d, s, isum):
+    for t in prange(x.shape[0]):
+        _q8_0_row(x, qs, d, s, isum, t)
+
+
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _q8_k_row(x, qs, d, bsums, t):
+    n = x.shape[1]
+    xr, qr = x[t], qs[t]
+    for b in range(n // 256):
+        o = b * 256
+        xb = xr[o : o + 256]
+        amax = np.float32(0.0)
+        for j in range(256):
+            a = abs(xb[j])
+            amax = a if a > amax else amax
+        if amax == 0:
+            d[t, b] = 0.0
+            qr[o : o + 256] = 0
+            bsums[t, b * 16 : b * 16 + 16] = 0
+            continue
+        first = 0  # the first element of largest magnitude sets the sign of the scale
+        while abs(xr[o + first]) != amax:
+            first += 1
+        iscale = np.float32(-127.0) / xr[o + first]
+        for g in range(16):
+            xg = xr[o + g * 16 : o + g * 16 + 16]
+            qg = qr[o + g * 16 : o + g * 16 + 16]
             total = np.int32(0)
-            for j in range(32):
-                q = np.int32(np.rint(xr[o + j] * idd))
-                qr[o + j] = q
+            for j in range(16):
+                q = np.int32(np.rint(iscale * xg[j]))
+                q = q if q < 127 else np.int32(127)
+                qg[j] = q
                 total += q
-            d[t, b] = f16_to_f32(f32_to_f16(dd))
-            s[t, b] = f16_to_f32(f32_to_f16(dd * np.float32(total)))
-            isum[t, b] = total
+            bsums[t, b * 16 + g] = total
+        d[t, b] = np.float32(1.0) / iscale
 
 
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_k_rows(x, qs, d, bsums):
-    nt, n = x.shape
-    for t in range(nt):
-        xr, qr = x[t], qs[t]
-        for b in range(n // 256):
-            o = b * 256
-            xb = xr[o : o + 256]
-            amax = np.float32(0.0)
-            for j in range(256):
-                a = abs(xb[j])
-                amax = a if a > amax else amax
-            if amax == 0:
-                d[t, b] = 0.0
-                qr[o : o + 256] = 0
-                bsums[t, b * 16 : b * 16 + 16] = 0
-                continue
-            first = 0  # the first element of largest magnitude sets the sign of the scale
-            while abs(xr[o + first]) != amax:
-                first += 1
-            iscale = np.float32(-127.0) / xr[o + first]
-            for g in range(16):
-                xg = xr[o + g * 16 : o + g * 16 + 16]
-                qg = qr[o + g * 16 : o + g * 16 + 16]
-                total = np.int32(0)
-                for j in range(16):
-                    q = np.int32(np.rint(iscale * xg[j]))
-                    q = q if q < 127 else np.int32(127)
-                    qg[j] = q
-                    total += q
-                bsums[t, b * 16 + g] = total
-            d[t, b] = np.float32(1.0) / iscale
+    for t in range(x.shape[0]):
+        _q8_k_row(x, qs, d, bsums, t)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy", parallel=True)
+def _quantize_q8_k_rows_par(x, qs, d, bsums):
+    for t in prange(x.shape[0]):
+        _q8_k_row(x, qs, d, bsums, t)
 
 
 def _rows(x: np.ndarray, block: int) -> np.ndarray:
@@ -126,7 +153,8 @@ def quantize_q8_0(x: np.ndarray) -> Q8Blocks:
         s=np.empty((nt, n // 32), np.float32),
         isum=np.empty((nt, n // 32), np.int32),
     )
-    _quantize_q8_0_rows(x, out.qs, out.d, out.s, out.isum)
+    rows = _quantize_q8_0_rows_par if nt >= PARALLEL_MIN_ROWS else _quantize_q8_0_rows
+    rows(x, out.qs, out.d, out.s, out.isum)
     return out
 
 
@@ -139,5 +167,6 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
         d=np.empty((nt, n // 256), np.float32),
         bsums=np.empty((nt, n // 16), np.int16),
     )
-    _quantize_q8_k_rows(x, out.qs, out.d, out.bsums)
+    rows = _quantize_q8_k_rows_par if nt >= PARALLEL_MIN_ROWS else _quantize_q8_k_rows
+    rows(x, out.qs, out.d, out.bsums)
     return out
