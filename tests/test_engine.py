@@ -134,3 +134,37 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch(tiny_qwen3: Path) -> No
                   np.array([0, nb], np.int32))
     got = e.forward_batch(batch)
     assert np.array_equal(got[0], ref)
+
+
+
+def test_activation_quantized_once_per_input_and_only_the_latest_held(
+        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """q/k/v (and gate/up) share one quantization of their input; a prefill does not keep every
+    layer's quantized inputs alive until the forward ends."""
+    from minfer.backends.base import ExecContext
+    from minfer.backends.cpu import backend as cpu_backend
+
+    calls: list[int] = []
+    quantize = cpu_backend.K.quantize_activation
+
+    def counting(x: np.ndarray, qtype: int) -> object:
+        calls.append(x.shape[0])
+        return quantize(x, qtype)
+
+    monkeypatch.setattr(cpu_backend.K, "quantize_activation", counting)
+    e = _engine(tiny_qwen2)
+    e.forward(TOKENS, 0)
+    # per layer: the attention input (q/k/v), the attention output, the ffn input (gate/up),
+    # the ffn hidden state; then the output projection
+    assert 0 < len(calls) <= 4 * e.hparams.n_layer + 1
+
+    ctx = ExecContext(weights=e.weights, kv=e.kv)
+    x = np.ones((3, e.hparams.n_embd), np.float32)
+    outs = {n: np.empty((3, e.weights.matrix(f"blk.0.attn_{n}.weight")[0].shape[0]), np.float32)
+            for n in ("q", "k")}
+    calls.clear()
+    for n in ("q", "k"):
+        cpu_backend._project(f"blk.0.attn_{n}.weight", 7, x, outs[n], ctx)
+    assert len(calls) == 1 and [k[0] for k in ctx.memo["q8"]] == [7]
+    cpu_backend._project("blk.0.attn_q.weight", 9, x, outs["q"], ctx)
+    assert len(calls) == 2 and [k[0] for k in ctx.memo["q8"]] == [9]

@@ -2,8 +2,9 @@
 
 It supports every node, so it is also the backend of last resort in assignment. Matmuls read
 weights in their GGUF block format (zero-copy from the file) and quantize their activation once
-per input node per forward (memoised in the ExecContext), so q/k/v and gate/up share one
-quantization of the same input.
+per input node (memoised in the ExecContext), so q/k/v and gate/up share one quantization of the
+same input; only the latest input's quantizations are held (for 512 prefill rows, keeping every
+layer's would cost ~100 MB).
 
 Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Only from
 `prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without AVX512-VNNI)
@@ -75,10 +76,12 @@ def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: Exec
         K.matmul_sgemm(w, qtype, x, out)
         return
     form = _activation_form(qtype)
-    key = ("q8", x_node, form)
-    xq = ctx.memo.get(key)
+    held = ctx.memo.setdefault("q8", {})
+    xq = held.get((x_node, form))
     if xq is None:
-        xq = ctx.memo[key] = K.quantize_activation(x, qtype)
+        if any(node != x_node for node, _ in held):
+            held.clear()  # only the current input's forms are kept: a prefill's would add up
+        xq = held[(x_node, form)] = K.quantize_activation(x, qtype)
     K.matmul_prequant(w, qtype, xq, out)
 
 
