@@ -3,8 +3,8 @@
 The activation is Q8_K (`q8.Q8KBlocks`). Per super-block the integer part is exactly ggml's
 (`ggml_vec_dot_q4_K_q8_K` and siblings): sum over sub-blocks of scale * (codes . int8 quants),
 accumulated in int32 lanes per super-block by the `simd_k.rowdot_*_k` row intrinsics (which also
-unpack the 6-bit scales and dot the mins (Q4_K/Q5_K) with the activation's 16-value `bsums`);
-Q6_K's -32 offset is applied to the codes. The float part is
+unpack the 6-bit scales and dot the mins (Q4_K/Q5_K), or Q6_K's -32 offset times its scales,
+with the activation's 16-value `bsums`). The float part is
 `d_x * d_w * sumi` plus `-d_x * dmin_w * summ` in f32 (order differs from ggml's SIMD lanes:
 agreement to f32 rounding). Same code shape as `dot32`: MAX_TOKENS (8) activation rows per
 pass over a weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invariant, no fastmath.
@@ -12,11 +12,10 @@ pass over a weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invarian
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from .dot32 import _CHUNK
-from .simd import HAS_VNNI, MAX_TOKENS, ROWS8_MAX_IN
+from .simd import MAX_TOKENS, ROWS8_MAX_IN
 from .simd_k import (
     rowdot2_q4_k,
     rowdot2_q5_k,
@@ -75,25 +74,9 @@ def mv_q5_k(w, xq, xd, bsums, out):
                 rowdot_q5_k(w[r], xq, xd, bsums, nt - 1, out, r)
 
 
-@njit(cache=True)
-def q6_corr(xq, bsums):
-    """What Q6_K's row dots read in place of bsums with VNNI: int16 [nt, n/2], -32 * (sums of
-    adjacent activation quant pairs), added to the pmaddubsw pair sums so that they are the
-    pair sums of (code - 32) * x (computed once per call; without VNNI: bsums, unused)."""
-    if not HAS_VNNI:
-        return bsums
-    nt, n = xq.shape
-    c = np.empty((nt, n // 2), np.int16)
-    for t in range(nt):
-        for i in range(n // 2):
-            c[t, i] = np.int16(-32 * (np.int32(xq[t, 2 * i]) + np.int32(xq[t, 2 * i + 1])))
-    return c
-
-
 @njit(parallel=True, cache=True)
 def mv_q6_k(w, xq, xd, bsums, out):
     n_out, nt = w.shape[0], xq.shape[0]
-    bsums = q6_corr(xq, bsums)
     n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
     n4 = n8 + (nt - n8) // 4 * 4
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):

@@ -3,10 +3,14 @@
 One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-value super-block
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
 are dotted with the Q8_K activation in exact int32 lanes times the sub-block scales (with VNNI:
-pmaddubsw pair sums, two 32-code groups per zmm, fed to vpdpwssd against the i16 scales; Q6_K's
--32 offset as the activation's -32 * pair sums, `dotk.q6_corr`, added to the pair sums; else
-`simd._lane_sums` times the scales); then d_x * d_w * float(lanes) goes into an f32 register
-accumulator and -d_x * dmin_w * (mins . bsums) into a scalar one. One horizontal sum per row.
+pmaddubsw pair sums, two 32-code groups per zmm, fed to vpdpwssd against the i16 scales; else
+`simd._lane_sums` times the scales). Q6_K's -32 code offset is -32 * (scales . bsums), one
+pmaddwd of the activation's 16-value sums against the row's scales, added to the lanes; Q4_K /
+Q5_K's mins . bsums is the same pmaddwd against the mins, kept as lanes too. Then d_x * d_w *
+float(lanes) goes into an f32 register accumulator and -d_x * dmin_w * float(min lanes) into a
+second one; two fixed-order horizontal sums per row. Per token the activation side is only its
+quants and bsums (no per-call correction arrays), which keeps several tokens' rows in L1 while
+the weights stream past.
 Edits here are not seen by numba's cache: touch dotk.py afterwards.
 """
 
@@ -41,12 +45,6 @@ from .simd import (
     _splat,
     _vec,
 )
-
-
-def _reduce_add(builder: Any, v: Any) -> Any:
-    name = f"llvm.vector.reduce.add.v{v.type.count}i32"
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v.type]), name)
-    return builder.call(fn, [v])
 
 
 def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any], Any]:
@@ -129,16 +127,19 @@ def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
 
 def _scales16(builder: Any, sm: Any, kind: str) -> tuple[list[Any], Any]:
     """Per 32-code group the scales as <16 x i16> in pmaddubsw pair order (Q6_K: one per 16
-    values, so two halves), and Q4_K/Q5_K's mins with each repeated for a bsums pair."""
+    values, so two halves), and the <16 x i16> the activation's bsums are pmaddwd-ed with:
+    Q4_K/Q5_K's mins, each repeated for a bsums pair; Q6_K's scales times -32 (its code
+    offset)."""
     sm16 = builder.trunc(sm, _vec(_I16, 16))
-    mins = None if kind == "q6" else _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
     if kind == "q6":
+        side = builder.mul(sm16, ir.Constant(_vec(_I16, 16), [-32] * 16))
         idx = [[2 * g] * 8 + [2 * g + 1] * 8 for g in range(8)]
     else:
+        side = _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
         idx = [[g] * 16 for g in range(8)]
     if HAS_VNNI512:  # two groups per zmm
         idx = [idx[g] + idx[g + 1] for g in range(0, 8, 2)]
-    return [_splat_lane(builder, sm16, ix) for ix in idx], mins
+    return [_splat_lane(builder, sm16, ix) for ix in idx], side
 
 
 def _splat_lane(builder: Any, vec: Any, idx: list[int]) -> Any:
@@ -146,33 +147,29 @@ def _splat_lane(builder: Any, vec: Any, idx: list[int]) -> Any:
 
 
 def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
-               kind: str, scales16: list[Any], mins16: Any) -> tuple[Any, Any]:
+               kind: str, scales16: list[Any], side16: Any) -> tuple[Any, Any]:
     """One token's integer part of super-block i: (<LANES x i32> sum over sub-blocks of scale *
-    lane sums of codes . x, i32 sum of min * activation sums (Q4_K/Q5_K; 0 for Q6_K)). With
-    VNNI the lanes are the same integers formed as pmaddubsw pair sums (codes <= 63, so no
-    saturation) fed to vpdpwssd against the i16 scales (`_scales16`); Q6_K's `bs` is then the
-    activation's -32 * pair sums (`dotk.q6_corr`), not bsums."""
+    lane sums of (code - offset) . x, <8 x i32> lanes of min * activation sums (Q4_K/Q5_K; None
+    for Q6_K)). With VNNI the lanes are pmaddubsw pair sums of the raw codes (<= 63, so no
+    saturation) fed to vpdpwssd against the i16 scales (`_scales16`), plus Q6_K's offset term
+    -32 * scales . bsums as one pmaddwd (exact: |bsum| <= 2032, |32 * scale| <= 4096)."""
     u64 = i.type
     xo = builder.mul(i, ir.Constant(u64, 256))
-    acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
-    if HAS_VNNI:  # pmaddubsw pair sums (Q6_K: minus 32 * x pair sums), vpdpwssd with scales
+    bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
+    if HAS_VNNI:  # pmaddubsw pair sums, vpdpwssd with scales
         per = codes[0].type.count  # codes per vector: 32, or 64 (two groups, zmm)
         acc = ir.Constant(_vec(_I32, per // 4), [0] * (per // 4))
         for g, cd in enumerate(codes):
             xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, per * g)), _vec(_I8, per))
-            pairs = _pmaddubsw(builder, cd, xv)
-            if kind == "q6":
-                pairs = builder.add(pairs, _ld(builder, bs, builder.add(
-                    builder.mul(i, ir.Constant(u64, 256)), ir.Constant(u64, per * g)),
-                    _vec(_I16, per // 2)))
-            acc = _vpdpwssd(builder, acc, pairs, scales16[g])
+            acc = _vpdpwssd(builder, acc, _pmaddubsw(builder, cd, xv), scales16[g])
         if per == 64:  # even groups' lanes + odd groups' lanes (exact)
             acc = builder.add(_splat_lane(builder, acc, list(range(8))),
                               _splat_lane(builder, acc, list(range(8, 16))))
+        side = _pmaddwd(builder, bsv, side16)
         if kind == "q6":
-            return acc, ir.Constant(_I32, 0)
-        bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
-        return acc, _reduce_add(builder, _pmaddwd(builder, bsv, mins16))
+            return builder.add(acc, side), None
+        return acc, side
+    acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
     for g, cd in enumerate(codes):
         xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
         lanes = _lane_sums(builder, cd, xv, 32 if kind == "q6" else 0, False)
@@ -183,14 +180,12 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
             sc = _splat_lane(builder, sm, [g] * LANES)
         acc = builder.add(acc, builder.mul(lanes, sc))
     if kind == "q6":
-        return acc, ir.Constant(_I32, 0)
-    # mins . (pair sums of the 16-value activation sums)
-    bsv = builder.sext(_ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16)),
-                       _vec(_I32, 16))
-    pairs = builder.add(_splat_lane(builder, bsv, list(range(0, 16, 2))),
-                        _splat_lane(builder, bsv, list(range(1, 16, 2))))
-    summ = _reduce_add(builder, builder.mul(pairs, _splat_lane(builder, sm, list(range(8, 16)))))
-    return acc, summ
+        return acc, None
+    # mins . (pair sums of the 16-value activation sums), as 8 lanes
+    bs32 = builder.sext(bsv, _vec(_I32, 16))
+    pairs = builder.add(_splat_lane(builder, bs32, list(range(0, 16, 2))),
+                        _splat_lane(builder, bs32, list(range(1, 16, 2))))
+    return acc, builder.mul(pairs, _splat_lane(builder, sm, list(range(8, 16))))
 
 
 _KSIZE = {"q4": 144, "q5": 176, "q6": 210}
@@ -227,7 +222,7 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                 toks.append(tuple(_row_ptr(context, builder, aty, av, tj)
                                   for aty, av in ((x_t, x_v), (xd_t, xd_v), (bs_t, bs_v))))
             zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
-            zm = ir.Constant(_F32, 0.0)
+            zm = ir.Constant(_vec(_F32, 8), [0.0] * 8)
 
             def body(i: Any, vals: list[Any]) -> list[Any]:
                 base = builder.mul(i, ir.Constant(u64, size))
@@ -244,17 +239,18 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                     dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
                         base, ir.Constant(u64, 2)), _I16))
                 new_acc, new_m = [], []
-                scales16, mins16 = _scales16(builder, sm, kind) if HAS_VNNI else ([], None)
+                scales16, side16 = _scales16(builder, sm, kind) if HAS_VNNI else ([], None)
                 for j, (x, xd, bs) in enumerate(toks):
-                    lanes, summ = _dot_super(builder, codes, sm, x, bs, i, kind, scales16,
-                                             mins16)
+                    lanes, mins = _dot_super(builder, codes, sm, x, bs, i, kind, scales16,
+                                             side16)
                     dx = _ld(builder, xd, builder.mul(i, ir.Constant(u64, 4)), _F32)
                     d = _splat(builder, builder.fmul(dx, dw), LANES)
                     new_acc.append(_fma(builder, d, builder.sitofp(lanes, _vec(_F32, LANES)),
                                         vals[j]))
                     if dmin is not None:
-                        new_m.append(_fma(builder, builder.fmul(builder.fneg(dx), dmin),
-                                          builder.sitofp(summ, _F32), vals[ntok + j]))
+                        dm = _splat(builder, builder.fmul(builder.fneg(dx), dmin), 8)
+                        new_m.append(_fma(builder, dm, builder.sitofp(mins, _vec(_F32, 8)),
+                                          vals[ntok + j]))
                 return new_acc + new_m
 
             init = [zero] * ntok + ([zm] * ntok if kind != "q6" else [])
@@ -263,7 +259,7 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
             for j in range(ntok):
                 total = _hsum(builder, vals[j])
                 if kind != "q6":
-                    total = builder.fadd(total, vals[ntok + j])
+                    total = builder.fadd(total, _hsum(builder, vals[ntok + j]))
                 ptr = cgutils.get_item_pointer(
                     context, builder, out_t, out_arr,
                     [builder.add(t_v, ir.Constant(intp, j)), r_v],
