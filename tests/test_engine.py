@@ -168,3 +168,23 @@ def test_activation_quantized_once_per_input_and_only_the_latest_held(
     assert len(calls) == 1 and [k[0] for k in ctx.memo["q8"]] == [7]
     cpu_backend._project("blk.0.attn_q.weight", 9, x, outs["q"], ctx)
     assert len(calls) == 2 and [k[0] for k in ctx.memo["q8"]] == [9]
+
+
+def test_derived_weights_are_made_once_and_the_file_stays_readable(tiny_qwen2: Path) -> None:
+    from minfer.engine.weights import ModelWeights
+
+    weights = ModelWeights(GGUFFile.open(tiny_qwen2))
+    name = "blk.0.ffn_up.weight"
+    before = weights.matrix(name)[0].copy()
+    made: list[str] = []
+
+    def make(raw: np.ndarray, qtype: int) -> tuple[np.ndarray, int]:
+        made.append(name)
+        return raw[::-1].copy(), qtype
+
+    a = weights.derived(name, "test", make)
+    b = weights.derived(name, "test", make)
+    assert a is b and made == [name]
+    # the tensor's pages were released from this process; reading them again faults them back
+    np.testing.assert_array_equal(weights.matrix(name)[0], before)
+    np.testing.assert_array_equal(a[0], before[::-1])

@@ -15,8 +15,10 @@ from minfer.backends.cpu.kernels import (
     matmul,
     matmul_prequant,
     matmul_sgemm,
+    packable,
     prefill_min_tokens,
     quantize_activation,
+    repack_weight,
 )
 from minfer.backends.cpu.kernels.floatmv import round_to_bf16
 from minfer.backends.cpu.kernels.reference import ref_matmul_quant
@@ -168,3 +170,30 @@ def test_real_weights_of_the_dev_model() -> None:
         ref, terms = ref_matmul_quant(w, qt, x)
         assert np.all(np.abs(out - ref) <= 1e-5 * terms), t.name
     assert seen == {QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K}
+
+
+@pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("n_blocks", [8, 16, 27, 28, 152])
+def test_repacked_weight_gives_bitwise_the_plain_result(qt: QType, n_blocks: int) -> None:
+    n_in = 32 * n_blocks  # one 8-group; one 16-group; 16 + 8 + 3 plain; 16 + 8 + 4; 9 x 16 + 8
+    if not packable(qt, n_in):
+        pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
+    w = make_weight(qt, 37, n_in, seed=n_blocks)
+    wp, pqt = repack_weight(w, qt)
+    assert wp.shape == w.shape and wp.dtype == np.uint8 and not np.array_equal(wp, w)
+    for nt in (1, 2, 3, 4, 8, 9):
+        xq = quantize_activation(_x(nt, n_in), qt)
+        plain = np.empty((nt, 37), np.float32)
+        packed = np.empty((nt, 37), np.float32)
+        matmul_prequant(w, qt, xq, plain)
+        matmul_prequant(wp, pqt, xq, packed)
+        np.testing.assert_array_equal(packed, plain)
+    with pytest.raises(ValueError, match="integer path"):
+        matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 37), np.float32))
+
+
+def test_only_q4_0_and_q5_0_rows_of_whole_groups_are_packable() -> None:
+    assert not packable(QType.Q8_0, 4864) and not packable(QType.Q4_K, 4864)
+    assert not packable(QType.Q5_0, 7 * 32)
+    with pytest.raises(ValueError, match="no repacked layout"):
+        repack_weight(make_weight(QType.Q8_0, 4, 512), QType.Q8_0)

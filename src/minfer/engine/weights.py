@@ -2,10 +2,14 @@
 
 Matrices stay in their file format, zero-copy from the memory map: quantized tensors as
 `uint8[n_rows, row_bytes]` block bytes, float tensors as typed views. Small vectors (norm
-weights, biases) are converted to float32 once and kept.
+weights, biases) are converted to float32 once and kept. A backend may keep its own copy of a
+matrix in another layout (`derived`: made once, on first use); the file's pages of that tensor
+are then released, so the copy replaces them in memory instead of adding to it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import gguf
 import numpy as np
@@ -19,12 +23,16 @@ FLOAT_TYPES = {
 }
 
 
+Maker = Callable[[np.ndarray, int], tuple[np.ndarray, int]]
+
+
 class ModelWeights:
     def __init__(self, f: GGUFFile, version: int = 0) -> None:
         self.file = f
         self.version = version
         self._vectors: dict[str, np.ndarray] = {}
         self._matrices: dict[str, tuple[np.ndarray, int]] = {}
+        self._derived: dict[tuple[str, str], tuple[np.ndarray, int]] = {}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.file.tensors.items()}
@@ -35,6 +43,16 @@ class ModelWeights:
             qtype = int(self.file.tensors[name].ggml_type)
             data = self.file.array(name) if qtype in FLOAT_TYPES else self.file.raw(name)
             hit = self._matrices[name] = (data, qtype)
+        return hit
+
+    def derived(self, name: str, form: str, make: Maker) -> tuple[np.ndarray, int]:
+        """Matrix `name` in a backend's layout `form`: make(raw, qtype) -> (copy, its type id),
+        called once; the tensor's file pages are released after it."""
+        key = (name, form)
+        hit = self._derived.get(key)
+        if hit is None:
+            hit = self._derived[key] = make(*self.matrix(name))
+            self.file.release(name)
         return hit
 
     def vector(self, name: str) -> np.ndarray:

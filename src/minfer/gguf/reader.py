@@ -8,6 +8,7 @@ bytes. Metadata parsing lives in `parse.py`; hyper-parameters in `hparams.py`.
 from __future__ import annotations
 
 import math
+import mmap
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -226,6 +227,18 @@ class GGUFFile:
         t = self._info(name)
         flat = self._parts[t.part].data[t.offset : t.offset + t.nbytes]
         return np.asarray(flat).reshape(t.n_rows, t.row_bytes)
+
+    def release(self, name: str) -> None:
+        """Drop this process's hold on a tensor's pages (MADV_DONTNEED on the read-only file
+        mapping: they leave the RSS; a later read faults them back in from the page cache).
+        For a tensor a backend has copied into its own layout."""
+        t = self._info(name)
+        mm = getattr(self._parts[t.part].data, "_mmap", None)
+        page = mmap.PAGESIZE
+        start = -(-t.offset // page) * page
+        end = (t.offset + t.nbytes) // page * page
+        if mm is not None and end > start and hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def array(self, name: str) -> np.ndarray:
         """Zero-copy typed view of an unquantized tensor, shaped reversed-ne (BF16 as uint16)."""

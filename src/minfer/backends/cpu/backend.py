@@ -6,10 +6,12 @@ per input node (memoised in the ExecContext), so q/k/v and gate/up share one qua
 same input; only the latest input's quantizations are held (for 512 prefill rows, keeping every
 layer's would cost ~100 MB).
 
-Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Only from
-`prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without AVX512-VNNI)
-do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on the batch
-shape. A batch-invariant context keeps every matmul on the integer path.
+Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Q4_0 / Q5_0
+weights are repacked for it on first use (`kernels.repack_weight`, kept by the weights in place
+of the file's pages): an exact byte permutation that spares the dots their per-call unpacking.
+Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without
+AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on
+the batch shape. A batch-invariant context keeps every matmul on the integer path.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: Exec
     if x.shape[0] >= K.prefill_min_tokens(qtype) and not ctx.batch_invariant:
         K.matmul_sgemm(w, qtype, x, out)
         return
+    if K.packable(qtype, x.shape[1]):
+        w, qtype = ctx.weights.derived(w_name, "cpu-packed", K.repack_weight)
     form = _activation_form(qtype)
     held = ctx.memo.setdefault("q8", {})
     xq = held.get((x_node, form))

@@ -2,7 +2,8 @@
 
 Public API (see docs/interfaces.md):
 - matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
-  quantize_q8_0(x), quantize_q8_k(x) -- `matmul`
+  quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in), repack_weight(w_raw, qtype) --
+  `matmul`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
 - rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
 - attention (blocked=True: the sgemm kernel of `attention_blocked`, used from
@@ -25,8 +26,10 @@ from .matmul import (
     matmul,
     matmul_prequant,
     matmul_sgemm,
+    packable,
     prefill_min_tokens,
     quantize_activation,
+    repack_weight,
 )
 from .norm import head_rms_norm, rms_norm
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
@@ -51,10 +54,12 @@ __all__ = [
     "matmul_prequant",
     "matmul_sgemm",
     "mul",
+    "packable",
     "prefill_min_tokens",
     "quantize_activation",
     "quantize_q8_0",
     "quantize_q8_k",
+    "repack_weight",
     "rms_norm",
     "rope_neox",
     "row_bytes",

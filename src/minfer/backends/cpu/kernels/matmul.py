@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dot32 import mv_q4_0, mv_q4_1, mv_q5_0, mv_q5_1, mv_q8_0
+from .dot32 import mv_q4_0, mv_q4_0p, mv_q4_1, mv_q5_0, mv_q5_0p, mv_q5_1, mv_q8_0, repack
 from .dotk import mv_q4_k, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
-from .quant_types import KQUANT_TYPES, QType, qtype_of, weight_view
+from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
 from .simd import HAS_VNNI512
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
@@ -60,8 +60,26 @@ _BLOCK32 = {
     QType.Q5_0: mv_q5_0,
     QType.Q5_1: mv_q5_1,
     QType.Q8_0: mv_q8_0,
+    QType.Q4_0_PACKED: mv_q4_0p,
+    QType.Q5_0_PACKED: mv_q5_0p,
 }
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k}
+
+
+def packable(qtype: int, n_in: int) -> bool:
+    """Whether `repack_weight` has a faster layout for this weight (Q4_0 / Q5_0 rows of at least
+    one 8-block group, on a CPU with AVX512-VNNI)."""
+    return HAS_VNNI512 and qtype_of(qtype) in PACKED_TYPES and n_in >= 8 * 32
+
+
+def repack_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
+    """A `packable` weight in the repacked layout the integer dots read fastest: (copy, its
+    QType). Exact: `matmul` on the copy gives bitwise the original's result."""
+    qt = qtype_of(qtype)
+    w, n_in = weight_view(w_raw, qt)
+    if not packable(qt, n_in):
+        raise ValueError(f"{qt.name} weight of {n_in} inputs has no repacked layout here")
+    return repack(w, BLOCK_LAYOUT[qt][1]), PACKED_TYPES[qt]
 
 
 def quantize_activation(x: np.ndarray, qtype: int) -> QuantizedActivation:
@@ -117,6 +135,8 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> Non
 def matmul_sgemm(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> None:
     """The prefill path: dequantized f32 weight tiles times f32 activations through BLAS."""
     qt = qtype_of(qtype)
+    if qt in PACKED_TYPES.values():
+        raise ValueError(f"{qt.name} weights are read by the integer path only")
     w, n_in = weight_view(w_raw, qt)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != n_in:
@@ -136,6 +156,8 @@ __all__ = [
     "matmul",
     "matmul_prequant",
     "matmul_sgemm",
+    "packable",
     "prefill_min_tokens",
     "quantize_activation",
+    "repack_weight",
 ]

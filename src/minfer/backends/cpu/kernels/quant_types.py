@@ -18,6 +18,11 @@ Byte layouts (little-endian, f16 = IEEE half):
         v = d*sc*(q-32) per 16-value sub-block
 
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
+
+Q4_0_PACKED and Q5_0_PACKED are minfer's own ids (never in a file): the CPU backend's
+repacked copies of Q4_0 / Q5_0 weights (`dot32.repack`: same bytes per row, each group of 16
+blocks, then one of 8, pre-transposed for the integer dots). Only the integer matmul reads
+them; nothing dequantizes them.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class QType(IntEnum):
     Q6_K = 14
     Q8_K = 15
     BF16 = 30
+    Q4_0_PACKED = 0x1002  # minfer's repacked layouts (not GGML ids)
+    Q5_0_PACKED = 0x1006
 
 
 # (values per block, bytes per block) for the weight types the kernels accept
@@ -61,7 +68,10 @@ BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
     QType.Q4_K: (256, 144),
     QType.Q5_K: (256, 176),
     QType.Q6_K: (256, 210),
+    QType.Q4_0_PACKED: (32, 18),
+    QType.Q5_0_PACKED: (32, 22),
 }
+PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0})

@@ -252,9 +252,44 @@ def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
     return [builder.bitcast(v, _vec(_I8, 4 * count)) for v in z]
 
 
+def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool,
+                  count: int) -> tuple[list[Any], Any]:
+    """The `count` (16 or 8) blocks of a `repack`ed group at byte `base`: eight <4 count x i8>
+    code vectors in the transposed order (vector j = dword j of every block, block i at dword
+    i) and their scales as <count x f32>. Group bytes: count f16 scales | (Q5_0) eight
+    count*4-bit masks, bit 4i + c of mask j = 5th bit of code 4j + c of block i | four
+    4*count-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of block i (low nibble: code
+    4j + c, high nibble: code 16 + 4j + c)."""
+    u64 = base.type
+    n = 4 * count
+    halves = _ld(builder, w, base, _vec(_I16, count))
+    if HAS_F16C:
+        dw = builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), count)),
+                           _vec(_F32, count))
+    else:
+        dw = ir.Constant(_vec(_F32, count), None)
+        for k in range(count):
+            f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
+            dw = builder.insert_element(dw, f, ir.Constant(_I32, k))
+    qs = 2 * count + (n if has_qh else 0)
+    wt: list[Any] = [None] * 8
+    for j in range(4):
+        q = _ld(builder, w, builder.add(base, ir.Constant(u64, qs + n * j)), _vec(_I8, n))
+        wt[j] = builder.and_(q, _splat(builder, 15, n))
+        wt[j + 4] = builder.lshr(q, _splat(builder, 4, n))
+    if has_qh:
+        for j in range(8):
+            m = _ld(builder, w, builder.add(base, ir.Constant(u64, 2 * count + count // 2 * j)),
+                    ir.IntType(n))
+            bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
+            wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
+    return wt, dw
+
+
 def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, count: int,
                  layout: tuple[int, int, int | None, int, bool, int | None],
-                 acc: list[Any], accm: list[Any], transposed: bool) -> tuple[list[Any], list[Any]]:
+                 acc: list[Any], accm: list[Any], transposed: bool,
+                 packed: bool = False) -> tuple[list[Any], list[Any]]:
     """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xt, xd,
     xs, xc, cb) i8* row pointers). The blocks are unpacked once and shared by the tokens. Per
     token the exact int32 dot of each block, (code - offset) . x, as <count x i32>, then
@@ -268,20 +303,28 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     sum in lane i: 8 vpdpbusd per token for 16 blocks and nothing else. Otherwise (one token,
     tail blocks): the lane sums of each block (pairs of blocks per zmm vpdpbusd, started from
     `xc`) added down to one lane per block. The float operations for one token are the same
-    either way, whatever the other tokens are: a token's result never depends on R."""
+    either way, whatever the other tokens are: a token's result never depends on R.
+
+    `packed` (count 16 or 8): the blocks are one group of a `repack`ed row, already transposed
+    in memory, so the codes are loaded, not unpacked and shuffled."""
     size, qs_off, qh_off, offset, signed, m_off = layout
     u64 = b.type
     bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
              for k in range(count)]
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
-    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
-    dw = _f16s(builder, w, bases, 0, size)
-    mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
+    if packed:
+        assert transposed and count in (16, 8) and m_off is None and not signed
+        wt, dw = _packed_group(builder, w, bases[0], qh_off is not None, count)
+        mw = None
+    else:
+        codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
+        dw = _f16s(builder, w, bases, 0, size)
+        mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     out_acc, out_m = [], []
     use_corr = HAS_VNNI and (offset or signed)
     ivec = _vec(_I32, count)
-    if transposed:
+    if transposed and not packed:
         if signed:
             codes = [builder.xor(c, _splat(builder, 0x80, 32)) for c in codes]
         wt = _transpose_codes(builder, codes)
@@ -422,7 +465,8 @@ def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]
     return phis
 
 
-def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
+def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int,
+             packed: bool = False) -> Any:
     """An intrinsic rowdot(w, x, xt, xd, xs, xc, cb, t, out, r) -> None: out[t + j, r] = dot of
     the weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xt
     the same transposed per block group (`dot32.block_transpose`, read when ntok > 1), xd
@@ -432,9 +476,15 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
     8 if 8 are left, then pairs, then one; per token one BLOCKS_PER_CALL-wide f32 accumulator
     (one fused multiply-add per step, the short steps into its low lanes), summed in a fixed
     tree at the end. The per-token float operations do not depend on ntok, so the batched
-    result is bitwise the one-token result."""
+    result is bitwise the one-token result.
+
+    `packed`: the row is `repack`ed (its groups of 16 blocks, then one of 8, pre-transposed):
+    those steps load the codes transposed, for one token too (xt and cb are then read for
+    ntok 1); the pairs and single blocks read the plain blocks that follow the groups.
+    Integer sums are the same, so a packed row's result is bitwise the plain row's."""
     size, m_off = layout[0], layout[5]
     fast = ntok > 1 and HAS_VNNI512
+    assert not packed or HAS_VNNI512
 
     def typer(typingctx: Any, w: Any, x: Any, xt: Any, xd: Any, xs: Any, xc: Any, cb: Any,
               t: Any, out: Any, r: Any) -> Any:
@@ -473,8 +523,9 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
                         for off in range(0, size * count, 64):
                             _prefetch_ir(builder, builder.gep(w_p, [
                                 builder.add(start, ir.Constant(u64, off))]))
+                    group = packed and count >= 8
                     a, m = _emit_blocks(builder, w_p, toks, b, count, layout, vals[:ntok],
-                                        vals[ntok:], fast and count >= 8)
+                                        vals[ntok:], group or (fast and count >= 8), group)
                     return a + m
                 return body
 
@@ -597,6 +648,7 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
 
 
 BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 8)
+PACK_GROUP = BLOCKS_PER_CALL  # blocks per group of a repacked row (then one group of 8)
 PREFETCH = 1024  # software prefetch distance, bytes
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
 _LAYOUTS = {
@@ -634,3 +686,12 @@ rowdot2_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 2)
 rowdot2_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 2)
 rowdot2_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 2)
 rowdot2_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 2)
+# repacked rows (`repack`; AVX512-VNNI only): Q4_0 and Q5_0
+rowdot_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 1, packed=HAS_VNNI512)
+rowdot2_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 2, packed=HAS_VNNI512)
+rowdot4_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 4, packed=HAS_VNNI512)
+rowdot8_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS, packed=HAS_VNNI512)
+rowdot_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 1, packed=HAS_VNNI512)
+rowdot2_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 2, packed=HAS_VNNI512)
+rowdot4_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 4, packed=HAS_VNNI512)
+rowdot8_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS, packed=HAS_VNNI512)
