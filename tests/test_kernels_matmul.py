@@ -192,8 +192,32 @@ def test_repacked_weight_gives_bitwise_the_plain_result(qt: QType, n_blocks: int
         matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 37), np.float32))
 
 
-def test_only_q4_0_and_q5_0_rows_of_whole_groups_are_packable() -> None:
-    assert not packable(QType.Q8_0, 4864) and not packable(QType.Q4_K, 4864)
+@pytest.mark.parametrize(("qt", "n_in"), [
+    (QType.Q4_K, 256), (QType.Q4_K, 512), (QType.Q4_K, 768), (QType.Q4_K, 4864),
+    (QType.Q8_0, 256), (QType.Q8_0, 896), (QType.Q8_0, 32 * 27), (QType.Q8_0, 4864),
+], ids=str)
+def test_repacked_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType, n_in: int) -> None:
+    """Q4_K (pairs of super-blocks, a single one left) and Q8_0 (block sums instead of lane
+    sums): the same exact integer sums, summed in another float order."""
+    if not packable(qt, n_in):
+        pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
+    w = make_weight(qt, 37, n_in, seed=n_in)
+    wp, pqt = repack_weight(w, qt)
+    x = _x(9, n_in)
+    xq = quantize_activation(x, qt)
+    plain = np.empty((9, 37), np.float32)
+    packed = np.empty((9, 37), np.float32)
+    matmul_prequant(w, qt, xq, plain)
+    matmul_prequant(wp, pqt, xq, packed)
+    np.testing.assert_allclose(packed, plain, rtol=0, atol=1e-5 * np.abs(plain).max())
+    for t in (0, 4, 8):
+        one = np.empty((1, 37), np.float32)
+        matmul_prequant(wp, pqt, quantize_activation(x[t:t + 1], qt), one)
+        np.testing.assert_array_equal(one[0], packed[t])
+
+
+def test_only_some_types_of_whole_groups_are_packable() -> None:
+    assert not packable(QType.Q4_1, 4864) and not packable(QType.Q6_K, 4864)
     assert not packable(QType.Q5_0, 7 * 32)
     with pytest.raises(ValueError, match="no repacked layout"):
-        repack_weight(make_weight(QType.Q8_0, 4, 512), QType.Q8_0)
+        repack_weight(make_weight(QType.Q6_K, 4, 512), QType.Q6_K)

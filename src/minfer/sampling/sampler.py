@@ -119,7 +119,12 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         """Run the chain on logits [n_vocab] (not modified) and return the chosen token id."""
-        x = self._working_copy(logits)
+        p = self.params
+        if (p.temp <= 0.0 and self.mirostat is None and self.logit_mask is None
+                and not self.penalties.enabled and not self.dry.enabled):
+            x = self._checked(logits)  # plain greedy: nothing writes, so no copy
+        else:
+            x = np.array(self._checked(logits), dtype=np.float32, copy=True)
         if self.logit_mask is not None:
             self.logit_mask.apply(x)
         self.penalties.apply(x)
@@ -127,7 +132,6 @@ class Sampler:
         best = x.max()  # NaN anywhere propagates here
         if not best > -np.inf:
             raise SamplingError(f"cannot pick a token: the best logit is {best} (all masked?)")
-        p = self.params
         if p.temp <= 0.0 and self.mirostat is None:
             return int(np.argmax(x))
         c = stages.Candidates(self._all_ids, x)
@@ -141,11 +145,11 @@ class Sampler:
         i, _ = stages.draw(c, self._rng)
         return int(c.ids[i])
 
-    def _working_copy(self, logits: np.ndarray) -> np.ndarray:
+    def _checked(self, logits: np.ndarray) -> np.ndarray:
         if not isinstance(logits, np.ndarray) or logits.shape != (self.n_vocab,):
             shape = getattr(logits, "shape", type(logits).__name__)
             raise SamplingError(f"logits must be an array of shape ({self.n_vocab},), got {shape}")
-        return np.array(logits, dtype=np.float32, copy=True)
+        return np.asarray(logits, dtype=np.float32)
 
     def _check_id(self, token_id: int) -> int:
         tok = int(token_id)

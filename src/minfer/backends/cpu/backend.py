@@ -23,6 +23,7 @@ import numpy as np
 
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
+from minfer.backends.cpu.kernels.quant_types import KQUANT_TYPES
 from minfer.errors import GraphError
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph, Node
@@ -60,13 +61,12 @@ def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None
     K.rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), node.op.eps, out)
 
 
-_KQUANTS = frozenset({K.QType.Q4_K, K.QType.Q5_K, K.QType.Q6_K})
 _FLOATS = frozenset({K.QType.F32, K.QType.F16, K.QType.BF16})
 
 
 def _activation_form(qtype: int) -> int | str:
     """Which quantized activation a weight type reads: Q8_K, Q8_0(+sums), or a float form."""
-    if qtype in _KQUANTS:
+    if qtype in KQUANT_TYPES:
         return "q8_k"
     return qtype if qtype in _FLOATS else "q8_0"
 

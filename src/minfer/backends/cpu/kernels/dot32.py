@@ -31,7 +31,6 @@ from .simd import (
     HAS_VNNI,
     HAS_VNNI512,
     MAX_TOKENS,
-    PACK_GROUP,
     ROWS8_MAX_IN,
     rowdot2_q4_0,
     rowdot2_q4_0p,
@@ -40,6 +39,7 @@ from .simd import (
     rowdot2_q5_0p,
     rowdot2_q5_1,
     rowdot2_q8_0,
+    rowdot2_q8_0p,
     rowdot4_q4_0,
     rowdot4_q4_0p,
     rowdot4_q4_1,
@@ -47,6 +47,7 @@ from .simd import (
     rowdot4_q5_0p,
     rowdot4_q5_1,
     rowdot4_q8_0,
+    rowdot4_q8_0p,
     rowdot8_q4_0,
     rowdot8_q4_0p,
     rowdot8_q4_1,
@@ -54,6 +55,7 @@ from .simd import (
     rowdot8_q5_0p,
     rowdot8_q5_1,
     rowdot8_q8_0,
+    rowdot8_q8_0p,
     rowdot_q4_0,
     rowdot_q4_0p,
     rowdot_q4_1,
@@ -61,6 +63,7 @@ from .simd import (
     rowdot_q5_0p,
     rowdot_q5_1,
     rowdot_q8_0,
+    rowdot_q8_0p,
 )
 
 _CHUNK = 16  # rows per work item
@@ -247,68 +250,28 @@ def mv_q5_0p(w, xq, xd, xs, out):
                 rowdot_q5_0p(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
 
-def _repack_layout(size: int) -> tuple[int, bool]:
-    """(qs offset in a block, whether it has a qh word) of the repackable block types."""
-    if size == 18:
-        return 2, False  # Q4_0
-    if size == 22:
-        return 6, True  # Q5_0
-    raise ValueError(f"no repacked layout for {size}-byte blocks")
-
-
-@njit(inline="always")
-def _repack_group(src, dst, o, g, size, qs_off, has_qh):
-    """Blocks o/size .. + g of one row (g = 16 or 8) into the packed group at byte o."""
-    n = 4 * g
-    cbase = 2 * g + (n if has_qh else 0)
-    for i in range(g):
-        bo = o + i * size
-        dst[o + 2 * i] = src[bo]
-        dst[o + 2 * i + 1] = src[bo + 1]
-        for j in range(4):
-            for c in range(4):
-                dst[o + cbase + n * j + 4 * i + c] = src[bo + qs_off + 4 * j + c]
-    if has_qh:
-        for j in range(8):
-            m = U(0)
-            for i in range(g):
-                bo = o + i * size
-                qh = (U(src[bo + 2]) | (U(src[bo + 3]) << U(8))
-                      | (U(src[bo + 4]) << U(16)) | (U(src[bo + 5]) << U(24)))
-                for c in range(4):
-                    m |= ((qh >> U(4 * j + c)) & U(1)) << U(4 * i + c)
-            for k in range(g // 2):
-                dst[o + 2 * g + g // 2 * j + k] = np.uint8((m >> U(8 * k)) & U(255))
-
-
 @njit(parallel=True, cache=True)
-def _repack_rows(w, out, size, qs_off, has_qh):
-    n_out, nbytes = w.shape
-    nb = nbytes // size
-    ng = nb // PACK_GROUP
-    done = ng * PACK_GROUP * size
-    for r in prange(n_out):
-        src, dst = w[r], out[r]
-        for g in range(ng):
-            _repack_group(src, dst, g * PACK_GROUP * size, PACK_GROUP, size, qs_off, has_qh)
-        rest = done
-        if nb - ng * PACK_GROUP >= 8:
-            _repack_group(src, dst, done, 8, size, qs_off, has_qh)
-            rest += 8 * size
-        for k in range(rest, nbytes):
-            dst[k] = src[k]
-
-
-def repack(w: np.ndarray, size: int) -> np.ndarray:
-    """A Q4_0 / Q5_0 weight (uint8 [n_out, row bytes], `size`-byte blocks) with each row's
-    groups of PACK_GROUP blocks, then one of 8 if 8 are left (the groups `block_transpose`
-    makes), rearranged for the transposed dots (`simd._packed_group`); the last < 8 blocks
-    stay as they are. Same size, a permutation of the bytes
-    (plus Q5_0's 5th bits regrouped): exact. Read it with `mv_q4_0p` / `mv_q5_0p`."""
-    qs_off, has_qh = _repack_layout(size)
-    out = np.empty(w.shape, np.uint8)
-    _repack_rows(w, out, size, qs_off, has_qh)
-    return out
+def mv_q8_0p(w, xq, xd, xs, out):
+    """mv_q8_0 on a `repack`ed weight: the block-sum form (transposed codes stored as code ^
+    0x80, started from -128 * block sums), equal to mv_q8_0 up to float summation order."""
+    n_out, nt = w.shape[0], xq.shape[0]
+    xc, cb, xt = lane_corr(xq, 128), block_corr(xq, 128, True), block_transpose(xq, True)
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
+    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q8_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
+        for t in range(n8, n4, 4):
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q8_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
+        if nt - n4 >= 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot2_q8_0p(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
+        if (nt - n4) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q8_0p(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
 
 
 @njit(parallel=True, cache=True)

@@ -12,9 +12,10 @@ pass over a weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invarian
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, prange
 
-from .dot32 import _CHUNK
+from .dot32 import _CHUNK, block_transpose
 from .simd import MAX_TOKENS, ROWS8_MAX_IN
 from .simd_k import (
     rowdot2_q4_k,
@@ -29,6 +30,12 @@ from .simd_k import (
     rowdot_q4_k,
     rowdot_q5_k,
     rowdot_q6_k,
+)
+from .simd_kp import (
+    rowdot2_q4_kp,
+    rowdot4_q4_kp,
+    rowdot8_q4_kp,
+    rowdot_q4_kp,
 )
 
 
@@ -93,3 +100,44 @@ def mv_q6_k(w, xq, xd, bsums, out):
         if (nt - n4) % 2:
             for r in range(c * _CHUNK, r1):
                 rowdot_q6_k(w[r], xq, xd, bsums, nt - 1, out, r)
+
+
+# -- repacked Q4_K weights (`repack.repack_q4_k`; `simd_kp`) --------------------------------------
+
+
+@njit(cache=True)
+def block_scales_sums(xd, bsums):
+    """Per 32 activation values: the Q8_K scale (f32) and the quants' sum (int32), what the
+    repacked Q4_K rows read per sub-block lane."""
+    nt, nsb = xd.shape
+    xdb = np.empty((nt, 8 * nsb), np.float32)
+    xsb = np.empty((nt, 8 * nsb), np.int32)
+    for t in range(nt):
+        for b in range(8 * nsb):
+            xdb[t, b] = xd[t, b // 8]
+            xsb[t, b] = np.int32(bsums[t, 2 * b]) + np.int32(bsums[t, 2 * b + 1])
+    return xdb, xsb
+
+
+@njit(parallel=True, cache=True)
+def mv_q4_kp(w, xq, xd, bsums, out):
+    """mv_q4_k on a repacked weight (same arithmetic up to float rounding order)."""
+    n_out, nt = w.shape[0], xq.shape[0]
+    xt = block_transpose(xq, True)
+    xdb, xsb = block_scales_sums(xd, bsums)
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
+    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(0, n8, MAX_TOKENS):
+            for r in range(c * _CHUNK, r1):
+                rowdot8_q4_kp(w[r], xt, xdb, xsb, t, out, r)
+        for t in range(n8, n4, 4):
+            for r in range(c * _CHUNK, r1):
+                rowdot4_q4_kp(w[r], xt, xdb, xsb, t, out, r)
+        if nt - n4 >= 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot2_q4_kp(w[r], xt, xdb, xsb, n4, out, r)
+        if (nt - n4) % 2:
+            for r in range(c * _CHUNK, r1):
+                rowdot_q4_kp(w[r], xt, xdb, xsb, nt - 1, out, r)

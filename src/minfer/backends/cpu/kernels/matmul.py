@@ -24,12 +24,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dot32 import mv_q4_0, mv_q4_0p, mv_q4_1, mv_q5_0, mv_q5_0p, mv_q5_1, mv_q8_0, repack
-from .dotk import mv_q4_k, mv_q5_k, mv_q6_k
+from .dot32 import (
+    mv_q4_0,
+    mv_q4_0p,
+    mv_q4_1,
+    mv_q5_0,
+    mv_q5_0p,
+    mv_q5_1,
+    mv_q8_0,
+    mv_q8_0p,
+)
+from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
+from .repack import repack_block32, repack_q4_k
 from .simd import HAS_VNNI512
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
@@ -62,24 +72,28 @@ _BLOCK32 = {
     QType.Q8_0: mv_q8_0,
     QType.Q4_0_PACKED: mv_q4_0p,
     QType.Q5_0_PACKED: mv_q5_0p,
+    QType.Q8_0_PACKED: mv_q8_0p,
 }
-_KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k}
+_KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
+           QType.Q4_K_PACKED: mv_q4_kp}
 
 
 def packable(qtype: int, n_in: int) -> bool:
-    """Whether `repack_weight` has a faster layout for this weight (Q4_0 / Q5_0 rows of at least
-    one 8-block group, on a CPU with AVX512-VNNI)."""
+    """Whether `repack_weight` has a faster layout for this weight (Q4_0 / Q5_0 / Q8_0 rows of at
+    least one 8-block group, Q4_K, on a CPU with AVX512-VNNI)."""
     return HAS_VNNI512 and qtype_of(qtype) in PACKED_TYPES and n_in >= 8 * 32
 
 
 def repack_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """A `packable` weight in the repacked layout the integer dots read fastest: (copy, its
-    QType). Exact: `matmul` on the copy gives bitwise the original's result."""
+    QType). The bytes are only rearranged; `matmul` on the copy gives bitwise the original's
+    result for Q4_0 / Q5_0, and the same up to float summation order for Q8_0 / Q4_K."""
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     if not packable(qt, n_in):
         raise ValueError(f"{qt.name} weight of {n_in} inputs has no repacked layout here")
-    return repack(w, BLOCK_LAYOUT[qt][1]), PACKED_TYPES[qt]
+    packed = repack_q4_k(w) if qt is QType.Q4_K else repack_block32(w, BLOCK_LAYOUT[qt][1])
+    return packed, PACKED_TYPES[qt]
 
 
 def quantize_activation(x: np.ndarray, qtype: int) -> QuantizedActivation:

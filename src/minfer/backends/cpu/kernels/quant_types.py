@@ -19,10 +19,10 @@ Byte layouts (little-endian, f16 = IEEE half):
 
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
-Q4_0_PACKED and Q5_0_PACKED are minfer's own ids (never in a file): the CPU backend's
-repacked copies of Q4_0 / Q5_0 weights (`dot32.repack`: same bytes per row, each group of 16
-blocks, then one of 8, pre-transposed for the integer dots). Only the integer matmul reads
-them; nothing dequantizes them.
+The *_PACKED types are minfer's own ids (never in a file): the CPU backend's repacked copies of
+Q4_0 / Q5_0 / Q8_0 / Q4_K weights (`repack`: same bytes per row, the codes of groups of blocks
+pre-transposed for the integer dots). Only the integer matmul reads them; nothing dequantizes
+them.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class QType(IntEnum):
     BF16 = 30
     Q4_0_PACKED = 0x1002  # minfer's repacked layouts (not GGML ids)
     Q5_0_PACKED = 0x1006
+    Q8_0_PACKED = 0x1008
+    Q4_K_PACKED = 0x100C
 
 
 # (values per block, bytes per block) for the weight types the kernels accept
@@ -70,12 +72,15 @@ BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
     QType.Q6_K: (256, 210),
     QType.Q4_0_PACKED: (32, 18),
     QType.Q5_0_PACKED: (32, 22),
+    QType.Q8_0_PACKED: (32, 34),
+    QType.Q4_K_PACKED: (256, 144),
 }
-PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED}
+PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
+                QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0})
-KQUANT_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K})
+KQUANT_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q4_K_PACKED})
 
 
 def qtype_of(qtype: int) -> QType:

@@ -252,14 +252,16 @@ def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
     return [builder.bitcast(v, _vec(_I8, 4 * count)) for v in z]
 
 
-def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool,
-                  count: int) -> tuple[list[Any], Any]:
+def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
+                  signed: bool = False) -> tuple[list[Any], Any]:
     """The `count` (16 or 8) blocks of a `repack`ed group at byte `base`: eight <4 count x i8>
     code vectors in the transposed order (vector j = dword j of every block, block i at dword
-    i) and their scales as <count x f32>. Group bytes: count f16 scales | (Q5_0) eight
-    count*4-bit masks, bit 4i + c of mask j = 5th bit of code 4j + c of block i | four
-    4*count-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of block i (low nibble: code
-    4j + c, high nibble: code 16 + 4j + c)."""
+    i) and their scales as <count x f32>. Group bytes: count f16 scales, then
+    - Q4_0 / Q5_0: (Q5_0) eight count*4-bit masks, bit 4i + c of mask j = 5th bit of code
+      4j + c of block i | four 4*count-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of
+      block i (low nibble: code 4j + c, high nibble: code 16 + 4j + c);
+    - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
+      operand of vpdpbusd)."""
     u64 = base.type
     n = 4 * count
     halves = _ld(builder, w, base, _vec(_I16, count))
@@ -271,6 +273,9 @@ def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool,
         for k in range(count):
             f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
             dw = builder.insert_element(dw, f, ir.Constant(_I32, k))
+    if signed:
+        return [_ld(builder, w, builder.add(base, ir.Constant(u64, 2 * count + n * j)),
+                    _vec(_I8, n)) for j in range(8)], dw
     qs = 2 * count + (n if has_qh else 0)
     wt: list[Any] = [None] * 8
     for j in range(4):
@@ -314,8 +319,8 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
     if packed:
-        assert transposed and count in (16, 8) and m_off is None and not signed
-        wt, dw = _packed_group(builder, w, bases[0], qh_off is not None, count)
+        assert transposed and count in (16, 8) and m_off is None
+        wt, dw = _packed_group(builder, w, bases[0], qh_off is not None, count, signed)
         mw = None
     else:
         codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
@@ -686,7 +691,8 @@ rowdot2_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 2)
 rowdot2_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 2)
 rowdot2_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 2)
 rowdot2_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 2)
-# repacked rows (`repack`; AVX512-VNNI only): Q4_0 and Q5_0
+# repacked rows (`repack`; AVX512-VNNI only): Q4_0, Q5_0 and Q8_0 (which then takes the
+# block-sum form, not the per-lane one)
 rowdot_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 1, packed=HAS_VNNI512)
 rowdot2_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 2, packed=HAS_VNNI512)
 rowdot4_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 4, packed=HAS_VNNI512)
@@ -695,3 +701,7 @@ rowdot_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 1, packed=HAS_VNNI512)
 rowdot2_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 2, packed=HAS_VNNI512)
 rowdot4_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 4, packed=HAS_VNNI512)
 rowdot8_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS, packed=HAS_VNNI512)
+rowdot_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], 1, packed=HAS_VNNI512)
+rowdot2_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], 2, packed=HAS_VNNI512)
+rowdot4_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], 4, packed=HAS_VNNI512)
+rowdot8_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], MAX_TOKENS, packed=HAS_VNNI512)

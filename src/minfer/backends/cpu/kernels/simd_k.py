@@ -47,6 +47,26 @@ from .simd import (
 )
 
 
+def scales_mins(builder: Any, w: Any, at: Any) -> Any:
+    """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins at byte `at`, unpacked as ggml does with
+    32-bit words: <16 x i32>, the 8 scales then the 8 mins."""
+    u0, u1, u2 = (_ld(builder, w, builder.add(at, ir.Constant(at.type, off)), _I32)
+                  for off in (0, 4, 8))
+
+    def c(v: int) -> Any:
+        return ir.Constant(_I32, v)
+
+    m3f, m0f, m03 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    t3 = builder.or_(builder.and_(builder.lshr(u2, c(4)), m0f),
+                     builder.shl(builder.and_(builder.lshr(u1, c(6)), m03), c(4)))
+    t1 = builder.or_(builder.and_(u2, m0f),
+                     builder.shl(builder.and_(builder.lshr(u0, c(6)), m03), c(4)))
+    words = ir.Constant(_vec(_I32, 4), None)
+    for j, v in enumerate((builder.and_(u0, m3f), t1, builder.and_(u1, m3f), t3)):
+        words = builder.insert_element(words, v, c(j))
+    return builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I32, 16))
+
+
 def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any], Any]:
     """Super-block at byte `base` of the row at i8* `w`: its eight 32-code groups (<32 x i8>, in
     activation order; Q6_K's still offset by 32) and the scales/mins as <16 x i32> (Q4_K/Q5_K:
@@ -69,21 +89,7 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
                                   _splat(builder, 3, 32))
                 codes.append(builder.or_(lo, builder.shl(hi, _splat(builder, 4, 32))))
         return codes, sc
-    # Q4_K / Q5_K: unpack the 6-bit scales and mins as ggml does with 32-bit words
-    u0, u1, u2 = (_ld(builder, w, wat(off), _I32) for off in (4, 8, 12))
-
-    def c(v: int) -> Any:
-        return ir.Constant(_I32, v)
-
-    m3f, m0f, m03 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-    t3 = builder.or_(builder.and_(builder.lshr(u2, c(4)), m0f),
-                     builder.shl(builder.and_(builder.lshr(u1, c(6)), m03), c(4)))
-    t1 = builder.or_(builder.and_(u2, m0f),
-                     builder.shl(builder.and_(builder.lshr(u0, c(6)), m03), c(4)))
-    words = ir.Constant(_vec(_I32, 4), None)
-    for j, v in enumerate((builder.and_(u0, m3f), t1, builder.and_(u1, m3f), t3)):
-        words = builder.insert_element(words, v, c(j))
-    sm = builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I32, 16))  # 8 sc, 8 mins
+    sm = scales_mins(builder, w, wat(4))  # 8 sc, 8 mins
     qs = 48 if kind == "q5" else 16
     h = _ld(builder, w, wat(16), _vec(_I8, 32)) if kind == "q5" else None
     for j in range(4):

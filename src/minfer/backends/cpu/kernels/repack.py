@@ -1,0 +1,140 @@
+"""Weight layouts for the integer dots, made once per weight on first use (`matmul.repack_weight`).
+
+Each is an exact rearrangement of a row's bytes (same length, nothing rounded) into the order
+the VNNI dots consume: the codes of a group of blocks transposed so that int32 lane i of a
+vector holds 4 codes of block (sub-block) i, which is the order the activation is transposed to
+once per call. The dots then load codes instead of unpacking and shuffling them for every call
+and every token pass.
+
+- Q4_0 / Q5_0 / Q8_0 (`repack_block32`): groups of 16 blocks, then one of 8 if 8 are left; the
+  last < 8 blocks stay as they are (see `simd._packed_group`).
+- Q4_K (`repack_q4_k`): groups of 2 super-blocks (16 sub-blocks of 32), then one if a single
+  is left; headers kept (see `simd_kp._q4k_group`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .simd import PACK_GROUP
+
+U = np.uint64
+
+
+def _repack_layout(size: int) -> tuple[int, bool]:
+    """(qs offset in a block, whether it has a qh word) of the repackable block types."""
+    if size == 18:
+        return 2, False  # Q4_0
+    if size == 22:
+        return 6, True  # Q5_0
+    if size == 34:
+        return 2, False  # Q8_0: whole bytes
+    raise ValueError(f"no repacked layout for {size}-byte blocks")
+
+
+@njit(inline="always")
+def _repack_group(src, dst, o, g, size, qs_off, has_qh):
+    """Blocks o/size .. + g of one row (g = 16 or 8) into the packed group at byte o."""
+    n = 4 * g
+    if size == 34:  # Q8_0: scales, then the codes transposed as they are, ^ 0x80
+        for i in range(g):
+            bo = o + i * size
+            dst[o + 2 * i] = src[bo]
+            dst[o + 2 * i + 1] = src[bo + 1]
+            for j in range(8):
+                for c in range(4):
+                    dst[o + 2 * g + n * j + 4 * i + c] = src[bo + qs_off + 4 * j + c] ^ np.uint8(
+                        0x80)
+        return
+    cbase = 2 * g + (n if has_qh else 0)
+    for i in range(g):
+        bo = o + i * size
+        dst[o + 2 * i] = src[bo]
+        dst[o + 2 * i + 1] = src[bo + 1]
+        for j in range(4):
+            for c in range(4):
+                dst[o + cbase + n * j + 4 * i + c] = src[bo + qs_off + 4 * j + c]
+    if has_qh:
+        for j in range(8):
+            m = U(0)
+            for i in range(g):
+                bo = o + i * size
+                qh = (U(src[bo + 2]) | (U(src[bo + 3]) << U(8))
+                      | (U(src[bo + 4]) << U(16)) | (U(src[bo + 5]) << U(24)))
+                for c in range(4):
+                    m |= ((qh >> U(4 * j + c)) & U(1)) << U(4 * i + c)
+            for k in range(g // 2):
+                dst[o + 2 * g + g // 2 * j + k] = np.uint8((m >> U(8 * k)) & U(255))
+
+
+@njit(parallel=True, cache=True)
+def _repack_rows(w, out, size, qs_off, has_qh):
+    n_out, nbytes = w.shape
+    nb = nbytes // size
+    ng = nb // PACK_GROUP
+    done = ng * PACK_GROUP * size
+    for r in prange(n_out):
+        src, dst = w[r], out[r]
+        for g in range(ng):
+            _repack_group(src, dst, g * PACK_GROUP * size, PACK_GROUP, size, qs_off, has_qh)
+        rest = done
+        if nb - ng * PACK_GROUP >= 8:
+            _repack_group(src, dst, done, 8, size, qs_off, has_qh)
+            rest += 8 * size
+        for k in range(rest, nbytes):
+            dst[k] = src[k]
+
+
+def repack_block32(w: np.ndarray, size: int) -> np.ndarray:
+    """A Q4_0 / Q5_0 weight (uint8 [n_out, row bytes], `size`-byte blocks) with each row's
+    groups of PACK_GROUP blocks, then one of 8 if 8 are left (the groups `block_transpose`
+    makes), rearranged for the transposed dots (`simd._packed_group`); the last < 8 blocks
+    stay as they are. Same size, a permutation of the bytes
+    (plus Q5_0's 5th bits regrouped): exact. Read it with `mv_q4_0p` / `mv_q5_0p`."""
+    qs_off, has_qh = _repack_layout(size)
+    out = np.empty(w.shape, np.uint8)
+    _repack_rows(w, out, size, qs_off, has_qh)
+    return out
+
+
+@njit(inline="always")
+def _q4k_code(src, sb0, i, q):
+    """Code q (0..31) of sub-block i (0..15) of the group whose first super-block starts at
+    byte sb0 of a plain Q4_K row."""
+    base = sb0 + (i // 8) * 144
+    s = i % 8
+    byte = src[base + 16 + 32 * (s // 2) + q]
+    return (byte >> np.uint8(4)) if s % 2 else (byte & np.uint8(15))
+
+
+@njit(inline="always")
+def _repack_q4k_group(src, dst, o, count):
+    n_sb = count // 8
+    for k in range(16 * n_sb):  # the super-blocks' headers: d, dmin, scales and mins
+        dst[o + k] = src[o + 144 * (k // 16) + k % 16]
+    for j in range(4):
+        for i in range(count):
+            for c in range(4):
+                lo = _q4k_code(src, o, i, 4 * j + c)
+                hi = _q4k_code(src, o, i, 16 + 4 * j + c)
+                dst[o + 16 * n_sb + 4 * count * j + 4 * i + c] = lo | (hi << np.uint8(4))
+
+
+@njit(parallel=True, cache=True)
+def _repack_q4k_rows(w, out):
+    n_out, nbytes = w.shape
+    nsb = nbytes // 144
+    for r in prange(n_out):
+        src, dst = w[r], out[r]
+        for p in range(nsb // 2):
+            _repack_q4k_group(src, dst, p * 288, 16)
+        if nsb % 2:
+            _repack_q4k_group(src, dst, (nsb - 1) * 144, 8)
+
+
+def repack_q4_k(w: np.ndarray) -> np.ndarray:
+    """A Q4_K weight (uint8 [n_out, row bytes]) in the repacked layout `simd_kp` reads."""
+    out = np.empty(w.shape, np.uint8)
+    _repack_q4k_rows(w, out)
+    return out
