@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
+import minfer.jit_cache  # noqa: F401  (before any njit: where compiled code is cached)
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:

@@ -16,6 +16,8 @@ vectoriser (kernels with divisions use error_model="numpy" so no zero-check bloc
 
 from __future__ import annotations
 
+import minfer.jit_cache  # noqa: F401  (first: where the compiled kernels are cached)
+
 from .attention import attention, kv_store
 from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from .dequant import dequantize, dequantize_into, get_rows

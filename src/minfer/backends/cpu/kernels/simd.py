@@ -30,8 +30,8 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
   alone or batched (tests/test_kernels_batch_invariance.py);
 - the K-quant rows (`simd_k`) reuse these helpers.
 
-Arguments are 1-D contiguous arrays; nothing is bounds-checked. numba's cache does not see edits
-here: touch dot32.py / dotk.py after changing this file.
+Arguments are 1-D contiguous arrays; nothing is bounds-checked. The compiled-code cache is keyed
+on every kernel source (`minfer.jit_cache`), so edits here are picked up.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ float(lanes) goes into an f32 register accumulator and -d_x * dmin_w * float(min
 second one; two fixed-order horizontal sums per row. Per token the activation side is only its
 quants and bsums (no per-call correction arrays), which keeps several tokens' rows in L1 while
 the weights stream past.
-Edits here are not seen by numba's cache: touch dotk.py afterwards.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ batch-invariant. They differ from the plain rows' by float rounding only (a diff
 Measured on the dev machine kind, 2 threads: 512-token passes ~470 -> ~590 GFLOP/s, small
 batches unchanged. The same scheme for Q6_K (16 sub-blocks of 16 per super-block) measured no
 faster than its plain rows, so Q6_K is not repacked. AVX512-VNNI only (weights are repacked only
-there). Touch dotk.py after editing this file.
+there).
 """
 
 from __future__ import annotations
