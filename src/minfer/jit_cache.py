@@ -39,4 +39,4 @@ def cache_dir() -> Path:
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
-    config.CACHE_DIR = str(cache_dir())
+    config.CACHE_DIR = str(cache_dir())  # type: ignore[attr-defined]
