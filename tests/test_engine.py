@@ -176,15 +176,16 @@ def test_derived_weights_are_made_once_and_the_file_stays_readable(tiny_qwen2: P
     weights = ModelWeights(GGUFFile.open(tiny_qwen2))
     name = "blk.0.ffn_up.weight"
     before = weights.matrix(name)[0].copy()
-    made: list[str] = []
+    calls: list[int] = []
 
-    def make(raw: np.ndarray, qtype: int) -> tuple[np.ndarray, int]:
-        made.append(name)
-        return raw[::-1].copy(), qtype
+    def make(rows: np.ndarray, qtype: int) -> tuple[np.ndarray, int]:
+        calls.append(rows.shape[0])
+        return rows ^ np.uint8(0xFF), qtype + 1000
 
-    a = weights.derived(name, "test", make)
+    a = weights.derived(name, "test", make, chunk_rows=3)  # row chunks, pages released after each
     b = weights.derived(name, "test", make)
-    assert a is b and made == [name]
-    # the tensor's pages were released from this process; reading them again faults them back
+    assert a is b and sum(calls) == before.shape[0] and max(calls) <= 3
+    assert a[1] == int(weights.file.tensors[name].ggml_type) + 1000
+    np.testing.assert_array_equal(a[0], before ^ np.uint8(0xFF))
+    # the file's pages were released from this process; reading them again faults them back
     np.testing.assert_array_equal(weights.matrix(name)[0], before)
-    np.testing.assert_array_equal(a[0], before[::-1])

@@ -228,16 +228,22 @@ class GGUFFile:
         flat = self._parts[t.part].data[t.offset : t.offset + t.nbytes]
         return np.asarray(flat).reshape(t.n_rows, t.row_bytes)
 
-    def release(self, name: str) -> None:
-        """Drop this process's hold on a tensor's pages (MADV_DONTNEED on the read-only file
-        mapping: they leave the RSS; a later read faults them back in from the page cache).
-        For a tensor a backend has copied into its own layout."""
+    def release(self, name: str, rows: tuple[int, int] | None = None) -> None:
+        """Drop this process's hold on a tensor's pages, or on those of its rows [r0, r1)
+        (MADV_DONTNEED on the read-only file mapping: they leave the RSS; a later read faults
+        them back in from the page cache). For a tensor a backend has copied into its own
+        layout. Releasing rows in order releases every page the rows cover: a page shared
+        with rows before r0 goes with them, one shared with other tensors never."""
         t = self._info(name)
         mm = getattr(self._parts[t.part].data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise"):
+            return
         page = mmap.PAGESIZE
-        start = -(-t.offset // page) * page
-        end = (t.offset + t.nbytes) // page * page
-        if mm is not None and end > start and hasattr(mm, "madvise"):
+        first = -(-t.offset // page) * page
+        r0, r1 = rows if rows is not None else (0, t.n_rows)
+        start = max(first, (t.offset + r0 * t.row_bytes) // page * page) if r0 else first
+        end = (t.offset + r1 * t.row_bytes) // page * page
+        if end > start:
             mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def array(self, name: str) -> np.ndarray:
