@@ -17,7 +17,9 @@ operations, so out[t] is bitwise independent of the batch (batch-invariant servi
 the activation-only parts are precomputed: `lane_corr` / `block_corr` (the code offset times
 activation sums, where the dots start) and `block_transpose` (the multi-row layout). Compiled
 without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
-reassociable.
+reassociable. The drivers are written out once per type (plain and repacked, `*p`): numba
+caches a compiled function only when its callees are module globals, so a factory closing over
+the intrinsics would recompile every run.
 """
 
 from __future__ import annotations

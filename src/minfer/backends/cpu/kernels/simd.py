@@ -143,6 +143,27 @@ def _row_ptr(context: Any, builder: Any, aryty: Any, ary: Any, t: Any) -> Any:
     return builder.bitcast(ptr, _I8.as_pointer())
 
 
+def _token_rows(context: Any, builder: Any, t: Any, ntok: int,
+                arrays: list[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
+    """Per token j < ntok: i8* to row t + j of each (type, value) 2-D array."""
+    rows = []
+    for j in range(ntok):
+        tj = builder.add(t, ir.Constant(t.type, j))
+        rows.append(tuple(_row_ptr(context, builder, aty, av, tj) for aty, av in arrays))
+    return rows
+
+
+def _store_totals(context: Any, builder: Any, out_t: Any, out_v: Any, t: Any, r: Any,
+                  totals: list[Any]) -> None:
+    """out[t + j, r] = totals[j] (2-D f32 array, no bounds check)."""
+    out_arr = context.make_array(out_t)(context, builder, out_v)
+    for j, total in enumerate(totals):
+        ptr = cgutils.get_item_pointer(context, builder, out_t, out_arr,
+                                       [builder.add(t, ir.Constant(t.type, j)), r],
+                                       wraparound=False, boundscheck=False)
+        builder.store(total, ptr)
+
+
 def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
     """a * b + c: one fused rounding where the target has FMA, else two (no fastmath flags, so
     the value depends only on the operands, whatever code surrounds it)."""
@@ -509,12 +530,8 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             n_main = builder.udiv(nb, ir.Constant(u64, BLOCKS_PER_CALL))
             w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
                                   _I8.as_pointer())
-            toks = []
-            for j in range(ntok):
-                tj = builder.add(t_v, ir.Constant(intp, j))
-                toks.append(tuple(_row_ptr(context, builder, aty, av, tj) for aty, av in (
-                    (x_t, x_v), (xt_t, xt_v), (xd_t, xd_v), (xs_t, xs_v), (xc_t, xc_v),
-                    (cb_t, cb_v))))
+            toks = _token_rows(context, builder, t_v, ntok, [
+                (x_t, x_v), (xt_t, xt_v), (xd_t, xd_v), (xs_t, xs_v), (xc_t, xc_v), (cb_t, cb_v)])
             wide = _vec(_F32, BLOCKS_PER_CALL)
             zero = ir.Constant(wide, [0.0] * wide.count)
             has_m = m_off is not None
@@ -549,16 +566,11 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             vals = _phi_loop(builder, builder.urem(left, ir.Constant(u64, 2)), vals,
                              step(last, 1, False))
             acc, accm = vals[:ntok], vals[ntok:]
-            out_arr = context.make_array(out_t)(context, builder, out_v)
-            for j in range(ntok):
-                total = _hsum(builder, acc[j])
-                if has_m:
-                    total = builder.fadd(total, _hsum(builder, accm[j]))
-                ptr = cgutils.get_item_pointer(
-                    context, builder, out_t, out_arr,
-                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
-                    wraparound=False, boundscheck=False)
-                builder.store(total, ptr)
+            totals = [_hsum(builder, acc[j]) for j in range(ntok)]
+            if has_m:
+                totals = [builder.fadd(tot, _hsum(builder, m)) for tot, m in zip(
+                    totals, accm, strict=True)]
+            _store_totals(context, builder, out_t, out_v, t_v, r_v, totals)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -595,12 +607,8 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
             n_main = builder.udiv(nb, ir.Constant(u64, LANE_BLOCKS))
             w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
                                   _I8.as_pointer())
-            toks = []
-            for j in range(ntok):
-                tj = builder.add(t_v, ir.Constant(intp, j))
-                toks.append(tuple(_row_ptr(context, builder, aty, av, tj)
-                                  for aty, av in ((x_t, x_v), (xd_t, xd_v), (xs_t, xs_v),
-                                                  (xc_t, xc_v))))
+            toks = _token_rows(context, builder, t_v, ntok, [
+                (x_t, x_v), (xd_t, xd_v), (xs_t, xs_v), (xc_t, xc_v)])
             wide = _vec(_F32, LANES * ACC_BLOCKS)
             mvec = _vec(_F32, LANE_BLOCKS)
             zero_w = ir.Constant(wide, [0.0] * wide.count)
@@ -633,18 +641,15 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
             init1 = [z1] * ntok + ([z1m] * ntok if has_m else [])
             vals1 = _phi_loop(builder, builder.sub(nb, tail0), init1, tail_body)
             acc1, accm1 = vals1[:ntok], vals1[ntok:]
-            out_arr = context.make_array(out_t)(context, builder, out_v)
+            totals = []
             for j in range(ntok):
                 total = builder.fadd(_hsum(builder, acc[j]), _hsum(builder, acc1[j]))
                 if has_m:
                     msum = builder.fadd(_hsum(builder, accm[j]), builder.extract_element(
                         accm1[j], ir.Constant(_I32, 0)))
                     total = builder.fadd(total, msum)
-                ptr = cgutils.get_item_pointer(
-                    context, builder, out_t, out_arr,
-                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
-                    wraparound=False, boundscheck=False)
-                builder.store(total, ptr)
+                totals.append(total)
+            _store_totals(context, builder, out_t, out_v, t_v, r_v, totals)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -40,8 +40,9 @@ from .simd import (
     _ld,
     _phi_loop,
     _prefetch_ir,
-    _row_ptr,
     _splat,
+    _store_totals,
+    _token_rows,
     _vec,
 )
 
@@ -213,7 +214,6 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
             w_t, x_t, xd_t, bs_t, t_t, out_t, r_t = signature.args
             w_v, x_v, xd_v, bs_v, t_v, out_v, r_v = args
             u64 = ir.IntType(64)
-            intp = cgutils.intp_t
             t_v = context.cast(builder, t_v, t_t, types.intp)
             r_v = context.cast(builder, r_v, r_t, types.intp)
             xd_arr = context.make_array(xd_t)(context, builder, xd_v)
@@ -221,11 +221,8 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
             nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
             w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
                                   _I8.as_pointer())
-            toks = []
-            for j in range(ntok):
-                tj = builder.add(t_v, ir.Constant(intp, j))
-                toks.append(tuple(_row_ptr(context, builder, aty, av, tj)
-                                  for aty, av in ((x_t, x_v), (xd_t, xd_v), (bs_t, bs_v))))
+            toks = _token_rows(context, builder, t_v, ntok, [(x_t, x_v), (xd_t, xd_v),
+                                                             (bs_t, bs_v)])
             zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
             zm = ir.Constant(_vec(_F32, 8), [0.0] * 8)
 
@@ -260,16 +257,11 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
 
             init = [zero] * ntok + ([zm] * ntok if kind != "q6" else [])
             vals = _phi_loop(builder, nb, init, body)
-            out_arr = context.make_array(out_t)(context, builder, out_v)
-            for j in range(ntok):
-                total = _hsum(builder, vals[j])
-                if kind != "q6":
-                    total = builder.fadd(total, _hsum(builder, vals[ntok + j]))
-                ptr = cgutils.get_item_pointer(
-                    context, builder, out_t, out_arr,
-                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
-                    wraparound=False, boundscheck=False)
-                builder.store(total, ptr)
+            totals = [_hsum(builder, vals[j]) for j in range(ntok)]
+            if kind != "q6":
+                totals = [builder.fadd(tot, _hsum(builder, vals[ntok + j]))
+                          for j, tot in enumerate(totals)]
+            _store_totals(context, builder, out_t, out_v, t_v, r_v, totals)
             return context.get_dummy_value()
 
         return sig, codegen

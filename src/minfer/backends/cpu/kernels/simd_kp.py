@@ -40,8 +40,9 @@ from .simd import (
     _ld,
     _phi_loop,
     _prefetch_ir,
-    _row_ptr,
     _splat,
+    _store_totals,
+    _token_rows,
     _vec,
     _vpdpbusd,
 )
@@ -122,11 +123,8 @@ def _row_dot_q4kp(ntok: int) -> Any:
             nsb = builder.zext(nsb, u64) if nsb.type.width < 64 else nsb
             w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
                                   _I8.as_pointer())
-            toks = []
-            for j in range(ntok):
-                tj = builder.add(t_v, ir.Constant(intp, j))
-                toks.append(tuple(_row_ptr(context, builder, aty, av, tj) for aty, av in (
-                    (xt_t, xt_v), (xd_t, xd_v), (xs_t, xs_v))))
+            toks = _token_rows(context, builder, t_v, ntok, [(xt_t, xt_v), (xd_t, xd_v),
+                                                             (xs_t, xs_v)])
             zero = ir.Constant(_vec(_F32, WIDE), [0.0] * WIDE)
 
             def prefetch(start: Any, nbytes: int) -> None:
@@ -168,14 +166,9 @@ def _row_dot_q4kp(ntok: int) -> Any:
             last = builder.mul(pairs, ir.Constant(u64, 2))
             vals = _phi_loop(builder, builder.urem(nsb, ir.Constant(u64, 2)), vals,
                              q4_step(last, 8))
-            out_arr = context.make_array(out_t)(context, builder, out_v)
-            for j in range(ntok):
-                total = builder.fadd(_hsum(builder, vals[j]), _hsum(builder, vals[ntok + j]))
-                ptr = cgutils.get_item_pointer(
-                    context, builder, out_t, out_arr,
-                    [builder.add(t_v, ir.Constant(intp, j)), r_v],
-                    wraparound=False, boundscheck=False)
-                builder.store(total, ptr)
+            _store_totals(context, builder, out_t, out_v, t_v, r_v, [
+                builder.fadd(_hsum(builder, vals[j]), _hsum(builder, vals[ntok + j]))
+                for j in range(ntok)])
             return context.get_dummy_value()
 
         return sig, codegen
