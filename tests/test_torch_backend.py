@@ -217,6 +217,32 @@ def test_make_torch_backend_follows_the_environment(monkeypatch: pytest.MonkeyPa
         make_torch_backend(required=True)
 
 
+def test_auto_does_not_import_torch_where_it_could_not_pay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import minfer.backends.torch_backend as tb_pkg
+    from minfer.backends.torch_backend.device import worth_probing
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
+    node = tmp_path / "nvidia0"
+    assert not worth_probing(info, (str(node),))
+    node.write_text("")
+    assert worth_probing(info, (str(node),))
+    info.write_text("processor\t: 0\nflags\t\t: fpu amx_bf16 amx_tile\n")
+    assert worth_probing(info, ())
+
+    def no_probe() -> Capabilities:
+        raise AssertionError("detect() (which imports torch) was called")
+
+    monkeypatch.setattr(tb_pkg, "detect", no_probe)
+    monkeypatch.setattr(tb_pkg, "worth_probing", lambda: False)
+    monkeypatch.setenv("MINFER_TORCH_DEVICE", "auto")
+    assert make_torch_backend(required=False) is None
+    monkeypatch.setenv("MINFER_TORCH_CLAIM", "everything")
+    with pytest.raises(MinferError, match="MINFER_TORCH_CLAIM"):
+        make_torch_backend(required=False)  # a typo is loud all the same
+
+
 def test_select_backends_puts_torch_first(monkeypatch: pytest.MonkeyPatch) -> None:
     from minfer.backends.select import select_backends
 

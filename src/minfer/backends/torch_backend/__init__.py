@@ -21,7 +21,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from minfer.backends.torch_backend.device import DEVICES, choose_device, detect, env_choice
+from minfer.backends.torch_backend.device import (
+    DEVICES,
+    choose_device,
+    detect,
+    env_choice,
+    worth_probing,
+)
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -40,12 +46,17 @@ def make_torch_backend(required: bool) -> TorchBackend | None:
 
     With `required` (an explicit `--backend torch`) every reason it cannot run is an error.
     """
+    wanted = env_choice("MINFER_TORCH_DEVICE", DEVICES, "auto")
+    for name, choices in (("MINFER_TORCH_WEIGHTS", WEIGHT_CHOICES),
+                          ("MINFER_TORCH_CLAIM", CLAIM_CHOICES)):
+        env_choice(name, choices, choices[0])  # a typo is loud even where torch is not used
+    if not required and wanted == "auto" and not worth_probing():
+        return None  # nothing torch could use: not even imported (~1 s, ~180 MB)
     caps = detect()
     if not caps.torch_ok:
         if required:
             raise MinferError("the torch backend needs torch: pip install 'minfer[torch]'")
         return None
-    wanted = env_choice("MINFER_TORCH_DEVICE", DEVICES, "auto")
     device = choose_device(caps, wanted)
     if device is None and required and wanted == "auto" and caps.cpu_bf16:
         device = "cpu"  # asked for by name: a native bf16 dot product is enough

@@ -77,6 +77,17 @@ def detect(cpuinfo: Path = CPUINFO) -> Capabilities:
     return Capabilities(True, amx, avx512_bf16, cuda=cuda, cuda_name=name)
 
 
+# device nodes of a GPU torch could drive (NVIDIA's driver; AMD's ROCm)
+GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/kfd")
+
+
+def worth_probing(cpuinfo: Path = CPUINFO, gpu_nodes: tuple[str, ...] = GPU_NODES) -> bool:
+    """Whether `auto` could choose torch here, judged without importing it: a CPU with AMX
+    bf16 tiles, or a GPU's device node. Elsewhere `auto` never imports torch."""
+    flags = cpu_flags(cpuinfo)
+    return {"amx_bf16", "amx_tile"} <= flags or any(Path(p).exists() for p in gpu_nodes)
+
+
 def choose_device(caps: Capabilities, wanted: str = "auto") -> str | None:
     """'cuda' where a GPU is present, else 'cpu' where the CPU has AMX bf16 tiles.
 
