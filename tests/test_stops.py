@@ -125,3 +125,56 @@ def test_any_split_emits_exactly_the_text_before_the_first_stop(
     emitted += m.flush()
     assert emitted == want
     assert stopped == bool(starts)
+
+
+class _Vocab:
+    eot_ids = frozenset({0})
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return {1: b"ab", 2: b"c\xc3", 3: b"\xa9d", 4: b"EN", 5: b"D!"}[token_id]
+
+
+class _Script:
+    """A sampler that draws a fixed sequence of ids."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids, self.accepted = list(ids), []
+
+    def sample(self, logits: object) -> int:
+        return self.ids.pop(0)
+
+    def accept(self, token_id: int) -> None:
+        self.accepted.append(token_id)
+
+
+class _Grammar:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def is_stopped(self) -> bool:
+        return self.stopped
+
+
+def test_stepper_text_cuts_characters_and_stop_strings_across_tokens() -> None:
+    from minfer.engine.stepper import TokenStepper
+
+    s = TokenStepper(_Script([1, 2, 3, 4, 5]), _Vocab(), stops=["END"])
+    steps = [s.step(None) for _ in range(5)]  # type: ignore[arg-type]
+    assert [st.text for st in steps] == ["ab", "c", "éd", "", ""]  # é waits for its 2nd byte
+    assert [st.end for st in steps] == [None, None, None, None, "stop"]
+    assert s.finish("stop") == ""  # the stop text and what followed are never shown
+
+
+def test_stepper_ends_on_eos_and_grammar_and_releases_the_held_tail() -> None:
+    from minfer.engine.stepper import TokenStepper
+
+    sampler = _Script([4, 0])
+    s = TokenStepper(sampler, _Vocab(), stops=["END"])
+    assert s.step(None).text == ""  # type: ignore[arg-type]  # "EN" may start "END": held
+    eos = s.step(None)  # type: ignore[arg-type]
+    assert (eos.token, eos.end) == (0, "eos") and s.finish(eos.end) == "EN"
+    grammar = _Grammar()
+    g = TokenStepper(_Script([1]), _Vocab(), constraint=grammar)
+    grammar.stopped = True
+    done = g.step(None)  # type: ignore[arg-type]
+    assert (done.token, done.end) == (None, "grammar") and g.sampler.accepted == []  # type: ignore[attr-defined]

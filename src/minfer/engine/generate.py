@@ -2,23 +2,27 @@
 
 `generate` prefills the prompt (in chunks of `batch_size` so memory stays bounded), then loops:
 sample from the current logits, pass the stop gates, and only then run the forward for the
-sampled token. Text is cut at stop strings on the byte stream, so a stop that straddles tokens or
-splits a multi-byte character is still found and never printed. The loop yields `Piece`s while it
-runs and a final `Finished` with the ids, the reason and the timings.
+sampled token. The per-token gates (grammar, end-of-generation, stop strings cut on the byte
+stream, so a stop that straddles tokens or splits a multi-byte character is still found and never
+printed) are `stepper.TokenStepper`'s, shared with the server; length and context limits are the
+loop's. It yields `Piece`s while it runs and a final `Finished` with the ids, the reason and the
+timings.
 """
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
 
-from minfer.engine.stops import StopMatcher
+from minfer.engine.stepper import Constraint, TokenSampler, TokenStepper, TokenText
 from minfer.errors import ContextOverflowError
+
+__all__ = ["Constraint", "Finished", "Forward", "Piece", "Timings", "TokenSampler", "TokenText",
+           "generate", "prefill", "top_k_pairs"]
 
 
 class Forward(Protocol):
@@ -28,25 +32,6 @@ class Forward(Protocol):
     def n_ctx(self) -> int: ...
 
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray: ...
-
-
-class TokenSampler(Protocol):
-    def sample(self, logits: np.ndarray) -> int: ...
-
-    def accept(self, token_id: int) -> None: ...
-
-
-@runtime_checkable
-class Constraint(Protocol):
-    """A grammar mask the loop asks before sampling (minfer.sampling.grammar.GrammarMask)."""
-
-    def is_stopped(self) -> bool: ...
-
-
-class TokenText(Protocol):
-    eot_ids: frozenset[int]
-
-    def token_bytes(self, token_id: int) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -127,8 +112,7 @@ def generate(
     logits = prefill(engine, prompt_ids, start_pos, batch_size)
     timings.prefill_s = time.perf_counter() - t0
     pos = start_pos + len(prompt_ids)
-    matcher = StopMatcher(list(stops))
-    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    stepper = TokenStepper(sampler, vocab, stops, constraint)
     ids: list[int] = []
     text: list[str] = []
     tops: list[list[tuple[int, float]]] = []
@@ -137,22 +121,16 @@ def generate(
         if top_logits:
             tops.append(top_k_pairs(logits, top_logits))
         ts = time.perf_counter()
-        if constraint is not None and constraint.is_stopped():
-            reason = "grammar"  # nothing may follow: stop on a valid prefix, draw nothing
-            break
-        token = sampler.sample(logits)
-        sampler.accept(token)
+        step = stepper.step(logits)
         timings.sample_s += time.perf_counter() - ts
-        if token in vocab.eot_ids:
-            reason, eot = "eos", token
+        if step.token is None or step.end == "eos":  # a finished grammar, or end-of-generation
+            reason, eot = step.end or "grammar", step.token
             break
-        ids.append(token)
-        emit, stopped = matcher.push(vocab.token_bytes(token))
-        piece = utf8.decode(emit)
-        if piece:
-            text.append(piece)
-            yield Piece(piece, token)
-        if stopped:
+        ids.append(step.token)
+        if step.text:
+            text.append(step.text)
+            yield Piece(step.text, step.token)
+        if step.end == "stop":
             reason = "stop"
             break
         if len(ids) >= max_tokens:
@@ -161,14 +139,11 @@ def generate(
             reason = "context"
             break
         td = time.perf_counter()
-        logits = engine.forward([token], pos)[0]
+        logits = engine.forward([step.token], pos)[0]
         timings.decode_s += time.perf_counter() - td
         timings.decode_tokens += 1
         pos += 1
-    if reason != "stop":
-        tail = utf8.decode(matcher.flush(), final=True)
-    else:
-        tail = utf8.decode(b"", final=True)
+    tail = stepper.finish(reason)
     if tail:
         text.append(tail)
         yield Piece(tail, ids[-1] if ids else -1)

@@ -1,8 +1,9 @@
 """One request's generation state on the engine thread: logits row in, text and events out.
 
-A `Generation` samples from its sequence's logits, computes logprobs when asked (log-softmax of
-the raw logits, before any sampler stage), cuts stop strings on the byte stream and decodes
-UTF-8 incrementally, then posts events to the request's `Handle`. The handle lives on the event
+A `Generation` steps its sequence with the same `TokenStepper` as the CLI's loop (grammar,
+end-of-generation, stop strings on the byte stream, incremental UTF-8), adds the request's
+limits and logprobs when asked (log-softmax of the raw logits, before any sampler stage), then
+posts events to the request's `Handle`. The handle lives on the event
 loop; `post` crosses threads with `call_soon_threadsafe`, and `cancel` (a client gone) is a flag
 the engine thread reads before each step.
 """
@@ -10,28 +11,16 @@ the engine thread reads before each step.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from minfer.engine.stops import StopMatcher
+from minfer.engine.stepper import Constraint, TokenStepper, TokenText
 from minfer.sampling.sampler import Sampler
 
-
-class Constraint(Protocol):
-    """A grammar mask the loop asks after each token (minfer.sampling.grammar.GrammarMask)."""
-
-    def is_stopped(self) -> bool: ...
-
-
-class Vocab(Protocol):
-    eot_ids: frozenset[int]
-
-    def token_bytes(self, token_id: int) -> bytes: ...
+Vocab = TokenText  # what a Generation needs of the tokenizer
 
 
 @dataclass(frozen=True)
@@ -120,8 +109,7 @@ class Generation:
         self.handle = handle
         self.vocab = vocab
         self.n_ctx_slot = n_ctx_slot
-        self.matcher = StopMatcher(req.stops)
-        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.stepper = TokenStepper(req.sampler, vocab, req.stops, req.constraint)
         self.n_generated = 0
         self.n_cached = 0
         self.t_submit = time.perf_counter()
@@ -135,11 +123,11 @@ class Generation:
         Under a grammar that allows no further token the request ends with "stop" and no token
         is drawn: the text so far is a valid prefix (the check is also made right after each
         accepted token, so a finished grammar costs no extra forward)."""
-        if self._grammar_done():
-            self._post_text(b"", [], final=True, flush=True)
+        step = self.stepper.step(logits)
+        if step.token is None:
+            self._post(self.stepper.finish(step.end), [])
             return None, "stop"
-        token = self.req.sampler.sample(logits)
-        self.req.sampler.accept(token)
+        token = step.token
         self.n_generated += 1
         now = time.perf_counter()
         if self.t_last is not None:
@@ -150,28 +138,19 @@ class Generation:
         lps = []
         if self.req.logprobs is not None:
             lps.append(log_softmax_top(logits, token, self.req.logprobs))
-        if token in self.vocab.eot_ids:  # not shown; what the stop matcher held is released
-            self._post_text(b"", lps, final=True, flush=True)
-            return token, "stop"
-        emit, stopped = self.matcher.push(self.vocab.token_bytes(token))
-        reason: str | None = "stop" if stopped else None
-        if reason is None and self._grammar_done():
+        reason: str | None = None if step.end is None else "stop"  # eos or a stop string
+        if reason is None and self.stepper.grammar_done():
             reason = "stop"
         if reason is None and (self.n_generated >= self.req.max_tokens
                                or len(self.req.prompt) + self.n_generated > self.n_ctx_slot):
             reason = "length"
-        self._post_text(emit, lps, final=reason is not None, flush=not stopped)
+        text = step.text
+        if reason is not None:
+            text += self.stepper.finish(step.end)
+        self._post(text, lps)
         return token, reason
 
-    def _grammar_done(self) -> bool:
-        c = self.req.constraint
-        return c is not None and c.is_stopped()
-
-    def _post_text(self, emit: bytes, lps: list[TokenLogprob], *, final: bool,
-                   flush: bool) -> None:
-        if final and flush:
-            emit += self.matcher.flush()
-        text = self.utf8.decode(emit, final=final)
+    def _post(self, text: str, lps: list[TokenLogprob]) -> None:
         if text or lps:
             self.handle.post(Delta(text, lps))
 
