@@ -56,6 +56,29 @@ def test_quantized_models_match_oracle(fixture: str, request: pytest.FixtureRequ
     assert np.array_equal(got.argmax(-1), ref.argmax(-1)) or _rel_err(got, ref) < 0.01
 
 
+def test_repacked_weights_match_the_oracle(tmp_path: Path) -> None:
+    """Rows wide enough for the CPU backend's repacked layouts (groups of 16 and 8 blocks, K-quant
+    pairs), tied Q8_0 embeddings serving as the output projection too."""
+    from minfer.backends.cpu.kernels import packable
+
+    if not packable(QType.Q4_0, 512):
+        pytest.skip("no repacked layouts on this CPU (needs AVX512-VNNI)")
+    types = {"token_embd": QType.Q8_0, "ffn_down": QType.Q4_0, "ffn_gate": QType.Q4_K,
+             "ffn_up": QType.Q5_0, "default": QType.Q5_0}
+    path = write_tiny_model(tmp_path / "wide.gguf", n_embd=512, n_head=8, n_head_kv=2, n_ff=768,
+                            weight_types=types, tied=True, seed=3)
+    engine = _engine(path, kv_type="f32")
+    got = _all_rows(engine, TOKENS)
+    ref = OracleQwen(str(path)).logits(TOKENS)
+    assert _rel_err(got, ref) < 0.03
+    forms = {name for name, form in engine.weights._derived if form == "cpu-packed"}
+    assert {"token_embd.weight", "blk.0.ffn_down.weight", "blk.0.ffn_gate.weight",
+            "blk.0.ffn_up.weight", "blk.0.attn_q.weight"} <= forms
+    # the embedding lookup still reads the file's rows, released or not
+    again = _all_rows(engine, TOKENS)
+    np.testing.assert_array_equal(again, got)
+
+
 def test_tail_rows_equal_the_full_graphs_last_rows(tiny_qwen2: Path) -> None:
     full = _all_rows(_engine(tiny_qwen2), TOKENS)
     for n_out in (1, 3):
