@@ -6,9 +6,10 @@ per input node (memoised in the ExecContext), so q/k/v and gate/up share one qua
 same input; only the latest input's quantizations are held (for 512 prefill rows, keeping every
 layer's would cost ~100 MB).
 
-Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Q4_0 / Q5_0
-weights are repacked for it on first use (`kernels.repack_weight`, kept by the weights in place
-of the file's pages): an exact byte permutation that spares the dots their per-call unpacking.
+Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Q4_0, Q5_0,
+Q8_0 and Q4_K weights are repacked for it on first use (`kernels.repack_weight`, kept by the
+weights in place of the file's pages): an exact byte rearrangement that spares the dots their
+per-call unpacking.
 Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without
 AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on
 the batch shape. A batch-invariant context keeps every matmul on the integer path.

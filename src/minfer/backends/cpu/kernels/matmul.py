@@ -22,6 +22,8 @@ machine here).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .dot32 import (
@@ -78,6 +80,7 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kp}
 
 
+@functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
 def packable(qtype: int, n_in: int) -> bool:
     """Whether `repack_weight` has a faster layout for this weight (Q4_0 / Q5_0 / Q8_0 rows of at
     least one 8-block group, Q4_K, on a CPU with AVX512-VNNI)."""
