@@ -4,14 +4,16 @@
 
 - `MINFER_TORCH_DEVICE=auto|cpu|cuda`: `auto` takes CUDA when a GPU is visible, else the CPU when
   it has a native bf16 GEMM (flags `amx_bf16`+`amx_tile`, or `avx512_bf16`); `cpu` forces the
-  host even without one (slow, for checks). AVX512-BF16 counts: on the dev machine (AMD EPYC,
-  avx512_bf16, no AMX) a 512x896x4864 bf16 GEMM runs at ~900 GFLOP/s on 2 threads vs ~200 f32,
-  and pp512 of the 0.5B model is 650-730 tok/s with torch vs 240 on the CPU kernels (llama.cpp:
-  300) -- see benchmarks/torch_prefill.py.
+  host even without one (slow, for checks). For an explicit `--backend torch`, AVX512-BF16
+  counts too: on the dev machine (AMD EPYC, avx512_bf16, no AMX) a 512x896x4864 bf16 GEMM runs
+  at ~990 GFLOP/s on 2 threads vs ~220 f32, and pp512 of the 0.5B model is 730-760 tok/s with
+  torch vs 490-525 on the CPU kernels' integer path (llama.cpp: ~310); `auto` does not take it
+  there (the issue's rule: AMX or CUDA only).
 - `MINFER_TORCH_WEIGHTS=scratch|bf16`: per-forward dequantization into one reused buffer
   (memory-neutral, default on the CPU), or a resident bf16 copy (default on CUDA).
 - `MINFER_TORCH_CLAIM=matmul|dense|all` and `MINFER_TORCH_MIN_ROWS=N`: which nodes torch takes
-  (see backend.py); defaults from benchmarks/torch_prefill.py measurements.
+  (see backend.py). `dense` is the default: attention stays on the CPU backend, whose blocked
+  kernel beat torch's SDPA here (pp512 730-750 tok/s with `dense` vs 690-705 with `all`).
 
 torch is imported only when a backend is made, so `import minfer` never pays for it.
 """
@@ -70,7 +72,7 @@ def make_torch_backend(required: bool) -> TorchBackend | None:
 
     weights = env_choice("MINFER_TORCH_WEIGHTS", WEIGHT_CHOICES,
                          "scratch" if device == "cpu" else "bf16")
-    claim = env_choice("MINFER_TORCH_CLAIM", CLAIM_CHOICES, "all" if device == "cpu" else "dense")
+    claim = env_choice("MINFER_TORCH_CLAIM", CLAIM_CHOICES, "dense")
     return TorchBackend(device=device, claim=claim, weights=weights,
                         min_rows=_min_rows(weights))
 
