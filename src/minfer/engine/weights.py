@@ -34,6 +34,9 @@ class ModelWeights:
         self._vectors: dict[str, np.ndarray] = {}
         self._matrices: dict[str, tuple[np.ndarray, int]] = {}
         self._derived: dict[tuple[str, str], tuple[np.ndarray, int]] = {}
+        self.state: dict[object, object] = {}
+        """Backends' own per-weight state (e.g. a kernel bound to a weight), kept as long as
+        these weights are."""
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.file.tensors.items()}

@@ -18,6 +18,7 @@ the batch shape. A batch-invariant context keeps every matmul on the integer pat
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -72,22 +73,47 @@ def _activation_form(qtype: int) -> int | str:
     return qtype if qtype in _FLOATS else "q8_0"
 
 
+@dataclass(frozen=True)
+class _Projection:
+    """A weight as the CPU backend runs it, resolved once per model weights: the file's tensor
+    for the sgemm path, and the integer kernel bound to the (possibly repacked) copy."""
+
+    raw: np.ndarray
+    raw_type: int
+    sgemm_from: int  # rows from which the sgemm path is taken (outside batch-invariant use)
+    form: int | str  # the quantized activation it reads (shared by weights of one input)
+    quant_type: int  # the type `quantize_activation` is asked for
+    run: K.PrequantKernel
+
+
+def _projection(ctx: ExecContext, w_name: str, n_in: int) -> _Projection:
+    key = ("cpu-projection", w_name)
+    p = ctx.weights.state.get(key)
+    if p is None:
+        raw, qtype = ctx.weights.matrix(w_name)
+        w, qt = raw, qtype
+        if K.packable(qtype, n_in):
+            w, qt = ctx.weights.derived(w_name, "cpu-packed", K.repack_weight)
+        p = ctx.weights.state[key] = _Projection(
+            raw, qtype, K.prefill_min_tokens(qtype), _activation_form(qt), qt,
+            K.bind_prequant(w, qt))
+    assert isinstance(p, _Projection)
+    return p
+
+
 def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext) -> None:
     """out = x @ W.T, sharing one quantized activation among the weights that read node x."""
-    w, qtype = ctx.weights.matrix(w_name)
-    if x.shape[0] >= K.prefill_min_tokens(qtype) and not ctx.batch_invariant:
-        K.matmul_sgemm(w, qtype, x, out)
+    p = _projection(ctx, w_name, x.shape[1])
+    if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
+        K.matmul_sgemm(p.raw, p.raw_type, x, out)
         return
-    if K.packable(qtype, x.shape[1]):
-        w, qtype = ctx.weights.derived(w_name, "cpu-packed", K.repack_weight)
-    form = _activation_form(qtype)
     held = ctx.memo.setdefault("q8", {})
-    xq = held.get((x_node, form))
+    xq = held.get((x_node, p.form))
     if xq is None:
         if any(node != x_node for node, _ in held):
             held.clear()  # only the current input's forms are kept: a prefill's would add up
-        xq = held[(x_node, form)] = K.quantize_activation(x, qtype)
-    K.matmul_prequant(w, qtype, xq, out)
+        xq = held[(x_node, p.form)] = K.quantize_activation(x, p.quant_type)
+    p.run(xq, out)
 
 
 def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:

@@ -2,8 +2,8 @@
 
 Public API (see docs/interfaces.md):
 - matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
-  quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in), repack_weight(w_raw, qtype) --
-  `matmul`
+  quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in), repack_weight(w_raw, qtype),
+  bind_prequant(w_raw, qtype) -> run(xq, out) -- `matmul`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
 - rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
 - attention (blocked=True: the sgemm kernel of `attention_blocked`, used from
@@ -24,7 +24,9 @@ from .dequant import dequantize, dequantize_into, get_rows
 from .elementwise import add, mul, silu, swiglu
 from .matmul import (
     PREFILL_MIN_TOKENS,
+    PrequantKernel,
     QuantizedActivation,
+    bind_prequant,
     matmul,
     matmul_prequant,
     matmul_sgemm,
@@ -41,12 +43,14 @@ from .rope import rope_neox
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
     "PREFILL_MIN_TOKENS",
+    "PrequantKernel",
     "Q8Blocks",
     "Q8KBlocks",
     "QType",
     "QuantizedActivation",
     "add",
     "attention",
+    "bind_prequant",
     "dequantize",
     "dequantize_into",
     "get_rows",
