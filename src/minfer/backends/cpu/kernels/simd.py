@@ -143,6 +143,27 @@ def _row_ptr(context: Any, builder: Any, aryty: Any, ary: Any, t: Any) -> Any:
     return builder.bitcast(ptr, _I8.as_pointer())
 
 
+def _row_front(context: Any, builder: Any, signature: Any, args: Any, width_of: int,
+               unit: int) -> tuple[Any, list[tuple[Any, Any]], Any, Any, Any, Any]:
+    """The common front of a row-dot intrinsic's codegen, whose arguments are (w, the 2-D
+    activation arrays..., t, out, r): i8* to w's bytes, the activation arrays as (type, value)
+    pairs, t and r as intp, out as (type, value), and the row's count of `unit`-wide groups
+    (the width of activation array `width_of` / unit) as i64."""
+    *arrays_t, t_t, out_t, r_t = signature.args
+    *arrays_v, t_v, out_v, r_v = args
+    t_v = context.cast(builder, t_v, t_t, types.intp)
+    r_v = context.cast(builder, r_v, r_t, types.intp)
+    w_p = builder.bitcast(context.make_array(arrays_t[0])(context, builder, arrays_v[0]).data,
+                          _I8.as_pointer())
+    acts = list(zip(arrays_t[1:], arrays_v[1:], strict=True))
+    aty, av = acts[width_of]
+    width = builder.extract_value(context.make_array(aty)(context, builder, av).shape, 1)
+    units = builder.udiv(width, ir.Constant(width.type, unit)) if unit > 1 else width
+    u64 = ir.IntType(64)
+    units = builder.zext(units, u64) if units.type.width < 64 else units
+    return w_p, acts, t_v, (out_t, out_v), r_v, units
+
+
 def _token_rows(context: Any, builder: Any, t: Any, ntok: int,
                 arrays: list[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
     """Per token j < ntok: i8* to row t + j of each (type, value) 2-D array."""
@@ -517,21 +538,11 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
         sig = types.void(w, x, xt, xd, xs, xc, cb, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            w_t, x_t, xt_t, xd_t, xs_t, xc_t, cb_t, t_t, out_t, r_t = signature.args
-            w_v, x_v, xt_v, xd_v, xs_v, xc_v, cb_v, t_v, out_v, r_v = args
+            w_p, acts, t_v, (out_t, out_v), r_v, nb = _row_front(
+                context, builder, signature, args, 0, 32)
             u64 = ir.IntType(64)
-            intp = cgutils.intp_t
-            t_v = context.cast(builder, t_v, t_t, types.intp)
-            r_v = context.cast(builder, r_v, r_t, types.intp)
-            x_arr = context.make_array(x_t)(context, builder, x_v)
-            n_in = builder.extract_value(x_arr.shape, 1)
-            nb = builder.udiv(n_in, ir.Constant(intp, 32))
-            nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
             n_main = builder.udiv(nb, ir.Constant(u64, BLOCKS_PER_CALL))
-            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
-                                  _I8.as_pointer())
-            toks = _token_rows(context, builder, t_v, ntok, [
-                (x_t, x_v), (xt_t, xt_v), (xd_t, xd_v), (xs_t, xs_v), (xc_t, xc_v), (cb_t, cb_v)])
+            toks = _token_rows(context, builder, t_v, ntok, acts)
             wide = _vec(_F32, BLOCKS_PER_CALL)
             zero = ir.Constant(wide, [0.0] * wide.count)
             has_m = m_off is not None
@@ -594,21 +605,11 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
         sig = types.void(w, x, xd, xs, xc, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            w_t, x_t, xd_t, xs_t, xc_t, t_t, out_t, r_t = signature.args
-            w_v, x_v, xd_v, xs_v, xc_v, t_v, out_v, r_v = args
+            w_p, acts, t_v, (out_t, out_v), r_v, nb = _row_front(
+                context, builder, signature, args, 0, 32)
             u64 = ir.IntType(64)
-            intp = cgutils.intp_t
-            t_v = context.cast(builder, t_v, t_t, types.intp)
-            r_v = context.cast(builder, r_v, r_t, types.intp)
-            x_arr = context.make_array(x_t)(context, builder, x_v)
-            n_in = builder.extract_value(x_arr.shape, 1)
-            nb = builder.udiv(n_in, ir.Constant(intp, 32))
-            nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
             n_main = builder.udiv(nb, ir.Constant(u64, LANE_BLOCKS))
-            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
-                                  _I8.as_pointer())
-            toks = _token_rows(context, builder, t_v, ntok, [
-                (x_t, x_v), (xd_t, xd_v), (xs_t, xs_v), (xc_t, xc_v)])
+            toks = _token_rows(context, builder, t_v, ntok, acts)
             wide = _vec(_F32, LANES * ACC_BLOCKS)
             mvec = _vec(_F32, LANE_BLOCKS)
             zero_w = ir.Constant(wide, [0.0] * wide.count)

@@ -40,6 +40,7 @@ from .simd import (
     _ld,
     _phi_loop,
     _prefetch_ir,
+    _row_front,
     _splat,
     _store_totals,
     _token_rows,
@@ -211,18 +212,10 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
         sig = types.void(w, x, xd, bsums, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            w_t, x_t, xd_t, bs_t, t_t, out_t, r_t = signature.args
-            w_v, x_v, xd_v, bs_v, t_v, out_v, r_v = args
+            w_p, acts, t_v, (out_t, out_v), r_v, nb = _row_front(
+                context, builder, signature, args, 1, 1)  # super-blocks: xd's width
             u64 = ir.IntType(64)
-            t_v = context.cast(builder, t_v, t_t, types.intp)
-            r_v = context.cast(builder, r_v, r_t, types.intp)
-            xd_arr = context.make_array(xd_t)(context, builder, xd_v)
-            nb = builder.extract_value(xd_arr.shape, 1)
-            nb = builder.zext(nb, u64) if nb.type.width < 64 else nb
-            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
-                                  _I8.as_pointer())
-            toks = _token_rows(context, builder, t_v, ntok, [(x_t, x_v), (xd_t, xd_v),
-                                                             (bs_t, bs_v)])
+            toks = _token_rows(context, builder, t_v, ntok, acts)
             zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
             zm = ir.Constant(_vec(_F32, 8), [0.0] * 8)
 

@@ -24,7 +24,6 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._llvm import half_to_float
@@ -40,6 +39,7 @@ from .simd import (
     _ld,
     _phi_loop,
     _prefetch_ir,
+    _row_front,
     _splat,
     _store_totals,
     _token_rows,
@@ -111,20 +111,10 @@ def _row_dot_q4kp(ntok: int) -> Any:
         sig = types.void(w, xt, xd, xs, t, out, r)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            w_t, xt_t, xd_t, xs_t, t_t, out_t, r_t = signature.args
-            w_v, xt_v, xd_v, xs_v, t_v, out_v, r_v = args
+            w_p, acts, t_v, (out_t, out_v), r_v, nsb = _row_front(
+                context, builder, signature, args, 0, 256)
             u64 = ir.IntType(64)
-            intp = cgutils.intp_t
-            t_v = context.cast(builder, t_v, t_t, types.intp)
-            r_v = context.cast(builder, r_v, r_t, types.intp)
-            xt_arr = context.make_array(xt_t)(context, builder, xt_v)
-            n_in = builder.extract_value(xt_arr.shape, 1)
-            nsb = builder.udiv(n_in, ir.Constant(intp, 256))
-            nsb = builder.zext(nsb, u64) if nsb.type.width < 64 else nsb
-            w_p = builder.bitcast(context.make_array(w_t)(context, builder, w_v).data,
-                                  _I8.as_pointer())
-            toks = _token_rows(context, builder, t_v, ntok, [(xt_t, xt_v), (xd_t, xd_v),
-                                                             (xs_t, xs_v)])
+            toks = _token_rows(context, builder, t_v, ntok, acts)
             zero = ir.Constant(_vec(_F32, WIDE), [0.0] * WIDE)
 
             def prefetch(start: Any, nbytes: int) -> None:
