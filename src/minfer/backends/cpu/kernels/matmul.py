@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -77,6 +78,7 @@ _BLOCK32 = {
     QType.Q5_0_PACKED: mv_q5_0p,
     QType.Q8_0_PACKED: mv_q8_0p,
 }
+_FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kp}
 
@@ -124,35 +126,27 @@ def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     n_out = w.shape[0]
+    kernel: object
+    want: type
     if qt in _BLOCK32:
-        fn32 = _BLOCK32[qt]
+        kernel, want, label = _BLOCK32[qt], Q8Blocks, "a Q8_0"
+    elif qt in _KQUANT:
+        kernel, want, label = _KQUANT[qt], Q8KBlocks, "a Q8_K"
+    else:
+        kernel, want, label = _FLOAT[qt], np.ndarray, "a float"
+    fn = cast(Callable[..., None], kernel)  # the three kernels differ only in their arguments
 
-        def run32(xq: QuantizedActivation, out: np.ndarray) -> None:
-            if not isinstance(xq, Q8Blocks):
-                raise TypeError(f"{qt.name} needs a Q8_0 activation")
-            _check_widths(xq.qs, out, n_in, n_out)
-            fn32(w, xq.qs, xq.d, xq.s, out)
+    def run(xq: QuantizedActivation, out: np.ndarray) -> None:
+        if not isinstance(xq, want):
+            raise TypeError(f"{qt.name} needs {label} activation")
+        if isinstance(xq, np.ndarray):
+            _check_widths(xq, out, n_in, n_out)
+            fn(w, xq, out)
+            return
+        _check_widths(xq.qs, out, n_in, n_out)
+        fn(w, xq.qs, xq.d, xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
 
-        return run32
-    if qt in _KQUANT:
-        fnk = _KQUANT[qt]
-
-        def runk(xq: QuantizedActivation, out: np.ndarray) -> None:
-            if not isinstance(xq, Q8KBlocks):
-                raise TypeError(f"{qt.name} needs a Q8_K activation")
-            _check_widths(xq.qs, out, n_in, n_out)
-            fnk(w, xq.qs, xq.d, xq.bsums, out)
-
-        return runk
-    fnf = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}[qt]
-
-    def runf(xq: QuantizedActivation, out: np.ndarray) -> None:
-        if not isinstance(xq, np.ndarray):
-            raise TypeError(f"{qt.name} needs a float activation")
-        _check_widths(xq, out, n_in, n_out)
-        fnf(w, xq, out)
-
-    return runf
+    return run
 
 
 def _check_widths(x_rows: np.ndarray, out: np.ndarray, n_in: int, n_out: int) -> None:
