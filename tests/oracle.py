@@ -11,8 +11,19 @@ import numpy as np
 from gguf.quants import dequantize
 
 
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """a rounded to the nearest bfloat16 (ties to even), as float64."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 class OracleQwen:
-    def __init__(self, path: str) -> None:
+    """`bf16=True` models a bf16 GEMM: each weight product rounds its operands and its result
+    to bfloat16 (the torch backend's arithmetic); all else stays float64."""
+
+    def __init__(self, path: str, *, bf16: bool = False) -> None:
+        self.bf16 = bf16
         reader = gguf.GGUFReader(path)
         self.w: dict[str, np.ndarray] = {}
         for t in reader.tensors:
@@ -35,6 +46,12 @@ class OracleQwen:
         self.head_dim = int(field("attention.key_length", self.n_embd // self.n_head))
         self.eps = field("attention.layer_norm_rms_epsilon")
         self.base = field("rope.freq_base", 10000.0)
+
+    def _mm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """x @ w.T for a weight w."""
+        if not self.bf16:
+            return x @ w.T
+        return round_bf16(round_bf16(x) @ round_bf16(w).T)
 
     def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
@@ -60,9 +77,9 @@ class OracleQwen:
         for il in range(self.n_layer):
             p = f"blk.{il}."
             x = self._norm(h, w[p + "attn_norm.weight"])
-            q = x @ w[p + "attn_q.weight"].T + w.get(p + "attn_q.bias", 0.0)
-            k = x @ w[p + "attn_k.weight"].T + w.get(p + "attn_k.bias", 0.0)
-            v = x @ w[p + "attn_v.weight"].T + w.get(p + "attn_v.bias", 0.0)
+            q = self._mm(x, w[p + "attn_q.weight"]) + w.get(p + "attn_q.bias", 0.0)
+            k = self._mm(x, w[p + "attn_k.weight"]) + w.get(p + "attn_k.bias", 0.0)
+            v = self._mm(x, w[p + "attn_v.weight"]) + w.get(p + "attn_v.bias", 0.0)
             if p + "attn_q_norm.weight" in w:
                 q = self._norm(q.reshape(nt, -1, self.head_dim), w[p + "attn_q_norm.weight"])
                 k = self._norm(k.reshape(nt, -1, self.head_dim), w[p + "attn_k_norm.weight"])
@@ -76,11 +93,11 @@ class OracleQwen:
                 s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(self.head_dim) + mask
                 s = np.exp(s - s.max(axis=1, keepdims=True))
                 out[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-            h = h + out.reshape(nt, -1) @ w[p + "attn_output.weight"].T
+            h = h + self._mm(out.reshape(nt, -1), w[p + "attn_output.weight"])
             x = self._norm(h, w[p + "ffn_norm.weight"])
-            g = x @ w[p + "ffn_gate.weight"].T
-            u = x @ w[p + "ffn_up.weight"].T
-            h = h + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+            g = self._mm(x, w[p + "ffn_gate.weight"])
+            u = self._mm(x, w[p + "ffn_up.weight"])
+            h = h + self._mm((g / (1.0 + np.exp(-g)) * u), w[p + "ffn_down.weight"])
         x = self._norm(h, w["output_norm.weight"])
         out_w = w.get("output.weight", w["token_embd.weight"])
-        return x @ out_w.T
+        return self._mm(x, out_w)

@@ -3,7 +3,6 @@ integer dot, both paths against the f32 dequantized product, and the dispatch ru
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -145,17 +144,11 @@ def test_shape_errors_are_loud() -> None:
         matmul_sgemm(w.view(np.int8), QType.Q8_0, _x(1, 64), np.empty((1, 8), np.float32))
 
 
-def _dev_model() -> Path | None:
-    p = Path(os.environ.get("MINFER_DEV_MODEL", "/tmp/model.gguf"))
-    return p if p.is_file() else None
-
-
 @pytest.mark.real_model
-@pytest.mark.skipif(_dev_model() is None, reason="development GGUF not present")
-def test_real_weights_of_the_dev_model() -> None:
+def test_real_weights_of_the_dev_model(real_model_path: Path) -> None:
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(_dev_model()))
+    reader = GGUFReader(str(real_model_path))
     seen = set()
     for t in reader.tensors:
         qt = QType(int(t.tensor_type))

@@ -4,6 +4,7 @@ against the CPU backend within bf16 tolerance; and the backend's selection rules
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,23 @@ from minfer.errors import MinferError  # noqa: E402
 from minfer.gguf.hparams import HParams  # noqa: E402
 from minfer.gguf.reader import GGUFFile  # noqa: E402
 from minfer.graph import ir, scheduler  # noqa: E402
+from tests.oracle import OracleQwen  # noqa: E402
 
 TOKENS = [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11]
-BF16_TOL = 0.03  # relative to the largest |logit|: bf16 operands and products, 2 layers
+# The torch backend's logits are held to the exact (float64) forward, within a margin of what
+# bf16 arithmetic alone does to it: the oracle with each weight product's operands and result
+# rounded to bfloat16 (unit roundoff 2^-9), against the plain oracle. On the tiny models that
+# is 0.3-1.1 % of the largest |logit|; the backend lands at 0.8-1.02x of it (Intel SPR with AMX,
+# AMD EPYC with AVX512-BF16 alike). The margin covers the f32 accumulation order and the rare
+# product whose bf16 rounding flips. (Against the CPU backend the two errors add: its Q8
+# activations stray 2.6 % on tiny_qwen3, further than bf16 does.)
+BF16_MARGIN = 1.5
+
+
+@functools.cache
+def _exact_and_bf16_error(path: Path) -> tuple[np.ndarray, float]:
+    exact = OracleQwen(str(path)).logits(TOKENS)
+    return exact, _rel(OracleQwen(str(path), bf16=True).logits(TOKENS), exact)
 
 
 def _engine(path: Path, torch_backend: TorchBackend | None = None, **kw: object) -> Engine:
@@ -56,8 +71,9 @@ def test_full_and_tail_agree_with_cpu(fixture: str, fuse: bool, claim: str,
     e = _engine(path, tb, fuse_swiglu=fuse, fuse_gate_up=fuse)
     full = _all_rows(e, TOKENS)  # a decode-type graph: every row is an output
     tail = e.forward(TOKENS, 0, n_out=3)  # a prefill graph: tail rows after the last layer
-    assert _rel(full, ref) < BF16_TOL
-    assert _rel(tail, ref[-3:]) < BF16_TOL
+    exact, bf16_error = _exact_and_bf16_error(path)
+    assert _rel(full, exact) < BF16_MARGIN * bf16_error
+    assert _rel(tail, exact[-3:]) < BF16_MARGIN * bf16_error
     assert np.array_equal(full.argmax(-1), ref.argmax(-1))
     graph = _prepared(e, len(TOKENS), 3).graph
     claimed = {type(n.op) for n in graph.nodes if n.backend == "torch"}
@@ -102,7 +118,10 @@ def test_prefill_on_torch_then_decode_on_cpu_reads_the_same_kv(tiny_qwen3: Path)
 
     ref = run(None)
     got = run(TorchBackend(min_rows=4))
-    assert _rel(got, ref) < BF16_TOL
+    # two approximations of one exact forward differ by at most about the sum of their errors
+    exact, bf16_error = _exact_and_bf16_error(tiny_qwen3)
+    cpu_error = _rel(_all_rows(_engine(tiny_qwen3), TOKENS), exact)
+    assert _rel(got, ref) < BF16_MARGIN * (bf16_error + cpu_error)
 
 
 def test_batched_sequences_equal_each_alone(tiny_qwen3: Path) -> None:

@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="minfer", description="Local LLM inference for GGUF models."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(subparsers=sub.choices)
     for name in COMMANDS:
         try:
             module = importlib.import_module(f"minfer.cli.{name}_cmd")
@@ -33,9 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse a command line; a sub-command's options and positionals may come in any order
+    (`minfer run MODEL --raw -n 32 "prompt"`), as users type them."""
+    commands: dict[str, argparse.ArgumentParser] = parser.get_default("subparsers")
+    if argv and argv[0] in commands:
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -16,8 +16,11 @@ from ._llvm import bits_to_f32
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693145751953125)  # few mantissa bits: n * _LN2_HI is exact
 _LN2_LO = np.float32(1.4286068203094172e-06)
-# fastmath without `reassoc`: reassociation would undo the two-step (Cody-Waite) reduction
-_FM = {"nnan", "ninf", "nsz", "contract", "arcp"}
+# fastmath without `reassoc`: reassociation would undo the two-step (Cody-Waite) reduction. And
+# without `arcp`: with it LLVM may lower a *vector* division to a reciprocal estimate plus a Newton
+# step (it does on Sapphire Rapids) while the scalar loop (taken when an output aliases an input,
+# and for the tail) divides exactly, so the same element would round differently by where it sits.
+_FM = {"nnan", "ninf", "nsz", "contract"}
 
 
 @njit(inline="always", fastmath=_FM)
