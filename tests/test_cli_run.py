@@ -81,3 +81,15 @@ def test_prompt_beyond_the_models_context_is_refused(tiny_qwen2: Path,
     long_prompt = "word " * 3000  # the tiny model's training context is 2048
     assert main(["run", str(tiny_qwen2), long_prompt, "--raw", "-n", "1"]) == 2
     assert "context" in capsys.readouterr().err
+
+
+def test_options_and_positionals_mix_in_any_order(tiny_qwen2: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`minfer run MODEL --raw -n 4 --temp 0 PROMPT`, as users type it (and llama.cpp's -p)."""
+    model = str(tiny_qwen2)
+    first = _run_json(capsys, model, "--raw", "-n", "4", "--temp", "0", "def fib(n):")
+    assert first["prompt_ids"] and first["ids"]
+    for argv in (["--raw", model, "-n", "4", "def fib(n):", "--temp", "0"],
+                 [model, "-p", "def fib(n):", "--temp", "0", "--raw", "-n", "4"]):
+        again = _run_json(capsys, *argv)
+        assert (again["prompt_ids"], again["ids"]) == (first["prompt_ids"], first["ids"])

@@ -93,3 +93,30 @@ def test_kv_does_not_depend_on_short_chunking_of_the_prompt(model: Path) -> None
 def test_kv_does_not_depend_on_long_chunking_of_the_prompt(model: Path) -> None:
     runner = _runner(model)
     assert np.array_equal(_prefill(runner, 0, PREFIX, 1), _prefill(runner, 1, PREFIX, 64))
+
+
+def _real_text_ids() -> list[int]:
+    """~220 ids of real text: the reference prompts and their greedy continuations, in a row."""
+    import json
+
+    cases = json.loads((Path(__file__).parent / "fixtures" / "greedy.json").read_text())["cases"]
+    return [i for c in cases for i in c["prompt_ids"] + c["greedy_ids"]]
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+@pytest.mark.parametrize("context", [16, 43, 100])
+def test_a_dev_model_decode_row_is_the_same_beside_a_prefill(real_model_path: Path,
+                                                              context: int) -> None:
+    """Issue 20: at realistic contexts a decode row alone runs the decode graph (fused gate/up,
+    in place) and beside a prefill the prefill graph (separate gate and up): same bits."""
+    ids = _real_text_ids()
+    f = GGUFFile.open(real_model_path)
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=2 * 128, batch_invariant=True,
+                    fuse_swiglu=True, fuse_gate_up=True)  # as `minfer serve` builds it
+    runner = Runner(engine, 128)
+    runner.run(Plan((Work(0, 0, 0, tuple(ids[:context]), False),)))
+    step = Work(0, 0, context, (ids[context],), True)
+    alone = runner.run(Plan((step,)))[0]
+    neighbour = Work(1, 1, 0, tuple(ids[-37:]), False)
+    assert np.array_equal(alone, runner.run(Plan((step, neighbour)))[0])
