@@ -25,6 +25,7 @@ from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from minfer.engine.warmup import Progress
     from minfer.sampling.grammar import GrammarMask, GrammarVocab
     from minfer.sampling.mask import LogitMask
 
@@ -89,6 +90,16 @@ class Model:
                 backends=select_backends(self.backend), n_threads=self.threads,
             )
         return self._engine
+
+    def warm_up(self, n_prompt: int | None = None, progress: Progress | None = None) -> bool:
+        """Compile (or load from the disk cache) every CPU kernel the first forwards need,
+        sharing the work with a helper process where a core is free (`minfer.engine.warmup`).
+        n_prompt: the first prompt's length (None: every prefill variant). False if warm."""
+        from minfer.engine import warmup
+
+        engine = self.engine(n_prompt or 0)
+        return warmup.warm_up(engine, warmup.default_shapes(n_prompt, self.batch_size),
+                              progress=progress, helper=warmup.helper_for(engine))
 
     def sampler(self, params: SamplerParams, seed: int | None, n_ctx: int,
                 logit_mask: LogitMask | None = None) -> Sampler:

@@ -87,3 +87,18 @@ def read_stdin_prompt() -> str:
     if sys.stdin is None or sys.stdin.isatty():
         raise MinferError("no prompt given (pass it as an argument or on stdin)")
     return sys.stdin.read()
+
+
+def cold_start_progress(model_arg: str | None, args: argparse.Namespace) -> Any:
+    """A progress reporter for the first run's kernel compilation, announced at once (before
+    the model loads) when this model's kernels are not in the cache yet; None when they are."""
+    from minfer.engine.warmup import TerminalProgress, marker_path
+    from minfer.gguf.reader import GGUFFile
+    from minfer.store import resolve_model
+
+    f = GGUFFile.open(resolve_model(model_arg))
+    if marker_path(f, kv_type=args.kv_type, batch_invariant=False).exists():
+        return None
+    progress = TerminalProgress()
+    progress.announce()
+    return progress

@@ -18,6 +18,7 @@ from typing import Any
 from minfer.cli.common import (
     add_model_args,
     add_sampling_args,
+    cold_start_progress,
     looks_like_model,
     model_options,
     read_stdin_prompt,
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return int(chat_cmd.run(args))
     model_arg, prompt = split_positionals(args)
     args.grammar_text = grammar_from_args(args)  # refuse a bad grammar before loading the model
+    progress = cold_start_progress(model_arg, args)
     import minfer
 
     model = minfer.load(model_arg, **model_options(args))
@@ -122,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = model.tokenizer.encode(text, special=not args.no_special)
     if args.dump_graph or args.dump_graph_json:
         return dump_graphs(model, args, len(prompt_ids))
+    if progress is not None:
+        model.warm_up(len(prompt_ids), progress)
     return generate_and_print(model, args, prompt_ids)
 
 

@@ -147,6 +147,28 @@ class Engine:
         assert logits is not None
         return logits.copy()
 
+    def execute_nodes(self, params: GraphParams, node_ids: Sequence[int]) -> None:
+        """Run just these nodes of the graph for `params`, on placeholder inputs (token 0 at
+        position 0, each query reading KV cell 0): the first-run warm-up, which only wants their
+        kernels compiled. Results are meaningless, and KV cell 0 is written."""
+        prepared = self.cache.get(params)
+        buffers = self._buffers(prepared)
+        graph = prepared.graph
+        ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=self.batch_invariant)
+        for node_id in node_ids:
+            node = graph.nodes[node_id]
+            for src in node.srcs:  # a reused buffer may hold anything: zeros, then the inputs
+                buf = buffers[src]
+                if buf is not None and buf.dtype.kind == "f":
+                    buf.fill(0)
+            for kind, input_id in graph.inputs.items():
+                buf = buffers[input_id]
+                assert buf is not None
+                buf[:] = 1 if kind is InputKind.KV_END else 0
+            assert node.backend is not None
+            self._by_name[node.backend].execute_node(
+                node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
+
     def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
         cached = prepared.scratch.get("buffers")
         if cached is None or cached[0] != self.allocator.generation:

@@ -3,8 +3,9 @@
 Used for embedding lookups (`get_rows`), the prefill path (dequantize a tile of weight rows,
 then a BLAS sgemm) and tests. The arithmetic mirrors ggml's `dequantize_row_*` operation by
 operation (e.g. Q4_K: `(d*sc) * q - (dmin*m)`), compiled without fastmath so LLVM fuses nothing
-into an FMA and the results stay exact. One parallel kernel serves every quantized type; the
-per-row type switch costs nothing next to a row's work. Float types are plain numpy views.
+into an FMA and the results stay exact. Row lookups have one parallel kernel per quantized type;
+prefill's tiles use `dequant_row`, one switch over every type (it costs nothing next to a row's
+work, but compiles for longer). Float types are plain numpy views.
 """
 
 from __future__ import annotations
@@ -143,11 +144,61 @@ def dequant_row(src, qtype, dst):
         _q6_k(src, dst)
 
 
+# One parallel row kernel per quantized type, so that a model compiles only its own types: the
+# one kernel over every type (the switch in `dequant_row`, which prefill's tiles still use)
+# made the first run compile for 12 s for an embedding lookup. (A type id made a numba literal
+# would do the same in one function, but each call from Python then costs 14 ms of dispatch.)
 @njit(parallel=True, cache=True)
-def dequant_rows(w, qtype, rows, out):
-    """out[i] = dequantized w[rows[i]] for a quantized uint8 weight (GGML type id `qtype`)."""
+def _rows_q4_0(w, rows, out):
     for i in prange(rows.shape[0]):
-        dequant_row(w[rows[i]], qtype, out[i])
+        _q4_0(w[rows[i]], out[i])
+
+
+@njit(parallel=True, cache=True)
+def _rows_q4_1(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q4_1(w[rows[i]], out[i])
+
+
+@njit(parallel=True, cache=True)
+def _rows_q5_0(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q5(w[rows[i]], out[i], 22, True)
+
+
+@njit(parallel=True, cache=True)
+def _rows_q5_1(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q5(w[rows[i]], out[i], 24, False)
+
+
+@njit(parallel=True, cache=True)
+def _rows_q8_0(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q8_0(w[rows[i]], out[i])
+
+
+@njit(parallel=True, cache=True)
+def _rows_q4_k(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q45_k(w[rows[i]], out[i], 144, False)
+
+
+@njit(parallel=True, cache=True)
+def _rows_q5_k(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q45_k(w[rows[i]], out[i], 176, True)
+
+
+@njit(parallel=True, cache=True)
+def _rows_q6_k(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q6_k(w[rows[i]], out[i])
+
+
+_ROWS = {QType.Q4_0: _rows_q4_0, QType.Q4_1: _rows_q4_1, QType.Q5_0: _rows_q5_0,
+         QType.Q5_1: _rows_q5_1, QType.Q8_0: _rows_q8_0, QType.Q4_K: _rows_q4_k,
+         QType.Q5_K: _rows_q5_k, QType.Q6_K: _rows_q6_k}
 
 
 def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> None:
@@ -172,7 +223,10 @@ def dequantize_into(w_raw: np.ndarray, qtype: int, rows: np.ndarray, out: np.nda
     if qt in FLOAT_TYPES:
         _float_rows(w, qt, rows, out)
     else:
-        dequant_rows(w, int(qt), rows, out)
+        kernel = _ROWS.get(qt)
+        if kernel is None:
+            raise ValueError(f"no dequantizer for {qt.name}")
+        kernel(w, rows, out)
 
 
 def dequantize(w_raw: np.ndarray, qtype: int, n_in: int) -> np.ndarray:
