@@ -5,22 +5,49 @@ alternating minfer / llama.cpp for `--rounds` rounds to spread machine drift ove
 ratio is minfer / llama.cpp of the mean tokens/s. llama.cpp runs through llama-cpp-python from
 a separate interpreter (`--ref-python`, see the README's development section).
 
+- `--target avx2`: both engines as on an AVX2-only CPU (Haswell: AVX2/FMA/F16C, no AVX-512 or
+  VNNI): minfer compiles with NUMBA_CPU_NAME=haswell and Haswell's NUMBA_CPU_FEATURES, and
+  llama.cpp comes from a second interpreter built without AVX-512 (`--ref-python-avx2`:
+  CMAKE_ARGS as in the README with -DGGML_AVX512*=OFF and -DGGML_AVX_VNNI=OFF).
+- `--busy N`: N busy-loop processes run for the whole benchmark (a busy machine); they are
+  stopped by pid at the end, also on errors and Ctrl-C.
+- `--minfer-threads` / `--llama-threads`: comma-separated thread counts to compare in one run
+  (`default` for minfer: no count passed, minfer chooses); both default to `-t`.
+- `--json PATH`: also write every sample and the summary (with target and busy count) as JSON.
+
     .venv/bin/python benchmarks/vs_llamacpp.py --ref-python /tmp/refvenv/bin/python -t 2
+    .venv/bin/python benchmarks/vs_llamacpp.py --target avx2 \
+        --ref-python-avx2 /tmp/refvenv2/bin/python -t 2
+    .venv/bin/python benchmarks/vs_llamacpp.py --ref-python /tmp/refvenv/bin/python --busy 1 \
+        --minfer-threads default,1,2 --llama-threads 1,2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+# An AVX2-only CPU for numba (Haswell's LLVM features): NUMBA_CPU_NAME alone is not enough,
+# numba would keep the host's feature list (AVX-512 code on an AVX-512 host). As in .ci/run.
+HASWELL_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+crc32,+cx16,+cx8,+f16c,+fma,+fsgsbase,"
+                    "+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,"
+                    "+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt")
+TARGET_ENV = {
+    "native": {},
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL_FEATURES},
+}
 
 LLAMA_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys, time
     import numpy as np
+    import llama_cpp
     from llama_cpp import Llama
     path, threads, n_ctx, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:7])
     llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
@@ -38,11 +65,15 @@ LLAMA_SCRIPT = textwrap.dedent(
         for t in toks[1:]:
             llm.eval([t])
         return time.perf_counter() - t0
-    out = {}
+    out = {"threads": threads}
     for name, fn, n in (("pp%d" % pp, run_pp, pp), ("tg%d" % tg, run_tg, tg)):
         fn()
         out[name] = [n / fn() for _ in range(reps)]
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        out["system_info"] = llama_cpp.llama_print_system_info().decode().strip()
+    except Exception:
+        pass
     print(json.dumps(out))
     """
 )
@@ -54,12 +85,13 @@ MINFER_SCRIPT = textwrap.dedent(
     from minfer.bench.runner import run_test
     path, threads, n_ctx, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:7])
     backend = sys.argv[7]
-    model = minfer.load(path, n_ctx=n_ctx, threads=threads, backend=backend)
+    # threads 0: pass none, minfer chooses (minfer.load's default)
+    model = minfer.load(path, n_ctx=n_ctx, threads=threads or None, backend=backend)
     engine = model.engine(n_ctx)
-    out = {}
+    out = {"threads": model.threads}
     for kw in ({"n_prompt": pp}, {"n_gen": tg}):
-        row = run_test(engine, model=model.name, backend=backend, n_threads=threads, reps=reps,
-                       **kw)
+        row = run_test(engine, model=model.name, backend=backend, n_threads=model.threads,
+                       reps=reps, **kw)
         out[row.test] = [row.n_prompt / s if row.n_prompt else row.n_gen / s
                          for s in row.samples_s]
         if row.gb_per_s:
@@ -70,55 +102,166 @@ MINFER_SCRIPT = textwrap.dedent(
 )
 
 
-def run_one(python: str, script: str, args: list[str]) -> dict[str, object]:
+def run_one(python: str, script: str, args: list[str],
+            env: dict[str, str] | None = None) -> dict[str, object]:
     proc = subprocess.run([python, "-c", script, *args], capture_output=True, text=True,
-                          check=False, timeout=1800)
+                          check=False, timeout=1800, env=env)
     if proc.returncode != 0:
-        sys.exit(f"{python} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        raise RuntimeError(f"{python} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def start_busy(n: int) -> list[subprocess.Popen[bytes]]:
+    """N single-threaded busy loops (each keeps one core busy while the scheduler lets it)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for _ in range(n)]
+
+
+def stop_busy(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop exactly the processes start_busy made (by their Popen handles, i.e. their pids)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+def thread_list(text: str, allow_default: bool) -> list[int]:
+    """Thread counts from e.g. "default,1,2": [0, 1, 2] (0: let minfer choose)."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "default" and allow_default:
+            out.append(0)
+        elif item.isdigit() and int(item) > 0:
+            out.append(int(item))
+        else:
+            raise argparse.ArgumentTypeError(f"bad thread count {item!r}")
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", help="GGUF path (default: the default model)")
-    ap.add_argument("--ref-python", required=True, help="python with llama-cpp-python installed")
+    ap.add_argument("--ref-python", default="/tmp/refvenv/bin/python",
+                    help="python with llama-cpp-python installed (native target)")
+    ap.add_argument("--ref-python-avx2", default="/tmp/refvenv2/bin/python",
+                    help="python with llama-cpp-python built without AVX-512 (--target avx2)")
+    ap.add_argument("--target", choices=sorted(TARGET_ENV), default="native",
+                    help="native: this CPU; avx2: both engines as on an AVX2-only CPU")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="run N busy-loop processes for the whole benchmark")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--minfer-threads", type=lambda t: thread_list(t, True), default=None,
+                    help="comma-separated minfer thread counts, 'default': minfer chooses "
+                         "(default: -t)")
+    ap.add_argument("--llama-threads", type=lambda t: thread_list(t, False), default=None,
+                    help="comma-separated llama.cpp thread counts (default: -t)")
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     if args.model is None:
         from minfer.store import resolve_model
 
         args.model = str(resolve_model(None))
-    common = [args.model, str(args.threads), str(args.n_ctx), str(args.p), str(args.n),
-              str(args.reps)]
-    results: dict[str, list[dict[str, object]]] = {"minfer": [], "llama.cpp": []}
-    for rnd in range(args.rounds):
-        print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr)
-        results["minfer"].append(run_one(sys.executable, MINFER_SCRIPT, [*common, args.backend]))
-        results["llama.cpp"].append(run_one(args.ref_python, LLAMA_SCRIPT, common))
+    ref_python = args.ref_python_avx2 if args.target == "avx2" else args.ref_python
+    if not Path(ref_python).exists():
+        ap.error(f"no reference interpreter at {ref_python} (see the README's development "
+                 "section; --target avx2 uses --ref-python-avx2)")
+    minfer_threads = args.minfer_threads or [args.threads]
+    llama_threads = args.llama_threads or [args.threads]
+    minfer_env = {**os.environ, **TARGET_ENV[args.target]}
+    if 0 in minfer_threads:  # "default" is minfer's own choice, not a MINFER_THREADS override
+        minfer_env.pop("MINFER_THREADS", None)
+    shape = [str(args.n_ctx), str(args.p), str(args.n), str(args.reps)]
+    jobs = [("minfer", t) for t in minfer_threads] + [("llama.cpp", t) for t in llama_threads]
+    results: dict[tuple[str, int], list[dict[str, object]]] = {job: [] for job in jobs}
 
-    def mean_rate(name: str, test: str) -> tuple[float, float]:
-        rates = [r for res in results[name] for r in res[test]]  # type: ignore[attr-defined]
+    busy = start_busy(args.busy)
+    try:
+        if busy:
+            print(f"{len(busy)} busy processes running (pids "
+                  f"{', '.join(str(p.pid) for p in busy)})", file=sys.stderr)
+        for rnd in range(args.rounds):
+            print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr)
+            for engine, t in jobs if rnd % 2 == 0 else jobs[::-1]:  # alternate to spread drift
+                if engine == "minfer":
+                    res = run_one(sys.executable, MINFER_SCRIPT,
+                                  [args.model, str(t), *shape, args.backend], minfer_env)
+                else:
+                    res = run_one(ref_python, LLAMA_SCRIPT, [args.model, str(t), *shape])
+                results[(engine, t)].append(res)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        stop_busy(busy)
+
+    tests = (f"pp{args.p}", f"tg{args.n}")
+
+    def label(job: tuple[str, int]) -> str:
+        engine, t = job
+        if t == 0:
+            return f"{engine} default ({results[job][0]['threads']} threads)"
+        return f"{engine} -t {t}"
+
+    def mean_rate(job: tuple[str, int], test: str) -> tuple[float, float]:
+        rates = [r for res in results[job] for r in res[test]]  # type: ignore[attr-defined]
         return statistics.fmean(rates), statistics.pstdev(rates)
 
-    def peak(name: str) -> float:
-        return max(float(res["peak_rss_mib"]) for res in results[name])  # type: ignore[arg-type]
+    def peak(job: tuple[str, int]) -> float:
+        return max(float(res["peak_rss_mib"]) for res in results[job])  # type: ignore[arg-type]
 
-    print(f"\nmodel {args.model}, {args.threads} threads, n_ctx {args.n_ctx}, "
-          f"minfer backend {args.backend}\n")
-    print("| test | minfer tok/s | llama.cpp tok/s | ratio |")
-    print("| --- | ---: | ---: | ---: |")
-    for test in (f"pp{args.p}", f"tg{args.n}"):
-        m, ms = mean_rate("minfer", test)
-        ll, ls = mean_rate("llama.cpp", test)
-        print(f"| {test} | {m:.1f} ± {ms:.1f} | {ll:.1f} ± {ls:.1f} | {m / ll:.2f}× |")
-    pm, pl = peak("minfer"), peak("llama.cpp")
-    print(f"| peak RSS | {pm:.0f} MiB | {pl:.0f} MiB | {pm / pl:.2f}× |")
+    sysinfo = next((str(r["system_info"]) for job in jobs for r in results[job]
+                    if "system_info" in r), None)
+    print(f"\nmodel {args.model}, target {args.target}, n_ctx {args.n_ctx}, "
+          f"minfer backend {args.backend}, {args.busy} busy processes running, "
+          f"{args.rounds} rounds × {args.reps} reps")
+    if args.target != "native":
+        print(f"minfer: {' '.join(f'{k}={v}' for k, v in TARGET_ENV[args.target].items())}")
+    print(f"llama.cpp: {ref_python}" + (f" ({sysinfo})" if sysinfo else "") + "\n")
+    print(f"| engine | {' | '.join(f'{t} tok/s' for t in tests)} | peak RSS |")
+    print(f"| --- |{' ---: |' * len(tests)} ---: |")
+    for job in jobs:
+        cells = [f"{m:.1f} ± {sd:.1f}" for m, sd in (mean_rate(job, t) for t in tests)]
+        print(f"| {label(job)} | {' | '.join(cells)} | {peak(job):.0f} MiB |")
+
+    # ratios (of mean tok/s; peak RSS against the smallest llama.cpp peak)
+    llama_jobs = [j for j in jobs if j[0] == "llama.cpp"]
+    fixed = [j for j in jobs if j[0] == "minfer" and j[1] != 0]
+    summary: dict[str, dict[str, float]] = {}
+    print(f"\n| ratio | {' | '.join(tests)} | peak RSS |")
+    print(f"| --- |{' ---: |' * len(tests)} ---: |")
+    for job in (j for j in jobs if j[0] == "minfer"):
+        row = {t: mean_rate(job, t)[0] / max(mean_rate(j, t)[0] for j in llama_jobs)
+               for t in tests}
+        row["peak_rss"] = peak(job) / min(peak(j) for j in llama_jobs)
+        best = "" if len(llama_jobs) == 1 else "best "
+        name = f"{label(job)} / {best}{label(llama_jobs[0]) if not best else 'llama.cpp'}"
+        summary[name] = row
+        print(f"| {name} | {' | '.join(f'{row[t]:.2f}×' for t in tests)} | "
+              f"{row['peak_rss']:.2f}× |")
+    if (0 in minfer_threads) and fixed:
+        row = {t: mean_rate(("minfer", 0), t)[0] / max(mean_rate(j, t)[0] for j in fixed)
+               for t in tests}
+        name = f"{label(('minfer', 0))} / best fixed minfer"
+        summary[name] = row
+        print(f"| {name} | {' | '.join(f'{row[t]:.2f}×' for t in tests)} | |")
+
+    if args.json:
+        args.json.write_text(json.dumps({
+            "model": args.model, "target": args.target,
+            "target_env": TARGET_ENV[args.target], "ref_python": ref_python,
+            "llama_system_info": sysinfo, "busy": args.busy, "n_ctx": args.n_ctx,
+            "backend": args.backend, "rounds": args.rounds, "reps": args.reps,
+            "results": {label(j): results[j] for j in jobs}, "ratios": summary,
+        }, indent=1))
     return 0
 
 

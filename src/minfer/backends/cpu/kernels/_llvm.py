@@ -30,11 +30,13 @@ _I32 = ir.IntType(32)
 
 def target_has(*features: str) -> bool:
     """Whether the CPU numba compiles for has every LLVM feature named (e.g. "f16c"). Follows
-    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES when set (a named CPU without features: assume none)."""
-    cpu_name = getattr(numba_config, "CPU_NAME", None)
+    numba's own rule: NUMBA_CPU_FEATURES when set (NUMBA_CPU_NAME=generic sets it empty), else
+    the host's features, even with another NUMBA_CPU_NAME (numba then still compiles with the
+    host's features: NUMBA_CPU_NAME=haswell alone emits AVX-512 on an AVX-512 host; an AVX2
+    target needs NUMBA_CPU_FEATURES too, see .ci/run)."""
     cpu_features = getattr(numba_config, "CPU_FEATURES", None)
-    if cpu_name or cpu_features:
-        feats = set((cpu_features or "").split(","))
+    if cpu_features is not None:
+        feats = set(cpu_features.split(","))
         return all(f"+{f}" in feats for f in features)
     host = llvm.get_host_cpu_features()
     return all(host.get(f) for f in features)
