@@ -52,6 +52,7 @@ class Model:
         self.n_ctx = n_ctx
         self.kv_type = kv_type
         self.threads = threads or default_threads()
+        self.adaptive_threads = threads is None  # measured per step unless the user chose
         self.batch_size = batch_size
         self.backend = backend
         self.fuse = fuse
@@ -88,6 +89,7 @@ class Model:
                 # unfused, 1 thread 20.61 vs 20.61), so it stays a tested twin, off by default.
                 fuse_swiglu=self.fuse, fuse_gate_up=False,
                 backends=select_backends(self.backend), n_threads=self.threads,
+                adaptive_threads=self.adaptive_threads,
             )
         return self._engine
 

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[BenchRow] = []
     for n_threads in threads_list:
         model.threads = n_threads
+        model.adaptive_threads = args.threads is None  # -t given: fixed counts
         model._engine = None  # a fresh session per thread count
         engine = model.engine(need)
         backend = "+".join(engine.ctx_params.backends)

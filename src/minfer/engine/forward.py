@@ -11,6 +11,7 @@ the data, never the graph.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from numba.core import config
 
 from minfer.backends.base import Backend, ExecContext
 from minfer.backends.cpu.backend import CpuBackend
+from minfer.engine.threads import ThreadTuner
 from minfer.engine.weights import ModelWeights
 from minfer.errors import ContextOverflowError, MinferError
 from minfer.gguf.hparams import HParams
@@ -31,6 +33,10 @@ from minfer.graph.fusion import fuse
 from minfer.graph.ir import InputKind
 from minfer.graph.params import ContextParams, GraphParams
 from minfer.models.registry import graph_builder_for
+
+# Steps of up to this many rows (decode, several sequences' decode) choose their thread count by
+# measured step times (`engine.threads`); larger ones (prefill) take every thread.
+TUNED_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class Engine:
         fuse_gate_up: bool = True,
         backends: Sequence[Backend] | None = None,
         n_threads: int | None = None,
+        adaptive_threads: bool = False,
         batch_invariant: bool = False,
     ) -> None:
         if kv_type not in ("f16", "f32"):
@@ -101,6 +108,8 @@ class Engine:
         self._by_name = {b.name: b for b in self._backends}
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
         self.n_threads = n_threads
+        # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
+        self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
 
     @property
     def n_ctx(self) -> int:
@@ -124,8 +133,12 @@ class Engine:
 
     def forward_batch(self, batch: Batch) -> np.ndarray:
         self._check(batch)
-        if self.n_threads:  # numba's thread count is per calling thread: set it where we run
-            set_threads(self.n_threads)
+        key = (batch.n_tokens, len(batch.out_rows))
+        tuned = self.tuner is not None and batch.n_tokens <= TUNED_MAX_TOKENS
+        n_threads = self.tuner.choose(key) if self.tuner and tuned else self.n_threads
+        if n_threads:  # numba's thread count is per calling thread: set it where we run
+            set_threads(n_threads)
+        t0 = time.perf_counter()
         prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
         buffers = self._buffers(prepared)
         graph = prepared.graph
@@ -145,6 +158,8 @@ class Engine:
         scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
+        if self.tuner and tuned and n_threads:
+            self.tuner.record(key, n_threads, time.perf_counter() - t0)
         return logits.copy()
 
     def execute_nodes(self, params: GraphParams, node_ids: Sequence[int]) -> None:

@@ -149,10 +149,22 @@ def warm_up(engine: Any, shapes: Sequence[tuple[int, int]], *, progress: Progres
     return True
 
 
-def spare_cores() -> int:
-    """Cores this process may use that are not busy (affinity minus the 1-minute load)."""
+def spare_cores(samples: int = 5) -> int:
+    """Cores this process may use that no other process is running on right now: the CPU
+    affinity minus the fewest other runnable tasks seen in a few samples of /proc/stat
+    (the load average lags by minutes)."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, n - round(os.getloadavg()[0]))
+    others = n
+    for i in range(samples):
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                running = next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running"))
+        except (OSError, StopIteration, ValueError):
+            return n
+        others = min(others, running - 1)  # minus this process
+        if i + 1 < samples:
+            time.sleep(0.01)
+    return max(0, n - others)
 
 
 def helper_for(engine: Any, min_spare: int = 2) -> Callable[[list[Item], Any], Any]:

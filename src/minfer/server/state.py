@@ -75,7 +75,8 @@ def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig) 
         set_threads(threads)
         return Engine(f, hparams, n_ctx=n_ctx, kv_type=config.kv_type,
                       fuse_swiglu=config.fuse, fuse_gate_up=config.fuse,
-                      n_threads=threads, batch_invariant=True)
+                      n_threads=threads, adaptive_threads=not config.threads,
+                      batch_invariant=True)
 
     return make
 

@@ -16,7 +16,9 @@ vectoriser (kernels with divisions use error_model="numpy" so no zero-check bloc
 
 from __future__ import annotations
 
-import minfer.jit_cache  # noqa: F401  (first: where the compiled kernels are cached)
+# first: where the compiled kernels are cached, and how the workers wait (before any region)
+import minfer.backends.cpu.waits
+import minfer.jit_cache  # noqa: F401
 
 from .attention import attention, kv_store
 from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
