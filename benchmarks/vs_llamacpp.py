@@ -40,7 +40,10 @@ HASWELL_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+crc32,+cx16,+cx8,+f16c,
                     "+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt")
 TARGET_ENV = {
     "native": {},
-    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL_FEATURES},
+    # numpy's OpenBLAS (the sgemm prefill path) picks its kernels from the CPU it runs on
+    # unless told: a Haswell core type keeps it to AVX2 as well
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL_FEATURES,
+             "OPENBLAS_CORETYPE": "Haswell"},
 }
 
 LLAMA_SCRIPT = textwrap.dedent(

@@ -30,7 +30,7 @@ from numba import njit, prange
 from ._llvm import f16_to_f32
 from .simd import (
     BLOCKS_PER_CALL,
-    HAS_VNNI,
+    DOT4,
     HAS_VNNI512,
     MAX_TOKENS,
     ROWS8_MAX_IN,
@@ -86,7 +86,7 @@ def lane_corr(xq, offset):
     row dots start from so that one vpdpbusd gives (code - offset) . x (0 columns when there is
     no code offset or no VNNI). It depends on the activation only: computed once per call."""
     nt, n = xq.shape
-    if offset == 0 or not HAS_VNNI:
+    if offset == 0 or not DOT4:
         return np.zeros((nt, 0), np.int32)
     xc = np.empty((nt, n // 4), np.int32)
     for t in range(nt):

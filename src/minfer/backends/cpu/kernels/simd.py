@@ -55,7 +55,13 @@ _F32 = ir.FloatType()
 HAS_VNNI = target_has("avxvnni") or target_has("avx512vnni", "avx512vl")
 HAS_VNNI512 = target_has("avx512vnni", "avx512bw")  # vpdpbusd on zmm: two blocks per op
 HAS_FMA = target_has("fma")
-LANES = 8 if HAS_VNNI else 16  # lanes per block sum: 4-sums (vpdpbusd) or pair sums (pmaddwd)
+# Block sums as 8 lanes of 4-sums: one vpdpbusd with VNNI; on AVX2 without it the same exact
+# integers from pmaddubsw then pmaddwd against ones (as llama.cpp's AVX2 dots: 2 instructions,
+# where widening multiplies took ~10), valid because its i16 pair sums cannot saturate: the
+# unsigned codes are < 128 and Q8_0's signed ones go in by the sign trick. Only a target
+# without AVX2 takes the generic pair sums (16 lanes).
+DOT4 = HAS_VNNI or target_has("avx2")
+LANES = 8 if DOT4 else 16  # lanes per block sum: 4-sums or pair sums
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -78,11 +84,35 @@ def _nibbles(builder: Any, q: Any) -> Any:
     return builder.shuffle_vector(lo, hi, ir.Constant(_vec(_I32, 32), list(range(32))))
 
 
+def _x86(builder: Any, name: str, ret: ir.Type, args: list[Any]) -> Any:
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _pmaddubsw(builder: Any, u: Any, x: Any) -> Any:
+    """<n/2 x i16> sums of adjacent u8 x s8 products of <n x i8> (n = 32 or 64; saturating,
+    exact while |u1 x1 + u2 x2| < 2^15, e.g. codes <= 127 against x >= -128)."""
+    n = u.type.count
+    name = "llvm.x86.avx512.pmaddubs.w.512" if n == 64 else "llvm.x86.avx2.pmadd.ub.sw"
+    return _x86(builder, name, _vec(_I16, n // 2), [u, x])
+
+
+def _pmaddwd(builder: Any, a: Any, b: Any) -> Any:
+    """<8 x i32> sums of adjacent i16 x i16 products."""
+    return _x86(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [a, b])
+
+
 def _vpdpbusd(builder: Any, u: Any, x: Any, acc: Any = None) -> Any:
     """acc + sums of 4 adjacent u8 x s8 products of u and x (<32 x i8> -> <8 x i32>, or
-    <64 x i8> -> <16 x i32> on zmm): one vpdpbusd. `acc` defaults to zero."""
+    <64 x i8> -> <16 x i32> on zmm): one vpdpbusd. `acc` defaults to zero. Without VNNI
+    (ymm only) pmaddubsw, pmaddwd against ones and an add: exact for u <= 127."""
     n = u.type.count // 4
     vn = _vec(_I32, n)
+    if not HAS_VNNI:
+        quads = _pmaddwd(builder, _pmaddubsw(builder, u, x),
+                         ir.Constant(_vec(_I16, 16), [1] * 16))
+        return quads if acc is None else builder.add(acc, quads)
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(vn, [vn, vn, vn]), f"llvm.x86.avx512.vpdpbusd.{32 * n}")
     if acc is None:
@@ -97,7 +127,11 @@ def _lane_sums(builder: Any, codes: Any, x: Any, offset: int, signed: bool,
     With VNNI, `corr` (when given) is the activation's -offset * 4-sums (`-128` for signed
     codes, whose u8 form is code ^ 0x80), the accumulator the one vpdpbusd starts from; codes
     and x may then also be two blocks (<64 x i8>, 16 lanes, a zmm vpdpbusd)."""
-    if HAS_VNNI:
+    if DOT4 and signed and not HAS_VNNI:  # |x| . sign(code, x): pair sums <= 2 * 127 * 128
+        ax = _x86(builder, "llvm.x86.avx2.psign.b", codes.type, [x, x])
+        sc = _x86(builder, "llvm.x86.avx2.psign.b", codes.type, [codes, x])
+        return _vpdpbusd(builder, ax, sc)  # (corr unused: these sums need no correction)
+    if DOT4:
         if signed:  # u8 operand required: code + 128, and subtract 128 * x below
             codes = builder.xor(codes, _splat(builder, 0x80, codes.type.count))
             offset = 128
@@ -369,7 +403,7 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
         dw = _f16s(builder, w, bases, 0, size)
         mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     out_acc, out_m = [], []
-    use_corr = HAS_VNNI and (offset or signed)
+    use_corr = DOT4 and (offset or (signed and HAS_VNNI))
     ivec = _vec(_I32, count)
     if transposed and not packed:
         if signed:
@@ -444,7 +478,8 @@ def _emit_blocks_lanes(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any
     mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     n = LANES * count
     out_acc, out_m = [], []
-    use_corr = HAS_VNNI and (offset or signed) and len(toks) > 1  # one row: 2nd vpdpbusd
+    # one row: 2nd vpdpbusd
+    use_corr = DOT4 and (offset or (signed and HAS_VNNI)) and len(toks) > 1
     pair = HAS_VNNI512 and count % 2 == 0
     if pair:  # two blocks' codes per zmm
         codes = [_concat(builder, codes[k:k + 2]) for k in range(0, count, 2)]

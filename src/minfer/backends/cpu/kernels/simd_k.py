@@ -2,9 +2,10 @@
 
 One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-value super-block
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
-are dotted with the Q8_K activation in exact int32 lanes times the sub-block scales (with VNNI:
-pmaddubsw pair sums, two 32-code groups per zmm, fed to vpdpwssd against the i16 scales; else
-`simd._lane_sums` times the scales). Q6_K's -32 code offset is -32 * (scales . bsums), one
+are dotted with the Q8_K activation in exact int32 lanes times the sub-block scales (with AVX2:
+pmaddubsw pair sums, fed to vpdpwssd against the i16 scales (AVX512-VNNI: two 32-code groups
+per zmm), or on AVX2 without VNNI to pmaddwd and an add; else `simd._lane_sums` times the
+scales). Q6_K's -32 code offset is -32 * (scales . bsums), one
 pmaddwd of the activation's 16-value sums against the row's scales, added to the lanes; Q4_K /
 Q5_K's mins . bsums is the same pmaddwd against the mins, kept as lanes too. Then d_x * d_w *
 float(lanes) goes into an f32 register accumulator and -d_x * dmin_w * float(min lanes) into a
@@ -19,7 +20,6 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._llvm import half_to_float
@@ -28,6 +28,7 @@ from .simd import (
     _I8,
     _I16,
     _I32,
+    DOT4,
     HAS_VNNI,
     HAS_VNNI512,
     LANES,
@@ -39,13 +40,21 @@ from .simd import (
     _lane_sums,
     _ld,
     _phi_loop,
+    _pmaddubsw,
+    _pmaddwd,
     _prefetch_ir,
     _row_front,
     _splat,
     _store_totals,
     _token_rows,
     _vec,
+    _x86,
 )
+
+# The pmaddubsw form of the sub-block dots (the raw codes are <= 63, so its i16 pair sums are
+# exact): with VNNI they go through vpdpwssd against the i16 scales, on plain AVX2 through
+# pmaddwd and an add -- the same integers, 8 lanes either way (LANES, as `simd.DOT4`). Only a
+# target without AVX2 takes the generic widening multiplies (`simd._lane_sums`).
 
 
 def scales_mins(builder: Any, w: Any, at: Any) -> Any:
@@ -106,28 +115,12 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
     return codes, sm
 
 
-def _x86(builder: Any, name: str, ret: ir.Type, args: list[Any]) -> Any:
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
-def _pmaddubsw(builder: Any, u: Any, x: Any) -> Any:
-    """<n/2 x i16> sums of adjacent u8 x s8 products of <n x i8> (n = 32 or 64; saturating,
-    exact for codes <= 63)."""
-    n = u.type.count
-    name = "llvm.x86.avx512.pmaddubs.w.512" if n == 64 else "llvm.x86.avx2.pmadd.ub.sw"
-    return _x86(builder, name, _vec(_I16, n // 2), [u, x])
-
-
-def _pmaddwd(builder: Any, a: Any, b: Any) -> Any:
-    """<8 x i32> sums of adjacent i16 x i16 products."""
-    return _x86(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [a, b])
-
-
 def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
-    """acc + sums of adjacent i16 x i16 products (<8 or 16 x i32>; one vpdpwssd)."""
+    """acc + sums of adjacent i16 x i16 products (<8 or 16 x i32>; one vpdpwssd, or without
+    VNNI a pmaddwd and an add, only ever <8 x i32>)."""
     vn = acc.type
+    if not HAS_VNNI:
+        return builder.add(acc, _pmaddwd(builder, a, b))
     return _x86(builder, f"llvm.x86.avx512.vpdpwssd.{32 * vn.count}", vn,
                 [acc, builder.bitcast(a, vn), builder.bitcast(b, vn)])
 
@@ -163,7 +156,7 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
     u64 = i.type
     xo = builder.mul(i, ir.Constant(u64, 256))
     bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
-    if HAS_VNNI:  # pmaddubsw pair sums, vpdpwssd with scales
+    if DOT4:  # pmaddubsw pair sums, vpdpwssd (or pmaddwd + add) with scales
         per = codes[0].type.count  # codes per vector: 32, or 64 (two groups, zmm)
         acc = ir.Constant(_vec(_I32, per // 4), [0] * (per // 4))
         for g, cd in enumerate(codes):
@@ -234,7 +227,7 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                     dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
                         base, ir.Constant(u64, 2)), _I16))
                 new_acc, new_m = [], []
-                scales16, side16 = _scales16(builder, sm, kind) if HAS_VNNI else ([], None)
+                scales16, side16 = _scales16(builder, sm, kind) if DOT4 else ([], None)
                 for j, (x, xd, bs) in enumerate(toks):
                     lanes, mins = _dot_super(builder, codes, sm, x, bs, i, kind, scales16,
                                              side16)
