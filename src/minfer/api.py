@@ -43,9 +43,10 @@ class Model:
         batch_size: int = 512,
         backend: str = "auto",
         fuse: bool = True,
+        gguf_file: GGUFFile | None = None,
     ) -> None:
         self.path = path
-        self.file = GGUFFile.open(path)
+        self.file = gguf_file or GGUFFile.open(path)  # an already opened `path` is reused
         self.hparams = HParams.from_gguf(self.file)
         self.tokenizer = Tokenizer.from_gguf(self.file)
         self.chat_template = ChatTemplate.from_gguf(self.file, self.tokenizer)

@@ -89,16 +89,19 @@ def read_stdin_prompt() -> str:
     return sys.stdin.read()
 
 
-def cold_start_progress(model_arg: str | None, args: argparse.Namespace) -> Any:
-    """A progress reporter for the first run's kernel compilation, announced at once (before
-    the model loads) when this model's kernels are not in the cache yet; None when they are."""
+def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
+                               ) -> tuple[Any, Any]:
+    """(the Model, a progress reporter for the first run's kernel compilation or None when
+    this model's kernels are cached). A cold start is announced at once, before the model
+    (its tokenizer, its template) loads."""
+    from minfer.api import Model
     from minfer.engine.warmup import TerminalProgress, marker_path
     from minfer.gguf.reader import GGUFFile
     from minfer.store import resolve_model
 
     f = GGUFFile.open(resolve_model(model_arg))
-    if marker_path(f, kv_type=args.kv_type, batch_invariant=False).exists():
-        return None
-    progress = TerminalProgress()
-    progress.announce()
-    return progress
+    progress = None
+    if not marker_path(f, kv_type=args.kv_type, batch_invariant=False).exists():
+        progress = TerminalProgress()
+        progress.announce()
+    return Model(f.path, gguf_file=f, **model_options(args)), progress

@@ -18,9 +18,8 @@ from typing import Any
 from minfer.cli.common import (
     add_model_args,
     add_sampling_args,
-    cold_start_progress,
+    load_announcing_cold_start,
     looks_like_model,
-    model_options,
     read_stdin_prompt,
     sampling_from_args,
 )
@@ -109,10 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return int(chat_cmd.run(args))
     model_arg, prompt = split_positionals(args)
     args.grammar_text = grammar_from_args(args)  # refuse a bad grammar before loading the model
-    progress = cold_start_progress(model_arg, args)
-    import minfer
-
-    model = minfer.load(model_arg, **model_options(args))
+    model, progress = load_announcing_cold_start(model_arg, args)
     if prompt is None:
         prompt = read_stdin_prompt()
     if args.raw:
