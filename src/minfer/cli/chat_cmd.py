@@ -15,7 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minfer.cli.common import add_model_args, add_sampling_args, model_options, sampling_from_args
+from minfer.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    load_announcing_cold_start,
+    sampling_from_args,
+)
 from minfer.errors import MinferError
 
 
@@ -62,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise MinferError("-n must be >= 0")
     session_path = Path(args.session).expanduser() if getattr(args, "session", None) else None
     saved = store.load(session_path) if session_path else None  # refuse before loading a model
-    import minfer
-
-    model = minfer.load(model_arg, **model_options(args))
+    model, progress = load_announcing_cold_start(model_arg, args)
+    if progress is not None:  # a first run: compile every prefill variant and decode, visibly
+        model.warm_up(None, progress)
     session = make_session(model, args)
     if saved is not None:
         if saved.model and saved.model != model.name:
