@@ -10,8 +10,9 @@ execute_nodes`), which compiles its kernels or loads them from the cache.
 Where two or more cores are free, a helper process takes items from the end of the list while
 this process takes them from the front; what the helper compiles lands in the shared disk cache
 and loads here in milliseconds when the real forward first calls it (compiling holds numba's
-global lock, so threads could not share the work). Measured on 2 idle cores (Intel Xeon SPR,
-development model): the first reply 28 s in one process, see the README for the split figure.
+global lock, so threads could not share the work). Measured on 2 cores (Intel Xeon SPR, the
+development model): a cold `minfer run "Say hi"` took 45 s before this module, 22-28 s with it
+(per-type dequantizers and lighter repack compiles included).
 
 A marker file per (kernel sources, CPU target, model tensor types, engine settings) records a
 completed warm-up, so later runs skip the planning, print nothing, and start at once.
