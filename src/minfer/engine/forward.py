@@ -134,8 +134,8 @@ class Engine:
     def forward_batch(self, batch: Batch) -> np.ndarray:
         self._check(batch)
         key = (batch.n_tokens, len(batch.out_rows))
-        tuned = self.tuner is not None and batch.n_tokens <= TUNED_MAX_TOKENS
-        n_threads = self.tuner.choose(key) if self.tuner and tuned else self.n_threads
+        tuner = self.tuner if batch.n_tokens <= TUNED_MAX_TOKENS else None
+        n_threads = tuner.choose(key) if tuner else self.n_threads
         if n_threads:  # numba's thread count is per calling thread: set it where we run
             set_threads(n_threads)
         t0 = time.perf_counter()
@@ -158,8 +158,8 @@ class Engine:
         scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
-        if self.tuner and tuned and n_threads:
-            self.tuner.record(key, n_threads, time.perf_counter() - t0)
+        if tuner and n_threads:
+            tuner.record(key, n_threads, time.perf_counter() - t0)
         return logits.copy()
 
     def execute_nodes(self, params: GraphParams, node_ids: Sequence[int]) -> None:

@@ -77,6 +77,7 @@ def plan(engine: Any, shapes: Sequence[tuple[int, int]]) -> list[Item]:
     """One item per distinct CPU kernel the graphs for `shapes` ((n_tokens, n_out) each) run."""
     items: list[Item] = []
     seen: set[tuple[Any, ...]] = set()
+    tensors = engine.weights.file.tensors
     for n_tokens, n_out in shapes:
         params = engine.params_for(n_tokens, n_out)
         graph = engine.cache.get(params).graph
@@ -85,9 +86,10 @@ def plan(engine: Any, shapes: Sequence[tuple[int, int]]) -> list[Item]:
             if not live[node.id] or node.backend != "cpu" or isinstance(
                     node.op, ir.Input | ir.KvcacheLoad):
                 continue
-            tensors = engine.weights.file.tensors
             types = tuple(int(tensors[w].ggml_type) for w in node.meta.weights)
-            key = (node.op.kind, types, n_tokens >= 16, n_tokens >= 32, n_tokens == 1)
+            # per shape: a kernel variant may depend on the row count (sgemm, blocked
+            # attention); an item a previous shape already compiled costs nothing
+            key = (params, node.op.kind, types)
             if key in seen:
                 continue
             seen.add(key)
@@ -115,7 +117,8 @@ def warm_up(engine: Any, shapes: Sequence[tuple[int, int]], *, progress: Progres
             helper: Callable[[list[Item], Any], Any] | None = None) -> bool:
     """Compile (or load) every kernel the graphs for `shapes` need; False if already warm.
 
-    `helper()` starts the second process (see `start_helper`) and returns it, or None."""
+    `helper(items, states)` starts the second process (see `helper_for`) and returns it, or
+    None."""
     marker = _marker(engine)
     if marker.exists():
         return False
@@ -126,10 +129,8 @@ def warm_up(engine: Any, shapes: Sequence[tuple[int, int]], *, progress: Progres
     proc = helper(items, states) if helper else None
     done = 0
     for i, item in enumerate(items):
-        with states.get_lock():
-            if states[i] != _FREE:
-                continue
-            states[i] = _TAKEN
+        if not _claim(states, i):
+            continue
         if progress:
             progress.advance(done, item.label)
         engine.execute_nodes(item.params, [item.node_id])
@@ -201,10 +202,8 @@ def _helper_main(path: str, engine_options: dict[str, Any], items: list[Item],
     f = GGUFFile.open(path)
     engine = Engine(f, HParams.from_gguf(f), **engine_options)
     for i in reversed(range(len(items))):
-        with states.get_lock():
-            if states[i] != _FREE:
-                continue
-            states[i] = _TAKEN
+        if not _claim(states, i):
+            continue
         engine.execute_nodes(items[i].params, [items[i].node_id])
         states[i] = _DONE
 
@@ -251,6 +250,15 @@ class TerminalProgress:
             self._bar.stop()
             print(f"minfer: kernels compiled in {time.perf_counter() - self._t0:.0f} s",
                   file=self.stream, flush=True)
+
+
+def _claim(states: Any, i: int) -> bool:
+    """Take item i for this process, unless the other one has."""
+    with states.get_lock():
+        if states[i] != _FREE:
+            return False
+        states[i] = _TAKEN
+        return True
 
 
 def _count_done(states: Any) -> int:

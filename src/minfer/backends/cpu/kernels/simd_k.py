@@ -51,11 +51,6 @@ from .simd import (
     _x86,
 )
 
-# The pmaddubsw form of the sub-block dots (the raw codes are <= 63, so its i16 pair sums are
-# exact): with VNNI they go through vpdpwssd against the i16 scales, on plain AVX2 through
-# pmaddwd and an add -- the same integers, 8 lanes either way (LANES, as `simd.DOT4`). Only a
-# target without AVX2 takes the generic widening multiplies (`simd._lane_sums`).
-
 
 def scales_mins(builder: Any, w: Any, at: Any) -> Any:
     """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins at byte `at`, unpacked as ggml does with
