@@ -1,10 +1,12 @@
 """llama-bench's measurements on minfer's engine: pp<P> and tg<T> rows.
 
 `pp<P>` prefills P random tokens into an empty context and generates nothing; `tg<T>` prefills one
-token untimed, then times T single-token decode steps. Each test runs one untimed warm-up, then
-`reps` timed repetitions, each from an empty KV (the regions are reused; windows are data, so
-"empty" needs no zeroing) and without reloading the model. tg rows also report the decode
-roofline figure: weight bytes read per token × tokens/s.
+token untimed, then times T single-token decode steps. With a depth D (llama-bench's `-d`), each
+repetition first prefills D random tokens untimed, so the timed test runs against D tokens already
+in the KV (`pp512 @ d4096`). Each test runs one untimed warm-up, then `reps` timed repetitions,
+each from an empty KV (the regions are reused; windows are data, so "empty" needs no zeroing) and
+without reloading the model. tg rows also report the decode roofline figure: weight bytes read per
+token × tokens/s.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class BenchRow:
     stddev: float
     samples_s: list[float]
     gb_per_s: float | None = None
+    n_depth: int = 0
+    roofline_fraction: float | None = None  # gb_per_s / the machine's read bandwidth
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,20 +58,36 @@ def _random_tokens(n: int, n_vocab: int, rng: np.random.Generator) -> list[int]:
     return rng.integers(0, n_vocab, size=n).tolist()
 
 
-def time_pp(engine: Engine, n_prompt: int, batch_size: int, rng: np.random.Generator) -> float:
+def fill_depth(engine: Engine, n_depth: int, batch_size: int, rng: np.random.Generator) -> None:
+    """Put `n_depth` random tokens in the KV (untimed), as llama-bench's `-d`."""
+    if n_depth:
+        prefill(engine, _random_tokens(n_depth, engine.hparams.n_vocab, rng), 0, batch_size)
+
+
+def time_pp(engine: Engine, n_prompt: int, batch_size: int, rng: np.random.Generator,
+            n_depth: int = 0) -> float:
+    fill_depth(engine, n_depth, batch_size, rng)
     tokens = _random_tokens(n_prompt, engine.hparams.n_vocab, rng)
     t0 = time.perf_counter()
-    prefill(engine, tokens, 0, batch_size)
+    prefill(engine, tokens, n_depth, batch_size)
     return time.perf_counter() - t0
 
 
-def time_tg(engine: Engine, n_gen: int, rng: np.random.Generator) -> float:
+def time_tg(engine: Engine, n_gen: int, rng: np.random.Generator, n_depth: int = 0,
+            batch_size: int = 512) -> float:
+    fill_depth(engine, n_depth, batch_size, rng)
     tokens = _random_tokens(n_gen + 1, engine.hparams.n_vocab, rng)
-    engine.forward(tokens[:1], 0)  # the one-token context, untimed
+    engine.forward(tokens[:1], n_depth)  # one more token of context, untimed
     t0 = time.perf_counter()
     for i in range(1, n_gen + 1):
-        engine.forward([tokens[i]], i)
+        engine.forward([tokens[i]], n_depth + i)
     return time.perf_counter() - t0
+
+
+def row_label(n_prompt: int, n_gen: int, n_depth: int) -> str:
+    """llama-bench's label: `pp512`, `tg128`, `pp512 @ d4096`."""
+    name = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+    return f"{name} @ d{n_depth}" if n_depth else name
 
 
 def run_test(
@@ -78,6 +98,7 @@ def run_test(
     n_threads: int,
     n_prompt: int = 0,
     n_gen: int = 0,
+    n_depth: int = 0,
     reps: int = 3,
     batch_size: int = 512,
     seed: int = 1234,
@@ -88,8 +109,8 @@ def run_test(
 
     def once() -> float:
         if n_prompt:
-            return time_pp(engine, n_prompt, batch_size, rng)
-        return time_tg(engine, n_gen, rng)
+            return time_pp(engine, n_prompt, batch_size, rng, n_depth)
+        return time_tg(engine, n_gen, rng, n_depth, batch_size)
 
     once()  # warm-up: compiles kernels and builds the graphs
     samples = [once() for _ in range(reps)]
@@ -102,12 +123,13 @@ def run_test(
         n_params=sum(int(np.prod(t.shape)) for t in engine.weights.file.tensors.values()),
         backend=backend,
         n_threads=n_threads,
-        test=f"pp{n_prompt}" if n_prompt else f"tg{n_gen}",
+        test=row_label(n_prompt, n_gen, n_depth),
         n_prompt=n_prompt,
         n_gen=n_gen,
         tokens_per_s=mean,
         stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
         samples_s=samples,
+        n_depth=n_depth,
     )
     if n_gen:
         row.gb_per_s = weight_bytes_per_token(engine) * mean / 1e9

@@ -1,4 +1,6 @@
-"""`minfer bench [MODEL] [-p 512] [-n 128] [-r 3] [-t N] [-o md|csv|json]`: llama-bench's shape."""
+"""`minfer bench [MODEL] [-p 512] [-n 128] [-d 0] [-r 3] [-t N] [-o md|csv|json] [--roofline]`:
+llama-bench's shape. `--roofline` adds a row with the machine's measured read bandwidth (per
+thread count) and prints each tg row's GB/s as a fraction of it."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--model", dest="model_opt")
     p.add_argument("-p", "--n-prompt", type=_int_list, default=[512], help="pp sizes (512)")
     p.add_argument("-n", "--n-gen", type=_int_list, default=[128], help="tg sizes (128)")
+    p.add_argument("-d", "--n-depth", type=_int_list, default=[0],
+                   help="tokens already in the KV before each test (0)")
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("-t", "--threads", type=_int_list, default=None, help="thread counts")
     p.add_argument("-b", "--batch-size", type=int, default=512)
@@ -37,18 +41,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
     p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None)
     p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--roofline", action="store_true",
+                   help="measure the machine's read bandwidth; print tg GB/s as a fraction of it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import minfer
     from minfer.api import default_threads
-    from minfer.bench.runner import run_test
+    from minfer.bench.runner import BenchRow, run_test
 
     if args.repetitions < 1:
         raise MinferError("-r must be at least 1")
     threads_list = args.threads or [default_threads()]
-    need = max([*args.n_prompt, *(n + 1 for n in args.n_gen), 1])
+    need = max(args.n_depth) + max([*args.n_prompt, *(n + 1 for n in args.n_gen), 1])
     model = minfer.load(args.model_opt or args.model, n_ctx=max(args.n_ctx, need),
                         kv_type=args.kv_type, backend=args.backend, batch_size=args.batch_size)
     rows: list[BenchRow] = []
@@ -58,13 +64,28 @@ def run(args: argparse.Namespace) -> int:
         model._engine = None  # a fresh session per thread count
         engine = model.engine(need)
         backend = "+".join(engine.ctx_params.backends)
-        tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
-        for n_prompt, n_gen in tests:
-            rows.append(run_test(engine, model=model.name, backend=backend, n_threads=n_threads,
-                                 n_prompt=n_prompt, n_gen=n_gen, reps=args.repetitions,
-                                 batch_size=args.batch_size))
+        roofline = None
+        if args.roofline:
+            from minfer.bench.bandwidth import read_bandwidth
+
+            roofline = read_bandwidth(n_threads)
+            rows.append(BenchRow(model=model.name, size_bytes=engine.weights.file.file_size,
+                                 n_params=0, backend="read", n_threads=n_threads,
+                                 test="roofline", n_prompt=0, n_gen=0, tokens_per_s=0.0,
+                                 stddev=0.0, samples_s=[], gb_per_s=roofline))
             if args.output == "md":
                 print(_md([rows[-1]], header=len(rows) == 1), end="", flush=True)
+        tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
+        for n_depth in args.n_depth:
+            for n_prompt, n_gen in tests:
+                row = run_test(engine, model=model.name, backend=backend, n_threads=n_threads,
+                               n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
+                               reps=args.repetitions, batch_size=args.batch_size)
+                if roofline and row.gb_per_s is not None:
+                    row.roofline_fraction = row.gb_per_s / roofline
+                rows.append(row)
+                if args.output == "md":
+                    print(_md([rows[-1]], header=len(rows) == 1), end="", flush=True)
     if args.output == "json":
         print(json.dumps([r.as_dict() for r in rows], indent=1))
     elif args.output == "csv":
@@ -79,16 +100,18 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
         out.write("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n")
     for r in rows:
         gb = f"{r.gb_per_s:.1f}" if r.gb_per_s is not None else ""
+        if r.roofline_fraction is not None:
+            gb += f" ({100 * r.roofline_fraction:.0f}%)"
+        rate = f"{r.tokens_per_s:.2f} ± {r.stddev:.2f}" if r.test != "roofline" else ""
         out.write(f"| {r.model} | {r.size_bytes / 2**20:.1f} MiB | {r.n_params / 1e6:.0f} M | "
-                  f"{r.backend} | {r.n_threads} | {r.test} | "
-                  f"{r.tokens_per_s:.2f} ± {r.stddev:.2f} | {gb} |\n")
+                  f"{r.backend} | {r.n_threads} | {r.test} | {rate} | {gb} |\n")
     return out.getvalue()
 
 
 def _csv(rows: list[BenchRow]) -> str:
     out = io.StringIO()
-    fields = ["model", "size_bytes", "n_params", "backend", "n_threads", "test", "tokens_per_s",
-              "stddev", "gb_per_s"]
+    fields = ["model", "size_bytes", "n_params", "backend", "n_threads", "test", "n_depth",
+              "tokens_per_s", "stddev", "gb_per_s", "roofline_fraction"]
     w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:

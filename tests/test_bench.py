@@ -1,0 +1,47 @@
+"""`minfer bench`: llama-bench's rows, depth (`-d`) and the read-bandwidth roofline row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import minfer
+from minfer.bench.bandwidth import read_bandwidth
+from minfer.bench.runner import run_test
+from minfer.cli.main import main
+
+
+def test_rows_carry_depth_and_llama_bench_labels(tiny_qwen2: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", str(tiny_qwen2), "-p", "8", "-n", "4", "-d", "0,16", "-r", "1", "-t", "1",
+            "-o", "json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["test"], r["n_depth"]) for r in rows] == [
+        ("pp8", 0), ("tg4", 0), ("pp8 @ d16", 16), ("tg4 @ d16", 16)]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_a_depth_test_runs_after_depth_tokens_in_the_kv(tiny_qwen2: Path) -> None:
+    model = minfer.load(str(tiny_qwen2), n_ctx=64, backend="cpu")
+    engine = model.engine(64)
+    calls: list[tuple[int, int]] = []
+    forward = engine.forward
+
+    def recording(tokens: Any, start_pos: int, **kw: Any) -> np.ndarray:
+        calls.append((start_pos, len(tokens)))
+        return forward(tokens, start_pos, **kw)
+
+    engine.forward = recording  # type: ignore[method-assign]
+    run_test(engine, model="m", backend="cpu", n_threads=1, n_gen=3, n_depth=20, reps=1)
+    # per repetition (warm-up + 1): the depth prefill, one context token, then 3 timed steps
+    rep = [(0, 20), (20, 1), (21, 1), (22, 1), (23, 1)]
+    assert calls == rep + rep
+
+
+def test_read_bandwidth_reads_the_whole_buffer() -> None:
+    assert read_bandwidth(1, nbytes=8 << 20, passes=1) > 0  # the probe checks its own sum
