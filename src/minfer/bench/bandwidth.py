@@ -39,7 +39,7 @@ def read_bandwidth(n_threads: int, *, nbytes: int = BUFFER_BYTES, passes: int = 
     """Best-of-`passes` GB/s of a parallel read of `nbytes` on `n_threads` threads."""
     buf = np.ones(nbytes // 8, np.uint64)  # written once: every page is resident
     previous = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
     try:
         _parallel_sum(buf[:1024], 64)  # compile / load from cache outside the timing
         best = float("inf")
