@@ -83,6 +83,7 @@ class Engine:
         n_threads: int | None = None,
         adaptive_threads: bool = False,
         batch_invariant: bool = False,
+        op_tape: bool | None = None,
     ) -> None:
         if kv_type not in ("f16", "f32"):
             raise MinferError(f"unknown KV type {kv_type!r} (use f16 or f32)")
@@ -107,6 +108,11 @@ class Engine:
         self._shapes = self.weights.shapes()
         self._by_name = {b.name: b for b in self._backends}
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
+        # run graphs from their op tape (bound once) rather than node by node; MINFER_TAPE=0
+        # turns it off (for comparisons). The profiler needs the interpreter.
+        if op_tape is None:
+            op_tape = os.environ.get("MINFER_TAPE", "1") != "0"
+        self.op_tape = op_tape
         self.n_threads = n_threads
         # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
         self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
@@ -154,8 +160,13 @@ class Engine:
             buf = buffers[node_id]
             assert buf is not None
             buf[:] = fills[kind]
-        ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=self.batch_invariant)
-        scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
+        tape = self._tape(prepared, buffers) if self.op_tape and self.profile is None else None
+        if tape is not None:
+            tape.run()
+        else:
+            ctx = ExecContext(weights=self.weights, kv=self.kv,
+                              batch_invariant=self.batch_invariant)
+            scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:
@@ -183,6 +194,19 @@ class Engine:
             assert node.backend is not None
             self._by_name[node.backend].execute_node(
                 node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
+
+    def _tape(self, prepared: PreparedGraph,
+              buffers: list[np.ndarray | None]) -> scheduler.Tape | None:
+        """The prepared graph's op tape over these buffers, bound on first use."""
+        cached = prepared.scratch.get("tape")
+        if cached is None or cached[0] is not buffers:
+            ctx = ExecContext(weights=self.weights, kv=self.kv,
+                              batch_invariant=self.batch_invariant)
+            tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
+                                        ctx)
+            prepared.scratch["tape"] = cached = (buffers, tape)
+        result: scheduler.Tape | None = cached[1]
+        return result
 
     def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
         cached = prepared.scratch.get("buffers")

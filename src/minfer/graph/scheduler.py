@@ -4,12 +4,20 @@ Assignment gives each node the first backend (in the session's preference order)
 `supports_op` accepts it; input leaves always live on the host CPU backend. Consecutive nodes
 on one backend form a split. Execution walks the splits in order and runs every live node;
 nodes orphaned by fusion (no buffer, not a KV op) are skipped.
+
+Two ways to run a prepared graph: `execute` interprets it node by node (each node's handler
+looks up its weights, op fields and path on every call; the profiler and tracing hook in here),
+and the op tape (`build_tape`, `Tape.run`) is the same node list bound once, for graphs whose
+backends can bind their nodes (`bind_node`): a flat list of calls over fixed buffers, rebuilt
+only when the graph or its buffers are. A decode step repeats one graph hundreds of times, so
+the interpreter's per-node lookups are worth doing once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,3 +83,37 @@ def execute(
             backend.execute_node(node, srcs, buffers[node_id], ctx)
             key = f"{node.op.kind}:{node.meta.role}"
             profile[key] = profile.get(key, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class Tape:
+    """A prepared graph bound to its buffers: one call per live node, in build order."""
+
+    steps: list[Callable[[], None]]
+    ctx: ExecContext  # held by the bound calls; its per-forward memo is cleared on each run
+
+    def run(self) -> None:
+        self.ctx.memo.clear()
+        for step in self.steps:
+            step()
+
+
+def build_tape(
+    graph: ComputeGraph,
+    splits: Sequence[tuple[str, list[int]]],
+    buffers: Sequence[np.ndarray | None],
+    backends: Mapping[str, Backend],
+    ctx: ExecContext,
+) -> Tape | None:
+    """The op tape for this graph and buffers; None when a backend it uses cannot bind nodes
+    (the graph is then interpreted by `execute`)."""
+    steps: list[Callable[[], None]] = []
+    for backend_name, node_ids in splits:
+        bind = getattr(backends[backend_name], "bind_node", None)
+        if bind is None:
+            return None
+        for node_id in node_ids:
+            node = graph.nodes[node_id]
+            steps.extend(bind(node, [buffers[s] for s in node.srcs], buffers[node_id], ctx))
+    ctx.memo.clear()  # what binding kept there is held by the calls now
+    return Tape(steps, ctx)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -44,6 +45,23 @@ class CpuBackend:
         if handler is None:
             raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
         handler(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)
+
+    def bind_node(
+        self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None, ctx: ExecContext
+    ) -> list[Callable[[], None]]:
+        """The node as calls with everything resolved that stays fixed for this graph and its
+        buffers (weights and their bound kernels, op fields, the path a shape takes, the checks
+        of shapes): its steps of the op tape. None for nodes that do nothing (KV loads). An op
+        without a binder runs its handler."""
+        if isinstance(node.op, ir.KvcacheLoad):
+            return []
+        binder = _BINDERS.get(type(node.op))
+        if binder is not None:
+            return binder(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)
+        handler = _HANDLERS.get(type(node.op))
+        if handler is None:
+            raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
+        return [partial(handler, node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)]
 
 
 Srcs = list[np.ndarray]  # KV loads/stores are the only nodes with a None buffer
@@ -83,6 +101,7 @@ class _Projection:
     sgemm_from: int  # rows from which the sgemm path is taken (outside batch-invariant use)
     form: int | str  # the quantized activation it reads (shared by weights of one input)
     quant_type: int  # the type `quantize_activation` is asked for
+    packed: np.ndarray  # the weight as the integer kernel reads it (raw, or repacked)
     run: K.PrequantKernel
 
 
@@ -95,7 +114,7 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int) -> _Projection:
         if K.packable(qtype, n_in):
             w, qt = ctx.weights.derived(w_name, "cpu-packed", K.repack_weight)
         p = ctx.weights.state[key] = _Projection(
-            raw, qtype, K.prefill_min_tokens(qtype), _activation_form(qt), qt,
+            raw, qtype, K.prefill_min_tokens(qtype), _activation_form(qt), qt, w,
             K.bind_prequant(w, qt))
     assert isinstance(p, _Projection)
     return p
@@ -107,13 +126,54 @@ def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: Exec
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
         K.matmul_sgemm(p.raw, p.raw_type, x, out)
         return
+    p.run(_quantized(ctx, x_node, x, p), out)
+
+
+def _quantized(ctx: ExecContext, x_node: int, x: np.ndarray,
+               p: _Projection) -> K.QuantizedActivation:
+    """Node x's activation in the form p reads, quantized once per forward."""
     held = ctx.memo.setdefault("q8", {})
     xq = held.get((x_node, p.form))
     if xq is None:
         if any(node != x_node for node, _ in held):
             held.clear()  # only the current input's forms are kept: a prefill's would add up
         xq = held[(x_node, p.form)] = K.quantize_activation(x, p.quant_type)
-    p.run(xq, out)
+    return xq
+
+
+def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
+                  ctx: ExecContext) -> list[Callable[[], None]]:
+    """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
+    its arrays, and the activation's quantization where this is the first reader of x."""
+    p = _projection(ctx, w_name, x.shape[1])
+    if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
+        return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
+    xq, quantize = _activation_slot(ctx, x_node, x, p)
+    if xq is None:  # a float weight: its rounded activation is made per call
+        run, qt = p.run, p.quant_type
+        return [lambda: run(K.quantize_activation(x, qt), out)]
+    return [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out)]
+
+
+def _activation_slot(ctx: ExecContext, x_node: int, x: np.ndarray, p: _Projection
+                     ) -> tuple[K.Q8Blocks | K.Q8KBlocks | None, list[Callable[[], None]]]:
+    """The tape's buffer for x in p's quantized form, and the quantize call to emit before this
+    reader (none when the buffer already holds x: the readers of one input run one after
+    another in build order, as q/k/v and gate/up do). One buffer per shape and form, reused by
+    every input of that shape, so a prefill graph holds one activation's quantizations at a
+    time, as the interpreter does."""
+    slots = ctx.memo.setdefault("tape-activations", {})
+    key = (x.shape, p.form)
+    slot = slots.get(key)
+    if slot is None:
+        xq = K.new_activation(x.shape[0], x.shape[1], p.quant_type)
+        if xq is None:
+            return None, []
+        slot = slots[key] = [None, xq]
+    if slot[0] == x_node:
+        return slot[1], []
+    slot[0] = x_node
+    return slot[1], [K.bind_quantize(x, slot[1])]
 
 
 def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
@@ -178,6 +238,100 @@ def _attn(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
                 n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                 scale=op.scale, out=out, blocked=blocked)
 
+
+
+# -- binders: the op tape's form of the handlers: each node's calls with everything resolved ----
+
+Binder = Callable[[Node, Srcs, np.ndarray, ExecContext], list[Callable[[], None]]]
+
+
+def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
+                 ctx: ExecContext) -> list[Callable[[], None]]:
+    steps = _bind_project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx)
+    if len(node.meta.weights) > 1:
+        steps.append(K.bind_add(out, ctx.weights.vector(node.meta.weights[1]), out))
+    return steps
+
+
+def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
+                        ctx: ExecContext) -> list[Callable[[], None]]:
+    gate = np.empty_like(out)  # the tape's own scratch, held as long as the tape
+    return [*_bind_project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx),
+            *_bind_project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx),
+            K.bind_swiglu(gate, out, out)]
+
+
+def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
+                   ctx: ExecContext) -> list[Callable[[], None]]:
+    if node.meta.weights:
+        w, qtype = ctx.weights.matrix(node.meta.weights[0])
+        return [partial(K.get_rows, w, qtype, srcs[0], out)]
+    x, rows = srcs
+    return [partial(np.take, x, rows, axis=0, out=out)]
+
+
+def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
+                   ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.RmsNorm)
+    w = ctx.weights.vector(node.meta.weights[0])
+    return [K.bind_rms_norm(srcs[0], w, node.op.eps, out)]
+
+
+def _bind_rope(node: Node, srcs: Srcs, out: np.ndarray,
+               ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.Rope)
+    return [K.bind_rope_neox(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
+                             rope_dim=op.rope_dim, base=op.base, out=out)]
+
+
+def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,
+                  ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.QkNorm)
+    return [K.bind_head_rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]),
+                                 n_head=op.n_head, head_dim=op.head_dim, eps=op.eps, out=out)]
+
+
+def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
+                   ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.KvcacheStore)
+    layer = node.op.layer
+    return [partial(K.kv_store, srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])]
+
+
+def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
+               ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.Attn)
+    blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
+    return [K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
+                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
+                             scale=op.scale, out=out, blocked=blocked)]
+
+
+def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
+    def bind(node: Node, srcs: Srcs, out: np.ndarray,
+             ctx: ExecContext) -> list[Callable[[], None]]:
+        return [kernel(*srcs, out)]
+
+    return bind
+
+
+_BINDERS: dict[type, Binder] = {
+    ir.GetRows: _bind_get_rows,
+    ir.RmsNorm: _bind_rms_norm,
+    ir.MatMul: _bind_matmul,
+    ir.FusedGateUp: _bind_fused_gate_up,
+    ir.Add: _bind_kernel(K.bind_add),
+    ir.Mul: _bind_kernel(K.bind_mul),
+    ir.SwiGLU: _bind_kernel(K.bind_swiglu),
+    ir.Silu: _bind_kernel(K.bind_silu),
+    ir.Rope: _bind_rope,
+    ir.QkNorm: _bind_qk_norm,
+    ir.KvcacheStore: _bind_kv_store,
+    ir.Attn: _bind_attn,
+}
 
 _HANDLERS: dict[type, Handler] = {
     ir.GetRows: _get_rows,

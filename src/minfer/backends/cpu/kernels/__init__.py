@@ -8,6 +8,8 @@ Public API (see docs/interfaces.md):
 - rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
 - attention (blocked=True: the sgemm kernel of `attention_blocked`, used from
   ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attention`
+- bind_*(same arguments) -> a no-argument call: the kernel over fixed arrays, checked once (the
+  op tape); new_activation / bind_quantize / bind_prequant_into for a matmul's activation
 
 The hot loops do not depend on numba's auto-vectoriser settings: the quantized dots are explicit
 vector IR (`simd`, `simd_k`), and the element-wise loops are simple enough for LLVM's loop
@@ -20,27 +22,30 @@ from __future__ import annotations
 import minfer.backends.cpu.waits
 import minfer.jit_cache  # noqa: F401
 
-from .attention import attention, kv_store
+from .attention import attention, bind_attention, kv_store
 from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from .dequant import dequantize, dequantize_into, get_rows
-from .elementwise import add, mul, silu, swiglu
+from .elementwise import add, bind_add, bind_mul, bind_silu, bind_swiglu, mul, silu, swiglu
 from .matmul import (
     PREFILL_MIN_TOKENS,
     PrequantKernel,
     QuantizedActivation,
     bind_prequant,
+    bind_prequant_into,
+    bind_quantize,
     matmul,
     matmul_prequant,
     matmul_sgemm,
+    new_activation,
     packable,
     prefill_min_tokens,
     quantize_activation,
     repack_weight,
 )
-from .norm import head_rms_norm, rms_norm
+from .norm import bind_head_rms_norm, bind_rms_norm, head_rms_norm, rms_norm
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import QType, row_bytes
-from .rope import rope_neox
+from .rope import bind_rope_neox, rope_neox
 
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
@@ -52,7 +57,17 @@ __all__ = [
     "QuantizedActivation",
     "add",
     "attention",
+    "bind_add",
+    "bind_attention",
+    "bind_head_rms_norm",
+    "bind_mul",
     "bind_prequant",
+    "bind_prequant_into",
+    "bind_quantize",
+    "bind_rms_norm",
+    "bind_rope_neox",
+    "bind_silu",
+    "bind_swiglu",
     "dequantize",
     "dequantize_into",
     "get_rows",
@@ -62,6 +77,7 @@ __all__ = [
     "matmul_prequant",
     "matmul_sgemm",
     "mul",
+    "new_activation",
     "packable",
     "prefill_min_tokens",
     "quantize_activation",

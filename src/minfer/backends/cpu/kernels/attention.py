@@ -13,6 +13,8 @@ query-head group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -72,6 +74,19 @@ def _cache_view(cache: np.ndarray) -> np.ndarray:
     return cache
 
 
+def _check_heads(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
+                 n_head_kv: int, head_dim: int, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nt = q.shape[0]
+    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
+        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
+                         f"over {n_head_kv} KV heads")
+    k, v = _cache_view(k_cache), _cache_view(v_cache)
+    if k.shape != v.shape or k.ndim != 2 or k.shape[1] != n_head_kv * head_dim:
+        raise ValueError(f"caches {k_cache.shape} / {v_cache.shape} are not "
+                         f"[n_ctx, {n_head_kv}*{head_dim}]")
+    return k, v
+
+
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
               out: np.ndarray, blocked: bool = False) -> None:
@@ -84,13 +99,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     kv_start/kv_end: int `[nt]` bounds of each query's window of cache cells.
     """
     nt = q.shape[0]
-    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
-        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
-                         f"over {n_head_kv} KV heads")
-    k, v = _cache_view(k_cache), _cache_view(v_cache)
-    if k.shape != v.shape or k.ndim != 2 or k.shape[1] != n_head_kv * head_dim:
-        raise ValueError(f"caches {k_cache.shape} / {v_cache.shape} are not "
-                         f"[n_ctx, {n_head_kv}*{head_dim}]")
+    k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     lo = np.ascontiguousarray(kv_start, dtype=np.int64).reshape(-1)
     hi = np.ascontiguousarray(kv_end, dtype=np.int64).reshape(-1)
     if lo.shape[0] != nt or hi.shape[0] != nt:
@@ -103,6 +112,32 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     if k.dtype == np.uint16:
         q = q.astype(np.float16).astype(np.float32)
     _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+
+
+def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
+                   kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
+                   scale: float, out: np.ndarray, blocked: bool = False) -> Callable[[], None]:
+    """`attention` over fixed arrays (the op tape): shapes checked once. The windows are data
+    the batch fills in each time; their bounds are the caller's to check (the engine refuses a
+    batch whose windows leave the context before it runs anything)."""
+    nt = q.shape[0]
+    k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
+    if kv_start.shape != (nt,) or kv_end.shape != (nt,):
+        raise ValueError("kv_start / kv_end need one entry per query row")
+    scale32 = np.float32(scale)
+    if blocked and nt and blocked_available():
+        def step_blocked() -> None:
+            attention_blocked(q, k, v, kv_start.astype(np.int64), kv_end.astype(np.int64),
+                              n_head, n_head_kv, head_dim, scale, out)
+        return step_blocked
+    f16 = k.dtype == np.uint16
+
+    def step() -> None:
+        qr = q.astype(np.float16).astype(np.float32) if f16 else q
+        _attention(qr, k, v, kv_start.astype(np.int64), kv_end.astype(np.int64), n_head,
+                   n_head_kv, head_dim, scale32, out)
+
+    return step
 
 
 def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,

@@ -8,6 +8,9 @@ cost more than the work. Every output may alias an input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 from numba import njit
 
@@ -104,24 +107,47 @@ def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     _swiglu(*_flat(gate, up, out))
 
 
-def _binary(a: np.ndarray, b: np.ndarray, out: np.ndarray, full, row) -> None:
-    """Same shapes, or b one row broadcast over a's rows (a bias / a norm weight)."""
+def _binary(a: np.ndarray, b: np.ndarray, out: np.ndarray, full, row) -> Callable[[], None]:
+    """Same shapes, or b one row broadcast over a's rows (a bias / a norm weight): the kernel
+    call over flat views, checked once."""
     if a.shape != out.shape:
         raise ValueError(f"shape mismatch {a.shape} vs {out.shape}")
     if b.shape == a.shape:
-        full(*_flat(a, b, out))
-    elif b.ndim == 1 and b.shape[0] == a.shape[-1]:
+        return partial(full, *_flat(a, b, out))
+    if b.ndim == 1 and b.shape[0] == a.shape[-1]:
         fa, fb, fo = _flat(a, b, out)
-        row(fa.reshape(-1, b.shape[0]), fb, fo.reshape(-1, b.shape[0]))
-    else:
-        raise ValueError(f"cannot broadcast {b.shape} over {a.shape}")
+        return partial(row, fa.reshape(-1, b.shape[0]), fb, fo.reshape(-1, b.shape[0]))
+    raise ValueError(f"cannot broadcast {b.shape} over {a.shape}")
 
 
 def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a + b (b same shape, or one row added to every row)."""
-    _binary(a, b, out, _add, _add_row)
+    _binary(a, b, out, _add, _add_row)()
 
 
 def mul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a * b (b same shape, or one row multiplied into every row)."""
-    _binary(a, b, out, _mul, _mul_row)
+    _binary(a, b, out, _mul, _mul_row)()
+
+
+# The same operations bound to fixed arrays (the op tape): checks once, then the kernel alone.
+
+
+def bind_add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    return _binary(a, b, out, _add, _add_row)
+
+
+def bind_mul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    return _binary(a, b, out, _mul, _mul_row)
+
+
+def bind_swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    if not gate.shape == up.shape == out.shape:
+        raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
+    return partial(_swiglu, *_flat(gate, up, out))
+
+
+def bind_silu(x: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    if x.shape != out.shape:
+        raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
+    return partial(_silu, *_flat(x, out))

@@ -41,7 +41,16 @@ from .dot32 import (
 from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
-from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
+from .q8 import (
+    Q8Blocks,
+    Q8KBlocks,
+    bind_quantize_q8_0,
+    bind_quantize_q8_k,
+    new_q8_0,
+    new_q8_k,
+    quantize_q8_0,
+    quantize_q8_k,
+)
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
 from .repack import repack_block32, repack_q4_k
 from .simd import HAS_VNNI512
@@ -116,7 +125,39 @@ def quantize_activation(x: np.ndarray, qtype: int) -> QuantizedActivation:
     return quantize_q8_0(x)
 
 
+def new_activation(nt: int, n_in: int, qtype: int) -> Q8Blocks | Q8KBlocks | None:
+    """Empty buffers for an activation `[nt, n_in]` in the quantized form `qtype`'s dot kernel
+    reads, to be filled by `bind_quantize`; None for float weights (their form is a rounding,
+    made per call by `quantize_activation`)."""
+    qt = qtype_of(qtype)
+    if qt in KQUANT_TYPES:
+        return new_q8_k(nt, n_in)
+    if qt in _FLOAT:
+        return None
+    return new_q8_0(nt, n_in)
+
+
+def bind_quantize(x: np.ndarray, xq: Q8Blocks | Q8KBlocks) -> Callable[[], None]:
+    """The call that quantizes x into `xq` (made by `new_activation`), shapes checked once."""
+    if isinstance(xq, Q8KBlocks):
+        return bind_quantize_q8_k(x, xq)
+    return bind_quantize_q8_0(x, xq)
+
+
 PrequantKernel = Callable[[QuantizedActivation, np.ndarray], None]
+
+
+@functools.cache
+def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
+    kernel: object
+    want: type
+    if qt in _BLOCK32:
+        kernel, want, label = _BLOCK32[qt], Q8Blocks, "a Q8_0"
+    elif qt in _KQUANT:
+        kernel, want, label = _KQUANT[qt], Q8KBlocks, "a Q8_K"
+    else:
+        kernel, want, label = _FLOAT[qt], np.ndarray, "a float"
+    return cast(Callable[..., None], kernel), want, label  # the kernels differ in arguments only
 
 
 def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
@@ -126,15 +167,7 @@ def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     n_out = w.shape[0]
-    kernel: object
-    want: type
-    if qt in _BLOCK32:
-        kernel, want, label = _BLOCK32[qt], Q8Blocks, "a Q8_0"
-    elif qt in _KQUANT:
-        kernel, want, label = _KQUANT[qt], Q8KBlocks, "a Q8_K"
-    else:
-        kernel, want, label = _FLOAT[qt], np.ndarray, "a float"
-    fn = cast(Callable[..., None], kernel)  # the three kernels differ only in their arguments
+    fn, want, label = _kernel_for(qt)
 
     def run(xq: QuantizedActivation, out: np.ndarray) -> None:
         if not isinstance(xq, want):
@@ -147,6 +180,20 @@ def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
         fn(w, xq.qs, xq.d, xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
 
     return run
+
+
+def bind_prequant_into(w_raw: np.ndarray, qtype: int, xq: Q8Blocks | Q8KBlocks,
+                       out: np.ndarray) -> Callable[[], None]:
+    """`matmul_prequant(w, qtype, xq, out)` over fixed buffers: every check done here, once;
+    the call is the compiled kernel alone (whatever `xq` holds when it runs)."""
+    qt = qtype_of(qtype)
+    w, n_in = weight_view(w_raw, qt)
+    fn, want, label = _kernel_for(qt)
+    if not isinstance(xq, want):
+        raise TypeError(f"{qt.name} needs {label} activation")
+    _check_widths(xq.qs, out, n_in, w.shape[0])
+    return functools.partial(fn, w, xq.qs, xq.d,
+                             xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
 
 
 def _check_widths(x_rows: np.ndarray, out: np.ndarray, n_in: int, n_out: int) -> None:
@@ -197,9 +244,12 @@ __all__ = [
     "PrequantKernel",
     "QuantizedActivation",
     "bind_prequant",
+    "bind_prequant_into",
+    "bind_quantize",
     "matmul",
     "matmul_prequant",
     "matmul_sgemm",
+    "new_activation",
     "packable",
     "prefill_min_tokens",
     "quantize_activation",

@@ -7,6 +7,9 @@ Serial kernels: rows are short and a parallel region costs more than the work at
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 from numba import njit
 
@@ -36,14 +39,27 @@ def _check(x: np.ndarray, out: np.ndarray, width: int, w: np.ndarray) -> None:
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, per row; out may be x."""
-    _check(x, out, x.shape[1], w)
-    _rms_rows(x, np.asarray(w, np.float32), np.float32(eps), out, 1, x.shape[1])
+    bind_rms_norm(x, w, eps, out)()
 
 
 def head_rms_norm(x: np.ndarray, w: np.ndarray, *, n_head: int, head_dim: int, eps: float,
                   out: np.ndarray) -> None:
     """RMSNorm of each head's `head_dim` slice of x `[nt, n_head*head_dim]`, weight `[head_dim]`."""
+    bind_head_rms_norm(x, w, n_head=n_head, head_dim=head_dim, eps=eps, out=out)()
+
+
+def bind_rms_norm(x: np.ndarray, w: np.ndarray, eps: float,
+                  out: np.ndarray) -> Callable[[], None]:
+    """`rms_norm` over fixed arrays: checked once, then the kernel alone (the op tape)."""
+    _check(x, out, x.shape[1], w)
+    return partial(_rms_rows, x, np.asarray(w, np.float32), np.float32(eps), out, 1, x.shape[1])
+
+
+def bind_head_rms_norm(x: np.ndarray, w: np.ndarray, *, n_head: int, head_dim: int, eps: float,
+                       out: np.ndarray) -> Callable[[], None]:
+    """`head_rms_norm` over fixed arrays: checked once, then the kernel alone."""
     if x.ndim != 2 or x.shape[1] != n_head * head_dim:
         raise ValueError(f"x of shape {x.shape} is not [nt, {n_head}*{head_dim}]")
     _check(x, out, head_dim, w)
-    _rms_rows(x, np.asarray(w, np.float32), np.float32(eps), out, n_head, head_dim)
+    return partial(_rms_rows, x, np.asarray(w, np.float32), np.float32(eps), out, n_head,
+                   head_dim)

@@ -18,7 +18,9 @@ These kernels are exact (only order-insensitive fastmath flags; see _FM).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from numba import njit, prange
@@ -170,3 +172,32 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     rows = _quantize_q8_k_rows_par if nt >= PARALLEL_MIN_ROWS else _quantize_q8_k_rows
     rows(x, out.qs, out.d, out.bsums)
     return out
+
+
+def new_q8_0(nt: int, n: int) -> Q8Blocks:
+    """Empty Q8_0 blocks for `[nt, n]`, to be filled by `bind_quantize_q8_0`."""
+    return Q8Blocks(qs=np.empty((nt, n), np.int8), d=np.empty((nt, n // 32), np.float32),
+                    s=np.empty((nt, n // 32), np.float32),
+                    isum=np.empty((nt, n // 32), np.int32))
+
+
+def new_q8_k(nt: int, n: int) -> Q8KBlocks:
+    """Empty Q8_K blocks for `[nt, n]`, to be filled by `bind_quantize_q8_k`."""
+    return Q8KBlocks(qs=np.empty((nt, n), np.int8), d=np.empty((nt, n // 256), np.float32),
+                     bsums=np.empty((nt, n // 16), np.int16))
+
+
+def bind_quantize_q8_0(x: np.ndarray, out: Q8Blocks) -> Callable[[], None]:
+    """`quantize_q8_0(x)` into `out`, as a call over fixed buffers (shapes checked here)."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or out.qs.shape != _rows(x, 32).shape:
+        raise ValueError(f"cannot quantize {x.dtype} {x.shape} into Q8_0 {out.qs.shape}")
+    rows = _quantize_q8_0_rows_par if x.shape[0] >= PARALLEL_MIN_ROWS else _quantize_q8_0_rows
+    return partial(rows, x, out.qs, out.d, out.s, out.isum)
+
+
+def bind_quantize_q8_k(x: np.ndarray, out: Q8KBlocks) -> Callable[[], None]:
+    """`quantize_q8_k(x)` into `out`, as a call over fixed buffers (shapes checked here)."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or out.qs.shape != _rows(x, 256).shape:
+        raise ValueError(f"cannot quantize {x.dtype} {x.shape} into Q8_K {out.qs.shape}")
+    rows = _quantize_q8_k_rows_par if x.shape[0] >= PARALLEL_MIN_ROWS else _quantize_q8_k_rows
+    return partial(rows, x, out.qs, out.d, out.bsums)

@@ -9,6 +9,8 @@ rope_dim pass through unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit
 
@@ -47,3 +49,21 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
     if positions.shape[0] != x.shape[0]:
         raise ValueError(f"{positions.shape[0]} positions for {x.shape[0]} rows")
     _rope_neox(x, positions, n_head, head_dim, rope_dim, np.float32(base), out)
+
+
+def bind_rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
+                   rope_dim: int, base: float, out: np.ndarray) -> Callable[[], None]:
+    """`rope_neox` over fixed arrays (the op tape): shapes checked once; each call converts the
+    positions the batch filled in and runs the kernel."""
+    if x.ndim != 2 or x.shape[1] != n_head * head_dim or out.shape != x.shape:
+        raise ValueError(f"x {x.shape} / out {out.shape} are not [nt, {n_head}*{head_dim}]")
+    if rope_dim % 2 or not 0 < rope_dim <= head_dim:
+        raise ValueError(f"rope_dim {rope_dim} must be even and within head_dim {head_dim}")
+    if positions.shape != (x.shape[0],):
+        raise ValueError(f"{positions.shape} positions for {x.shape[0]} rows")
+    base32 = np.float32(base)
+
+    def step() -> None:
+        _rope_neox(x, positions.astype(np.int64), n_head, head_dim, rope_dim, base32, out)
+
+    return step

@@ -1,0 +1,51 @@
+"""The op tape runs exactly the graph the interpreter runs: same logits, same KV, bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minfer.engine.forward import Engine
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+
+
+def _engine(path: Path, *, op_tape: bool, batch_invariant: bool) -> Engine:
+    f = GGUFFile.open(path)
+    return Engine(f, HParams.from_gguf(f), n_ctx=64, op_tape=op_tape,
+                  batch_invariant=batch_invariant)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "invariant"])
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3"])
+def test_tape_and_interpreter_agree_bitwise(model: str, batch_invariant: bool,
+                                            request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(model)
+    runs = []
+    for op_tape in (True, False):
+        e = _engine(path, op_tape=op_tape, batch_invariant=batch_invariant)
+        prompt = [(7 * i + 3) % 50 for i in range(40)]
+        logits = [e.forward(prompt, 0, n_out=2)]
+        for i, tok in enumerate((5, 9, 11)):  # decode steps reuse one graph (and one tape)
+            logits.append(e.forward([tok], 40 + i))
+        logits.append(e.forward([1, 2, 3], 43, n_out=3))  # a small batch, every row out
+        runs.append((logits, [k.copy() for k in e.kv.k], [v.copy() for v in e.kv.v]))
+    (la, ka, va), (lb, kb, vb) = runs
+    for a, b in zip(la, lb, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(ka + va, kb + vb, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_tape_is_bound_once_per_graph(tiny_qwen2: Path) -> None:
+    e = _engine(tiny_qwen2, op_tape=True, batch_invariant=False)
+    e.forward([1, 2], 0)
+    prepared = e.cache.get(e.params_for(1, 1))
+    assert "tape" not in prepared.scratch
+    e.forward([3], 2)
+    tape = prepared.scratch["tape"][1]
+    assert tape is not None and len(tape.steps) > 0
+    e.forward([4], 3)
+    assert prepared.scratch["tape"][1] is tape
