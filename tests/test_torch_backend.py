@@ -225,6 +225,7 @@ def test_make_torch_backend_follows_the_environment(monkeypatch: pytest.MonkeyPa
         make_torch_backend(required=False)
     monkeypatch.delenv("MINFER_TORCH_WEIGHTS")
     monkeypatch.setenv("MINFER_TORCH_DEVICE", "auto")
+    monkeypatch.setattr(tb_pkg, "gpu_present", lambda: True)  # so auto asks torch (detect)
     monkeypatch.setattr(tb_pkg, "detect",
                         lambda: Capabilities(True, amx=False, avx512_bf16=False, cuda=False))
     assert make_torch_backend(required=False) is None  # auto stays CPU-only
@@ -234,6 +235,34 @@ def test_make_torch_backend_follows_the_environment(monkeypatch: pytest.MonkeyPa
     assert make_torch_backend(required=False) is None
     with pytest.raises(MinferError, match="needs torch"):
         make_torch_backend(required=True)
+
+
+def test_auto_on_an_amx_host_makes_torch_only_for_a_graph_it_would_take(
+        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU, `auto` defers torch (its import costs ~1.5 s of every start) until a node
+    of at least min_rows rows is offered: a short prompt and decode steps never make it."""
+    import minfer.backends.torch_backend as tb_pkg
+
+    monkeypatch.setattr(tb_pkg, "worth_probing", lambda: True)
+    monkeypatch.setattr(tb_pkg, "gpu_present", lambda: False)
+    monkeypatch.setenv("MINFER_TORCH_DEVICE", "auto")
+    monkeypatch.setenv("MINFER_TORCH_MIN_ROWS", "8")
+    made: list[str] = []
+
+    def fake_made(device: str, claim: str, weights: str, min_rows: int) -> TorchBackend:
+        made.append(device)
+        return TorchBackend(device="cpu", claim=claim, weights=weights, min_rows=min_rows)
+
+    monkeypatch.setattr(tb_pkg, "_made", fake_made)
+    backend = make_torch_backend(required=False)
+    assert isinstance(backend, tb_pkg.DeferredTorchBackend) and backend.min_rows == 8
+    f = GGUFFile.open(tiny_qwen2)
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=64)
+    for n_tokens, takes in ((4, False), (16, True)):
+        graph = engine.cache.get(engine.params_for(n_tokens, 1)).graph
+        assert any(backend.supports_op(node, graph) for node in graph.nodes) is takes
+        assert made == (["cpu"] if takes else [])
+    assert backend.made is not None
 
 
 def test_auto_does_not_import_torch_where_it_could_not_pay(

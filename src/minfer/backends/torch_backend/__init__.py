@@ -15,25 +15,36 @@
   (see backend.py). `dense` is the default: attention stays on the CPU backend, whose blocked
   kernel beat torch's SDPA here (pp512 730-750 tok/s with `dense` vs 690-705 with `all`).
 
-torch is imported only when a backend is made, so `import minfer` never pays for it.
+torch is imported only when a backend is made, so `import minfer` never pays for it. Under `auto`
+on a CPU with AMX and no GPU, the backend is made even later: `DeferredTorchBackend` declines
+every node below `min_rows` rows without torch, and imports it (~1.5 s) when the first graph
+that torch would take is prepared, so a short prompt and every decode step never pay for it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from minfer.backends.torch_backend.device import (
     DEVICES,
     choose_device,
     detect,
     env_choice,
+    gpu_present,
     worth_probing,
 )
+from minfer.backends.torch_backend.rows import node_rows
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
+    from minfer.backends.base import ExecContext
     from minfer.backends.torch_backend.backend import TorchBackend
+    from minfer.graph.ir import ComputeGraph, Node
 
 CLAIM_CHOICES = ("matmul", "dense", "all")
 WEIGHT_CHOICES = ("scratch", "bf16")
@@ -43,7 +54,39 @@ WEIGHT_CHOICES = ("scratch", "bf16")
 DEFAULT_MIN_ROWS = {"scratch": 48, "bf16": 16}
 
 
-def make_torch_backend(required: bool) -> TorchBackend | None:
+class DeferredTorchBackend:
+    """The torch backend of an AMX host under `auto`, made (and torch imported) only when a
+    node with at least `min_rows` rows asks for it; until then it declines every node."""
+
+    name = "torch"
+
+    def __init__(self, make: Callable[[], TorchBackend], min_rows: int) -> None:
+        self._make = make
+        self.min_rows = min_rows
+        self.made: TorchBackend | None = None
+
+    def supports_op(self, node: Node, graph: ComputeGraph) -> bool:
+        if self.made is None:
+            if node_rows(node, graph) < self.min_rows:
+                return False
+            self.made = self._make()
+        return self.made.supports_op(node, graph)
+
+    def execute_node(self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None,
+                     ctx: ExecContext) -> None:
+        if self.made is None:  # only nodes it accepted are assigned to it
+            raise MinferError(f"node {node.name} reached the torch backend before it was made")
+        self.made.execute_node(node, srcs, out, ctx)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_") or attr == "made":
+            raise AttributeError(attr)
+        if self.made is None:
+            self.made = self._make()
+        return getattr(self.made, attr)
+
+
+def make_torch_backend(required: bool) -> TorchBackend | DeferredTorchBackend | None:
     """The torch backend configured from the environment, or None where it would not pay.
 
     With `required` (an explicit `--backend torch`) every reason it cannot run is an error.
@@ -52,8 +95,16 @@ def make_torch_backend(required: bool) -> TorchBackend | None:
     for name, choices in (("MINFER_TORCH_WEIGHTS", WEIGHT_CHOICES),
                           ("MINFER_TORCH_CLAIM", CLAIM_CHOICES)):
         env_choice(name, choices, choices[0])  # a typo is loud even where torch is not used
-    if not required and wanted == "auto" and not worth_probing():
-        return None  # nothing torch could use: not even imported (~1 s, ~180 MB)
+    if not required and wanted == "auto":
+        if not worth_probing():
+            return None  # nothing torch could use: not even imported (~1 s, ~180 MB)
+        if not gpu_present():  # an AMX host: torch on the CPU, imported when a prefill needs it
+            if importlib.util.find_spec("torch") is None:
+                return None
+            claim = env_choice("MINFER_TORCH_CLAIM", CLAIM_CHOICES, "dense")
+            min_rows = _min_rows("scratch")
+            return DeferredTorchBackend(lambda: _made("cpu", claim, "scratch", min_rows),
+                                        min_rows)
     caps = detect()
     if not caps.torch_ok:
         if required:
@@ -68,13 +119,18 @@ def make_torch_backend(required: bool) -> TorchBackend | None:
                 f"the torch backend has no fast device here ({caps.describe()}); set "
                 "MINFER_TORCH_DEVICE=cpu to run it anyway")
         return None
-    from minfer.backends.torch_backend.backend import TorchBackend
-
     weights = env_choice("MINFER_TORCH_WEIGHTS", WEIGHT_CHOICES,
                          "scratch" if device == "cpu" else "bf16")
     claim = env_choice("MINFER_TORCH_CLAIM", CLAIM_CHOICES, "dense")
-    return TorchBackend(device=device, claim=claim, weights=weights,
-                        min_rows=_min_rows(weights))
+    return _made(device, claim, weights, _min_rows(weights))
+
+
+def _made(device: str, claim: str, weights: str, min_rows: int) -> TorchBackend:
+    try:
+        from minfer.backends.torch_backend.backend import TorchBackend
+    except ImportError as exc:
+        raise MinferError(f"the torch backend could not start: {exc}") from None
+    return TorchBackend(device=device, claim=claim, weights=weights, min_rows=min_rows)
 
 
 def _min_rows(weights: str) -> int:
@@ -90,4 +146,4 @@ def _min_rows(weights: str) -> int:
     return value
 
 
-__all__ = ["make_torch_backend"]
+__all__ = ["DeferredTorchBackend", "make_torch_backend"]

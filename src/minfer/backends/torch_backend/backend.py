@@ -29,6 +29,7 @@ from minfer.backends.base import ExecContext
 from minfer.backends.torch_backend import ops
 from minfer.backends.torch_backend.boundary import DeviceIO, HostIO, TensorIO
 from minfer.backends.torch_backend.device import numba_threads, sync_threads
+from minfer.backends.torch_backend.rows import node_rows as _rows
 from minfer.backends.torch_backend.weights import TorchWeights
 from minfer.errors import GraphError
 from minfer.graph import ir
@@ -123,15 +124,6 @@ class TorchBackend:
         dst = self.io.target(node, out)
         compute(dst)
         self.io.publish(ctx.memo, node, out, dst)
-
-
-def _rows(node: Node, graph: ComputeGraph) -> int:
-    """Rows the node works on; KV store and load take them from the K they store."""
-    if isinstance(node.op, ir.KvcacheStore):
-        return graph.nodes[node.srcs[0]].shape[0]
-    if isinstance(node.op, ir.KvcacheLoad):
-        return _rows(graph.nodes[node.srcs[0]], graph)
-    return node.shape[0] if node.shape else 0
 
 
 # -- handlers: (backend, node, srcs, out, ctx) -------------------------------------------------

@@ -85,7 +85,12 @@ def worth_probing(cpuinfo: Path = CPUINFO, gpu_nodes: tuple[str, ...] = GPU_NODE
     """Whether `auto` could choose torch here, judged without importing it: a CPU with AMX
     bf16 tiles, or a GPU's device node. Elsewhere `auto` never imports torch."""
     flags = cpu_flags(cpuinfo)
-    return {"amx_bf16", "amx_tile"} <= flags or any(Path(p).exists() for p in gpu_nodes)
+    return {"amx_bf16", "amx_tile"} <= flags or gpu_present(gpu_nodes)
+
+
+def gpu_present(gpu_nodes: tuple[str, ...] = GPU_NODES) -> bool:
+    """Whether a GPU's device node exists (torch would have to be asked about CUDA)."""
+    return any(Path(p).exists() for p in gpu_nodes)
 
 
 def choose_device(caps: Capabilities, wanted: str = "auto") -> str | None:
