@@ -180,6 +180,7 @@ def write_parts(src: GGUFFile, parts: list[Part], paths: list[Path], *,
         if p.exists():
             raise SplitError(f"{p} already exists; not overwriting it")
     total = sum(part.size(src.version) for part in parts)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
     with _publishing(paths) as partials, byte_progress(label, total, enabled=progress) as adv:
         for part, path in zip(parts, partials, strict=True):
             try:
