@@ -75,7 +75,7 @@ def _config(family: str, vocab: int) -> Any:
     common: dict[str, Any] = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                                   num_hidden_layers=2, num_attention_heads=4,
                                   num_key_value_heads=2, max_position_embeddings=512,
-                                  rms_norm_eps=1e-6)
+                                  rms_norm_eps=1e-6, initializer_range=0.08)
     if family == "qwen2":
         return tf.Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6,
                               eos_token_id=vocab - 1), tf.Qwen2ForCausalLM

@@ -102,7 +102,7 @@ def test_cli_split_merge_and_errors(tiny_qwen2: Path, tmp_path: Path,
 _LLAMA_LOGITS = """
 import json, sys
 from llama_cpp import Llama
-m = Llama(model_path=sys.argv[1], n_ctx=64, logits_all=False, verbose=False)
+m = Llama(model_path=sys.argv[1], n_ctx=64, logits_all=True, verbose=False)
 m.eval([1, 2, 3, 4, 5])
 print(json.dumps([float(x) for x in m.scores[4][:50]]))
 """
@@ -113,4 +113,4 @@ def test_llama_cpp_loads_the_split_set(tiny_qwen2: Path, tmp_path: Path) -> None
     parts = split_gguf(tiny_qwen2, tmp_path / "l", max_tensors=9, progress=False)
     whole = run_json(python, _LLAMA_LOGITS, str(tiny_qwen2))
     split = run_json(python, _LLAMA_LOGITS, str(parts[0][0]))
-    assert whole == split
+    assert whole == split and max(abs(x) for x in whole) > 0

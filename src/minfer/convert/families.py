@@ -24,14 +24,16 @@ Config = dict[str, Any]
 
 def rope_params(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
     """(full-attention, sliding-attention) rope settings from either config spelling."""
-    rp = cfg.get("rope_parameters")
+    rp: dict[str, Any] | None = cfg.get("rope_parameters")
     if rp is None:
         rp = {**(cfg.get("rope_scaling") or {})}
         if "rope_theta" in cfg:
             rp["rope_theta"] = cfg["rope_theta"]
     if "type" in rp and "rope_type" not in rp:
         rp = {**rp, "rope_type": rp["type"]}
-    return rp.get("full_attention", rp), rp.get("sliding_attention", {})
+    full: dict[str, Any] = rp.get("full_attention", rp)
+    swa: dict[str, Any] = rp.get("sliding_attention", {})
+    return full, swa
 
 
 def head_dim(cfg: Config) -> int:
