@@ -38,16 +38,23 @@ class SafeTensor:
     start: int
     end: int
 
-    def load(self) -> np.ndarray:
-        """The tensor as float32 (floats) or its own integer dtype, shaped like in torch."""
+    def load(self, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The tensor (or its rows [r0, r1)) as float32 (floats) or its own integer dtype,
+        shaped like in torch; a fresh array, the mapping is dropped before returning."""
         if self.dtype not in _DTYPES:
             raise CheckpointError(f"{self.path.name}: tensor {self.name!r} has dtype "
                                   f"{self.dtype}, which minfer does not convert")
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.start,
-                        shape=(self.end - self.start,))
-        data = raw.view(_DTYPES[self.dtype]).reshape(self.shape)
-        if self.dtype == "BF16":
-            return (data.astype(np.uint32) << 16).view(np.float32)
+        r0, r1 = rows if rows is not None else (0, self.shape[0] if self.shape else 1)
+        row_bytes = (self.end - self.start) // max(1, self.shape[0] if self.shape else 1)
+        shape = (r1 - r0, *self.shape[1:]) if self.shape else ()
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.start + r0 * row_bytes,
+                        shape=(max(1, (r1 - r0) * row_bytes),))
+        data = raw.view(_DTYPES[self.dtype]).reshape(shape)
+        if self.dtype == "BF16":  # widen in place: one f32 array, no temporaries
+            out = np.empty(shape, dtype=np.uint32)
+            out[...] = data
+            out <<= 16
+            return out.view(np.float32)
         if data.dtype.kind == "f":
             return data.astype(np.float32)
         return np.array(data)

@@ -119,6 +119,8 @@ class Family:
     extra_tensors: Callable[[Config], Iterator[tuple[str, np.ndarray]]] = _no_extra
     defaults: dict[str, Any] = field(default_factory=dict)
     trims_embedding: bool = False
+    # HF names whose fix mixes rows (so it needs the whole tensor, not row chunks)
+    whole_tensor: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -129,7 +131,8 @@ FAMILIES = (
     Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",)),
     Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",)),
     Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM"), fix=_llama_fix,
-           extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs),
+           extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs,
+           whole_tensor=("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")),
     Family(gguf.MODEL_ARCH.GEMMA3, ("Gemma3ForCausalLM",), fix=_gemma3_fix,
            extra_kv=_gemma3_kv, trims_embedding=True,
            defaults={"max_position_embeddings": 131072, "num_attention_heads": 8,
