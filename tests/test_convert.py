@@ -158,3 +158,21 @@ def test_cli_convert_and_errors(ckpts: dict[str, Path], tmp_path: Path,
     assert main(["convert", str(odd), str(tmp_path / "y.gguf"), "--tokenizer-pre", "qwen2",
                  "--quiet"]) == 0
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_interrupted_convert_leaves_nothing(ckpts: dict[str, Path], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import minfer.convert.convert as conv
+
+    real, calls = conv._tensor_data, []
+
+    def data_then_interrupt(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conv, "_tensor_data", data_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        convert_hf(ckpts["qwen2"], tmp_path / "i.gguf", progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -114,3 +114,21 @@ def test_llama_cpp_loads_the_split_set(tiny_qwen2: Path, tmp_path: Path) -> None
     whole = run_json(python, _LLAMA_LOGITS, str(tiny_qwen2))
     split = run_json(python, _LLAMA_LOGITS, str(parts[0][0]))
     assert whole == split and max(abs(x) for x in whole) > 0
+
+
+def test_interrupted_split_leaves_nothing(tiny_qwen2: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import minfer.gguf.split as split
+
+    real, calls = split._copy_tensor, []
+
+    def copy_then_interrupt(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 12:  # well into the second part
+            raise KeyboardInterrupt
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(split, "_copy_tensor", copy_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        split_gguf(tiny_qwen2, tmp_path / "i", max_tensors=8, progress=False)
+    assert list(tmp_path.iterdir()) == []
