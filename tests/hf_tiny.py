@@ -19,18 +19,19 @@ CHAT_TEMPLATE = (
 )
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = QWEN2_SPLIT.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
 _TEXT = ("The quick brown fox jumps over the lazy dog. Hello world! def main(): return 42\n"
          "In the morning there is nothing better than tea and a good book; 0123456789.\n") * 20
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def write_bpe_tokenizer(out: Path, vocab_size: int = 320) -> int:
+def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPLIT) -> int:
     """A byte-level BPE tokenizer.json + tokenizer_config.json; returns the vocabulary size."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), show_progress=False,
@@ -85,6 +86,12 @@ def _config(family: str, vocab: int) -> Any:
     if family == "llama":
         return tf.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=10000.0,
                               bos_token_id=1, eos_token_id=2), tf.LlamaForCausalLM
+    if family == "llama3":  # Llama 3.1 style: BPE tokenizer.json and llama3 rope scaling
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+        return tf.LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope,
+                              eos_token_id=vocab - 1), tf.LlamaForCausalLM
     if family == "gemma3":
         return tf.Gemma3TextConfig(**common, head_dim=32, sliding_window=16,
                                    query_pre_attn_scalar=32, bos_token_id=1, eos_token_id=2,
@@ -98,7 +105,8 @@ def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "flo
 
     out.mkdir(parents=True, exist_ok=True)
     spm = family in ("llama", "gemma3")
-    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(out)
+    split = LLAMA3_SPLIT if family == "llama3" else QWEN2_SPLIT
+    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(out, split=split)
     config, cls = _config(family, vocab)
     torch.manual_seed(seed)
     model = cls(config).eval()

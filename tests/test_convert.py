@@ -18,7 +18,7 @@ from tests.hf_tiny import hf_logits, write_checkpoint
 from tests.llama_convert import reference_convert
 from tests.refpython import llama_python, run_json
 
-FAMILIES = ("qwen2", "qwen3", "llama", "gemma3")
+FAMILIES = ("qwen2", "qwen3", "llama", "gemma3", "llama3")  # llama3: BPE + llama3 rope
 IDS = [5, 17, 42, 99, 3, 250, 7]
 
 
@@ -49,7 +49,8 @@ def test_minfer_logits_match_transformers(family: str, ckpts: dict[str, Path],
     assert model.tokenizer.encode("<|im_start|>") == [318]  # the special survives conversion
 
 
-OUTTYPE = {"qwen2": "f16", "qwen3": "bf16", "llama": "q8_0", "gemma3": "f16"}
+OUTTYPE = {"qwen2": "f16", "qwen3": "bf16", "llama": "q8_0", "gemma3": "f16", "llama3": "f16"}
+PRE = {"qwen2": "qwen2", "qwen3": "qwen2", "llama3": "llama-bpe"}  # BPE pre-tokenizer names
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +58,7 @@ def reference_files(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFac
                     ) -> dict[str, Path]:
     """llama.cpp's converter output for each family (one outtype each, so all four are seen)."""
     root = tmp_path_factory.mktemp("ref")
-    jobs = [(ckpts[f], root / f"{f}.gguf", OUTTYPE[f], "qwen2" if f.startswith("qwen") else None)
-            for f in FAMILIES]
+    jobs = [(ckpts[f], root / f"{f}.gguf", OUTTYPE[f], PRE.get(f)) for f in FAMILIES]
     reference_convert(jobs)
     return {f: root / f"{f}.gguf" for f in FAMILIES}
 

@@ -87,8 +87,10 @@ def bpe_vocab(model_dir: Path, vocab_size: int | None, pre: str | None) -> Vocab
     path = model_dir / "tokenizer.json"
     tok = json.loads(path.read_text(encoding="utf-8"))
     model = tok.get("model", {})
-    if model.get("type") != "BPE":
-        raise CheckpointError(f"{path}: tokenizer model {model.get('type')!r} is not BPE")
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        kind = "SentencePiece-style BPE" if model.get("byte_fallback") else model.get("type")
+        raise CheckpointError(f"{path}: a {kind} tokenizer.json without tokenizer.model is not "
+                              "converted (minfer reads byte-level BPE or tokenizer.model)")
     by_id = {int(i): t for t, i in model["vocab"].items()}
     added = {int(a["id"]): a for a in tok.get("added_tokens", [])}
     by_id |= {i: a["content"] for i, a in added.items()}
@@ -140,7 +142,11 @@ def _spm_added(model_dir: Path, tokens: list[str], scores: list[float],
 
 
 def spm_vocab(model_dir: Path, vocab_size: int | None) -> Vocab:
-    from sentencepiece import SentencePieceProcessor
+    try:
+        from sentencepiece import SentencePieceProcessor
+    except ImportError:
+        raise CheckpointError(f"{model_dir}/tokenizer.model needs the sentencepiece package "
+                              "(pip install 'minfer[convert]')") from None
 
     sp = SentencePieceProcessor()
     sp.LoadFromFile(str(model_dir / "tokenizer.model"))
