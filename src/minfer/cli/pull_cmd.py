@@ -12,7 +12,8 @@ from minfer.store.hub_select import is_hub_ref
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("pull", help="download a catalogue model into the cache")
+    p = subparsers.add_parser(
+        "pull", help="download a catalogue model, or hf:ORG/REPO[:QUANT] from the Hub")
     p.add_argument("name", nargs="?", help="catalogue name (default: the default model) or "
                    "hf:ORG/REPO[:QUANT|:FILE.gguf] from the Hugging Face Hub")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

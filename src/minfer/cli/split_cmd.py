@@ -10,7 +10,7 @@ from minfer.gguf.split import parse_size, split_gguf
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "split", help="split a GGUF into <prefix>-0000i-of-0000N.gguf parts (as llama.cpp)")
+        "split", help="split a GGUF into parts llama.cpp and minfer load (gguf-split)")
     p.add_argument("input", help="the GGUF to split (a file, or the first part of a set)")
     p.add_argument("output", help="output prefix (a trailing .gguf is dropped)")
     limit = p.add_mutually_exclusive_group()
