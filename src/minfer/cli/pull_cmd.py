@@ -1,4 +1,5 @@
-"""`minfer pull [NAME]`: fetch a catalogue model into the cache (idempotent, resumable)."""
+"""`minfer pull [NAME | hf:ORG/REPO[:QUANT|:FILE]]`: fetch a catalogue model into the cache, or
+a GGUF from the Hugging Face Hub into its cache (idempotent, resumable)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,23 @@ import argparse
 
 from minfer.store import pull
 from minfer.store.catalog import default_model_name
+from minfer.store.hub import pull_hub
+from minfer.store.hub_select import is_hub_ref
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("pull", help="download a catalogue model into the cache")
-    p.add_argument("name", nargs="?", help="catalogue name (default: the default model)")
+    p = subparsers.add_parser(
+        "pull", help="download a catalogue model, or hf:ORG/REPO[:QUANT] from the Hub")
+    p.add_argument("name", nargs="?", help="catalogue name (default: the default model) or "
+                   "hf:ORG/REPO[:QUANT|:FILE.gguf] from the Hugging Face Hub")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    path = pull(args.name or default_model_name(), progress=not args.quiet)
+    if args.name and is_hub_ref(args.name):
+        path = pull_hub(args.name, progress=not args.quiet)
+    else:
+        path = pull(args.name or default_model_name(), progress=not args.quiet)
     print(path)
     return 0

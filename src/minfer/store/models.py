@@ -1,7 +1,8 @@
 """Turning a model argument into a file, and listing the models in the cache.
 
-Owns `resolve_model` (a path to a .gguf or the first part of a split set, a cached name, or None
-for the default model, pulled if missing) and `list_models` (what `minfer list` shows). A
+Owns `resolve_model` (a path to a .gguf or the first part of a split set, a cached name,
+`hf:ORG/REPO[:QUANT|:FILE]` — from the Hub cache, pulled if missing — or None for the default
+model, pulled if missing) and `list_models` (what `minfer list` shows). A
 `.partial` file is an unfinished pull and is never taken for a model.
 """
 
@@ -20,6 +21,8 @@ from minfer.errors import GGUFError, ModelNotFoundError
 from minfer.gguf.reader import GGUFFile
 from minfer.store.catalog import default_model_name, minfer_home
 from minfer.store.download import pull
+from minfer.store.hub import cached_hub_model, list_hub_models, pull_hub
+from minfer.store.hub_select import is_hub_ref
 
 _LATER_SPLIT_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")
 _FIRST_SPLIT_PART = re.compile(r"-00001-of-\d{5}\.gguf$")
@@ -52,6 +55,8 @@ def resolve_model(arg: str | None) -> Path:
     if arg is None:
         name = default_model_name()
         return _cached_path(name, home) or pull(name)
+    if is_hub_ref(arg):
+        return cached_hub_model(arg) or pull_hub(arg)
     if arg.endswith(".partial"):
         raise ModelNotFoundError(f"{arg}: an unfinished download, not a model "
                                  "(run `minfer pull` again)")
@@ -79,8 +84,8 @@ def model_quantization(f: GGUFFile) -> str:
     return census.most_common(1)[0][0] if census else "?"
 
 
-def _describe(path: Path) -> CachedModel:
-    name = _FIRST_SPLIT_PART.sub("", path.name).removesuffix(".gguf")
+def _describe(path: Path, name: str | None = None) -> CachedModel:
+    name = name or _FIRST_SPLIT_PART.sub("", path.name).removesuffix(".gguf")
     try:
         with GGUFFile.open(path) as f:
             return CachedModel(name, path, f.file_size, f.architecture or "?",
@@ -90,9 +95,11 @@ def _describe(path: Path) -> CachedModel:
 
 
 def list_models() -> list[CachedModel]:
-    """Every model file in the cache (first parts of split sets only), by name."""
+    """Every model file in the cache (first parts of split sets only), by name, then the
+    Hugging Face Hub models in its cache (named `hf:ORG/REPO:FILE`)."""
     home = minfer_home()
+    hub = [_describe(path, name) for name, path in list_hub_models()]
     if not home.is_dir():
-        return []
+        return hub
     files = [p for p in home.glob("*.gguf") if p.is_file() and not _LATER_SPLIT_PART.search(p.name)]
-    return sorted((_describe(p) for p in files), key=lambda m: m.name)
+    return sorted((_describe(p) for p in files), key=lambda m: m.name) + hub

@@ -1,0 +1,150 @@
+"""The architecture families `minfer convert` knows: names, hyper-parameters, tensor fixes.
+
+One `Family` per llama.cpp architecture: which Hugging Face `architectures` map to it, the
+family-specific metadata written after the common keys, and the per-tensor fix-ups llama.cpp's
+converter applies — Llama's Q/K row permutation (HF stores rotary halves; GGUF wants interleaved
+pairs), Gemma 3's RMSNorm weights stored as w-1 (+1 on every `*norm.weight`) and its embedding
+trimmed to the real vocabulary. Extra tensors (Llama 3's `rope_freqs`) are generated here too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import gguf
+import numpy as np
+
+from minfer.convert.checkpoint import CheckpointError
+
+Config = dict[str, Any]
+
+
+def rope_params(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(full-attention, sliding-attention) rope settings from either config spelling."""
+    rp: dict[str, Any] | None = cfg.get("rope_parameters")
+    if rp is None:
+        rp = {**(cfg.get("rope_scaling") or {})}
+        if "rope_theta" in cfg:
+            rp["rope_theta"] = cfg["rope_theta"]
+    if "type" in rp and "rope_type" not in rp:
+        rp = {**rp, "rope_type": rp["type"]}
+    full: dict[str, Any] = rp.get("full_attention", rp)
+    swa: dict[str, Any] = rp.get("sliding_attention", {})
+    return full, swa
+
+
+def head_dim(cfg: Config) -> int:
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF's rotate-half Q/K rows → GGUF's interleaved pairs, per head (llama.cpp's permute)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _llama_fix(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
+    n_head = int(cfg["num_attention_heads"])
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return permute_rope(w, n_head)
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return permute_rope(w, int(cfg.get("num_key_value_heads") or n_head))
+    return w
+
+
+def _gemma3_fix(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
+    if name.endswith("norm.weight"):  # Gemma3RMSNorm computes x * (1 + w)
+        return w + np.float32(1.0)
+    return w
+
+
+def _llama_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    w.add_vocab_size(int(cfg["vocab_size"]))
+    w.add_rope_dimension_count(head_dim(cfg))
+
+
+def _gemma3_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise CheckpointError("attn_logit_softcapping is set, which Gemma 3 does not use")
+    if cap := cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cap)
+    if cfg.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(int(cfg["sliding_window"]))
+
+
+def _llama3_rope_freqs(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
+    """Llama 3.1+'s frequency factors as the `rope_freqs.weight` tensor (llama.cpp's rule)."""
+    full, _ = rope_params(cfg)
+    if str(full.get("rope_type", "")).lower() != "llama3":
+        return
+    base, dim = float(full.get("rope_theta", 10000.0)), head_dim(cfg)
+    factor = full.get("factor", 8.0)
+    low, high = full.get("low_freq_factor", 1.0), full.get("high_freq_factor", 4.0)
+    old_ctx = full.get("original_max_position_embeddings", 8192)
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            factors.append(1.0)
+        elif wavelen > old_ctx / low:
+            factors.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    yield "rope_freqs.weight", np.array(factors, dtype=np.float32)
+
+
+def _no_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    return None
+
+
+def _no_fix(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
+    return w
+
+
+def _no_extra(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
+    return iter(())
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: gguf.MODEL_ARCH
+    hf_archs: tuple[str, ...]
+    fix: Callable[[str, np.ndarray, Config], np.ndarray] = _no_fix
+    extra_kv: Callable[[gguf.GGUFWriter, Config], None] = _no_kv
+    extra_tensors: Callable[[Config], Iterator[tuple[str, np.ndarray]]] = _no_extra
+    defaults: dict[str, Any] = field(default_factory=dict)
+    trims_embedding: bool = False
+    # HF names whose fix mixes rows (so it needs the whole tensor, not row chunks)
+    whole_tensor: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return gguf.MODEL_ARCH_NAMES[self.arch]
+
+
+FAMILIES = (
+    Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",)),
+    Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",)),
+    Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM"), fix=_llama_fix,
+           extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs,
+           whole_tensor=("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")),
+    Family(gguf.MODEL_ARCH.GEMMA3, ("Gemma3ForCausalLM",), fix=_gemma3_fix,
+           extra_kv=_gemma3_kv, trims_embedding=True,
+           defaults={"max_position_embeddings": 131072, "num_attention_heads": 8,
+                     "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "head_dim": 256}),
+)
+
+
+def family_for(cfg: Config) -> Family:
+    archs = cfg.get("architectures") or []
+    for fam in FAMILIES:
+        if any(a in fam.hf_archs for a in archs):
+            return fam
+    known = ", ".join(a for f in FAMILIES for a in f.hf_archs)
+    raise CheckpointError(f"architecture {archs or cfg.get('model_type')!r} is not one minfer "
+                          f"converts ({known})")

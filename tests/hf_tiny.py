@@ -1,0 +1,128 @@
+"""Tiny random Hugging Face checkpoints (2 layers, small dims) for the converter's tests.
+
+Each is written the way real ones are: `config.json` and `model.safetensors` by transformers'
+`save_pretrained`, plus a tokenizer — a byte-level BPE `tokenizer.json` (Qwen2's split regex,
+trained here with the `tokenizers` library) or a SentencePiece `tokenizer.model` (trained here
+with `sentencepiece`) — and a `tokenizer_config.json` holding the specials and a chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = QWEN2_SPLIT.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
+_TEXT = ("The quick brown fox jumps over the lazy dog. Hello world! def main(): return 42\n"
+         "In the morning there is nothing better than tea and a good book; 0123456789.\n") * 20
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPLIT) -> int:
+    """A byte-level BPE tokenizer.json + tokenizer_config.json; returns the vocabulary size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_TEXT], trainer)
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(out / "tokenizer.json"))
+    n = tok.get_vocab_size()
+    decoder = {str(tok.token_to_id(s)): {"content": s, "special": True, "normalized": False,
+                                         "lstrip": False, "rstrip": False, "single_word": False}
+               for s in SPECIALS}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+              "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
+              "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder,
+              "model_max_length": 512}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return n
+
+
+def write_spm_tokenizer(out: Path, vocab_size: int = 384) -> int:
+    """A SentencePiece tokenizer.model (Llama style: <unk> <s> </s>, byte fallback)."""
+    import sentencepiece as spm
+
+    text = out / "train.txt"
+    text.write_text(_TEXT)
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / "tokenizer"), vocab_size=vocab_size,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    text.unlink()
+    (out / "tokenizer.vocab").unlink()
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
+              "chat_template": CHAT_TEMPLATE, "model_max_length": 512}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return vocab_size
+
+
+def _config(family: str, vocab: int) -> Any:
+    import transformers as tf
+
+    common: dict[str, Any] = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=512,
+                                  rms_norm_eps=1e-6, initializer_range=0.08)
+    if family == "qwen2":
+        return tf.Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6,
+                              eos_token_id=vocab - 1), tf.Qwen2ForCausalLM
+    if family == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False,
+                              rope_theta=1e6), tf.Qwen3ForCausalLM
+    if family == "llama":
+        return tf.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=10000.0,
+                              bos_token_id=1, eos_token_id=2), tf.LlamaForCausalLM
+    if family == "llama3":  # Llama 3.1 style: BPE tokenizer.json and llama3 rope scaling
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+        return tf.LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope,
+                              eos_token_id=vocab - 1), tf.LlamaForCausalLM
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(**common, head_dim=32, sliding_window=16,
+                                   query_pre_attn_scalar=32, bos_token_id=1, eos_token_id=2,
+                                   pad_token_id=0), tf.Gemma3ForCausalLM
+    raise ValueError(family)
+
+
+def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """A random `family` checkpoint with its tokenizer in `out`; returns out."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    spm = family in ("llama", "gemma3")
+    split = LLAMA3_SPLIT if family == "llama3" else QWEN2_SPLIT
+    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(out, split=split)
+    config, cls = _config(family, vocab)
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():  # random norms, so a wrong norm convention shows in the logits
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if family == "gemma3" else 1.0))
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def hf_logits(ckpt: Path, ids: list[int]) -> Any:
+    """transformers' own float32 forward: last-position logits as a numpy array."""
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].numpy()
