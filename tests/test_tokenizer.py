@@ -194,7 +194,11 @@ def test_decode_without_special(tok: Tokenizer) -> None:
 @pytest.mark.parametrize(("meta", "message"), [
     ({"tokenizer.ggml.pre": "gpt-4o"}, "'gpt-4o'"),
     ({"tokenizer.ggml.pre": None}, "tokenizer.ggml.pre is missing"),
-    ({"tokenizer.ggml.model": "llama"}, "'llama'"),
+    ({"tokenizer.ggml.model": "t5"}, "unsupported tokenizer model 't5'"),
+    ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.scores is missing"),
+    ({"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.merges": []}, "merges is missing"),
+    ({"tokenizer.ggml.scores": np.zeros(3, dtype=np.float32)}, "scores has 3 entries"),
+    ({"tokenizer.ggml.add_bos_token": 1}, "add_bos_token=1 is not true or false"),
     ({"tokenizer.ggml.model": None}, "no tokenizer"),
     ({"tokenizer.ggml.token_type": np.ones(3, dtype=np.int32)}, "token_type has 3 entries"),
 ])
