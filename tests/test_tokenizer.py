@@ -231,3 +231,20 @@ def test_from_synthetic_gguf(tiny_qwen2: Path) -> None:
     assert tok.encode(text) == same.encode(text)
     assert tok.vocab.types[tok.token_id("<|im_start|>")] == CONTROL  # type: ignore[index]
     assert tok.vocab.types[tok.encode("the")[0]] == NORMAL
+
+
+def test_llama_cpp_special_token_overrides() -> None:
+    # `</s>` is end-of-generation by its text (llama.cpp), unless `<|tool_response>` is (Gemma 4)
+    tok = Tokenizer.from_gguf(fake_gguf(extra_tokens=("</s>",)))
+    s_id = tok.token_id("</s>")
+    assert s_id in tok.eot_ids and tok.is_control(s_id)  # type: ignore[arg-type]
+    gemma = Tokenizer.from_gguf(fake_gguf(extra_tokens=("</s>", "<|tool_response>")))
+    assert gemma.token_id("</s>") not in gemma.eot_ids
+    assert gemma.vocab.types[gemma.token_id("</s>")] == NORMAL  # type: ignore[index]
+    # harmony: with <|return|> and <|call|>, <|end|> ends a message, not the generation
+    harmony = Tokenizer.from_gguf(fake_gguf(extra_tokens=("<|end|>", "<|return|>", "<|call|>",
+                                                          "<|channel|>")))
+    end = harmony.token_id("<|end|>")
+    assert end not in harmony.eot_ids and harmony.token_id("<|return|>") in harmony.eot_ids
+    assert harmony.vocab.types[end] == USER_DEFINED  # type: ignore[index]
+    assert harmony.vocab.types[harmony.token_id("<|channel|>")] == USER_DEFINED  # type: ignore[index]

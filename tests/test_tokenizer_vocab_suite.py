@@ -119,3 +119,14 @@ def test_local_vocabulary(name: str) -> None:
 def test_fetched_vocabulary(name: str, fetched_vocab_dir: Path) -> None:
     check_vocabulary(fetched_vocab_dir / f"ggml-vocab-{name}.gguf")
 
+
+
+@pytest.mark.parametrize(("text", "ids"), [
+    # llama.cpp 0.3.36, special tokens parsed: Phi-3's special tokens (but `<s>`) eat the
+    # whitespace after them; SPM's space prefix comes back after each one
+    ("a</s> b<|end|>  c <s> d", [263, 2, 289, 32007, 274, 29871, 1, 29871, 270]),
+    ("<|user|>\n hi<|end|>\n<|assistant|>", [32010, 7251, 32007, 32001]),
+])
+def test_phi3_special_tokens_strip_whitespace(text: str, ids: list[int]) -> None:
+    tok = Tokenizer.from_gguf(GGUFFile.open(FIXTURES / "ggml-vocab-phi-3.gguf"))
+    assert tok.encode(text, add_bos=False) == ids

@@ -7,6 +7,11 @@ the text is dropped. The expressions are the ones in the models' `tokenizer.json
 some of them through hand-written equivalents, e.g. the GPT-2 and Llama 3 splitters, and spells
 `(?i:…)` out by hand); they run here in the `regex` package, which knows `\\p{L}`, `\\p{N}`, ….
 
+llama.cpp runs an expression without Unicode classes (`\\p{…}`) through `std::wregex` on a copy of
+the text where every non-ASCII whitespace character is a vertical tab (its `\\s` is ASCII-only):
+such a character then matches `\\s` and nothing else, even where the expression names it in a
+character range (DeepSeek LLM's `　-。`). `split` does the same for those expressions.
+
 Besides the regexes a rule carries llama.cpp's per-type flags: `ignore_merges` (a word already in
 the vocabulary is emitted whole) and `byte_encode` (GPT-2 byte-level alphabet; false for Gemma 4,
 whose BPE runs on raw UTF-8 with `▁` for spaces and `<0xNN>` byte fallback).
@@ -31,10 +36,13 @@ class PreTokenizer:
     ignore_merges: bool = False
     byte_encode: bool = True
     escape_whitespace: bool = False  # spaces become '▁' before splitting (Gemma 4)
-    _compiled: tuple[regex.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _compiled: tuple[tuple[regex.Pattern[str], bool], ...] = field(init=False, repr=False,
+                                                                    compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", tuple(regex.compile(p) for p in self.patterns))
+        compiled = tuple((regex.compile(p), "\\p{" not in p and p not in _HAND_WRITTEN)
+                         for p in self.patterns)
+        object.__setattr__(self, "_compiled", compiled)
 
     @property
     def pattern(self) -> str:
@@ -44,11 +52,11 @@ class PreTokenizer:
     def split(self, text: str) -> list[str]:
         """`text` cut into words: every regex in turn splits each piece into matches and gaps."""
         words = [text] if text else []
-        for rx in self._compiled:
+        for rx, fold in self._compiled:
             out: list[str] = []
             for word in words:
                 pos = 0
-                for m in rx.finditer(word):
+                for m in rx.finditer(word.translate(_FOLD_WHITESPACE) if fold else word):
                     start, end = m.span()
                     if start > pos:
                         out.append(word[pos:start])
@@ -60,6 +68,10 @@ class PreTokenizer:
             words = out
         return words
 
+
+# llama.cpp's non-ASCII whitespace (its unicode_set_whitespace; the same set as regex's `\s`).
+_FOLD_WHITESPACE = dict.fromkeys([0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
+                                  0x202F, 0x205F, 0x3000], 0x0B)
 
 _CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 # Qwen2: single digits, letters with at most one leading non-letter, punctuation runs.
@@ -100,6 +112,8 @@ STARCODER = (r"\p{N}", GPT2)
 DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]")
 # Gemma 4: no word split, only newline runs apart (BPE merges run over whole lines).
 NEWLINES = (r"[^\n]+|[\n]+",)
+# expressions llama.cpp runs by hand-written code on the original text (no whitespace folding)
+_HAND_WRITTEN = frozenset(NEWLINES)
 
 
 def _rules() -> dict[str, PreTokenizer]:

@@ -40,6 +40,7 @@ from minfer.tokenizer.vocab import (
 )
 
 _BYTE_TOKEN = re.compile("<0x[0-9A-Fa-f]{2}>")
+_C_SPACE = " \t\n\v\f\r"  # what C's isspace strips next to an rstrip token
 
 Fragment = str | int  # raw text still to encode, or an already-resolved special token id
 
@@ -125,6 +126,7 @@ class Tokenizer:
     def _partition(self, text: str, special: bool) -> list[Fragment]:
         """Cut `text` at special-token texts, longest first (llama.cpp's st_partition)."""
         frags: list[Fragment] = [text] if text else []
+        rstrip = self.vocab.rstrip_ids
         for stext, tid, control in self._specials:
             if (control and not special) or stext not in text:
                 continue
@@ -136,6 +138,8 @@ class Tokenizer:
                 for n, part in enumerate(frag.split(stext)):
                     if n:
                         out.append(tid)
+                        if tid in rstrip:
+                            part = part.lstrip(_C_SPACE)
                     if part:
                         out.append(part)
             frags = out

@@ -37,9 +37,11 @@ EOG_TEXTS = frozenset({
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<｜end▁of▁sentence｜>",
 })
-# Texts that are ordinary words in some vocabularies (Qwen2 has `</s>` as a normal token, as in
-# HTML): counted as end-of-generation only when the vocabulary marks them special.
-EOG_TEXTS_IF_SPECIAL = frozenset({"</s>", "<eos>"})
+# `</s>` stays an ordinary token (not end-of-generation) where one of these is end-of-generation
+# (Gemma 4, PLaMo); elsewhere llama.cpp promotes it, even in Qwen2's vocabulary.
+_NORMAL_S_MARKERS = frozenset({"<|tool_response>", "<|plamo:eos|>"})
+# gpt-oss tokens llama.cpp always renders (user-defined whatever the metadata says).
+_ALWAYS_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
 # FIM pad / repo / file-separator tokens: llama.cpp stops generation on them too.
 FIM_EOG_TEXTS = {
     "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
@@ -76,6 +78,7 @@ class Vocab:
     eot_ids: frozenset[int]
     add_bos: bool
     add_space_prefix: bool  # SPM: a space is put before the text (and after each special token)
+    rstrip_ids: frozenset[int]  # special tokens that eat the whitespace after them (Phi-3)
     chat_template: str | None
 
     @property
@@ -158,6 +161,7 @@ def read_vocab(f: HasMetadata) -> Vocab:
         eot_ids=eot_ids,
         add_bos=_add_bos(meta, model),
         add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", spm),
+        rstrip_ids=_rstrip_ids(meta, tokens, types),
         chat_template=read_chat_template(f),
     )
 
@@ -165,6 +169,20 @@ def read_vocab(f: HasMetadata) -> Vocab:
 # `tokenizer.ggml.pre` values for which llama.cpp adds BOS when the file does not say.
 _PRE_ADDING_BOS = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                              "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon"})
+
+
+def _rstrip_ids(meta: Mapping[str, Any], tokens: Sequence[str],
+                types: np.ndarray) -> frozenset[int]:
+    """llama.cpp's per-model token attributes: for a model named Phi-3 every special token but
+    `<unk>`, `<s>`, `<|endoftext|>` (and `</s>` in any case) strips the whitespace after it."""
+    name = str(meta.get("general.name", "")).lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return frozenset()
+    special = np.flatnonzero(np.isin(types, (CONTROL, USER_DEFINED, UNKNOWN))).tolist()
+    keep = {"<unk>", "<s>", "<|endoftext|>"}
+    ids = {i for i in special if tokens[i] not in keep}
+    ids.update(i for i, t in enumerate(tokens) if t == "</s>")
+    return frozenset(ids)
 
 
 def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -200,15 +218,25 @@ def _end_of_generation(meta: Mapping[str, Any], tokens: Sequence[str],
             eog.add(tid)
             types[tid] = CONTROL
     for text, tid in index.items():
-        if text in EOG_TEXTS_IF_SPECIAL and types[tid] == NORMAL:
-            continue
         if text in EOG_TEXTS:
             eog.add(tid)
             types[tid] = CONTROL
+    for tid, text in enumerate(tokens):
+        if text in _ALWAYS_USER_DEFINED:
+            types[tid] = USER_DEFINED
     for key in _EOG_ID_KEYS:
         tid = _token_id(meta, key, len(tokens))
         if tid is not None:
             eog.add(tid)
+    eog_ids = {tokens[i]: i for i in eog}
+    # o200k_harmony / solar-open: `<|end|>` ends a message, not the generation
+    has_call = "<|call|>" in eog_ids or "<|calls|>" in eog_ids
+    if "<|end|>" in eog_ids and has_call and ("<|return|>" in eog_ids or "<|flush|>" in eog_ids):
+        eog.discard(eog_ids["<|end|>"])
+        types[eog_ids["<|end|>"]] = USER_DEFINED
+    if "</s>" in eog_ids and _NORMAL_S_MARKERS & eog_ids.keys():
+        eog.discard(eog_ids["</s>"])
+        types[eog_ids["</s>"]] = NORMAL
     return frozenset(eog)
 
 
