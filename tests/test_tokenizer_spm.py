@@ -26,7 +26,8 @@ from minfer.tokenizer.vocab import BYTE, CONTROL, NORMAL, USER_DEFINED
 # (text, score): higher scores merge first. "▁" alone is a token, as in Llama's vocabulary.
 PIECES = [("▁", -1.0), ("a", -2.0), ("b", -2.0), ("c", -2.0), ("é", -3.0), ("ab", -4.0),
           ("bc", -3.5), ("abc", -5.0), ("▁a", -4.5), ("▁ab", -6.0), ("▁▁", -7.0),
-          ("ca", -4.0), ("cab", -8.0), ("\n", -9.0), ("▁c", -4.0)]
+          ("ca", -4.0), ("cab", -8.0), ("\n", -9.0), ("▁c", -4.0),
+          ("b▁", -6.5), ("b▁c", -1.5)]  # bridging tokens: a merge across a word start
 SPECIALS = [("<unk>", 2), ("<s>", CONTROL), ("</s>", CONTROL), ("<tool>", USER_DEFINED)]
 
 
@@ -154,3 +155,10 @@ def test_metadata_overrides_spm_defaults() -> None:
     assert not tok.add_bos and tok.bos_id == 2 and tok.eos_id == 1
     assert 1 in tok.eot_ids
     assert tok.kind == "spm" and tok.words("a b") == ["a b"]
+
+
+def test_bridging_token_merges_across_the_word_start(tok: Tokenizer) -> None:
+    # "▁b▁c": ▁c merges first, then b + ▁c = "b▁c", across the start of the word "c"
+    ids = tok.encode("b c a", add_bos=False)
+    assert [tok.token_text(i) for i in ids] == ["▁", "b▁c", "▁a"]
+    assert tok.decode(ids) == "b c a"

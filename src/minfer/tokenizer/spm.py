@@ -6,11 +6,18 @@ the highest score is merged first (the leftmost on ties), then the new neighbour
 Candidates live in a heap and go stale when one side has grown since they were pushed; those are
 skipped, exactly as llama.cpp's work queue does. A final symbol that is not a token (a character
 outside the vocabulary) falls back to its UTF-8 bytes as `<0xNN>` tokens.
+
+Speed: a merge never crosses a point that no token can span. Before a `▁` that follows another
+character, only a "bridging" token (one holding a non-`▁` character followed by `▁`, e.g. Gemma's
+`>▁</`) could; such points are cut unless a bridging token occurs across them, and each piece
+is merged on its own, its ids cached (words repeat). The result is the same as merging the
+whole text at once.
 """
 
 from __future__ import annotations
 
 import heapq
+import re
 
 import numpy as np
 
@@ -25,9 +32,35 @@ class SpmModel:
         self._scores: list[float] = scores.astype(np.float64).tolist()
         self._byte_ids = [_byte_token(ids, b) for b in range(256)]
         self._unk_id = unk_id
+        self._bridging = [t for t in ids if "▁" in t[1:] and _BRIDGE.search(t)]
+        self._cache: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` (already `▁`-escaped; no special tokens in it)."""
+        cuts = [m.start() for m in _BRIDGE.finditer(text)]
+        if self._bridging and cuts:
+            covered = {c + 1 for t in self._bridging if t in text
+                       for m in re.finditer(re.escape(t), text)
+                       for c in range(m.start(), m.end() - 1)}
+            cuts = [c for c in cuts if c + 1 not in covered]
+        if not cuts:
+            return self._encode_piece(text)
+        cache = self._cache
+        if len(cache) > 100_000:
+            cache.clear()
+        out: list[int] = []
+        start = 0
+        for c in [*(c + 1 for c in cuts), len(text)]:
+            piece = text[start:c]
+            start = c
+            ids = cache.get(piece)
+            if ids is None:
+                ids = cache[piece] = self._encode_piece(piece)
+            out += ids
+        return out
+
+    def _encode_piece(self, text: str) -> list[int]:
+        """llama.cpp's merge loop over one piece."""
         n = len(text)
         if n == 0:
             return []
@@ -89,6 +122,10 @@ class SpmModel:
                 tid = self._unk_id
             ids.append(tid)
         return ids
+
+
+# a character other than ▁ followed by ▁: where a merge could cross a word start
+_BRIDGE = re.compile("[^▁]▁")
 
 
 def _byte_token(ids: dict[str, int], byte: int) -> int | None:
