@@ -71,10 +71,11 @@ def fetched_vocab_dir() -> Path:
             _fetch_vocab_suite(dest)
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError,
                 tarfile.TarError) as exc:
-            detail = exc.stderr.decode(errors="replace")[-300:] if isinstance(
-                exc, subprocess.CalledProcessError) and exc.stderr else str(exc)
+            detail = str(exc)
+            if isinstance(exc, subprocess.CalledProcessError) and exc.stderr:
+                detail = " / ".join(exc.stderr.decode(errors="replace").strip().splitlines()[-2:])
             pytest.skip(f"cannot fetch llama.cpp's vocabulary suite ({SDIST} sdist via pip): "
-                        f"{detail.strip()}")
+                        f"{detail}")
     return dest
 
 

@@ -55,6 +55,11 @@ class PreTokenizer:
         for rx, fold in self._compiled:
             out: list[str] = []
             for word in words:
+                if not fold and not rx.groups:
+                    found = rx.findall(word)
+                    if sum(map(len, found)) == len(word) and "" not in found:  # no gaps: done
+                        out += found
+                        continue
                 pos = 0
                 for m in rx.finditer(word.translate(_FOLD_WHITESPACE) if fold else word):
                     start, end = m.span()
