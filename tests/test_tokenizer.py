@@ -194,7 +194,11 @@ def test_decode_without_special(tok: Tokenizer) -> None:
 @pytest.mark.parametrize(("meta", "message"), [
     ({"tokenizer.ggml.pre": "gpt-4o"}, "'gpt-4o'"),
     ({"tokenizer.ggml.pre": None}, "tokenizer.ggml.pre is missing"),
-    ({"tokenizer.ggml.model": "llama"}, "'llama'"),
+    ({"tokenizer.ggml.model": "t5"}, "unsupported tokenizer model 't5'"),
+    ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.scores is missing"),
+    ({"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.merges": []}, "merges is missing"),
+    ({"tokenizer.ggml.scores": np.zeros(3, dtype=np.float32)}, "scores has 3 entries"),
+    ({"tokenizer.ggml.add_bos_token": 1}, "add_bos_token=1 is not true or false"),
     ({"tokenizer.ggml.model": None}, "no tokenizer"),
     ({"tokenizer.ggml.token_type": np.ones(3, dtype=np.int32)}, "token_type has 3 entries"),
 ])
@@ -227,3 +231,20 @@ def test_from_synthetic_gguf(tiny_qwen2: Path) -> None:
     assert tok.encode(text) == same.encode(text)
     assert tok.vocab.types[tok.token_id("<|im_start|>")] == CONTROL  # type: ignore[index]
     assert tok.vocab.types[tok.encode("the")[0]] == NORMAL
+
+
+def test_llama_cpp_special_token_overrides() -> None:
+    # `</s>` is end-of-generation by its text (llama.cpp), unless `<|tool_response>` is (Gemma 4)
+    tok = Tokenizer.from_gguf(fake_gguf(extra_tokens=("</s>",)))
+    s_id = tok.token_id("</s>")
+    assert s_id in tok.eot_ids and tok.is_control(s_id)  # type: ignore[arg-type]
+    gemma = Tokenizer.from_gguf(fake_gguf(extra_tokens=("</s>", "<|tool_response>")))
+    assert gemma.token_id("</s>") not in gemma.eot_ids
+    assert gemma.vocab.types[gemma.token_id("</s>")] == NORMAL  # type: ignore[index]
+    # harmony: with <|return|> and <|call|>, <|end|> ends a message, not the generation
+    harmony = Tokenizer.from_gguf(fake_gguf(extra_tokens=("<|end|>", "<|return|>", "<|call|>",
+                                                          "<|channel|>")))
+    end = harmony.token_id("<|end|>")
+    assert end not in harmony.eot_ids and harmony.token_id("<|return|>") in harmony.eot_ids
+    assert harmony.vocab.types[end] == USER_DEFINED  # type: ignore[index]
+    assert harmony.vocab.types[harmony.token_id("<|channel|>")] == USER_DEFINED  # type: ignore[index]

@@ -108,3 +108,66 @@ def test_missing_model_is_one_line_error(capsys: pytest.CaptureFixture[str],
                                          tmp_path: Path) -> None:
     assert main(["tokenize", str(tmp_path / "nope.gguf"), "hi"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# -- --jsonl and vocabulary-only files --------------------------------------------------------
+
+VOCAB_ONLY = Path(__file__).parent / "fixtures" / "llama-vocab" / "ggml-vocab-llama-spm.gguf"
+
+
+def test_jsonl_one_line_per_input_in_order(capsys: pytest.CaptureFixture[str], tiny_qwen2: Path,
+                                           tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = ["The fox", "", "<|im_start|>hi 😀\nnext", " spaced  out "]
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(json.dumps(t) + "\n" for t in texts)))
+    assert main(["tokenize", str(tiny_qwen2), "--jsonl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["ids"] for line in lines] == [tok.encode(t) for t in texts]
+    assert json.loads(lines[2])["pieces"][0] == "<|im_start|>"
+
+
+def test_jsonl_no_special(capsys: pytest.CaptureFixture[str], tiny_qwen2: Path, tok: Tokenizer,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO('"<|im_start|>"\n'))
+    assert main(["tokenize", str(tiny_qwen2), "--jsonl", "--no-special"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"] == tok.encode("<|im_start|>", special=False) and len(out["ids"]) > 1
+
+
+@pytest.mark.parametrize(("stdin", "message"), [
+    ('"ok"\nnot json\n', "stdin line 2: invalid JSON"),
+    ('["a"]\n', "stdin line 1: expected a JSON string, got list"),
+    ("\n", "stdin line 1: invalid JSON"),
+])
+def test_jsonl_bad_line_is_one_line_error(capsys: pytest.CaptureFixture[str], tiny_qwen2: Path,
+                                          monkeypatch: pytest.MonkeyPatch, stdin: str,
+                                          message: str) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    assert main(["tokenize", str(tiny_qwen2), "--jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_jsonl_with_text_or_chat_is_refused(capsys: pytest.CaptureFixture[str],
+                                            tiny_qwen2: Path) -> None:
+    assert main(["tokenize", str(tiny_qwen2), "hello", "--jsonl"]) == 2
+    assert main(["tokenize", str(tiny_qwen2), "--jsonl", "--chat", "x.json"]) == 2
+    assert "cannot be combined" in capsys.readouterr().err
+
+
+def test_vocabulary_only_gguf_tokenizes(capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO('"Hello world"\n"<s>x"\n'))
+    assert main(["tokenize", str(VOCAB_ONLY), "--jsonl"]) == 0
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    # llama.cpp: BOS (add_bos defaults on for SPM), then '▁Hello' '▁world'
+    assert first == {"ids": [1, 15043, 3186], "pieces": ["<s>", " Hello", " world"]}
+    assert second["ids"][:3] == [1, 1, 921]  # '<s>' parsed, then the space prefix again: '▁x'
+
+
+def test_vocabulary_only_gguf_info(capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("minfer.cli.main.COMMANDS", ("info",))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["info", str(VOCAB_ONLY)]) == 0
+    out = capsys.readouterr().out
+    assert "vocabulary only (no tensors)" in out and "32000" in out and "'<s>'" in out

@@ -1,4 +1,8 @@
-"""`minfer info [MODEL]`: what a GGUF file holds (hyper-parameters, tokenizer, tensor types)."""
+"""`minfer info [MODEL]`: what a GGUF file holds (hyper-parameters, tokenizer, tensor types).
+
+A vocabulary-only GGUF (no tensors, e.g. llama.cpp's `ggml-vocab-*.gguf`) shows the file and
+its tokenizer; hyper-parameters are only read from files that carry weights.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +63,15 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
     ]
 
 
+def _vocab_only_rows(f: GGUFFile) -> list[tuple[str, object]]:
+    return [
+        ("file", f.path), ("file size", f"{human_bytes(f.file_size)} ({f.file_size:,} bytes)"),
+        ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
+        ("architecture", f.metadata.get("general.architecture", "-")),
+        ("contents", "vocabulary only (no tensors)"),
+    ]
+
+
 def _token(meta: Any, key: str) -> str:
     tid = meta.get(key)
     tokens = meta.get("tokenizer.ggml.tokens")
@@ -82,6 +95,7 @@ def _tokenizer_rows(f: GGUFFile) -> list[tuple[str, object]]:
         ("bos", _token(meta, "tokenizer.ggml.bos_token_id")),
         ("eos", _token(meta, "tokenizer.ggml.eos_token_id")),
         ("add_bos", meta.get("tokenizer.ggml.add_bos_token", "-")),
+        ("add_space_prefix", meta.get("tokenizer.ggml.add_space_prefix", "-")),
         ("chat template", f"yes ({len(template)} chars)" if isinstance(template, str) else "no"),
     ]
 
@@ -123,11 +137,15 @@ def _backend_rows(choice: str | None) -> list[tuple[str, object]]:
 def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     with GGUFFile.open(path) as f:
-        hp = HParams.from_gguf(f)
         console = Console()
-        console.print(_kv_table("model", _model_rows(f, hp)))
-        console.print(_kv_table("tokenizer", _tokenizer_rows(f)))
-        console.print(_tensor_table(f))
+        if not f.tensors:
+            console.print(_kv_table("model", _vocab_only_rows(f)))
+            console.print(_kv_table("tokenizer", _tokenizer_rows(f)))
+        else:
+            hp = HParams.from_gguf(f)
+            console.print(_kv_table("model", _model_rows(f, hp)))
+            console.print(_kv_table("tokenizer", _tokenizer_rows(f)))
+            console.print(_tensor_table(f))
         console.print(_kv_table("backends", _backend_rows(args.backend)))
         if args.metadata:
             console.print(_kv_table("metadata", [(k, _short(v)) for k, v in f.metadata.items()]))

@@ -2,11 +2,15 @@
 
     minfer tokenize [MODEL] TEXT [--json] [--no-special]
     minfer tokenize [MODEL] --chat FILE [--json]
+    minfer tokenize [MODEL] --jsonl [--no-special]
 
 With two positionals the first is the model; with one it is the text and the default model is
 used (`-m/--model` names the model too). TEXT or FILE `-` reads stdin. A chat FILE is JSON:
 `{"messages": [...], "tools": [...], "add_generation_prompt": true}` (other keys are passed to
-the template; a bare list is taken as the messages).
+the template; a bare list is taken as the messages). `--jsonl` reads one JSON string per stdin
+line and writes one `{"ids": [...], "pieces": [...]}` line per input, in order, with one model
+load for all of them. MODEL may be a vocabulary-only GGUF (no tensors): only the tokenizer
+metadata is read.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--chat", metavar="FILE",
                    help="JSON file with messages/tools/add_generation_prompt ('-' = stdin)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--jsonl", action="store_true",
+                   help="read one JSON string per stdin line, write one JSON object per line")
     p.add_argument("--no-special", action="store_true",
                    help="do not parse control-token texts such as <|im_start|>")
     p.set_defaults(func=run)
@@ -44,7 +50,9 @@ def register(subparsers: Any) -> None:
 def _split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(model, text) from the positionals, `-m` and `--chat`."""
     pos = list(args.args)
-    n_text = 0 if args.chat is not None else 1
+    if args.jsonl and args.chat is not None:
+        raise TokenizeInputError("--jsonl and --chat cannot be combined")
+    n_text = 0 if args.chat is not None or args.jsonl else 1
     if len(pos) > n_text + 1 or (args.model is not None and len(pos) > n_text):
         raise TokenizeInputError(f"too many arguments: {' '.join(pos)}")
     if len(pos) < n_text:
@@ -96,6 +104,22 @@ def load_chat_request(source: str) -> dict[str, Any]:
     return data
 
 
+def _jsonl(tok: Any, special: bool) -> None:
+    """One `{"ids", "pieces"}` line per JSON-string stdin line, flushed as each is done."""
+    for number, line in enumerate(sys.stdin, start=1):
+        try:
+            text = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TokenizeInputError(f"stdin line {number}: invalid JSON: {exc}") from None
+        if not isinstance(text, str):
+            raise TokenizeInputError(f"stdin line {number}: expected a JSON string, got "
+                                     f"{type(text).__name__}")
+        ids = tok.encode(text, special=special)
+        sys.stdout.write(json.dumps({"ids": ids, "pieces": [tok.piece(i) for i in ids]},
+                                    ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+
 def run(args: argparse.Namespace) -> int:
     from minfer.gguf.reader import GGUFFile
     from minfer.tokenizer import ChatTemplate, Tokenizer
@@ -106,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         text = sys.stdin.read()
     f = GGUFFile.open(resolve_model_path(model))
     tok = Tokenizer.from_gguf(f)
+    if args.jsonl:
+        _jsonl(tok, special=not args.no_special)
+        return 0
     if request is not None:
         template = ChatTemplate.from_gguf(f, tok)
         extra = {k: v for k, v in request.items()

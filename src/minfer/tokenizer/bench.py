@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     tok = Tokenizer.from_gguf(f)
     load_s = time.perf_counter() - t0
-    print(f"load      {load_s * 1e3:8.1f} ms  ({tok.n_vocab} tokens, pre={tok.pre.name})")
+    print(f"load      {load_s * 1e3:8.1f} ms  ({tok.n_vocab} tokens, {tok.kind})")
 
     text = english_prose(int(args.mb * 1e6))
     n_bytes = len(text.encode())

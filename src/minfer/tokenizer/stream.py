@@ -5,7 +5,9 @@ over two or three tokens). `IncrementalDecoder.push` returns only text whose cha
 complete and keeps the unfinished tail for the next token; `flush` ends the stream, turning a
 tail that never completed into U+FFFD. Bytes that can never start or continue a character are
 replaced at once, so nothing is held back longer than one character and nothing is lost:
-the concatenation of every `push` and the final `flush` equals `tokenizer.decode(ids)`.
+the concatenation of every `push` and the final `flush` equals `tokenizer.decode(ids)`, except
+that `decode` also drops the space an SPM vocabulary's `add_space_prefix` put before the text
+(pushes give each token's piece as is, as llama.cpp streams them).
 """
 
 from __future__ import annotations

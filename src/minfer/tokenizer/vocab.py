@@ -1,10 +1,15 @@
 """The vocabulary a GGUF file declares under `tokenizer.ggml.*`, read once into plain values.
 
 `read_vocab(f)` is the only place that touches GGUF metadata for the tokenizer; everything else
-works on the `Vocab` it returns. Special-token rules follow llama.cpp's `llama_vocab::load`:
-token types come from `tokenizer.ggml.token_type`, tokens whose text llama.cpp recognises as
-end-of-generation (or FIM pad / repo / file-separator) are promoted to control tokens, and the
-end-of-generation set is eos + eot + eom + those tokens.
+works on the `Vocab` it returns. Three model kinds (`tokenizer.ggml.model`) are read:
+'gpt2' (byte-level BPE), 'llama' (SentencePiece-style: merges by score, `<0xNN>` byte
+fallback) and 'gemma4' (BPE over raw UTF-8 with `▁` for spaces). Defaults follow llama.cpp's
+`llama_vocab::load`: an SPM vocabulary without the keys has bos 1, eos 2, unk 0, adds BOS and a
+space prefix; `tokenizer.ggml.add_bos_token` / `add_space_prefix` override them.
+Special-token rules follow llama.cpp too: token types come from `tokenizer.ggml.token_type`,
+tokens whose text llama.cpp recognises as end-of-generation (or FIM pad / repo /
+file-separator) are promoted to control tokens, and the end-of-generation set is
+eos + eot + eom + those tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from minfer.errors import TokenizerError
 # llama_token_type values stored in tokenizer.ggml.token_type.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
+# tokenizer.ggml.model values minfer reads.
+BPE_MODEL, SPM_MODEL, GEMMA4_MODEL = "gpt2", "llama", "gemma4"
+MODELS = (BPE_MODEL, SPM_MODEL, GEMMA4_MODEL)
+
 # Token texts llama.cpp treats as end-of-generation whatever the metadata says.
 EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
@@ -28,9 +37,11 @@ EOG_TEXTS = frozenset({
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<｜end▁of▁sentence｜>",
 })
-# Texts that are ordinary words in some vocabularies (Qwen2 has `</s>` as a normal token, as in
-# HTML): counted as end-of-generation only when the vocabulary marks them special.
-EOG_TEXTS_IF_SPECIAL = frozenset({"</s>", "<eos>"})
+# `</s>` stays an ordinary token (not end-of-generation) where one of these is end-of-generation
+# (Gemma 4, PLaMo); elsewhere llama.cpp promotes it, even in Qwen2's vocabulary.
+_NORMAL_S_MARKERS = frozenset({"<|tool_response>", "<|plamo:eos|>"})
+# gpt-oss tokens llama.cpp always renders (user-defined whatever the metadata says).
+_ALWAYS_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
 # FIM pad / repo / file-separator tokens: llama.cpp stops generation on them too.
 FIM_EOG_TEXTS = {
     "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
@@ -54,17 +65,20 @@ class HasMetadata(Protocol):
 class Vocab:
     """Plain-value view of the tokenizer metadata (token types already llama.cpp-adjusted)."""
 
-    model: str
+    model: str  # one of MODELS
     pre: str
     tokens: list[str]
     types: np.ndarray  # int32 [n_vocab]
     merges: list[str]
+    scores: np.ndarray  # float32 [n_vocab] (zeros when the file has none)
     bos_id: int | None
     eos_id: int | None
     pad_id: int | None
     unk_id: int | None
     eot_ids: frozenset[int]
     add_bos: bool
+    add_space_prefix: bool  # SPM: a space is put before the text (and after each special token)
+    rstrip_ids: frozenset[int]  # special tokens that eat the whitespace after them (Phi-3)
     chat_template: str | None
 
     @property
@@ -80,14 +94,17 @@ def _as_list(value: Any, key: str) -> list[str]:
     return value
 
 
-def _token_id(meta: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
-    """An id-valued key, or None when absent or out of range (llama.cpp ignores those)."""
+def _token_id(meta: Mapping[str, Any], key: str, n_vocab: int,
+              default: int | None = None) -> int | None:
+    """An id-valued key (or the model kind's default when absent); None when out of range
+    (llama.cpp ignores those and keeps the default)."""
+    fallback = default if default is not None and 0 <= default < n_vocab else None
     value = meta.get(key)
     if value is None:
-        return None
+        return fallback
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TokenizerError(f"{key}={value!r} is not an integer")
-    return int(value) if 0 <= int(value) < n_vocab else None
+    return int(value) if 0 <= int(value) < n_vocab else fallback
 
 
 def read_vocab(f: HasMetadata) -> Vocab:
@@ -96,8 +113,9 @@ def read_vocab(f: HasMetadata) -> Vocab:
     model = meta.get("tokenizer.ggml.model")
     if model is None:
         raise TokenizerError("the file has no tokenizer (tokenizer.ggml.model is missing)")
-    if model != "gpt2":
-        raise TokenizerError(f"unsupported tokenizer model {model!r} (minfer reads 'gpt2' BPE)")
+    if model not in MODELS:
+        raise TokenizerError(f"unsupported tokenizer model {model!r} (minfer reads "
+                             f"{', '.join(repr(m) for m in MODELS)})")
     tokens = _as_list(meta.get("tokenizer.ggml.tokens", []), "tokenizer.ggml.tokens")
     if not tokens:
         raise TokenizerError("tokenizer.ggml.tokens is missing or empty")
@@ -111,21 +129,74 @@ def read_vocab(f: HasMetadata) -> Vocab:
         if types.shape != (n_vocab,):
             raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for "
                                  f"{n_vocab} tokens")
+    raw_scores = meta.get("tokenizer.ggml.scores")
+    if raw_scores is None:
+        if model == SPM_MODEL:
+            raise TokenizerError("tokenizer.ggml.scores is missing (an SPM vocabulary merges by "
+                                 "score)")
+        scores = np.zeros(n_vocab, dtype=np.float32)
+    else:
+        scores = np.asarray(raw_scores, dtype=np.float32)
+        if scores.shape != (n_vocab,):
+            raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for "
+                                 f"{n_vocab} tokens")
+    if model == GEMMA4_MODEL and not merges:
+        raise TokenizerError("tokenizer.ggml.merges is missing (a gemma4 vocabulary is BPE)")
+    spm = model == SPM_MODEL
+    eos_id = _token_id(meta, "tokenizer.ggml.eos_token_id", n_vocab, 2 if spm else None)
     eot_ids = _end_of_generation(meta, tokens, types)
+    if eos_id is not None:
+        eot_ids |= {eos_id}
     return Vocab(
         model=model,
-        pre=str(meta.get("tokenizer.ggml.pre", "")),
+        pre=GEMMA4_MODEL if model == GEMMA4_MODEL else str(meta.get("tokenizer.ggml.pre", "")),
         tokens=tokens,
         types=types,
         merges=merges,
-        bos_id=_token_id(meta, "tokenizer.ggml.bos_token_id", n_vocab),
-        eos_id=_token_id(meta, "tokenizer.ggml.eos_token_id", n_vocab),
+        scores=scores,
+        bos_id=_token_id(meta, "tokenizer.ggml.bos_token_id", n_vocab, 1 if spm else None),
+        eos_id=eos_id,
         pad_id=_token_id(meta, "tokenizer.ggml.padding_token_id", n_vocab),
-        unk_id=_token_id(meta, "tokenizer.ggml.unknown_token_id", n_vocab),
+        unk_id=_token_id(meta, "tokenizer.ggml.unknown_token_id", n_vocab, 0 if spm else None),
         eot_ids=eot_ids,
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos=_add_bos(meta, model),
+        add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", spm),
+        rstrip_ids=_rstrip_ids(meta, tokens, types),
         chat_template=read_chat_template(f),
     )
+
+
+# `tokenizer.ggml.pre` values for which llama.cpp adds BOS when the file does not say.
+_PRE_ADDING_BOS = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                             "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon"})
+
+
+def _rstrip_ids(meta: Mapping[str, Any], tokens: Sequence[str],
+                types: np.ndarray) -> frozenset[int]:
+    """llama.cpp's per-model token attributes: for a model named Phi-3 every special token but
+    `<unk>`, `<s>`, `<|endoftext|>` (and `</s>` in any case) strips the whitespace after it."""
+    name = str(meta.get("general.name", "")).lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return frozenset()
+    special = np.flatnonzero(np.isin(types, (CONTROL, USER_DEFINED, UNKNOWN))).tolist()
+    keep = {"<unk>", "<s>", "<|endoftext|>"}
+    ids = {i for i in special if tokens[i] not in keep}
+    ids.update(i for i, t in enumerate(tokens) if t == "</s>")
+    return frozenset(ids)
+
+
+def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = meta.get(key, default)
+    if not isinstance(value, bool | np.bool_):
+        raise TokenizerError(f"{key}={value!r} is not true or false")
+    return bool(value)
+
+
+def _add_bos(meta: Mapping[str, Any], model: str) -> bool:
+    """llama.cpp's add_bos: SPM and Llama-3-style BPE default to true, gemma4 always adds it."""
+    pre = str(meta.get("tokenizer.ggml.pre", ""))
+    default = model == SPM_MODEL or (model == BPE_MODEL and pre in _PRE_ADDING_BOS)
+    return _flag(meta, "tokenizer.ggml.add_bos_token", default) or model == GEMMA4_MODEL
 
 
 def read_chat_template(f: HasMetadata) -> str | None:
@@ -147,15 +218,25 @@ def _end_of_generation(meta: Mapping[str, Any], tokens: Sequence[str],
             eog.add(tid)
             types[tid] = CONTROL
     for text, tid in index.items():
-        if text in EOG_TEXTS_IF_SPECIAL and types[tid] == NORMAL:
-            continue
         if text in EOG_TEXTS:
             eog.add(tid)
             types[tid] = CONTROL
+    for tid, text in enumerate(tokens):
+        if text in _ALWAYS_USER_DEFINED:
+            types[tid] = USER_DEFINED
     for key in _EOG_ID_KEYS:
         tid = _token_id(meta, key, len(tokens))
         if tid is not None:
             eog.add(tid)
+    eog_ids = {tokens[i]: i for i in eog}
+    # o200k_harmony / solar-open: `<|end|>` ends a message, not the generation
+    has_call = "<|call|>" in eog_ids or "<|calls|>" in eog_ids
+    if "<|end|>" in eog_ids and has_call and ("<|return|>" in eog_ids or "<|flush|>" in eog_ids):
+        eog.discard(eog_ids["<|end|>"])
+        types[eog_ids["<|end|>"]] = USER_DEFINED
+    if "</s>" in eog_ids and _NORMAL_S_MARKERS & eog_ids.keys():
+        eog.discard(eog_ids["</s>"])
+        types[eog_ids["</s>"]] = NORMAL
     return frozenset(eog)
 
 
