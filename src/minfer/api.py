@@ -92,7 +92,14 @@ class Model:
                 backends=select_backends(self.backend), n_threads=self.threads,
                 adaptive_threads=self.adaptive_threads,
             )
+            tracer = self._engine.tracer  # MINFER_TRACE: name the traced tokens
+            if tracer is not None and tracer.token_text is None:
+                tracer.token_text = self.token_piece
         return self._engine
+
+    def token_piece(self, token_id: int) -> str:
+        """One token's text as it would print (a partial UTF-8 character as U+FFFD)."""
+        return self.tokenizer.decode([token_id])
 
     def warm_up(self, n_prompt: int | None = None, progress: Progress | None = None) -> bool:
         """Compile (or load from the disk cache) every CPU kernel the first forwards need,

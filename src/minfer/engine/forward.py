@@ -22,6 +22,7 @@ from numba.core import config
 from minfer.backends.base import Backend, ExecContext
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.engine.threads import ThreadTuner
+from minfer.engine.trace import StepTracer, tracer_from_env
 from minfer.engine.weights import ModelWeights
 from minfer.errors import ContextOverflowError, MinferError
 from minfer.gguf.hparams import HParams
@@ -108,6 +109,8 @@ class Engine:
         self._by_name = {b.name: b for b in self._backends}
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
         self.n_threads = n_threads
+        # the per-step trace (minfer viz, MINFER_TRACE=FILE); None: the plain walk
+        self.tracer: StepTracer | None = tracer_from_env()
         # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
         self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
 
@@ -155,7 +158,10 @@ class Engine:
             assert buf is not None
             buf[:] = fills[kind]
         ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=self.batch_invariant)
-        scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
+        if self.tracer is None:
+            scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
+        else:
+            self.tracer.trace_forward(prepared, buffers, self._by_name, ctx, batch)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:

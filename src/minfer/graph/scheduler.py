@@ -9,7 +9,7 @@ nodes orphaned by fusion (no buffer, not a KV op) are skipped.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -75,3 +75,23 @@ def execute(
             backend.execute_node(node, srcs, buffers[node_id], ctx)
             key = f"{node.op.kind}:{node.meta.role}"
             profile[key] = profile.get(key, 0.0) + time.perf_counter() - t0
+
+
+def execute_observed(
+    graph: ComputeGraph,
+    splits: Sequence[tuple[str, list[int]]],
+    buffers: Sequence[np.ndarray | None],
+    backends: Mapping[str, Backend],
+    ctx: ExecContext,
+    observe: Callable[[int, np.ndarray | None, float], None],
+) -> None:
+    """`execute`, calling observe(node id, its output buffer, seconds) after every node (the
+    traced path; its output is read before any later node can reuse the buffer)."""
+    nodes = graph.nodes
+    for backend_name, node_ids in splits:
+        backend = backends[backend_name]
+        for node_id in node_ids:
+            node = nodes[node_id]
+            t0 = time.perf_counter()
+            backend.execute_node(node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
+            observe(node_id, buffers[node_id], time.perf_counter() - t0)
