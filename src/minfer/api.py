@@ -98,8 +98,13 @@ class Model:
         return self._engine
 
     def token_piece(self, token_id: int) -> str:
-        """One token's text as it would print (a partial UTF-8 character as U+FFFD)."""
-        return self.tokenizer.decode([token_id])
+        """One token's text as it would print; a token that is part of a UTF-8 character
+        shows its bytes (`<e4 bd>`)."""
+        raw = self.tokenizer.token_bytes(token_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "<" + raw.hex(" ") + ">"
 
     def warm_up(self, n_prompt: int | None = None, progress: Progress | None = None) -> bool:
         """Compile (or load from the disk cache) every CPU kernel the first forwards need,

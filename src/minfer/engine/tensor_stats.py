@@ -67,7 +67,7 @@ def as_rows(x: np.ndarray) -> np.ndarray:
         return x.reshape(1, 1)
     if x.ndim == 1:
         return x.reshape(1, -1)
-    return x.reshape(x.shape[0], -1)
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
 
 def heat_blocks(rows: int, cols: int) -> tuple[int, int]:
