@@ -118,7 +118,7 @@ def test_generate_streams_steps_and_tokens_and_the_trace_matches_numpy(
     decode = client.get("/api/trace/1").json()
     assert decode["kind"] == "decode" and decode["n_tokens"] == 1
     assert decode["tokens"] == [next(ev["id"] for n, ev in events if n == "token")]
-    outputs = session.tracer.steps[1]["outputs"]
+    outputs = session.tracer.steps[1].outputs
     graph = client.get(f"/api/graph?uid={decode['graph']}").json()
     by_name = {(n["name"], n["layer"]): n["id"] for n in graph["nodes"]}
     records = {r["id"]: r for r in decode["nodes"]}

@@ -15,14 +15,19 @@ import math
 import numpy as np
 from numba import njit
 
+import minfer.jit_cache  # noqa: F401  (compiled code cached beside the kernels')
+
 HEAT_ROWS = 8
 HEAT_COLS = 32
 STAT_KEYS = ("min", "max", "mean", "std", "absmax", "nan", "inf")
 
 
 @njit(cache=True, error_model="numpy")
-def _stats_2d(x: np.ndarray, heat: np.ndarray, rb: int, cb: int) -> np.ndarray:  # pragma: no cover
+def _stats_2d(x: np.ndarray, heat: np.ndarray, rb: int, cb: int,
+              out: np.ndarray) -> None:  # pragma: no cover
+    """out[:7] = min, max, mean, std, absmax, NaN count, Inf count; heat: pooled signed max."""
     rows, cols = x.shape
+    n_hc = heat.shape[1]
     lo = np.inf
     hi = -np.inf
     total = 0.0
@@ -32,23 +37,25 @@ def _stats_2d(x: np.ndarray, heat: np.ndarray, rb: int, cb: int) -> np.ndarray: 
     n = 0
     for r in range(rows):
         hr = r // rb
-        for c in range(cols):
-            v = float(x[r, c])
-            if math.isnan(v):
-                n_nan += 1
-                continue
-            if math.isinf(v):
-                n_inf += 1
-                continue
-            n += 1
-            lo = min(lo, v)
-            hi = max(hi, v)
-            total += v
-            total_sq += v * v
-            hc = c // cb
-            if abs(v) > abs(heat[hr, hc]):
-                heat[hr, hc] = v
-    out = np.zeros(7)
+        for hc in range(n_hc):
+            best = heat[hr, hc]
+            for c in range(hc * cb, min(cols, (hc + 1) * cb)):
+                v = float(x[r, c])
+                if v - v != 0.0:  # NaN or +-Inf
+                    if math.isnan(v):
+                        n_nan += 1
+                    else:
+                        n_inf += 1
+                    continue
+                n += 1
+                lo = min(lo, v)
+                hi = max(hi, v)
+                total += v
+                total_sq += v * v
+                if abs(v) > abs(best):
+                    best = v
+            heat[hr, hc] = best
+    out[:] = 0.0
     if n > 0:
         mean = total / n
         out[0] = lo
@@ -58,7 +65,6 @@ def _stats_2d(x: np.ndarray, heat: np.ndarray, rb: int, cb: int) -> np.ndarray: 
         out[4] = max(abs(lo), abs(hi))
     out[5] = n_nan
     out[6] = n_inf
-    return out
 
 
 def as_rows(x: np.ndarray) -> np.ndarray:
@@ -75,21 +81,34 @@ def heat_blocks(rows: int, cols: int) -> tuple[int, int]:
     return max(1, -(-rows // HEAT_ROWS)), max(1, -(-cols // HEAT_COLS))
 
 
-def summarize(x: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
-    """({min, max, mean, std, absmax, nan, inf}, heatmap [<= HEAT_ROWS, <= HEAT_COLS] f32)."""
-    x2 = as_rows(x)
-    rows, cols = x2.shape
-    rb, cb = heat_blocks(rows, cols)
-    heat = np.zeros((-(-rows // rb), -(-cols // cb)), np.float64)
-    if x2.size == 0:
-        return dict.fromkeys(STAT_KEYS, 0.0), heat.astype(np.float32)
+def summarize_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The statistics into out[:7] (STAT_KEYS order); returns the heatmap (float32). The
+    traced path: one compiled pass, no Python objects per element or per statistic."""
+    x2 = x if x.ndim == 2 else as_rows(x)
     if x2.dtype != np.float32:
         x2 = x2.astype(np.float32)  # int32 inputs: small; one specialization of the kernel
-    values = _stats_2d(x2, heat, rb, cb)
+    rows, cols = x2.shape
+    rb, cb = heat_blocks(rows, cols)
+    heat = np.zeros((-(-rows // rb), -(-cols // cb)), np.float32)
+    if x2.size == 0:
+        out[:] = 0.0
+        return heat
+    _stats_2d(x2, heat, rb, cb, out)
+    return heat
+
+
+def stats_dict(values: np.ndarray) -> dict[str, float]:
     stats = {k: float(v) for k, v in zip(STAT_KEYS, values, strict=True)}
     stats["nan"] = int(values[5])
     stats["inf"] = int(values[6])
-    return stats, heat.astype(np.float32)
+    return stats
+
+
+def summarize(x: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+    """({min, max, mean, std, absmax, nan, inf}, heatmap [<= HEAT_ROWS, <= HEAT_COLS] f32)."""
+    values = np.zeros(len(STAT_KEYS))
+    heat = summarize_into(x, values)
+    return stats_dict(values), heat
 
 
 def summarize_reference(x: np.ndarray) -> dict[str, float]:

@@ -17,7 +17,7 @@ import numpy as np
 from minfer.backends.base import Backend
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.engine.forward import Engine
-from minfer.engine.trace import StepTracer
+from minfer.engine.trace import StepTracer, TracedStep
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -69,12 +69,12 @@ def diff_backends(model: Model, prompt_ids: Sequence[int], *, max_tokens: int
         for e in engines:
             assert e.tracer is not None
             traced.append(e.tracer.steps[-1])
-        ours, theirs = traced[0]["outputs"], traced[1]["outputs"]
+        ours, theirs = traced[0].outputs, traced[1].outputs
         deltas = [max_abs_delta(ours.get(i), theirs.get(i))
                   for i in range(_n_nodes(engines[0], traced[0]))]
         next_id = int(np.argmax(logits[0]))
         steps.append({
-            "step": index, "kind": traced[0]["kind"], "n_tokens": len(tokens),
+            "step": index, "kind": traced[0].header["kind"], "n_tokens": len(tokens),
             "token": next_id, "text": model.token_piece(next_id), "max_abs": deltas,
             "worst": _worst(deltas),
         })
@@ -83,9 +83,9 @@ def diff_backends(model: Model, prompt_ids: Sequence[int], *, max_tokens: int
     return {"backends": ["cpu", "torch"], "steps": steps}
 
 
-def _n_nodes(engine: Engine, step: dict[str, Any]) -> int:
+def _n_nodes(engine: Engine, step: TracedStep) -> int:
     assert engine.tracer is not None
-    return len(engine.tracer.prepared[step["graph"]].graph.nodes)
+    return len(engine.tracer.prepared[step.header["graph"]].graph.nodes)
 
 
 def _worst(deltas: list[float | None]) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minfer.engine.generate import Finished, Piece
-from minfer.engine.trace import TRACE_VERSION, StepTracer
+from minfer.engine.trace import TRACE_VERSION, StepTracer, TracedStep
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
 from minfer.viz.graph_view import describe
@@ -37,12 +37,13 @@ class NotFound(MinferError):
     pass
 
 
-def op_times(step: dict[str, Any], op_of: Sequence[str]) -> dict[str, float]:
-    """Milliseconds per op kind in one step (op_of: each node's op kind), largest first."""
+def op_times(times: Sequence[tuple[int, float]], op_of: Sequence[str]) -> dict[str, float]:
+    """Milliseconds per op kind in one step, largest first (times: (node id, microseconds);
+    op_of: each node's op kind)."""
     ops: dict[str, float] = {}
-    for rec in step["nodes"]:
-        op = op_of[rec["id"]]
-        ops[op] = ops.get(op, 0.0) + rec["t_us"] / 1e3
+    for node_id, t_us in times:
+        op = op_of[node_id]
+        ops[op] = ops.get(op, 0.0) + t_us / 1e3
     return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
@@ -100,11 +101,15 @@ class VizSession:
             return graphs
         return self.tracer.graphs_json()
 
-    def steps(self) -> list[dict[str, Any]]:
+    def _records(self) -> list[TracedStep] | list[dict[str, Any]]:
         if self._trace is not None:
             steps: list[dict[str, Any]] = self._trace["steps"]
             return steps
         return self.tracer.steps
+
+    def steps(self) -> list[dict[str, Any]]:
+        """Each step's header (no per-node records)."""
+        return [_header(s) for s in self._records()]
 
     def graph(self, kind: str | None = None, uid: int | None = None) -> dict[str, Any]:
         graphs = self.graphs()
@@ -129,9 +134,9 @@ class VizSession:
         return describe(prepared, types)
 
     def step(self, index: int) -> dict[str, Any]:
-        for step in self.steps():
-            if step["step"] == index:
-                return {k: v for k, v in step.items() if k != "outputs"}
+        for step in self._records():
+            if _header(step)["step"] == index:
+                return step.to_json() if isinstance(step, TracedStep) else step
         raise NotFound(f"no step {index} in the current trace")
 
     def trace_json(self) -> dict[str, Any]:
@@ -204,17 +209,24 @@ class VizSession:
 
     def _new_steps(self, sent: int) -> Iterator[dict[str, Any]]:
         for step in self.tracer.steps:
-            if step["step"] >= sent:
+            if step.step >= sent:
                 yield {"event": "step", **self.summary(step)}
 
-    def summary(self, step: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, step: TracedStep | dict[str, Any]) -> dict[str, Any]:
         """A step without its per-node records: what the step list and the charts show."""
-        graph = self.graphs()[str(step["graph"])]
+        head = _header(step)
+        graph = self.graphs()[str(head["graph"])]
         op_of = [n["op"] for n in graph["nodes"]]
-        return {"step": step["step"], "kind": step["kind"], "graph": step["graph"],
-                "n_tokens": step["n_tokens"], "pos": step["pos"],
-                "token_text": step["token_text"][-8:], "top": step["top"],
-                "time_ms": step["time_ms"], "ops": op_times(step, op_of)}
+        times = step.node_times() if isinstance(step, TracedStep) else \
+            [(r["id"], r["t_us"]) for r in step["nodes"]]
+        return {"step": head["step"], "kind": head["kind"], "graph": head["graph"],
+                "n_tokens": head["n_tokens"], "pos": head["pos"],
+                "token_text": head["token_text"][-8:], "top": head["top"],
+                "time_ms": head["time_ms"], "ops": op_times(times, op_of)}
 
     def summaries(self) -> list[dict[str, Any]]:
-        return [self.summary(step) for step in self.steps()]
+        return [self.summary(step) for step in self._records()]
+
+
+def _header(step: TracedStep | dict[str, Any]) -> dict[str, Any]:
+    return step.header if isinstance(step, TracedStep) else step
