@@ -60,6 +60,26 @@ def in_process(args: argparse.Namespace) -> dict[str, list[float]]:
     return rows
 
 
+def summaries_alone(args: argparse.Namespace) -> float:
+    """ms per decode step spent summarizing every node's output (the trace's own work),
+    timed on one step's captured outputs, away from the forward."""
+    import numpy as np
+
+    from minfer.engine.tensor_stats import STAT_KEYS, summarize_into
+    from minfer.engine.trace import StepTracer
+
+    engine = make_engine(args.model, args.threads)
+    engine.tracer = StepTracer(capture=True, max_steps=1)  # type: ignore[attr-defined]
+    decode_ms(engine, 1, PROMPT_TOKENS)
+    outputs = list(engine.tracer.steps[-1].outputs.values())  # type: ignore[attr-defined]
+    values = np.empty(len(STAT_KEYS))
+    t0 = time.perf_counter()
+    for _ in range(20):
+        for out in outputs:
+            summarize_into(out, values)
+    return (time.perf_counter() - t0) * 1e3 / 20
+
+
 def child(args: argparse.Namespace) -> None:
     """One untraced measurement in this process (whatever minfer PYTHONPATH gives)."""
     engine = make_engine(args.model, args.threads)
@@ -107,6 +127,7 @@ def main() -> int:
         return 0
     print(f"model {Path(args.model).name}, {args.threads} threads, {args.n} decode steps/round")
     report(in_process(args), "untraced")
+    print(f"summarizing every node of one decode step alone: {summaries_alone(args):.2f} ms")
     if args.compare_src:
         report(across_checkouts(args), args.compare_src)
     return 0

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from minfer.api import Model
 from minfer.engine.tensor_stats import HEAT_COLS, HEAT_ROWS, summarize, summarize_reference
+from minfer.errors import MinferError
 from minfer.viz.app import create_app
 from minfer.viz.session import VizSession, load_trace
 
@@ -186,7 +187,10 @@ def test_minfer_trace_env_writes_a_trace_the_page_opens(tiny_qwen2: Path, tmp_pa
     decode = viewer.get("/api/graph?kind=decode").json()
     assert decode["nodes"] and viewer.get("/api/trace/1").json()["kind"] == "decode"
     assert viewer.post("/api/generate", json={"prompt": "x"}).status_code == 400
+    assert trace["meta"]["model"] == tiny_qwen2.stem
     bad = tmp_path / "bad.json"
-    bad.write_text('{"version": 99}')
-    with pytest.raises(Exception, match="not a minfer trace"):
-        load_trace(bad)
+    for text, message in (('{"version": 99}', "not a minfer trace"), ("{", "cannot read"),
+                          ('{"version": 1, "graphs": {}, "steps": [{"step": 0}]}', "lacks")):
+        bad.write_text(text)
+        with pytest.raises(MinferError, match=message):
+            load_trace(bad)

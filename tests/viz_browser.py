@@ -123,8 +123,9 @@ def drive(url: str, out: Path) -> dict[str, Any]:
         result["error"] = f"{type(exc).__name__}: {exc}"
         driver.save_screenshot(str(out / "failed.png"))
     finally:
-        result["console"] = [e for e in driver.get_log("browser")
-                             if e.get("level") in ("SEVERE", "ERROR")]
+        logs = driver.get_log("browser")
+        result["console"] = [e for e in logs if e.get("level") in ("SEVERE", "ERROR")]
+        result["console_other"] = [e for e in logs if e not in result["console"]]
         driver.quit()
     return result
 

@@ -111,6 +111,7 @@ class StepTracer:
         self.steps: list[TracedStep] = []
         self.prepared: dict[int, PreparedGraph] = {}  # graph uid -> the graph a step ran
         self.tensor_types: dict[str, str] = {}
+        self.model_name = ""
         self._views: dict[int, dict[str, Any]] = {}  # uid -> described graph (made once)
         self.n_steps = 0  # steps ever recorded (step numbers keep counting after drops)
 
@@ -158,6 +159,7 @@ class StepTracer:
         if prepared.graph.uid not in self.prepared:
             self.prepared[prepared.graph.uid] = prepared
             if not self.tensor_types:
+                self.model_name = Path(ctx.weights.file.path).name.removesuffix(".gguf")
                 tensors = ctx.weights.file.tensors
                 self.tensor_types = {name: t.type_name for name, t in tensors.items()}
 
@@ -185,7 +187,7 @@ class StepTracer:
 
     def to_json(self, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
         steps = [s.to_json() for s in self.steps]
-        return {"version": TRACE_VERSION, "meta": dict(meta or {}),
+        return {"version": TRACE_VERSION, "meta": {"model": self.model_name, **(meta or {})},
                 "graphs": self.graphs_json(), "steps": steps}
 
     def write(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> None:

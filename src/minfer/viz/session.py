@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PREFILL_TOKENS = 8  # the prefill graph shown before any prompt has run
 KINDS = ("prefill", "decode")
+STEP_KEYS = frozenset({"step", "kind", "graph", "n_tokens", "pos", "token_text", "top", "time_ms",
+                       "nodes"})
 
 
 class Busy(MinferError):
@@ -59,7 +61,9 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     if not isinstance(graphs, dict) or not isinstance(steps, list):
         raise MinferError(f"{path}: a trace needs 'graphs' and 'steps'")
     for step in steps:
-        if not isinstance(step, dict) or str(step.get("graph")) not in graphs:
+        if not isinstance(step, dict) or not step.keys() >= STEP_KEYS:
+            raise MinferError(f"{path}: a step lacks one of {', '.join(sorted(STEP_KEYS))}")
+        if str(step["graph"]) not in graphs:
             raise MinferError(f"{path}: a step refers to a graph the trace does not hold")
     return data
 

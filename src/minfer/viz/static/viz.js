@@ -386,7 +386,8 @@ function showNode() {
   const flags = [n.fused && "fused", n.tail && "tail rows", n.orphaned && "orphaned",
                  n.input && "input", n.output && "output"].filter(Boolean);
   if (flags.length) html += row("marks", flags.join(", "));
-  html += row("reads", n.srcs.map((s) => esc(nodeName(g.nodes[s]))).join(", ") || "–");
+  html += row("reads", n.srcs.map((s) => `${esc(nodeName(g.nodes[s]))} `
+    + `[${g.nodes[s].shape.join(", ")}]`).join("<br>") || "–");
   html += "</table>";
   $("node-payload").innerHTML = html;
   showStats(kind, n);
