@@ -45,6 +45,9 @@ def test_page_draws_expands_shows_a_payload_and_streams_a_run(tiny_qwen2: Path,
     result = json.loads((tmp_path / "result.json").read_text())
     assert "error" not in result, result
     assert result["console"] == []  # the page logged no errors
+    page_warnings = [e for e in result["console_other"]
+                     if e.get("source") == "console-api" and e.get("level") == "WARNING"]
+    assert page_warnings == []
     assert result["expanded_count"] > result["collapsed_count"]  # layer 0 opened in place
     payload = result["payload"]
     for text in ("attn_q", "MatMul", "blk.0.attn_q.weight", "Q8_0", "slot", "reused by"):

@@ -109,6 +109,7 @@ function elementsFor(kind) {
   const els = [];
   for (const [grp, list] of members) {
     els.push({ data: { id: `g:${grp}`, group: grp, label: groupLabel(grp, list), bg: NO_DATA_BG, fg: "#111827",
+                       ...labelBox(groupLabel(grp, list), 11),
                        collapsed: !expanded.has(grp), members: list.map((n) => n.id) },
                classes: expanded.has(grp) ? "frame" : "group" });
   }
@@ -118,7 +119,8 @@ function elementsFor(kind) {
     const classes = [n.fused ? "fused" : "", n.tail ? "tail" : "", n.orphaned ? "orphan" : "",
                      n.input ? "input" : "", n.output ? "output" : ""].filter(Boolean);
     const data = { id: `n${n.id}`, node: n.id, label: `${n.name}\n${n.op}`,
-                   members: [n.id], bg: NO_DATA_BG, fg: "#111827" };
+                   members: [n.id], bg: NO_DATA_BG, fg: "#111827",
+                   ...labelBox(`${n.name}\n${n.op}`, 9) };
     if (grp) data.parent = `g:${grp}`;
     els.push({ data, classes: classes.join(" ") });
   }
@@ -138,10 +140,10 @@ const STYLE = [
   { selector: "node", style: {
       "shape": "round-rectangle", "label": "data(label)", "text-wrap": "wrap",
       "text-valign": "center", "font-size": 9, "font-family": "ui-monospace, monospace",
-      "width": "label", "height": "label", "padding": "6px", "color": "data(fg)",
+      "width": "data(w)", "height": "data(h)", "padding": "0px", "color": "data(fg)",
       "background-color": "data(bg)", "border-width": 1, "border-color": "#94a3b8" } },
   { selector: "node.group", style: {
-      "font-size": 11, "font-weight": 600, "padding": "9px", "border-width": 1.5,
+      "font-size": 11, "font-weight": 600, "border-width": 1.5,
       "border-color": "#64748b" } },
   { selector: "node.frame", style: {
       "background-opacity": 0.06, "background-color": "#64748b", "border-style": "dashed",
@@ -162,7 +164,7 @@ const STYLE = [
 ];
 
 // A layered (Sugiyama-style) layout of a DAG, small enough to own: each node's level is its
-// longest path from a root (then pulled down next to its readers); within a level nodes sit in the order of their parents' mean x.
+// longest path from a root (a node far above its readers moves down); within a level nodes sit in the order of their parents' mean x.
 function layered(cy) {
   const nodes = cy.nodes().not(":parent");
   const ids = nodes.map((n) => n.id());
@@ -187,9 +189,10 @@ function layered(cy) {
     }
   }
   ids.forEach((id) => { if (!level.has(id)) level.set(id, 0); });  // not a DAG: flatten
-  for (const id of [...queue].reverse()) {  // then as late as the readers allow (short edges)
+  for (const id of [...queue].reverse()) {  // a node far above its readers moves down to them
     const outs = succs.get(id).map((t) => level.get(t));
-    if (outs.length && preds.get(id).length) level.set(id, Math.max(level.get(id), Math.min(...outs) - 1));
+    const below = outs.length ? Math.min(...outs) - 1 : 0;
+    if (preds.get(id).length && below - level.get(id) > 1) level.set(id, below);
   }
   const rows = [];
   for (const id of queue.length === ids.length ? queue : ids) {
@@ -218,27 +221,59 @@ function layered(cy) {
   return pos;
 }
 
-function labelWidth(ele) {
-  // monospace label: the longest line's characters at the node's font size, plus padding
-  const lines = String(ele.data("label")).split("\n");
-  const size = ele.hasClass("group") ? 11 : 9;
-  return Math.max(...lines.map((l) => l.length)) * size * 0.62 + 2 * (size === 11 ? 9 : 6) + 4;
+function labelBox(label, size) {
+  // a monospace label's box: the longest line at the font size, plus padding
+  const lines = String(label).split("\n");
+  const pad = size >= 11 ? 10 : 7;
+  return { w: Math.round(Math.max(...lines.map((l) => l.length)) * size * 0.62 + 2 * pad),
+           h: Math.round(lines.length * size * 1.25 + 2 * pad - 4) };
 }
 
-function render(kind) {
+function labelWidth(ele) { return ele.data("w") || 0; }
+
+// Readable first: as wide as the panel allows up to 100 %, the top of the graph (or the layer
+// just opened) in view; the wheel scrolls, ctrl+wheel zooms, "fit" shows everything.
+function view(kind, focus) {
+  const cy = state.cys[kind];
+  const box = cy.elements().boundingBox();
+  const w = cy.width();
+  const zoom = Math.min(1.0, (w - 24) / box.w);
+  cy.zoom(zoom);
+  const target = focus ? cy.getElementById(focus) : null;
+  const top = target && target.nonempty() ? target.boundingBox() : box;
+  cy.pan({ x: w / 2 - zoom * (box.x1 + box.w / 2), y: 16 - zoom * top.y1 });
+}
+
+function fitAll(kind) {
+  const cy = state.cys[kind];
+  if (cy) cy.fit(undefined, 12);
+}
+
+function onWheel(kind, e) {
+  const cy = state.cys[kind];
+  if (!cy) return;
+  e.preventDefault();
+  if (e.ctrlKey || e.metaKey) {
+    const level = cy.zoom() * (e.deltaY < 0 ? 1.15 : 1 / 1.15);
+    cy.zoom({ level, renderedPosition: { x: e.offsetX, y: e.offsetY } });
+  } else {
+    cy.panBy({ x: -e.deltaX, y: -e.deltaY });
+  }
+}
+
+function render(kind, focus) {
   const g = state.graphs[kind];
   const container = $(`cy-${kind}`);
   if (state.cys[kind]) state.cys[kind].destroy();
   if (!g) { state.cys[kind] = null; return; }
   const cy = cytoscape({ container, elements: elementsFor(kind), style: STYLE,
-                         layout: { name: "preset" }, wheelSensitivity: 0.3,
+                         layout: { name: "preset" }, userZoomingEnabled: false,
                          minZoom: 0.05, maxZoom: 4 });
   state.cys[kind] = cy;
   recolour(kind);
   const pos = layered(cy);
   cy.nodes().not(":parent").positions((ele) => pos.get(ele.id()));
-  cy.fit(undefined, 12);
-  if (cy.zoom() > 1.3) { cy.zoom(1.3); cy.center(); }
+  view(kind, focus);
   cy.on("tap", "node", (evt) => onTap(kind, evt.target));
   $(`${kind}-info`).textContent =
     `${g.n_tokens} token${g.n_tokens > 1 ? "s" : ""} → ${g.n_out} row${g.n_out > 1 ? "s" : ""}`
@@ -250,7 +285,7 @@ function onTap(kind, ele) {
   if (grp !== undefined) {
     const set = state.expanded[kind];
     if (set.has(grp)) set.delete(grp); else set.add(grp);
-    render(kind);
+    render(kind, `g:${grp}`);
     return;
   }
   state.node = { kind, id: ele.data("node") };
@@ -615,6 +650,10 @@ async function start() {
     KINDS.forEach((k) => { state.expanded[k].clear(); render(k); });
   });
   $("run").addEventListener("click", run);
+  for (const kind of KINDS) {
+    $(`cy-${kind}`).addEventListener("wheel", (e) => onWheel(kind, e), { passive: false });
+    $(`fit-${kind}`).addEventListener("click", () => fitAll(kind));
+  }
   $("diff").addEventListener("click", runDiff);
   legend();
   await loadGraphs();
