@@ -5,6 +5,7 @@ loopback proxy and no name resolution either way."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -56,3 +57,6 @@ def test_page_draws_expands_shows_a_payload_and_streams_a_run(tiny_qwen2: Path,
     assert result["top5_rows"] == 5 and result["op_rows"] >= 5
     assert "absmax" in result["stats"] and "NaN / Inf" in result["stats"]
     assert (tmp_path / "viz.png").stat().st_size > 10_000
+    if importlib.util.find_spec("torch") is not None:  # the diff needs the torch backend
+        assert "largest |Δ|" in result["diff_status"], result["diff_status"]
+        assert result["diff_coloured"] > 10

@@ -117,6 +117,16 @@ def drive(url: str, out: Path) -> dict[str, Any]:
         click_graph_node(driver, "decode", q_id)  # the node again, now with the step's stats
         result["stats"] = wait_for(lambda: driver.find_element("id", "node-stats").text, 10,
                                    "node statistics")
+        driver.find_element("id", "diff").click()  # CPU vs torch, nodes coloured by max |Δ|
+        result["diff_status"] = wait_for(
+            lambda: driver.execute_script(
+                "const s = document.getElementById('status').textContent;"
+                "return /Δ|diff done|\\d{3}:/.test(s) && !document.getElementById('diff').disabled"
+                " ? s : ''"), 120, "the diff")
+        result["diff_coloured"] = driver.execute_script(
+            "return state.colourBy === 'diff' ? state.cys.decode.nodes()"
+            ".filter(n => n.data('bg') !== NO_DATA_BG).length : -1")
+        click_graph_node(driver, "decode", q_id)
         time.sleep(0.5)
         driver.save_screenshot(str(out / "viz.png"))
     except Exception as exc:
