@@ -92,7 +92,19 @@ class Model:
                 backends=select_backends(self.backend), n_threads=self.threads,
                 adaptive_threads=self.adaptive_threads,
             )
+            tracer = self._engine.tracer  # MINFER_TRACE: name the traced tokens
+            if tracer is not None and tracer.token_text is None:
+                tracer.token_text = self.token_piece
         return self._engine
+
+    def token_piece(self, token_id: int) -> str:
+        """One token's text as it would print; a token that is part of a UTF-8 character
+        shows its bytes (`<e4 bd>`)."""
+        raw = self.tokenizer.token_bytes(token_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "<" + raw.hex(" ") + ">"
 
     def warm_up(self, n_prompt: int | None = None, progress: Progress | None = None) -> bool:
         """Compile (or load from the disk cache) every CPU kernel the first forwards need,

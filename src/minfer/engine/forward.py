@@ -22,6 +22,7 @@ from numba.core import config
 from minfer.backends.base import Backend, ExecContext
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.engine.threads import ThreadTuner
+from minfer.engine.trace import StepTracer, tracer_from_env
 from minfer.engine.weights import ModelWeights
 from minfer.errors import ContextOverflowError, MinferError
 from minfer.gguf.hparams import HParams
@@ -109,11 +110,13 @@ class Engine:
         self._by_name = {b.name: b for b in self._backends}
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
         # run graphs from their op tape (bound once) rather than node by node; MINFER_TAPE=0
-        # turns it off (for comparisons). The profiler needs the interpreter.
+        # turns it off (for comparisons). The profiler and the tracer need the interpreter.
         if op_tape is None:
             op_tape = os.environ.get("MINFER_TAPE", "1") != "0"
         self.op_tape = op_tape
         self.n_threads = n_threads
+        # the per-step trace (minfer viz, MINFER_TRACE=FILE); None: the plain walk
+        self.tracer: StepTracer | None = tracer_from_env()
         # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
         self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
 
@@ -160,13 +163,19 @@ class Engine:
             buf = buffers[node_id]
             assert buf is not None
             buf[:] = fills[kind]
-        tape = self._tape(prepared, buffers) if self.op_tape and self.profile is None else None
+        tape = None
+        if self.op_tape and self.profile is None and self.tracer is None:
+            tape = self._tape(prepared, buffers)
         if tape is not None:
             tape.run()
         else:
             ctx = ExecContext(weights=self.weights, kv=self.kv,
                               batch_invariant=self.batch_invariant)
-            scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
+            if self.tracer is None:
+                scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx,
+                                  self.profile)
+            else:
+                self.tracer.trace_forward(prepared, buffers, self._by_name, ctx, batch)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:

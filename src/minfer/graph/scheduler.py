@@ -85,6 +85,26 @@ def execute(
             profile[key] = profile.get(key, 0.0) + time.perf_counter() - t0
 
 
+def execute_observed(
+    graph: ComputeGraph,
+    splits: Sequence[tuple[str, list[int]]],
+    buffers: Sequence[np.ndarray | None],
+    backends: Mapping[str, Backend],
+    ctx: ExecContext,
+    observe: Callable[[int, np.ndarray | None, float], None],
+) -> None:
+    """`execute`, calling observe(node id, its output buffer, seconds) after every node (the
+    traced path; its output is read before any later node can reuse the buffer)."""
+    nodes = graph.nodes
+    for backend_name, node_ids in splits:
+        backend = backends[backend_name]
+        for node_id in node_ids:
+            node = nodes[node_id]
+            t0 = time.perf_counter()
+            backend.execute_node(node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
+            observe(node_id, buffers[node_id], time.perf_counter() - t0)
+
+
 @dataclass
 class Tape:
     """A prepared graph bound to its buffers: one call per live node, in build order."""
