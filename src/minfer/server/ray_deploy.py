@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.types import Message
+
 from minfer.errors import MinferError
 from minfer.server.affinity import session_key
 from minfer.server.errors import APIError, unavailable
@@ -94,20 +96,20 @@ class EngineReplica:
         if self.state.status != "ok":
             raise MinferError(f"the engine replica failed to start: {self.state.error}")
 
-    async def http(self, key: str | None, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def http(self, key: str | None, req: dict[str, Any]) -> AsyncIterator[Message]:
         """Run req through the app; yield its `http.response.*` ASGI messages."""
         del key  # the router's
-        out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        out: asyncio.Queue[Message | None] = asyncio.Queue()
         gone = asyncio.Event()
         body: list[bytes] = [req["body"]]
 
-        async def receive() -> dict[str, Any]:
+        async def receive() -> Message:
             if body:
                 return {"type": "http.request", "body": body.pop(), "more_body": False}
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             await out.put(message)
 
         async def run() -> None:
@@ -299,7 +301,6 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 def build_app(config: ServerConfig, opts: RayOptions) -> Any:
     """The Ray Serve application: the front bound to the engine deployment."""
     from ray import serve
-    from ray.serve.config import RequestRouterConfig
 
     scaling: dict[str, Any] = {"num_replicas": opts.replicas}
     if opts.autoscale:
@@ -307,16 +308,17 @@ def build_app(config: ServerConfig, opts: RayOptions) -> Any:
         scaling = {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi,
                                           "target_ongoing_requests": config.slots}}
     replica_config = ServerConfig(**{**config.__dict__, "threads": opts.threads})
-    engine = serve.deployment(
-        EngineReplica, name="engine", max_ongoing_requests=2 * config.slots,
-        max_queued_requests=config.queue, health_check_period_s=2.0,
-        ray_actor_options={"num_cpus": opts.threads},
-        request_router_config=RequestRouterConfig(
-            request_router_class="minfer.server.ray_router.AffinityRouter"),
+    engine_options: dict[str, Any] = {
+        "name": "engine", "max_ongoing_requests": 2 * config.slots,
+        "max_queued_requests": config.queue, "health_check_period_s": 2.0,
+        "ray_actor_options": {"num_cpus": opts.threads},
+        "request_router_config": {
+            "request_router_class": "minfer.server.ray_router.AffinityRouter"},
         **scaling,
-    ).bind(replica_config)
-    front = serve.deployment(Front, name="front", num_replicas=1, max_ongoing_requests=10_000,
-                             ray_actor_options={"num_cpus": 0})
+    }
+    engine = serve.deployment(**engine_options)(EngineReplica).bind(replica_config)
+    front = serve.deployment(name="front", num_replicas=1, max_ongoing_requests=10_000,
+                             ray_actor_options={"num_cpus": 0})(Front)
     return front.bind(engine, config, opts.app_name)
 
 
