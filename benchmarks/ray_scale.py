@@ -9,19 +9,25 @@ private RAY_TMPDIR. On one local Ray node with this machine's cores it measures,
 
 each under the same load: `--clients` concurrent clients (each its own `user`), each sending
 `--requests` non-streaming completions of `--max-tokens` tokens (distinct prompts, greedy).
-Throughput = requests (and generated tokens) per wall second; latency = per request. Ray's
-per-request overhead = median latency of a lone client's 1-token request, Ray minus plain
-(same model, same thread). Ratios within one run are what count: the machine may be shared.
+Throughput = requests (and generated tokens) per wall second; latency = per request; "lone" =
+median latency of a lone client's 1-token request. `--overhead` measures Ray's per-request cost
+instead: the lone client only, plain -t1 against ray 1x1, on a tiny synthetic model (a forward
+takes about a millisecond there, so the difference is Ray's hops). Setups alternate round by
+round (`--rounds`); the table shows medians. Ratios within one run are what count: the machine
+may be shared.
 
     .venv/bin/python benchmarks/ray_scale.py [--model PATH] [--clients 8] [--requests 4]
+    .venv/bin/python benchmarks/ray_scale.py --overhead
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -29,8 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,6 +56,7 @@ class Row:
     p99_s: float
     lone_p50_s: float  # a lone client's 1-token request
     errors: int
+    rss_mib: list[int] | None = None  # each Ray replica's resident memory
 
 
 def free_port() -> int:
@@ -106,11 +115,15 @@ async def load(base: str, clients: int, requests: int, max_tokens: int
 
 async def lone(base: str, n: int = 12) -> float:
     async with httpx.AsyncClient() as client:
-        times = [(await one(client, base, f"Say {i}.", "lone", 1))[0] for i in range(n)]
+        times = [(await one(client, base, f"Say {i}.", "lone", 1))[0] for i in range(n + 2)]
     return statistics.median(times[2:])
 
 
 def measure(setup: str, base: str, args: argparse.Namespace) -> Row:
+    if args.overhead:
+        row = Row(setup, 0.0, 0.0, 0.0, 0.0, asyncio.run(lone(base, 60)), 0)
+        print(json.dumps(asdict(row)), file=sys.stderr, flush=True)
+        return row
     wall, tokens, lat, errors = asyncio.run(load(base, args.clients, args.requests,
                                                  args.max_tokens))
     lat.sort()
@@ -121,14 +134,16 @@ def measure(setup: str, base: str, args: argparse.Namespace) -> Row:
     return row
 
 
-def plain(model: str, threads: int, args: argparse.Namespace) -> Row:
+@contextlib.contextmanager
+def plain(model: str, threads: int, args: argparse.Namespace) -> Iterator[str]:
+    """A `minfer serve` process; yields its base URL."""
     port = free_port()
     cmd = [sys.executable, "-m", "minfer.cli.main", "serve", model, "--host", HOST, "--port",
            str(port), "-t", str(threads), "--slots", str(args.slots), "-c", str(args.n_ctx)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_health(f"http://{HOST}:{port}")
-        return measure(f"plain -t{threads}", f"http://{HOST}:{port}", args)
+        yield f"http://{HOST}:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -137,27 +152,51 @@ def plain(model: str, threads: int, args: argparse.Namespace) -> Row:
             proc.kill()
 
 
-def on_ray(model: str, args: argparse.Namespace) -> list[Row]:
+def deploy(config: Any, n: int, base: str) -> None:
+    """The app with n replicas (a change of n scales the running deployment)."""
     from ray import serve
 
     from minfer.server.ray_deploy import RayOptions, build_app
+
+    serve.run(build_app(config, RayOptions(replicas=n, threads=1)), name="minfer",
+              route_prefix="/")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        try:
+            infos = httpx.get(base + "/replicas", timeout=30).json()["replicas"]
+        except httpx.HTTPError:
+            infos = []
+        if len(infos) == n and all(i["status"] == "ok" for i in infos):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{n} replicas not ready")
+
+
+def rounds(model: str, args: argparse.Namespace) -> dict[str, list[Row]]:
+    """Every setup once per round, the rounds one after another (drift hits all setups)."""
+    from ray import serve
+
     from minfer.server.state import ServerConfig
 
     config = ServerConfig(model_path=Path(model), n_ctx=args.n_ctx, slots=args.slots,
                           threads=1)
-    rows = []
-    with LocalCluster(workers=0, cpus_per_node=os.cpu_count() or 2):
-        port = free_port()
-        base = f"http://{HOST}:{port}"
-        serve.start(http_options={"host": HOST, "port": port})
-        for n in (2, 1):
-            serve.run(build_app(config, RayOptions(replicas=n, threads=1)), name="minfer",
-                      route_prefix="/")
-            wait_health(base)
-            rows.append(measure(f"ray {n}x1", base, args))
-            if n == 2:
-                rows[-1].setup += f" rss_mib={replica_rss_mib(base)}"
-        serve.shutdown()
+    rows: dict[str, list[Row]] = {}
+    with contextlib.ExitStack() as stack:
+        p1 = stack.enter_context(plain(model, 1, args))
+        p2 = None if args.overhead else stack.enter_context(plain(model, 2, args))
+        stack.enter_context(LocalCluster(workers=0, cpus_per_node=os.cpu_count() or 2))
+        base = f"http://{HOST}:{free_port()}"
+        serve.start(http_options={"host": HOST, "port": int(base.rsplit(":", 1)[1])})
+        stack.callback(serve.shutdown)
+        for _ in range(args.rounds):
+            rows.setdefault("plain -t1", []).append(measure("plain -t1", p1, args))
+            if p2 is not None:
+                rows.setdefault("plain -t2", []).append(measure("plain -t2", p2, args))
+            for n in ((1,) if args.overhead else (2, 1)):
+                deploy(config, n, base)
+                row = measure(f"ray {n}x1", base, args)
+                row.rss_mib = replica_rss_mib(base)
+                rows.setdefault(f"ray {n}x1", []).append(row)
     return rows
 
 
@@ -176,6 +215,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--n-ctx", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--overhead", action="store_true",
+                   help="Ray's per-request cost on a tiny synthetic model (lone client only)")
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -184,23 +226,44 @@ def main() -> None:
         os.execvp("unshare", isolated(argv))
     from minfer.store import resolve_model
 
-    model = str(resolve_model(args.model))
     tmpdir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     apply_ray_env(tmpdir)
-    rows = [plain(model, 1, args), plain(model, 2, args), *on_ray(model, args),
-            plain(model, 1, args)]
-    rows[-1].setup += " (again)"
-    print("| setup | req/s | tok/s | p50 s | p99 s | lone 1-token p50 s | errors |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r.setup} | {r.req_s:.2f} | {r.tok_s:.1f} | {r.p50_s:.3f} | {r.p99_s:.3f} "
-              f"| {r.lone_p50_s:.4f} | {r.errors} |")
-    base = statistics.mean([rows[0].lone_p50_s, rows[-1].lone_p50_s])
-    ray1 = next(r for r in rows if r.setup.startswith("ray 1x1"))
-    print(f"\nRay's per-request overhead (lone 1-token p50, ray 1x1 - plain -t1): "
-          f"{(ray1.lone_p50_s - base) * 1000:.1f} ms")
+    if args.overhead:
+        from minfer.tools.synth import write_tiny_model
+
+        model = str(write_tiny_model(Path(tmpdir) / "tiny.gguf"))
+    else:
+        model = str(resolve_model(args.model))
+    try:
+        rows = rounds(model, args)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    report(rows, args)
+
+
+def report(rows: dict[str, list[Row]], args: argparse.Namespace) -> None:
+    def med(setup: str, field: str) -> float:
+        return statistics.median(getattr(r, field) for r in rows[setup])
+
+    print(f"medians of {args.rounds} rounds; {args.clients} clients x {args.requests} "
+          f"requests x {args.max_tokens} tokens")
+    print("| setup | req/s | tok/s | p50 s | p99 s | lone 1-token p50 s | errors | RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for setup, rs in rows.items():
+        print(f"| {setup} | {med(setup, 'req_s'):.2f} | {med(setup, 'tok_s'):.1f} "
+              f"| {med(setup, 'p50_s'):.3f} | {med(setup, 'p99_s'):.3f} "
+              f"| {med(setup, 'lone_p50_s'):.4f} | {sum(r.errors for r in rs)} "
+              f"| {rs[-1].rss_mib or ''} |")
+    overhead = med("ray 1x1", "lone_p50_s") - med("plain -t1", "lone_p50_s")
+    print(f"\nlone 1-token p50, ray 1x1 - plain -t1: {overhead * 1000:.1f} ms"
+          + (" (Ray's per-request cost)" if args.overhead else ""))
+    if not args.overhead:
+        for a, b in (("ray 1x1", "plain -t1"), ("ray 2x1", "plain -t2"),
+                     ("ray 2x1", "ray 1x1")):
+            print(f"throughput {a} / {b}: {med(a, 'req_s') / med(b, 'req_s'):.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        Path(args.json).write_text(json.dumps(
+            {k: [asdict(r) for r in v] for k, v in rows.items()}, indent=1))
 
 
 if __name__ == "__main__":
