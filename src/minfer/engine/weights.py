@@ -5,7 +5,8 @@ Matrices stay in their file format, zero-copy from the memory map: quantized ten
 weights, biases) are converted to float32 once and kept. A backend may keep its own copy of a
 matrix in another layout (`derived`: made once, on first use, chunk by chunk); the file's pages
 of each chunk are released as it is copied, so the copy replaces them in memory instead of adding
-to it.
+to it. With `MINFER_SHARE_WEIGHTS=1` those copies are files that every engine on the machine
+maps (shared_weights.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 
+from minfer.engine import shared_weights
 from minfer.gguf.reader import GGUFFile
 
 FLOAT_TYPES = {
@@ -37,6 +39,8 @@ class ModelWeights:
         self.state: dict[object, object] = {}
         """Backends' own per-weight state (e.g. a kernel bound to a weight), kept as long as
         these weights are."""
+        self._shared = (shared_weights.SharedStore(f.path) if shared_weights.enabled()
+                        else None)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.file.tensors.items()}
@@ -57,6 +61,10 @@ class ModelWeights:
         instead of briefly doubling them (145 MB for an output projection)."""
         key = (name, form)
         hit = self._derived.get(key)
+        if hit is None and self._shared is not None:
+            hit = self._shared.load(name, form)
+            if hit is not None:
+                self._derived[key] = hit
         if hit is None:
             raw, qtype = self.matrix(name)
             out: np.ndarray | None = None
@@ -69,6 +77,8 @@ class ModelWeights:
                 out[r0:r1] = part
                 self.file.release(name, (r0, r1))
             assert out is not None
+            if self._shared is not None:
+                out = self._shared.store(name, form, out, new_type)
             hit = self._derived[key] = (out, new_type)
         return hit
 
