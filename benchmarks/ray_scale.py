@@ -18,6 +18,7 @@ may be shared.
 
     .venv/bin/python benchmarks/ray_scale.py [--model PATH] [--clients 8] [--requests 4]
     .venv/bin/python benchmarks/ray_scale.py --overhead
+    .venv/bin/python benchmarks/ray_scale.py --memory
 """
 
 from __future__ import annotations
@@ -207,6 +208,33 @@ def replica_rss_mib(base: str) -> list[int]:
     return [psutil.Process(i["pid"]).memory_info().rss >> 20 for i in infos]
 
 
+def memory(model: str, args: argparse.Namespace) -> None:
+    """Two replicas' resident and proportional (shared pages split) memory, after a request
+    each, with the repacked weights private and shared."""
+    import psutil
+    from ray import serve
+
+    from minfer.engine import shared_weights
+    from minfer.server.ray_deploy import RayOptions, build_app
+    from minfer.server.state import ServerConfig
+
+    config = ServerConfig(model_path=Path(model), n_ctx=args.n_ctx, slots=args.slots)
+    # the replicas (Ray workers inherit this) store the shared weights in the private tmpdir
+    os.environ[shared_weights.ENV] = str(Path(os.environ["RAY_TMPDIR"]) / "derived")
+    with LocalCluster(workers=0, cpus_per_node=os.cpu_count() or 2):
+        base = f"http://{HOST}:{free_port()}"
+        serve.start(http_options={"host": HOST, "port": int(base.rsplit(":", 1)[1])})
+        for share in (False, True):
+            opts = RayOptions(replicas=2, threads=1, share_weights=share)
+            serve.run(build_app(config, opts), name="minfer", route_prefix="/")
+            asyncio.run(load(base, 4, 1, 2))
+            infos = httpx.get(base + "/replicas", timeout=30).json()["replicas"]
+            mem = [psutil.Process(i["pid"]).memory_full_info() for i in infos]
+            print(f"share_weights={share}: RSS MiB {[m.rss >> 20 for m in mem]}, "
+                  f"PSS MiB {[m.pss >> 20 for m in mem]} (sum {sum(m.pss for m in mem) >> 20})")
+        serve.shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="GGUF (default: the development model)")
@@ -218,6 +246,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--overhead", action="store_true",
                    help="Ray's per-request cost on a tiny synthetic model (lone client only)")
+    p.add_argument("--memory", action="store_true",
+                   help="two replicas' memory with the repacked weights private, then shared")
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -235,6 +265,9 @@ def main() -> None:
     else:
         model = str(resolve_model(args.model))
     try:
+        if args.memory:
+            memory(model, args)
+            return
         rows = rounds(model, args)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

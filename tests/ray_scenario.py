@@ -5,7 +5,8 @@ network namespace where possible; see ray_sandbox.isolated). Starts a local Ray 
 and a second worker node, one CPU each), deploys two engine replicas of MODEL, and drives
 16 concurrent `openai` clients (each its own `user`, some streaming) through it; when the first
 requests are done, one replica is killed (SIGKILL, by the pid the front reports). Replicas
-have 8 slots, so 16 clients never fill one: every session stays on its replica. Then it waits
+have 16 slots, so 16 clients never fill one: every session stays on its replica (a full
+replica's sessions would spill to their next choice). Then it waits
 for the replacement, sends a second round, and reads /metrics and /replicas. Every request
 outcome, the replica sets and the timings go to OUT.json for the test to assert on. Everything
 it starts is torn down before it exits, even on failure.
@@ -133,7 +134,7 @@ def scenario(model: Path, report: dict[str, Any]) -> None:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = ServerConfig(model_path=model, n_ctx=256, slots=8, queue=64, threads=1)
+        config = ServerConfig(model_path=model, n_ctx=128, slots=16, queue=64, threads=1)
         serve.run(build_app(config, RayOptions(replicas=2, threads=1)), name="minfer",
                   route_prefix="/")
         report["deployed_s"] = round(time.monotonic() - t0, 1)

@@ -47,6 +47,7 @@ def test_engines_share_the_repacked_weights(wide_model: Path, tmp_path: Path,
     monkeypatch.setenv(shared_weights.ENV, str(tmp_path))
     first, _ = _logits(wide_model)  # repacks and stores
     files = sorted(tmp_path.glob("*.npy"))
+    assert len(list(tmp_path.glob("*.lock"))) == len(files)
     assert len(files) == len(e0.weights._derived)
     assert not list(tmp_path.glob("*.tmp"))
 

@@ -3,11 +3,11 @@
 An engine repacks its Q4_0 / Q5_0 / Q8_0 / Q4_K weights into the layout its kernels read
 (`ModelWeights.derived`), a private copy per process: two engines on one machine (replicas of
 `minfer serve --ray`) would hold two. With `MINFER_SHARE_WEIGHTS=1` the first engine writes each
-repacked matrix to `<kernel cache>/derived/<model tag>-<tensor>-<layout>.t<type>.npy` (or to
-the folder `MINFER_SHARE_WEIGHTS` names, when it is a path; written
-to a temporary name, then renamed, so a reader never sees half a file) and maps it back; the
-others map the file. The mappings are copy-on-write (nothing can change the file) and read
-through the page cache, so the machine holds one copy however many engines map it.
+repacked matrix to `<kernel cache>/derived/<model tag>-<tensor>-<layout>.t<type>.npy` (or to the
+folder `MINFER_SHARE_WEIGHTS` names, when it is a path), under a temporary name renamed when
+complete, and maps it back; the others wait for it (a lock file per matrix) and map the file.
+The mappings are copy-on-write (nothing can change the file) and read through the page cache,
+so the machine holds one copy however many engines map it.
 
 The folder sits inside the kernel cache folder, whose name hashes the kernels' sources: a
 changed layout lands in a fresh folder, never a stale one. The model tag hashes the GGUF's path,
@@ -16,9 +16,12 @@ size and modification time.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +60,17 @@ class SharedStore:
     def _stem(self, name: str, form: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.tag}-{name}-{form}")
 
+    @contextlib.contextmanager
+    def claim(self, name: str, form: str) -> Iterator[None]:
+        """Hold the matrix's lock file: the engine that makes it first, others wait, then map."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"{self._stem(name, form)}.lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def load(self, name: str, form: str) -> tuple[np.ndarray, int] | None:
         """(the mapped matrix, its type id), or None when no engine has stored it yet."""
         hits = sorted(self.folder.glob(self._stem(name, form) + ".t*.npy"))
@@ -67,7 +81,6 @@ class SharedStore:
 
     def store(self, name: str, form: str, matrix: np.ndarray, qtype: int) -> np.ndarray:
         """Write matrix for the other engines; the mapped file, to use in place of matrix."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"{self._stem(name, form)}.t{qtype}.npy"
         tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as fh:

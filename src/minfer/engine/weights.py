@@ -62,25 +62,29 @@ class ModelWeights:
         key = (name, form)
         hit = self._derived.get(key)
         if hit is None and self._shared is not None:
-            hit = self._shared.load(name, form)
-            if hit is not None:
-                self._derived[key] = hit
-        if hit is None:
-            raw, qtype = self.matrix(name)
-            out: np.ndarray | None = None
-            new_type = qtype
-            for r0 in range(0, raw.shape[0], chunk_rows):
-                r1 = min(raw.shape[0], r0 + chunk_rows)
-                part, new_type = make(raw[r0:r1], qtype)
-                if out is None:
-                    out = np.empty(raw.shape, part.dtype)
-                out[r0:r1] = part
-                self.file.release(name, (r0, r1))
-            assert out is not None
-            if self._shared is not None:
-                out = self._shared.store(name, form, out, new_type)
-            hit = self._derived[key] = (out, new_type)
+            with self._shared.claim(name, form):  # another engine may be making it now
+                hit = self._shared.load(name, form)
+                if hit is None:
+                    out, new_type = self._make(name, make, chunk_rows)
+                    hit = (self._shared.store(name, form, out, new_type), new_type)
+        elif hit is None:
+            hit = self._make(name, make, chunk_rows)
+        self._derived[key] = hit
         return hit
+
+    def _make(self, name: str, make: Maker, chunk_rows: int) -> tuple[np.ndarray, int]:
+        raw, qtype = self.matrix(name)
+        out: np.ndarray | None = None
+        new_type = qtype
+        for r0 in range(0, raw.shape[0], chunk_rows):
+            r1 = min(raw.shape[0], r0 + chunk_rows)
+            part, new_type = make(raw[r0:r1], qtype)
+            if out is None:
+                out = np.empty(raw.shape, part.dtype)
+            out[r0:r1] = part
+            self.file.release(name, (r0, r1))
+        assert out is not None
+        return out, new_type
 
     def vector(self, name: str) -> np.ndarray:
         vec = self._vectors.get(name)

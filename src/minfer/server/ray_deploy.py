@@ -7,7 +7,9 @@ Two deployments form the application:
   `threads` CPUs from Ray so that replicas on one node never oversubscribe its cores. The
   front hands it a request as plain data (method, path, headers, body); the replica drives the
   app through ASGI and yields the app's ASGI messages back, so streaming passes through as the
-  app produces it.
+  app produces it. A replica takes at most `slots` requests; more wait at the front for a free
+  slot (on the session's replica first). The replicas of one machine map one copy of the
+  repacked weights (engine/shared_weights.py) besides sharing the model file's page cache.
 - `front` (one replica, no CPU reserved): receives every HTTP request from Ray's proxy, reads
   the body, derives the session key (affinity.py) and calls the engine deployment with it; the
   router (ray_router.py) sends the conversation to the replica holding its prompt cache. The
@@ -22,6 +24,7 @@ module imports ray only inside functions, and only `minfer serve --ray` imports 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -53,6 +56,7 @@ class RayOptions:
     autoscale: tuple[int, int] | None = None  # (min, max) replicas
     threads: int = 1  # per replica; also the CPUs each replica reserves
     app_name: str = "minfer"
+    share_weights: bool = True  # one copy of the repacked weights per machine (shared_weights)
 
     @property
     def max_replicas(self) -> int:
@@ -82,10 +86,15 @@ def replica_threads(node_cpus: list[int], replicas: int) -> int:
 class EngineReplica:
     """One engine behind the unchanged OpenAI app; Ray calls `http` with the front's request."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, share_weights: bool = True) -> None:
+        from minfer.engine import shared_weights
         from minfer.server.app import create_app
         from minfer.server.state import ServerState
 
+        if share_weights:  # the machine's replicas map one copy of the repacked weights
+            os.environ.setdefault(shared_weights.ENV, "1")
+        else:
+            os.environ[shared_weights.ENV] = "0"
         self.config = config
         self.state = ServerState(config)
         self.app = create_app(self.state, own_state=False)
@@ -147,6 +156,13 @@ class EngineReplica:
         if self.state.status == "error":
             raise RuntimeError(f"the engine failed: {self.state.error}")
 
+    def __del__(self) -> None:
+        """Ray Serve's shutdown hook (after its graceful period): stop the engine thread."""
+        state = getattr(self, "state", None)  # None when __init__ failed early
+        if state is not None:
+            state.draining = True
+            state.stop()
+
 
 def _replica_id() -> str:
     from ray import serve
@@ -205,6 +221,9 @@ class Front:
             return await self._forward(request, path)
         except APIError as exc:
             return exc.response()
+        except Exception:
+            log.exception("the front failed on %s", path)
+            return APIError(500, "internal server error", type_="server_error").response()
 
     def _check_key(self, given: str) -> None:
         if self._expected is not None and given != self._expected:
@@ -309,14 +328,15 @@ def build_app(config: ServerConfig, opts: RayOptions) -> Any:
                                           "target_ongoing_requests": config.slots}}
     replica_config = ServerConfig(**{**config.__dict__, "threads": opts.threads})
     engine_options: dict[str, Any] = {
-        "name": "engine", "max_ongoing_requests": 2 * config.slots,
+        "name": "engine", "max_ongoing_requests": config.slots,
         "max_queued_requests": config.queue, "health_check_period_s": 2.0,
         "ray_actor_options": {"num_cpus": opts.threads},
         "request_router_config": {
             "request_router_class": "minfer.server.ray_router.AffinityRouter"},
         **scaling,
     }
-    engine = serve.deployment(**engine_options)(EngineReplica).bind(replica_config)
+    engine = serve.deployment(**engine_options)(EngineReplica).bind(replica_config,
+                                                                     opts.share_weights)
     front = serve.deployment(name="front", num_replicas=1, max_ongoing_requests=10_000,
                              ray_actor_options={"num_cpus": 0})(Front)
     return front.bind(engine, config, opts.app_name)
@@ -340,10 +360,9 @@ def serve_on_ray(config: ServerConfig, opts: RayOptions, *, host: str, port: int
     try:
         if not config.threads:
             nodes = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]]
-            opts = RayOptions(opts.replicas, opts.autoscale,
-                              replica_threads(nodes, opts.max_replicas), opts.app_name)
+            opts = dataclasses.replace(opts, threads=replica_threads(nodes, opts.max_replicas))
         else:
-            opts = RayOptions(opts.replicas, opts.autoscale, config.threads, opts.app_name)
+            opts = dataclasses.replace(opts, threads=config.threads)
         serve.start(http_options={"host": host, "port": port})
         print(f"minfer: deploying {config.model_path.name} on Ray: {opts.max_replicas} "
               f"replica(s) x {opts.threads} thread(s); loading...", file=sys.stderr, flush=True)
