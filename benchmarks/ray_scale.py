@@ -278,8 +278,9 @@ def report(rows: dict[str, list[Row]], args: argparse.Namespace) -> None:
     def med(setup: str, field: str) -> float:
         return statistics.median(getattr(r, field) for r in rows[setup])
 
-    print(f"medians of {args.rounds} rounds; {args.clients} clients x {args.requests} "
-          f"requests x {args.max_tokens} tokens")
+    load_desc = ("a lone client's 60 1-token requests" if args.overhead else
+                 f"{args.clients} clients x {args.requests} requests x {args.max_tokens} tokens")
+    print(f"medians of {args.rounds} rounds; {load_desc}")
     print("| setup | req/s | tok/s | p50 s | p99 s | lone 1-token p50 s | errors | RSS MiB |")
     print("|---|---|---|---|---|---|---|---|")
     for setup, rs in rows.items():
