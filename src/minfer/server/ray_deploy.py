@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -186,13 +187,12 @@ def _scope(req: dict[str, Any]) -> dict[str, Any]:
 class Front:
     """Every HTTP request first: session key, then the engine replica the router picks."""
 
-    def __init__(self, engine: Any, config: ServerConfig, app_name: str) -> None:
+    def __init__(self, engine: Any, config: ServerConfig) -> None:
         import ray.exceptions
         from ray.serve.exceptions import BackPressureError
 
         self.engine = engine
         self.config = config
-        self.app_name = app_name
         self._gone_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
                              ray.exceptions.ObjectLostError)
         self._backpressure = BackPressureError
@@ -226,7 +226,8 @@ class Front:
             return APIError(500, "internal server error", type_="server_error").response()
 
     def _check_key(self, given: str) -> None:
-        if self._expected is not None and given != self._expected:
+        if self._expected is not None and not secrets.compare_digest(given.encode(),
+                                                                     self._expected.encode()):
             raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
                            code="invalid_api_key")
 
@@ -279,7 +280,7 @@ class Front:
                 yield message.get("body", b"")
         except self._gone_errors:
             err = self._fail("replica_unavailable", "the replica serving this stream went away")
-            yield f"data: {json.dumps(err.body())}\n\n".encode()
+            yield f"data: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
         finally:
             stream.cancel()  # a no-op once done; else the client left: stop the replica's work
 
@@ -292,6 +293,9 @@ class Front:
         except TimeoutError:
             log.warning("a replica did not answer %s within %.0f s", method,
                         PER_REPLICA_TIMEOUT_S)
+            return []
+        except Exception as exc:  # e.g. no replica is running
+            log.warning("asking the replicas for %s failed: %s", method, exc)
             return []
         return [r for r in results if not isinstance(r, BaseException)]
 
@@ -339,7 +343,7 @@ def build_app(config: ServerConfig, opts: RayOptions) -> Any:
                                                                      opts.share_weights)
     front = serve.deployment(name="front", num_replicas=1, max_ongoing_requests=10_000,
                              ray_actor_options={"num_cpus": 0})(Front)
-    return front.bind(engine, config, opts.app_name)
+    return front.bind(engine, config)
 
 
 def serve_on_ray(config: ServerConfig, opts: RayOptions, *, host: str, port: int,
