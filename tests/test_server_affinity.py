@@ -135,3 +135,37 @@ print("ok")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert "need --ray" in done.stderr
+
+
+def test_engine_options() -> None:
+    from pathlib import Path
+
+    from minfer.server.ray_deploy import RayOptions, engine_options
+    from minfer.server.state import ServerConfig
+
+    config = ServerConfig(model_path=Path("m.gguf"), slots=3, queue=7)
+    fixed = engine_options(config, RayOptions(replicas=4, threads=2))
+    assert fixed["num_replicas"] == 4 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 2}  # Ray packs replicas by cores
+    assert fixed["max_ongoing_requests"] == 3 and fixed["max_queued_requests"] == 7
+    assert fixed["request_router_config"]["request_router_class"].endswith(".AffinityRouter")
+    scaled = engine_options(config, RayOptions(autoscale=(1, 5)))
+    assert "num_replicas" not in scaled
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 5,
+                                            "target_ongoing_requests": 3}
+
+
+@pytest.mark.parametrize("opts", [{"replicas": 3, "threads": 2}, {"autoscale": (1, 4)}])
+def test_build_app_accepts_the_options(tiny_qwen2: object, opts: dict[str, object]) -> None:
+    """Ray Serve validates the deployments' options (autoscaling keys, router, resources)
+    as they are built: building must not raise."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (minfer[ray])")
+    from pathlib import Path
+
+    from ray.serve import Application
+
+    from minfer.server.ray_deploy import RayOptions, build_app
+    from minfer.server.state import ServerConfig
+
+    config = ServerConfig(model_path=Path(str(tiny_qwen2)), slots=2)
+    assert isinstance(build_app(config, RayOptions(**opts)), Application)  # type: ignore[arg-type]

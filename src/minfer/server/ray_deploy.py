@@ -321,17 +321,14 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 # -- the application ---------------------------------------------------------------------------
 
 
-def build_app(config: ServerConfig, opts: RayOptions) -> Any:
-    """The Ray Serve application: the front bound to the engine deployment."""
-    from ray import serve
-
+def engine_options(config: ServerConfig, opts: RayOptions) -> dict[str, Any]:
+    """The engine deployment's Ray Serve options."""
     scaling: dict[str, Any] = {"num_replicas": opts.replicas}
     if opts.autoscale:
         lo, hi = opts.autoscale
         scaling = {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi,
                                           "target_ongoing_requests": config.slots}}
-    replica_config = ServerConfig(**{**config.__dict__, "threads": opts.threads})
-    engine_options: dict[str, Any] = {
+    return {
         "name": "engine", "max_ongoing_requests": config.slots,
         "max_queued_requests": config.queue, "health_check_period_s": 2.0,
         "ray_actor_options": {"num_cpus": opts.threads},
@@ -339,8 +336,15 @@ def build_app(config: ServerConfig, opts: RayOptions) -> Any:
             "request_router_class": "minfer.server.ray_router.AffinityRouter"},
         **scaling,
     }
-    engine = serve.deployment(**engine_options)(EngineReplica).bind(replica_config,
-                                                                     opts.share_weights)
+
+
+def build_app(config: ServerConfig, opts: RayOptions) -> Any:
+    """The Ray Serve application: the front bound to the engine deployment."""
+    from ray import serve
+
+    replica_config = dataclasses.replace(config, threads=opts.threads)
+    engine = serve.deployment(**engine_options(config, opts))(EngineReplica).bind(
+        replica_config, opts.share_weights)
     front = serve.deployment(name="front", num_replicas=1, max_ongoing_requests=10_000,
                              ray_actor_options={"num_cpus": 0})(Front)
     return front.bind(engine, config)
