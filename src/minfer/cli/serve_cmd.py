@@ -4,6 +4,8 @@ The socket comes up first and the model loads behind it (`/health` is 503 until 
 `--n-ctx` is the context of each slot (capped at the model's training context); the engine holds
 slots × n-ctx KV cells. SIGINT / SIGTERM stop accepting connections, let in-flight requests finish
 for up to `--drain-timeout` seconds, cut what is left, and exit 0 (a second SIGINT forces it).
+`--ray` serves replicas of the same app as a Ray Serve deployment (server/ray_deploy.py); only
+then is Ray imported.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on shutdown (default 30)")
     p.add_argument("--verbose", action="store_true", help="log every request")
+    ray = p.add_argument_group("replicas on Ray Serve (needs minfer[ray])")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve replicas of the engine as a Ray Serve deployment")
+    ray.add_argument("--replicas", type=int, default=None, help="engine replicas (default 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX", default=None,
+                     help="autoscale between MIN and MAX replicas instead of --replicas")
+    ray.add_argument("--address", default=None,
+                     help="Ray cluster to join (ray://HOST:PORT or auto; default: start a "
+                          "local one)")
     p.set_defaults(func=run)
 
 
@@ -67,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             raise MinferError(f"--{name.replace('_', '-')} must be positive")
     if args.queue < 0 or not 0 < args.port < 65536:
         raise MinferError("--queue must be >= 0 and --port in 1..65535")
+    if not args.ray and (args.replicas is not None or args.autoscale or args.address):
+        raise MinferError("--replicas, --autoscale and --address need --ray")
     config = ServerConfig(
         model_path=resolve_model(args.model or args.model_opt), n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
@@ -74,8 +87,27 @@ def run(args: argparse.Namespace) -> int:
     )
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
+    if args.ray:
+        return _serve_on_ray(args, config)
     return serve(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                  verbose=args.verbose)
+
+
+def _serve_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
+    """The Ray path; ray is imported only here (an optional extra)."""
+    from minfer.server.ray_deploy import RayOptions, parse_autoscale, serve_on_ray
+
+    if args.replicas is not None and args.autoscale:
+        raise MinferError("give --replicas or --autoscale, not both")
+    if args.replicas is not None and args.replicas < 1:
+        raise MinferError("--replicas must be positive")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise MinferError("--ray needs Ray Serve: pip install 'minfer[ray]'") from None
+    autoscale = parse_autoscale(args.autoscale) if args.autoscale else None
+    opts = RayOptions(replicas=args.replicas or 1, autoscale=autoscale)
+    return serve_on_ray(config, opts, host=args.host, port=args.port, address=args.address)
 
 
 def serve(config: ServerConfig, *, host: str, port: int, drain_timeout: float = 30.0,

@@ -5,7 +5,8 @@ Matrices stay in their file format, zero-copy from the memory map: quantized ten
 weights, biases) are converted to float32 once and kept. A backend may keep its own copy of a
 matrix in another layout (`derived`: made once, on first use, chunk by chunk); the file's pages
 of each chunk are released as it is copied, so the copy replaces them in memory instead of adding
-to it.
+to it. With `MINFER_SHARE_WEIGHTS=1` those copies are files that every engine on the machine
+maps (shared_weights.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 
+from minfer.engine import shared_weights
 from minfer.gguf.reader import GGUFFile
 
 FLOAT_TYPES = {
@@ -37,6 +39,8 @@ class ModelWeights:
         self.state: dict[object, object] = {}
         """Backends' own per-weight state (e.g. a kernel bound to a weight), kept as long as
         these weights are."""
+        self._shared = (shared_weights.SharedStore(f.path) if shared_weights.enabled()
+                        else None)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.file.tensors.items()}
@@ -57,20 +61,30 @@ class ModelWeights:
         instead of briefly doubling them (145 MB for an output projection)."""
         key = (name, form)
         hit = self._derived.get(key)
-        if hit is None:
-            raw, qtype = self.matrix(name)
-            out: np.ndarray | None = None
-            new_type = qtype
-            for r0 in range(0, raw.shape[0], chunk_rows):
-                r1 = min(raw.shape[0], r0 + chunk_rows)
-                part, new_type = make(raw[r0:r1], qtype)
-                if out is None:
-                    out = np.empty(raw.shape, part.dtype)
-                out[r0:r1] = part
-                self.file.release(name, (r0, r1))
-            assert out is not None
-            hit = self._derived[key] = (out, new_type)
+        if hit is None and self._shared is not None:
+            with self._shared.claim(name, form):  # another engine may be making it now
+                hit = self._shared.load(name, form)
+                if hit is None:
+                    out, new_type = self._make(name, make, chunk_rows)
+                    hit = (self._shared.store(name, form, out, new_type), new_type)
+        elif hit is None:
+            hit = self._make(name, make, chunk_rows)
+        self._derived[key] = hit
         return hit
+
+    def _make(self, name: str, make: Maker, chunk_rows: int) -> tuple[np.ndarray, int]:
+        raw, qtype = self.matrix(name)
+        out: np.ndarray | None = None
+        new_type = qtype
+        for r0 in range(0, raw.shape[0], chunk_rows):
+            r1 = min(raw.shape[0], r0 + chunk_rows)
+            part, new_type = make(raw[r0:r1], qtype)
+            if out is None:
+                out = np.empty(raw.shape, part.dtype)
+            out[r0:r1] = part
+            self.file.release(name, (r0, r1))
+        assert out is not None
+        return out, new_type
 
     def vector(self, name: str) -> np.ndarray:
         vec = self._vectors.get(name)

@@ -137,3 +137,30 @@ class Metrics:
             lines.append(f"# TYPE {m.name} {m.kind}")
             lines.extend(m.samples())
         return "\n".join(lines) + "\n"
+
+
+def merge_expositions(texts: Iterable[str]) -> str:
+    """Several servers' /metrics bodies as one: each series summed across them (counters,
+    histogram buckets, sums and counts add up; so do the gauges: queue depth, slots, KV cells
+    are totals over the servers). Families keep the order the first body gives them."""
+    headers: dict[str, list[str]] = {}  # family -> its HELP / TYPE lines
+    series: dict[str, dict[str, float]] = {}  # family -> series -> summed value
+    for text in texts:
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# "):
+                parts = line.split(" ", 3)
+                family = parts[2] if len(parts) > 2 else family
+                lines = headers.setdefault(family, [])
+                if line not in lines:
+                    lines.append(line)
+                series.setdefault(family, {})
+            elif line.strip():
+                name, _, value = line.rpartition(" ")
+                values = series.setdefault(family, {})
+                values[name] = values.get(name, 0.0) + float(value)
+    out: list[str] = []
+    for family, lines in headers.items():
+        out.extend(lines)
+        out.extend(f"{name} {_num(v)}" for name, v in series[family].items())
+    return "\n".join(out) + "\n" if out else ""
