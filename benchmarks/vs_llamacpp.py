@@ -13,6 +13,8 @@ a separate interpreter (`--ref-python`, see the README's development section).
   stopped by pid at the end, also on errors and Ctrl-C.
 - `--minfer-threads` / `--llama-threads`: comma-separated thread counts to compare in one run
   (`default` for minfer: no count passed, minfer chooses); both default to `-t`.
+- `-d DEPTH`: llama-bench's depth: each test runs after DEPTH random tokens already sit in
+  the KV (prefilled untimed per repetition); n_ctx grows to fit.
 - `--json PATH`: also write every sample and the summary (with target and busy count) as JSON.
 
     .venv/bin/python benchmarks/vs_llamacpp.py --ref-python /tmp/refvenv/bin/python -t 2
@@ -52,18 +54,22 @@ LLAMA_SCRIPT = textwrap.dedent(
     import numpy as np
     import llama_cpp
     from llama_cpp import Llama
-    path, threads, n_ctx, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:7])
+    path, threads, n_ctx, pp, tg, reps, depth = sys.argv[1], *map(int, sys.argv[2:8])
     llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                 n_batch=512, n_ubatch=512, verbose=False)
     rng = np.random.default_rng(1234)
     n_vocab = llm.n_vocab()
+    def fill():
+        llm.reset(); llm._ctx.kv_cache_clear()
+        if depth:
+            llm.eval(rng.integers(0, n_vocab, size=depth).tolist())
     def run_pp():
         toks = rng.integers(0, n_vocab, size=pp).tolist()
-        llm.reset(); llm._ctx.kv_cache_clear()
+        fill()
         t0 = time.perf_counter(); llm.eval(toks); return time.perf_counter() - t0
     def run_tg():
         toks = rng.integers(0, n_vocab, size=tg + 1).tolist()
-        llm.reset(); llm._ctx.kv_cache_clear(); llm.eval(toks[:1])
+        fill(); llm.eval(toks[:1])
         t0 = time.perf_counter()
         for t in toks[1:]:
             llm.eval([t])
@@ -86,16 +92,17 @@ MINFER_SCRIPT = textwrap.dedent(
     import json, resource, sys
     import minfer
     from minfer.bench.runner import run_test
-    path, threads, n_ctx, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:7])
-    backend = sys.argv[7]
+    path, threads, n_ctx, pp, tg, reps, depth = sys.argv[1], *map(int, sys.argv[2:8])
+    backend = sys.argv[8]
     # threads 0: pass none, minfer chooses (minfer.load's default)
     model = minfer.load(path, n_ctx=n_ctx, threads=threads or None, backend=backend)
     engine = model.engine(n_ctx)
     out = {"threads": model.threads}
     for kw in ({"n_prompt": pp}, {"n_gen": tg}):
         row = run_test(engine, model=model.name, backend=backend, n_threads=model.threads,
-                       reps=reps, **kw)
-        out[row.test] = [row.n_prompt / s if row.n_prompt else row.n_gen / s
+                       reps=reps, n_depth=depth, **kw)
+        key = "pp%d" % pp if row.n_prompt else "tg%d" % tg
+        out[key] = [row.n_prompt / s if row.n_prompt else row.n_gen / s
                          for s in row.samples_s]
         if row.gb_per_s:
             out["gb_per_s"] = row.gb_per_s
@@ -166,6 +173,8 @@ def main() -> int:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("-d", "--depth", type=int, default=0,
+                    help="tokens already in the KV before each test (llama-bench's -d)")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
@@ -182,7 +191,8 @@ def main() -> int:
     minfer_env = {**os.environ, **TARGET_ENV[args.target]}
     if 0 in minfer_threads:  # "default" is minfer's own choice, not a MINFER_THREADS override
         minfer_env.pop("MINFER_THREADS", None)
-    shape = [str(args.n_ctx), str(args.p), str(args.n), str(args.reps)]
+    n_ctx = max(args.n_ctx, args.depth + max(args.p, args.n + 1))
+    shape = [str(n_ctx), str(args.p), str(args.n), str(args.reps), str(args.depth)]
     jobs = [("minfer", t) for t in minfer_threads] + [("llama.cpp", t) for t in llama_threads]
     results: dict[tuple[str, int], list[dict[str, object]]] = {job: [] for job in jobs}
 
@@ -223,7 +233,7 @@ def main() -> int:
 
     sysinfo = next((str(r["system_info"]) for job in jobs for r in results[job]
                     if "system_info" in r), None)
-    print(f"\nmodel {args.model}, target {args.target}, n_ctx {args.n_ctx}, "
+    print(f"\nmodel {args.model}, target {args.target}, n_ctx {n_ctx}, depth {args.depth}, "
           f"minfer backend {args.backend}, {args.busy} busy processes running, "
           f"{args.rounds} rounds × {args.reps} reps")
     if args.target != "native":
@@ -261,7 +271,7 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "model": args.model, "target": args.target,
             "target_env": TARGET_ENV[args.target], "ref_python": ref_python,
-            "llama_system_info": sysinfo, "busy": args.busy, "n_ctx": args.n_ctx,
+            "llama_system_info": sysinfo, "busy": args.busy, "n_ctx": n_ctx, "depth": args.depth,
             "backend": args.backend, "rounds": args.rounds, "reps": args.reps,
             "results": {label(j): results[j] for j in jobs}, "ratios": summary,
         }, indent=1))
