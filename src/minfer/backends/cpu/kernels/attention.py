@@ -22,7 +22,7 @@ from .elementwise import fast_exp
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, out):
+def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap, out):
     nt = q.shape[0]
     group = n_head // n_head_kv
     for item in prange(nt * n_head_kv):
@@ -40,7 +40,10 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, ou
                 dot = np.float32(0.0)
                 for j in range(head_dim):
                     dot += qh[j] * as_f32(krow[j])
-                scores[g, c] = dot * scale
+                sc = dot * scale
+                if softcap > 0:
+                    sc = np.tanh(sc * (np.float32(1.0) / softcap)) * softcap
+                scores[g, c] = sc
         inv = np.empty(group, np.float32)
         for g in range(group):
             mx = np.float32(-np.inf)
@@ -74,8 +77,13 @@ def _cache_view(cache: np.ndarray) -> np.ndarray:
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              out: np.ndarray, blocked: bool = False) -> None:
+              out: np.ndarray, blocked: bool = False, window: int = 0,
+              softcap: float = 0.0) -> None:
     """out[t, h*hd:(h+1)*hd] = softmax(scale * q_h . K[window]) @ V[window] for every token/head.
+
+    `window` > 0 (a sliding-window layer) narrows each query's cells to the last `window` of
+    [kv_start, kv_end): [max(kv_start, kv_end - window), kv_end). `softcap` > 0 maps each scaled
+    score s to softcap * tanh(s / softcap) before the softmax (Gemma 2 style).
 
     `blocked=True` takes the sgemm kernel of `attention_blocked` (from `BLOCKED_MIN_TOKENS` rows
     on it is faster; its rounding depends on the batch shape, so not for batch-invariant use).
@@ -97,12 +105,18 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
         raise ValueError("kv_start / kv_end need one entry per query row")
     if nt and (lo.min() < 0 or hi.max() > k.shape[0] or (hi < lo).any()):
         raise ValueError(f"KV window outside the cache of {k.shape[0]} cells")
+    if window < 0 or softcap < 0:
+        raise ValueError(f"window {window} and softcap {softcap} must not be negative")
+    if window:
+        lo = np.maximum(lo, hi - window)
     if blocked and nt and blocked_available():
-        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
+        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
+                          softcap=softcap)
         return
     if k.dtype == np.uint16:
         q = q.astype(np.float16).astype(np.float32)
-    _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+    _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
+               np.float32(softcap), out)
 
 
 def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
