@@ -199,7 +199,8 @@ class _Keys:
                   allow_zero: bool = False) -> float:
         value = self._get(key, default)
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if not numeric or not (0 <= value if allow_zero else 0 < value) or not value < math.inf:
+        low_ok = numeric and (value >= 0 if allow_zero else value > 0)
+        if not low_ok or not value < math.inf:
             raise GGUFError(self.f.path, f"{self.arch}.{key}={value!r} is not a positive number")
         return float(value)
 

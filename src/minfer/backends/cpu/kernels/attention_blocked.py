@@ -187,5 +187,5 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarra
         while block > 16 and -(-q.shape[0] // block) * n_head_kv < 2 * get_num_threads():
             block //= 2
     _attention_blocked(qc, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
-                       np.float32(softcap), k.dtype == np.uint16, out, block, get_num_threads(), SGEMM,
-                       SET_THREADS_LOCAL)
+                       np.float32(softcap), k.dtype == np.uint16, out, block, get_num_threads(),
+                       SGEMM, SET_THREADS_LOCAL)
