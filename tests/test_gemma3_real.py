@@ -67,3 +67,14 @@ def test_greedy_continuation_matches(engine: Engine, case: dict[str, Any]) -> No
             return  # past a near-tie the two continuations are different texts
         logits = engine.forward([got], len(ids))[0]
         ids.append(got)
+
+
+def test_end_of_turn_is_end_of_generation(engine: Engine) -> None:
+    """`<end_of_turn>` (106) stops generation, as in llama.cpp, next to `<eos>` (1)."""
+    from minfer.tokenizer.vocab import _end_of_generation
+
+    meta = engine.weights.file.metadata
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = np.array(meta["tokenizer.ggml.token_type"], dtype=np.int32)
+    assert tokens[106] == "<end_of_turn>"
+    assert {1, 106} <= _end_of_generation(meta, tokens, types)
