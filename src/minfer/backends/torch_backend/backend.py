@@ -163,14 +163,15 @@ def _matmul(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
 
 def _fused_gate_up(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
                    ctx: ExecContext) -> None:
+    op = node.op
+    assert isinstance(op, ir.FusedGateUp)
     x = b.src_bf16(ctx, node, 0, srcs)
 
     def compute(dst: torch.Tensor) -> None:
         gate = torch.empty_like(dst)
         _project(b, ctx, x, node.meta.weights[0], gate)
         _project(b, ctx, x, node.meta.weights[1], dst)
-        torch.mul(_ACTS[node.op.act](gate) if isinstance(node.op, ir.FusedGateUp) else gate,
-                  dst, out=dst)
+        torch.mul(_ACTS[op.act](gate), dst, out=dst)
 
     b.run(ctx, node, out, compute)
 
