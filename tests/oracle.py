@@ -1,7 +1,10 @@
-"""A plain numpy forward pass of the Qwen family: the slow, obviously-correct oracle.
+"""A plain numpy forward pass of every supported family: the slow, obviously-correct oracle.
 
 Written independently of minfer's graph and kernels: weights are dequantized with the `gguf`
-package's reference code and everything runs in float64 with textbook formulas.
+package's reference code and everything runs in float64 with textbook formulas. Qwen2/3 and
+Llama (normal-mode RoPE, optional `rope_freqs`) share the pre-norm block; Gemma 3 adds the
+embedding scale, sandwich norms, GELU(tanh) gate, sliding-window layers with their own rope
+base, and the optional soft-caps.
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ class OracleQwen:
                 return default
             return float(f.parts[-1][0])
 
+        self.arch = arch
+        self.window = int(field("attention.sliding_window", 0)) if arch == "gemma3" else 0
+        self.base_swa = field("rope.freq_base_swa", 10000.0)
+        self.attn_softcap = field("attn_logit_softcapping", 0.0)
+        self.final_softcap = field("final_logit_softcapping", 0.0)
+        self.norm_rope = arch == "llama"
+        self.factors = self.w.get("rope_freqs.weight")
+
         self.n_layer = int(field("block_count"))
         self.n_embd = int(field("embedding_length"))
         self.n_head = int(field("attention.head_count"))
@@ -56,15 +67,28 @@ class OracleQwen:
     def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def _rope(self, x: np.ndarray, pos: np.ndarray, n_head: int) -> np.ndarray:
+    def _is_swa(self, il: int) -> bool:
+        return self.window > 0 and il % 6 < 5
+
+    def _rope(self, x: np.ndarray, pos: np.ndarray, n_head: int, base: float) -> np.ndarray:
         hd = self.head_dim
         x = x.reshape(len(pos), n_head, hd)
         half = hd // 2
-        inv = self.base ** (-np.arange(half) * 2.0 / hd)
+        inv = base ** (-np.arange(half) * 2.0 / hd)
+        if self.factors is not None:
+            inv = inv / self.factors
         ang = pos[:, None] * inv[None, :]  # [nt, half]
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        if self.norm_rope:  # adjacent pairs
+            out = x.copy()
+            a, b = x[..., 0::2], x[..., 1::2]
+            out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+            return out.reshape(len(pos), -1)
         a, b = x[..., :half], x[..., half:]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(len(pos), -1)
+
+    def _gelu(self, x: np.ndarray) -> np.ndarray:
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
     def logits(self, tokens: list[int]) -> np.ndarray:
         """Logits for every position of one sequence, [nt, n_vocab]."""
@@ -72,9 +96,18 @@ class OracleQwen:
         nt = len(tokens)
         pos = np.arange(nt, dtype=np.float64)
         h = w["token_embd.weight"][tokens]
+        gemma = self.arch == "gemma3"
+        if gemma:
+            h = h * np.sqrt(self.n_embd)
         group = self.n_head // self.n_head_kv
-        mask = np.triu(np.full((nt, nt), -np.inf), k=1)
+        causal = np.triu(np.full((nt, nt), -np.inf), k=1)
+        scale = 1.0 / np.sqrt(self.head_dim)
         for il in range(self.n_layer):
+            mask = causal
+            base = self.base
+            if gemma and self._is_swa(il):
+                mask = causal + np.tril(np.full((nt, nt), -np.inf), k=-self.window)
+                base = self.base_swa
             p = f"blk.{il}."
             x = self._norm(h, w[p + "attn_norm.weight"])
             q = self._mm(x, w[p + "attn_q.weight"]) + w.get(p + "attn_q.bias", 0.0)
@@ -84,20 +117,36 @@ class OracleQwen:
                 q = self._norm(q.reshape(nt, -1, self.head_dim), w[p + "attn_q_norm.weight"])
                 k = self._norm(k.reshape(nt, -1, self.head_dim), w[p + "attn_k_norm.weight"])
                 q, k = q.reshape(nt, -1), k.reshape(nt, -1)
-            q = self._rope(q, pos, self.n_head).reshape(nt, self.n_head, self.head_dim)
-            k = self._rope(k, pos, self.n_head_kv).reshape(nt, self.n_head_kv, self.head_dim)
+            q = self._rope(q, pos, self.n_head, base).reshape(nt, self.n_head, self.head_dim)
+            k = self._rope(k, pos, self.n_head_kv, base).reshape(nt, self.n_head_kv, self.head_dim)
             v = v.reshape(nt, self.n_head_kv, self.head_dim)
             out = np.empty((nt, self.n_head, self.head_dim))
             for hh in range(self.n_head):
                 kv = hh // group
-                s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(self.head_dim) + mask
+                s = q[:, hh, :] @ k[:, kv, :].T * scale
+                if self.attn_softcap:
+                    s = self.attn_softcap * np.tanh(s / self.attn_softcap)
+                s = s + mask
                 s = np.exp(s - s.max(axis=1, keepdims=True))
                 out[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-            h = h + self._mm(out.reshape(nt, -1), w[p + "attn_output.weight"])
+            o = self._mm(out.reshape(nt, -1), w[p + "attn_output.weight"])
+            if gemma:
+                o = self._norm(o, w[p + "post_attention_norm.weight"])
+            h = h + o
             x = self._norm(h, w[p + "ffn_norm.weight"])
             g = self._mm(x, w[p + "ffn_gate.weight"])
             u = self._mm(x, w[p + "ffn_up.weight"])
-            h = h + self._mm((g / (1.0 + np.exp(-g)) * u), w[p + "ffn_down.weight"])
+            act = self._gelu(g) if gemma else g / (1.0 + np.exp(-g))
+            d = self._mm(act * u, w[p + "ffn_down.weight"])
+            if gemma:
+                d = self._norm(d, w[p + "post_ffw_norm.weight"])
+            h = h + d
         x = self._norm(h, w["output_norm.weight"])
         out_w = w.get("output.weight", w["token_embd.weight"])
-        return self._mm(x, out_w)
+        logits = self._mm(x, out_w)
+        if self.final_softcap:
+            logits = self.final_softcap * np.tanh(logits / self.final_softcap)
+        return logits
+
+
+Oracle = OracleQwen  # every family; the old name stays for the Qwen tests

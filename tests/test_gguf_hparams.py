@@ -47,8 +47,8 @@ def test_missing_required_key(tmp_path: Path, tiny_qwen2: Path, key: str) -> Non
 
 
 def test_unsupported_architecture(tmp_path: Path, tiny_qwen2: Path) -> None:
-    path = copy_gguf(tiny_qwen2, tmp_path / "m.gguf", metadata={"general.architecture": "llama"})
-    with pytest.raises(ModelError, match="'llama'"):
+    path = copy_gguf(tiny_qwen2, tmp_path / "m.gguf", metadata={"general.architecture": "mamba"})
+    with pytest.raises(ModelError, match="'mamba'"):
         HParams.from_gguf(GGUFFile.open(path))
 
 

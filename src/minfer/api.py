@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +49,6 @@ class Model:
         self.path = path
         self.file = gguf_file or GGUFFile.open(path)  # an already opened `path` is reused
         self.hparams = HParams.from_gguf(self.file)
-        self.tokenizer = Tokenizer.from_gguf(self.file)
-        self.chat_template = ChatTemplate.from_gguf(self.file, self.tokenizer)
         self.n_ctx = n_ctx
         self.kv_type = kv_type
         self.threads = threads or default_threads()
@@ -59,6 +58,16 @@ class Model:
         self.fuse = fuse
         self._engine: Engine | None = None
         self._grammar_vocab: GrammarVocab | None = None
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """Read on first use: what takes token ids (the engine, `minfer bench`) runs on a file
+        whose vocabulary this build cannot tokenize, and a refusal comes when text is asked."""
+        return Tokenizer.from_gguf(self.file)
+
+    @cached_property
+    def chat_template(self) -> ChatTemplate:
+        return ChatTemplate.from_gguf(self.file, self.tokenizer)
 
     @property
     def metadata(self) -> Mapping[str, Any]:

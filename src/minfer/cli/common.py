@@ -104,4 +104,6 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     if not marker_path(f, kv_type=args.kv_type, batch_invariant=False).exists():
         progress = TerminalProgress()
         progress.announce()
-    return Model(f.path, gguf_file=f, **model_options(args)), progress
+    model = Model(f.path, gguf_file=f, **model_options(args))
+    model.chat_template  # noqa: B018  (text commands: an unreadable vocabulary fails now)
+    return model, progress

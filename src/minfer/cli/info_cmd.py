@@ -57,9 +57,10 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", hp.head_dim),
         ("feed-forward", hp.n_ff), ("vocabulary", hp.n_vocab),
         ("context length (trained)", hp.n_ctx_train),
-        ("rope", f"neox, base {hp.rope_base:g}, {hp.rope_dim} dims"),
+        ("rope", _rope_text(hp)),
         ("rms eps", f"{hp.rms_eps:g}"), ("tied embeddings", hp.tie_embeddings),
         ("q/k/v bias", hp.has_qkv_bias), ("q/k norm", hp.has_qk_norm),
+        *_attention_rows(hp),
     ]
 
 
@@ -70,6 +71,28 @@ def _vocab_only_rows(f: GGUFFile) -> list[tuple[str, object]]:
         ("architecture", f.metadata.get("general.architecture", "-")),
         ("contents", "vocabulary only (no tensors)"),
     ]
+
+
+def _rope_text(hp: HParams) -> str:
+    text = f"{hp.rope_style}, base {hp.rope_base:g}, {hp.rope_dim} dims"
+    if hp.rope_freq_scale != 1.0:
+        text += f", linear scale {hp.rope_freq_scale:g}"
+    if hp.has_rope_freqs:
+        text += ", rope_freqs factors"
+    if hp.sliding_window:
+        text += f" (sliding-window layers: base {hp.rope_base_swa:g})"
+    return text
+
+
+def _attention_rows(hp: HParams) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
+    if hp.sliding_window:
+        n_global = hp.swa_layers.count(False)
+        rows.append(("sliding window", f"{hp.sliding_window} ({hp.n_layer - n_global} layers; "
+                                        f"{n_global} global)"))
+    if hp.attn_softcap or hp.final_softcap:
+        rows.append(("soft-cap (attn / logits)", f"{hp.attn_softcap:g} / {hp.final_softcap:g}"))
+    return rows
 
 
 def _token(meta: Any, key: str) -> str:

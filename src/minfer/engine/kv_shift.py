@@ -1,7 +1,10 @@
 """Moving KV cells to new positions in place: the "context shift" for an overflowing chat.
 
-The engine stores K rows after RoPE (NEOX: pair i of each head is elements (i, i + rope_dim/2),
-rotated by theta_i(p) = p * base^(-2i/rope_dim)), and a token's cell is its position. Moving the
+The engine stores K rows after RoPE (NEOX: pair i of each head is elements (i, i + rope_dim/2);
+normal mode, Llama: elements (2i, 2i+1); rotated by
+theta_i(p) = freq_scale * p * base^(-2i/rope_dim) / f_i, each layer with its own base and scale
+(Gemma 3's sliding-window layers), f_i the optional `rope_freqs` factors), and a token's cell is
+its position. Moving the
 rows of cells [src_start, src_end) to [dst_start, ...) therefore has to re-position the keys too.
 RoPE is a plane rotation per pair, and rotations compose, so rotating a stored key by
 theta_i(q) - theta_i(p) turns the key at position p into the key at position q — no weights and
@@ -28,41 +31,52 @@ if TYPE_CHECKING:
     from minfer.engine.forward import Engine
 
 
+_NO_FACTORS = np.ones(0, np.float32)
+
+
 @njit(cache=True, error_model="numpy")
-def _thetas(positions, rope_dim, base):  # pragma: no cover - compiled
-    """theta[t, i] as rope_neox computes it (f32 all the way)."""
+def _thetas(positions, rope_dim, base, freq_scale, factors):  # pragma: no cover - compiled
+    """theta[t, i] as the rope kernel computes it (f32 all the way)."""
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
+    has_factors = factors.shape[0] > 0
     out = np.empty((positions.shape[0], half), np.float32)
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(half):
-            out[t, i] = theta
+            th = theta / factors[i] if has_factors else theta
+            out[t, i] = freq_scale * th
             theta = theta * theta_scale
     return out
 
 
-def rope_thetas(positions: np.ndarray, *, rope_dim: int, base: float) -> np.ndarray:
-    """The f32 angles `[n, rope_dim/2]` the NEOX rope kernel uses at `positions`."""
+def rope_thetas(positions: np.ndarray, *, rope_dim: int, base: float, freq_scale: float = 1.0,
+                factors: np.ndarray | None = None) -> np.ndarray:
+    """The f32 angles `[n, rope_dim/2]` the rope kernel uses at `positions`."""
     pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-    result: np.ndarray = _thetas(pos, rope_dim, np.float32(base))
+    ff = _NO_FACTORS if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
+    result: np.ndarray = _thetas(pos, rope_dim, np.float32(base), np.float32(freq_scale), ff)
     return result
 
 
 def rerotate(k: np.ndarray, src_pos: np.ndarray, dst_pos: np.ndarray, *, n_head: int,
-             head_dim: int, rope_dim: int, base: float) -> np.ndarray:
+             head_dim: int, rope_dim: int, base: float, style: str = "neox",
+             freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
     """Post-RoPE keys `[n, n_head*head_dim]` at src_pos turned into keys at dst_pos (f64)."""
     n = k.shape[0]
     half = rope_dim // 2
-    delta = (rope_thetas(dst_pos, rope_dim=rope_dim, base=base).astype(np.float64)
-             - rope_thetas(src_pos, rope_dim=rope_dim, base=base).astype(np.float64))
+    kw = {"rope_dim": rope_dim, "base": base, "freq_scale": freq_scale, "factors": factors}
+    delta = (rope_thetas(dst_pos, **kw).astype(np.float64)  # type: ignore[arg-type]
+             - rope_thetas(src_pos, **kw).astype(np.float64))  # type: ignore[arg-type]
     cos = np.cos(delta)[:, None, :]
     sin = np.sin(delta)[:, None, :]
     x = k.astype(np.float64).reshape(n, n_head, head_dim)
-    x0 = x[:, :, :half].copy()
-    x1 = x[:, :, half:rope_dim].copy()
-    x[:, :, :half] = x0 * cos - x1 * sin
-    x[:, :, half:rope_dim] = x0 * sin + x1 * cos
+    first, second = (slice(0, half), slice(half, rope_dim)) if style == "neox" else \
+        (slice(0, rope_dim, 2), slice(1, rope_dim, 2))
+    x0 = x[:, :, first].copy()
+    x1 = x[:, :, second].copy()
+    x[:, :, first] = x0 * cos - x1 * sin
+    x[:, :, second] = x0 * sin + x1 * cos
     return x.reshape(n, n_head * head_dim)
 
 
@@ -82,8 +96,11 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
     hp = engine.hparams
     src_pos = np.arange(src_start, src_end, dtype=np.int64)
     dst_pos = src_pos + (dst_start - src_start)
-    for k, v in zip(engine.kv.k, engine.kv.v, strict=True):
+    factors = engine.weights.vector("rope_freqs.weight") if hp.has_rope_freqs else None
+    for il, (k, v) in enumerate(zip(engine.kv.k, engine.kv.v, strict=True)):
         rows = rerotate(k[src_start:src_end], src_pos, dst_pos, n_head=hp.n_head_kv,
-                        head_dim=hp.head_dim, rope_dim=hp.rope_dim, base=hp.rope_base)
+                        head_dim=hp.head_dim, rope_dim=hp.rope_dim,
+                        base=hp.layer_rope_base(il), style=hp.rope_style,
+                        freq_scale=hp.layer_rope_freq_scale(il), factors=factors)
         k[dst_start:dst_start + n] = rows.astype(k.dtype)
         v[dst_start:dst_start + n] = v[src_start:src_end].copy()  # the ranges may overlap

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from minfer.errors import GGUFError, ModelError
 from minfer.gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("qwen2", "qwen3")
+SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2", "qwen3")
 DEFAULT_ROPE_BASE = 10000.0
+# Gemma 3: every 6th layer attends globally, the others through a sliding window, with their
+# own rope base (llama.cpp's defaults when the file names neither).
+GEMMA3_SWA_PATTERN = 6
+DEFAULT_ROPE_BASE_SWA = 10000.0
+# Architectures that rotate adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM); the rest NEOX.
+NORM_ROPE_ARCHS = ("llama",)
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,33 @@ class HParams:
     tie_embeddings: bool
     has_qkv_bias: bool
     has_qk_norm: bool
+    rope_style: str = "neox"  # "neox" | "norm" (adjacent pairs, Llama)
+    rope_freq_scale: float = 1.0  # linear rope scaling: 1 / rope.scaling.factor
+    has_rope_freqs: bool = False  # a `rope_freqs.weight` of per-pair factors (Llama 3.1)
+    attn_scale: float = 0.0  # 0: 1/sqrt(head_dim)
+    attn_softcap: float = 0.0  # attn_logit_softcapping (0: none)
+    final_softcap: float = 0.0  # final_logit_softcapping (0: none)
+    sliding_window: int = 0  # window of the sliding-window layers (0: none)
+    swa_layers: tuple[bool, ...] = ()  # per layer: whether it uses the sliding window
+    rope_base_swa: float = DEFAULT_ROPE_BASE  # rope base of the sliding-window layers
+
+    @property
+    def kq_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def is_swa(self, layer: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[layer]
+
+    def layer_rope_base(self, layer: int) -> float:
+        return self.rope_base_swa if self.is_swa(layer) else self.rope_base
+
+    def layer_rope_freq_scale(self, layer: int) -> float:
+        """Linear rope scaling applies to the global layers only (llama.cpp keeps the
+        sliding-window layers at their trained scale, 1)."""
+        return 1.0 if self.is_swa(layer) else self.rope_freq_scale
+
+    def layer_window(self, layer: int) -> int:
+        return self.sliding_window if self.is_swa(layer) else 0
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> HParams:
@@ -84,7 +117,14 @@ class HParams:
             tie_embeddings="output.weight" not in f.tensors,
             has_qkv_bias="blk.0.attn_q.bias" in f.tensors,
             has_qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
+            rope_style="norm" if arch in NORM_ROPE_ARCHS else "neox",
+            rope_freq_scale=_rope_freq_scale(keys),
+            has_rope_freqs="rope_freqs.weight" in f.tensors,
+            attn_softcap=keys.get_float("attn_logit_softcapping", 0.0, allow_zero=True),
+            final_softcap=keys.get_float("final_logit_softcapping", 0.0, allow_zero=True),
         )
+        if arch == "gemma3":
+            hp = _gemma3(hp, keys)
         hp.check_tensors(f)
         return hp
 
@@ -94,6 +134,8 @@ class HParams:
         kv_dim = self.n_head_kv * self.head_dim
         yield "token_embd.weight", (self.n_embd, self.n_vocab)
         yield "output_norm.weight", (self.n_embd,)
+        if self.has_rope_freqs:
+            yield "rope_freqs.weight", (self.rope_dim // 2,)
         if not self.tie_embeddings:
             yield "output.weight", (self.n_embd, self.n_vocab)
         for i in range(self.n_layer):
@@ -110,6 +152,9 @@ class HParams:
                 yield f"{blk}.attn_q_norm.weight", (self.head_dim,)
                 yield f"{blk}.attn_k_norm.weight", (self.head_dim,)
             yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
+            if self.arch == "gemma3":
+                yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
+                yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
             yield f"{blk}.ffn_norm.weight", (self.n_embd,)
             yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
@@ -143,15 +188,64 @@ class _Keys:
             raise GGUFError(self.f.path, f"missing metadata key {full!r}")
         return value
 
-    def get_int(self, key: str, default: int | None = None) -> int:
+    def get_int(self, key: str, default: int | None = None, *, allow_zero: bool = False) -> int:
         value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero
+                                                                             else 1):
             raise GGUFError(self.f.path, f"{self.arch}.{key}={value!r} is not a positive integer")
         return value
 
-    def get_float(self, key: str, default: float | None = None) -> float:
+    def get_float(self, key: str, default: float | None = None, *,
+                  allow_zero: bool = False) -> float:
         value = self._get(key, default)
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if not numeric or not 0 < value < math.inf:
+        low_ok = numeric and (value >= 0 if allow_zero else value > 0)
+        if not low_ok or not value < math.inf:
             raise GGUFError(self.f.path, f"{self.arch}.{key}={value!r} is not a positive number")
         return float(value)
+
+    def get_str(self, key: str, default: str) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str):
+            raise GGUFError(self.f.path, f"{self.arch}.{key}={value!r} is not a string")
+        return value
+
+
+def _rope_freq_scale(keys: _Keys) -> float:
+    """1 / rope.scaling.factor for linear scaling; other scaling types are refused by name."""
+    kind = keys.get_str("rope.scaling.type", "none")
+    if kind == "none":
+        return 1.0
+    if kind != "linear":
+        raise ModelError(f"{keys.f.path}: rope scaling {kind!r} is not supported "
+                         "(minfer runs none and linear)")
+    return 1.0 / keys.get_float("rope.scaling.factor", 1.0)
+
+
+def _gemma3(hp: HParams, keys: _Keys) -> HParams:
+    """Gemma 3's extras, read as llama.cpp's `llama_model_gemma3::load_arch_hparams` does:
+    sliding window and its layer pattern (every Nth layer global, N = 6 by default, or an
+    explicit per-layer array), the local rope base, and the attention scale (the 27B model,
+    62 layers, scales by n_embd / n_head instead of head_dim; `attention.scale` wins if set)."""
+    window = keys.get_int("attention.sliding_window", 0, allow_zero=True)
+    swa: tuple[bool, ...] = ()
+    if window > 0:
+        pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
+                                      GEMMA3_SWA_PATTERN)
+        if isinstance(pattern, list | tuple):
+            if len(pattern) != hp.n_layer:
+                raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
+                                             f"for {hp.n_layer} layers")
+            swa = tuple(bool(x) for x in pattern)
+        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+            swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(hp.n_layer))
+        else:
+            raise GGUFError(keys.f.path, f"sliding_window_pattern={pattern!r} is not valid")
+    if "attention.scale" in keys:
+        scale = keys.get_float("attention.scale")
+    elif hp.n_layer == 62:
+        scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head)
+    else:
+        scale = 1.0 / math.sqrt(hp.head_dim)
+    return replace(hp, sliding_window=window, swa_layers=swa, attn_scale=scale,
+                   rope_base_swa=keys.get_float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA))

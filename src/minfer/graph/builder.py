@@ -93,12 +93,16 @@ class GraphBuilder:
         meta = NodeMeta(role=name, layer=layer, weights=weights)
         return self._append(name, ir.MatMul(), (x,), (self.shape(x)[0], n_out), meta=meta)
 
-    def fused_gate_up(self, name: str, x: int, gate: str, up: str, *, layer: int) -> int:
+    def fused_gate_up(self, name: str, x: int, gate: str, up: str, *, layer: int,
+                      act: str = "silu") -> int:
         n_in, n_ff = self._weight(gate)[:2]
         if self._weight(up)[:2] != (n_in, n_ff) or self.shape(x)[-1] != n_in:
             raise GraphError(f"{name}: gate/up shapes do not match the input")
+        if act not in ("silu", "gelu"):
+            raise GraphError(f"{name}: unknown gate activation {act!r}")
         meta = NodeMeta(role=name, layer=layer, weights=(gate, up))
-        return self._append(name, ir.FusedGateUp(), (x,), (self.shape(x)[0], n_ff), meta=meta)
+        return self._append(name, ir.FusedGateUp(act), (x,), (self.shape(x)[0], n_ff),
+                            meta=meta)
 
     def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, a, b)
@@ -112,16 +116,38 @@ class GraphBuilder:
         return self._append(name, ir.Silu(), (x,), self.shape(x),
                             meta=NodeMeta(role=name, layer=layer))
 
+    def gelu(self, name: str, x: int, *, layer: int = -1) -> int:
+        return self._append(name, ir.Gelu(), (x,), self.shape(x),
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def scale(self, name: str, x: int, factor: float, *, layer: int = -1) -> int:
+        return self._append(name, ir.Scale(factor), (x,), self.shape(x),
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def softcap(self, name: str, x: int, cap: float) -> int:
+        if not cap > 0:
+            raise GraphError(f"{name}: soft-cap must be positive, got {cap}")
+        return self._append(name, ir.Softcap(cap), (x,), self.shape(x), meta=NodeMeta(role=name))
+
     def swiglu(self, name: str, gate: int, up: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, gate, up)
         return self._append(name, ir.SwiGLU(), (gate, up), shape,
                             meta=NodeMeta(role=name, layer=layer))
 
-    def rope(self, name: str, x: int, positions: int, op: ir.Rope, *, layer: int) -> int:
+    def rope(self, name: str, x: int, positions: int, op: ir.Rope, *, layer: int,
+             factors: str | None = None) -> int:
+        """RoPE of x at positions; `factors` names a [rope_dim/2] weight dividing the angles."""
         if self.shape(x)[-1] != op.n_head * op.head_dim:
             raise GraphError(f"{name}: width {self.shape(x)[-1]} != heads x head_dim")
+        if op.style not in ("neox", "norm"):
+            raise GraphError(f"{name}: unknown rope style {op.style!r}")
+        weights: tuple[str, ...] = ()
+        if factors is not None:
+            if self._weight(factors) != (op.rope_dim // 2,):
+                raise GraphError(f"{name}: {factors} is not rope_dim/2 = {op.rope_dim // 2} long")
+            weights = (factors,)
         return self._append(name, op, (x, positions), self.shape(x),
-                            meta=NodeMeta(role=name, layer=layer))
+                            meta=NodeMeta(role=name, layer=layer, weights=weights))
 
     def qk_norm(self, name: str, x: int, weight: str, op: ir.QkNorm, *, layer: int) -> int:
         if self._weight(weight) != (op.head_dim,):
@@ -143,5 +169,7 @@ class GraphBuilder:
             raise GraphError(f"attn.{op.layer}: q width does not match the heads")
         if self.shape(kv)[-1] != op.n_head_kv * op.head_dim:
             raise GraphError(f"attn.{op.layer}: KV width does not match the heads")
+        if op.window < 0 or op.softcap < 0:
+            raise GraphError(f"attn.{op.layer}: window and soft-cap must not be negative")
         return self._append(f"attn.{op.layer}", op, (q, kv, start, end), self.shape(q),
                             meta=NodeMeta(role="attn", layer=op.layer))

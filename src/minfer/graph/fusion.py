@@ -19,19 +19,28 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
     return graph
 
 
+# activation op -> (its gated fusion, the fused node's name suffix)
+_GATED: dict[type[ir.Op], tuple[ir.Op, str]] = {
+    ir.Silu: (ir.SwiGLU(), "swiglu"),
+    ir.Gelu: (ir.GeGLU(), "geglu"),
+}
+
+
 def fuse_swiglu(graph: ComputeGraph) -> int:
-    """Mul(Silu(gate), up) -> SwiGLU(gate, up) where the Silu has no other reader."""
+    """Mul(Silu(gate), up) -> SwiGLU(gate, up), and Mul(Gelu(gate), up) -> GeGLU(gate, up),
+    where the activation has no other reader."""
     users = graph.consumers()
     fused = 0
     for node in graph.nodes:
         if not isinstance(node.op, ir.Mul):
             continue
-        silu = graph.nodes[node.srcs[0]]
-        if not isinstance(silu.op, ir.Silu) or users[silu.id] != [node.id]:
+        act = graph.nodes[node.srcs[0]]
+        gated = _GATED.get(type(act.op))
+        if gated is None or users[act.id] != [node.id]:
             continue
-        node.op = ir.SwiGLU()
-        node.name = "ffn_swiglu" if node.name == "ffn_act" else node.name + "_swiglu"
-        node.srcs = (silu.srcs[0], node.srcs[1])
+        node.op, suffix = gated
+        node.name = f"ffn_{suffix}" if node.name == "ffn_act" else f"{node.name}_{suffix}"
+        node.srcs = (act.srcs[0], node.srcs[1])
         fused += 1
     return fused
 

@@ -84,12 +84,41 @@ class SwiGLU(Op):
 
 
 @dataclass(frozen=True)
+class Gelu(Op):
+    """GELU, tanh approximation (Gemma's FFN gate)."""
+
+
+@dataclass(frozen=True)
+class GeGLU(Op):
+    """gelu(gate) * up; the fusion pass writes it in place of Mul(Gelu(gate), up)."""
+
+
+@dataclass(frozen=True)
+class Scale(Op):
+    """x * factor (Gemma scales its embeddings by sqrt(n_embd))."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
+class Softcap(Op):
+    """cap * tanh(x / cap): Gemma-style soft-capping of the final logits."""
+
+    cap: float
+
+
+@dataclass(frozen=True)
 class Rope(Op):
-    style: str  # "neox"
+    """Rotary embedding. style "neox" rotates pairs (i, i + rope_dim/2) (Qwen, Gemma), "norm"
+    adjacent pairs (2i, 2i+1) (Llama). theta_i = freq_scale * pos * base^(-2i/rope_dim) / f_i,
+    with f_i from the node's weight (Llama 3.1's `rope_freqs`) when it names one, else 1."""
+
+    style: str  # "neox" | "norm"
     base: float
     n_head: int
     head_dim: int
     rope_dim: int
+    freq_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,16 +146,25 @@ class KvcacheLoad(Op):
 
 @dataclass(frozen=True)
 class Attn(Op):
+    """Query t reads cells [max(kv_start[t], kv_end[t] - window), kv_end[t]) (window 0: the
+    whole [kv_start, kv_end) range; a sliding-window layer's window is part of its op, its
+    bounds stay data). Scores are scale * q.k, soft-capped to softcap * tanh(s / softcap) when
+    softcap > 0, then soft-maxed."""
+
     layer: int
     n_head: int
     n_head_kv: int
     head_dim: int
     scale: float
+    window: int = 0
+    softcap: float = 0.0
 
 
 @dataclass(frozen=True)
 class FusedGateUp(Op):
-    """Decode fusion: silu(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
+    """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
+
+    act: str = "silu"  # "silu" | "gelu"
 
 
 @dataclass(frozen=True)

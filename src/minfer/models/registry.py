@@ -1,7 +1,8 @@
 """Which architectures minfer runs, and the graph builder for each.
 
 An architecture not listed here is refused by name; nothing falls back to a look-alike.
-DeepSeek-R1-Distill-Qwen files declare `qwen2` and load as such.
+DeepSeek-R1-Distill-Qwen files declare `qwen2` and load as such; Mistral 7B, TinyLlama and
+SmolLM files declare `llama`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ from minfer.errors import ModelError
 from minfer.gguf.hparams import HParams
 from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
+from minfer.models.gemma3 import build_gemma3
+from minfer.models.llama import build_llama
 from minfer.models.qwen import build_qwen
 
 GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], ComputeGraph]
 
 ARCHITECTURES: dict[str, GraphBuildFn] = {
+    "gemma3": build_gemma3,
+    "llama": build_llama,
     "qwen2": build_qwen,
     "qwen3": build_qwen,
 }

@@ -167,15 +167,22 @@ def write_tiny_model(
     n_ctx_train: int = 2048,
     rope_base: float = 10000.0,
     extra_tokens: Sequence[str] = (),
+    sliding_window: int = 0,
+    rope_freqs: bool = False,
+    softcaps: tuple[float, float] = (0.0, 0.0),
 ) -> Path:
-    """Write a random-weight qwen2/qwen3 GGUF with a working tokenizer; return its path.
+    """Write a random-weight qwen2/qwen3/llama/gemma3 GGUF with a working tokenizer; return its
+    path.
 
     `weight_types` (alias `weight_type`) is one type or a role → type mapping over ROLES (norms
     and biases stay F32). `chat_template=None` writes the ChatML default, "" writes none.
-    qwen2 gets q/k/v biases; qwen3 gets attn_q_norm / attn_k_norm and no biases.
+    qwen2 gets q/k/v biases; qwen3 and gemma3 get attn_q_norm / attn_k_norm and no biases;
+    gemma3 also its post-attention / post-FFN norms, `sliding_window` (every 6th layer global)
+    and `softcaps` = (attention, final logits; 0 = none); llama with `rope_freqs` gets a
+    `rope_freqs.weight` of per-pair divisors (Llama 3.1 style).
     """
-    if arch not in ("qwen2", "qwen3"):
-        raise ValueError(f"write_tiny_model writes qwen2 or qwen3, not {arch!r}")
+    if arch not in ("qwen2", "qwen3", "llama", "gemma3"):
+        raise ValueError(f"write_tiny_model writes qwen2, qwen3, llama or gemma3, not {arch!r}")
     path = Path(path)
     types = weight_type if weight_type is not None else weight_types
     vocab = vocab or build_tiny_vocab(extra_tokens=extra_tokens)
@@ -189,10 +196,16 @@ def write_tiny_model(
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    if head_dim is not None or arch == "qwen3":
+    if head_dim is not None or arch in ("qwen3", "gemma3"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_rope_freq_base(rope_base)
+    if sliding_window:
+        w.add_sliding_window(sliding_window)
+    if softcaps[0]:
+        w.add_attn_logit_softcapping(softcaps[0])
+    if softcaps[1]:
+        w.add_final_logit_softcapping(softcaps[1])
     w.add_layer_norm_rms_eps(1e-6)
     _add_tokenizer(w, vocab, chat_template)
 
@@ -213,15 +226,20 @@ def write_tiny_model(
             matrix(f"{blk}.attn_{proj}.weight", f"attn_{proj}", n_out, n_embd)
             if arch == "qwen2":
                 vector(f"{blk}.attn_{proj}.bias", n_out, mean=0.0, std=0.02)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             vector(f"{blk}.attn_q_norm.weight", hd, mean=1.0, std=0.05)
             vector(f"{blk}.attn_k_norm.weight", hd, mean=1.0, std=0.05)
         matrix(f"{blk}.attn_output.weight", "attn_output", n_embd, n_head * hd)
+        if arch == "gemma3":
+            vector(f"{blk}.post_attention_norm.weight", n_embd, mean=1.0, std=0.05)
+            vector(f"{blk}.post_ffw_norm.weight", n_embd, mean=1.0, std=0.05)
         vector(f"{blk}.ffn_norm.weight", n_embd, mean=1.0, std=0.05)
         matrix(f"{blk}.ffn_gate.weight", "ffn_gate", n_ff, n_embd)
         matrix(f"{blk}.ffn_up.weight", "ffn_up", n_ff, n_embd)
         matrix(f"{blk}.ffn_down.weight", "ffn_down", n_embd, n_ff)
     vector("output_norm.weight", n_embd, mean=1.0, std=0.05)
+    if rope_freqs:  # divisors growing from 1 to 8 over the pairs, as Llama 3.1's low frequencies
+        w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if not tied:
         matrix("output.weight", "output", n_vocab, n_embd, std=0.1)
     w.write_header_to_file()

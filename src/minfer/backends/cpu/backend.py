@@ -183,12 +183,13 @@ def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
 
 
 def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
+    assert isinstance(node.op, ir.FusedGateUp)
     gate = ctx.memo.get(("gate_scratch", out.shape))
     if gate is None:
         gate = ctx.memo[("gate_scratch", out.shape)] = np.empty_like(out)
     _project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx)
     _project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx)
-    K.swiglu(gate, out, out)
+    (K.geglu if node.op.act == "gelu" else K.swiglu)(gate, out, out)
 
 
 Handler = Callable[[Node, Srcs, np.ndarray, ExecContext], None]
@@ -205,11 +206,26 @@ def _silu(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     K.silu(srcs[0], out)
 
 
+def _gelu(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
+    K.gelu(srcs[0], out)
+
+
+def _scale(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
+    assert isinstance(node.op, ir.Scale)
+    K.scale(srcs[0], node.op.factor, out)
+
+
+def _softcap(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
+    assert isinstance(node.op, ir.Softcap)
+    K.softcap(srcs[0], node.op.cap, out)
+
+
 def _rope(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.Rope)
-    K.rope_neox(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
-                rope_dim=op.rope_dim, base=op.base, out=out)
+    factors = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights else None
+    K.rope(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim, rope_dim=op.rope_dim,
+           base=op.base, style=op.style, freq_scale=op.freq_scale, factors=factors, out=out)
 
 
 def _qk_norm(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
@@ -236,7 +252,7 @@ def _attn(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
     K.attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
                 n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                scale=op.scale, out=out, blocked=blocked)
+                scale=op.scale, out=out, blocked=blocked, window=op.window, softcap=op.softcap)
 
 
 
@@ -281,8 +297,10 @@ def _bind_rope(node: Node, srcs: Srcs, out: np.ndarray,
                ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
     assert isinstance(op, ir.Rope)
-    return [K.bind_rope_neox(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
-                             rope_dim=op.rope_dim, base=op.base, out=out)]
+    factors = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights else None
+    return [K.bind_rope(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
+                        rope_dim=op.rope_dim, base=op.base, style=op.style,
+                        freq_scale=op.freq_scale, factors=factors, out=out)]
 
 
 def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,
@@ -307,7 +325,8 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
     return [K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
                              n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                             scale=op.scale, out=out, blocked=blocked)]
+                             scale=op.scale, out=out, blocked=blocked, window=op.window,
+                             softcap=op.softcap)]
 
 
 def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
@@ -342,6 +361,10 @@ _HANDLERS: dict[type, Handler] = {
     ir.Mul: _binary(K.mul),
     ir.SwiGLU: _binary(K.swiglu),
     ir.Silu: _silu,
+    ir.Gelu: _gelu,
+    ir.GeGLU: _binary(K.geglu),
+    ir.Scale: _scale,
+    ir.Softcap: _softcap,
     ir.Rope: _rope,
     ir.QkNorm: _qk_norm,
     ir.KvcacheStore: _kv_store,

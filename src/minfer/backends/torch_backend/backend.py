@@ -36,7 +36,8 @@ from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph, Node
 
 MATMUL_OPS: tuple[type[ir.Op], ...] = (ir.MatMul, ir.FusedGateUp)
-DENSE_OPS = (*MATMUL_OPS, ir.RmsNorm, ir.QkNorm, ir.Rope, ir.Add, ir.Mul, ir.Silu, ir.SwiGLU)
+DENSE_OPS = (*MATMUL_OPS, ir.RmsNorm, ir.QkNorm, ir.Rope, ir.Add, ir.Mul, ir.Silu, ir.SwiGLU,
+             ir.Gelu, ir.GeGLU, ir.Scale, ir.Softcap)
 HOST_ONLY_OPS = (ir.KvcacheStore, ir.KvcacheLoad, ir.Attn)  # the KV regions are numpy arrays
 ALL_OPS = (*DENSE_OPS, *HOST_ONLY_OPS, ir.GetRows)
 CLAIMS = {"matmul": MATMUL_OPS, "dense": DENSE_OPS, "all": ALL_OPS}
@@ -72,6 +73,8 @@ class TorchBackend:
     def supports_op(self, node: Node, graph: ComputeGraph) -> bool:
         if not isinstance(node.op, self._ops) or _rows(node, graph) < self.min_rows:
             return False
+        if isinstance(node.op, ir.Attn) and node.op.softcap:
+            return False  # SDPA has no soft-capped scores: the CPU kernels run these layers
         if isinstance(node.op, ir.GetRows) and node.meta.weights and self.io.copies:
             return False  # embedding rows are gathered on the host; keep them there
         self._remember(graph)
@@ -152,13 +155,15 @@ def _matmul(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
 
 def _fused_gate_up(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
                    ctx: ExecContext) -> None:
+    op = node.op
+    assert isinstance(op, ir.FusedGateUp)
     x = b.src_bf16(ctx, node, 0, srcs)
 
     def compute(dst: torch.Tensor) -> None:
         gate = torch.empty_like(dst)
         _project(b, ctx, x, node.meta.weights[0], gate)
         _project(b, ctx, x, node.meta.weights[1], dst)
-        torch.mul(F.silu(gate), dst, out=dst)
+        torch.mul(_ACTS[op.act](gate), dst, out=dst)
 
     b.run(ctx, node, out, compute)
 
@@ -184,13 +189,17 @@ def _rope(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
           ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.Rope)
-    key = ("torch.rope", node.srcs[1], op.base, op.rope_dim)
+    key = ("torch.rope", node.srcs[1], op.base, op.rope_dim, op.freq_scale, node.meta.weights)
     tables = ctx.memo.get(key)
     if tables is None:  # cos/sin once per forward, shared by q and k of every layer
+        factors = (b.torch_weights(ctx).vector(node.meta.weights[0]) if node.meta.weights
+                   else None)
         tables = ctx.memo[key] = ops.rope_tables(b.src(ctx, node, 1, srcs), base=op.base,
-                                                 rope_dim=op.rope_dim)
+                                                 rope_dim=op.rope_dim, freq_scale=op.freq_scale,
+                                                 factors=factors)
     x = b.src(ctx, node, 0, srcs)
-    b.run(ctx, node, out, lambda dst: ops.rope_neox(
+    rotate = ops.rope_neox if op.style == "neox" else ops.rope_norm
+    b.run(ctx, node, out, lambda dst: rotate(
         x, *tables, n_head=op.n_head, head_dim=op.head_dim, rope_dim=op.rope_dim, out=dst))
 
 
@@ -203,14 +212,38 @@ def _binary(fn: Callable[..., Any]) -> Handler:
     return handler
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu": _gelu_tanh}
+
+
 def _swiglu(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor) -> None:
     torch.mul(F.silu(gate), up, out=out)
 
 
-def _silu(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
-          ctx: ExecContext) -> None:
-    x = b.src(ctx, node, 0, srcs)
-    b.run(ctx, node, out, lambda dst: dst.copy_(F.silu(x)))
+def _geglu(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor) -> None:
+    torch.mul(_gelu_tanh(gate), up, out=out)
+
+
+def _unary(fn: Callable[[Node, torch.Tensor], torch.Tensor]) -> Handler:
+    def handler(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
+                ctx: ExecContext) -> None:
+        x = b.src(ctx, node, 0, srcs)
+        b.run(ctx, node, out, lambda dst: dst.copy_(fn(node, x)))
+
+    return handler
+
+
+def _scale(node: Node, x: torch.Tensor) -> torch.Tensor:
+    assert isinstance(node.op, ir.Scale)
+    return x * node.op.factor
+
+
+def _softcap(node: Node, x: torch.Tensor) -> torch.Tensor:
+    assert isinstance(node.op, ir.Softcap)
+    return torch.tanh(x * (1.0 / node.op.cap)) * node.op.cap
 
 
 def _kv_store(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
@@ -236,7 +269,7 @@ def _attn(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
     v_cache = torch.from_numpy(ctx.kv.v[op.layer])
     b.run(ctx, node, out, lambda dst: ops.attention(
         q, k_cache, v_cache, start, end, n_head=op.n_head, n_head_kv=op.n_head_kv,
-        head_dim=op.head_dim, scale=op.scale, out=dst))
+        head_dim=op.head_dim, scale=op.scale, window=op.window, out=dst))
 
 
 def _get_rows(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
@@ -259,7 +292,11 @@ _HANDLERS: dict[type[ir.Op], Handler] = {
     ir.Add: _binary(torch.add),
     ir.Mul: _binary(torch.mul),
     ir.SwiGLU: _binary(_swiglu),
-    ir.Silu: _silu,
+    ir.GeGLU: _binary(_geglu),
+    ir.Silu: _unary(lambda node, x: F.silu(x)),
+    ir.Gelu: _unary(lambda node, x: _gelu_tanh(x)),
+    ir.Scale: _unary(_scale),
+    ir.Softcap: _unary(_softcap),
     ir.KvcacheStore: _kv_store,
     ir.KvcacheLoad: _kv_load,
     ir.Attn: _attn,

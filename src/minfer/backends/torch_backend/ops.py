@@ -36,11 +36,15 @@ def head_rms_norm(x: torch.Tensor, w: torch.Tensor, *, n_head: int, head_dim: in
     rms_norm(heads, w, eps, out.view(-1, n_head, head_dim))
 
 
-def rope_tables(positions: torch.Tensor, *, base: float, rope_dim: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of pos * base^(-2i / rope_dim), [nt, rope_dim / 2], computed in f64."""
+def rope_tables(positions: torch.Tensor, *, base: float, rope_dim: int, freq_scale: float = 1.0,
+                factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of freq_scale * pos * base^(-2i / rope_dim) / factors[i], [nt, rope_dim / 2],
+    computed in f64."""
     half = rope_dim // 2
     inv = base ** (-torch.arange(half, dtype=torch.float64, device=positions.device) * 2 / rope_dim)
+    inv = inv * freq_scale
+    if factors is not None:
+        inv = inv / factors.to(torch.float64)
     angles = positions.to(torch.float64)[:, None] * inv[None, :]
     return angles.cos().float(), angles.sin().float()
 
@@ -61,6 +65,21 @@ def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, n_head: 
         dst[..., rope_dim:] = heads[..., rope_dim:]
 
 
+def rope_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, n_head: int,
+              head_dim: int, rope_dim: int, out: torch.Tensor) -> None:
+    """Normal-mode rotation (Llama): adjacent pairs (2i, 2i+1); dims past rope_dim pass through."""
+    heads = x.view(-1, n_head, head_dim)
+    dst = out.view(-1, n_head, head_dim)
+    a, b = heads[..., 0:rope_dim:2], heads[..., 1:rope_dim:2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    ra = a * c - b * s
+    rb = a * s + b * c
+    dst[..., 0:rope_dim:2] = ra
+    dst[..., 1:rope_dim:2] = rb
+    if rope_dim < head_dim:
+        dst[..., rope_dim:] = heads[..., rope_dim:]
+
+
 def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              cells: torch.Tensor) -> None:
     """Rows k[t], v[t] into cache cell cells[t] (converted to the cache's dtype)."""
@@ -71,15 +90,18 @@ def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               kv_start: torch.Tensor, kv_end: torch.Tensor, *, n_head: int, n_head_kv: int,
-              head_dim: int, scale: float, out: torch.Tensor) -> None:
-    """Query t attends to cache cells [kv_start[t], kv_end[t]); grouped-query heads.
+              head_dim: int, scale: float, out: torch.Tensor, window: int = 0) -> None:
+    """Query t attends to cache cells [kv_start[t], kv_end[t]); grouped-query heads. A sliding
+    `window` > 0 narrows that to [max(kv_start, kv_end - window), kv_end).
 
     Consecutive queries with the same window start (one sequence of a batch) are one run, and
     each run reads only the cells it can see, so sequences far apart in the cache never make
     a [tokens, whole-cache] mask.
     """
-    starts = kv_start.cpu().numpy()
+    starts = kv_start.cpu().numpy()  # runs are cut by sequence, before the window narrows them
     cuts = [0, *(np.flatnonzero(np.diff(starts)) + 1).tolist(), len(starts)]
+    if window:
+        kv_start = torch.maximum(kv_start, kv_end - window)
     for a, b in itertools.pairwise(cuts):
         _attend(q[a:b], k_cache, v_cache, kv_start[a:b], kv_end[a:b], n_head=n_head,
                 n_head_kv=n_head_kv, head_dim=head_dim, scale=scale, out=out[a:b])

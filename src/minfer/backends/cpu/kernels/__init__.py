@@ -5,7 +5,8 @@ Public API (see docs/interfaces.md):
   quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in), repack_weight(w_raw, qtype),
   bind_prequant(w_raw, qtype) -> run(xq, out) -- `matmul`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
-- rms_norm, head_rms_norm -- `norm`; rope_neox -- `rope`; silu, swiglu, add, mul -- `elementwise`
+- rms_norm, head_rms_norm -- `norm`; rope, rope_neox -- `rope`; silu, swiglu, add, mul --
+  `elementwise`; gelu, geglu, scale, softcap -- `gelu`
 - attention (blocked=True: the sgemm kernel of `attention_blocked`, used from
   ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attention`
 - bind_*(same arguments) -> a no-argument call: the kernel over fixed arrays, checked once (the
@@ -26,6 +27,7 @@ from .attention import attention, bind_attention, kv_store
 from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from .dequant import dequantize, dequantize_into, get_rows
 from .elementwise import add, bind_add, bind_mul, bind_silu, bind_swiglu, mul, silu, swiglu
+from .gelu import geglu, gelu, scale, softcap
 from .matmul import (
     PREFILL_MIN_TOKENS,
     PrequantKernel,
@@ -45,7 +47,7 @@ from .matmul import (
 from .norm import bind_head_rms_norm, bind_rms_norm, head_rms_norm, rms_norm
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import QType, row_bytes
-from .rope import bind_rope_neox, rope_neox
+from .rope import bind_rope, rope, rope_neox
 
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
@@ -65,11 +67,13 @@ __all__ = [
     "bind_prequant_into",
     "bind_quantize",
     "bind_rms_norm",
-    "bind_rope_neox",
+    "bind_rope",
     "bind_silu",
     "bind_swiglu",
     "dequantize",
     "dequantize_into",
+    "geglu",
+    "gelu",
     "get_rows",
     "head_rms_norm",
     "kv_store",
@@ -85,8 +89,11 @@ __all__ = [
     "quantize_q8_k",
     "repack_weight",
     "rms_norm",
+    "rope",
     "rope_neox",
     "row_bytes",
+    "scale",
     "silu",
+    "softcap",
     "swiglu",
 ]

@@ -24,7 +24,7 @@ from .elementwise import fast_exp
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, out):
+def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap, out):
     nt = q.shape[0]
     group = n_head // n_head_kv
     for item in prange(nt * n_head_kv):
@@ -42,7 +42,10 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, ou
                 dot = np.float32(0.0)
                 for j in range(head_dim):
                     dot += qh[j] * as_f32(krow[j])
-                scores[g, c] = dot * scale
+                sc = dot * scale
+                if softcap > 0:
+                    sc = np.tanh(sc * (np.float32(1.0) / softcap)) * softcap
+                scores[g, c] = sc
         inv = np.empty(group, np.float32)
         for g in range(group):
             mx = np.float32(-np.inf)
@@ -89,8 +92,13 @@ def _check_heads(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              out: np.ndarray, blocked: bool = False) -> None:
+              out: np.ndarray, blocked: bool = False, window: int = 0,
+              softcap: float = 0.0) -> None:
     """out[t, h*hd:(h+1)*hd] = softmax(scale * q_h . K[window]) @ V[window] for every token/head.
+
+    `window` > 0 (a sliding-window layer) narrows each query's cells to the last `window` of
+    [kv_start, kv_end): [max(kv_start, kv_end - window), kv_end). `softcap` > 0 maps each scaled
+    score s to softcap * tanh(s / softcap) before the softmax (Gemma 2 style).
 
     `blocked=True` takes the sgemm kernel of `attention_blocked` (from `BLOCKED_MIN_TOKENS` rows
     on it is faster; its rounding depends on the batch shape, so not for batch-invariant use).
@@ -106,17 +114,24 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
         raise ValueError("kv_start / kv_end need one entry per query row")
     if nt and (lo.min() < 0 or hi.max() > k.shape[0] or (hi < lo).any()):
         raise ValueError(f"KV window outside the cache of {k.shape[0]} cells")
+    if window < 0 or softcap < 0:
+        raise ValueError(f"window {window} and softcap {softcap} must not be negative")
+    if window:
+        lo = np.maximum(lo, hi - window)
     if blocked and nt and blocked_available():
-        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
+        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
+                          softcap=softcap)
         return
     if k.dtype == np.uint16:
         q = q.astype(np.float16).astype(np.float32)
-    _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+    _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
+               np.float32(softcap), out)
 
 
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
                    kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
-                   scale: float, out: np.ndarray, blocked: bool = False) -> Callable[[], None]:
+                   scale: float, out: np.ndarray, blocked: bool = False, window: int = 0,
+                   softcap: float = 0.0) -> Callable[[], None]:
     """`attention` over fixed arrays (the op tape): shapes checked once. The windows are data
     the batch fills in each time; their bounds are the caller's to check (the engine refuses a
     batch whose windows leave the context before it runs anything)."""
@@ -124,18 +139,26 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
         raise ValueError("kv_start / kv_end need one entry per query row")
-    scale32 = np.float32(scale)
+    if window < 0 or softcap < 0:
+        raise ValueError(f"window {window} and softcap {softcap} must not be negative")
+
+    def bounds() -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = kv_start.astype(np.int64), kv_end.astype(np.int64)
+        return (np.maximum(lo, hi - window) if window else lo), hi
+
     if blocked and nt and blocked_available():
         def step_blocked() -> None:
-            attention_blocked(q, k, v, kv_start.astype(np.int64), kv_end.astype(np.int64),
-                              n_head, n_head_kv, head_dim, scale, out)
+            lo, hi = bounds()
+            attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
+                              softcap=softcap)
         return step_blocked
     f16 = k.dtype == np.uint16
+    scale32, softcap32 = np.float32(scale), np.float32(softcap)
 
     def step() -> None:
         qr = q.astype(np.float16).astype(np.float32) if f16 else q
-        _attention(qr, k, v, kv_start.astype(np.int64), kv_end.astype(np.int64), n_head,
-                   n_head_kv, head_dim, scale32, out)
+        lo, hi = bounds()
+        _attention(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
 
     return step
 

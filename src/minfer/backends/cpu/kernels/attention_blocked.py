@@ -34,8 +34,9 @@ BLOCKED_MIN_TOKENS = 32
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
-def _softmax_row(row, c0, c1, scale):
-    """row[c0:c1] = exp(scale*row - max) in place, zeros elsewhere; returns 1/sum (0 if empty).
+def _softmax_row(row, c0, c1, scale, softcap):
+    """row[c0:c1] = exp(s - max) in place with s = scale*row (soft-capped when softcap > 0),
+    zeros elsewhere; returns 1/sum (0 if empty).
     Loops run over slices from index 0, so no negative-index wraparound blocks vectorisation."""
     head = row[:c0]
     for c in range(head.shape[0]):
@@ -45,10 +46,15 @@ def _softmax_row(row, c0, c1, scale):
         tail[c] = np.float32(0.0)
     w = row[c0:c1]
     mx = np.float32(-np.inf)
+    if softcap > 0:
+        inv_cap = np.float32(1.0) / softcap
+        for c in range(w.shape[0]):
+            w[c] = np.tanh(w[c] * scale * inv_cap) * softcap
+    else:
+        for c in range(w.shape[0]):
+            w[c] = w[c] * scale
     for c in range(w.shape[0]):
-        x = w[c] * scale
-        w[c] = x
-        mx = max(mx, x)
+        mx = max(mx, w[c])
     for c in range(w.shape[0]):
         w[c] = fast_exp(w[c] - mx)
     total = 0.0
@@ -70,8 +76,8 @@ def _span(kv_start, kv_end, t0, nb, n_ctx):
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
-def _block(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, round_q, out, sgemm,
-           set_threads, scratch):
+def _block(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, round_q, out,
+           sgemm, set_threads, scratch):
     """Query rows [t0, t0+nb) of KV head kvh's query group (one work item); `scratch` is this
     worker's f32 buffer, large enough for the item (see `_scratch_size`)."""
     lo, hi = _span(kv_start, kv_end, t0, nb, k.shape[0])
@@ -124,7 +130,7 @@ def _block(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, round
             c1 = 0
         for g in range(group):
             r = i * group + g
-            inv[r] = _softmax_row(s[r], c0, c1, scale)
+            inv[r] = _softmax_row(s[r], c0, c1, scale, softcap)
     call_sgemm_rm_nt(sgemm, rows, head_dim, n, s.ctypes.data, n, vt.ctypes.data, n,
                      o.ctypes.data, head_dim)
     call_int_fn(set_threads, prev)
@@ -136,8 +142,8 @@ def _block(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, round
 
 
 @njit(parallel=True, cache=True)
-def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, round_q,
-                       out, block, n_workers, sgemm, set_threads):
+def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
+                       round_q, out, block, n_workers, sgemm, set_threads):
     nt = q.shape[0]
     group = n_head // n_head_kv
     n_blocks = (nt + block - 1) // block
@@ -162,7 +168,7 @@ def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, s
             b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
             t0 = b * block
             _block(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + block) - t0, group,
-                   head_dim, scale, round_q, out, sgemm, set_threads, scratch)
+                   head_dim, scale, softcap, round_q, out, sgemm, set_threads, scratch)
 
 
 def blocked_available() -> bool:
@@ -172,7 +178,7 @@ def blocked_available() -> bool:
 
 def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray,
                       hi: np.ndarray, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-                      out: np.ndarray, block: int = 0) -> None:
+                      out: np.ndarray, block: int = 0, softcap: float = 0.0) -> None:
     """The blocked kernel on arguments already checked and normalised by `attention` (caches as
     f32 or uint16 f16 bits; an f16 cache rounds the query to f16 here, on the fly)."""
     qc = np.ascontiguousarray(q, dtype=np.float32)
@@ -181,5 +187,5 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarra
         while block > 16 and -(-q.shape[0] // block) * n_head_kv < 2 * get_num_threads():
             block //= 2
     _attention_blocked(qc, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
-                       k.dtype == np.uint16, out, block, get_num_threads(), SGEMM,
-                       SET_THREADS_LOCAL)
+                       np.float32(softcap), k.dtype == np.uint16, out, block, get_num_threads(),
+                       SGEMM, SET_THREADS_LOCAL)

@@ -86,33 +86,53 @@ def random_kquant_blocks(qtype: int, n_out: int, n_in: int, rng: np.random.Gener
 def ref_rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
                   rope_dim: int, base: float) -> np.ndarray:
     """NEOX RoPE in float64 with the exact theta = pos * base^(-2i/rope_dim)."""
+    return ref_rope(x, positions, n_head=n_head, head_dim=head_dim, rope_dim=rope_dim, base=base)
+
+
+def ref_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
+             rope_dim: int, base: float, style: str = "neox", freq_scale: float = 1.0,
+             factors: np.ndarray | None = None) -> np.ndarray:
+    """RoPE in float64: theta_i = freq_scale * pos * base^(-2i/rope_dim) / factors[i]; "neox"
+    rotates pairs (i, i + rope_dim/2), "norm" adjacent pairs (2i, 2i + 1)."""
     nt = x.shape[0]
     half = rope_dim // 2
-    inv = float(base) ** (-2.0 * np.arange(half) / rope_dim)
+    inv = float(base) ** (-2.0 * np.arange(half) / rope_dim) * freq_scale
+    if factors is not None:
+        inv = inv / factors.astype(np.float64)
     theta = positions.astype(np.float64)[:, None] * inv[None, :]  # [nt, half]
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     xh = x.astype(np.float64).reshape(nt, n_head, head_dim)
     out = xh.copy()
-    x0, x1 = xh[..., :half], xh[..., half:rope_dim]
-    out[..., :half] = x0 * cos - x1 * sin
-    out[..., half:rope_dim] = x0 * sin + x1 * cos
+    if style == "neox":
+        x0, x1 = xh[..., :half], xh[..., half:rope_dim]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:rope_dim] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = xh[..., 0:rope_dim:2], xh[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = x0 * cos - x1 * sin
+        out[..., 1:rope_dim:2] = x0 * sin + x1 * cos
     return out.reshape(nt, n_head * head_dim)
 
 
 def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_start: np.ndarray,
                   kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
-                  scale: float) -> np.ndarray:
-    """Windowed GQA softmax attention in float64 (caches given as f32/f16 arrays)."""
+                  scale: float, window: int = 0, softcap: float = 0.0) -> np.ndarray:
+    """Windowed GQA softmax attention in float64 (caches given as f32/f16 arrays); with a
+    sliding `window`, query t reads [max(kv_start, kv_end - window), kv_end)."""
     nt = q.shape[0]
     group = n_head // n_head_kv
     out = np.zeros((nt, n_head * head_dim))
     kf, vf = k.astype(np.float64), v.astype(np.float64)
     for t in range(nt):
         lo, hi = int(kv_start[t]), int(kv_end[t])
+        if window:
+            lo = max(lo, hi - window)
         for h in range(n_head):
             c = (h // group) * head_dim
             kw, vw = kf[lo:hi, c : c + head_dim], vf[lo:hi, c : c + head_dim]
             s = kw @ q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             if s.size:
                 p = np.exp(s - s.max())
                 out[t, h * head_dim : (h + 1) * head_dim] = (p / p.sum()) @ vw

@@ -1,10 +1,13 @@
-"""Rotary position embedding, NEOX style (Qwen families), as ggml's `ggml_rope_ext` computes it
-with freq_scale 1, ext_factor 0 (no YaRN) and attn_factor 1.
+"""Rotary position embedding as ggml's `ggml_rope_ext` computes it with ext_factor 0 (no YaRN)
+and attn_factor 1, in its two layouts: NEOX (Qwen, Gemma) and normal (Llama).
 
-Pair i (0 <= i < rope_dim/2) of each head rotates elements (i, i + rope_dim/2) by
-theta_i = pos * base^(-2i/rope_dim). Like ggml, theta is built by repeated f32 multiplication by
-theta_scale = powf(base, -2/rope_dim) starting from pos, and cos/sin are f32. Elements past
-rope_dim pass through unchanged.
+NEOX rotates pair i (0 <= i < rope_dim/2) of each head as elements (i, i + rope_dim/2); normal
+mode rotates adjacent elements (2i, 2i + 1). The angle is
+theta_i = freq_scale * (pos * base^(-2i/rope_dim) / f_i), with per-pair frequency factors f_i
+(Llama 3.1's `rope_freqs` tensor; 1 when absent) and freq_scale (linear rope scaling; 1 when
+absent). Like ggml, pos * base^(-2i/rope_dim) is built by repeated f32 multiplication by
+theta_scale = powf(base, -2/rope_dim) starting from pos, and cos/sin are f32; with f_i = 1 and
+freq_scale = 1 the division and multiplication are exact. Elements past rope_dim pass through.
 """
 
 from __future__ import annotations
@@ -14,56 +17,86 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit
 
+_ONE = np.ones(0, np.float32)
+
 
 @njit(cache=True, error_model="numpy")
-def _rope_neox(x, positions, n_head, head_dim, rope_dim, base, out):
+def _rope(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out):
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
+    has_factors = factors.shape[0] > 0
     cos = np.empty(half, np.float32)
     sin = np.empty(half, np.float32)
+    # NEOX: pair i is (i, i + half); normal: (2i, 2i + 1)
+    stride = 1 if neox else 2
+    offset = half if neox else 1
     for t in range(x.shape[0]):
         theta = np.float32(positions[t])
         for i in range(half):
-            cos[i] = np.cos(theta)
-            sin[i] = np.sin(theta)
+            th = theta / factors[i] if has_factors else theta
+            th = freq_scale * th
+            cos[i] = np.cos(th)
+            sin[i] = np.sin(th)
             theta = theta * theta_scale
         for h in range(n_head):
             b = h * head_dim
             for i in range(half):
-                x0 = x[t, b + i]
-                x1 = x[t, b + i + half]
-                out[t, b + i] = x0 * cos[i] - x1 * sin[i]
-                out[t, b + i + half] = x0 * sin[i] + x1 * cos[i]
+                j = b + i * stride
+                x0 = x[t, j]
+                x1 = x[t, j + offset]
+                out[t, j] = x0 * cos[i] - x1 * sin[i]
+                out[t, j + offset] = x0 * sin[i] + x1 * cos[i]
             for i in range(rope_dim, head_dim):
                 out[t, b + i] = x[t, b + i]
 
 
-def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
-              rope_dim: int, base: float, out: np.ndarray) -> None:
+def rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
+         base: float, style: str = "neox", freq_scale: float = 1.0,
+         factors: np.ndarray | None = None, out: np.ndarray) -> None:
     """Rotate x f32 `[nt, n_head*head_dim]` at `positions[nt]` into out (out may be x)."""
     if x.ndim != 2 or x.shape[1] != n_head * head_dim or out.shape != x.shape:
         raise ValueError(f"x {x.shape} / out {out.shape} are not [nt, {n_head}*{head_dim}]")
     if rope_dim % 2 or not 0 < rope_dim <= head_dim:
         raise ValueError(f"rope_dim {rope_dim} must be even and within head_dim {head_dim}")
+    if style not in ("neox", "norm"):
+        raise ValueError(f"unknown rope style {style!r} (neox or norm)")
     positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     if positions.shape[0] != x.shape[0]:
         raise ValueError(f"{positions.shape[0]} positions for {x.shape[0]} rows")
-    _rope_neox(x, positions, n_head, head_dim, rope_dim, np.float32(base), out)
+    ff = _ONE if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
+    if factors is not None and ff.shape != (rope_dim // 2,):
+        raise ValueError(f"rope factors of shape {ff.shape}, expected ({rope_dim // 2},)")
+    _rope(x, positions, n_head, head_dim, rope_dim, np.float32(base), np.float32(freq_scale), ff,
+          style == "neox", out)
 
 
-def bind_rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
-                   rope_dim: int, base: float, out: np.ndarray) -> Callable[[], None]:
-    """`rope_neox` over fixed arrays (the op tape): shapes checked once; each call converts the
+def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
+              rope_dim: int, base: float, out: np.ndarray) -> None:
+    """NEOX rotation without factors or scaling (Qwen)."""
+    rope(x, positions, n_head=n_head, head_dim=head_dim, rope_dim=rope_dim, base=base,
+         out=out)
+
+
+def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
+              base: float, style: str = "neox", freq_scale: float = 1.0,
+              factors: np.ndarray | None = None, out: np.ndarray) -> Callable[[], None]:
+    """`rope` over fixed arrays (the op tape): shapes checked once; each call converts the
     positions the batch filled in and runs the kernel."""
     if x.ndim != 2 or x.shape[1] != n_head * head_dim or out.shape != x.shape:
         raise ValueError(f"x {x.shape} / out {out.shape} are not [nt, {n_head}*{head_dim}]")
     if rope_dim % 2 or not 0 < rope_dim <= head_dim:
         raise ValueError(f"rope_dim {rope_dim} must be even and within head_dim {head_dim}")
+    if style not in ("neox", "norm"):
+        raise ValueError(f"unknown rope style {style!r} (neox or norm)")
     if positions.shape != (x.shape[0],):
         raise ValueError(f"{positions.shape} positions for {x.shape[0]} rows")
-    base32 = np.float32(base)
+    ff = _ONE if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
+    if factors is not None and ff.shape != (rope_dim // 2,):
+        raise ValueError(f"rope factors of shape {ff.shape}, expected ({rope_dim // 2},)")
+    base32, scale32, neox = np.float32(base), np.float32(freq_scale), style == "neox"
 
     def step() -> None:
-        _rope_neox(x, positions.astype(np.int64), n_head, head_dim, rope_dim, base32, out)
+        _rope(x, positions.astype(np.int64), n_head, head_dim, rope_dim, base32, scale32, ff,
+              neox, out)
 
     return step

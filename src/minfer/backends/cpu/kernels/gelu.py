@@ -1,0 +1,103 @@
+"""Gemma's element-wise ops: GELU (tanh approximation) and its gated form, the scalar `scale`
+and the logit `softcap`.
+
+GELU follows ggml's CPU path (built with GGML_GELU_FP16): for -10 < x < 10 the input is rounded
+to f16 and looked up in a 65,536-entry table of f16(gelu_f32(x)); from 10 on it is x, at -10 and
+below 0. So gelu(x) here equals llama.cpp's bit for bit wherever the table entry does (the table
+is built with numpy's f32 tanh, within an ulp of libm's tanhf, then rounded to f16). Rows never
+interact: every output element depends on its own input alone (batch invariant).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._llvm import f32_to_f16
+
+GELU_COEF_A = np.float32(0.044715)
+SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+
+
+def gelu_f32(x: np.ndarray) -> np.ndarray:
+    """ggml's `ggml_gelu_f32` in f32: 0.5x(1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        inner = SQRT_2_OVER_PI * x * (np.float32(1.0) + GELU_COEF_A * x * x)
+        return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+
+
+def _gelu_table() -> np.ndarray:
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    return gelu_f32(halves.astype(np.float32)).astype(np.float16).astype(np.float32)
+
+
+GELU_TABLE = _gelu_table()  # f32 values of the f16 table, indexed by the input's f16 bits
+
+
+@njit(inline="always")
+def _gelu1(v, table):
+    if v <= np.float32(-10.0):
+        return np.float32(0.0)
+    if v >= np.float32(10.0):
+        return v
+    return table[f32_to_f16(v)]
+
+
+@njit(cache=True, error_model="numpy")
+def _gelu(x, table, out):
+    for i in range(x.shape[0]):
+        out[i] = _gelu1(x[i], table)
+
+
+@njit(cache=True, error_model="numpy")
+def _geglu(g, u, table, out):
+    for i in range(g.shape[0]):
+        out[i] = _gelu1(g[i], table) * u[i]
+
+
+@njit(cache=True, error_model="numpy")
+def _scale(x, s, out):
+    for i in range(x.shape[0]):
+        out[i] = x[i] * s
+
+
+@njit(cache=True, error_model="numpy")
+def _softcap(x, inv_cap, cap, out):
+    for i in range(x.shape[0]):
+        out[i] = np.tanh(x[i] * inv_cap) * cap
+
+
+def _flat(*arrs: np.ndarray) -> list[np.ndarray]:
+    if len({a.shape for a in arrs}) != 1:
+        raise ValueError(f"shape mismatch {[a.shape for a in arrs]}")
+    for a in arrs:
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("element-wise kernels take C-contiguous f32 arrays")
+    return [a.reshape(-1) for a in arrs]
+
+
+def gelu(x: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu_tanh(x), through ggml's f16 table; out may be x."""
+    fx, fo = _flat(x, out)
+    _gelu(fx, GELU_TABLE, fo)
+
+
+def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu_tanh(gate) * up (ggml's `geglu` on split gate/up); out may alias either."""
+    fg, fu, fo = _flat(gate, up, out)
+    _geglu(fg, fu, GELU_TABLE, fo)
+
+
+def scale(x: np.ndarray, factor: float, out: np.ndarray) -> None:
+    """out = x * factor (one f32 multiply, as ggml_scale)."""
+    fx, fo = _flat(x, out)
+    _scale(fx, np.float32(factor), fo)
+
+
+def softcap(x: np.ndarray, cap: float, out: np.ndarray) -> None:
+    """out = tanh(x * (1/cap)) * cap, as ggml's scale -> tanh -> scale."""
+    if not cap > 0:
+        raise ValueError(f"soft-cap must be positive, got {cap}")
+    fx, fo = _flat(x, out)
+    _softcap(fx, np.float32(1.0) / np.float32(cap), np.float32(cap), fo)

@@ -1,0 +1,141 @@
+"""The decoder skeleton every supported family shares, as builder calls.
+
+`build_decoder` lays out the graph inputs, the token embedding (optionally scaled), one block per
+layer (the family's `LayerFn`) and the output head (final norm, projection tied to the
+embedding when `output.weight` is absent, optional logit soft-capping). The pieces a block is
+made of live here too: `attention` (q/k/v projections with optional biases, optional per-head
+q/k norms, RoPE with the layer's base / scaling / frequency factors, KV store and load,
+attention with the layer's sliding window and soft-cap, output projection), `gated_ffn`
+(gate/up, SiLU or GELU gate, down) and `keep_tail` (a prefill keeps only its last `n_out` rows
+after the last layer's attention). Which of the optional parts a model has is read from its
+HParams, never guessed from the architecture name here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from minfer.gguf.hparams import HParams
+from minfer.graph import ir
+from minfer.graph.builder import GraphBuilder
+from minfer.graph.ir import ComputeGraph, InputKind
+from minfer.graph.params import GraphParams, GraphType
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What a block needs besides its input: the model, the graph params, the input leaves."""
+
+    hp: HParams
+    params: GraphParams
+    pos: int
+    cells: int
+    start: int
+    end: int
+    tail: int  # -1 in decode graphs
+
+    @property
+    def prefill(self) -> bool:
+        return self.params.gtype is GraphType.PREFILL
+
+
+LayerFn = Callable[[GraphBuilder, Layer, int, int], int]  # (b, ctx, layer, h) -> h
+
+
+def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, tuple[int, ...]],
+                  *, layer: LayerFn, embd_scale: float = 1.0) -> ComputeGraph:
+    b = GraphBuilder(weight_shapes)
+    nt = params.n_tokens
+    prefill = params.gtype is GraphType.PREFILL
+    # Inputs first (even tail_ids, read only at the last layer): one leaf block, one split.
+    ids = b.input(InputKind.TOKEN_IDS, nt)
+    ctx = Layer(
+        hp, params,
+        pos=b.input(InputKind.POSITIONS, nt),
+        cells=b.input(InputKind.KV_CELLS, nt),
+        start=b.input(InputKind.KV_START, nt),
+        end=b.input(InputKind.KV_END, nt),
+        tail=b.input(InputKind.TAIL_IDS, params.n_out) if prefill else -1,
+    )
+    h = b.embedding("token_embd.weight", ids)  # [nt, n_embd]
+    if embd_scale != 1.0:
+        h = b.scale("inp_scaled", h, embd_scale)
+    for il in range(hp.n_layer):
+        h = layer(b, ctx, il, h)
+    x = b.rms_norm("output_norm", h, "output_norm.weight", hp.rms_eps)
+    out_weight = "token_embd.weight" if hp.tie_embeddings else "output.weight"
+    logits = b.matmul("output", x, out_weight)  # [n_out, n_vocab]
+    if hp.final_softcap:
+        logits = b.softcap("output_softcap", logits, hp.final_softcap)
+    b.output(logits)
+    return b.graph
+
+
+def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
+    """h + attn(norm(h)), then + ffn(norm(.)): Qwen's and Llama's block (SiLU gate)."""
+    hp, blk = ctx.hp, f"blk.{il}."
+    x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
+    o = attention(b, ctx, il, x)  # [nt, n_embd]
+    o, h = keep_tail(b, ctx, il, o, h)
+    h = b.add("attn_resid", h, o, layer=il)
+    x = b.rms_norm("ffn_norm", h, blk + "ffn_norm.weight", hp.rms_eps, layer=il)
+    d = gated_ffn(b, ctx, il, x, act="silu")
+    return b.add("ffn_resid", h, d, layer=il)
+
+
+def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
+    """Self-attention of layer il on the normed input x, through the output projection."""
+    hp, blk = ctx.hp, f"blk.{il}."
+    q = b.matmul("attn_q", x, blk + "attn_q.weight", bias=_bias(hp, blk + "attn_q"), layer=il)
+    k = b.matmul("attn_k", x, blk + "attn_k.weight", bias=_bias(hp, blk + "attn_k"), layer=il)
+    v = b.matmul("attn_v", x, blk + "attn_v.weight", bias=_bias(hp, blk + "attn_v"), layer=il)
+    if hp.has_qk_norm:
+        q = b.qk_norm("attn_q_norm", q, blk + "attn_q_norm.weight",
+                      ir.QkNorm(hp.rms_eps, hp.n_head, hp.head_dim), layer=il)
+        k = b.qk_norm("attn_k_norm", k, blk + "attn_k_norm.weight",
+                      ir.QkNorm(hp.rms_eps, hp.n_head_kv, hp.head_dim), layer=il)
+    factors = "rope_freqs.weight" if hp.has_rope_freqs else None
+    q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
+    k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, hp.n_head_kv), layer=il, factors=factors)
+    store = b.kv_store(il, k, v, ctx.cells)
+    kv = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx, n_kv_embd=hp.n_head_kv * hp.head_dim)
+    op = ir.Attn(il, hp.n_head, hp.n_head_kv, hp.head_dim, hp.kq_scale,
+                 window=hp.layer_window(il), softcap=hp.attn_softcap)
+    a = b.attn(q, kv, ctx.start, ctx.end, op)
+    return b.matmul("attn_output", a, blk + "attn_output.weight", layer=il)
+
+
+def keep_tail(b: GraphBuilder, ctx: Layer, il: int, o: int, h: int) -> tuple[int, int]:
+    """At a prefill's last layer, keep only the rows whose logits are wanted (of the attention
+    output o and the residual h); elsewhere both pass unchanged."""
+    if not ctx.prefill or il != ctx.hp.n_layer - 1:
+        return o, h
+    o = b.get_rows("tail_attn_out", o, ctx.tail, layer=il)  # [n_out, n_embd]
+    h = b.get_rows("tail_resid", h, ctx.tail, layer=il)
+    return o, h
+
+
+def gated_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int, *, act: str) -> int:
+    """down(act(gate(x)) * up(x)); act "silu" (SwiGLU) or "gelu" (GeGLU, tanh GELU)."""
+    blk = f"blk.{il}."
+    gate_w, up_w = blk + "ffn_gate.weight", blk + "ffn_up.weight"
+    if ctx.params.ctx.fuse_gate_up and ctx.params.gtype is GraphType.DECODE:
+        f = b.fused_gate_up("ffn_gate_up", x, gate_w, up_w, layer=il, act=act)
+    else:
+        gate = b.matmul("ffn_gate", x, gate_w, layer=il)
+        up = b.matmul("ffn_up", x, up_w, layer=il)
+        # Written unfused; the fusion pass rewrites Mul(act(gate), up) when enabled.
+        g = b.silu("ffn_silu", gate, layer=il) if act == "silu" else \
+            b.gelu("ffn_gelu", gate, layer=il)
+        f = b.mul("ffn_act", g, up, layer=il)
+    return b.matmul("ffn_down", f, blk + "ffn_down.weight", layer=il)
+
+
+def _rope(hp: HParams, il: int, n_head: int) -> ir.Rope:
+    return ir.Rope(hp.rope_style, hp.layer_rope_base(il), n_head, hp.head_dim, hp.rope_dim,
+                   freq_scale=hp.layer_rope_freq_scale(il))
+
+
+def _bias(hp: HParams, prefix: str) -> str | None:
+    return prefix + ".bias" if hp.has_qkv_bias else None

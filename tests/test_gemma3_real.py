@@ -1,0 +1,80 @@
+"""Gemma-3-270M (Q4_K_M, the catalogue's `gemma-3-270m`) against llama.cpp's reference.
+
+tests/fixtures/gemma3_greedy.json comes from benchmarks/make_gemma_reference.py (llama.cpp via
+llama-cpp-python, flash-attn off, f16 KV). The prompts are fed as llama.cpp's token ids, so
+these tests need no SentencePiece tokenizer. The rule is the development model's (see
+test_reference_llamacpp.py): the same top-1 at the last prompt position, llama.cpp's top-10
+logits close to minfer's, and a greedy continuation equal to llama.cpp's or diverging only
+where llama.cpp's own top-2 margin is below 0.5.
+
+"Close" is 0.6 here, not 0.5: this model's logits move that much under changes of rounding
+alone. Measured on these prompts: llama.cpp's AVX2 build differs from its AVX-512 build by up
+to 0.55 in the top-10 logits, and minfer's f32 KV cache from its f16 one by up to 0.36; minfer
+(f16 KV) against llama.cpp (AVX-512) is 0.27-0.55, and both are 0.4-1.6 (max over the vocabulary)
+from a float64 forward pass of the same weights, as far from it as from each other.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from minfer.engine.forward import Engine
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+REF = json.loads((Path(__file__).parent / "fixtures" / "gemma3_greedy.json").read_text())
+CASES = REF["cases"]
+NEAR_TIE = 0.5
+LOGIT_TOL = 0.6
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    from minfer.store.download import pull
+
+    f = GGUFFile.open(pull("gemma-3-270m", progress=False))
+    hp = HParams.from_gguf(f)
+    assert (hp.arch, hp.sliding_window, hp.swa_layers.count(False)) == ("gemma3", 512, 3)
+    return Engine(f, hp, n_ctx=256)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["prompt"][:20] for c in CASES])
+def test_last_position_logits_match(engine: Engine, case: dict[str, Any]) -> None:
+    logits = engine.forward(case["prompt_ids"], 0)[0]
+    ref = case["top10_last_prompt_pos"]
+    assert int(np.argmax(logits)) == ref[0][0]
+    diffs = [abs(float(logits[tok]) - val) for tok, val in ref]
+    assert max(diffs) < LOGIT_TOL, diffs
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["prompt"][:20] for c in CASES])
+def test_greedy_continuation_matches(engine: Engine, case: dict[str, Any]) -> None:
+    ids = list(case["prompt_ids"])
+    logits = engine.forward(ids, 0)[0]
+    for step, want in enumerate(case["greedy_ids"]):
+        got = int(np.argmax(logits))
+        if got != want:
+            top = case["steps"][step]["top5"]
+            margin = top[0][1] - top[1][1]
+            assert margin < NEAR_TIE, f"diverged at confident step {step} (margin {margin:.3f})"
+            return  # past a near-tie the two continuations are different texts
+        logits = engine.forward([got], len(ids))[0]
+        ids.append(got)
+
+
+def test_end_of_turn_is_end_of_generation(engine: Engine) -> None:
+    """`<end_of_turn>` (106) stops generation, as in llama.cpp, next to `<eos>` (1)."""
+    from minfer.tokenizer.vocab import _end_of_generation
+
+    meta = engine.weights.file.metadata
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = np.array(meta["tokenizer.ggml.token_type"], dtype=np.int32)
+    assert tokens[106] == "<end_of_turn>"
+    assert {1, 106} <= _end_of_generation(meta, tokens, types)

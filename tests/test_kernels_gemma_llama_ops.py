@@ -1,0 +1,96 @@
+"""The kernels Gemma 3 and Llama added: RoPE in normal mode with frequency factors and linear
+scaling, GELU through ggml's f16 table (and its gated form), scale, soft-cap, and attention with
+a sliding window and soft-capped scores (per-token and blocked kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu.kernels import attention, geglu, gelu, rope, scale, softcap
+from minfer.backends.cpu.kernels.gelu import gelu_f32
+from minfer.backends.cpu.kernels.reference import ref_attention, ref_rope
+
+RNG = np.random.default_rng(1)
+
+
+@pytest.mark.parametrize("style", ["neox", "norm"])
+@pytest.mark.parametrize(("freq_scale", "with_factors"), [(1.0, False), (0.25, True)])
+def test_rope_styles_factors_and_scale(style: str, freq_scale: float, with_factors: bool) -> None:
+    n_head, hd, rope_dim = 3, 32, 24
+    x = RNG.standard_normal((5, n_head * hd)).astype(np.float32)
+    pos = np.array([0, 1, 7, 100, 3000])
+    factors = np.geomspace(1.0, 8.0, rope_dim // 2).astype(np.float32) if with_factors else None
+    out = np.empty_like(x)
+    kw = {"n_head": n_head, "head_dim": hd, "rope_dim": rope_dim, "base": 5e5, "style": style,
+          "freq_scale": freq_scale, "factors": factors}
+    rope(x, pos, out=out, **kw)  # type: ignore[arg-type]
+    # f32 angles built by repeated multiplication (as ggml): error grows with the position
+    np.testing.assert_allclose(out, ref_rope(x, pos, **kw), rtol=0, atol=2e-3)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(out[:, rope_dim:hd], x[:, rope_dim:hd])  # past rope_dim
+    rope(x, pos, out=x, **kw)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(x, out)  # in place
+
+
+def test_rope_norm_rotates_adjacent_pairs() -> None:
+    x = np.zeros((1, 4), np.float32)
+    x[0, 0] = 1.0
+    out = np.empty_like(x)
+    rope(x, np.array([1]), n_head=1, head_dim=4, rope_dim=4, base=1e4, style="norm", out=out)
+    np.testing.assert_allclose(out[0], [np.cos(1), np.sin(1), 0, 0], atol=1e-6)
+
+
+def test_gelu_follows_ggmls_f16_table() -> None:
+    x = np.concatenate([np.linspace(-12, 12, 4001), [-10.0, 10.0, 0.0]]).astype(np.float32)
+    out = np.empty_like(x)
+    gelu(x, out)
+    inside = np.abs(x) < 10
+    table = gelu_f32(x.astype(np.float16).astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(out[inside], table[inside].astype(np.float32))
+    np.testing.assert_array_equal(out[x >= 10], x[x >= 10])
+    np.testing.assert_array_equal(out[x <= -10], 0.0)
+    exact = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype(np.float64)**3)))
+    np.testing.assert_allclose(out, exact, rtol=2e-3, atol=2e-3)
+    up = RNG.standard_normal(x.shape).astype(np.float32)
+    gated = np.empty_like(x)
+    geglu(x, up, gated)
+    np.testing.assert_array_equal(gated, out * up)
+
+
+def test_scale_and_softcap() -> None:
+    x = RNG.standard_normal((3, 7)).astype(np.float32) * 40
+    out = np.empty_like(x)
+    scale(x, 25.3, out)
+    np.testing.assert_array_equal(out, x * np.float32(25.3))
+    softcap(x, 30.0, out)
+    np.testing.assert_allclose(out, 30 * np.tanh(x / 30.0), rtol=1e-6, atol=1e-5)
+    assert np.abs(out).max() < 30
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_attention_sliding_window_and_softcap(blocked: bool, dtype: type) -> None:
+    nt, n_head, n_kv, hd, window = 40, 4, 1, 32, 9
+    q = RNG.standard_normal((nt, n_head * hd)).astype(np.float32)
+    k = RNG.standard_normal((64, n_kv * hd)).astype(dtype)
+    v = RNG.standard_normal((64, n_kv * hd)).astype(dtype)
+    start = np.zeros(nt, np.int32)
+    start[20:] = 20  # a second sequence from cell 20
+    end = np.arange(1, nt + 1, dtype=np.int32)
+    results = {}
+    for cap in (0.0, 2.0):
+        out = np.empty_like(q)
+        attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.3,
+                  out=out, blocked=blocked, window=window, softcap=cap)
+        qr = q.astype(np.float16).astype(np.float32) if dtype == np.float16 else q
+        ref = ref_attention(qr, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd,
+                            scale=0.3, window=window, softcap=cap)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
+        results[cap] = out
+    wide = np.empty_like(q)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.3,
+              out=wide, blocked=blocked)
+    # rows whose window covers their whole sequence are unchanged; the others differ
+    short = (end - start) <= window
+    np.testing.assert_allclose(results[0.0][short], wide[short], rtol=0, atol=2e-6)
+    assert np.abs(results[0.0][~short] - wide[~short]).max(axis=-1).min() > 1e-4
