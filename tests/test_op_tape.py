@@ -10,6 +10,22 @@ import pytest
 from minfer.engine.forward import Engine
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
+from minfer.tools.synth import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gemma3: sliding-window layers (window 8 < the prompt), GELU gate (fused), soft-caps."""
+    return write_tiny_model(tmp_path_factory.mktemp("gemma") / "gemma3.gguf", arch="gemma3",
+                            n_layer=3, n_embd=64, n_head=4, n_head_kv=1, head_dim=32, n_ff=128,
+                            sliding_window=8, rope_base=1e6)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama: normal-mode RoPE with Llama 3.1's rope_freqs, untied output."""
+    return write_tiny_model(tmp_path_factory.mktemp("llama") / "llama.gguf", arch="llama",
+                            n_embd=64, n_head=4, n_head_kv=2, rope_freqs=True, tied=False)
 
 
 def _engine(path: Path, *, op_tape: bool, batch_invariant: bool) -> Engine:
@@ -19,7 +35,7 @@ def _engine(path: Path, *, op_tape: bool, batch_invariant: bool) -> Engine:
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "invariant"])
-@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3"])
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3", "tiny_gemma3", "tiny_llama"])
 def test_tape_and_interpreter_agree_bitwise(model: str, batch_invariant: bool,
                                             request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(model)

@@ -271,10 +271,12 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
 
 def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
                         ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.FusedGateUp)
     gate = np.empty_like(out)  # the tape's own scratch, held as long as the tape
+    act = (partial(K.geglu, gate, out, out) if node.op.act == "gelu"
+           else K.bind_swiglu(gate, out, out))
     return [*_bind_project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx),
-            *_bind_project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx),
-            K.bind_swiglu(gate, out, out)]
+            *_bind_project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx), act]
 
 
 def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
