@@ -8,7 +8,6 @@ types it uses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,32 +25,99 @@ class QuantizeError(MinferError):
     """A tensor or option the quantizer refuses (shape, values, type)."""
 
 
-def _driver(row_fn: Any) -> Callable[[np.ndarray, np.ndarray], None]:
-    @njit(parallel=True, cache=True, error_model="numpy")
-    def run(x: np.ndarray, out: np.ndarray) -> None:  # [n_rows, n] f32 -> [n_rows, row_bytes]
-        for r in prange(x.shape[0]):
-            row_fn(x[r], out[r])
-
-    return run  # type: ignore[no-any-return]
+# One parallel driver per type (not a closure factory: numba's cache keys on the qualified
+# name, so generated closures would overwrite each other's cache entries).
+_PAR = {"parallel": True, "cache": True, "error_model": "numpy"}
 
 
-_ROW_FUNCTIONS: dict[QT, Any] = {
-    QT.F16: blocks32.f16_row,
-    QT.BF16: blocks32.bf16_row,
-    QT.Q4_0: blocks32.q4_0_row,
-    QT.Q4_1: blocks32.q4_1_row,
-    QT.Q5_0: blocks32.q5_0_row,
-    QT.Q5_1: blocks32.q5_1_row,
-    QT.Q8_0: blocks32.q8_0_row,
-    QT.Q2_K: kquants.q2_k_row,
-    QT.Q3_K: kquants.q3_k_row,
-    QT.Q4_K: kquants.q4_k_row,
-    QT.Q5_K: kquants.q5_k_row,
-    QT.Q6_K: kquants.q6_k_row,
+@njit(**_PAR)
+def _rows_f16(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.f16_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_bf16(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.bf16_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q4_0(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.q4_0_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q4_1(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.q4_1_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q5_0(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.q5_0_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q5_1(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.q5_1_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q8_0(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.q8_0_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q2_k(x, out):
+    for r in prange(x.shape[0]):
+        kquants.q2_k_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q3_k(x, out):
+    for r in prange(x.shape[0]):
+        kquants.q3_k_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q4_k(x, out):
+    for r in prange(x.shape[0]):
+        kquants.q4_k_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q5_k(x, out):
+    for r in prange(x.shape[0]):
+        kquants.q5_k_row(x[r], out[r])
+
+
+@njit(**_PAR)
+def _rows_q6_k(x, out):
+    for r in prange(x.shape[0]):
+        kquants.q6_k_row(x[r], out[r])
+
+
+_DRIVERS: dict[QT, Any] = {
+    QT.F16: _rows_f16,
+    QT.BF16: _rows_bf16,
+    QT.Q4_0: _rows_q4_0,
+    QT.Q4_1: _rows_q4_1,
+    QT.Q5_0: _rows_q5_0,
+    QT.Q5_1: _rows_q5_1,
+    QT.Q8_0: _rows_q8_0,
+    QT.Q2_K: _rows_q2_k,
+    QT.Q3_K: _rows_q3_k,
+    QT.Q4_K: _rows_q4_k,
+    QT.Q5_K: _rows_q5_k,
+    QT.Q6_K: _rows_q6_k,
 }
-_DRIVERS: dict[QT, Callable[[np.ndarray, np.ndarray], None]] = {}
 
-SUPPORTED = frozenset({QT.F32, *_ROW_FUNCTIONS})
+SUPPORTED = frozenset({QT.F32, *_DRIVERS})
 
 
 def row_bytes(qtype: QT, n: int) -> int:
@@ -74,7 +140,5 @@ def quantize_rows(x: np.ndarray, qtype: QT, *, name: str = "tensor") -> np.ndarr
     if qtype == QT.F32:
         return x.view(np.uint8)
     out = np.empty((x.shape[0], row_bytes(qtype, n)), dtype=np.uint8)
-    if qtype not in _DRIVERS:
-        _DRIVERS[qtype] = _driver(_ROW_FUNCTIONS[qtype])
     _DRIVERS[qtype](x, out)
     return out
