@@ -14,7 +14,8 @@ import sys
 from minfer.errors import MinferError
 
 # Sub-command modules, in the order `minfer --help` lists them.
-COMMANDS = ("run", "chat", "serve", "bench", "info", "list", "pull", "tokenize", "viz")
+COMMANDS = ("run", "chat", "serve", "bench", "info", "list", "pull", "tokenize", "viz",
+            "quantize")
 
 
 def build_parser() -> argparse.ArgumentParser:

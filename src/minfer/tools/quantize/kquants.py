@@ -47,7 +47,7 @@ def _absmax_signed(x, n):
     return amax, mx
 
 
-@njit(error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def make_qx_quants_rmse1(n, nmax, x, L):
     """make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) on n-long views; L gets codes+nmax."""
     amax, mx = _absmax_signed(x, n)
@@ -88,7 +88,7 @@ def make_qx_quants_rmse1(n, nmax, x, L):
     return scale
 
 
-@njit(error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def make_q3_quants(n, nmax, x, L):
     """make_q3_quants(n, nmax, x, L, do_rmse=true) on n-long views; L gets codes + nmax."""
     amax, mx = _absmax_signed(x, n)
@@ -131,7 +131,7 @@ def make_q3_quants(n, nmax, x, L):
     return sumlx / suml2 if suml2 > F(0.0) else F(0.0)
 
 
-@njit(error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
     """make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, …) → (scale, the_min)."""
     mn = x[0]
