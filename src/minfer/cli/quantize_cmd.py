@@ -48,8 +48,13 @@ class _Bar:
         self._task: Any = None
         if sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-            from rich.progress import TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._bar = Progress(TextColumn("quantizing"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.description}"),
@@ -86,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
         token_embedding_type=(parse_tensor_type(args.token_embedding_type)
                               if args.token_embedding_type else None))
     if args.threads is not None:
-        import numba
+        from minfer.engine.forward import set_threads
 
-        numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+        set_threads(args.threads)
     bar = _Bar()
     t0 = time.perf_counter()
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from minfer.errors import MinferError
 from minfer.gguf.reader import GGUFFile, TensorInfo
 
 from .gguf_out import OutTensor, header_bytes, pad, raw_kv_entries
@@ -72,8 +73,9 @@ def _to_f32(f: GGUFFile, t: TensorInfo, r0: int, r1: int) -> np.ndarray:
 
     try:
         return dequantize(raw, qt, t.shape[0])
-    except (KeyError, ValueError, NotImplementedError):
-        raise QuantizeError(f"{t.name}: minfer cannot dequantize {qt.name} to requantize it")
+    except (MinferError, ValueError) as exc:
+        raise QuantizeError(f"{t.name}: minfer cannot dequantize {qt.name} to requantize it "
+                            f"({exc})") from None
 
 
 def plan(f: GGUFFile, opts: MixOptions, *, allow_requantize: bool) -> list[OutTensor]:
@@ -103,7 +105,7 @@ def _write_tensor(f: GGUFFile, t: TensorInfo, new: QT, out: object) -> int:
             chunk = f.raw(t.name)[r0:r1]
         else:
             chunk = quantize_rows(_to_f32(f, t, r0, r1), new, name=t.name)
-        write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+        write(np.ascontiguousarray(chunk).data)
         written += chunk.nbytes
         f.release(t.name, (r0, r1))
     return written

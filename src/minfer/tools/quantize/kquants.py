@@ -178,7 +178,7 @@ def make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad)
             sum_l2 += w * fl * fl
             sum_xl += w * fl * x[i]
         D = sum_w * sum_l2 - sum_l * sum_l
-        if D > F(0.0):
+        if F(0.0) < D:
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
             if this_min > F(0.0):

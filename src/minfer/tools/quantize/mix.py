@@ -95,10 +95,7 @@ def parse_ftype(name: str) -> FType:
 
 def parse_tensor_type(name: str) -> QT:
     """A GGML tensor type name (for --output-tensor-type / --token-embedding-type)."""
-    try:
-        qtype = QT[name.upper()]
-    except KeyError:
-        qtype = None
+    qtype = QT.__members__.get(name.upper())
     if qtype is None or qtype not in SUPPORTED:
         raise QuantizeError(f"unsupported tensor type {name!r}; choose one of "
                             f"{', '.join(t.name for t in sorted(SUPPORTED))}")
@@ -193,7 +190,7 @@ class _Chooser:
             return int(m.group(1)), self.m.n_layer
         return counter, self.m.n_layer
 
-    def impl(self, new: QT, name: str, ne0: int, cat: str) -> QT:  # noqa: C901
+    def impl(self, new: QT, name: str, ne0: int, cat: str) -> QT:
         ft, F, m = self.o.ftype, FType, self.m
         falcon = m.arch == "falcon"
         if cat == "output" or (self.tied and cat == "token_embd"):

@@ -27,7 +27,7 @@ class QuantizeError(MinferError):
 
 # One parallel driver per type (not a closure factory: numba's cache keys on the qualified
 # name, so generated closures would overwrite each other's cache entries).
-_PAR = {"parallel": True, "cache": True, "error_model": "numpy"}
+_PAR: dict[str, Any] = {"parallel": True, "cache": True, "error_model": "numpy"}
 
 
 @njit(**_PAR)
