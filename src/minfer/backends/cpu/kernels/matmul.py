@@ -39,6 +39,7 @@ from .dot32 import (
     mv_q8_0p,
 )
 from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
+from .dotk23 import mv_q2_k, mv_q3_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
@@ -55,12 +56,16 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
 }
 _NEVER = 1 << 62
+# Q2_K / Q3_K dot in plain loops (`dotk23`): dequantized tiles through sgemm win from here on.
+_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS}
 
 
 def prefill_min_tokens(qtype: int) -> int:
     """Token count from which `matmul` takes the sgemm path for this weight type (a huge number
     where the integer path is always the faster one)."""
     qt = qtype_of(qtype)
+    if qt in _PLAIN_LOOP_MIN:
+        return _PLAIN_LOOP_MIN[qt]
     if HAS_VNNI512 and qt not in _FLOAT_MIN:
         return _NEVER
     return _PREFILL_MIN.get(qt, PREFILL_MIN_TOKENS)
@@ -80,7 +85,7 @@ _BLOCK32 = {
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
-           QType.Q4_K_PACKED: mv_q4_kp}
+           QType.Q4_K_PACKED: mv_q4_kp, QType.Q2_K: mv_q2_k, QType.Q3_K: mv_q3_k}
 
 
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
