@@ -106,15 +106,24 @@ def _logits(path: Path) -> np.ndarray:
     return engine.forward_batch(Batch.single(TOKENS, 0, n_out=len(TOKENS)))
 
 
-def test_q4_k_m_model_runs_in_minfer(f32_source: Path, tmp_path: Path) -> None:
-    """End to end: a mixed Q4_K_M file (Q4_K, Q6_K; F32 norms and biases) made by minfer runs
-    in minfer and agrees with the numpy oracle on that file, and stays near the F32 model."""
-    q = tmp_path / "q4km.gguf"
-    quantize_model(f32_source, q, MixOptions(parse_ftype("Q4_K_M")))
+@pytest.mark.parametrize(("type_name", "kinds", "tol"), [
+    ("Q4_K_M", {"Q4_K", "Q6_K", "F32"}, 0.03),
+    ("Q3_K_M", {"Q3_K", "Q4_K", "Q5_K", "Q6_K"}, 0.03),
+    ("Q2_K", {"Q2_K", "Q3_K", "Q6_K"}, 0.05),
+])
+def test_quantized_mix_runs_in_minfer(type_name: str, kinds: set[str], tol: float,
+                                      f32_source: Path, tmp_path: Path) -> None:
+    """End to end: a mixed file made by minfer (K-quants of several widths; F32 norms and
+    biases) runs in minfer and agrees with the numpy oracle on that file (f32 activations;
+    minfer's are Q8_K, whose rounding the 2-bit weights amplify: 0.033 measured for Q2_K
+    against 0.02 for the others)."""
+    q = tmp_path / f"{type_name}.gguf"
+    quantize_model(f32_source, q, MixOptions(parse_ftype(type_name)))
     with GGUFFile.open(q) as f:
-        assert {t.type_name for t in f.tensors.values()} >= {"Q4_K", "Q6_K", "F32"}
+        assert {t.type_name for t in f.tensors.values()} >= kinds
     got = _logits(q)
     ref = OracleQwen(str(q)).logits(TOKENS)
-    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 0.03
-    full = _logits(f32_source)
-    assert np.max(np.abs(got - full)) / np.max(np.abs(full)) < 0.25
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < tol
+    if type_name == "Q4_K_M":  # 4-6 bits stay near the F32 model's logits
+        full = _logits(f32_source)
+        assert np.max(np.abs(got - full)) / np.max(np.abs(full)) < 0.25
