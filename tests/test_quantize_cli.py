@@ -110,6 +110,7 @@ def _logits(path: Path) -> np.ndarray:
     ("Q4_K_M", {"Q4_K", "Q6_K", "F32"}, 0.03),
     ("Q3_K_M", {"Q3_K", "Q4_K", "Q5_K", "Q6_K"}, 0.03),
     ("Q2_K", {"Q2_K", "Q3_K", "Q6_K"}, 0.05),
+    ("IQ4_NL", {"IQ4_NL", "Q6_K", "F32"}, 0.03),
 ])
 def test_quantized_mix_runs_in_minfer(type_name: str, kinds: set[str], tol: float,
                                       f32_source: Path, tmp_path: Path) -> None:

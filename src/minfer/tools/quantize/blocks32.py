@@ -180,3 +180,77 @@ def bf16_row(x, out):
             h = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
         out[2 * j] = np.uint8(h & np.uint32(0xFF))
         out[2 * j + 1] = np.uint8((h >> np.uint32(8)) & np.uint32(0xFF))
+
+
+# ggml's kvalues_iq4nl: the 16 non-linear levels of IQ4_NL.
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                        dtype=np.int8)
+
+
+@njit(inline="always", error_model="numpy")
+def _best_index_iq4nl(values, x):
+    """ggml's best_index_int8(16, values, x): the nearest level (bisection, ties upward)."""
+    if x <= F(values[0]):
+        return 0
+    if x >= F(values[15]):
+        return 15
+    ml = 0
+    mu = 15
+    while mu - ml > 1:
+        mav = (ml + mu) // 2
+        if x < F(values[mav]):
+            mu = mav
+        else:
+            ml = mav
+    return mu - 1 if x - F(values[mu - 1]) < F(values[mu]) - x else mu
+
+
+@njit(error_model="numpy")
+def iq4_nl_row(x, out):
+    """quantize_iq4_nl without an importance matrix: quantize_row_iq4_nl_impl(32, 32, …,
+    ntry=7) per block; block_iq4_nl is d f16 | qs[16] (18 bytes)."""
+    values = IQ4NL_VALUES
+    L = np.zeros(32, dtype=np.int64)
+    for i in range(x.shape[0] // 32):
+        b = i * 32
+        o = i * 18
+        amax = F(0.0)
+        mx = F(0.0)
+        for j in range(32):
+            if abs(x[b + j]) > amax:
+                amax = abs(x[b + j])
+                mx = x[b + j]
+        scale = F(0.0)
+        if amax >= F(1e-15):
+            d = -mx / F(values[0])
+            idv = F(1.0) / d
+            sumqx = F(0.0)
+            sumq2 = F(0.0)
+            for j in range(32):
+                xj = x[b + j]
+                q = F(values[_best_index_iq4nl(values, idv * xj)])
+                w = xj * xj
+                sumqx += w * q * xj
+                sumq2 += w * q * q
+            d = sumqx / sumq2 if sumq2 > F(0.0) else F(0.0)
+            best = d * sumqx
+            for itry in range(-7, 8):
+                idv = F(itry + np.int64(values[0])) / mx
+                sumqx = F(0.0)
+                sumq2 = F(0.0)
+                for j in range(32):
+                    xj = x[b + j]
+                    q = F(values[_best_index_iq4nl(values, idv * xj)])
+                    w = xj * xj
+                    sumqx += w * q * xj
+                    sumq2 += w * q * q
+                if sumq2 > F(0.0) and sumqx * sumqx > best * sumq2:
+                    d = sumqx / sumq2
+                    best = d * sumqx
+            scale = d
+        put_f16(out, o, scale)
+        idv = F(1.0) / scale if scale != F(0.0) else F(0.0)
+        for j in range(32):
+            L[j] = _best_index_iq4nl(values, idv * x[b + j])
+        for j in range(16):
+            out[o + 2 + j] = np.uint8(L[j] | (L[16 + j] << 4))

@@ -44,6 +44,7 @@ class FType(IntEnum):
     MOSTLY_Q5_K_S = 16
     MOSTLY_Q5_K_M = 17
     MOSTLY_Q6_K = 18
+    MOSTLY_IQ4_NL = 25
     MOSTLY_BF16 = 32
 
 
@@ -55,7 +56,7 @@ FTYPE_NAMES: dict[str, FType] = {
     "Q3_K": FType.MOSTLY_Q3_K_M, "Q3_K_S": FType.MOSTLY_Q3_K_S, "Q3_K_M": FType.MOSTLY_Q3_K_M,
     "Q3_K_L": FType.MOSTLY_Q3_K_L, "Q4_K": FType.MOSTLY_Q4_K_M, "Q4_K_S": FType.MOSTLY_Q4_K_S,
     "Q4_K_M": FType.MOSTLY_Q4_K_M, "Q5_K": FType.MOSTLY_Q5_K_M, "Q5_K_S": FType.MOSTLY_Q5_K_S,
-    "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K,
+    "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K, "IQ4_NL": FType.MOSTLY_IQ4_NL,
 }
 
 DEFAULT_TYPE: dict[FType, QT] = {
@@ -64,7 +65,7 @@ DEFAULT_TYPE: dict[FType, QT] = {
     FType.MOSTLY_Q5_1: QT.Q5_1, FType.MOSTLY_Q8_0: QT.Q8_0, FType.MOSTLY_Q2_K: QT.Q2_K,
     FType.MOSTLY_Q3_K_S: QT.Q3_K, FType.MOSTLY_Q3_K_M: QT.Q3_K, FType.MOSTLY_Q3_K_L: QT.Q3_K,
     FType.MOSTLY_Q4_K_S: QT.Q4_K, FType.MOSTLY_Q4_K_M: QT.Q4_K, FType.MOSTLY_Q5_K_S: QT.Q5_K,
-    FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K,
+    FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K, FType.MOSTLY_IQ4_NL: QT.IQ4_NL,
 }
 
 _FLOATS = frozenset({QT.F32, QT.F16, QT.BF16})
@@ -208,7 +209,7 @@ class _Chooser:
                 new = QT.Q4_K if m.n_gqa >= 4 else QT.Q3_K
             elif ft == F.MOSTLY_Q3_K_M:
                 new = QT.Q5_K if i < 2 else QT.Q4_K
-            elif ft == F.MOSTLY_Q3_K_L:
+            elif ft == F.MOSTLY_Q3_K_L or (ft == F.MOSTLY_IQ4_NL and m.n_gqa >= 4):
                 new = QT.Q5_K
             elif ft in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
                 new = QT.Q6_K
@@ -237,6 +238,8 @@ class _Chooser:
                            QT.Q5_K if _use_more_bits(i, n) else QT.Q4_K)
                 elif _use_more_bits(i, n):
                     new = QT.Q6_K
+            elif i < n // 8 and ft == F.MOSTLY_IQ4_NL:  # (no imatrix)
+                new = QT.Q5_K
             elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
                 new = QT.Q6_K
             elif ft == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
@@ -246,7 +249,7 @@ class _Chooser:
             if not falcon:
                 if m.n_expert == 8:
                     if ft in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M, F.MOSTLY_Q4_K_S,
-                              F.MOSTLY_Q4_K_M):
+                              F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL):
                         new = QT.Q5_K
                 else:
                     new = {F.MOSTLY_Q2_K: QT.Q3_K, F.MOSTLY_Q3_K_M: QT.Q4_K,

@@ -102,7 +102,14 @@ def _rows_q6_k(x, out):
         kquants.q6_k_row(x[r], out[r])
 
 
+@njit(**_PAR)
+def _rows_iq4_nl(x, out):
+    for r in prange(x.shape[0]):
+        blocks32.iq4_nl_row(x[r], out[r])
+
+
 _DRIVERS: dict[QT, Any] = {
+    QT.IQ4_NL: _rows_iq4_nl,
     QT.F16: _rows_f16,
     QT.BF16: _rows_bf16,
     QT.Q4_0: _rows_q4_0,

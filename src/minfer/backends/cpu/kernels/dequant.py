@@ -166,6 +166,22 @@ def _q3_k(w, y):
                         y[i * U(256) + U(128) * c + U(32) * s + U(16) * h + m] = dl * np.float32(q)
 
 
+_IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                          113], dtype=np.float32)
+
+
+@njit(inline="always")
+def _iq4_nl(w, y):
+    """v = d * level[code] (ggml's kvalues_iq4nl), low nibbles values 0..15, high 16..31."""
+    levels = _IQ4NL_LEVELS
+    for b in range(U(y.shape[0] // 32)):
+        d = load_f16(w, b * U(18))
+        for j in range(U(16)):
+            q = w[b * U(18) + U(2) + j]
+            y[b * U(32) + j] = d * levels[q & _M4]
+            y[b * U(32) + U(16) + j] = d * levels[q >> _S4]
+
+
 @njit(inline="always")
 def dequant_row(src, qtype, dst):
     """dst[:] = the f32 values of one quantized row `src` (uint8 bytes) of GGML type `qtype`."""
@@ -189,6 +205,8 @@ def dequant_row(src, qtype, dst):
         _q2_k(src, dst)
     elif qtype == 11:
         _q3_k(src, dst)
+    elif qtype == 20:
+        _iq4_nl(src, dst)
 
 
 # One parallel row kernel per quantized type, so that a model compiles only its own types: the
@@ -255,10 +273,16 @@ def _rows_q3_k(w, rows, out):
         _q3_k(w[rows[i]], out[i])
 
 
+@njit(parallel=True, cache=True)
+def _rows_iq4_nl(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _iq4_nl(w[rows[i]], out[i])
+
+
 _ROWS = {QType.Q4_0: _rows_q4_0, QType.Q4_1: _rows_q4_1, QType.Q5_0: _rows_q5_0,
          QType.Q5_1: _rows_q5_1, QType.Q8_0: _rows_q8_0, QType.Q4_K: _rows_q4_k,
          QType.Q5_K: _rows_q5_k, QType.Q6_K: _rows_q6_k,
-         QType.Q2_K: _rows_q2_k, QType.Q3_K: _rows_q3_k}
+         QType.Q2_K: _rows_q2_k, QType.Q3_K: _rows_q3_k, QType.IQ4_NL: _rows_iq4_nl}
 
 
 def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> None:

@@ -38,8 +38,8 @@ from .dot32 import (
     mv_q8_0,
     mv_q8_0p,
 )
+from .dot_loops import mv_iq4_nl, mv_q2_k, mv_q3_k
 from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
-from .dotk23 import mv_q2_k, mv_q3_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
@@ -56,8 +56,10 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
 }
 _NEVER = 1 << 62
-# Q2_K / Q3_K dot in plain loops (`dotk23`): dequantized tiles through sgemm win from here on.
-_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS}
+# Q2_K / Q3_K / IQ4_NL dot in plain loops (`dot_loops`): dequantized tiles through sgemm win
+# from here on.
+_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS,
+                   QType.IQ4_NL: PREFILL_MIN_TOKENS}
 
 
 def prefill_min_tokens(qtype: int) -> int:
@@ -82,6 +84,7 @@ _BLOCK32 = {
     QType.Q4_0_PACKED: mv_q4_0p,
     QType.Q5_0_PACKED: mv_q5_0p,
     QType.Q8_0_PACKED: mv_q8_0p,
+    QType.IQ4_NL: mv_iq4_nl,
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,

@@ -1,4 +1,8 @@
-"""Integer dot kernels for the 2- and 3-bit K-quants (Q2_K, Q3_K) against Q8_K activations.
+"""Integer dot kernels in plain numba loops: Q2_K and Q3_K (against Q8_K activations) and
+IQ4_NL (against Q8_0 activations), the types `minfer quantize` adds.
+
+IQ4_NL (32 values, 18 B: d f16 | qs[16], nibbles index ggml's 16 non-linear levels): per block
+`d_x * d_w * sum(level[code] * q_x)`, as `ggml_vec_dot_iq4_nl_q8_0`.
 
 The integer part is ggml's (`ggml_vec_dot_q2_K_q8_K` / `_q3_K_q8_K`): per 16-value sub-block,
 scale * (codes . int8 quants), summed exactly in integers per super-block; Q2_K's mins are
@@ -6,7 +10,7 @@ dotted with the activation's 16-value `bsums`. The float part per super-block is
 `d_x * d_w * isum` (minus `d_x * dmin_w * summs` for Q2_K) accumulated in f32 (order differs
 from ggml's SIMD lanes: agreement to f32 rounding). Plain numba loops (LLVM vectorizes the
 16-wide inner products), not the hand-written row intrinsics of `simd_k`: these types come from
-`minfer quantize`'s small mixes, where correctness matters more than the last 2x.
+`minfer quantize`'s low-bit mixes, where correctness matters more than the last 2x.
 
 Value v of a super-block (v = 128c + 32s + 16h + l) has code `(qs[32c + 16h + l] >> 2s) & 3`
 and scale index 8c + 2s + h = v // 16; Q3_K's third bit is bit 4c + s of hmask[16h + l]
@@ -95,3 +99,33 @@ def mv_q3_k(w, xq, xd, bsums, out):
         for t in range(nt):
             for r in range(c * _CHUNK, r1):
                 out[t, r] = _dot_q3_k(w[r], xq, xd, t)
+
+
+IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                        dtype=np.int32)
+
+
+@njit(inline="always")
+def _dot_iq4_nl(w, xq, xd, t, levels):
+    acc = np.float32(0.0)
+    for b in range(w.shape[0] // 18):
+        base = b * 18
+        isum = np.int32(0)
+        for m in range(16):
+            q = w[base + 2 + m]
+            isum += levels[q & np.uint8(15)] * np.int32(xq[t, 32 * b + m])
+            isum += levels[q >> np.uint8(4)] * np.int32(xq[t, 32 * b + 16 + m])
+        acc += (load_f16(w, base) * xd[t, b]) * np.float32(isum)
+    return acc
+
+
+@njit(parallel=True, cache=True)
+def mv_iq4_nl(w, xq, xd, xs, out):
+    """xs (the Q8_0 activation's block sums) is unused: IQ4_NL has no offset to cancel."""
+    n_out, nt = w.shape[0], xq.shape[0]
+    levels = IQ4NL_LEVELS
+    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(nt):
+            for r in range(c * _CHUNK, r1):
+                out[t, r] = _dot_iq4_nl(w[r], xq, xd, t, levels)
