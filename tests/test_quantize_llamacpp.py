@@ -117,7 +117,8 @@ def test_rows_match_llamacpp_live(qtype: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "Q5_K_S", "Q4_K_M-pure", "tied-Q4_K_M"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "Q5_K_S", "Q4_K_M-pure", "tied-Q4_K_M",
+                                  "Q3_K_M-overrides", "tied-IQ4_NL"])
 def test_model_matches_llamacpp_live(case: str, sources: dict[str, Path],
                                      tmp_path: Path) -> None:
     exe = _live()

@@ -145,7 +145,7 @@ def _q2_k(w, y):
 
 @njit(inline="always")
 def _q3_k(w, y):
-    """v = (d*(sc-32)) * (q - 4*(hmask bit clear)) per 16 values (see dotk23 for the layout)."""
+    """v = (d*(sc-32)) * (q - 4*(hmask bit clear)) per 16 values (layout: see dot_loops)."""
     for i in range(U(y.shape[0] // 256)):
         base = i * U(110)
         d = load_f16(w, base + U(108))

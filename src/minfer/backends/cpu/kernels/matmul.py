@@ -38,12 +38,13 @@ from .dot32 import (
     mv_q8_0,
     mv_q8_0p,
 )
-from .dot_loops import mv_iq4_nl, mv_q2_k, mv_q3_k
+from .dot_loops import mv_q2_k
 from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
+from .reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
 from .repack import repack_block32, repack_q4_k
 from .simd import HAS_VNNI512
 
@@ -56,8 +57,8 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
 }
 _NEVER = 1 << 62
-# Q2_K / Q3_K / IQ4_NL dot in plain loops (`dot_loops`): dequantized tiles through sgemm win
-# from here on.
+# Q2_K dots in plain loops (`dot_loops`), IQ4_NL / Q3_K on a re-encoded copy (`reencode`):
+# dequantized tiles of the file's weight through sgemm win from here on.
 _PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS,
                    QType.IQ4_NL: PREFILL_MIN_TOKENS}
 
@@ -84,11 +85,10 @@ _BLOCK32 = {
     QType.Q4_0_PACKED: mv_q4_0p,
     QType.Q5_0_PACKED: mv_q5_0p,
     QType.Q8_0_PACKED: mv_q8_0p,
-    QType.IQ4_NL: mv_iq4_nl,
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
-           QType.Q4_K_PACKED: mv_q4_kp, QType.Q2_K: mv_q2_k, QType.Q3_K: mv_q3_k}
+           QType.Q4_K_PACKED: mv_q4_kp, QType.Q2_K: mv_q2_k}
 
 
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
@@ -133,6 +133,10 @@ def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
     the same weight every token (the per-call checks of a decode step add up: ~3 µs x 168)."""
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
+    if qt is QType.IQ4_NL:  # exactly Q8_0 blocks once widened (see `reencode`)
+        w, qt = iq4_nl_to_q8_0(w), QType.Q8_0
+    elif qt is QType.Q3_K:  # exactly Q6_K blocks once widened
+        w, qt = q3_k_to_q6_k(w), QType.Q6_K
     n_out = w.shape[0]
     kernel: object
     want: type
