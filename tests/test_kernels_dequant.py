@@ -23,8 +23,8 @@ from minfer.backends.cpu.kernels.reference import (
 )
 from minfer.errors import ModelError
 
-QUANT_32 = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0]
-QUANT_K = [QType.Q4_K, QType.Q5_K, QType.Q6_K]
+QUANT_32 = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0, QType.IQ4_NL]
+QUANT_K = [QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q2_K, QType.Q3_K]
 
 
 def make_weight(qt: QType, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
@@ -37,6 +37,10 @@ def make_weight(qt: QType, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
         return data
     if qt is QType.F16:
         return data.astype(np.float16)
+    if qt is QType.IQ4_NL:  # gguf.quants only dequantizes it; llama.cpp's exact quantizer
+        from minfer.tools.quantize import quantize_rows
+
+        return quantize_rows(data, GT.IQ4_NL)
     return gguf_quantize(data, GT(int(qt)))
 
 
@@ -50,7 +54,8 @@ def test_dequantize_matches_gguf_exactly(qt: QType) -> None:
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q6_K, QType.F16], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.F16],
+                         ids=lambda q: q.name)
 def test_get_rows_is_an_embedding_lookup(qt: QType) -> None:
     w = make_weight(qt, 40, 256, seed=1)
     ids = np.array([3, 0, 39, 3], dtype=np.int32)
@@ -66,8 +71,8 @@ def test_get_rows_refuses_out_of_range_ids() -> None:
 
 
 def test_unsupported_type_is_refused_by_name() -> None:
-    with pytest.raises(ModelError, match="Q2_K"):
-        dequantize(np.zeros((1, 84), np.uint8), int(GT.Q2_K), 256)
+    with pytest.raises(ModelError, match="IQ4_XS"):
+        dequantize(np.zeros((1, 136), np.uint8), int(GT.IQ4_XS), 256)
     assert row_bytes(QType.Q6_K, 4864) == 19 * 210
 
 

@@ -61,8 +61,8 @@ def test_row_tails(qt: QType, n_blocks: int) -> None:
     assert np.all(np.abs(out - ref) <= 1e-5 * terms + 1e-30)
 
 
-@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q4_1, QType.Q4_K, QType.Q6_K],
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q4_1, QType.Q4_K, QType.Q6_K, QType.Q2_K,
+                                QType.Q3_K], ids=lambda q: q.name)
 def test_prefill_sgemm_path_matches_dequantized_product(qt: QType) -> None:
     n_in = N_IN[qt]
     w = make_weight(qt, 300, n_in, seed=7)  # several tiles plus a ragged last one
@@ -83,7 +83,7 @@ def test_sgemm_and_integer_paths_agree_to_quantization_noise() -> None:
     assert np.abs(big[5] - small[0]).max() < 2e-2 * np.abs(big[5]).max()
 
 
-@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K],
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.Q3_K],
                          ids=lambda q: q.name)
 def test_prefill_sized_batch_takes_a_path_that_matches_its_rows(qt: QType) -> None:
     """matmul on a prefill-sized batch: with AVX512-VNNI the integer path, whose rows are

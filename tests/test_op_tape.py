@@ -21,6 +21,30 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             sliding_window=8, rope_base=1e6)
 
 
+def _quantized(d: Path, ftype: str) -> Path:
+    """A qwen3 written in F32, then quantized by `minfer quantize` to `ftype`."""
+    from gguf import GGMLQuantizationType as QType
+
+    from minfer.tools.quantize import MixOptions, parse_ftype, quantize_model
+
+    src = write_tiny_model(d / "f32.gguf", arch="qwen3", n_embd=256, n_ff=512, head_dim=32,
+                           weight_types=QType.F32, tied=False)
+    quantize_model(src, d / f"{ftype}.gguf", MixOptions(parse_ftype(ftype)))
+    return d / f"{ftype}.gguf"
+
+
+@pytest.fixture(scope="module")
+def tiny_q3_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Q3_K_M: Q3_K weights (run on Q6_K copies widened once) beside Q4_K / Q5_K / Q6_K."""
+    return _quantized(tmp_path_factory.mktemp("q3k"), "Q3_K_M")
+
+
+@pytest.fixture(scope="module")
+def tiny_iq4_nl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """IQ4_NL weights (run on Q8_0 copies widened once)."""
+    return _quantized(tmp_path_factory.mktemp("iq4nl"), "IQ4_NL")
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """llama: normal-mode RoPE with Llama 3.1's rope_freqs, untied output."""
@@ -35,7 +59,8 @@ def _engine(path: Path, *, op_tape: bool, batch_invariant: bool) -> Engine:
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "invariant"])
-@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3", "tiny_gemma3", "tiny_llama"])
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3", "tiny_gemma3", "tiny_llama",
+                                   "tiny_q3_k", "tiny_iq4_nl"])
 def test_tape_and_interpreter_agree_bitwise(model: str, batch_invariant: bool,
                                             request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(model)

@@ -51,14 +51,16 @@ def test_tokenizer_metadata(tiny_qwen2: Path) -> None:
     assert len(m["tokenizer.ggml.token_type"]) == len(tokens)
 
 
-@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q8_0, QType.Q5_0])
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q8_0, QType.Q5_0,
+                                   QType.Q2_K, QType.Q3_K])
 def test_quantize_round_trip(qtype: QType) -> None:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((6, 512)) * 0.05).astype(np.float32)
     x[0] = 0.0  # all-zero blocks must not divide by zero
     x[1, :256] = np.abs(x[1, :256])  # all-positive block (no negative min)
     y = quants.dequantize(quantize(x, qtype), qtype)
-    bits = {QType.Q4_K: 4, QType.Q5_K: 5, QType.Q6_K: 6, QType.Q8_0: 8, QType.Q5_0: 5}[qtype]
+    bits = {QType.Q4_K: 4, QType.Q5_K: 5, QType.Q6_K: 6, QType.Q8_0: 8, QType.Q5_0: 5,
+            QType.Q2_K: 2, QType.Q3_K: 3}[qtype]
     rel = np.sqrt(np.mean((y - x) ** 2)) / x.std()
     assert rel < 2.0 ** (2 - bits), rel
     np.testing.assert_array_equal(y[0], 0.0)

@@ -20,7 +20,7 @@ from numba.core import config
 from minfer.store.catalog import minfer_home
 
 _PACKAGE = Path(__file__).resolve().parent
-_SOURCES = ("backends/cpu/kernels", "engine/kv_shift.py")
+_SOURCES = ("backends/cpu/kernels", "engine/kv_shift.py", "tools/quantize")
 
 
 def sources_digest() -> str:

@@ -15,7 +15,7 @@ from minfer.errors import MinferError
 
 # Sub-command modules, in the order `minfer --help` lists them.
 COMMANDS = ("run", "chat", "serve", "bench", "info", "list", "pull", "tokenize", "viz",
-            "split", "merge", "convert")
+            "quantize", "split", "merge", "convert")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,8 @@
 development model uses (Q4_K, Q5_K, Q6_K), so this module adds straightforward reference
 quantizers for those. They produce valid blocks (checked against `gguf.quants.dequantize`) with
 plain min/max scale choice, not ggml's error-minimising search: good for tests, not for shipping.
+Q2_K and Q3_K come from `minfer.tools.quantize` (llama.cpp's exact quantizers, the ones
+`minfer quantize` ships).
 """
 
 from __future__ import annotations
@@ -76,6 +78,15 @@ def _q5_k(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), scales, qh, _low_nibbles(q)], axis=1)
 
 
+def _exact(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], np.ndarray]:
+    def run(blocks: np.ndarray) -> np.ndarray:
+        from minfer.tools.quantize.rows import quantize_rows
+
+        return quantize_rows(blocks, qtype)
+
+    return run
+
+
 def _q6_k(blocks: np.ndarray) -> np.ndarray:
     sub = blocks.reshape(-1, 16, 16)
     d, sc = _scale_and_code(np.abs(sub).max(axis=2) / 31, 127)
@@ -106,6 +117,8 @@ _K_QUANTIZERS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     GGMLQuantizationType.Q4_K: _q4_k,
     GGMLQuantizationType.Q5_K: _q5_k,
     GGMLQuantizationType.Q6_K: _q6_k,
+    GGMLQuantizationType.Q2_K: _exact(GGMLQuantizationType.Q2_K),
+    GGMLQuantizationType.Q3_K: _exact(GGMLQuantizationType.Q3_K),
 }
 
 

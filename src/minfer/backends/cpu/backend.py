@@ -113,6 +113,7 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int) -> _Projection:
         w, qt = raw, qtype
         if K.packable(qtype, n_in):
             w, qt = ctx.weights.derived(w_name, "cpu-packed", K.repack_weight)
+        w, qt = K.integer_weight(w, qt)  # IQ4_NL / Q3_K: widened once, shared by both paths
         p = ctx.weights.state[key] = _Projection(
             raw, qtype, K.prefill_min_tokens(qtype), _activation_form(qt), qt, w,
             K.bind_prequant(w, qt))

@@ -124,6 +124,65 @@ def _q6_k(w, y):
 
 
 @njit(inline="always")
+def _q2_k(w, y):
+    """v = (d*sc)*q - (dmin*m) per 16 values; v = 128c + 32s + 16h + l reads qs[32c+16h+l]."""
+    for i in range(U(y.shape[0] // 256)):
+        base = i * U(84)
+        d = load_f16(w, base + U(80))
+        dmin = load_f16(w, base + U(82))
+        for c in range(U(2)):
+            for s in range(U(4)):
+                for h in range(U(2)):
+                    sc = w[base + U(8) * c + U(2) * s + h]
+                    dl = d * np.float32(sc & _M4)
+                    ml = dmin * np.float32(sc >> _S4)
+                    for m in range(U(16)):
+                        q = (w[base + U(16) + U(32) * c + U(16) * h + m] >> np.uint8(2 * s)) & \
+                            np.uint8(3)
+                        y[i * U(256) + U(128) * c + U(32) * s + U(16) * h + m] = (
+                            dl * np.float32(q) - ml)
+
+
+@njit(inline="always")
+def _q3_k(w, y):
+    """v = (d*(sc-32)) * (q - 4*(hmask bit clear)) per 16 values (layout: see dot_loops)."""
+    for i in range(U(y.shape[0] // 256)):
+        base = i * U(110)
+        d = load_f16(w, base + U(108))
+        for c in range(U(2)):
+            for s in range(U(4)):
+                bit = np.uint8(1 << (4 * c + s))
+                for h in range(U(2)):
+                    j = U(8) * c + U(2) * s + h
+                    lo = (w[base + U(96) + j] & _M4) if j < 8 else (
+                        w[base + U(96) + j - U(8)] >> _S4)
+                    hi = (w[base + U(104) + j % U(4)] >> np.uint8(2 * (j // U(4)))) & np.uint8(3)
+                    dl = d * np.float32(np.int32(lo | (hi << _S4)) - 32)
+                    for m in range(U(16)):
+                        q = np.int32((w[base + U(32) + U(32) * c + U(16) * h + m]
+                                      >> np.uint8(2 * s)) & np.uint8(3))
+                        if not (w[base + U(16) * h + m] & bit):
+                            q -= 4
+                        y[i * U(256) + U(128) * c + U(32) * s + U(16) * h + m] = dl * np.float32(q)
+
+
+_IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                          113], dtype=np.float32)
+
+
+@njit(inline="always")
+def _iq4_nl(w, y):
+    """v = d * level[code] (ggml's kvalues_iq4nl), low nibbles values 0..15, high 16..31."""
+    levels = _IQ4NL_LEVELS
+    for b in range(U(y.shape[0] // 32)):
+        d = load_f16(w, b * U(18))
+        for j in range(U(16)):
+            q = w[b * U(18) + U(2) + j]
+            y[b * U(32) + j] = d * levels[q & _M4]
+            y[b * U(32) + U(16) + j] = d * levels[q >> _S4]
+
+
+@njit(inline="always")
 def dequant_row(src, qtype, dst):
     """dst[:] = the f32 values of one quantized row `src` (uint8 bytes) of GGML type `qtype`."""
     if qtype == 2:
@@ -142,6 +201,12 @@ def dequant_row(src, qtype, dst):
         _q45_k(src, dst, 176, True)
     elif qtype == 14:
         _q6_k(src, dst)
+    elif qtype == 10:
+        _q2_k(src, dst)
+    elif qtype == 11:
+        _q3_k(src, dst)
+    elif qtype == 20:
+        _iq4_nl(src, dst)
 
 
 # One parallel row kernel per quantized type, so that a model compiles only its own types: the
@@ -196,9 +261,28 @@ def _rows_q6_k(w, rows, out):
         _q6_k(w[rows[i]], out[i])
 
 
+@njit(parallel=True, cache=True)
+def _rows_q2_k(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q2_k(w[rows[i]], out[i])
+
+
+@njit(parallel=True, cache=True)
+def _rows_q3_k(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _q3_k(w[rows[i]], out[i])
+
+
+@njit(parallel=True, cache=True)
+def _rows_iq4_nl(w, rows, out):
+    for i in prange(rows.shape[0]):
+        _iq4_nl(w[rows[i]], out[i])
+
+
 _ROWS = {QType.Q4_0: _rows_q4_0, QType.Q4_1: _rows_q4_1, QType.Q5_0: _rows_q5_0,
          QType.Q5_1: _rows_q5_1, QType.Q8_0: _rows_q8_0, QType.Q4_K: _rows_q4_k,
-         QType.Q5_K: _rows_q5_k, QType.Q6_K: _rows_q6_k}
+         QType.Q5_K: _rows_q5_k, QType.Q6_K: _rows_q6_k,
+         QType.Q2_K: _rows_q2_k, QType.Q3_K: _rows_q3_k, QType.IQ4_NL: _rows_iq4_nl}
 
 
 def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> None:

@@ -38,6 +38,7 @@ from .dot32 import (
     mv_q8_0,
     mv_q8_0p,
 )
+from .dot_loops import mv_q2_k
 from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
 from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
@@ -52,6 +53,7 @@ from .q8 import (
     quantize_q8_k,
 )
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
+from .reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
 from .repack import repack_block32, repack_q4_k
 from .simd import HAS_VNNI512
 
@@ -64,12 +66,18 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
 }
 _NEVER = 1 << 62
+# Q2_K dots in plain loops (`dot_loops`), IQ4_NL / Q3_K on a re-encoded copy (`reencode`):
+# dequantized tiles of the file's weight through sgemm win from here on.
+_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS,
+                   QType.IQ4_NL: PREFILL_MIN_TOKENS}
 
 
 def prefill_min_tokens(qtype: int) -> int:
     """Token count from which `matmul` takes the sgemm path for this weight type (a huge number
     where the integer path is always the faster one)."""
     qt = qtype_of(qtype)
+    if qt in _PLAIN_LOOP_MIN:
+        return _PLAIN_LOOP_MIN[qt]
     if HAS_VNNI512 and qt not in _FLOAT_MIN:
         return _NEVER
     return _PREFILL_MIN.get(qt, PREFILL_MIN_TOKENS)
@@ -89,7 +97,7 @@ _BLOCK32 = {
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
-           QType.Q4_K_PACKED: mv_q4_kp}
+           QType.Q4_K_PACKED: mv_q4_kp, QType.Q2_K: mv_q2_k}
 
 
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
@@ -160,12 +168,25 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
     return cast(Callable[..., None], kernel), want, label  # the kernels differ in arguments only
 
 
+def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
+    """The weight as the integer kernels read it, and its type: the file's blocks, or for
+    IQ4_NL / Q3_K an exact copy widened to Q8_0 / Q6_K (see `reencode`), made here."""
+    qt = qtype_of(qtype)
+    w, _ = weight_view(w_raw, qt)
+    if qt is QType.IQ4_NL:
+        return iq4_nl_to_q8_0(w), QType.Q8_0
+    if qt is QType.Q3_K:
+        return q3_k_to_q6_k(w), QType.Q6_K
+    return w, qt
+
+
 def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
     """`matmul_prequant` for one weight, its checks done once: run(xq, out) checks only the
     activation's kind and the widths, then calls the compiled kernel. For a caller that runs
-    the same weight every token (the per-call checks of a decode step add up: ~3 µs x 168)."""
-    qt = qtype_of(qtype)
-    w, n_in = weight_view(w_raw, qt)
+    the same weight every token (the per-call checks of a decode step add up: ~3 µs x 168).
+    A weight `integer_weight` widens is widened here: pass its result to share the copy."""
+    w, qt = integer_weight(w_raw, qtype)
+    n_in = weight_view(w, qt)[1]
     n_out = w.shape[0]
     fn, want, label = _kernel_for(qt)
 
@@ -246,6 +267,7 @@ __all__ = [
     "bind_prequant",
     "bind_prequant_into",
     "bind_quantize",
+    "integer_weight",
     "matmul",
     "matmul_prequant",
     "matmul_sgemm",

@@ -16,6 +16,11 @@ Byte layouts (little-endian, f16 = IEEE half):
         low / high half) | qs[128]
   Q6_K  (256 values, 210 B): ql[128] | qh[64] | scales int8[16] | d f16,
         v = d*sc*(q-32) per 16-value sub-block
+  Q2_K  (256 values, 84 B): scales[16] (low nibble scale, high nibble min) | qs[64] (2-bit
+        codes, 4 per byte) | d f16 | dmin f16, v = d*sc*q - dmin*m per 16-value sub-block
+  Q3_K  (256 values, 110 B): hmask[32] (third bits) | qs[64] | scales[12] (16 six-bit) | d f16,
+        v = d*(sc-32)*(q-4 if the third bit is clear else q) per 16-value sub-block
+  IQ4_NL (32 values, 18 B): d f16 | qs[16] (as Q4_0), v = d*level[q], ggml's 16 levels
 
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
@@ -46,10 +51,13 @@ class QType(IntEnum):
     Q5_1 = 7
     Q8_0 = 8
     Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ4_NL = 20
     BF16 = 30
     Q4_0_PACKED = 0x1002  # minfer's repacked layouts (not GGML ids)
     Q5_0_PACKED = 0x1006
@@ -70,6 +78,9 @@ BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
     QType.Q4_K: (256, 144),
     QType.Q5_K: (256, 176),
     QType.Q6_K: (256, 210),
+    QType.Q2_K: (256, 84),
+    QType.Q3_K: (256, 110),
+    QType.IQ4_NL: (32, 18),
     QType.Q4_0_PACKED: (32, 18),
     QType.Q5_0_PACKED: (32, 22),
     QType.Q8_0_PACKED: (32, 34),
@@ -79,8 +90,10 @@ PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
                 QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
-BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0})
-KQUANT_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q4_K_PACKED})
+BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
+                           QType.IQ4_NL})
+KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
+                          QType.Q4_K_PACKED})
 
 
 def qtype_of(qtype: int) -> QType:

@@ -69,7 +69,7 @@ def ref_matmul_quant(w: np.ndarray, qtype: int, x: np.ndarray) -> tuple[np.ndarr
 
 
 def random_kquant_blocks(qtype: int, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
-    """Random Q4_K / Q5_K / Q6_K weight bytes `[n_out, row_bytes]` with moderate f16 scales."""
+    """Random Q2_K … Q6_K weight bytes `[n_out, row_bytes]` with moderate f16 scales."""
     qt = QType(qtype)
     size = BLOCK_LAYOUT[qt][1]
     nb = n_in // 256
@@ -78,6 +78,10 @@ def random_kquant_blocks(qtype: int, n_out: int, n_in: int, rng: np.random.Gener
     raw = scales.view(np.uint8).reshape(n_out, nb, 4)
     if qt is QType.Q6_K:
         blocks[:, :, 208:210] = raw[:, :, 0:2]
+    elif qt is QType.Q3_K:
+        blocks[:, :, 108:110] = raw[:, :, 0:2]
+    elif qt is QType.Q2_K:
+        blocks[:, :, 80:84] = raw
     else:
         blocks[:, :, 0:4] = raw
     return blocks.reshape(n_out, nb * size)

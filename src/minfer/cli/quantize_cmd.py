@@ -1,0 +1,106 @@
+"""`minfer quantize IN OUT TYPE`: requantize a GGUF like llama-quantize (same bytes, no imatrix)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from gguf import GGMLQuantizationType
+
+from minfer.cli.info_cmd import human_bytes
+from minfer.tools.quantize import (
+    MixOptions,
+    QuantizeReport,
+    parse_ftype,
+    parse_tensor_type,
+    quantize_model,
+)
+from minfer.tools.quantize.mix import FTYPE_NAMES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "quantize", help="quantize a GGUF model (llama-quantize's types and mixes)",
+        description="Quantize IN to OUT as llama.cpp's llama-quantize does without an "
+                    "importance matrix: the same per-tensor choices and the same bytes.")
+    p.add_argument("input", metavar="IN", help="source .gguf (F32/F16/BF16, or quantized with "
+                                               "--allow-requantize)")
+    p.add_argument("output", metavar="OUT", help="the .gguf to write")
+    p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FTYPE_NAMES)} (Q3_K, Q4_K, "
+                                                "Q5_K are llama.cpp's aliases of the _M mixes)")
+    p.add_argument("--pure", action="store_true",
+                   help="TYPE for every quantizable tensor (no mix; llama.cpp's --pure)")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="allow a source whose tensors are already quantized (loses quality)")
+    p.add_argument("--output-tensor-type", metavar="T", help="type of output.weight")
+    p.add_argument("--token-embedding-type", metavar="T", help="type of token_embd.weight")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.set_defaults(func=run)
+
+
+class _Bar:
+    """A rich bar on a terminal; elsewhere nothing until the one summary line."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._bar = Progress(TextColumn("quantizing"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 console=Console(file=sys.stderr), transient=True)
+
+    def __call__(self, name: str, i: int, n: int, qtype: GGMLQuantizationType) -> None:
+        if self._bar is None:
+            return
+        if self._task is None:
+            self._bar.start()
+            self._task = self._bar.add_task("", total=n)
+        self._bar.update(self._task, completed=i, description=f"{name} → {qtype.name}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _summary(report: QuantizeReport, out: str) -> str:
+    counts: dict[str, int] = {}
+    for _, new in report.types.values():
+        counts[new.name] = counts.get(new.name, 0) + 1
+    census = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return (f"minfer: wrote {out}: {len(report.types)} tensors ({census}), "
+            f"{human_bytes(report.bytes_in)} → {human_bytes(report.bytes_out)} "
+            f"in {report.seconds:.1f} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = MixOptions(
+        parse_ftype(args.type), pure=args.pure,
+        output_tensor_type=(parse_tensor_type(args.output_tensor_type)
+                            if args.output_tensor_type else None),
+        token_embedding_type=(parse_tensor_type(args.token_embedding_type)
+                              if args.token_embedding_type else None))
+    if args.threads is not None:
+        from minfer.engine.forward import set_threads
+
+        set_threads(args.threads)
+    bar = _Bar()
+    t0 = time.perf_counter()
+    try:
+        report = quantize_model(args.input, args.output, opts,
+                                allow_requantize=args.allow_requantize, progress=bar)
+    finally:
+        bar.close()
+    report.seconds = time.perf_counter() - t0
+    print(_summary(report, args.output), file=sys.stderr)
+    return 0

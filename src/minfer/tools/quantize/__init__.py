@@ -1,0 +1,15 @@
+"""`minfer quantize`: GGUF quantization byte-identical to llama.cpp's `llama_model_quantize`.
+
+- `blocks32`, `kquants`: ggml's reference quantizers ported to numba, one row at a time.
+- `rows`: `quantize_rows`, the parallel entry point per type.
+- `mix`: llama.cpp's file types and per-tensor type rules (Q4_K_M, …, --pure, overrides).
+- `gguf_out`: the output header, as llama.cpp lays it out.
+- `driver`: `quantize_model`, streaming tensor by tensor.
+"""
+
+from .driver import QuantizeReport, quantize_model
+from .mix import FType, MixOptions, parse_ftype, parse_tensor_type
+from .rows import QuantizeError, quantize_rows
+
+__all__ = ["FType", "MixOptions", "QuantizeError", "QuantizeReport", "parse_ftype",
+           "parse_tensor_type", "quantize_model", "quantize_rows"]

@@ -1,0 +1,299 @@
+"""Which type each tensor gets: llama.cpp's file types (Q4_K_M, Q5_K_S, …) and its per-tensor rules.
+
+A port of src/llama-quant.cpp (`tensor_allows_quantization`, `llama_tensor_get_type`,
+`llama_tensor_get_type_impl`, `tensor_type_fallback`) for the file types minfer writes, so a
+mix puts the same tensors at higher precision as llama-quantize does: output.weight (or the
+tied token_embd) at Q6_K, attn_v and ffn_down at Q6_K on the layers `use_more_bits` picks in
+Q4_K_M / Q5_K_M, the first layers' ffn_down at Q5_K in Q4_K_S, … Counters run in llama.cpp's
+tensor order (`tensor_order`: non-block tensors first, then by layer, names byte-wise), which
+matters because attn_v's rule counts attn_v tensors rather than reading the layer number.
+Rows that are not a whole number of blocks fall back (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0,
+Q2_K/Q3_K → Q4_0, then F16). Importance-matrix-only types (IQ*, Q2_K_S) are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .rows import SUPPORTED, QuantizeError
+
+QT = GGMLQuantizationType
+
+
+class FType(IntEnum):
+    """llama_ftype values (written as general.file_type)."""
+
+    ALL_F32 = 0
+    MOSTLY_F16 = 1
+    MOSTLY_Q4_0 = 2
+    MOSTLY_Q4_1 = 3
+    MOSTLY_Q8_0 = 7
+    MOSTLY_Q5_0 = 8
+    MOSTLY_Q5_1 = 9
+    MOSTLY_Q2_K = 10
+    MOSTLY_Q3_K_S = 11
+    MOSTLY_Q3_K_M = 12
+    MOSTLY_Q3_K_L = 13
+    MOSTLY_Q4_K_S = 14
+    MOSTLY_Q4_K_M = 15
+    MOSTLY_Q5_K_S = 16
+    MOSTLY_Q5_K_M = 17
+    MOSTLY_Q6_K = 18
+    MOSTLY_IQ4_NL = 25
+    MOSTLY_BF16 = 32
+
+
+# llama-quantize's names (Q3_K, Q4_K, Q5_K are its aliases of the _M mixes) → file type.
+FTYPE_NAMES: dict[str, FType] = {
+    "F32": FType.ALL_F32, "F16": FType.MOSTLY_F16, "BF16": FType.MOSTLY_BF16,
+    "Q4_0": FType.MOSTLY_Q4_0, "Q4_1": FType.MOSTLY_Q4_1, "Q5_0": FType.MOSTLY_Q5_0,
+    "Q5_1": FType.MOSTLY_Q5_1, "Q8_0": FType.MOSTLY_Q8_0, "Q2_K": FType.MOSTLY_Q2_K,
+    "Q3_K": FType.MOSTLY_Q3_K_M, "Q3_K_S": FType.MOSTLY_Q3_K_S, "Q3_K_M": FType.MOSTLY_Q3_K_M,
+    "Q3_K_L": FType.MOSTLY_Q3_K_L, "Q4_K": FType.MOSTLY_Q4_K_M, "Q4_K_S": FType.MOSTLY_Q4_K_S,
+    "Q4_K_M": FType.MOSTLY_Q4_K_M, "Q5_K": FType.MOSTLY_Q5_K_M, "Q5_K_S": FType.MOSTLY_Q5_K_S,
+    "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K, "IQ4_NL": FType.MOSTLY_IQ4_NL,
+}
+
+DEFAULT_TYPE: dict[FType, QT] = {
+    FType.ALL_F32: QT.F32, FType.MOSTLY_F16: QT.F16, FType.MOSTLY_BF16: QT.BF16,
+    FType.MOSTLY_Q4_0: QT.Q4_0, FType.MOSTLY_Q4_1: QT.Q4_1, FType.MOSTLY_Q5_0: QT.Q5_0,
+    FType.MOSTLY_Q5_1: QT.Q5_1, FType.MOSTLY_Q8_0: QT.Q8_0, FType.MOSTLY_Q2_K: QT.Q2_K,
+    FType.MOSTLY_Q3_K_S: QT.Q3_K, FType.MOSTLY_Q3_K_M: QT.Q3_K, FType.MOSTLY_Q3_K_L: QT.Q3_K,
+    FType.MOSTLY_Q4_K_S: QT.Q4_K, FType.MOSTLY_Q4_K_M: QT.Q4_K, FType.MOSTLY_Q5_K_S: QT.Q5_K,
+    FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K, FType.MOSTLY_IQ4_NL: QT.IQ4_NL,
+}
+
+_FLOATS = frozenset({QT.F32, QT.F16, QT.BF16})
+_FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1,
+             QT.Q6_K: QT.Q8_0}
+
+# Substrings of tensor names llama.cpp never quantizes (besides norms and 1-D tensors).
+_KEEP_SUBSTRINGS = (
+    "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
+    *(f"time_mix_{k}.weight" for k in ("first", "w0", "w1", "w2", "v0", "v1", "v2", "a0", "a1",
+                                       "a2", "g1", "g2", "decay_w1", "decay_w2", "lerp_fused")),
+    "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos",
+    ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
+)
+_KEEP_NAMES = frozenset({"position_embd.weight", "token_types.weight"})
+_LAYER_RE = re.compile(r"blk\.([+-]?\d+)")
+
+
+def parse_ftype(name: str) -> FType:
+    key = name.upper()
+    if key in FTYPE_NAMES:
+        return FTYPE_NAMES[key]
+    hint = " (it needs an importance matrix)" if key.startswith(("IQ", "Q2_K_S")) else ""
+    raise QuantizeError(f"unknown or unsupported quantization type {name!r}{hint}; choose one "
+                        f"of {', '.join(FTYPE_NAMES)}")
+
+
+def parse_tensor_type(name: str) -> QT:
+    """A GGML tensor type name (for --output-tensor-type / --token-embedding-type)."""
+    qtype = QT.__members__.get(name.upper())
+    if qtype is None or qtype not in SUPPORTED:
+        raise QuantizeError(f"unsupported tensor type {name!r}; choose one of "
+                            f"{', '.join(t.name for t in sorted(SUPPORTED))}")
+    return qtype
+
+
+def tensor_order(names: Sequence[str]) -> list[str]:
+    """llama.cpp's weights_map order: layer number (-1 outside blocks) then bytes of the name."""
+    def key(name: str) -> tuple[int, bytes]:
+        m = _LAYER_RE.match(name)
+        return (int(m.group(1)) if m else -1, name.encode())
+    return sorted(names, key=key)
+
+
+def n_dims(shape: Sequence[int]) -> int:
+    """ggml_n_dims: trailing dimensions of 1 do not count."""
+    for i in range(len(shape) - 1, 0, -1):
+        if shape[i] > 1:
+            return i + 1
+    return 1
+
+
+def allows_quantization(name: str, shape: Sequence[int]) -> bool:
+    if n_dims(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return False
+    return name not in _KEEP_NAMES and not any(s in name for s in _KEEP_SUBSTRINGS)
+
+
+def category(name: str) -> str:
+    if name == "output.weight":
+        return "output"
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return "token_embd"
+    for cat in ("attn_qkv.weight", "attn_kv_b.weight", "attn_v.weight", "attn_k.weight",
+                "attn_q.weight", "attn_output.weight"):
+        if cat in name:
+            return cat.removesuffix(".weight")
+    for cat in ("ffn_up", "ffn_gate", "ffn_down"):
+        if cat in name:
+            return cat
+    return "other"
+
+
+def _use_more_bits(i_layer: int, n_layers: int) -> bool:
+    return (i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8
+            or (i_layer - n_layers // 8) % 3 == 2)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the rules read from the model: arch, layers, heads, experts."""
+
+    arch: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_expert: int = 0
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv if self.n_head_kv else 0
+
+    @property
+    def is_70b(self) -> bool:
+        return self.arch == "llama" and self.n_layer == 80 and self.n_head != self.n_head_kv
+
+
+@dataclass(frozen=True)
+class MixOptions:
+    ftype: FType
+    pure: bool = False
+    output_tensor_type: QT | None = None
+    token_embedding_type: QT | None = None
+
+
+class _Chooser:
+    """llama_tensor_get_type_impl with its counters (one instance per file)."""
+
+    def __init__(self, model: ModelShape, opts: MixOptions, names: Sequence[str]) -> None:
+        self.m = model
+        self.o = opts
+        cats = [category(n) for n in names]
+        self.n_attention_wv = sum(c in ("attn_v", "attn_qkv", "attn_kv_b") for c in cats)
+        self.tied = "output" not in cats
+        self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
+
+    def _layer(self, counter: int, name: str) -> tuple[int, int]:
+        if self.m.n_expert > 1:
+            m = re.match(r"blk\.(\d+)\.", name)
+            if not m or not 0 <= int(m.group(1)) < self.m.n_layer:
+                raise QuantizeError(f"cannot tell the layer of tensor {name!r}")
+            return int(m.group(1)), self.m.n_layer
+        return counter, self.m.n_layer
+
+    def impl(self, new: QT, name: str, ne0: int, cat: str) -> QT:
+        ft, F, m = self.o.ftype, FType, self.m
+        falcon = m.arch == "falcon"
+        if cat == "output" or (self.tied and cat == "token_embd"):
+            if self.o.output_tensor_type is not None:
+                return self.o.output_tensor_type
+            if falcon or ne0 % GGML_QUANT_SIZES[new][0]:
+                return QT.Q8_0
+            return new if new == QT.Q8_0 else QT.Q6_K
+        if cat == "token_embd":
+            return self.o.token_embedding_type or new
+        if cat in ("attn_v", "attn_qkv", "attn_kv_b"):  # (llama.cpp's own attn_qkv rule is
+            # unreachable: this branch catches attn_qkv first)
+            i, n = self.i_attention_wv, self.n_attention_wv
+            if ft == F.MOSTLY_Q2_K:
+                new = QT.Q4_K if m.n_gqa >= 4 else QT.Q3_K
+            elif ft == F.MOSTLY_Q3_K_M:
+                new = QT.Q5_K if i < 2 else QT.Q4_K
+            elif ft == F.MOSTLY_Q3_K_L or (ft == F.MOSTLY_IQ4_NL and m.n_gqa >= 4):
+                new = QT.Q5_K
+            elif ft in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
+                new = QT.Q6_K
+            elif ft == F.MOSTLY_Q4_K_S and i < 4:
+                new = QT.Q5_K
+            if m.is_70b and new in (QT.Q3_K, QT.Q4_K):
+                new = QT.Q5_K
+            if m.n_expert == 8:
+                new = QT.Q8_0
+            self.i_attention_wv += 1
+        elif cat == "attn_k":
+            if m.n_expert == 8:
+                new = QT.Q8_0
+        elif cat == "ffn_down":
+            i, n = self._layer(self.i_ffn_down, name)
+            if ft == F.MOSTLY_Q2_K:
+                new = QT.Q3_K
+            elif ft == F.MOSTLY_Q3_K_M:
+                new = (QT.Q5_K if i < n // 16 else
+                       QT.Q4_K if not falcon or _use_more_bits(i, n) else QT.Q3_K)
+            elif ft == F.MOSTLY_Q3_K_L:
+                new = QT.Q4_K if falcon else QT.Q5_K
+            elif ft == F.MOSTLY_Q4_K_M:
+                if falcon:
+                    new = (QT.Q6_K if i < n // 16 else
+                           QT.Q5_K if _use_more_bits(i, n) else QT.Q4_K)
+                elif _use_more_bits(i, n):
+                    new = QT.Q6_K
+            elif i < n // 8 and ft == F.MOSTLY_IQ4_NL:  # (no imatrix)
+                new = QT.Q5_K
+            elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
+                new = QT.Q6_K
+            elif ft == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
+                new = QT.Q5_K
+            self.i_ffn_down += 1
+        elif cat == "attn_output":
+            if not falcon:
+                if m.n_expert == 8:
+                    if ft in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M, F.MOSTLY_Q4_K_S,
+                              F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL):
+                        new = QT.Q5_K
+                else:
+                    new = {F.MOSTLY_Q2_K: QT.Q3_K, F.MOSTLY_Q3_K_M: QT.Q4_K,
+                           F.MOSTLY_Q3_K_L: QT.Q5_K}.get(ft, new)
+            elif ft == F.MOSTLY_Q3_K_L:
+                new = QT.Q4_K
+        elif cat == "ffn_gate":
+            self._layer(self.i_ffn_gate, name)
+            self.i_ffn_gate += 1
+        elif cat == "ffn_up":
+            self._layer(self.i_ffn_up, name)
+            self.i_ffn_up += 1
+        return new
+
+
+def _fallback(name: str, ne0: int, target: QT) -> QT:
+    block = GGML_QUANT_SIZES[target][0]
+    if ne0 % block == 0:
+        return target
+    new = _FALLBACK.get(target, target)
+    return new if ne0 % GGML_QUANT_SIZES[new][0] == 0 else QT.F16
+
+
+def choose_types(tensors: Sequence[tuple[str, tuple[int, ...], QT]], model: ModelShape,
+                 opts: MixOptions) -> dict[str, QT]:
+    """name → target type for (name, ne shape, current type) given in llama.cpp's order."""
+    chooser = _Chooser(model, opts, [t[0] for t in tensors])
+    default = DEFAULT_TYPE[opts.ftype]
+    out: dict[str, QT] = {}
+    for name, shape, cur in tensors:
+        cat = category(name)
+        if not allows_quantization(name, shape):
+            new = cur
+        elif opts.token_embedding_type is not None and cat == "token_embd":
+            new = opts.token_embedding_type
+        elif opts.output_tensor_type is not None and cat == "output":
+            new = opts.output_tensor_type
+        elif default in _FLOATS:
+            new = default
+        else:
+            new = default if opts.pure else chooser.impl(default, name, shape[0], cat)
+            new = _fallback(name, shape[0], new)
+        if shape[0] % GGML_QUANT_SIZES[new][0]:
+            raise QuantizeError(f"{name}: rows of {shape[0]} values cannot be {new.name} "
+                                f"(block size {GGML_QUANT_SIZES[new][0]})")
+        out[name] = new
+    return out
