@@ -127,11 +127,15 @@ class Engine:
         return PreparedGraph(params, graph, plan, scheduler.make_splits(graph, plan.live))
 
     # -- the forward ---------------------------------------------------------------------------
-    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray:
-        """One sequence's tokens at start_pos..; logits of the last n_out rows."""
-        return self.forward_batch(Batch.single(tokens, start_pos, n_out))
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
+                batch_invariant: bool = False) -> np.ndarray:
+        """One sequence's tokens at start_pos..; logits of the last n_out rows.
+        batch_invariant: this forward's rows are bitwise their one-token decode rows (a
+        speculative verify), even on an engine made without `batch_invariant`."""
+        return self.forward_batch(Batch.single(tokens, start_pos, n_out),
+                                  batch_invariant=batch_invariant)
 
-    def forward_batch(self, batch: Batch) -> np.ndarray:
+    def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
         self._check(batch)
         key = (batch.n_tokens, len(batch.out_rows))
         tuner = self.tuner if batch.n_tokens <= TUNED_MAX_TOKENS else None
@@ -154,7 +158,8 @@ class Engine:
             buf = buffers[node_id]
             assert buf is not None
             buf[:] = fills[kind]
-        ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=self.batch_invariant)
+        ctx = ExecContext(weights=self.weights, kv=self.kv,
+                          batch_invariant=self.batch_invariant or batch_invariant)
         scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx, self.profile)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
