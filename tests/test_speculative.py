@@ -5,7 +5,7 @@ distribution (sampled, many seeds, total-variation bound)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +59,13 @@ def _run(path: Path, prompt: Sequence[int], spec: Speculator | None, *, max_toke
     engine = _engine(path)
     events = generate(engine, _tokenizer(path), _sampler(engine, prompt, **params), prompt,
                       max_tokens=max_tokens, speculator=spec)
-    finished = [e for e in events if isinstance(e, Finished)]
-    return finished[0], engine
+    return _finished(events), engine
+
+
+def _finished(events: Iterable[object]) -> Finished:
+    *_, last = events
+    assert isinstance(last, Finished)
+    return last
 
 
 def _assert_same_kv(a: Engine, b: Engine, n: int) -> None:
@@ -166,7 +171,7 @@ def test_a_kv_mirror_is_rolled_back_to_the_plain_cells(tiny_qwen3: Path, other_d
         events = generate(mirror, _tokenizer(tiny_qwen3),  # type: ignore[arg-type]
                           _sampler(mirror.engine, PROMPT, repeat_penalty=1.3),  # type: ignore
                           PROMPT, max_tokens=max_tokens, speculator=spec)
-        got = [e for e in events if isinstance(e, Finished)][0]
+        got = _finished(events)
         assert got.ids == plain.ids
         assert mirror.cursor == plain.n_past == got.n_past
         assert mirror.tokens == PROMPT + plain.ids[:-1]

@@ -146,6 +146,8 @@ class DraftModelProposer:
         self.n_forwarded = 0
 
     def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
+        if len(history) + 1 >= self.kv.n_ctx:  # the draft's context is full: no proposals
+            return Proposal([])
         logits = self._catch_up(history)
         pos = len(history)
         tokens: list[int] = []
