@@ -4,6 +4,7 @@ distribution (sampled, many seeds, total-variation bound)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from gguf import GGMLQuantizationType as QType
 from minfer.chat.kv import KVMirror
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
-from minfer.engine.spec_generate import Speculator, _Verifier
+from minfer.engine.spec_generate import Speculator, Verifier
 from minfer.engine.speculative import (
     DraftLength,
     DraftModelProposer,
@@ -44,6 +45,7 @@ def _engine(path: Path, n_ctx: int = N_CTX) -> Engine:
     return Engine(f, HParams.from_gguf(f), n_ctx=n_ctx)
 
 
+@functools.cache
 def _tokenizer(path: Path) -> Tokenizer:
     return Tokenizer.from_gguf(GGUFFile.open(path))
 
@@ -213,7 +215,7 @@ def test_accept_reject_keeps_the_target_distribution(tiny_qwen2: Path, q_kind: s
     for seed in range(n):
         sampler = Sampler(SamplerParams(**params), engine.hparams.n_vocab, seed=seed)
         sampler.reset(PROMPT)
-        verifier = _Verifier(TokenStepper(sampler, vocab), sampler)
+        verifier = Verifier(TokenStepper(sampler, vocab), sampler)
         d = int(rng.choice(q.shape[0], p=q)) if q_kind == "draft" else guess
         step = verifier.step(logits, d, q if q_kind == "draft" else None)
         accepted += step.token == d
@@ -273,13 +275,13 @@ class _Corrupting:
 @pytest.mark.slow
 def test_dev_model_greedy_identity_on_reference_prompts(real_model_path: Path) -> None:
     cases = json.loads((Path(__file__).parent / "fixtures" / "greedy.json").read_text())["cases"]
-    for case in cases[:3]:
+    for case in (cases[1], cases[2]):  # code and prose
         prompt = case["prompt_ids"]
-        plain, plain_engine = _run(real_model_path, prompt, None, max_tokens=24)
+        plain, plain_engine = _run(real_model_path, prompt, None, max_tokens=20)
         for spec in (Speculator(NgramProposer(3), SpecConfig(draft_max=4, adaptive=False)),
                      Speculator(_Corrupting(DraftModelProposer(
                          _engine(real_model_path, 64), p_min=0.5)),
                          SpecConfig(draft_max=4, adaptive=False))):
-            got, engine = _run(real_model_path, prompt, spec, max_tokens=24)
+            got, engine = _run(real_model_path, prompt, spec, max_tokens=20)
             assert got.ids == plain.ids, (case["prompt"], spec.proposer.name)
             _assert_same_kv(engine, plain_engine, plain.n_past)

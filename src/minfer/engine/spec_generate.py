@@ -77,13 +77,13 @@ class Speculator:
             return Proposal([])
         t0 = time.perf_counter()
         proposal = self.proposer.propose(history, k, greedy=greedy)
-        self.length.record_proposal(len(proposal.tokens), time.perf_counter() - t0)
+        self.length.record_proposal(k, time.perf_counter() - t0)
         if len(proposal.tokens) < max(1, self.config.draft_min):
             return Proposal([])
         return proposal.cut(bucket_floor(len(proposal.tokens)))
 
 
-class _Verifier:
+class Verifier:
     """Draws each position's token, deciding on the proposal there (see module docstring)."""
 
     def __init__(self, stepper: TokenStepper, sampler: Any) -> None:
@@ -146,7 +146,7 @@ def generate_speculative(
     pos = start_pos + len(prompt_ids)
     history = [*context, *prompt_ids]
     stepper = TokenStepper(sampler, vocab, stops, constraint)
-    verifier = _Verifier(stepper, sampler)
+    verifier = Verifier(stepper, sampler)
     stats, length = SpecStats(), speculator.length
     ids: list[int] = []
     text: list[str] = []

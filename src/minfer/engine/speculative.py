@@ -255,9 +255,10 @@ class DraftLength:
     def record_verify(self, n_tokens: int, seconds: float) -> None:
         self.verify_s[n_tokens] = _ema(self.verify_s.get(n_tokens, 0.0), seconds, self.alpha)
 
-    def record_proposal(self, n_proposed: int, seconds: float) -> None:
-        if n_proposed:
-            self.draft_token_s = _ema(self.draft_token_s, seconds / n_proposed, self.alpha)
+    def record_proposal(self, k: int, seconds: float) -> None:
+        """The proposer took `seconds` when asked for k tokens (it may have given fewer)."""
+        if k:
+            self.draft_token_s = _ema(self.draft_token_s, seconds / k, self.alpha)
 
     def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
         """Per-token acceptance: n_accepted successes, then one failure unless all passed."""
