@@ -285,3 +285,49 @@ def test_dev_model_greedy_identity_on_reference_prompts(real_model_path: Path) -
             got, engine = _run(real_model_path, prompt, spec, max_tokens=20)
             assert got.ids == plain.ids, (case["prompt"], spec.proposer.name)
             _assert_same_kv(engine, plain_engine, plain.n_past)
+
+
+# -- the surfaces: the Python API and chat --------------------------------------------------------
+def test_api_refuses_a_draft_with_another_vocabulary(tiny_qwen2: Path, tmp_path: Path) -> None:
+    import minfer
+    from minfer.tools.synth import build_tiny_vocab
+
+    model = minfer.load(tiny_qwen2, n_ctx=128)
+    other = write_tiny_model(tmp_path / "other.gguf", vocab=build_tiny_vocab(extra_tokens=("<x>",)))
+    with pytest.raises(SpeculativeError, match="vocabulary does not match"):
+        model.speculator(SpecConfig(), draft=other)
+    with pytest.raises(SpeculativeError, match="one proposer"):
+        model.speculator(SpecConfig())
+
+
+def test_chat_turns_and_regen_are_unchanged_by_speculation(tiny_qwen2: Path,
+                                                           other_draft: Path) -> None:
+    import minfer
+    from minfer.chat.session import ChatConfig, ChatSession, TurnReport
+
+    def replies(spec: str | None) -> tuple[list[list[int]], int]:
+        model = minfer.load(tiny_qwen2, n_ctx=256)
+        speculator = None
+        if spec == "lookup":
+            speculator = model.speculator(SpecConfig(lookup_ngram=2, adaptive=False))
+        elif spec == "draft":
+            speculator = model.speculator(SpecConfig(p_min=0.0, adaptive=False),
+                                          draft=other_draft)
+        sampler = model.sampler(SamplerParams(temp=0.0, repeat_penalty=1.3), 0, 256)
+        session = ChatSession(model.engine(), model.tokenizer, model.chat_template, sampler,
+                              config=ChatConfig(max_tokens=12), speculator=speculator)
+        out, drafted = [], 0
+        for turn in (lambda: session.say("the quick brown fox"),
+                     lambda: session.say("the lazy dog"), session.regen):
+            *_, report = turn()
+            assert isinstance(report, TurnReport)
+            out.append(report.ids)
+            drafted += report.drafted
+        assert session.kv.tokens == session.kv.tokens[: session.kv.cursor]
+        out.append(session.kv.tokens)  # the KV holds the same cells too
+        return out, drafted
+
+    plain, _ = replies(None)
+    for spec in ("lookup", "draft"):
+        got, drafted = replies(spec)
+        assert got == plain and drafted > 0, spec
