@@ -88,7 +88,9 @@ LLAMA_SCRIPT = textwrap.dedent(
     prompt = json.loads(sys.stdin.read())
     draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None
     llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                draft_model=draft, verbose=False)
+                draft_model=draft, logits_all=lookup, verbose=False)
+    # logits_all: with a draft model llama-cpp-python keeps every row's logits but sizes its
+    # score buffer from this argument (n_batch rows otherwise: a prompt past 512 tokens fails)
     llm.create_completion(prompt[:8], max_tokens=4, temperature=0.0)  # warm
     t0 = time.perf_counter(); first = None; count = 0
     for chunk in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True):

@@ -270,6 +270,9 @@ class _Corrupting:
             p.tokens[-1] = (p.tokens[-1] + 1) % 1000
         return p
 
+    def prepare(self, history: Sequence[int]) -> None:
+        self.inner.prepare(history)
+
 
 @pytest.mark.real_model
 @pytest.mark.slow

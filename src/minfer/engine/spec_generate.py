@@ -142,9 +142,10 @@ def generate_speculative(
     timings = Timings(prefill_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     logits = prefill(engine, prompt_ids, start_pos, batch_size)
+    history = [*context, *prompt_ids]
+    speculator.proposer.prepare(history)  # a draft model prefills the prompt too
     timings.prefill_s = time.perf_counter() - t0
     pos = start_pos + len(prompt_ids)
-    history = [*context, *prompt_ids]
     stepper = TokenStepper(sampler, vocab, stops, constraint)
     verifier = Verifier(stepper, sampler)
     stats, length = SpecStats(), speculator.length

@@ -82,6 +82,10 @@ class Proposer(Protocol):
         """Up to k tokens that may follow `history` (the sequence from position 0)."""
         ...
 
+    def prepare(self, history: Sequence[int]) -> None:
+        """Read a new prompt ahead of the first proposal (with the target's prefill)."""
+        ...
+
 
 @dataclass
 class SpecStats:
@@ -114,6 +118,9 @@ class NgramProposer:
     def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
         seq = np.asarray(history, dtype=np.int64)
         return Proposal(lookup(seq, self.n, k))
+
+    def prepare(self, history: Sequence[int]) -> None:
+        return None
 
 
 def lookup(seq: np.ndarray, max_n: int, k: int) -> list[int]:
@@ -166,6 +173,10 @@ class DraftModelProposer:
                 self.n_forwarded += 1
                 pos += 1
         return Proposal(tokens, None if greedy else qs)
+
+    def prepare(self, history: Sequence[int]) -> None:
+        if history and len(history) < self.kv.n_ctx:
+            self._catch_up(history)
 
     def _catch_up(self, history: Sequence[int]) -> np.ndarray:
         """Bring the draft KV to history[:-1] and forward the rest: the last token's logits."""
