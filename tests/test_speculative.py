@@ -334,3 +334,24 @@ def test_chat_turns_and_regen_are_unchanged_by_speculation(tiny_qwen2: Path,
     for spec in ("lookup", "draft"):
         got, drafted = replies(spec)
         assert got == plain and drafted > 0, spec
+
+
+def test_cli_run_reports_acceptance_and_keeps_the_ids(tiny_qwen2: Path, other_draft: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.cli.main import main
+
+    def run(*extra: str) -> dict[str, object]:
+        assert main(["run", "--json", str(tiny_qwen2), "the fox and the dog", "--raw",
+                     "--temp", "0", "-n", "24", *extra]) == 0
+        out: dict[str, object] = json.loads(capsys.readouterr().out)
+        return out
+
+    plain = run()
+    assert "speculative" not in plain
+    for extra in (("--lookup-ngram", "2"), ("-md", str(other_draft), "--draft-p-min", "0")):
+        got = run(*extra)
+        spec = got["speculative"]
+        assert got["ids"] == plain["ids"] and isinstance(spec, dict)
+        assert set(spec) >= {"drafted", "accepted", "acceptance_rate"}
+    assert main(["run", str(tiny_qwen2), "hi", "--draft-max", "99", "--lookup-ngram", "2"]) == 2
+    assert "--draft-max must be in 1..16" in capsys.readouterr().err
