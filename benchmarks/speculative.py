@@ -191,7 +191,8 @@ def main() -> int:
             same = r["ids"] == plain["ids"] if "ids" in r else None
             rows.append({"task": task, "mode": name, "tokens": r.get("n"),
                          "tok_s": round(rate(r), 2), "vs_minfer_plain": round(rate(r) / base, 2),
-                         "acceptance": r.get("acceptance"), "same_ids": same,
+                         "acceptance": r.get("acceptance"), "drafted": r.get("drafted"),
+                         "same_ids": same,
                          "error": r.get("error")})
             print(json.dumps(rows[-1]), flush=True)
     print(f"\nCPU: {cpu_name()}, {os.cpu_count()} cores, -t {args.threads}; target {args.target}, "

@@ -227,6 +227,7 @@ class DraftLength:
     idle_steps: int = 0  # plain steps since k was last > 0
     probe_every: int = 16
     alpha: float = 0.2
+    seen: set[str] = field(default_factory=set)  # kinds of step timed once (a warm-up) already
 
     def choose(self, room: int) -> int:
         """k for the next step (0: plain decode); at most `room` and draft_max."""
@@ -254,22 +255,33 @@ class DraftLength:
         """Expected tokens per second of a step proposing k (unknown costs: optimistic)."""
         a = min(self.accept_rate, 0.999)
         tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
-        base = self.decode_s or 1.0
+        # a plain step, unmeasured yet, costs about the cheapest verify (decode is memory-bound)
+        base = self.decode_s or min(self.verify_s.values(), default=1.0)
         if k == 0:
             return 1.0 / base
         verify = self.verify_s.get(k + 1, base * (1.0 + 0.05 * k))
         return tokens / (verify + k * self.draft_token_s)
 
     def record_plain(self, seconds: float) -> None:
-        self.decode_s = _ema(self.decode_s, seconds, self.alpha)
+        if self._warm("plain"):
+            self.decode_s = _ema(self.decode_s, seconds, self.alpha)
 
     def record_verify(self, n_tokens: int, seconds: float) -> None:
-        self.verify_s[n_tokens] = _ema(self.verify_s.get(n_tokens, 0.0), seconds, self.alpha)
+        if self._warm(f"verify{n_tokens}"):
+            self.verify_s[n_tokens] = _ema(self.verify_s.get(n_tokens, 0.0), seconds, self.alpha)
 
     def record_proposal(self, k: int, seconds: float) -> None:
         """The proposer took `seconds` when asked for k tokens (it may have given fewer)."""
-        if k:
+        if k and self._warm("propose"):
             self.draft_token_s = _ema(self.draft_token_s, seconds / k, self.alpha)
+
+    def _warm(self, kind: str) -> bool:
+        """False the first time: a first step of a kind builds its graph (and may compile),
+        which says nothing about its cost later."""
+        if kind in self.seen:
+            return True
+        self.seen.add(kind)
+        return False
 
     def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
         """Per-token acceptance: n_accepted successes, then one failure unless all passed."""
@@ -279,7 +291,9 @@ class DraftLength:
 
 
 def _ema(old: float, new: float, alpha: float) -> float:
-    return new if old == 0.0 else (1.0 - alpha) * old + alpha * new
+    """Exponential moving average; one sample counts for at most 3x the average (a stall of
+    the machine, a graph rebuild) so it cannot lock a length out for long."""
+    return new if old == 0.0 else (1.0 - alpha) * old + alpha * min(new, 3.0 * old)
 
 
 def bucket_floor(n: int) -> int:
