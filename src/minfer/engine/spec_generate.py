@@ -90,15 +90,15 @@ class Verifier:
         self.stepper = stepper
         self.sampler = sampler
         self.greedy = bool(getattr(sampler, "greedy", True))
-        if not self.greedy and not hasattr(sampler, "distribution"):
-            raise SpeculativeError("speculative sampling needs a sampler that exposes its "
-                                   "distribution (minfer.sampling.sampler.Sampler)")
-        if not self.greedy and getattr(sampler, "mirostat", None) is not None:
-            raise SpeculativeError("speculative decoding does not combine with mirostat "
-                                   "(its distribution depends on its own draws)")
+        # accept/reject needs the distribution; without one (mirostat, whose distribution moves
+        # with its own draws, or a foreign sampler) the token is drawn as usual and the proposal
+        # kept iff it is that token: exact as well (each emitted token is one ordinary draw, so
+        # a seed gives plain decoding's output), only accepted less often
+        self.accept_reject = (not self.greedy and hasattr(sampler, "distribution")
+                              and getattr(sampler, "mirostat", None) is None)
 
     def step(self, logits: np.ndarray, proposed: int | None, q: np.ndarray | None) -> Step:
-        if proposed is None or self.greedy or self.stepper.grammar_done():
+        if proposed is None or not self.accept_reject or self.stepper.grammar_done():
             return self.stepper.step(logits)
         s: Sampler = self.sampler
         ids, probs = s.distribution(logits)

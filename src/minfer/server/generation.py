@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minfer.engine.spec_generate import Verifier
-from minfer.engine.speculative import DraftLength, SpeculativeError
+from minfer.engine.speculative import DraftLength
 from minfer.engine.stepper import Constraint, TokenStepper, TokenText
 from minfer.sampling.sampler import Sampler
 
@@ -123,13 +123,9 @@ class Generation:
         self.first_token_s: float | None = None
         self.last_gap: float | None = None  # seconds since the previous token (None: first)
 
-    def enable_speculation(self) -> bool:
-        """Let this request verify proposals; False when its sampler cannot (mirostat)."""
-        try:
-            self.verifier = Verifier(self.stepper, self.req.sampler)
-        except SpeculativeError:
-            return False
-        return True
+    def enable_speculation(self) -> None:
+        """Let this request verify proposals (minfer.engine.spec_generate.Verifier)."""
+        self.verifier = Verifier(self.stepper, self.req.sampler)
 
     def step(self, logits: np.ndarray, proposed: int | None = None
              ) -> tuple[int | None, str | None]:
