@@ -15,7 +15,9 @@ order from those rows:
 - sampling: d_i is accepted with probability min(1, p(d_i) / q(d_i)), p the sampler chain's
   distribution (`Sampler.distribution`) and q the proposer's (a point mass for prompt lookup);
   a rejection draws from normalise(max(0, p - q)) instead. The output is distributed as the
-  target's (Leviathan et al. 2023, Chen et al. 2023).
+  target's (Leviathan et al. 2023, Chen et al. 2023);
+- mirostat (no fixed distribution) or a sampler without `distribution`: the token is drawn as
+  usual and d_i kept iff it is that token (exact too; a seed gives plain decoding's output).
 
 The first token not accepted (a rejection, or the draw after the last proposal) is the next
 step's t. Rows written for rejected proposals are rolled back by moving the write position:
