@@ -7,7 +7,8 @@ Not part of the test suite. Three greedy tasks on one target model:
 each with minfer plain, minfer prompt lookup (--lookup-ngram), minfer with a draft model
 (--model-draft), and llama.cpp plain and with its prompt lookup
 (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding`, through llama-cpp-python in a separate
-interpreter, `--ref-python`). Rates are decode rates: the tokens after the first over the time
+interpreter, `--ref-python`). The modes run in interleaved rounds; a ratio is the median over
+rounds of rate / the same round's minfer plain rate. Rates are decode rates: the tokens after the first over the time
 after the first token (prefill excluded, the same definition for both engines). Each minfer
 mode also checks its ids against minfer's plain greedy ids.
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -160,6 +162,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=160, help="tokens per generation (default 160)")
     ap.add_argument("--lookup-ngram", type=int, default=3)
     ap.add_argument("--tasks", default="edit,code,prose")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds of every mode, interleaved (ratios: median over rounds)")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
@@ -175,28 +179,35 @@ def main() -> int:
     for spec in (None, lookup, draft):  # compile kernels and build graphs, untimed
         minfer_run(model, warm, 24, spec)
     rows: list[dict[str, Any]] = []
+    path = str(resolve_model(args.target))
     for task in args.tasks.split(","):
         ids = model.tokenizer.encode(model.render_chat([{"role": "user",
                                                          "content": TASKS[task]}]))
-        plain = minfer_run(model, ids, args.n, None)
-        results = {"minfer plain": plain, "minfer lookup": minfer_run(model, ids, args.n, lookup),
-                   "minfer draft": minfer_run(model, ids, args.n, draft)}
-        if not args.no_llama:
-            path = str(resolve_model(args.target))
-            for mode in ("plain", "lookup"):
-                results[f"llama.cpp {mode}"] = llama_run(args.ref_python, path, ids, args.n,
-                                                         args.threads, mode)
-        base = rate(plain)
-        for name, r in results.items():
-            same = r["ids"] == plain["ids"] if "ids" in r else None
-            rows.append({"task": task, "mode": name, "tokens": r.get("n"),
-                         "tok_s": round(rate(r), 2), "vs_minfer_plain": round(rate(r) / base, 2),
-                         "acceptance": r.get("acceptance"), "drafted": r.get("drafted"),
-                         "same_ids": same,
-                         "error": r.get("error")})
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(args.rounds):  # modes alternate, so machine drift hits them all
+            plain = minfer_run(model, ids, args.n, None)
+            results = {"minfer plain": plain,
+                       "minfer lookup": minfer_run(model, ids, args.n, lookup),
+                       "minfer draft": minfer_run(model, ids, args.n, draft)}
+            if not args.no_llama:
+                for mode in ("plain", "lookup"):
+                    results[f"llama.cpp {mode}"] = llama_run(args.ref_python, path, ids, args.n,
+                                                             args.threads, mode)
+            for name, r in results.items():
+                r["same_ids"] = r["ids"] == plain["ids"] if "ids" in r else None
+                r["ratio"] = rate(r) / rate(plain)
+                runs.setdefault(name, []).append(r)
+        for name, rs in runs.items():
+            rows.append({"task": task, "mode": name, "tokens": rs[0].get("n"),
+                         "tok_s": round(statistics.mean(rate(r) for r in rs), 2),
+                         "vs_minfer_plain": round(statistics.median(r["ratio"] for r in rs), 2),
+                         "acceptance": rs[-1].get("acceptance"), "drafted": rs[-1].get("drafted"),
+                         "same_ids": all(r["same_ids"] for r in rs) if "ids" in rs[0] else None,
+                         "error": rs[-1].get("error")})
             print(json.dumps(rows[-1]), flush=True)
     print(f"\nCPU: {cpu_name()}, {os.cpu_count()} cores, -t {args.threads}; target {args.target}, "
           f"draft {args.draft}, {args.n} tokens, greedy")
+    print(f"{args.rounds} interleaved rounds; x minfer plain: median of per-round ratios")
     print("| task | mode | tok/s | x minfer plain | acceptance | ids = plain |")
     print("|---|---|---|---|---|---|")
     for r in rows:

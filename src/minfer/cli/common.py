@@ -118,8 +118,8 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help="most tokens proposed per step (default 16)")
     g.add_argument("--draft-min", type=int, default=0, metavar="N",
                    help="shorter proposals are not verified (default 0)")
-    g.add_argument("--draft-p-min", type=float, default=0.8, metavar="P",
-                   help="the draft stops when its top probability is below P (default 0.8)")
+    g.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
+                   help="the draft stops when its top probability is below P (default 0.3)")
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:

@@ -48,7 +48,7 @@ class SpecConfig:
 
     draft_max: int = 16  # most tokens proposed per step
     draft_min: int = 0  # a proposal shorter than this is dropped (plain step instead)
-    p_min: float = 0.8  # the draft model stops when its top probability is below this
+    p_min: float = 0.3  # the draft model stops when its top probability is below this
     lookup_ngram: int = 0  # prompt lookup's longest n-gram (0: off)
     adaptive: bool = True  # choose k by measured cost and acceptance (else always draft_max)
 
