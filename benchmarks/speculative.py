@@ -8,9 +8,9 @@ each with minfer plain, minfer prompt lookup (--lookup-ngram), minfer with a dra
 (--model-draft), and llama.cpp plain and with its prompt lookup
 (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding`, through llama-cpp-python in a separate
 interpreter, `--ref-python`). The modes run in interleaved rounds; a ratio is the median over
-rounds of rate / the same round's minfer plain rate. Rates are decode rates: the tokens after the first over the time
-after the first token (prefill excluded, the same definition for both engines). Each minfer
-mode also checks its ids against minfer's plain greedy ids.
+rounds of rate / the same round's minfer plain rate. Rates are decode rates: the tokens after
+the first over the time after the first token (prefill excluded, the same definition for both
+engines). Each minfer mode also checks its ids against minfer's plain greedy ids.
 
     nice .venv/bin/python benchmarks/speculative.py --target qwen2.5-coder-1.5b-instruct \
         --draft qwen2.5-coder-0.5b-instruct -t 2 --json /tmp/spec.json
