@@ -26,6 +26,8 @@ from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from minfer.engine.spec_generate import Speculator
+    from minfer.engine.speculative import SpecConfig
     from minfer.engine.warmup import Progress
     from minfer.sampling.grammar import GrammarMask, GrammarVocab
     from minfer.sampling.mask import LogitMask
@@ -158,11 +160,14 @@ class Model:
         top_logits: int = 0,
         sampling: SamplerParams | None = None,
         logit_mask: LogitMask | None = None,
+        speculator: Speculator | None = None,
     ) -> Iterator[Piece | Finished]:
         """Events of one generation from a fresh context: Pieces, then one Finished.
 
         logit_mask: a constraint run first in the sampler chain, e.g. `self.grammar_mask(g)`;
         a mask with `is_stopped()` ends the generation (reason "grammar") when nothing may follow.
+        speculator: verify proposals in batches (`self.speculator(...)`); Finished.speculation
+        then counts drafted and accepted tokens.
         """
         if not prompt_ids:
             raise MinferError("the prompt is empty")
@@ -174,7 +179,44 @@ class Model:
         sampler.reset(prompt_ids)  # each stage keeps the history it needs
         yield from generate(engine, self.tokenizer, sampler, prompt_ids, max_tokens=max_tokens,
                             stops=stop, batch_size=self.batch_size, top_logits=top_logits,
-                            constraint=logit_mask if isinstance(logit_mask, Constraint) else None)
+                            constraint=logit_mask if isinstance(logit_mask, Constraint) else None,
+                            speculator=speculator)
+
+    def speculator(self, config: SpecConfig | None = None, *, draft: str | Path | None = None,
+                   temp: float = 0.0, seed: int | None = None) -> Speculator:
+        """Speculative decoding for this model: prompt lookup (`config.lookup_ngram`) or a
+        draft model (`draft`: path or cached name; same vocabulary, its own engine and KV).
+        temp: the draft's sampling temperature when the target samples."""
+        from minfer.engine.spec_generate import Speculator
+        from minfer.engine.speculative import (
+            DraftModelProposer,
+            NgramProposer,
+            SpecConfig,
+            SpeculativeError,
+            check_same_vocab,
+        )
+
+        config = config or SpecConfig()
+        if (draft is None) == (config.lookup_ngram == 0):
+            raise SpeculativeError("speculative decoding takes one proposer: a draft model "
+                                   "or --lookup-ngram N")
+        if draft is None:
+            return Speculator(NgramProposer(config.lookup_ngram), config)
+        f = GGUFFile.open(resolve_model(str(draft)))
+        hparams = HParams.from_gguf(f)
+        draft_tokens = f.metadata.get("tokenizer.ggml.tokens")
+        check_same_vocab(self.tokenizer.vocab.tokens, list(draft_tokens or ()),
+                         target_n_vocab=self.hparams.n_vocab, draft_n_vocab=hparams.n_vocab)
+        from minfer.backends.select import select_backends
+
+        engine = Engine(f, hparams, n_ctx=self.engine().n_ctx, kv_type=self.kv_type,
+                        fuse_swiglu=self.fuse, fuse_gate_up=False,
+                        backends=select_backends(self.backend), n_threads=self.threads,
+                        adaptive_threads=self.adaptive_threads)
+        proposer = DraftModelProposer(engine, p_min=config.p_min, temp=temp or 1.0,
+                                      seed=0 if seed is None else seed,
+                                      batch_size=self.batch_size)
+        return Speculator(proposer, config)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  stop: Sequence[str] = (), seed: int | None = None,

@@ -81,14 +81,20 @@ class KVMirror:
         """The next cell to write; also the number of tokens in the KV."""
         return len(self._tokens)
 
-    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray:
-        """Write tokens at start_pos.. (≤ cursor) and return the engine's logits."""
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
+                batch_invariant: bool = False) -> np.ndarray:
+        """Write tokens at start_pos.. (≤ cursor) and return the engine's logits
+        (`batch_invariant` as minfer.engine.forward.Engine.forward: a speculative verify)."""
         if start_pos > len(self._tokens):
             raise MinferError(
                 f"KV write at {start_pos} would leave a gap (cursor at {len(self._tokens)})")
         # Forget first: if the engine fails half-way, the mirror must not claim rows it lost.
         del self._tokens[start_pos:]
-        logits = self.engine.forward(tokens, start_pos, n_out)
+        if batch_invariant:
+            logits = cast("Engine", self.engine).forward(tokens, start_pos, n_out,
+                                                         batch_invariant=True)
+        else:
+            logits = self.engine.forward(tokens, start_pos, n_out)
         self._tokens.extend(int(t) for t in tokens)
         self.n_forwarded += len(tokens)
         return logits

@@ -248,6 +248,8 @@ def format_report(r: TurnReport) -> str:
         extras.append("regenerated")
     if r.shift_fallback:
         extras.append("shift fell back to re-prefill")
+    if r.drafted:
+        extras.append(f"{r.accepted}/{r.drafted} drafted tokens accepted")
     rate = r.n_generated / r.decode_s if r.decode_s > 0 else 0.0
     tail = f", {', '.join(extras)}" if extras else ""
     return (f"[turn {r.turn}: prefilled {r.n_prefilled} tokens ({how}), {r.n_kv} in KV, "

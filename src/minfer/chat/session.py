@@ -46,6 +46,7 @@ from minfer.errors import ContextOverflowError, MinferError, TemplateError
 
 if TYPE_CHECKING:
     from minfer.engine.forward import Engine
+    from minfer.engine.spec_generate import Speculator
 
 Message = dict[str, str]
 
@@ -104,6 +105,8 @@ class TurnReport:
     ids: list[int] = field(default_factory=list)  # the reply's sampled ids (EOT not included)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    drafted: int = 0  # speculative decoding: tokens proposed and verified this turn
+    accepted: int = 0  # ... and kept
 
 
 TurnEvents = Generator[Piece | TurnReport, None, None]
@@ -115,8 +118,10 @@ class ChatSession:
 
     def __init__(self, engine: ForwardEngine, tokenizer: ChatTokenizer, template: ChatRenderer,
                  sampler: ChatSampler, *, system: str | None = None,
-                 config: ChatConfig | None = None, overflow: str | None = None) -> None:
+                 config: ChatConfig | None = None, overflow: str | None = None,
+                 speculator: Speculator | None = None) -> None:
         self.kv = KVMirror(engine)
+        self.speculator = speculator  # proposals verified in batches; the output is the same
         self.tokenizer = tokenizer
         self.template = template
         self.sampler = sampler
@@ -257,7 +262,8 @@ class ChatSession:
                 finished = None
                 events = generate(self._engine(), self.tokenizer, self.sampler, prompt,
                                   max_tokens=cfg.max_tokens - len(ids), stops=cfg.stops,
-                                  start_pos=self.kv.cursor, batch_size=cfg.batch_size)
+                                  start_pos=self.kv.cursor, batch_size=cfg.batch_size,
+                                  speculator=self.speculator, context=self.kv.tokens)
                 for event in events:
                     if isinstance(event, Piece):
                         text.append(event.text)
@@ -268,6 +274,9 @@ class ChatSession:
                 ids += finished.ids
                 report.prefill_s += finished.timings.prefill_s
                 report.decode_s += finished.timings.decode_s
+                if finished.speculation is not None:
+                    report.drafted += finished.speculation.drafted
+                    report.accepted += finished.speculation.accepted
                 if finished.reason != "context" or len(ids) >= cfg.max_tokens:
                     break
                 resumed = self._resume_after_overflow(report, ids)

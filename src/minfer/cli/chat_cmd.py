@@ -18,8 +18,10 @@ from typing import Any
 from minfer.cli.common import (
     add_model_args,
     add_sampling_args,
+    add_speculative_args,
     load_announcing_cold_start,
     sampling_from_args,
+    speculator_from_args,
 )
 from minfer.errors import MinferError
 
@@ -43,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="per-turn prefill counts on stderr")
     add_model_args(p)
     add_sampling_args(p)
+    add_speculative_args(p)
     p.set_defaults(func=run)
 
 
@@ -108,7 +111,8 @@ def make_session(model: Any, args: argparse.Namespace) -> Any:
     config = ChatConfig(max_tokens=args.n_predict, stops=tuple(args.stop),
                         batch_size=args.batch_size)
     return ChatSession(engine, model.tokenizer, model.chat_template, sampler,
-                       system=args.system, config=config)
+                       system=args.system, config=config,
+                       speculator=speculator_from_args(model, args))
 
 
 def _color(choice: str) -> bool:

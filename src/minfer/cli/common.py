@@ -107,3 +107,29 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     model = Model(f.path, gguf_file=f, **model_options(args))
     model.chat_template  # noqa: B018  (text commands: an unreadable vocabulary fails now)
     return model, progress
+
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's speculative-decoding flags, and prompt lookup."""
+    g = p.add_argument_group("speculative decoding (output unchanged; faster when guesses pass)")
+    g.add_argument("-md", "--model-draft", metavar="FILE",
+                   help="draft model (path or cached name) with the same vocabulary")
+    g.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
+                   help="prompt lookup: propose what followed the last N-gram earlier (0: off)")
+    g.add_argument("--draft-max", "--draft", type=int, default=16, metavar="N",
+                   help="most tokens proposed per step (default 16)")
+    g.add_argument("--draft-min", type=int, default=0, metavar="N",
+                   help="shorter proposals are not verified (default 0)")
+    g.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
+                   help="the draft stops when its top probability is below P (default 0.3)")
+
+
+def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
+    """The Speculator the flags ask for (None without --model-draft / --lookup-ngram)."""
+    if not args.model_draft and not args.lookup_ngram:
+        return None
+    from minfer.engine.speculative import SpecConfig
+
+    config = SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
+                        p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram)
+    return model.speculator(config, draft=args.model_draft, temp=args.temp, seed=args.seed)

@@ -18,10 +18,12 @@ from typing import Any
 from minfer.cli.common import (
     add_model_args,
     add_sampling_args,
+    add_speculative_args,
     load_announcing_cold_start,
     looks_like_model,
     read_stdin_prompt,
     sampling_from_args,
+    speculator_from_args,
 )
 from minfer.errors import MinferError
 
@@ -47,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_sampling_args(p)
     add_grammar_args(p)
+    add_speculative_args(p)
     p.set_defaults(func=run)
 
 
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         return dump_graphs(model, args, len(prompt_ids))
     if progress is not None:
         model.warm_up(len(prompt_ids), progress)
-    return generate_and_print(model, args, prompt_ids)
+    return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args))
 
 
 def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
@@ -143,7 +146,8 @@ def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
     return 0
 
 
-def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[int]) -> int:
+def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[int],
+                       speculator: Any = None) -> int:
     from minfer.engine.generate import Finished, Piece
 
     if args.n_predict < 0:
@@ -154,7 +158,7 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
     finished: Finished | None = None
     events = model.stream(prompt_ids, max_tokens=args.n_predict, stop=args.stop, seed=args.seed,
                           top_logits=args.top_logits, sampling=sampling_from_args(args),
-                          logit_mask=mask)
+                          logit_mask=mask, speculator=speculator)
     for event in events:
         if isinstance(event, Piece):
             if not args.json:
@@ -172,6 +176,8 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
             "finish_reason": finished.reason,
             "timings": finished.timings.as_dict(),
         }
+        if finished.speculation is not None:
+            out["speculative"] = finished.speculation.as_dict()
         if args.top_logits:
             out["top_logits"] = [[[i, v] for i, v in step] for step in finished.top_logits]
         print(json.dumps(out, ensure_ascii=False))
@@ -193,6 +199,10 @@ def print_rates(finished: Any, total_s: float) -> None:
         f"({t.as_dict()['decode_tokens_per_s']:.1f} tok/s), stopped by {finished.reason}",
         f"Total:     {t.prefill_tokens + n_gen} tokens in {total_s:.2f} s",
     ]
+    spec = getattr(finished, "speculation", None)
+    if spec is not None:
+        lines.append(f"Drafted:   {spec.drafted} tokens, {spec.accepted} accepted "
+                     f"({100 * spec.acceptance:.1f} %) in {spec.steps} verify steps")
     if os.environ.get("MINFER_TIMING"):
         lines.append(f"Timing:    forward {t.prefill_s + t.decode_s:.3f} s, "
                      f"sampling {t.sample_s:.3f} s "

@@ -64,6 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--address", default=None,
                      help="Ray cluster to join (ray://HOST:PORT or auto; default: start a "
                           "local one)")
+    p.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
+                   help="speculative decoding per slot by prompt lookup of the last N-gram "
+                        "(0: off; output unchanged)")
+    p.add_argument("--draft-max", "--draft", type=int, default=16, metavar="N",
+                   help="most tokens proposed per step (default 16)")
+    p.add_argument("--draft-min", type=int, default=0, metavar="N",
+                   help="shorter proposals are not verified (default 0)")
     p.set_defaults(func=run)
 
 
@@ -84,7 +91,13 @@ def run(args: argparse.Namespace) -> int:
         model_path=resolve_model(args.model or args.model_opt), n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
         chunk=args.chunk, n_predict=args.n_predict, kv_type=args.kv_type, fuse=not args.no_fuse,
+        lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
     )
+    if args.lookup_ngram:
+        from minfer.engine.speculative import SpecConfig
+
+        SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
+                   lookup_ngram=args.lookup_ngram)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     if args.ray:

@@ -136,11 +136,15 @@ class Engine:
         return PreparedGraph(params, graph, plan, scheduler.make_splits(graph, plan.live))
 
     # -- the forward ---------------------------------------------------------------------------
-    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray:
-        """One sequence's tokens at start_pos..; logits of the last n_out rows."""
-        return self.forward_batch(Batch.single(tokens, start_pos, n_out))
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
+                batch_invariant: bool = False) -> np.ndarray:
+        """One sequence's tokens at start_pos..; logits of the last n_out rows.
+        batch_invariant: this forward's rows are bitwise their one-token decode rows (a
+        speculative verify), even on an engine made without `batch_invariant`."""
+        return self.forward_batch(Batch.single(tokens, start_pos, n_out),
+                                  batch_invariant=batch_invariant)
 
-    def forward_batch(self, batch: Batch) -> np.ndarray:
+    def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
         self._check(batch)
         key = (batch.n_tokens, len(batch.out_rows))
         tuner = self.tuner if batch.n_tokens <= TUNED_MAX_TOKENS else None
@@ -163,14 +167,14 @@ class Engine:
             buf = buffers[node_id]
             assert buf is not None
             buf[:] = fills[kind]
+        invariant = self.batch_invariant or batch_invariant
         tape = None
         if self.op_tape and self.profile is None and self.tracer is None:
-            tape = self._tape(prepared, buffers)
+            tape = self._tape(prepared, buffers, invariant)
         if tape is not None:
             tape.run()
         else:
-            ctx = ExecContext(weights=self.weights, kv=self.kv,
-                              batch_invariant=self.batch_invariant)
+            ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=invariant)
             if self.tracer is None:
                 scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx,
                                   self.profile)
@@ -204,16 +208,17 @@ class Engine:
             self._by_name[node.backend].execute_node(
                 node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
 
-    def _tape(self, prepared: PreparedGraph,
-              buffers: list[np.ndarray | None]) -> scheduler.Tape | None:
-        """The prepared graph's op tape over these buffers, bound on first use."""
-        cached = prepared.scratch.get("tape")
+    def _tape(self, prepared: PreparedGraph, buffers: list[np.ndarray | None],
+              batch_invariant: bool) -> scheduler.Tape | None:
+        """The prepared graph's op tape over these buffers, bound on first use (one per
+        batch-invariance setting: it decides the paths the binding takes)."""
+        key = "tape-invariant" if batch_invariant else "tape"
+        cached = prepared.scratch.get(key)
         if cached is None or cached[0] is not buffers:
-            ctx = ExecContext(weights=self.weights, kv=self.kv,
-                              batch_invariant=self.batch_invariant)
+            ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant)
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
                                         ctx)
-            prepared.scratch["tape"] = cached = (buffers, tape)
+            prepared.scratch[key] = cached = (buffers, tape)
         result: scheduler.Tape | None = cached[1]
         return result
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from minfer.engine.stepper import Constraint, TokenSampler, TokenStepper, TokenText
 from minfer.errors import ContextOverflowError
+
+if TYPE_CHECKING:
+    from minfer.engine.spec_generate import Speculator
+    from minfer.engine.speculative import SpecStats
 
 __all__ = ["Constraint", "Finished", "Forward", "Piece", "Timings", "TokenSampler", "TokenText",
            "generate", "prefill", "top_k_pairs"]
@@ -66,6 +70,7 @@ class Finished:
     top_logits: list[list[tuple[int, float]]] = field(default_factory=list)
     n_past: int = 0  # tokens in the KV when the loop ended
     eot_id: int | None = None  # the end-of-generation token sampled, if any
+    speculation: SpecStats | None = None  # drafted / accepted counts of a speculative run
 
 
 def _rate(n: int, s: float) -> float:
@@ -106,7 +111,20 @@ def generate(
     batch_size: int = 512,
     top_logits: int = 0,
     constraint: Constraint | None = None,
+    speculator: Speculator | None = None,
+    context: Sequence[int] = (),
 ) -> Iterator[Piece | Finished]:
+    """Generate after prompt_ids (prefilled at start_pos). With a `speculator`, proposals are
+    verified in batches (minfer.engine.spec_generate); `context` then holds the start_pos
+    tokens already in the KV, which the proposers read."""
+    if speculator is not None:
+        from minfer.engine.spec_generate import generate_speculative
+
+        yield from generate_speculative(
+            engine, vocab, sampler, prompt_ids, speculator=speculator,  # type: ignore[arg-type]
+            context=context, max_tokens=max_tokens, stops=stops, start_pos=start_pos,
+            batch_size=batch_size, top_logits=top_logits, constraint=constraint)
+        return
     timings = Timings(prefill_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     logits = prefill(engine, prompt_ids, start_pos, batch_size)

@@ -68,7 +68,11 @@ class TokenStepper:
     def step(self, logits: np.ndarray) -> Step:
         if self.grammar_done():
             return Step(None, "", "grammar")
-        token = self.sampler.sample(logits)
+        return self.commit(self.sampler.sample(logits))
+
+    def commit(self, token: int) -> Step:
+        """Take `token` as the sequence's next one (drawn by `step`, or by a speculative
+        verifier from the sampler's distribution): accept it, then the end and stop gates."""
         self.sampler.accept(token)
         if token in self.vocab.eot_ids:
             return Step(token, "", "eos")

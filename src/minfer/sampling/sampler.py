@@ -137,13 +137,53 @@ class Sampler:
         c = stages.Candidates(self._all_ids, x)
         if self.mirostat is not None:
             return self.mirostat.sample(stages.temperature(c, p.temp), self._rng)
+        c = self._truncated(c)
+        i, _ = stages.draw(c, self._rng)
+        return int(c.ids[i])
+
+    def _truncated(self, c: stages.Candidates) -> stages.Candidates:
+        p = self.params
         c = stages.top_k(c, p.top_k)
         c = stages.typical(c, p.typical_p, p.min_keep)
         c = stages.top_p(c, p.top_p, p.min_keep)
         c = stages.min_p(c, p.min_p, p.min_keep)
-        c = stages.temperature(c, p.temp)
-        i, _ = stages.draw(c, self._rng)
-        return int(c.ids[i])
+        return stages.temperature(c, p.temp)
+
+    # -- what speculative decoding needs: the distribution `sample` draws from ------------------
+    @property
+    def greedy(self) -> bool:
+        """`sample` is a deterministic argmax (temp <= 0, no mirostat)."""
+        return self.params.temp <= 0.0 and self.mirostat is None
+
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(candidate ids, probabilities summing to 1): the distribution `sample(logits)` draws
+        from in the current state (mask, penalty history). Greedy: a point mass. Mirostat's
+        distribution depends on its draw (mu), so it has none: SamplingError."""
+        if self.mirostat is not None:
+            raise SamplingError("mirostat has no fixed distribution to verify proposals against")
+        x = np.array(self._checked(logits), dtype=np.float32, copy=True)
+        if self.logit_mask is not None:
+            self.logit_mask.apply(x)
+        self.penalties.apply(x)
+        self.dry.apply(x)
+        if not x.max() > -np.inf:
+            raise SamplingError(f"cannot pick a token: the best logit is {x.max()} (all masked?)")
+        if self.params.temp <= 0.0:
+            return np.array([int(np.argmax(x))], np.int64), np.ones(1)
+        c = self._truncated(stages.Candidates(self._all_ids, x))
+        return c.ids, stages.softmax(c.logits)
+
+    def random(self) -> float:
+        """One uniform draw in [0, 1) from this sampler's seeded generator."""
+        return float(self._rng.random())
+
+    def choose(self, weights: np.ndarray) -> int:
+        """Draw an index with probability proportional to `weights` [n] (non-negative, n_vocab
+        or fewer entries), from this sampler's seeded generator."""
+        i, total = stages.inverse_cdf(np.asarray(weights, dtype=np.float64), self.random())
+        if not total > 0:
+            raise SamplingError("cannot draw from an all-zero distribution")
+        return i
 
     def _checked(self, logits: np.ndarray) -> np.ndarray:
         if not isinstance(logits, np.ndarray) or logits.shape != (self.n_vocab,):

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minfer.engine.spec_generate import Verifier
+from minfer.engine.speculative import DraftLength
 from minfer.engine.stepper import Constraint, TokenStepper, TokenText
 from minfer.sampling.sampler import Sampler
 
@@ -110,6 +112,10 @@ class Generation:
         self.vocab = vocab
         self.n_ctx_slot = n_ctx_slot
         self.stepper = TokenStepper(req.sampler, vocab, req.stops, req.constraint)
+        self.verifier: Verifier | None = None  # set when the server verifies proposals
+        self.length = DraftLength(adaptive=True)  # its acceptance rate picks the draft length
+        self.drafted = 0
+        self.accepted = 0
         self.n_generated = 0
         self.n_cached = 0
         self.t_submit = time.perf_counter()
@@ -117,13 +123,23 @@ class Generation:
         self.first_token_s: float | None = None
         self.last_gap: float | None = None  # seconds since the previous token (None: first)
 
-    def step(self, logits: np.ndarray) -> tuple[int | None, str | None]:
+    def enable_speculation(self) -> None:
+        """Let this request verify proposals (minfer.engine.spec_generate.Verifier)."""
+        self.verifier = Verifier(self.stepper, self.req.sampler)
+
+    def step(self, logits: np.ndarray, proposed: int | None = None
+             ) -> tuple[int | None, str | None]:
         """Sample one token and post what it makes visible; (token, finish reason or None).
+        With `proposed` (a token whose row the forward also computed) the draw is the
+        speculative verifier's: the proposal is kept or replaced, as minfer.engine.spec_generate.
 
         Under a grammar that allows no further token the request ends with "stop" and no token
         is drawn: the text so far is a valid prefix (the check is also made right after each
         accepted token, so a finished grammar costs no extra forward)."""
-        step = self.stepper.step(logits)
+        if proposed is not None and self.verifier is not None:
+            step = self.verifier.step(logits, proposed, None)
+        else:
+            step = self.stepper.step(logits)
         if step.token is None:
             self._post(self.stepper.finish(step.end), [])
             return None, "stop"

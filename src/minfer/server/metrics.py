@@ -115,6 +115,10 @@ class Metrics:
         self.cached_tokens = Counter("minfer_prompt_tokens_cached_total",
                                      "Prompt tokens served from the prompt cache")
         self.generated_tokens = Counter("minfer_generated_tokens_total", "Tokens generated")
+        self.draft_tokens = Counter("minfer_draft_tokens_total",
+                                    "Tokens proposed by speculative decoding and verified")
+        self.draft_accepted = Counter("minfer_draft_tokens_accepted_total",
+                                      "Proposed tokens the model kept")
         self.rejected = Counter("minfer_requests_rejected_total",
                                 "Requests refused because the queue was full")
         self.ttft = Histogram("minfer_time_to_first_token_seconds",
@@ -130,7 +134,8 @@ class Metrics:
         lines: list[str] = []
         metrics: list[Counter | Gauge | Histogram] = [
             self.requests, self.prompt_tokens, self.cached_tokens, self.generated_tokens,
-            self.rejected, *self._gauges, self.ttft, self.tpot,
+            self.draft_tokens, self.draft_accepted, self.rejected, *self._gauges, self.ttft,
+            self.tpot,
         ]
         for m in metrics:
             lines.append(f"# HELP {m.name} {m.doc}")

@@ -39,13 +39,15 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
     out_rows: list[int] = []
     out_ids: list[int] = []
     for w in plan.works:
-        n = len(w.tokens)
+        n = len(w.tokens) + len(w.draft)
         tokens.extend(w.tokens)
+        tokens.extend(w.draft)
         positions.append(np.arange(w.start_pos, w.start_pos + n, dtype=np.int32))
         bases.append(np.full(n, w.slot * n_ctx_slot, dtype=np.int32))
-        if w.logits:
-            out_rows.append(len(tokens) - 1)
-            out_ids.append(w.seq_id)
+        if w.logits:  # the last known token's row, and each proposal's
+            for row in range(len(tokens) - 1 - len(w.draft), len(tokens)):
+                out_rows.append(row)
+                out_ids.append(w.seq_id)
     if not out_rows:  # a step of prompt chunks only: the graph still returns one row
         out_rows.append(len(tokens) - 1)
     pos = np.concatenate(positions)
@@ -74,7 +76,16 @@ class Runner:
         self.run(Plan((Work(-1, 0, 2, (0,), True),)))
 
     def run(self, plan: Plan) -> dict[int, np.ndarray]:
-        """Execute plan; the logits row [n_vocab] of every sequence that asked for one."""
+        """Execute plan; the logits row [n_vocab] of every sequence that asked for one
+        (rows [1 + k, n_vocab] for a sequence whose work carries k proposals)."""
         batch, out_ids = build_batch(plan, self.n_ctx_slot)
         logits = self.engine.forward_batch(batch)
-        return {seq_id: logits[i] for i, seq_id in enumerate(out_ids)}
+        out: dict[int, np.ndarray] = {}
+        i = 0
+        for w in plan.works:
+            if w.logits:
+                n = 1 + len(w.draft)
+                out[w.seq_id] = logits[i] if not w.draft else logits[i:i + n]
+                i += n
+        assert i == len(out_ids)
+        return out

@@ -14,15 +14,22 @@ restart at 0 in each slot. A slot remembers the tokens its cells hold after its 
 new request takes the free slot whose cache shares the longest prefix with its prompt and prefills
 only the rest (the prompt cache). At least the last prompt token is always recomputed, because its
 logits are needed to sample the first token.
+
+Speculative decoding (`propose`): a decoding sequence's work may carry proposed tokens after its
+one pending token; the forward computes their rows too, the worker keeps the verified prefix
+(`accept_drafted`) and the rest of those cells are simply overwritten later.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minfer.errors import MinferError
+
+Propose = Callable[[int, list[int], int], list[int]]  # (seq id, tokens, room) -> proposals
 
 
 class QueueFullError(MinferError):
@@ -64,6 +71,7 @@ class Work:
     start_pos: int
     tokens: tuple[int, ...]
     logits: bool  # the last token's logits are wanted (the sequence samples after this step)
+    draft: tuple[int, ...] = ()  # proposed continuation, fed after `tokens` to be verified
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class Plan:
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(w.tokens) for w in self.works)
+        return sum(len(w.tokens) + len(w.draft) for w in self.works)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -85,7 +93,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 class Scheduler:
     def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 128,
-                 max_waiting: int = 64) -> None:
+                 max_waiting: int = 64, propose: Propose | None = None) -> None:
         if n_slots < 1 or n_ctx_slot < 1 or chunk < 1 or max_waiting < 0:
             raise MinferError("slots, context, chunk must be positive and the queue >= 0")
         self.n_ctx_slot = n_ctx_slot
@@ -95,6 +103,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # in admission order
         self._tick = itertools.count(1)
+        self.propose = propose  # speculative decoding: proposals for a decoding sequence
 
     # -- requests in and out -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -129,7 +138,7 @@ class Scheduler:
         budget = self.chunk
         for seq in self.running.values():
             if seq.decoding and seq.n_pending > 0:
-                works.append(self._work(seq, 1))
+                works.append(self._decode_work(seq))
         for seq in self.running.values():
             if not seq.decoding and budget > 0:
                 n = min(seq.n_pending, budget)
@@ -147,6 +156,23 @@ class Scheduler:
             assert w.start_pos == seq.n_computed
             seq.n_computed += len(w.tokens)
             self.slots[w.slot].cached = seq.tokens[: seq.n_computed]
+
+    def accept_drafted(self, seq_id: int, tokens: list[int]) -> None:
+        """Proposed tokens the target verified: known, and their KV rows already computed."""
+        seq = self.running[seq_id]
+        assert seq.n_computed == len(seq.tokens)
+        seq.tokens.extend(tokens)
+        seq.n_computed += len(tokens)
+        assert seq.slot is not None
+        self.slots[seq.slot].cached = seq.tokens[: seq.n_computed]
+
+    def _decode_work(self, seq: Sequence) -> Work:
+        work = self._work(seq, 1)
+        room = self.n_ctx_slot - seq.n_computed - 1
+        if self.propose is None or seq.n_pending != 1 or room < 1:
+            return work
+        draft = tuple(self.propose(seq.seq_id, seq.tokens, room)[:room])
+        return Work(work.seq_id, work.slot, work.start_pos, work.tokens, True, draft)
 
     def _work(self, seq: Sequence, n: int) -> Work:
         assert seq.slot is not None

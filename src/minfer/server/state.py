@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minfer.engine.speculative import SpecConfig
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -43,6 +44,9 @@ class ServerConfig:
     kv_type: str = "f16"
     fuse: bool = True
     max_body_bytes: int = 16 << 20
+    lookup_ngram: int = 0  # prompt lookup per slot (speculative decoding); 0: off
+    draft_max: int = 16
+    draft_min: int = 0
 
 
 @dataclass
@@ -53,6 +57,13 @@ class LoadedModel:
     limits: Limits
     worker: Worker
     grammar_vocab: GrammarVocab | None = None  # for structured output; built once at load
+
+
+def _speculation(cfg: ServerConfig) -> SpecConfig | None:
+    if not cfg.lookup_ngram:
+        return None
+    return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min,
+                      lookup_ngram=cfg.lookup_ngram)
 
 
 def model_name(path: Path) -> str:
@@ -163,7 +174,8 @@ class ServerState:
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
         factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
         worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
-                        chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics)
+                        chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
+                        speculation=_speculation(cfg))
         self._register_gauges(worker)
         worker.start()
         grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms up

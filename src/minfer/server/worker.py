@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minfer.engine.speculative import SpecConfig, bucket_floor, lookup
 from minfer.server.generation import Failed, Generation, GenRequest, Handle, Vocab
 from minfer.server.metrics import Metrics
 from minfer.server.runner import BatchEngine, Runner
@@ -39,12 +40,16 @@ class Worker:
         chunk: int = 128,
         max_waiting: int = 64,
         metrics: Metrics | None = None,
+        speculation: SpecConfig | None = None,
     ) -> None:
         self.vocab = vocab
+        # prompt lookup per slot (`--lookup-ngram`): proposals verified in the batch's forward
+        self.speculation = speculation if speculation and speculation.lookup_ngram else None
         self.n_ctx_slot = n_ctx_slot
         self.metrics = metrics or Metrics()
         self.scheduler = Scheduler(n_slots=n_slots, n_ctx_slot=n_ctx_slot, chunk=chunk,
-                                   max_waiting=max_waiting)
+                                   max_waiting=max_waiting,
+                                   propose=self._propose if self.speculation else None)
         self._make_engine = make_engine
         self._cv = threading.Condition()
         self._gens: dict[int, Generation] = {}
@@ -79,6 +84,8 @@ class Worker:
         """Queue a request (QueueFullError when the queue is full); events go to handle."""
         seq_id = next(self._ids)
         gen = Generation(req, handle, self.vocab, n_ctx_slot=self.n_ctx_slot)
+        if self.speculation is not None:
+            gen.enable_speculation()
         with self._cv:
             if self._stopping:
                 raise RuntimeError("the engine is shutting down")
@@ -148,21 +155,65 @@ class Worker:
                     self._end(w.seq_id, None, Failed(f"the forward pass failed: {exc}"))
             return
         self.steps += 1
-        decisions = [(seq_id, *self._sample(seq_id, row)) for seq_id, row in rows.items()]
+        drafts = {w.seq_id: w.draft for w in plan.works if w.draft}
+        decisions = [(seq_id, *self._verify(seq_id, row, drafts.get(seq_id, ())))
+                     for seq_id, row in rows.items()]
         with self._cv:
             self.scheduler.advance(plan)
-            for seq_id, token, reason in decisions:
+            for seq_id, kept, token, reason in decisions:
+                if kept and seq_id in self.scheduler.running:
+                    self.scheduler.accept_drafted(seq_id, kept)
                 if reason is None and token is not None:
                     self.scheduler.append(seq_id, token)
                 elif reason is not None:
                     self._end(seq_id, reason)
 
-    def _sample(self, seq_id: int, row: np.ndarray) -> tuple[int | None, str | None]:
+    def _verify(self, seq_id: int, rows: np.ndarray, draft: tuple[int, ...]
+                ) -> tuple[list[int], int | None, str | None]:
+        """(the proposals kept, the next token, a finish reason): rows [1 + k, n_vocab] are
+        drawn in order until a proposal is not kept (one row and no draft: a plain step)."""
+        if not draft:
+            return [], *self._sample(seq_id, rows)
+        kept: list[int] = []
+        token: int | None = None
+        reason: str | None = None
+        for i, row in enumerate(rows):
+            proposed = draft[i] if i < len(draft) else None
+            token, reason = self._sample(seq_id, row, proposed)
+            if reason is not None or token is None or token != proposed:
+                break
+            kept.append(token)
+        gen = self._gens.get(seq_id)
+        if gen is not None:
+            gen.drafted += len(draft)
+            gen.accepted += len(kept)
+            gen.length.record_outcome(len(draft), len(kept))
+        self.metrics.draft_tokens.inc(len(draft))
+        self.metrics.draft_accepted.inc(len(kept))
+        return kept, token, reason  # a token that ended the sequence is not fed back
+
+    def _propose(self, seq_id: int, tokens: list[int], room: int) -> list[int]:
+        """Prompt lookup for a decoding sequence (scheduler callback, lock held)."""
+        gen = self._gens.get(seq_id)
+        spec = self.speculation
+        if gen is None or gen.verifier is None or spec is None:
+            return []
+        left = gen.req.max_tokens - gen.n_generated
+        k = gen.length.choose(min(room, left, spec.draft_max))
+        if k == 0:
+            return []
+        draft = lookup(np.asarray(tokens, dtype=np.int64), spec.lookup_ngram, k)
+        if len(draft) < max(1, spec.draft_min):
+            return []
+        return draft[:bucket_floor(len(draft))]
+
+    def _sample(self, seq_id: int, row: np.ndarray, proposed: int | None = None
+                ) -> tuple[int | None, str | None]:
         gen = self._gens.get(seq_id)
         if gen is None or gen.handle.cancelled:  # aborted or cancelled during the forward
             return None, None
         try:
-            token, reason = gen.step(row)
+            token, reason = gen.step(row, proposed)
         except Exception as exc:
             log.exception("sampling failed")
             gen.handle.post(Failed(f"sampling failed: {exc}"))

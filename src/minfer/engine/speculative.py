@@ -1,0 +1,301 @@
+"""Speculative decoding's proposers: cheap guesses at the next tokens, and how many to ask for.
+
+A proposer looks at the whole sequence so far (context, prompt and output, from position 0) and
+proposes up to k tokens that might follow. The target model then verifies them all in one
+forward (minfer.engine.spec_generate): decode is memory-bound, so k+1 rows cost about one.
+
+- `NgramProposer` (`--lookup-ngram N`, prompt lookup): finds the latest earlier occurrence of the
+  sequence's last N tokens (then N-1, ..., 1) and proposes what followed it. A point-mass guess:
+  free to make, right whenever the output copies the prompt (code edits, quotes).
+- `DraftModelProposer` (`--model-draft FILE`): a smaller model with the same vocabulary runs its
+  own engine and KV. Its KV is a `KVMirror`, synchronised with the sequence by common prefix, so
+  rejected drafts, /regen and dropped turns only cost re-forwarding the part that changed. It
+  stops drafting when its top probability falls under `p_min` (llama.cpp's --draft-p-min); with
+  sampling it draws from its own distribution q and hands q to the verifier.
+
+`DraftLength` adapts k to what pays: it keeps the per-token acceptance rate and the measured
+costs (plain decode, verify of n rows, one drafted token) and picks the k, from a few buckets
+(so the verify graphs stay in the graph cache), that maximises expected tokens per second; k = 0
+means plain decoding, probed again now and then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from minfer.chat.kv import KVMirror, common_prefix
+from minfer.errors import MinferError
+
+if TYPE_CHECKING:
+    from minfer.engine.forward import Engine
+
+# Verify shapes: proposals are cut down to one of these lengths, so a generation uses at most
+# this many verify graphs (n_tokens = k + 1) besides the decode and prefill graphs.
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+class SpeculativeError(MinferError):
+    """Speculative decoding that cannot run as asked (mismatched draft vocabulary, bad flags)."""
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """llama.cpp's flags: --draft-max, --draft-min, --draft-p-min; and --lookup-ngram."""
+
+    draft_max: int = 16  # most tokens proposed per step
+    draft_min: int = 0  # a proposal shorter than this is dropped (plain step instead)
+    p_min: float = 0.3  # the draft model stops when its top probability is below this
+    lookup_ngram: int = 0  # prompt lookup's longest n-gram (0: off)
+    adaptive: bool = True  # choose k by measured cost and acceptance (else always draft_max)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.draft_max <= BUCKETS[-1]:
+            raise SpeculativeError(f"--draft-max must be in 1..{BUCKETS[-1]}, "
+                                   f"got {self.draft_max}")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise SpeculativeError(f"--draft-min must be in 0..--draft-max, got {self.draft_min}")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise SpeculativeError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
+        if self.lookup_ngram < 0:
+            raise SpeculativeError(f"--lookup-ngram must be >= 0, got {self.lookup_ngram}")
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    # q for each token when it was drawn from a distribution (dense [n_vocab] probabilities);
+    # None: each token is a point-mass guess (prompt lookup, a greedy draft)
+    q: list[np.ndarray] | None = None
+
+    def cut(self, n: int) -> Proposal:
+        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n])
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
+        """Up to k tokens that may follow `history` (the sequence from position 0)."""
+        ...
+
+    def prepare(self, history: Sequence[int]) -> None:
+        """Read a new prompt ahead of the first proposal (with the target's prefill)."""
+        ...
+
+
+@dataclass
+class SpecStats:
+    """Counts of one generation (or a server slot's lifetime)."""
+
+    steps: int = 0  # target forwards that carried proposals
+    drafted: int = 0  # tokens proposed and verified
+    accepted: int = 0  # proposed tokens the target kept
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": round(self.acceptance, 4), "verify_steps": self.steps}
+
+
+# -- prompt lookup -------------------------------------------------------------------------------
+class NgramProposer:
+    """Prompt lookup: continue the latest earlier occurrence of the last n-gram (n = N .. 1)."""
+
+    name = "lookup"
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise SpeculativeError(f"--lookup-ngram must be >= 1, got {n}")
+        self.n = n
+
+    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
+        seq = np.asarray(history, dtype=np.int64)
+        return Proposal(lookup(seq, self.n, k))
+
+    def prepare(self, history: Sequence[int]) -> None:
+        return None
+
+
+def lookup(seq: np.ndarray, max_n: int, k: int) -> list[int]:
+    """Up to k tokens that followed an earlier occurrence of seq's last n tokens, longest n
+    first: the latest occurrence with k tokens after it, else the earliest (the most after it)."""
+    size = seq.shape[0]
+    for n in range(min(max_n, size - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # [size - n, n]
+        hits = np.flatnonzero((windows == seq[size - n:]).all(axis=1))
+        if hits.size:
+            full = hits[hits + n + k <= size]
+            start = int(full[-1] if full.size else hits[0]) + n
+            return [int(t) for t in seq[start:start + k]]
+    return []
+
+
+# -- draft model ---------------------------------------------------------------------------------
+class DraftModelProposer:
+    """A smaller model with its own engine and KV proposes by decoding ahead."""
+
+    name = "draft"
+
+    def __init__(self, engine: Engine, *, p_min: float, temp: float = 0.0, seed: int = 0,
+                 batch_size: int = 512) -> None:
+        self.kv = KVMirror(engine)
+        self.p_min = p_min
+        self.temp = temp
+        self.batch_size = batch_size
+        self._rng = np.random.default_rng(seed)
+        self.n_forwarded = 0
+
+    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
+        if len(history) + 1 >= self.kv.n_ctx:  # the draft's context is full: no proposals
+            return Proposal([])
+        logits = self._catch_up(history)
+        pos = len(history)
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        while len(tokens) < k and pos < self.kv.n_ctx - 1:
+            q = _softmax(logits if greedy or self.temp == 1.0 else logits / self.temp)
+            tok = int(np.argmax(q))
+            if q[tok] < self.p_min:
+                break
+            if not greedy:
+                tok = int(self._rng.choice(q.shape[0], p=q))
+                qs.append(q)
+            tokens.append(tok)
+            if len(tokens) < k:
+                logits = self.kv.forward([tok], pos)[0]
+                self.n_forwarded += 1
+                pos += 1
+        return Proposal(tokens, None if greedy else qs)
+
+    def prepare(self, history: Sequence[int]) -> None:
+        if history and len(history) < self.kv.n_ctx:
+            self._catch_up(history)
+
+    def _catch_up(self, history: Sequence[int]) -> np.ndarray:
+        """Bring the draft KV to history[:-1] and forward the rest: the last token's logits."""
+        if not history:
+            raise SpeculativeError("the draft model needs at least one token to continue")
+        start = min(common_prefix(self.kv.tokens, history), len(history) - 1)
+        rest = list(history[start:])
+        logits = np.empty(0, np.float32)
+        for i in range(0, len(rest), self.batch_size):
+            chunk = rest[i:i + self.batch_size]
+            logits = self.kv.forward(chunk, start + i)[0]
+        self.n_forwarded += len(rest)
+        return logits
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp((logits - logits.max()).astype(np.float64))
+    out: np.ndarray = e / e.sum()
+    return out
+
+
+def check_same_vocab(target: Sequence[str], draft: Sequence[str], *, target_n_vocab: int,
+                     draft_n_vocab: int) -> None:
+    """Refuse a draft model whose token list or logit width differs from the target's."""
+    if target_n_vocab != draft_n_vocab or len(target) != len(draft):
+        raise SpeculativeError(
+            f"the draft model's vocabulary does not match the target's ({len(draft)} tokens, "
+            f"{draft_n_vocab} logits vs {len(target)} tokens, {target_n_vocab} logits): "
+            "use a draft model of the same family")
+    for i, (a, b) in enumerate(zip(target, draft, strict=True)):
+        if a != b:
+            raise SpeculativeError(
+                f"the draft model's vocabulary does not match the target's: token {i} is "
+                f"{b!r} in the draft, {a!r} in the target")
+
+
+# -- how many to propose -------------------------------------------------------------------------
+@dataclass
+class DraftLength:
+    """Chooses k per step from measured costs and the acceptance rate (see module docstring)."""
+
+    draft_max: int = 16
+    adaptive: bool = True
+    accept_rate: float = 0.7  # EMA of P(a proposed token is accepted)
+    decode_s: float = 0.0  # EMA of a plain one-token forward
+    verify_s: dict[int, float] = field(default_factory=dict)  # n_tokens -> EMA seconds
+    draft_token_s: float = 0.0  # EMA of the proposer's cost per proposed token
+    idle_steps: int = 0  # plain steps since k was last > 0
+    probe_every: int = 16
+    alpha: float = 0.2
+    seen: set[str] = field(default_factory=set)  # kinds of step timed once (a warm-up) already
+
+    def choose(self, room: int) -> int:
+        """k for the next step (0: plain decode); at most `room` and draft_max."""
+        limit = min(room, self.draft_max)
+        options = [b for b in BUCKETS if b <= limit]
+        if not options:
+            return 0
+        if not self.adaptive:
+            return options[-1]
+        best_k, best_rate = 0, self._rate(0)
+        for k in options:
+            rate = self._rate(k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k == 0:
+            self.idle_steps += 1
+            if self.idle_steps >= self.probe_every:  # look again: the text may have changed
+                self.idle_steps = 0
+                return options[min(1, len(options) - 1)]
+        else:
+            self.idle_steps = 0
+        return best_k
+
+    def _rate(self, k: int) -> float:
+        """Expected tokens per second of a step proposing k (unknown costs: optimistic)."""
+        a = min(self.accept_rate, 0.999)
+        tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
+        # a plain step, unmeasured yet, costs about the cheapest verify (decode is memory-bound)
+        base = self.decode_s or min(self.verify_s.values(), default=1.0)
+        if k == 0:
+            return 1.0 / base
+        verify = self.verify_s.get(k + 1, base * (1.0 + 0.05 * k))
+        return tokens / (verify + k * self.draft_token_s)
+
+    def record_plain(self, seconds: float) -> None:
+        if self._warm("plain"):
+            self.decode_s = _ema(self.decode_s, seconds, self.alpha)
+
+    def record_verify(self, n_tokens: int, seconds: float) -> None:
+        if self._warm(f"verify{n_tokens}"):
+            self.verify_s[n_tokens] = _ema(self.verify_s.get(n_tokens, 0.0), seconds, self.alpha)
+
+    def record_proposal(self, k: int, seconds: float) -> None:
+        """The proposer took `seconds` when asked for k tokens (it may have given fewer)."""
+        if k and self._warm("propose"):
+            self.draft_token_s = _ema(self.draft_token_s, seconds / k, self.alpha)
+
+    def _warm(self, kind: str) -> bool:
+        """False the first time: a first step of a kind builds its graph (and may compile),
+        which says nothing about its cost later."""
+        if kind in self.seen:
+            return True
+        self.seen.add(kind)
+        return False
+
+    def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
+        """Per-token acceptance: n_accepted successes, then one failure unless all passed."""
+        if n_proposed:
+            trials = n_accepted + (n_accepted < n_proposed)
+            self.accept_rate = _ema(self.accept_rate, n_accepted / trials, self.alpha)
+
+
+def _ema(old: float, new: float, alpha: float) -> float:
+    """Exponential moving average; one sample counts for at most 3x the average (a stall of
+    the machine, a graph rebuild) so it cannot lock a length out for long."""
+    return new if old == 0.0 else (1.0 - alpha) * old + alpha * min(new, 3.0 * old)
+
+
+def bucket_floor(n: int) -> int:
+    """The largest verify bucket <= n (0 when n < 1)."""
+    return max((b for b in BUCKETS if b <= n), default=0)

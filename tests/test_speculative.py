@@ -1,0 +1,365 @@
+"""Speculative decoding (issue 17): proposers, the adaptive length, greedy identity with plain
+decoding (ids and KV, bit for bit, through rejections), and the accept/reject scheme's output
+distribution (sampled, many seeds, total-variation bound)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from minfer.chat.kv import KVMirror
+from minfer.engine.forward import Engine
+from minfer.engine.generate import Finished, generate
+from minfer.engine.spec_generate import Speculator, Verifier
+from minfer.engine.speculative import (
+    DraftLength,
+    DraftModelProposer,
+    NgramProposer,
+    Proposal,
+    SpecConfig,
+    SpeculativeError,
+    bucket_floor,
+    check_same_vocab,
+    lookup,
+)
+from minfer.engine.stepper import TokenStepper
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.sampling.params import SamplerParams
+from minfer.sampling.sampler import Sampler
+from minfer.tokenizer.tokenizer import Tokenizer
+from minfer.tools.synth import write_tiny_model
+
+N_CTX = 256
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11, 5, 17, 99, 3, 250, 42, 30, 31, 32]
+
+
+def _engine(path: Path, n_ctx: int = N_CTX) -> Engine:
+    f = GGUFFile.open(path)
+    return Engine(f, HParams.from_gguf(f), n_ctx=n_ctx)
+
+
+@functools.cache
+def _tokenizer(path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(GGUFFile.open(path))
+
+
+def _sampler(engine: Engine, prompt: Sequence[int], **params: float) -> Sampler:
+    s = Sampler(SamplerParams(**{"temp": 0.0, **params}), engine.hparams.n_vocab, seed=1)
+    s.reset(prompt)
+    return s
+
+
+def _run(path: Path, prompt: Sequence[int], spec: Speculator | None, *, max_tokens: int = 48,
+         **params: float) -> tuple[Finished, Engine]:
+    engine = _engine(path)
+    events = generate(engine, _tokenizer(path), _sampler(engine, prompt, **params), prompt,
+                      max_tokens=max_tokens, speculator=spec)
+    return _finished(events), engine
+
+
+def _finished(events: Iterable[object]) -> Finished:
+    *_, last = events
+    assert isinstance(last, Finished)
+    return last
+
+
+def _assert_same_kv(a: Engine, b: Engine, n: int) -> None:
+    for layer in range(a.hparams.n_layer):
+        assert np.array_equal(a.kv.k[layer][:n], b.kv.k[layer][:n]), layer
+        assert np.array_equal(a.kv.v[layer][:n], b.kv.v[layer][:n]), layer
+
+
+@pytest.fixture(scope="module")
+def near_draft_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_qwen3's weights quantized differently (Q4_0): a draft that agrees most of the time."""
+    return write_tiny_model(tmp_path_factory.mktemp("draft") / "near.gguf", arch="qwen3",
+                            n_embd=256, n_ff=512, head_dim=32, weight_types=QType.Q4_0,
+                            tied=False)
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same vocabulary as the tiny models, other weights: its drafts are often rejected."""
+    return write_tiny_model(tmp_path_factory.mktemp("draft") / "draft.gguf", seed=7)
+
+
+# -- proposers and the length policy -----------------------------------------------------------
+def test_lookup_continues_the_longest_ngram_match() -> None:
+    seq = np.array([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4])
+    assert lookup(seq, 3, 2) == [7, 8]  # the latest [2, 3, 4] with two tokens after it
+    assert lookup(seq, 3, 6) == [5, 9, 2, 3, 4, 7]  # only the first has six after it
+    assert lookup(seq, 3, 20) == [5, 9, 2, 3, 4, 7, 8, 2, 3, 4]  # none has 20: the earliest
+    assert lookup(np.array([1, 2, 3, 9]), 3, 4) == []  # 9 never occurred before
+    assert lookup(np.array([6, 1, 2, 6]), 2, 3) == [1, 2, 6]  # falls back to the 1-gram
+
+
+def test_draft_length_follows_cost_and_acceptance() -> None:
+    length = DraftLength(16)
+    for _ in range(2):  # the first time of each kind of step is a warm-up: not counted
+        length.record_plain(0.010)
+    assert length.decode_s == 0.010
+    for _ in range(20):
+        length.record_verify(17, 0.012)
+        length.record_outcome(16, 16)
+    assert length.choose(100) == 16
+    assert length.choose(5) == 4  # bounded by the room left, rounded down to a bucket
+    for _ in range(30):  # drafts that never pass, verified at a cost: plain decoding wins
+        for n in (2, 3, 5, 9, 17):
+            length.record_verify(n, 0.02)
+        length.record_outcome(4, 0)
+    picks = [length.choose(100) for _ in range(length.probe_every)]
+    assert picks[:-1] == [0] * (length.probe_every - 1) and picks[-1] > 0  # and a probe
+    assert [bucket_floor(n) for n in (0, 1, 3, 7, 15, 16, 40)] == [0, 1, 2, 4, 8, 16, 16]
+
+
+def test_config_and_vocab_checks_are_loud() -> None:
+    with pytest.raises(SpeculativeError, match="draft-max"):
+        SpecConfig(draft_max=0)
+    with pytest.raises(SpeculativeError, match="draft-p-min"):
+        SpecConfig(p_min=1.5)
+    with pytest.raises(SpeculativeError, match="token 1 is 'x' in the draft"):
+        check_same_vocab(["a", "b"], ["a", "x"], target_n_vocab=2, draft_n_vocab=2)
+    with pytest.raises(SpeculativeError, match="does not match"):
+        check_same_vocab(["a", "b"], ["a", "b"], target_n_vocab=2, draft_n_vocab=64)
+
+
+# -- greedy identity and rollback ---------------------------------------------------------------
+@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_qwen3"])
+@pytest.mark.parametrize("proposer", ["lookup", "draft"])
+def test_greedy_output_and_kv_equal_plain_decoding(fixture: str, proposer: str, other_draft: Path,
+                                                   request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(fixture)
+    # settings where proposals are sometimes right and sometimes wrong (lookup needs repeats)
+    penalty = {"repeat_penalty": 1.0 if (fixture, proposer) == ("tiny_qwen3", "lookup") else 1.3}
+    plain, plain_engine = _run(path, PROMPT, None, **penalty)
+    if proposer == "lookup":
+        spec = Speculator(NgramProposer(3), SpecConfig(adaptive=False))
+    else:
+        draft = request.getfixturevalue("near_draft_qwen3") if fixture == "tiny_qwen3" \
+            else other_draft
+        spec = Speculator(DraftModelProposer(_engine(draft), p_min=0.0),
+                          SpecConfig(adaptive=False))
+    got, engine = _run(path, PROMPT, spec, **penalty)
+    assert got.ids == plain.ids and got.reason == plain.reason
+    assert got.n_past == plain.n_past
+    stats = got.speculation
+    assert stats is not None and 0 < stats.accepted < stats.drafted  # both paths were taken
+    _assert_same_kv(engine, plain_engine, plain.n_past)
+
+
+def test_draft_of_the_same_model_is_always_accepted(tiny_qwen2: Path) -> None:
+    plain, _ = _run(tiny_qwen2, PROMPT, None)
+    spec = Speculator(DraftModelProposer(_engine(tiny_qwen2), p_min=0.0),
+                      SpecConfig(draft_max=8, adaptive=False))
+    got, _ = _run(tiny_qwen2, PROMPT, spec)
+    assert got.ids == plain.ids
+    assert got.speculation is not None and got.speculation.accepted == got.speculation.drafted > 0
+
+
+def test_a_kv_mirror_is_rolled_back_to_the_plain_cells(tiny_qwen3: Path, other_draft: Path
+                                                       ) -> None:
+    """Through a KVMirror (as chat uses): the mirror ends holding exactly plain decoding's
+    cells, and a stop string or the length cap right after an accepted proposal keeps its row
+    out, as plain decoding never forwards the last token."""
+    for max_tokens in (9, 17, 30):
+        plain, _ = _run(tiny_qwen3, PROMPT, None, max_tokens=max_tokens, repeat_penalty=1.3)
+        mirror = KVMirror(_engine(tiny_qwen3))
+        spec = Speculator(NgramProposer(2), SpecConfig(adaptive=False))
+        events = generate(mirror, _tokenizer(tiny_qwen3),  # type: ignore[arg-type]
+                          _sampler(mirror.engine, PROMPT, repeat_penalty=1.3),  # type: ignore
+                          PROMPT, max_tokens=max_tokens, speculator=spec)
+        got = _finished(events)
+        assert got.ids == plain.ids
+        assert mirror.cursor == plain.n_past == got.n_past
+        assert mirror.tokens == PROMPT + plain.ids[:-1]
+
+
+def test_speculation_needs_the_tokens_before_the_prompt(tiny_qwen2: Path) -> None:
+    engine = _engine(tiny_qwen2)
+    events = generate(engine, _tokenizer(tiny_qwen2), _sampler(engine, PROMPT), PROMPT,
+                      max_tokens=4, start_pos=3, speculator=Speculator(NgramProposer(2)))
+    with pytest.raises(SpeculativeError, match="3 tokens before the prompt"):
+        list(events)
+
+
+# -- sampling: the output is distributed as the target's -----------------------------------------
+def _tv(counts: np.ndarray, probs: np.ndarray) -> float:
+    return float(0.5 * np.abs(counts / counts.sum() - probs).sum())
+
+
+@pytest.mark.parametrize("q_kind", ["draft", "point"])
+def test_accept_reject_keeps_the_target_distribution(tiny_qwen2: Path, q_kind: str) -> None:
+    """The token at a verified position, over many seeds, follows the target's distribution p
+    (the sampler chain's: top-k 6, temperature 1) whether the proposal came from a draft
+    distribution q (here: the same logits at temperature 0.4, sharper than p and not truncated)
+    or was a point-mass guess. The naive 'always accept' would follow q instead."""
+    engine = _engine(tiny_qwen2)
+    engine.forward(PROMPT, 0)
+    logits = engine.forward([PROMPT[-1]], len(PROMPT))[0]
+    params = {"temp": 1.0, "top_k": 6, "min_p": 0.0, "top_p": 1.0}
+    vocab = _tokenizer(tiny_qwen2)
+    p_ids, p = _sampler(engine, PROMPT, **params).distribution(logits)
+    q = np.exp((logits - logits.max()) / 0.4).astype(np.float64)
+    q /= q.sum()
+    guess = int(p_ids[np.argsort(p)[-2]])  # the point mass: the second most likely token
+    rng = np.random.default_rng(0)
+    n = 3000
+    counts = np.zeros(len(p_ids))
+    naive = np.zeros(len(p_ids))
+    accepted = 0
+    for seed in range(n):
+        sampler = Sampler(SamplerParams(**params), engine.hparams.n_vocab, seed=seed)
+        sampler.reset(PROMPT)
+        verifier = Verifier(TokenStepper(sampler, vocab), sampler)
+        d = int(rng.choice(q.shape[0], p=q)) if q_kind == "draft" else guess
+        step = verifier.step(logits, d, q if q_kind == "draft" else None)
+        accepted += step.token == d
+        assert step.token in p_ids
+        counts[np.flatnonzero(p_ids == step.token)[0]] += 1
+        naive[np.flatnonzero(p_ids == d)] += 1
+    assert 100 < accepted < n - 100  # both branches of the scheme ran
+    assert _tv(counts, p) < 0.04  # 3000 draws over 6 outcomes: sampling noise is ~0.02
+    if q_kind == "draft":
+        assert _tv(naive, p) > 0.1  # the test can tell q from p
+
+
+def test_sampled_speculative_generation_runs(tiny_qwen2: Path, other_draft: Path) -> None:
+    for proposer in (NgramProposer(2), DraftModelProposer(_engine(other_draft), p_min=0.0,
+                                                          temp=0.8, seed=3)):
+        spec = Speculator(proposer, SpecConfig(draft_max=4, adaptive=False))
+        got, _ = _run(tiny_qwen2, PROMPT, spec, max_tokens=24, temp=0.8, top_k=40)
+        assert len(got.ids) == 24 and got.speculation is not None
+        assert got.speculation.drafted > 0
+
+
+def test_mirostat_draws_and_compares_so_a_seed_gives_the_plain_output(tiny_qwen2: Path) -> None:
+    """Mirostat has no fixed distribution to accept against: each token is drawn as usual and a
+    proposal kept iff it is that token, so the output is plain decoding's for the seed."""
+    def run(spec: Speculator | None) -> Finished:
+        engine = _engine(tiny_qwen2)
+        sampler = Sampler(SamplerParams(temp=0.8, mirostat=2), engine.hparams.n_vocab, seed=5)
+        sampler.reset(PROMPT)
+        return _finished(generate(engine, _tokenizer(tiny_qwen2), sampler, PROMPT,
+                                  max_tokens=24, speculator=spec))
+
+    got = run(Speculator(NgramProposer(1), SpecConfig(adaptive=False)))
+    assert got.ids == run(None).ids
+    assert got.speculation is not None and got.speculation.drafted > 0
+
+
+def test_proposal_cut_keeps_q_aligned() -> None:
+    q = [np.full(3, i, np.float64) for i in range(4)]
+    cut = Proposal([1, 2, 0, 1], q).cut(2)
+    assert cut.tokens == [1, 2] and cut.q is not None and len(cut.q) == 2
+
+
+# -- the development model ---------------------------------------------------------------------
+class _Corrupting:
+    """A draft-model proposer whose every third proposal gets a wrong last token: rejections
+    at known places on the real model."""
+
+    name = "draft"
+
+    def __init__(self, inner: DraftModelProposer) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
+        p = self.inner.propose(history, k, greedy=greedy)
+        self.calls += 1
+        if self.calls % 3 == 0 and p.tokens:
+            p.tokens[-1] = (p.tokens[-1] + 1) % 1000
+        return p
+
+    def prepare(self, history: Sequence[int]) -> None:
+        self.inner.prepare(history)
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_dev_model_greedy_identity_on_reference_prompts(real_model_path: Path) -> None:
+    cases = json.loads((Path(__file__).parent / "fixtures" / "greedy.json").read_text())["cases"]
+    for case in (cases[1], cases[2]):  # code and prose
+        prompt = case["prompt_ids"]
+        plain, plain_engine = _run(real_model_path, prompt, None, max_tokens=20)
+        for spec in (Speculator(NgramProposer(3), SpecConfig(draft_max=4, adaptive=False)),
+                     Speculator(_Corrupting(DraftModelProposer(
+                         _engine(real_model_path, 64), p_min=0.5)),
+                         SpecConfig(draft_max=4, adaptive=False))):
+            got, engine = _run(real_model_path, prompt, spec, max_tokens=20)
+            assert got.ids == plain.ids, (case["prompt"], spec.proposer.name)
+            _assert_same_kv(engine, plain_engine, plain.n_past)
+
+
+# -- the surfaces: the Python API and chat --------------------------------------------------------
+def test_api_refuses_a_draft_with_another_vocabulary(tiny_qwen2: Path, tmp_path: Path) -> None:
+    import minfer
+    from minfer.tools.synth import build_tiny_vocab
+
+    model = minfer.load(tiny_qwen2, n_ctx=128)
+    other = write_tiny_model(tmp_path / "other.gguf", vocab=build_tiny_vocab(extra_tokens=("<x>",)))
+    with pytest.raises(SpeculativeError, match="vocabulary does not match"):
+        model.speculator(SpecConfig(), draft=other)
+    with pytest.raises(SpeculativeError, match="one proposer"):
+        model.speculator(SpecConfig())
+
+
+def test_chat_turns_and_regen_are_unchanged_by_speculation(tiny_qwen2: Path,
+                                                           other_draft: Path) -> None:
+    import minfer
+    from minfer.chat.session import ChatConfig, ChatSession, TurnReport
+
+    def replies(spec: str | None) -> tuple[list[list[int]], int]:
+        model = minfer.load(tiny_qwen2, n_ctx=256)
+        speculator = None
+        if spec == "lookup":
+            speculator = model.speculator(SpecConfig(lookup_ngram=2, adaptive=False))
+        elif spec == "draft":
+            speculator = model.speculator(SpecConfig(p_min=0.0, adaptive=False),
+                                          draft=other_draft)
+        sampler = model.sampler(SamplerParams(temp=0.0, repeat_penalty=1.3), 0, 256)
+        session = ChatSession(model.engine(), model.tokenizer, model.chat_template, sampler,
+                              config=ChatConfig(max_tokens=12), speculator=speculator)
+        out, drafted = [], 0
+        for turn in (lambda: session.say("the quick brown fox"),
+                     lambda: session.say("the lazy dog"), session.regen):
+            *_, report = turn()
+            assert isinstance(report, TurnReport)
+            out.append(report.ids)
+            drafted += report.drafted
+        assert session.kv.tokens == session.kv.tokens[: session.kv.cursor]
+        out.append(session.kv.tokens)  # the KV holds the same cells too
+        return out, drafted
+
+    plain, _ = replies(None)
+    for spec in ("lookup", "draft"):
+        got, drafted = replies(spec)
+        assert got == plain and drafted > 0, spec
+
+
+def test_cli_run_reports_acceptance_and_keeps_the_ids(tiny_qwen2: Path, other_draft: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.cli.main import main
+
+    def run(*extra: str) -> dict[str, object]:
+        assert main(["run", "--json", str(tiny_qwen2), "the fox and the dog", "--raw",
+                     "--temp", "0", "-n", "24", *extra]) == 0
+        out: dict[str, object] = json.loads(capsys.readouterr().out)
+        return out
+
+    plain = run()
+    assert "speculative" not in plain
+    for extra in (("--lookup-ngram", "2"), ("-md", str(other_draft), "--draft-p-min", "0")):
+        got = run(*extra)
+        spec = got["speculative"]
+        assert got["ids"] == plain["ids"] and isinstance(spec, dict)
+        assert set(spec) >= {"drafted", "accepted", "acceptance_rate"}
+    assert main(["run", str(tiny_qwen2), "hi", "--draft-max", "99", "--lookup-ngram", "2"]) == 2
+    assert "--draft-max must be in 1..16" in capsys.readouterr().err
