@@ -5,19 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
-
-from gguf import GGMLQuantizationType
+from typing import TYPE_CHECKING, Any
 
 from minfer.cli.info_cmd import human_bytes
-from minfer.tools.quantize import (
-    MixOptions,
-    QuantizeReport,
-    parse_ftype,
-    parse_tensor_type,
-    quantize_model,
-)
-from minfer.tools.quantize.mix import FTYPE_NAMES
+
+if TYPE_CHECKING:  # the quantizer (numba kernels) is imported when the command runs, not at start
+    from gguf import GGMLQuantizationType
+
+    from minfer.tools.quantize import QuantizeReport
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,8 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("input", metavar="IN", help="source .gguf (F32/F16/BF16, or quantized with "
                                                "--allow-requantize)")
     p.add_argument("output", metavar="OUT", help="the .gguf to write")
-    p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FTYPE_NAMES)} (Q3_K, Q4_K, "
-                                                "Q5_K are llama.cpp's aliases of the _M mixes)")
+    p.add_argument("type", metavar="TYPE",
+                   help="a llama-quantize type or mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
+                        "Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, F16, BF16 (Q3_K, Q4_K, "
+                        "Q5_K are llama.cpp's aliases of the _M mixes)")
     p.add_argument("--pure", action="store_true",
                    help="TYPE for every quantizable tensor (no mix; llama.cpp's --pure)")
     p.add_argument("--allow-requantize", action="store_true",
@@ -84,6 +81,8 @@ def _summary(report: QuantizeReport, out: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from minfer.tools.quantize import MixOptions, parse_ftype, parse_tensor_type, quantize_model
+
     opts = MixOptions(
         parse_ftype(args.type), pure=args.pure,
         output_tensor_type=(parse_tensor_type(args.output_tensor_type)
