@@ -78,3 +78,42 @@ def test_end_of_turn_is_end_of_generation(engine: Engine) -> None:
     types = np.array(meta["tokenizer.ggml.token_type"], dtype=np.int32)
     assert tokens[106] == "<end_of_turn>"
     assert {1, 106} <= _end_of_generation(meta, tokens, types)
+
+
+def test_text_prompts_tokenize_to_llama_cpps_ids(engine: Engine) -> None:
+    """With the SentencePiece tokenizer the reference prompts go in as text: BOS as the
+    vocabulary asks, then the same ids llama.cpp gave."""
+    from minfer.tokenizer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(engine.weights.file)
+    for case in CASES:
+        assert tok.encode(case["prompt"]) == case["prompt_ids"], case["prompt"]
+
+
+def test_a_chat_turn_through_minfer_serve() -> None:
+    """One chat turn over HTTP: Gemma's template, the reply ended by <end_of_turn> (a stop), the
+    streamed text equal to the plain one; then the same turn through `minfer chat`."""
+    import subprocess
+    import sys
+
+    from minfer.store.download import pull
+    from tests.test_server_process import serving
+
+    path = pull("gemma-3-270m", progress=False)
+    msgs = [{"role": "user", "content": "Say hello in French, in one word."}]
+    with serving(path, "--slots", "2", "--n-ctx", "512", timeout=600) as srv:
+        c = srv.client()
+        r = c.chat.completions.create(model="gemma", messages=msgs, max_tokens=32,  # type: ignore[arg-type]
+                                      temperature=0.0)
+        text = r.choices[0].message.content or ""
+        assert text.strip() and "<end_of_turn>" not in text and "<start_of_turn>" not in text
+        assert r.choices[0].finish_reason in ("stop", "length")
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="gemma", messages=msgs, max_tokens=32, temperature=0.0, stream=True)  # type: ignore[arg-type]
+            if ch.choices)
+        assert streamed == text
+    chat = subprocess.run([sys.executable, "-m", "minfer.cli.main", "chat", str(path), "-n", "32",
+                           "--temp", "0"], input=msgs[0]["content"] + "\n/exit\n",
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert text.strip() in chat.stdout
