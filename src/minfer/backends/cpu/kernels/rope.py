@@ -54,20 +54,9 @@ def rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, ro
          base: float, style: str = "neox", freq_scale: float = 1.0,
          factors: np.ndarray | None = None, out: np.ndarray) -> None:
     """Rotate x f32 `[nt, n_head*head_dim]` at `positions[nt]` into out (out may be x)."""
-    if x.ndim != 2 or x.shape[1] != n_head * head_dim or out.shape != x.shape:
-        raise ValueError(f"x {x.shape} / out {out.shape} are not [nt, {n_head}*{head_dim}]")
-    if rope_dim % 2 or not 0 < rope_dim <= head_dim:
-        raise ValueError(f"rope_dim {rope_dim} must be even and within head_dim {head_dim}")
-    if style not in ("neox", "norm"):
-        raise ValueError(f"unknown rope style {style!r} (neox or norm)")
     positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-    if positions.shape[0] != x.shape[0]:
-        raise ValueError(f"{positions.shape[0]} positions for {x.shape[0]} rows")
-    ff = _ONE if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
-    if factors is not None and ff.shape != (rope_dim // 2,):
-        raise ValueError(f"rope factors of shape {ff.shape}, expected ({rope_dim // 2},)")
-    _rope(x, positions, n_head, head_dim, rope_dim, np.float32(base), np.float32(freq_scale), ff,
-          style == "neox", out)
+    bind_rope(x, positions, n_head=n_head, head_dim=head_dim, rope_dim=rope_dim, base=base,
+              style=style, freq_scale=freq_scale, factors=factors, out=out)()
 
 
 def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
