@@ -60,6 +60,11 @@ def bytes_per_value(kv_type: str) -> float:
     return float(np.dtype(CACHE_DTYPES[kv_type]).itemsize)
 
 
+def bytes_per_token(n_layer: int, n_kv_embd: int, k_type: str, v_type: str) -> float:
+    """KV cache bytes one token takes over all layers (its K and V rows)."""
+    return n_layer * n_kv_embd * (bytes_per_value(k_type) + bytes_per_value(v_type))
+
+
 def new_cache(kv_type: str, n_ctx: int, n: int) -> np.ndarray:
     """A zeroed cache of n_ctx rows of n values."""
     return np.zeros((n_ctx, row_width(kv_type, n)), CACHE_DTYPES[kv_type])
@@ -193,9 +198,9 @@ def _store_q4_0(x, dst):  # pragma: no cover - compiled
         for j in range(16):
             x0 = xb[j] * idd + np.float32(8.5)
             x1 = xb[j + 16] * idd + np.float32(8.5)
-            q0 = min(15, np.int32(x0))  # (int8_t) cast: truncation toward zero
-            q1 = min(15, np.int32(x1))
-            qs[j] = np.uint8(q0 | (q1 << 4))
+            q0 = np.int32(x0)  # (int8_t) cast: truncation toward zero; then MIN(15, .)
+            q1 = np.int32(x1)
+            qs[j] = np.uint8((q0 if q0 < 15 else 15) | ((q1 if q1 < 15 else 15) << 4))
 
 
 def _store_row(x: Any, dst: Any) -> Any:
