@@ -14,6 +14,11 @@ is cheap next to the dequantization it shares with the value mix. Keeping the qu
 keeps one exact reference (the dequantized cache) for the tests. With an f16 K cache (V
 quantized) the query is rounded to f16 as in the f16 kernel.
 
+Not done: llama.cpp (0.3.36 and later) multiplies Q and K (and V, undone on the output) by a
+Hadamard matrix before a quantized cache stores them, which spreads outlier dimensions over the
+block and cuts the q8_0 error several-fold on Qwen2 (llama-graph.cpp `self_k_rot`,
+`LLAMA_ATTN_ROT_DISABLE`); these caches hold the rows unrotated.
+
 The blocked prefill kernel (`attention_blocked`) reads any format through the same `load_head`,
 dequantizing each block's K/V slice into its f32 scratch.
 """
