@@ -13,6 +13,7 @@ from minfer.backends.cpu.kernels.kv_formats import (
     bytes_per_value,
     dequantize_rows,
     new_cache,
+    rotate_blocks,
     row_width,
 )
 from minfer.backends.cpu.kernels.reference import ref_attention
@@ -45,15 +46,43 @@ def ref_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _f16(d), q
 
 
+def ref_rotate(x: np.ndarray) -> np.ndarray:
+    """Each 32-block times the orthonormal Hadamard matrix, by the kernel's butterflies."""
+    b = x.astype(np.float32).reshape(-1, 32).copy()
+    h = 1
+    while h < 32:
+        v = b.reshape(-1, 32 // (2 * h), 2, h)
+        lo, hi = v[:, :, 0, :].copy(), v[:, :, 1, :].copy()
+        v[:, :, 0, :], v[:, :, 1, :] = lo + hi, lo - hi
+        h *= 2
+    return (b * np.float32(1.0 / np.sqrt(32.0))).reshape(x.shape)
+
+
+def test_the_rotation_is_the_hadamard_matrix_and_its_own_inverse() -> None:
+    x = RNG.standard_normal((3, 64)).astype(np.float32)
+    h = np.array([[1.0]])
+    while h.shape[0] < 32:
+        h = np.block([[h, h], [h, -h]])
+    want = (x.reshape(-1, 32).astype(np.float64) @ (h / np.sqrt(32)).T).reshape(x.shape)
+    np.testing.assert_allclose(ref_rotate(x), want, atol=1e-5)
+    y = x.copy()
+    rotate_blocks(y)
+    np.testing.assert_array_equal(y, ref_rotate(x))
+    rotate_blocks(y)
+    np.testing.assert_allclose(y, x, atol=1e-5)
+
+
 def ref_dequant(kv_type: str, x: np.ndarray) -> np.ndarray:
-    """What a row of x reads back as after a store into a kv_type cache."""
+    """What a row of x reads back as after a store into a kv_type cache (quantized: rotated,
+    quantized, dequantized, rotated back)."""
     if kv_type == "f32":
         return x.astype(np.float32)
     if kv_type == "f16":
         return _f16(x)
-    d, q = (ref_q8_0 if kv_type == "q8_0" else ref_q4_0)(x)
+    d, q = (ref_q8_0 if kv_type == "q8_0" else ref_q4_0)(ref_rotate(x))
     off = 0 if kv_type == "q8_0" else 8
-    return ((q.astype(np.float32) - off) * d[:, None]).astype(np.float32).reshape(x.shape)
+    return ref_rotate(((q.astype(np.float32) - off) * d[:, None]).astype(np.float32)
+                      .reshape(x.shape))
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
@@ -75,7 +104,7 @@ def test_store_then_read_back_matches_ggml_rounding(kv_type: str) -> None:
 def test_block_bytes_are_ggml_layout() -> None:
     x = np.linspace(-1, 2, 32, dtype=np.float32)[None]
     q8, q4 = new_cache("q8_0", 1, 32), new_cache("q4_0", 1, 32)
-    kv_store(x, x, q8, q4, np.array([0]))
+    kv_store(ref_rotate(x), ref_rotate(x), q8, q4, np.array([0]))  # rotated twice: x itself
     d8, qs8 = ref_q8_0(x)
     assert q8.view(np.uint8)[0, :2].view(np.float16)[0] == d8[0]
     np.testing.assert_array_equal(q8[0, 2:], qs8[0])

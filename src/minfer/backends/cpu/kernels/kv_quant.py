@@ -14,10 +14,8 @@ is cheap next to the dequantization it shares with the value mix. Keeping the qu
 keeps one exact reference (the dequantized cache) for the tests. With an f16 K cache (V
 quantized) the query is rounded to f16 as in the f16 kernel.
 
-Not done: llama.cpp (0.3.36 and later) multiplies Q and K (and V, undone on the output) by a
-Hadamard matrix before a quantized cache stores them, which spreads outlier dimensions over the
-block and cuts the q8_0 error several-fold on Qwen2 (llama-graph.cpp `self_k_rot`,
-`LLAMA_ATTN_ROT_DISABLE`); these caches hold the rows unrotated.
+Quantized rows are stored rotated per 32-value block (see `kv_formats`): the query is rotated
+before a quantized K is read, and the output after a quantized V was mixed.
 
 The blocked prefill kernel (`attention_blocked`) reads any format through the same `load_head`,
 dequantizing each block's K/V slice into its f32 scratch.
@@ -32,7 +30,7 @@ from numba import njit, prange
 
 from .attention_blocked import attention_blocked, blocked_available
 from .elementwise import fast_exp
-from .kv_formats import QK, cache_type, is_quant, kernel_view, load_head, row_width
+from .kv_formats import QK, cache_type, is_quant, kernel_view, load_head, rotate_blocks, row_width
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -107,12 +105,17 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
 def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
          n_head: int, n_head_kv: int, head_dim: int, scale: float, out: np.ndarray,
          blocked: bool) -> None:
+    if is_quant(k):  # the keys are stored rotated: rotate the query alike (q.k is kept)
+        q = np.array(q, dtype=np.float32, order="C")
+        rotate_blocks(q)
     if blocked and q.shape[0] and blocked_available():
         attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
-        return
-    if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
-        q = q.astype(np.float16).astype(np.float32)
-    _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+    else:
+        if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
+            q = q.astype(np.float16).astype(np.float32)
+        _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+    if is_quant(v):  # so were the values: the mix comes out rotated
+        rotate_blocks(out)
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
