@@ -19,11 +19,11 @@ Rotation: as llama.cpp does for quantized caches (it multiplies Q and K, and V w
 on the attention output, by a Hadamard matrix before the cache stores them), each 32-value block
 is multiplied by the orthonormal Hadamard matrix H before it is quantized. That spreads an
 outlier dimension over its block, so the block's scale no longer flattens its neighbours (on
-Qwen2, whose layer-0 keys reach |k| ~ 145, it cuts the q8_0 logit error ~2.5x). q.k is unchanged
-when q is rotated the same way, and the value mix comes out rotated, so `kv_quant` rotates the
-query before and the output after (H = H^-1). llama.cpp rotates 64-value chunks with a matrix
-product; here the rotation is the 32-value block (it never straddles a head, whatever the
-head_dim), by butterflies, so the stored blocks are not llama.cpp's byte for byte.
+Qwen2.5-0.5B, whose layer-0 keys reach |k| ~ 145, it halved the mean q8_0 logit error). q.k is
+unchanged when q is rotated the same way, and the value mix comes out rotated, so `kv_quant`
+rotates the query before and the output after (H = H^-1). llama.cpp rotates 64-value chunks
+with a matrix product; here the rotation is the 32-value block (it never straddles a head,
+whatever the head_dim), by butterflies, so the stored blocks are not llama.cpp's byte for byte.
 
 `load_head(row, e0, n, dst)` (compiled code only) writes f32 values [e0, e0+n) of one cache row
 into dst for any of the four formats (chosen by the row's dtype at compile time; quantized rows
@@ -47,6 +47,7 @@ CACHE_DTYPES: dict[str, type[np.generic]] = {
     "f32": np.float32, "f16": np.float16, "q8_0": np.int8, "q4_0": np.uint8}
 KV_TYPES = tuple(CACHE_DTYPES)  # every accepted cache type, llama.cpp's names
 QUANT_TYPES = tuple(BLOCK_BYTES)
+PARALLEL_MIN_ROWS = 16  # fewer rows (decode) stay on the calling thread
 
 # exact: only order-insensitive flags (no contract/arcp: every rounding is ggml's)
 _FM = {"nnan", "ninf", "nsz", "reassoc"}
@@ -129,13 +130,22 @@ def _rotate_rows(x):  # pragma: no cover - compiled
             _fwht32(row[b * 32 : b * 32 + 32])
 
 
+@njit(cache=True, error_model="numpy")
+def _rotate_rows_serial(x):  # pragma: no cover - compiled
+    for t in range(x.shape[0]):
+        row = x[t]
+        for b in range(row.shape[0] // 32):
+            _fwht32(row[b * 32 : b * 32 + 32])
+
+
 def rotate_blocks(x: np.ndarray) -> None:
     """Every 32-value block of every row of x (f32, C-contiguous `[rows, n]`) times H, in place:
     the rotation a quantized cache stores its rows in (its own inverse). Per row, so batch
     invariant; blocks never straddle heads (head_dim is a multiple of 32)."""
     if x.ndim != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or x.shape[1] % QK:
         raise ValueError(f"rotate_blocks needs C-contiguous f32 [rows, k*32], got {x.shape}")
-    _rotate_rows(x)
+    # a decode step's few rows stay on the calling thread (a parallel region costs more)
+    (_rotate_rows if x.shape[0] >= PARALLEL_MIN_ROWS else _rotate_rows_serial)(x)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -284,9 +294,6 @@ def _store_rows(x, cache, cells):  # pragma: no cover - compiled
 def _store_rows_serial(x, cache, cells):  # pragma: no cover - compiled
     for t in range(x.shape[0]):
         _store_rotated(x[t], cache[cells[t]])
-
-
-PARALLEL_MIN_ROWS = 16  # fewer rows (decode) stay on the calling thread
 
 
 def store_rows(x: np.ndarray, cache: np.ndarray, cells: np.ndarray) -> None:
