@@ -125,7 +125,7 @@ def test_structural_check_catches_a_difference() -> None:
         {"n_tokens": 9},
         {"n_out": 2},
         {"ctx": dataclasses.replace(CTX, n_ctx=256)},
-        {"ctx": dataclasses.replace(CTX, kv_type="f32")},
+        {"ctx": dataclasses.replace(CTX, k_type="f32")},
         {"ctx": dataclasses.replace(CTX, fuse_swiglu=False)},
         {"ctx": dataclasses.replace(CTX, fuse_gate_up=False)},
         {"ctx": dataclasses.replace(CTX, backends=("torch", "cpu"))},

@@ -97,3 +97,34 @@ def test_elementwise_values_do_not_depend_on_position_or_aliasing(name: str) -> 
     for i in range(0, g.shape[0], 7):  # each element alone: the scalar loop
         call(g[i:i + 1], u[i:i + 1], one)
         assert one[0] == apart[i], i
+
+
+@pytest.mark.parametrize(("k_type", "v_type"),
+                         [("f32", "f32"), ("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"),
+                          ("q8_0", "f16")])
+def test_attention_row_is_the_same_alone_and_in_a_batch(k_type: str, v_type: str) -> None:
+    """The per-token attention kernel (decode, batch-invariant prefill) for every cache type:
+    each query row's output, and each stored cache row, do not depend on the batch."""
+    from minfer.backends.cpu.kernels import attention, kv_store
+    from minfer.backends.cpu.kernels.kv_formats import new_cache
+
+    rng = np.random.default_rng(5)
+    nt, n_head, n_kv, hd, n_ctx = 24, 4, 2, 64, 48
+    rows = rng.standard_normal((2, n_ctx, n_kv * hd)).astype(np.float32)
+    k, v = new_cache(k_type, n_ctx, n_kv * hd), new_cache(v_type, n_ctx, n_kv * hd)
+    kv_store(rows[0], rows[1], k, v, np.arange(n_ctx))  # one batch of 48 rows
+    k1, v1 = new_cache(k_type, n_ctx, n_kv * hd), new_cache(v_type, n_ctx, n_kv * hd)
+    for c in range(n_ctx):  # one row at a time
+        kv_store(rows[0, c:c + 1], rows[1, c:c + 1], k1, v1, np.array([c]))
+    assert np.array_equal(k, k1) and np.array_equal(v, v1)
+    q = rng.standard_normal((nt, n_head * hd)).astype(np.float32)
+    start = np.arange(nt, dtype=np.int32) // 3
+    end = np.arange(n_ctx - nt + 1, n_ctx + 1, dtype=np.int32)
+    batch = np.empty_like(q)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.125,
+              out=batch)
+    one = np.empty_like(q[:1])
+    for t in range(nt):
+        attention(q[t:t + 1], k, v, start[t:t + 1], end[t:t + 1], n_head=n_head,
+                  n_head_kv=n_kv, head_dim=hd, scale=0.125, out=one)
+        assert np.array_equal(one[0], batch[t]), t

@@ -29,9 +29,9 @@ N_CTX_SLOT = 64
 PREFIX = [11, 42, 7, 99, 3, 250, 17, 8, 120, 64, 5, 31, 77, 200, 150, 13, 9, 88, 21, 33]
 
 
-def _runner(path: Path, n_slots: int = 3) -> Runner:
+def _runner(path: Path, n_slots: int = 3, kv_type: str = "f16") -> Runner:
     f = GGUFFile.open(path)
-    engine = Engine(f, HParams.from_gguf(f), n_ctx=n_slots * N_CTX_SLOT,
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=n_slots * N_CTX_SLOT, kv_type=kv_type,
                     batch_invariant=True)  # as `minfer serve` creates it
     return Runner(engine, N_CTX_SLOT)
 
@@ -93,6 +93,21 @@ def test_kv_does_not_depend_on_short_chunking_of_the_prompt(model: Path) -> None
 def test_kv_does_not_depend_on_long_chunking_of_the_prompt(model: Path) -> None:
     runner = _runner(model)
     assert np.array_equal(_prefill(runner, 0, PREFIX, 1), _prefill(runner, 1, PREFIX, 64))
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "q8_0", "q4_0"])
+def test_batch_invariance_holds_for_every_cache_type(tiny_qwen3: Path, kv_type: str) -> None:
+    """The tests above with an f16 cache; here the other types (quantized K/V rows are written
+    and read per row too), on the model whose head_dim (32) takes block formats."""
+    runner = _runner(tiny_qwen3, kv_type=kv_type)
+    step = _warm(runner)
+    alone = runner.run(Plan((step,)))[0]
+    beside = runner.run(Plan((step, Work(1, 1, len(PREFIX), (6,), True),
+                              Work(2, 2, 0, tuple(PREFIX[::-1]), False))))[0]
+    assert np.array_equal(alone, beside)
+    by_tokens = _prefill(runner, 0, PREFIX, 1)
+    assert np.array_equal(by_tokens, _prefill(runner, 1, PREFIX, 7))
+    assert np.array_equal(by_tokens, _prefill(runner, 2, PREFIX, 64))
 
 
 def _real_text_ids() -> list[int]:

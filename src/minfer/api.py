@@ -42,6 +42,8 @@ class Model:
         *,
         n_ctx: int = DEFAULT_N_CTX,
         kv_type: str = "f16",
+        k_type: str | None = None,
+        v_type: str | None = None,
         threads: int | None = None,
         batch_size: int = 512,
         backend: str = "auto",
@@ -52,7 +54,8 @@ class Model:
         self.file = gguf_file or GGUFFile.open(path)  # an already opened `path` is reused
         self.hparams = HParams.from_gguf(self.file)
         self.n_ctx = n_ctx
-        self.kv_type = kv_type
+        self.k_type = k_type or kv_type  # KV cache formats: f32, f16, q8_0, q4_0
+        self.v_type = v_type or kv_type
         self.threads = threads or default_threads()
         self.adaptive_threads = threads is None  # measured per step unless the user chose
         self.batch_size = batch_size
@@ -70,6 +73,11 @@ class Model:
     @cached_property
     def chat_template(self) -> ChatTemplate:
         return ChatTemplate.from_gguf(self.file, self.tokenizer)
+
+    @property
+    def kv_type(self) -> str:
+        """Both cache formats in one name ("q8_0", or "q8_0/f16" when K and V differ)."""
+        return self.k_type if self.k_type == self.v_type else f"{self.k_type}/{self.v_type}"
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -96,7 +104,7 @@ class Model:
             from minfer.backends.select import select_backends
 
             self._engine = Engine(
-                self.file, self.hparams, n_ctx=n_ctx, kv_type=self.kv_type,
+                self.file, self.hparams, n_ctx=n_ctx, k_type=self.k_type, v_type=self.v_type,
                 # FusedGateUp measured neutral on decode (2 threads 13.07 vs 12.83 ms/token
                 # unfused, 1 thread 20.61 vs 20.61), so it stays a tested twin, off by default.
                 fuse_swiglu=self.fuse, fuse_gate_up=False,

@@ -8,8 +8,10 @@ import argparse
 import csv
 import io
 import json
+import sys
 from typing import TYPE_CHECKING
 
+from minfer.cli.common import add_kv_args, kv_types
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--threads", type=_int_list, default=None, help="thread counts")
     p.add_argument("-b", "--batch-size", type=int, default=512)
     p.add_argument("-c", "--n-ctx", type=int, default=0, help="context (default: fits the test)")
-    p.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
+    add_kv_args(p)
     p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None)
     p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md")
     p.add_argument("--roofline", action="store_true",
@@ -56,13 +58,17 @@ def run(args: argparse.Namespace) -> int:
     threads_list = args.threads or [default_threads()]
     need = max(args.n_depth) + max([*args.n_prompt, *(n + 1 for n in args.n_gen), 1])
     model = minfer.load(args.model_opt or args.model, n_ctx=max(args.n_ctx, need),
-                        kv_type=args.kv_type, backend=args.backend, batch_size=args.batch_size)
+                        k_type=kv_types(args)[0], v_type=kv_types(args)[1],
+                        backend=args.backend, batch_size=args.batch_size)
     rows: list[BenchRow] = []
     for n_threads in threads_list:
         model.threads = n_threads
         model.adaptive_threads = args.threads is None  # -t given: fixed counts
         model._engine = None  # a fresh session per thread count
         engine = model.engine(need)
+        if n_threads == threads_list[0]:
+            print(f"KV cache {engine.ctx_params.kv_type}: "
+                  f"{engine.kv.bytes_per_token / 1024:.1f} KiB per token", file=sys.stderr)
         backend = "+".join(engine.ctx_params.backends)
         roofline = None
         if args.roofline:

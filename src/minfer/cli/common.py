@@ -20,11 +20,34 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx_help: str = "context siz
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_argument("-b", "--batch-size", type=int, default=512,
                    help="prefill chunk size in tokens (default 512)")
-    p.add_argument("--kv-type", choices=("f16", "f32"), default="f16",
-                   help="KV cache element type (default f16, as llama.cpp)")
+    add_kv_args(p)
     p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None,
                    help="compute backend (default: auto, or $MINFER_BACKEND)")
     p.add_argument("--no-fuse", action="store_true", help="run the unfused graph")
+
+
+KV_CHOICES = ("f32", "f16", "q8_0", "q4_0")
+
+
+def add_kv_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's cache-type flags; --kv-type sets both."""
+    p.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=KV_CHOICES,
+                   default=None, help="K cache type (default f16, as llama.cpp)")
+    p.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=KV_CHOICES,
+                   default=None, help="V cache type (default f16, as llama.cpp)")
+    p.add_argument("--kv-type", choices=KV_CHOICES, default=None,
+                   help="K and V cache type at once (the two flags above take precedence)")
+
+
+def kv_types(args: argparse.Namespace) -> tuple[str, str]:
+    """(K type, V type) from the cache-type flags."""
+    both = args.kv_type or "f16"
+    return args.cache_type_k or both, args.cache_type_v or both
+
+
+def kv_label(k_type: str, v_type: str) -> str:
+    """One name for both (as ContextParams.kv_type): "q8_0", or "q8_0/f16" when they differ."""
+    return k_type if k_type == v_type else f"{k_type}/{v_type}"
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -66,7 +89,8 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.n_ctx < 1 or args.batch_size < 1:
         raise MinferError("--n-ctx and --batch-size must be positive")
     return {
-        "n_ctx": args.n_ctx, "kv_type": args.kv_type, "threads": args.threads,
+        "n_ctx": args.n_ctx, "k_type": kv_types(args)[0], "v_type": kv_types(args)[1],
+        "threads": args.threads,
         "batch_size": args.batch_size, "backend": args.backend, "fuse": not args.no_fuse,
     }
 
@@ -101,7 +125,7 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
 
     f = GGUFFile.open(resolve_model(model_arg))
     progress = None
-    if not marker_path(f, kv_type=args.kv_type, batch_invariant=False).exists():
+    if not marker_path(f, kv_type=kv_label(*kv_types(args)), batch_invariant=False).exists():
         progress = TerminalProgress()
         progress.announce()
     model = Model(f.path, gguf_file=f, **model_options(args))

@@ -61,7 +61,17 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("rms eps", f"{hp.rms_eps:g}"), ("tied embeddings", hp.tie_embeddings),
         ("q/k/v bias", hp.has_qkv_bias), ("q/k norm", hp.has_qk_norm),
         *_attention_rows(hp),
+        ("KV cache per token", _kv_per_token(hp)),
     ]
+
+
+def _kv_per_token(hp: HParams) -> str:
+    """Bytes per token of context for each cache type (K and V of every layer)."""
+    from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES, bytes_per_token
+
+    n = hp.n_head_kv * hp.head_dim
+    return ", ".join(f"{t} {human_bytes(round(bytes_per_token(hp.n_layer, n, t, t)))}"
+                     for t in KV_TYPES if t not in QUANT_TYPES or hp.head_dim % QK == 0)
 
 
 def _vocab_only_rows(f: GGUFFile) -> list[tuple[str, object]]:

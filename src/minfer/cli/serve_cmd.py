@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from minfer.cli.common import add_kv_args, kv_types
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prompt tokens prefilled per step, beside the decodes (default 128)")
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="cap on tokens generated per request (default -1: the context)")
-    p.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
+    add_kv_args(p)
     p.add_argument("--no-fuse", action="store_true", help="run the unfused graph")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on shutdown (default 30)")
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model_path=resolve_model(args.model or args.model_opt), n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
-        chunk=args.chunk, n_predict=args.n_predict, kv_type=args.kv_type, fuse=not args.no_fuse,
+        chunk=args.chunk, n_predict=args.n_predict, k_type=kv_types(args)[0],
+        v_type=kv_types(args)[1], fuse=not args.no_fuse,
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
     )
     if args.lookup_ngram:

@@ -21,6 +21,7 @@ from numba.core import config
 
 from minfer.backends.base import Backend, ExecContext
 from minfer.backends.cpu.backend import CpuBackend
+from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES
 from minfer.engine.threads import ThreadTuner
 from minfer.engine.trace import StepTracer, tracer_from_env
 from minfer.engine.weights import ModelWeights
@@ -38,6 +39,19 @@ from minfer.models.registry import graph_builder_for
 # Steps of up to this many rows (decode, several sequences' decode) choose their thread count by
 # measured step times (`engine.threads`); larger ones (prefill) take every thread.
 TUNED_MAX_TOKENS = 16
+
+
+def check_kv_types(k_type: str, v_type: str, head_dim: int) -> tuple[str, str]:
+    """The K/V cache formats, refused clearly when unknown or when quantized blocks would
+    straddle attention heads."""
+    for what, t in (("K", k_type), ("V", v_type)):
+        if t not in KV_TYPES:
+            raise MinferError(f"unknown {what} cache type {t!r} (use one of "
+                              f"{', '.join(KV_TYPES)})")
+        if t in QUANT_TYPES and head_dim % QK:
+            raise MinferError(f"a {t} {what} cache needs head_dim a multiple of {QK} "
+                              f"(this model's is {head_dim})")
+    return k_type, v_type
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,8 @@ class Engine:
         *,
         n_ctx: int,
         kv_type: str = "f16",
+        k_type: str | None = None,
+        v_type: str | None = None,
         fuse_swiglu: bool = True,
         fuse_gate_up: bool = True,
         backends: Sequence[Backend] | None = None,
@@ -86,8 +102,10 @@ class Engine:
         batch_invariant: bool = False,
         op_tape: bool | None = None,
     ) -> None:
-        if kv_type not in ("f16", "f32"):
-            raise MinferError(f"unknown KV type {kv_type!r} (use f16 or f32)")
+        k_type, v_type = check_kv_types(k_type or kv_type, v_type or kv_type, hparams.head_dim)
+        if hparams.attn_softcap and {k_type, v_type} & set(QUANT_TYPES):
+            raise MinferError("this model soft-caps its attention scores, which the q8_0 / q4_0 "
+                              "KV cache kernels do not do; use an f16 or f32 cache")
         if n_ctx < 1:
             raise MinferError(f"n_ctx must be positive, got {n_ctx}")
         self.hparams = hparams
@@ -96,13 +114,15 @@ class Engine:
         self._backends = list(backends) if backends else [CpuBackend()]
         self.ctx_params = ContextParams(
             n_ctx=n_ctx,
-            kv_type=kv_type,
+            k_type=k_type,
+            v_type=v_type,
             fuse_swiglu=fuse_swiglu,
             fuse_gate_up=fuse_gate_up,
             backends=tuple(b.name for b in self._backends),
         )
         self.kv = KVRegions(n_layer=hparams.n_layer, n_ctx=n_ctx,
-                            n_kv_embd=hparams.n_head_kv * hparams.head_dim, kv_type=kv_type)
+                            n_kv_embd=hparams.n_head_kv * hparams.head_dim, k_type=k_type,
+                            v_type=v_type)
         self.allocator = Allocator(self.kv)
         self.cache = GraphCache(self._prepare)
         self._build_fn = graph_builder_for(hparams.arch)
@@ -130,7 +150,8 @@ class Engine:
     def _prepare(self, params: GraphParams) -> PreparedGraph:
         graph = self._build_fn(self.hparams, params, self._shapes)
         fuse(graph, params)
-        scheduler.assign_backends(graph, self._backends)
+        scheduler.assign_backends(graph, self._backends,
+                                  (params.ctx.k_type, params.ctx.v_type))
         graph.topo_order()
         plan = plan_buffers(graph)
         return PreparedGraph(params, graph, plan, scheduler.make_splits(graph, plan.live))

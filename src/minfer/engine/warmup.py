@@ -173,7 +173,8 @@ def helper_for(engine: Any, min_spare: int = 2) -> Callable[[list[Item], Any], A
     """A `helper` for `warm_up` that reopens the engine's model in a spawned process (when
     `min_spare` cores are free), with the same context but CPU kernels only, and works through
     the items from the end."""
-    options = {"n_ctx": engine.n_ctx, "kv_type": engine.ctx_params.kv_type,
+    options = {"n_ctx": engine.n_ctx, "k_type": engine.ctx_params.k_type,
+               "v_type": engine.ctx_params.v_type,
                "fuse_swiglu": engine.ctx_params.fuse_swiglu,
                "fuse_gate_up": engine.ctx_params.fuse_gate_up,
                "batch_invariant": engine.batch_invariant}

@@ -80,17 +80,30 @@ def plan_buffers(graph: ComputeGraph) -> BufferPlan:
 
 
 class KVRegions:
-    """Per-layer K and V arrays, sized once from n_ctx; they outlive every graph."""
+    """Per-layer K and V arrays, sized once from n_ctx; they outlive every graph.
 
-    def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int, kv_type: str) -> None:
-        dtype = {"f16": np.float16, "f32": np.float32}[kv_type]
+    Each is `[n_ctx, row]` in its cache format (see backends/cpu/kernels/kv_formats.py: f32,
+    f16, or q8_0/q4_0 rows of ggml blocks as int8/uint8 bytes)."""
+
+    def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int, kv_type: str = "f16",
+                 k_type: str | None = None, v_type: str | None = None) -> None:
+        from minfer.backends.cpu.kernels.kv_formats import new_cache
+
         self.n_ctx = n_ctx
-        self.k = [np.zeros((n_ctx, n_kv_embd), dtype) for _ in range(n_layer)]
-        self.v = [np.zeros((n_ctx, n_kv_embd), dtype) for _ in range(n_layer)]
+        self.n_kv_embd = n_kv_embd
+        self.k_type = k_type or kv_type
+        self.v_type = v_type or kv_type
+        self.k = [new_cache(self.k_type, n_ctx, n_kv_embd) for _ in range(n_layer)]
+        self.v = [new_cache(self.v_type, n_ctx, n_kv_embd) for _ in range(n_layer)]
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one cell takes over all layers (K and V)."""
+        return self.nbytes // self.n_ctx if self.n_ctx else 0
 
 
 class Allocator:

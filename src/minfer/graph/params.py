@@ -23,11 +23,17 @@ class ContextParams:
     """Session-wide settings fixed when the context is created."""
 
     n_ctx: int  # KV cells in the persistent regions (all sequences together)
-    kv_type: str = "f16"  # "f16" (llama.cpp's default) or "f32"
+    k_type: str = "f16"  # K cache format: f32, f16 (llama.cpp's default), q8_0 or q4_0
+    v_type: str = "f16"  # V cache format, the same choices
     fuse_swiglu: bool = True  # Mul(Silu(gate), up) -> SwiGLU
     fuse_gate_up: bool = True  # decode: gate, up and SwiGLU in one node
     backends: tuple[str, ...] = ("cpu",)  # backends allowed to take nodes, in preference order
     window: str = "per_token"  # KV window inputs: kv_start/kv_end per query token
+
+    @property
+    def kv_type(self) -> str:
+        """Both formats in one name: the type when K and V agree, else "K/V" (e.g. "q8_0/f16")."""
+        return self.k_type if self.k_type == self.v_type else f"{self.k_type}/{self.v_type}"
 
 
 @dataclass(frozen=True)

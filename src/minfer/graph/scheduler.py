@@ -26,13 +26,27 @@ from minfer.errors import GraphError
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph
 
+# Nodes that read or write the KV regions, and the cache formats a backend handles there unless
+# it lists its own in `kv_types` (the CPU backend reads every format; others f32/f16 only).
+KV_OPS = (ir.KvcacheStore, ir.KvcacheLoad, ir.Attn)
+PLAIN_KV_TYPES = ("f32", "f16")
 
-def assign_backends(graph: ComputeGraph, backends: Sequence[Backend]) -> None:
+
+def _reads_kv(backend: Backend, kv_types: tuple[str, str]) -> bool:
+    return set(kv_types) <= set(getattr(backend, "kv_types", PLAIN_KV_TYPES))
+
+
+def assign_backends(graph: ComputeGraph, backends: Sequence[Backend],
+                    kv_types: tuple[str, str] = ("f16", "f16")) -> None:
+    """Each node to the first backend that takes it; KV nodes only to a backend that handles
+    the caches' formats (`kv_types`: K, V), so a quantized cache keeps them on the CPU."""
     for node in graph.nodes:
         if isinstance(node.op, ir.Input):
             node.backend = "cpu"
             continue
         for backend in backends:
+            if isinstance(node.op, KV_OPS) and not _reads_kv(backend, kv_types):
+                continue
             if backend.supports_op(node, graph):
                 node.backend = backend.name
                 break

@@ -41,7 +41,9 @@ class ServerConfig:
     threads: int | None = None
     chunk: int = 128  # prompt tokens per step
     n_predict: int = -1  # cap on max_tokens; -1 = the context
-    kv_type: str = "f16"
+    kv_type: str = "f16"  # K and V cache type, unless k_type / v_type say otherwise
+    k_type: str | None = None
+    v_type: str | None = None
     fuse: bool = True
     max_body_bytes: int = 16 << 20
     lookup_ngram: int = 0  # prompt lookup per slot (speculative decoding); 0: off
@@ -85,6 +87,7 @@ def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig) 
         threads = config.threads or default_threads()
         set_threads(threads)
         return Engine(f, hparams, n_ctx=n_ctx, kv_type=config.kv_type,
+                      k_type=config.k_type, v_type=config.v_type,
                       fuse_swiglu=config.fuse, fuse_gate_up=config.fuse,
                       n_threads=threads, adaptive_threads=not config.threads,
                       batch_invariant=True)

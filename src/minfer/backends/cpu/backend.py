@@ -34,6 +34,7 @@ from minfer.graph.ir import ComputeGraph, Node
 
 class CpuBackend:
     name = "cpu"
+    kv_types = ("f32", "f16", "q8_0", "q4_0")  # KV cache formats its kernels read and write
 
     def supports_op(self, node: Node, graph: ComputeGraph) -> bool:
         return True

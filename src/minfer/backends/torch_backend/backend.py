@@ -49,6 +49,9 @@ _BF16_INPUT = "torch.bf16"  # memo key: (source id, its bf16 conversion)
 
 class TorchBackend:
     name = "torch"
+    # KV formats its kv_store/attention read: with a quantized cache the scheduler leaves the
+    # KV nodes to the CPU backend, whatever the claim (graph/scheduler.py assign_backends)
+    kv_types = ("f32", "f16")
 
     def __init__(self, *, device: str = "cpu", min_rows: int = 64, claim: str = "all",
                  weights: str = "scratch", force_copies: bool = False) -> None:

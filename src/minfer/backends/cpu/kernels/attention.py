@@ -18,9 +18,11 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit, prange
 
+from . import kv_quant
 from ._llvm import as_f32
 from .attention_blocked import attention_blocked, blocked_available
 from .elementwise import fast_exp
+from .kv_formats import store_rows
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -106,6 +108,11 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     q, out: f32 `[nt, n_head*head_dim]`; caches: f32 or f16 `[n_ctx, n_head_kv*head_dim]`;
     kv_start/kv_end: int `[nt]` bounds of each query's window of cache cells.
     """
+    if kv_quant.uses_quant(k_cache, v_cache):  # q8_0 / q4_0 caches
+        kv_quant.attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
+                           n_head_kv=n_head_kv, head_dim=head_dim, scale=scale, out=out,
+                           blocked=blocked, window=window, softcap=softcap)
+        return
     nt = q.shape[0]
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     lo = np.ascontiguousarray(kv_start, dtype=np.int64).reshape(-1)
@@ -135,6 +142,10 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
     """`attention` over fixed arrays (the op tape): shapes checked once. The windows are data
     the batch fills in each time; their bounds are the caller's to check (the engine refuses a
     batch whose windows leave the context before it runs anything)."""
+    if kv_quant.uses_quant(k_cache, v_cache):  # q8_0 / q4_0 caches
+        return kv_quant.bind_attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
+                                       n_head_kv=n_head_kv, head_dim=head_dim, scale=scale,
+                                       out=out, blocked=blocked, window=window, softcap=softcap)
     nt = q.shape[0]
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
@@ -166,14 +177,12 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
 def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
              cells: np.ndarray) -> None:
     """Write rows k[t], v[t] (f32 `[nt, n_head_kv*head_dim]`) into cache cells[t] (f16 rounding
-    to nearest even when the cache is f16, as ggml's f32->f16 copy)."""
+    to nearest even when the cache is f16, as ggml's f32->f16 copy; q8_0/q4_0 caches get ggml
+    blocks, see `kv_formats`)."""
     cells = np.asarray(cells, dtype=np.int64).reshape(-1)
-    if k.shape != v.shape or k.shape[0] != cells.shape[0] or k.shape[1] != k_cache.shape[1]:
+    if k.shape != v.shape or k.shape[0] != cells.shape[0]:
         raise ValueError(f"k {k.shape} / v {v.shape} / cells {cells.shape} do not match the cache")
     if cells.size and (cells.min() < 0 or cells.max() >= k_cache.shape[0]):
         raise ValueError(f"cache cell outside [0, {k_cache.shape[0]})")
     for src, dst in ((k, k_cache), (v, v_cache)):
-        if dst.dtype == np.uint16:
-            dst[cells] = src.astype(np.float16).view(np.uint16)
-        else:
-            dst[cells] = src.astype(dst.dtype)
+        store_rows(src, dst, cells)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from ._llvm import as_f32, call_int_fn, call_sgemm_rm_nt, f16_to_f32, f32_to_f16
+from ._llvm import call_int_fn, call_sgemm_rm_nt, f16_to_f32, f32_to_f16
 from .elementwise import fast_exp
+from .kv_formats import load_head
 from .prefill import SET_THREADS_LOCAL, SGEMM
 
 _BLOCK = 64  # query rows per work item (x group query heads = sgemm rows)
@@ -101,17 +102,10 @@ def _block(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softc
     s = scratch[o2:o3].reshape((rows, n))
     o = scratch[o3:o4].reshape((rows, head_dim))
     inv = scratch[o4 : o4 + rows]
-    ks = k[lo:hi, kb : kb + head_dim]  # slices: loops from 0, no index wraparound
-    vs = v[lo:hi, kb : kb + head_dim]
+    for c in range(n):  # any cache format (f32, f16 bits, q8_0/q4_0 blocks) to f32
+        load_head(k[lo + c], kb, head_dim, kf[c])
     for c in range(n):
-        kr = ks[c]
-        kfr = kf[c]
-        for d in range(head_dim):
-            kfr[d] = as_f32(kr[d])
-    for c in range(n):
-        vr = vs[c]
-        for d in range(head_dim):
-            vt[d, c] = as_f32(vr[d])
+        load_head(v[lo + c], kb, head_dim, vt[:, c])
     for i in range(nb):
         qr = q[t0 + i, qb : qb + group * head_dim]
         for g in range(group):

@@ -1,0 +1,312 @@
+"""KV cache formats: how a cache row is laid out, written (quantized) and read back as f32.
+
+A cache is one 2-D numpy array `[n_ctx, row]` per layer and per K/V; its dtype names the format:
+
+- f32: float32 `[n_ctx, n]`; f16: float16 `[n_ctx, n]` (the kernels read it as uint16 bits);
+- q8_0: int8 `[n_ctx, n/32*34]`, each row a run of GGML Q8_0 blocks (f16 d, then 32 int8 q;
+  value = q * d);
+- q4_0: uint8 `[n_ctx, n/32*18]`, GGML Q4_0 blocks (f16 d, then 16 bytes: byte j holds value j in
+  its low and value j+16 in its high nibble; value = (nibble - 8) * d).
+
+The blocks are ggml's (little-endian d). Writing rounds as ggml-cpu's x86 `from_float` does
+when llama.cpp copies K/V into such a cache: Q8_0 as its AVX `quantize_row_q8_0` (d = amax/127
+stored as f16, q = round-half-even(x * 127/amax), the same rule as the activation quantizer in
+`q8`), Q4_0 as
+`quantize_row_q4_0_ref` (the block's first value of largest magnitude `max` gives d = max/-8,
+q = min(15, trunc(x/d + 8.5))).
+
+Rotation: as llama.cpp does for quantized caches (it multiplies Q and K, and V with the inverse
+on the attention output, by a Hadamard matrix before the cache stores them), each 32-value block
+is multiplied by the orthonormal Hadamard matrix H before it is quantized. That spreads an
+outlier dimension over its block, so the block's scale no longer flattens its neighbours (on
+Qwen2.5-0.5B, whose layer-0 keys reach |k| ~ 145, it halved the mean q8_0 logit error). q.k is
+unchanged when q is rotated the same way, and the value mix comes out rotated, so `kv_quant`
+rotates the query before and the output after (H = H^-1). llama.cpp rotates 64-value chunks
+with a matrix product; here the rotation is the 32-value block (it never straddles a head,
+whatever the head_dim), by butterflies, so the stored blocks are not llama.cpp's byte for byte.
+
+`load_head(row, e0, n, dst)` (compiled code only) writes f32 values [e0, e0+n) of one cache row
+into dst for any of the four formats (chosen by the row's dtype at compile time; quantized rows
+in their rotated basis), so one kernel source serves every format. Quantized heads must start
+and end on block boundaries: head_dim has to be a multiple of 32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from ._llvm import f16_to_f32, f32_to_f16
+
+QK = 32  # values per block
+BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}
+CACHE_DTYPES: dict[str, type[np.generic]] = {
+    "f32": np.float32, "f16": np.float16, "q8_0": np.int8, "q4_0": np.uint8}
+KV_TYPES = tuple(CACHE_DTYPES)  # every accepted cache type, llama.cpp's names
+QUANT_TYPES = tuple(BLOCK_BYTES)
+PARALLEL_MIN_ROWS = 16  # fewer rows (decode) stay on the calling thread
+
+# exact: only order-insensitive flags (no contract/arcp: every rounding is ggml's)
+_FM = {"nnan", "ninf", "nsz", "reassoc"}
+
+
+def row_width(kv_type: str, n: int) -> int:
+    """Elements per cache row holding n values (bytes for the quantized formats)."""
+    if kv_type in BLOCK_BYTES:
+        if n % QK:
+            raise ValueError(f"{kv_type} cache rows need a multiple of {QK} values, got {n}")
+        return n // QK * BLOCK_BYTES[kv_type]
+    if kv_type not in CACHE_DTYPES:
+        raise ValueError(f"unknown KV cache type {kv_type!r} (use one of {', '.join(KV_TYPES)})")
+    return n
+
+
+def bytes_per_value(kv_type: str) -> float:
+    """Storage per cached value: 4, 2, 34/32 or 18/32 bytes."""
+    if kv_type in BLOCK_BYTES:
+        return BLOCK_BYTES[kv_type] / QK
+    return float(np.dtype(CACHE_DTYPES[kv_type]).itemsize)
+
+
+def bytes_per_token(n_layer: int, n_kv_embd: int, k_type: str, v_type: str) -> float:
+    """KV cache bytes one token takes over all layers (its K and V rows)."""
+    return n_layer * n_kv_embd * (bytes_per_value(k_type) + bytes_per_value(v_type))
+
+
+def new_cache(kv_type: str, n_ctx: int, n: int) -> np.ndarray:
+    """A zeroed cache of n_ctx rows of n values."""
+    return np.zeros((n_ctx, row_width(kv_type, n)), CACHE_DTYPES[kv_type])
+
+
+def cache_type(cache: np.ndarray) -> str:
+    """The format of a cache array (uint16 counts as f16 bits)."""
+    dt = np.dtype(cache.dtype)
+    if dt == np.uint16:
+        return "f16"
+    for name, t in CACHE_DTYPES.items():
+        if dt == np.dtype(t):
+            return name
+    raise ValueError(f"not a KV cache dtype: {dt}")
+
+
+def is_quant(cache: np.ndarray) -> bool:
+    return np.dtype(cache.dtype) in (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def kernel_view(cache: np.ndarray) -> np.ndarray:
+    """The array the kernels take: f16 caches as uint16 bits, everything else as it is."""
+    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
+
+
+# -- the block rotation ------------------------------------------------------------------------
+_RSQRT32 = np.float32(1.0 / np.sqrt(32.0))
+
+
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _fwht32(x):  # pragma: no cover - compiled
+    """x[:32] = H x in place, H the orthonormal 32x32 Sylvester-Hadamard matrix (H = H^T = H^-1):
+    the butterflies a+b, a-b in stride order 1, 2, 4, 8, 16, then a scale by 1/sqrt(32)."""
+    h = 1
+    while h < 32:
+        for i in range(0, 32, 2 * h):
+            for j in range(i, i + h):
+                a = x[j]
+                b = x[j + h]
+                x[j] = a + b
+                x[j + h] = a - b
+        h *= 2
+    for j in range(32):
+        x[j] = x[j] * _RSQRT32
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _rotate_rows(x):  # pragma: no cover - compiled
+    for t in prange(x.shape[0]):
+        row = x[t]
+        for b in range(row.shape[0] // 32):
+            _fwht32(row[b * 32 : b * 32 + 32])
+
+
+@njit(cache=True, error_model="numpy")
+def _rotate_rows_serial(x):  # pragma: no cover - compiled
+    for t in range(x.shape[0]):
+        row = x[t]
+        for b in range(row.shape[0] // 32):
+            _fwht32(row[b * 32 : b * 32 + 32])
+
+
+def rotate_blocks(x: np.ndarray) -> None:
+    """Every 32-value block of every row of x (f32, C-contiguous `[rows, n]`) times H, in place:
+    the rotation a quantized cache stores its rows in (its own inverse). Per row, so batch
+    invariant; blocks never straddle heads (head_dim is a multiple of 32)."""
+    if x.ndim != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or x.shape[1] % QK:
+        raise ValueError(f"rotate_blocks needs C-contiguous f32 [rows, k*32], got {x.shape}")
+    # a decode step's few rows stay on the calling thread (a parallel region costs more)
+    (_rotate_rows if x.shape[0] >= PARALLEL_MIN_ROWS else _rotate_rows_serial)(x)
+
+
+# -- reading -----------------------------------------------------------------------------------
+def load_head(row: Any, e0: Any, n: Any, dst: Any) -> Any:
+    """dst[:n] = values [e0, e0+n) of a cache row, as f32 (compiled code only)."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@njit(inline="always")
+def _d_bits(lo, hi):  # pragma: no cover - compiled
+    return f16_to_f32(np.uint16((np.int32(lo) & 0xFF) | ((np.int32(hi) & 0xFF) << 8)))
+
+
+@overload(load_head, inline="always")
+def _load_head(row, e0, n, dst):  # unannotated: numba matches it against the lambdas below
+    if row.dtype == types.int8:  # q8_0
+        def load_q8_0(row, e0, n, dst):
+            b0 = e0 // 32
+            for b in range(n // 32):
+                o = (b0 + b) * 34
+                d = _d_bits(row[o], row[o + 1])
+                qs = row[o + 2 : o + 34]
+                db = dst[b * 32 : b * 32 + 32]
+                for j in range(32):
+                    db[j] = np.float32(qs[j]) * d
+        return load_q8_0
+    if row.dtype == types.uint8:  # q4_0
+        def load_q4_0(row, e0, n, dst):
+            b0 = e0 // 32
+            for b in range(n // 32):
+                o = (b0 + b) * 18
+                d = _d_bits(row[o], row[o + 1])
+                qs = row[o + 2 : o + 18]
+                lo = dst[b * 32 : b * 32 + 16]
+                hi = dst[b * 32 + 16 : b * 32 + 32]
+                for j in range(16):
+                    lo[j] = np.float32(np.int32(qs[j] & 15) - 8) * d
+                    hi[j] = np.float32(np.int32(qs[j] >> 4) - 8) * d
+        return load_q4_0
+    if row.dtype == types.uint16:  # f16 bits
+        def load_f16(row, e0, n, dst):
+            src = row[e0 : e0 + n]
+            for j in range(n):
+                dst[j] = f16_to_f32(src[j])
+        return load_f16
+
+    def load_f32(row, e0, n, dst):
+        src = row[e0 : e0 + n]
+        for j in range(n):
+            dst[j] = np.float32(src[j])
+    return load_f32
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _dequantize(cache, n, out):  # pragma: no cover - compiled
+    for c in prange(cache.shape[0]):
+        load_head(cache[c], 0, n, out[c])
+
+
+def dequantize_rows(cache: np.ndarray, n: int) -> np.ndarray:
+    """Rows of a cache (any format) as f32 `[rows, n]`: the values written, up to rounding
+    (a quantized cache's rotation undone)."""
+    out = np.empty((cache.shape[0], n), np.float32)
+    _dequantize(kernel_view(np.ascontiguousarray(cache)), n, out)
+    if is_quant(cache):
+        rotate_blocks(out)
+    return out
+
+
+# -- writing -----------------------------------------------------------------------------------
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _store_q8_0(x, dst):  # pragma: no cover - compiled
+    """One f32 row into Q8_0 blocks (dst: int8 bytes)."""
+    for b in range(x.shape[0] // 32):
+        xb = x[b * 32 : b * 32 + 32]
+        o = b * 34
+        amax = np.float32(0.0)
+        for j in range(32):
+            a = abs(xb[j])
+            amax = a if a > amax else amax
+        idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        bits = np.int32(f32_to_f16(amax / np.float32(127.0)))
+        lo = bits & 0xFF
+        hi = bits >> 8
+        dst[o] = np.int8(lo - 256 if lo > 127 else lo)
+        dst[o + 1] = np.int8(hi - 256 if hi > 127 else hi)
+        qs = dst[o + 2 : o + 34]
+        for j in range(32):
+            qs[j] = np.int8(np.rint(xb[j] * idd))
+
+
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _store_q4_0(x, dst):  # pragma: no cover - compiled
+    """One f32 row into Q4_0 blocks (dst: uint8 bytes), as quantize_row_q4_0_ref."""
+    for b in range(x.shape[0] // 32):
+        xb = x[b * 32 : b * 32 + 32]
+        o = b * 18
+        amax = np.float32(0.0)
+        mx = np.float32(0.0)
+        for j in range(32):
+            a = abs(xb[j])
+            if amax < a:
+                amax = a
+                mx = xb[j]
+        d = mx / np.float32(-8.0)
+        idd = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        bits = np.int32(f32_to_f16(d))
+        dst[o] = np.uint8(bits & 0xFF)
+        dst[o + 1] = np.uint8(bits >> 8)
+        qs = dst[o + 2 : o + 18]
+        for j in range(16):
+            x0 = xb[j] * idd + np.float32(8.5)
+            x1 = xb[j + 16] * idd + np.float32(8.5)
+            q0 = np.int32(x0)  # (int8_t) cast: truncation toward zero; then MIN(15, .)
+            q1 = np.int32(x1)
+            qs[j] = np.uint8((q0 if q0 < 15 else 15) | ((q1 if q1 < 15 else 15) << 4))
+
+
+def _store_row(x: Any, dst: Any) -> Any:
+    """One f32 row into a quantized cache row (compiled code only)."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@overload(_store_row, inline="always")
+def _store_row_impl(x, dst):  # unannotated: numba matches it against the functions below
+    if dst.dtype == types.int8:
+        return lambda x, dst: _store_q8_0(x, dst)
+    return lambda x, dst: _store_q4_0(x, dst)
+
+
+@njit(inline="always", error_model="numpy")
+def _store_rotated(x, dst):  # pragma: no cover - compiled
+    r = x.copy()
+    for b in range(r.shape[0] // 32):
+        _fwht32(r[b * 32 : b * 32 + 32])
+    _store_row(r, dst)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _store_rows(x, cache, cells):  # pragma: no cover - compiled
+    for t in prange(x.shape[0]):
+        _store_rotated(x[t], cache[cells[t]])
+
+
+@njit(cache=True, error_model="numpy")
+def _store_rows_serial(x, cache, cells):  # pragma: no cover - compiled
+    for t in range(x.shape[0]):
+        _store_rotated(x[t], cache[cells[t]])
+
+
+def store_rows(x: np.ndarray, cache: np.ndarray, cells: np.ndarray) -> None:
+    """cache[cells[t]] = x[t] for every row, in the cache's format (cells int64, checked)."""
+    xs = np.ascontiguousarray(x, dtype=np.float32)
+    if xs.ndim != 2 or cache.ndim != 2 or cache.shape[1] != row_width(cache_type(cache),
+                                                                        xs.shape[1]):
+        raise ValueError(f"rows {xs.shape} do not fit the {cache_type(cache)} cache "
+                         f"{cache.shape}")
+    if is_quant(cache):
+        run = _store_rows if xs.shape[0] >= PARALLEL_MIN_ROWS else _store_rows_serial
+        run(xs, cache, cells)
+    elif cache.dtype == np.uint16:
+        cache[cells] = xs.astype(np.float16).view(np.uint16)
+    else:
+        cache[cells] = xs.astype(cache.dtype)

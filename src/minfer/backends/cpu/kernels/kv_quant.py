@@ -1,0 +1,166 @@
+"""Attention over quantized KV caches (q8_0 / q4_0, or one of them mixed with f16/f32).
+
+`attention` dispatches here when K or V is quantized (see `kv_formats` for the layouts). Each
+cell's head slice is dequantized on the fly into an f32 row (`load_head`), then the per-token
+kernel proceeds as `attention._attention`: f32 scores, max-subtracted softmax with an f64 exp sum,
+the value mix accumulated in f32. The result is therefore attention over the dequantized cache,
+up to f32 summation order, and it is per query row (batch invariant) like the f16 kernel.
+
+Why dequantize rather than quantize the query to Q8_0 and dot in integers (llama.cpp's CPU
+flash-attention path): the integer dot adds a second rounding (the query's) on top of the
+cache's, and it only pays off when the dot arithmetic dominates; at decode the kernel is bound by
+the bytes it reads, which the quantized cache already shrinks, and a 64-128 wide f32 dot per cell
+is cheap next to the dequantization it shares with the value mix. Keeping the query in f32 also
+keeps one exact reference (the dequantized cache) for the tests. With an f16 K cache (V
+quantized) the query is rounded to f16 as in the f16 kernel.
+
+Quantized rows are stored rotated per 32-value block (see `kv_formats`): the query is rotated
+before a quantized K is read, and the output after a quantized V was mixed.
+
+The blocked prefill kernel (`attention_blocked`) reads any format through the same `load_head`,
+dequantizing each block's K/V slice into its f32 scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit, prange
+
+from .attention_blocked import attention_blocked, blocked_available
+from .elementwise import fast_exp
+from .kv_formats import QK, cache_type, is_quant, kernel_view, load_head, rotate_blocks, row_width
+
+
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
+def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                 out):  # pragma: no cover - compiled
+    nt = q.shape[0]
+    group = n_head // n_head_kv
+    for item in prange(nt * n_head_kv):
+        t = item // n_head_kv
+        kvh = item % n_head_kv
+        s0 = kv_start[t]
+        n = kv_end[t] - s0
+        kb = kvh * head_dim
+        qb = kvh * group * head_dim
+        row = np.empty(head_dim, np.float32)
+        scores = np.empty((group, max(n, 1)), np.float32)
+        for c in range(n):  # each K row is dequantized once for the whole group
+            load_head(k[s0 + c], kb, head_dim, row)
+            for g in range(group):
+                qh = q[t, qb + g * head_dim : qb + (g + 1) * head_dim]
+                dot = np.float32(0.0)
+                for j in range(head_dim):
+                    dot += qh[j] * row[j]
+                scores[g, c] = dot * scale
+        inv = np.empty(group, np.float32)
+        for g in range(group):
+            mx = np.float32(-np.inf)
+            for c in range(n):
+                mx = max(mx, scores[g, c])
+            total = 0.0
+            for c in range(n):
+                e = fast_exp(scores[g, c] - mx)
+                scores[g, c] = e
+                total += e
+            inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+        acc = np.zeros((group, head_dim), np.float32)
+        for c in range(n):
+            load_head(v[s0 + c], kb, head_dim, row)
+            for g in range(group):
+                p = scores[g, c]
+                for j in range(head_dim):
+                    acc[g, j] += p * row[j]
+        for g in range(group):
+            for j in range(head_dim):
+                out[t, qb + g * head_dim + j] = acc[g, j] * inv[g]
+
+
+def uses_quant(k_cache: np.ndarray, v_cache: np.ndarray) -> bool:
+    """Whether attention over these caches is this module's (either one quantized)."""
+    return is_quant(k_cache) or is_quant(v_cache)
+
+
+def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
+           n_head_kv: int, head_dim: int, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nt = q.shape[0]
+    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
+        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
+                         f"over {n_head_kv} KV heads")
+    if head_dim % QK:
+        raise ValueError(f"a quantized KV cache needs head_dim a multiple of {QK}, "
+                         f"got {head_dim}")
+    n = n_head_kv * head_dim
+    for cache in (k_cache, v_cache):
+        if cache.ndim != 2 or cache.shape[1] != row_width(cache_type(cache), n):
+            raise ValueError(f"{cache_type(cache)} cache {cache.shape} does not hold rows of "
+                             f"{n_head_kv}*{head_dim} values")
+    if k_cache.shape[0] != v_cache.shape[0]:
+        raise ValueError(f"K/V caches of {k_cache.shape[0]} / {v_cache.shape[0]} cells")
+    return kernel_view(k_cache), kernel_view(v_cache)
+
+
+def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+         n_head: int, n_head_kv: int, head_dim: int, scale: float, out: np.ndarray,
+         blocked: bool) -> None:
+    if is_quant(k):  # the keys are stored rotated: rotate the query alike (q.k is kept)
+        q = np.array(q, dtype=np.float32, order="C")
+        rotate_blocks(q)
+    if blocked and q.shape[0] and blocked_available():
+        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
+    else:
+        if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
+            q = q.astype(np.float16).astype(np.float32)
+        _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+    if is_quant(v):  # so were the values: the mix comes out rotated
+        rotate_blocks(out)
+
+
+def _window_softcap(window: int, softcap: float) -> None:
+    if window < 0:
+        raise ValueError(f"window {window} must not be negative")
+    if softcap:
+        raise ValueError("soft-capped attention does not run over a q8_0 / q4_0 KV cache here; "
+                         "use an f16 or f32 cache (--cache-type-k/-v f16)")
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
+              kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
+              out: np.ndarray, blocked: bool = False, window: int = 0,
+              softcap: float = 0.0) -> None:
+    """`attention.attention` with K and/or V quantized (same contract; a sliding `window` narrows
+    each query's cells the same way; soft-capping is refused)."""
+    _window_softcap(window, softcap)
+    k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
+    nt = q.shape[0]
+    lo = np.ascontiguousarray(kv_start, dtype=np.int64).reshape(-1)
+    hi = np.ascontiguousarray(kv_end, dtype=np.int64).reshape(-1)
+    if lo.shape[0] != nt or hi.shape[0] != nt:
+        raise ValueError("kv_start / kv_end need one entry per query row")
+    if nt and (lo.min() < 0 or hi.max() > k.shape[0] or (hi < lo).any()):
+        raise ValueError(f"KV window outside the cache of {k.shape[0]} cells")
+    if window:
+        lo = np.maximum(lo, hi - window)
+    _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked)
+
+
+def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                   kv_start: np.ndarray, kv_end: np.ndarray, *, n_head: int, n_head_kv: int,
+                   head_dim: int, scale: float, out: np.ndarray, blocked: bool = False,
+                   window: int = 0, softcap: float = 0.0) -> Callable[[], None]:
+    """`attention` over fixed arrays (the op tape), as `attention.bind_attention`."""
+    _window_softcap(window, softcap)
+    nt = q.shape[0]
+    k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
+    if kv_start.shape != (nt,) or kv_end.shape != (nt,):
+        raise ValueError("kv_start / kv_end need one entry per query row")
+
+    def step() -> None:
+        lo, hi = kv_start.astype(np.int64), kv_end.astype(np.int64)
+        if window:
+            lo = np.maximum(lo, hi - window)
+        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked)
+
+    return step

@@ -1,0 +1,166 @@
+"""Quantized KV caches (q8_0 / q4_0): the ggml block writes, reading back, and attention over
+them (per-token and blocked) against attention over the dequantized cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu.kernels import attention, kv_store
+from minfer.backends.cpu.kernels.attention_blocked import blocked_available
+from minfer.backends.cpu.kernels.kv_formats import (
+    KV_TYPES,
+    bytes_per_value,
+    dequantize_rows,
+    new_cache,
+    rotate_blocks,
+    row_width,
+)
+from minfer.backends.cpu.kernels.reference import ref_attention
+
+RNG = np.random.default_rng(7)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def ref_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d as f32, q int8 [.., 32]) per block, ggml-cpu's x86 quantize_row_q8_0 rule."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    with np.errstate(divide="ignore"):
+        idd = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * idd[:, None]).astype(np.int8)
+    return _f16(amax / np.float32(127)), q
+
+
+def ref_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d as f32, nibble values 0..15 [.., 32]) per block, as quantize_row_q4_0_ref."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    first_max = b[np.arange(b.shape[0]), np.abs(b).argmax(axis=1)]  # first of largest |x|
+    d = (first_max / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        idd = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.minimum(15, np.trunc(b * idd[:, None] + np.float32(8.5))).astype(np.int32)
+    return _f16(d), q
+
+
+def ref_rotate(x: np.ndarray) -> np.ndarray:
+    """Each 32-block times the orthonormal Hadamard matrix, by the kernel's butterflies."""
+    b = x.astype(np.float32).reshape(-1, 32).copy()
+    h = 1
+    while h < 32:
+        v = b.reshape(-1, 32 // (2 * h), 2, h)
+        lo, hi = v[:, :, 0, :].copy(), v[:, :, 1, :].copy()
+        v[:, :, 0, :], v[:, :, 1, :] = lo + hi, lo - hi
+        h *= 2
+    return (b * np.float32(1.0 / np.sqrt(32.0))).reshape(x.shape)
+
+
+def test_the_rotation_is_the_hadamard_matrix_and_its_own_inverse() -> None:
+    x = RNG.standard_normal((3, 64)).astype(np.float32)
+    h = np.array([[1.0]])
+    while h.shape[0] < 32:
+        h = np.block([[h, h], [h, -h]])
+    want = (x.reshape(-1, 32).astype(np.float64) @ (h / np.sqrt(32)).T).reshape(x.shape)
+    np.testing.assert_allclose(ref_rotate(x), want, atol=1e-5)
+    y = x.copy()
+    rotate_blocks(y)
+    np.testing.assert_array_equal(y, ref_rotate(x))
+    rotate_blocks(y)
+    np.testing.assert_allclose(y, x, atol=1e-5)
+
+
+def ref_dequant(kv_type: str, x: np.ndarray) -> np.ndarray:
+    """What a row of x reads back as after a store into a kv_type cache (quantized: rotated,
+    quantized, dequantized, rotated back)."""
+    if kv_type == "f32":
+        return x.astype(np.float32)
+    if kv_type == "f16":
+        return _f16(x)
+    d, q = (ref_q8_0 if kv_type == "q8_0" else ref_q4_0)(ref_rotate(x))
+    off = 0 if kv_type == "q8_0" else 8
+    return ref_rotate(((q.astype(np.float32) - off) * d[:, None]).astype(np.float32)
+                      .reshape(x.shape))
+
+
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+def test_store_then_read_back_matches_ggml_rounding(kv_type: str) -> None:
+    n, n_ctx = 128, 40
+    x = RNG.standard_normal((24, n)).astype(np.float32) * 3
+    x[0, :32] = 0  # an all-zero block: d = 0
+    x[1, 5] = -50.0  # the signed max of q4_0's block
+    cells = RNG.permutation(n_ctx)[:24]
+    k, v = new_cache(kv_type, n_ctx, n), new_cache(kv_type, n_ctx, n)
+    kv_store(x, -x, k, v, cells)  # 24 rows: the parallel store path
+    np.testing.assert_array_equal(dequantize_rows(k[cells], n), ref_dequant(kv_type, x))
+    np.testing.assert_array_equal(dequantize_rows(v[cells], n), ref_dequant(kv_type, -x))
+    kv_store(x[:2], x[:2], k, v, np.array([0, 1]))  # 2 rows: the serial path
+    np.testing.assert_array_equal(dequantize_rows(k[:2], n), ref_dequant(kv_type, x[:2]))
+    assert k.nbytes == n_ctx * n * bytes_per_value(kv_type)
+
+
+def test_block_bytes_are_ggml_layout() -> None:
+    x = np.linspace(-1, 2, 32, dtype=np.float32)[None]
+    q8, q4 = new_cache("q8_0", 1, 32), new_cache("q4_0", 1, 32)
+    kv_store(ref_rotate(x), ref_rotate(x), q8, q4, np.array([0]))  # rotated twice: x itself
+    d8, qs8 = ref_q8_0(x)
+    assert q8.view(np.uint8)[0, :2].view(np.float16)[0] == d8[0]
+    np.testing.assert_array_equal(q8[0, 2:], qs8[0])
+    d4, qs4 = ref_q4_0(x)
+    assert q4[0, :2].view(np.float16)[0] == d4[0]
+    np.testing.assert_array_equal(q4[0, 2:], (qs4[0, :16] | (qs4[0, 16:] << 4)).astype(np.uint8))
+
+
+def test_bad_shapes_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        row_width("q8_0", 48)
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        row_width("q5_1", 64)
+    cache = new_cache("q4_0", 4, 64)
+    with pytest.raises(ValueError, match="do not fit"):
+        kv_store(np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32), cache, cache,
+                 np.array([0]))
+
+
+def _filled(k_type: str, v_type: str, n_ctx: int, n: int) -> tuple[np.ndarray, ...]:
+    x = RNG.standard_normal((2, n_ctx, n)).astype(np.float32)
+    k, v = new_cache(k_type, n_ctx, n), new_cache(v_type, n_ctx, n)
+    kv_store(x[0], x[1], k, v, np.arange(n_ctx))
+    return k, v, dequantize_rows(k, n), dequantize_rows(v, n)
+
+
+PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "q4_0"), ("f16", "q8_0")]
+
+
+@pytest.mark.parametrize(("k_type", "v_type"), PAIRS)
+@pytest.mark.parametrize("blocked", [False, True])
+def test_attention_equals_attention_on_dequantized_cache(k_type: str, v_type: str,
+                                                         blocked: bool) -> None:
+    if blocked and not blocked_available():
+        pytest.skip("no BLAS sgemm for the blocked kernel")
+    nt, n_head, n_kv, hd, n_ctx = 40, 4, 2, 64, 72
+    k, v, kf, vf = _filled(k_type, v_type, n_ctx, n_kv * hd)
+    q = RNG.standard_normal((nt, n_head * hd)).astype(np.float32)
+    start = np.zeros(nt, np.int32)
+    end = np.arange(n_ctx - nt + 1, n_ctx + 1, dtype=np.int32)
+    start[3], end[3] = 10, 10  # an empty window
+    start[5:9] = 20  # a sliding window
+    scale = 1 / np.sqrt(hd)
+    out = np.empty_like(q)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale,
+              out=out, blocked=blocked)
+    qr = _f16(q) if k_type == "f16" else q
+    ref = ref_attention(qr, kf, vf, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd,
+                        scale=scale)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
+    assert not out[3].any()
+
+
+def test_attention_refuses_heads_off_block_boundaries() -> None:
+    k = new_cache("q8_0", 8, 64)
+    q = np.zeros((1, 4 * 16), np.float32)
+    with pytest.raises(ValueError, match="head_dim a multiple of 32"):
+        attention(q, k, k, np.array([0]), np.array([1]), n_head=4, n_head_kv=4, head_dim=16,
+                  scale=1.0, out=np.empty_like(q))

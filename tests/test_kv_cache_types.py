@@ -1,0 +1,209 @@
+"""KV cache types (f32, f16, q8_0, q4_0; K and V chosen apart) through the engine: the regions,
+the logits against an f32 cache, the op tape against the interpreter, the torch backend leaving
+quantized KV nodes to the CPU, context shifting, and the CLI / API flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minfer
+from minfer.backends.cpu.backend import CpuBackend
+from minfer.backends.cpu.kernels.kv_formats import dequantize_rows, new_cache, store_rows
+from minfer.cli.common import kv_types
+from minfer.cli.main import build_parser
+from minfer.engine.forward import Batch, Engine
+from minfer.engine.kv_shift import rerotate, shift_kv
+from minfer.errors import MinferError
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.graph import ir
+from tests.test_kv_shift import _block
+
+PROMPT = [(7 * i + 3) % 50 for i in range(40)]  # 40 rows: the blocked prefill kernel
+TYPES = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f16", "q4_0")]
+
+
+def _engine(path: Path, k_type: str, v_type: str, **kw: object) -> Engine:
+    f = GGUFFile.open(path)
+    kw.setdefault("n_ctx", 64)
+    return Engine(f, HParams.from_gguf(f), k_type=k_type, v_type=v_type,  # type: ignore[arg-type]
+                  **kw)
+
+
+def _run(e: Engine) -> list[np.ndarray]:
+    out = [e.forward(PROMPT, 0, n_out=2)]
+    for i, tok in enumerate((5, 9, 11)):
+        out.append(e.forward([tok], len(PROMPT) + i))
+    return out
+
+
+def _rel_errors(got: list[np.ndarray], want: list[np.ndarray]) -> np.ndarray:
+    return np.array([np.max(np.abs(a - b)) / np.max(np.abs(b))
+                     for a, b in zip(got, want, strict=True)])
+
+
+@pytest.mark.parametrize(("k_type", "v_type"), TYPES)
+def test_quantized_cache_logits_stay_near_the_f32_cache(tiny_qwen3: Path, k_type: str,
+                                                        v_type: str) -> None:
+    """The random tiny model is touchy: an f16 cache already moves its logits 2-3 % from the
+    f32 cache's. A q8_0 cache measured 1.5-2x that, q4_0 5-7x; the bounds leave some room."""
+    ref = _engine(tiny_qwen3, "f32", "f32")
+    e = _engine(tiny_qwen3, k_type, v_type)
+    hp = e.hparams
+    n = hp.n_head_kv * hp.head_dim
+    assert e.kv.k[0].shape == new_cache(k_type, 64, n).shape
+    assert e.kv.bytes_per_token < ref.kv.bytes_per_token
+    want = _run(ref)
+    f16_err = _rel_errors(_run(_engine(tiny_qwen3, "f16", "f16")), want)
+    err = _rel_errors(_run(e), want)
+    factor = 10.0 if "q4_0" in (k_type, v_type) else 2.5
+    assert (err < factor * f16_err).all(), (err, f16_err)
+    # layer 0's keys depend on the prompt only: its quantized rows are the f32 rows quantized
+    k_want = new_cache(k_type, 64, n)
+    store_rows(ref.kv.k[0][: len(PROMPT) + 3], k_want, np.arange(len(PROMPT) + 3))
+    np.testing.assert_array_equal(e.kv.k[0], k_want.view(e.kv.k[0].dtype))
+
+
+@pytest.mark.parametrize(("k_type", "v_type"), TYPES[:3])
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "invariant"])
+def test_tape_and_interpreter_agree_bitwise(tiny_qwen3: Path, k_type: str, v_type: str,
+                                            batch_invariant: bool) -> None:
+    runs = []
+    for op_tape in (True, False):
+        e = _engine(tiny_qwen3, k_type, v_type, op_tape=op_tape,
+                    batch_invariant=batch_invariant)
+        runs.append((_run(e), e.kv.k + e.kv.v))
+    (la, ka), (lb, kb) = runs
+    for a, b in zip(la + ka, lb + kb, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_a_batched_row_equals_that_row_alone(tiny_qwen3: Path, kv: str) -> None:
+    """Batch invariance with a quantized cache: two sequences, one batch or one at a time."""
+    e = _engine(tiny_qwen3, kv, kv, batch_invariant=True, n_ctx=128)
+    a, b = PROMPT[:20], PROMPT[20:]
+    alone_a = e.forward_batch(Batch.single(a, 0, n_out=len(a)))
+    alone_b = e.forward_batch(Batch.single(b, 0, n_out=len(b)))
+    both = Batch(
+        tokens=np.array(a + b, np.int32), positions=np.r_[np.arange(20), np.arange(20)].astype(
+            np.int32), cells=np.arange(40, dtype=np.int32) + 64,
+        kv_start=np.r_[np.full(20, 64), np.full(20, 84)].astype(np.int32),
+        kv_end=(np.arange(40) + 65).astype(np.int32), out_rows=np.arange(40, dtype=np.int32))
+    together = e.forward_batch(both)
+    np.testing.assert_array_equal(together[:20], alone_a)
+    np.testing.assert_array_equal(together[20:], alone_b)
+
+
+def test_torch_leaves_quantized_kv_nodes_to_the_cpu(tiny_qwen3: Path) -> None:
+    torch_backend = pytest.importorskip("minfer.backends.torch_backend.backend")
+    tb = torch_backend.TorchBackend(min_rows=2, claim="all")
+    e = _engine(tiny_qwen3, "q8_0", "q8_0", backends=[tb, CpuBackend()])
+    cpu = _engine(tiny_qwen3, "q8_0", "q8_0")
+    logits = e.forward(PROMPT[:11], 0, n_out=3)
+    graph = e.cache.get(e.params_for(11, 3)).graph
+    kv_nodes = [n for n in graph.nodes
+                if isinstance(n.op, ir.KvcacheStore | ir.KvcacheLoad | ir.Attn)]
+    assert kv_nodes and all(n.backend == "cpu" for n in kv_nodes)
+    assert any(n.backend == "torch" for n in graph.nodes)  # it still takes the matmuls
+    want = cpu.forward(PROMPT[:11], 0, n_out=3)
+    assert np.array_equal(logits.argmax(-1), want.argmax(-1))
+    # an f16 cache: torch does claim attention (the rule is about the format)
+    e16 = _engine(tiny_qwen3, "f16", "f16", backends=[tb, CpuBackend()])
+    e16.forward(PROMPT[:11], 0, n_out=3)
+    g16 = e16.cache.get(e16.params_for(11, 3)).graph
+    assert any(n.backend == "torch" for n in g16.nodes if isinstance(n.op, ir.Attn))
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_context_shift_requantizes_the_rotated_keys(tiny_qwen3: Path, kv: str) -> None:
+    e = _engine(tiny_qwen3, kv, kv, n_ctx=96)
+    e.forward(PROMPT, 0)
+    hp = e.hparams
+    n = hp.n_head_kv * hp.head_dim
+    k_src = [k[10:40].copy() for k in e.kv.k]
+    v_src = [v[10:40].copy() for v in e.kv.v]
+    shift_kv(e, src_start=10, src_end=40, dst_start=4)
+    for layer in range(hp.n_layer):
+        rot = rerotate(dequantize_rows(k_src[layer], n), np.arange(10, 40), np.arange(4, 34),
+                       n_head=hp.n_head_kv, head_dim=hp.head_dim, rope_dim=hp.rope_dim,
+                       base=hp.rope_base)
+        want = new_cache(kv, 30, n)
+        store_rows(rot.astype(np.float32), want, np.arange(30))
+        np.testing.assert_array_equal(e.kv.k[layer][4:34], want)
+        np.testing.assert_array_equal(e.kv.v[layer][4:34], v_src[layer])
+
+
+@pytest.mark.parametrize(("kv", "tol"), [("q8_0", 0.05), ("q4_0", 0.25)])
+def test_a_shifted_block_decodes_like_one_prefilled_in_place(tiny_qwen3: Path, kv: str,
+                                                             tol: float) -> None:
+    """As tests/test_kv_shift.py: a block reading only itself, moved from cells 50.. to 6..,
+    against the block prefilled at 6.. (here K is requantized, so near rather than equal)."""
+    src, dst, n = 50, 6, 20
+    moved, fresh = (_engine(tiny_qwen3, kv, kv, n_ctx=96) for _ in range(2))
+    moved.forward_batch(_block(PROMPT[:n], src))
+    shift_kv(moved, src_start=src, src_end=src + n, dst_start=dst)
+    fresh.forward_batch(_block(PROMPT[:n], dst))
+    nxt = _block([77], dst)
+    nxt = Batch(nxt.tokens, nxt.positions + n, nxt.cells + n, nxt.kv_start, nxt.kv_end + n,
+                nxt.out_rows)
+    a, b = moved.forward_batch(nxt), fresh.forward_batch(nxt)
+    assert np.max(np.abs(a - b)) < tol * np.max(np.abs(b))
+
+
+def test_bad_types_are_refused(tiny_qwen2: Path, tiny_qwen3: Path) -> None:
+    with pytest.raises(MinferError, match="unknown K cache type"):
+        _engine(tiny_qwen3, "q5_1", "f16")
+    with pytest.raises(MinferError, match="head_dim a multiple of 32"):
+        _engine(tiny_qwen2, "f16", "q8_0")  # head_dim 16: blocks would straddle heads
+
+
+def test_api_takes_k_and_v_types(tiny_qwen3: Path) -> None:
+    model = minfer.load(tiny_qwen3, n_ctx=32, k_type="q8_0", v_type="q4_0", backend="cpu")
+    assert model.kv_type == "q8_0/q4_0"
+    e = model.engine()
+    assert (e.ctx_params.k_type, e.ctx_params.v_type) == ("q8_0", "q4_0")
+    assert e.kv.k[0].dtype == np.int8 and e.kv.v[0].dtype == np.uint8
+    assert minfer.load(tiny_qwen3, kv_type="q4_0").kv_type == "q4_0"
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "bench"])
+def test_cli_cache_type_flags(command: str) -> None:
+    parser = build_parser()
+    base = [command, "m.gguf"] if command != "chat" else [command]
+
+    def parse(*flags: str) -> tuple[str, str]:
+        return kv_types(parser.parse_args([*base, *flags]))
+
+    assert parse() == ("f16", "f16")
+    assert parse("--kv-type", "q8_0") == ("q8_0", "q8_0")
+    assert parse("-ctk", "q4_0") == ("q4_0", "f16")
+    assert parse("--cache-type-k", "q8_0", "--cache-type-v", "q4_0") == ("q8_0", "q4_0")
+    assert parse("--kv-type", "f32", "-ctv", "q8_0", "-c", "64") == ("f32", "q8_0")
+    with pytest.raises(SystemExit):
+        parse("-ctk", "q5_1")
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_a_sliding_window_holds_over_a_quantized_cache(tmp_path: Path, kv: str) -> None:
+    """Gemma 3's local layers read only their window, over a quantized cache too, on both
+    execution paths: its rows stay far nearer the f32 cache's windowed rows than those are to
+    the same weights without the window (a 64-cell window: full attention here)."""
+    from minfer.tools.synth import write_tiny_model
+
+    def gemma(window: int) -> Path:
+        return write_tiny_model(tmp_path / f"gemma3-{window}.gguf", arch="gemma3", n_layer=3,
+                                n_embd=64, n_head=4, n_head_kv=1, head_dim=32, n_ff=128,
+                                sliding_window=window, rope_base=1e6)
+
+    path = gemma(4)
+    ref = _run(_engine(path, "f32", "f32"))
+    window_effect = _rel_errors(_run(_engine(gemma(64), "f32", "f32")), ref)
+    for tape in (True, False):
+        e = _engine(path, kv, kv)
+        e.op_tape = tape
+        err = _rel_errors(_run(e), ref)
+        assert (err < 0.25 * window_effect).all(), (err, window_effect)
