@@ -257,7 +257,10 @@ def test_auto_on_an_amx_host_makes_torch_only_for_a_graph_it_would_take(
     backend = make_torch_backend(required=False)
     assert isinstance(backend, tb_pkg.DeferredTorchBackend) and backend.min_rows == 8
     f = GGUFFile.open(tiny_qwen2)
-    engine = Engine(f, HParams.from_gguf(f), n_ctx=64)
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=64, backends=[backend, CpuBackend()])
+    engine.forward([1, 2, 3, 4], 0)  # a short prefill and a decode step: torch is not made
+    engine.forward([5], 4)
+    assert made == [] and backend.kv_types == TorchBackend.kv_types
     for n_tokens, takes in ((4, False), (16, True)):
         graph = engine.cache.get(engine.params_for(n_tokens, 1)).graph
         assert any(backend.supports_op(node, graph) for node in graph.nodes) is takes

@@ -59,6 +59,7 @@ class DeferredTorchBackend:
     node with at least `min_rows` rows asks for it; until then it declines every node."""
 
     name = "torch"
+    kv_types = ("f32", "f16")  # TorchBackend's, answered without making it
 
     def __init__(self, make: Callable[[], TorchBackend], min_rows: int) -> None:
         self._make = make
