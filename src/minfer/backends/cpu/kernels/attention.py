@@ -21,7 +21,7 @@ from numba import njit, prange
 from . import kv_quant
 from ._llvm import as_f32
 from .attention_blocked import attention_blocked, blocked_available
-from .elementwise import fast_exp
+from .elementwise import softmax_groups
 from .kv_formats import store_rows
 
 
@@ -48,17 +48,7 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
                 if softcap > 0:
                     sc = np.tanh(sc * (np.float32(1.0) / softcap)) * softcap
                 scores[g, c] = sc
-        inv = np.empty(group, np.float32)
-        for g in range(group):
-            mx = np.float32(-np.inf)
-            for c in range(n):
-                mx = max(mx, scores[g, c])
-            total = 0.0
-            for c in range(n):
-                e = fast_exp(scores[g, c] - mx)
-                scores[g, c] = e
-                total += e
-            inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+        inv = softmax_groups(scores, group, n)
         acc = np.zeros((group, head_dim), np.float32)
         for c in range(n):
             vrow = v[s0 + c, kb : kb + head_dim]

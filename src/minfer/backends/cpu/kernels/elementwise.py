@@ -44,6 +44,25 @@ def fast_exp(x):
     return p * bits_to_f32(np.uint32(np.int32(n) + 127) << np.uint32(23))
 
 
+@njit(inline="always")
+def softmax_groups(scores, group, n):
+    """scores[g, :n] = exp(scores[g, :n] - max) in place for each of `group` rows (the f64 sum
+    of ggml's softmax); returns 1/sum per row (0 for an empty row). Shared by the attention
+    kernels over plain and quantized caches; inlined, so the caller's fastmath flags apply."""
+    inv = np.empty(group, np.float32)
+    for g in range(group):
+        mx = np.float32(-np.inf)
+        for c in range(n):
+            mx = max(mx, scores[g, c])
+        total = 0.0
+        for c in range(n):
+            e = fast_exp(scores[g, c] - mx)
+            scores[g, c] = e
+            total += e
+        inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+    return inv
+
+
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _silu(x, out):
     for i in range(x.shape[0]):

@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from .attention_blocked import attention_blocked, blocked_available
-from .elementwise import fast_exp
+from .elementwise import softmax_groups
 from .kv_formats import QK, cache_type, is_quant, kernel_view, load_head, rotate_blocks, row_width
 
 
@@ -55,17 +55,7 @@ def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
                 for j in range(head_dim):
                     dot += qh[j] * row[j]
                 scores[g, c] = dot * scale
-        inv = np.empty(group, np.float32)
-        for g in range(group):
-            mx = np.float32(-np.inf)
-            for c in range(n):
-                mx = max(mx, scores[g, c])
-            total = 0.0
-            for c in range(n):
-                e = fast_exp(scores[g, c] - mx)
-                scores[g, c] = e
-                total += e
-            inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+        inv = softmax_groups(scores, group, n)
         acc = np.zeros((group, head_dim), np.float32)
         for c in range(n):
             load_head(v[s0 + c], kb, head_dim, row)
