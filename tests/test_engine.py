@@ -79,6 +79,43 @@ def test_repacked_weights_match_the_oracle(tmp_path: Path) -> None:
     np.testing.assert_array_equal(again, got)
 
 
+def test_weights_readied_in_the_background_change_nothing(tmp_path: Path) -> None:
+    """`warm_in_background` binds the decode tape (repacking the weights) on another thread;
+    the first forward waits for it and gives bitwise what an engine without it gives."""
+    types = {"token_embd": QType.Q8_0, "ffn_down": QType.Q4_0, "ffn_gate": QType.Q4_K,
+             "default": QType.Q5_0}
+    path = write_tiny_model(tmp_path / "wide.gguf", n_embd=512, n_head=8, n_head_kv=2, n_ff=768,
+                            weight_types=types, tied=True, seed=5)
+    plain = _engine(path, kv_type="f32")
+    warmed = _engine(path, kv_type="f32")
+    warmed.warm_in_background()
+    warmed.wait_ready()
+    assert warmed.weights.state  # every projection of the decode graph is bound already
+    bound = len(warmed.weights.state)
+    for engine in (plain, warmed):
+        engine.warm_in_background()  # a second call, or one after the first forward: no-op
+    np.testing.assert_array_equal(_all_rows(warmed, TOKENS), _all_rows(plain, TOKENS))
+    np.testing.assert_array_equal(warmed.forward([5], len(TOKENS)),
+                                  plain.forward([5], len(TOKENS)))
+    assert len(warmed.weights.state) == bound  # nothing bound twice
+
+
+def test_an_error_met_in_the_background_is_raised_by_the_forward(tiny_qwen2: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    engine = _engine(tiny_qwen2)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("weights unreadable")
+
+    monkeypatch.setattr(engine, "_tape", broken)
+    engine.warm_in_background()
+    with pytest.raises(RuntimeError, match="weights unreadable"):
+        engine.forward([1, 2], 0)
+    monkeypatch.undo()
+    assert engine.forward([1, 2], 0).shape[0] == 1  # raised once; the engine still works
+
+
 def test_tail_rows_equal_the_full_graphs_last_rows(tiny_qwen2: Path) -> None:
     full = _all_rows(_engine(tiny_qwen2), TOKENS)
     for n_out in (1, 3):
@@ -201,9 +238,10 @@ def test_derived_weights_are_made_once_and_the_file_stays_readable(tiny_qwen2: P
     before = weights.matrix(name)[0].copy()
     calls: list[int] = []
 
-    def make(rows: np.ndarray, qtype: int) -> tuple[np.ndarray, int]:
+    def make(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
         calls.append(rows.shape[0])
-        return rows ^ np.uint8(0xFF), qtype + 1000
+        np.bitwise_xor(rows, np.uint8(0xFF), out=out)
+        return qtype + 1000
 
     a = weights.derived(name, "test", make, chunk_rows=3)  # row chunks, pages released after each
     b = weights.derived(name, "test", make)

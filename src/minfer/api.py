@@ -103,6 +103,8 @@ class Model:
         if self._engine is None or self._engine.n_ctx < n_ctx:
             from minfer.backends.select import select_backends
 
+            if self._engine is not None:
+                self._engine.wait_ready()  # not two engines readying weights at once
             self._engine = Engine(
                 self.file, self.hparams, n_ctx=n_ctx, k_type=self.k_type, v_type=self.v_type,
                 # FusedGateUp measured neutral on decode (2 threads 13.07 vs 12.83 ms/token

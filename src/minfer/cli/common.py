@@ -129,6 +129,8 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
         progress = TerminalProgress()
         progress.announce()
     model = Model(f.path, gguf_file=f, **model_options(args))
+    if progress is None:  # warm: the engine readies its weights while the tokenizer loads
+        model.engine().warm_in_background()
     model.chat_template  # noqa: B018  (text commands: an unreadable vocabulary fails now)
     return model, progress
 

@@ -18,13 +18,15 @@ COMMANDS = ("run", "chat", "serve", "bench", "info", "list", "pull", "tokenize",
             "quantize", "split", "merge", "convert")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` (a sub-command's name) just that sub-command's
+    parser: the others' modules are not imported, which a warm start would pay for."""
     parser = argparse.ArgumentParser(
         prog="minfer", description="Local LLM inference for GGUF models."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.set_defaults(subparsers=sub.choices)
-    for name in COMMANDS:
+    for name in COMMANDS if only not in COMMANDS else (only,):
         try:
             module = importlib.import_module(f"minfer.cli.{name}_cmd")
         except ModuleNotFoundError as exc:
@@ -47,8 +49,9 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse(parser, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -132,6 +132,7 @@ def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
     from minfer.graph.export import dump_json, to_dot
 
     engine = model.engine(n_prompt)
+    engine.wait_ready()
     n_tokens = 1 if args.dump_decode else max(1, n_prompt)
     params = engine.params_for(n_tokens, 1)
     graph = engine.cache.get(params).graph

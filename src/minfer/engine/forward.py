@@ -11,6 +11,7 @@ the data, never the graph.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,6 +140,8 @@ class Engine:
         self.tracer: StepTracer | None = tracer_from_env()
         # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
         self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
+        self._warming: threading.Thread | None = None
+        self._warm_error: BaseException | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -156,6 +159,37 @@ class Engine:
         plan = plan_buffers(graph)
         return PreparedGraph(params, graph, plan, scheduler.make_splits(graph, plan.live))
 
+    # -- getting ready in the background -------------------------------------------------------
+    def warm_in_background(self) -> None:
+        """Bind the decode graph's op tape on another thread while the caller does other work
+        (a CLI builds its tokenizer meanwhile): the binding makes every weight ready as its
+        kernels read it (the repacking runs in compiled code, outside the GIL) and loads those
+        kernels. The next call that runs a graph waits for it; an error it met is raised there.
+        Nothing here changes results: the same tape would be bound by the first decode."""
+        if self._warming is not None or not self.op_tape:
+            return
+        self._warming = threading.Thread(target=self._warm, name="minfer-warm", daemon=True)
+        self._warming.start()
+
+    def _warm(self) -> None:
+        try:
+            if self.n_threads:
+                set_threads(self.n_threads)
+            prepared = self.cache.get(self.params_for(1, 1))
+            self._tape(prepared, self._buffers(prepared), self.batch_invariant)
+        except BaseException as exc:  # re-raised on the caller's thread
+            self._warm_error = exc
+
+    def wait_ready(self) -> None:
+        """Wait for `warm_in_background` (a no-op without one); raise what it met."""
+        if self._warming is None:
+            return
+        self._warming.join()
+        self._warming = None
+        if self._warm_error is not None:
+            exc, self._warm_error = self._warm_error, None
+            raise exc
+
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
                 batch_invariant: bool = False) -> np.ndarray:
@@ -167,6 +201,7 @@ class Engine:
 
     def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
         self._check(batch)
+        self.wait_ready()
         key = (batch.n_tokens, len(batch.out_rows))
         tuner = self.tuner if batch.n_tokens <= TUNED_MAX_TOKENS else None
         n_threads = tuner.choose(key) if tuner else self.n_threads
@@ -211,6 +246,7 @@ class Engine:
         """Run just these nodes of the graph for `params`, on placeholder inputs (token 0 at
         position 0, each query reading KV cell 0): the first-run warm-up, which only wants their
         kernels compiled. Results are meaningless, and KV cell 0 is written."""
+        self.wait_ready()
         prepared = self.cache.get(params)
         buffers = self._buffers(prepared)
         graph = prepared.graph

@@ -26,7 +26,9 @@ FLOAT_TYPES = {
 }
 
 
-Maker = Callable[[np.ndarray, int], tuple[np.ndarray, int]]
+# make(rows, qtype, out) writes the rows in the new layout into `out` (same shape and dtype)
+# and returns the new layout's type id.
+Maker = Callable[[np.ndarray, int, np.ndarray], int]
 
 
 class ModelWeights:
@@ -55,10 +57,10 @@ class ModelWeights:
 
     def derived(self, name: str, form: str, make: Maker,
                 chunk_rows: int = 4096) -> tuple[np.ndarray, int]:
-        """Matrix `name` in a backend's layout `form`, made once: make(rows, qtype) -> (a copy
-        of the same shape, its type id), a row-wise transform applied chunk by chunk. Each
-        chunk's file pages are released once copied, so the copy replaces the file's pages
-        instead of briefly doubling them (145 MB for an output projection)."""
+        """Matrix `name` in a backend's layout `form`, made once: make(rows, qtype, out) -> its
+        type id, a row-wise transform written chunk by chunk into one array of the file's shape
+        and dtype. Each chunk's file pages are released once copied, so the copy replaces the
+        file's pages instead of briefly doubling them (145 MB for an output projection)."""
         key = (name, form)
         hit = self._derived.get(key)
         if hit is None and self._shared is not None:
@@ -74,16 +76,12 @@ class ModelWeights:
 
     def _make(self, name: str, make: Maker, chunk_rows: int) -> tuple[np.ndarray, int]:
         raw, qtype = self.matrix(name)
-        out: np.ndarray | None = None
+        out = np.empty_like(raw)
         new_type = qtype
         for r0 in range(0, raw.shape[0], chunk_rows):
             r1 = min(raw.shape[0], r0 + chunk_rows)
-            part, new_type = make(raw[r0:r1], qtype)
-            if out is None:
-                out = np.empty(raw.shape, part.dtype)
-            out[r0:r1] = part
+            new_type = make(raw[r0:r1], qtype, out[r0:r1])
             self.file.release(name, (r0, r1))
-        assert out is not None
         return out, new_type
 
     def vector(self, name: str) -> np.ndarray:

@@ -65,7 +65,9 @@ class StringArray:
             yield buf[s:e].decode("utf-8", errors="replace")
 
     def tolist(self) -> list[str]:
-        return list(self)
+        buf = self._buf
+        return [buf[s:e].decode("utf-8", errors="replace")
+                for s, e in zip(self._starts.tolist(), self._ends.tolist(), strict=True)]
 
     def __repr__(self) -> str:
         return f"StringArray(len={len(self)})"

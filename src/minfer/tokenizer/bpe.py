@@ -23,8 +23,17 @@ from minfer.tokenizer.pretok import PreTokenizer
 
 def split_merges(merges: list[str]) -> list[tuple[str, str]]:
     """'a b' → ('a', 'b'): llama.cpp cuts at the first space after the first character;
-    a merge without one is skipped."""
-    return [(m[:cut], m[cut + 1:]) for m in merges if (cut := m.find(" ", 1)) > 0]
+    a merge without one is skipped. (`str.split` where the first character is not a space:
+    the same cut, at a fraction of the cost for 150,000 merges.)"""
+    out: list[tuple[str, str]] = []
+    for m in merges:
+        if m[:1] != " ":
+            parts = m.split(" ", 1)
+            if len(parts) == 2:
+                out.append((parts[0], parts[1]))
+        elif (cut := m.find(" ", 1)) > 0:
+            out.append((m[:cut], m[cut + 1:]))
+    return out
 
 
 class BpeModel:

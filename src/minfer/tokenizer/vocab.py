@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from minfer.errors import TokenizerError
+from minfer.gguf.parse import StringArray
 
 # llama_token_type values stored in tokenizer.ggml.token_type.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -87,6 +88,8 @@ class Vocab:
 
 
 def _as_list(value: Any, key: str) -> list[str]:
+    if isinstance(value, StringArray):  # decoded to str by construction
+        return value.tolist()
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):

@@ -113,13 +113,18 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int) -> _Projection:
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw, qtype
         if K.packable(qtype, n_in):
-            w, qt = ctx.weights.derived(w_name, "cpu-packed", K.repack_weight)
+            w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
         w, qt = K.integer_weight(w, qt)  # IQ4_NL / Q3_K: widened once, shared by both paths
         p = ctx.weights.state[key] = _Projection(
             raw, qtype, K.prefill_min_tokens(qtype), _activation_form(qt), qt, w,
             K.bind_prequant(w, qt))
     assert isinstance(p, _Projection)
     return p
+
+
+def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
+    """`ModelWeights.derived`'s maker for the repacked layout."""
+    return int(K.repack_weight(rows, qtype, out)[1])
 
 
 def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext) -> None:

@@ -107,16 +107,22 @@ def packable(qtype: int, n_in: int) -> bool:
     return HAS_VNNI512 and qtype_of(qtype) in PACKED_TYPES and n_in >= 8 * 32
 
 
-def repack_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
+def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, QType]:
     """A `packable` weight in the repacked layout the integer dots read fastest: (copy, its
-    QType). The bytes are only rearranged; `matmul` on the copy gives bitwise the original's
-    result for Q4_0 / Q5_0, and the same up to float summation order for Q8_0 / Q4_K."""
+    QType), written into `out` (the raw array's shape and dtype) when given. The bytes are only
+    rearranged; `matmul` on the copy gives bitwise the original's result for Q4_0 / Q5_0, and
+    the same up to float summation order for Q8_0 / Q4_K."""
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     if not packable(qt, n_in):
         raise ValueError(f"{qt.name} weight of {n_in} inputs has no repacked layout here")
-    packed = repack_q4_k(w) if qt is QType.Q4_K else repack_block32(w, BLOCK_LAYOUT[qt][1])
-    return packed, PACKED_TYPES[qt]
+    dst = np.empty(w.shape, np.uint8) if out is None else out.reshape(w.shape)
+    if qt is QType.Q4_K:
+        repack_q4_k(w, dst)
+    else:
+        repack_block32(w, BLOCK_LAYOUT[qt][1], dst)
+    return dst, PACKED_TYPES[qt]
 
 
 def quantize_activation(x: np.ndarray, qtype: int) -> QuantizedActivation:

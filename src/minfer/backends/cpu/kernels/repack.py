@@ -40,14 +40,15 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh):
     """Blocks o/size .. + g of one row (g = 16 or 8) into the packed group at byte o."""
     n = 4 * g
     if size == 34:  # Q8_0: scales, then the codes transposed as they are, ^ 0x80
+        x = np.uint8(0x80)
         for i in range(g):
             bo = o + i * size
             dst[o + 2 * i] = src[bo]
             dst[o + 2 * i + 1] = src[bo + 1]
             for j in range(8):
-                for c in range(4):
-                    dst[o + 2 * g + n * j + 4 * i + c] = src[bo + qs_off + 4 * j + c] ^ np.uint8(
-                        0x80)
+                d, s = o + 2 * g + n * j + 4 * i, bo + qs_off + 4 * j
+                dst[d], dst[d + 1] = src[s] ^ x, src[s + 1] ^ x
+                dst[d + 2], dst[d + 3] = src[s + 2] ^ x, src[s + 3] ^ x
         return
     cbase = 2 * g + (n if has_qh else 0)
     for i in range(g):
@@ -55,22 +56,38 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh):
         dst[o + 2 * i] = src[bo]
         dst[o + 2 * i + 1] = src[bo + 1]
         for j in range(4):
-            for c in range(4):
-                dst[o + cbase + n * j + 4 * i + c] = src[bo + qs_off + 4 * j + c]
-    if has_qh:
-        for j in range(8):
-            m = U(0)
-            for i in range(g):
-                bo = o + i * size
-                qh = (U(src[bo + 2]) | (U(src[bo + 3]) << U(8))
-                      | (U(src[bo + 4]) << U(16)) | (U(src[bo + 5]) << U(24)))
-                for c in range(4):
-                    m |= ((qh >> U(4 * j + c)) & U(1)) << U(4 * i + c)
-            for k in range(g // 2):
-                dst[o + 2 * g + g // 2 * j + k] = np.uint8((m >> U(8 * k)) & U(255))
+            d, s = o + cbase + n * j + 4 * i, bo + qs_off + 4 * j
+            dst[d], dst[d + 1], dst[d + 2], dst[d + 3] = src[s], src[s + 1], src[s + 2], src[s + 3]
+    if has_qh:  # bit 4j+c of block i's qh goes to bit 4i+c of word j: one pass over the blocks
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = U(0)
+        f = U(15)
+        for i in range(g):
+            bo = o + i * size
+            q = (U(src[bo + 2]) | (U(src[bo + 3]) << U(8))
+                 | (U(src[bo + 4]) << U(16)) | (U(src[bo + 5]) << U(24)))
+            sh = U(4 * i)
+            m0 |= (q & f) << sh
+            m1 |= ((q >> U(4)) & f) << sh
+            m2 |= ((q >> U(8)) & f) << sh
+            m3 |= ((q >> U(12)) & f) << sh
+            m4 |= ((q >> U(16)) & f) << sh
+            m5 |= ((q >> U(20)) & f) << sh
+            m6 |= ((q >> U(24)) & f) << sh
+            m7 |= ((q >> U(28)) & f) << sh
+        h = g // 2  # bytes per word
+        for k in range(h):
+            s8, b = U(8 * k), o + 2 * g + k
+            dst[b] = np.uint8((m0 >> s8) & U(255))
+            dst[b + h] = np.uint8((m1 >> s8) & U(255))
+            dst[b + 2 * h] = np.uint8((m2 >> s8) & U(255))
+            dst[b + 3 * h] = np.uint8((m3 >> s8) & U(255))
+            dst[b + 4 * h] = np.uint8((m4 >> s8) & U(255))
+            dst[b + 5 * h] = np.uint8((m5 >> s8) & U(255))
+            dst[b + 6 * h] = np.uint8((m6 >> s8) & U(255))
+            dst[b + 7 * h] = np.uint8((m7 >> s8) & U(255))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _repack_rows(w, out, size, qs_off, has_qh):
     n_out, nbytes = w.shape
     nb = nbytes // size
@@ -88,16 +105,15 @@ def _repack_rows(w, out, size, qs_off, has_qh):
             dst[k] = src[k]
 
 
-def repack_block32(w: np.ndarray, size: int) -> np.ndarray:
+def repack_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
     """A Q4_0 / Q5_0 weight (uint8 [n_out, row bytes], `size`-byte blocks) with each row's
     groups of PACK_GROUP blocks, then one of 8 if 8 are left (the groups `block_transpose`
     makes), rearranged for the transposed dots (`simd._packed_group`); the last < 8 blocks
     stay as they are. Same size, a permutation of the bytes
-    (plus Q5_0's 5th bits regrouped): exact. Read it with `mv_q4_0p` / `mv_q5_0p`."""
+    (plus Q5_0's 5th bits regrouped): exact, written into `out` (w's shape). Read it with
+    `mv_q4_0p` / `mv_q5_0p` / `mv_q8_0p`."""
     qs_off, has_qh = _repack_layout(size)
-    out = np.empty(w.shape, np.uint8)
     _repack_rows(w, out, size, qs_off, has_qh)
-    return out
 
 
 @njit(inline="always")
@@ -123,7 +139,7 @@ def _repack_q4k_group(src, dst, o, count):
                 dst[o + 16 * n_sb + 4 * count * j + 4 * i + c] = lo | (hi << np.uint8(4))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _repack_q4k_rows(w, out):
     n_out, nbytes = w.shape
     nsb = nbytes // 144
@@ -135,8 +151,7 @@ def _repack_q4k_rows(w, out):
             _repack_q4k_group(src, dst, (nsb - 1) * 144, 8)
 
 
-def repack_q4_k(w: np.ndarray) -> np.ndarray:
-    """A Q4_K weight (uint8 [n_out, row bytes]) in the repacked layout `simd_kp` reads."""
-    out = np.empty(w.shape, np.uint8)
+def repack_q4_k(w: np.ndarray, out: np.ndarray) -> None:
+    """A Q4_K weight (uint8 [n_out, row bytes]) in the repacked layout `simd_kp` reads,
+    written into `out` (w's shape)."""
     _repack_q4k_rows(w, out)
-    return out
