@@ -106,17 +106,17 @@ def test_draft_length_follows_cost_and_acceptance() -> None:
         length.record_plain(0.010)
     assert length.decode_s == 0.010
     for _ in range(20):
-        length.record_verify(17, 0.012)
-        length.record_outcome(16, 16)
-    assert length.choose(100) == 16
-    assert length.choose(5) == 4  # bounded by the room left, rounded down to a bucket
+        length.record_verify(16, 0.012)
+        length.record_outcome(15, 15)
+    assert length.choose(100) == 15
+    assert length.choose(5) == 3  # bounded by the room left, rounded down to a bucket
     for _ in range(30):  # drafts that never pass, verified at a cost: plain decoding wins
-        for n in (2, 3, 5, 9, 17):
+        for n in (2, 4, 8, 16):
             length.record_verify(n, 0.02)
         length.record_outcome(4, 0)
     picks = [length.choose(100) for _ in range(length.probe_every)]
     assert picks[:-1] == [0] * (length.probe_every - 1) and picks[-1] > 0  # and a probe
-    assert [bucket_floor(n) for n in (0, 1, 3, 7, 15, 16, 40)] == [0, 1, 2, 4, 8, 16, 16]
+    assert [bucket_floor(n) for n in (0, 1, 2, 3, 7, 15, 16, 40)] == [0, 1, 1, 3, 7, 15, 15, 15]
 
 
 def test_config_and_vocab_checks_are_loud() -> None:
