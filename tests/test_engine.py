@@ -116,6 +116,19 @@ def test_an_error_met_in_the_background_is_raised_by_the_forward(tiny_qwen2: Pat
     assert engine.forward([1, 2], 0).shape[0] == 1  # raised once; the engine still works
 
 
+def test_a_vocab_limited_head_gives_the_first_columns_bitwise(tiny_qwen2: Path) -> None:
+    """Engine(vocab_limit=N) (a draft model's cheaper head): logits of the first N ids only,
+    bitwise those columns of the whole head, in prefill and decode."""
+    full, part = _engine(tiny_qwen2), _engine(tiny_qwen2, vocab_limit=100)
+    a, b = full.forward(TOKENS, 0, n_out=3), part.forward(TOKENS, 0, n_out=3)
+    assert b.shape == (3, 100)
+    np.testing.assert_array_equal(b, a[:, :100])
+    np.testing.assert_array_equal(part.forward([9], len(TOKENS))[0],
+                                  full.forward([9], len(TOKENS))[0, :100])
+    assert _engine(tiny_qwen2, vocab_limit=10**9).forward([1], 0).shape[1] == \
+        full.hparams.n_vocab  # a limit at or above the vocabulary is no limit
+
+
 def test_tail_rows_equal_the_full_graphs_last_rows(tiny_qwen2: Path) -> None:
     full = _all_rows(_engine(tiny_qwen2), TOKENS)
     for n_out in (1, 3):

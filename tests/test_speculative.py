@@ -40,9 +40,9 @@ N_CTX = 256
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11, 5, 17, 99, 3, 250, 42, 30, 31, 32]
 
 
-def _engine(path: Path, n_ctx: int = N_CTX) -> Engine:
+def _engine(path: Path, n_ctx: int = N_CTX, vocab_limit: int = 0) -> Engine:
     f = GGUFFile.open(path)
-    return Engine(f, HParams.from_gguf(f), n_ctx=n_ctx)
+    return Engine(f, HParams.from_gguf(f), n_ctx=n_ctx, vocab_limit=vocab_limit)
 
 
 @functools.cache
@@ -194,6 +194,33 @@ def _tv(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(0.5 * np.abs(counts / counts.sum() - probs).sum())
 
 
+def test_a_draft_scoring_the_first_ids_only_keeps_the_output(tiny_qwen2: Path) -> None:
+    """--draft-vocab: the draft's head covers the first ids only. Its proposals stay below the
+    limit, a target token above it is rejected and then decoded, and greedy output is plain
+    decoding's; sampled speculation gets the draft's q padded with zeros to the whole vocab."""
+    plain, _ = _run(tiny_qwen2, PROMPT, None, repeat_penalty=1.3)
+    limit = int(np.median(plain.ids)) + 1  # part of the output lies beyond the draft's head
+    draft = DraftModelProposer(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0)
+    history = [*PROMPT, *plain.ids[:5]]
+    proposal = draft.propose(history, 7, greedy=True)
+    assert proposal.tokens and max(proposal.tokens) < limit
+    got, _ = _run(tiny_qwen2, PROMPT, Speculator(draft, SpecConfig(draft_max=8, adaptive=False)),
+                  repeat_penalty=1.3)
+    assert got.ids == plain.ids
+    assert got.speculation is not None and 0 < got.speculation.accepted < got.speculation.drafted
+    sampled = DraftModelProposer(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0, temp=0.8)
+    proposal = sampled.propose(history, 3, greedy=False)
+    assert proposal.q is not None and all(q.shape == (plain_vocab(tiny_qwen2),) and
+                                          not q[limit:].any() for q in proposal.q)
+    spec = Speculator(sampled, SpecConfig(draft_max=4, adaptive=False))
+    got, _ = _run(tiny_qwen2, PROMPT, spec, max_tokens=24, temp=0.8, top_k=40)
+    assert len(got.ids) == 24
+
+
+def plain_vocab(path: Path) -> int:
+    return HParams.from_gguf(GGUFFile.open(path)).n_vocab
+
+
 @pytest.mark.parametrize("q_kind", ["draft", "point"])
 def test_accept_reject_keeps_the_target_distribution(tiny_qwen2: Path, q_kind: str) -> None:
     """The token at a verified position, over many seeds, follows the target's distribution p
@@ -231,8 +258,10 @@ def test_accept_reject_keeps_the_target_distribution(tiny_qwen2: Path, q_kind: s
 
 
 def test_sampled_speculative_generation_runs(tiny_qwen2: Path, other_draft: Path) -> None:
+    # the same model as its own draft: every drawn proposal passes, then the bonus row decides
     for proposer in (NgramProposer(2), DraftModelProposer(_engine(other_draft), p_min=0.0,
-                                                          temp=0.8, seed=3)):
+                                                          temp=0.8, seed=3),
+                     DraftModelProposer(_engine(tiny_qwen2), p_min=0.0, temp=0.8, seed=3)):
         spec = Speculator(proposer, SpecConfig(draft_max=4, adaptive=False))
         got, _ = _run(tiny_qwen2, PROMPT, spec, max_tokens=24, temp=0.8, top_k=40)
         assert len(got.ids) == 24 and got.speculation is not None

@@ -222,7 +222,7 @@ class Model:
         engine = Engine(f, hparams, n_ctx=self.engine().n_ctx, kv_type=self.kv_type,
                         fuse_swiglu=self.fuse, fuse_gate_up=False,
                         backends=select_backends(self.backend), n_threads=self.threads,
-                        adaptive_threads=self.adaptive_threads)
+                        adaptive_threads=self.adaptive_threads, vocab_limit=config.draft_vocab)
         proposer = DraftModelProposer(engine, p_min=config.p_min, temp=temp or 1.0,
                                       seed=0 if seed is None else seed,
                                       batch_size=self.batch_size)

@@ -148,6 +148,9 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help="shorter proposals are not verified (default 0)")
     g.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
                    help="the draft stops when its top probability is below P (default 0.3)")
+    g.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="the draft model scores only the first N token ids, a cheaper draft "
+                        "step (default 0: all)")
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
@@ -157,5 +160,6 @@ def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
     from minfer.engine.speculative import SpecConfig
 
     config = SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
-                        p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram)
+                        p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram,
+                        draft_vocab=args.draft_vocab)
     return model.speculator(config, draft=args.model_draft, temp=args.temp, seed=args.seed)

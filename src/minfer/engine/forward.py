@@ -102,6 +102,7 @@ class Engine:
         adaptive_threads: bool = False,
         batch_invariant: bool = False,
         op_tape: bool | None = None,
+        vocab_limit: int = 0,
     ) -> None:
         k_type, v_type = check_kv_types(k_type or kv_type, v_type or kv_type, hparams.head_dim)
         if hparams.attn_softcap and {k_type, v_type} & set(QUANT_TYPES):
@@ -120,6 +121,7 @@ class Engine:
             fuse_swiglu=fuse_swiglu,
             fuse_gate_up=fuse_gate_up,
             backends=tuple(b.name for b in self._backends),
+            vocab_limit=vocab_limit if 0 < vocab_limit < hparams.n_vocab else 0,
         )
         self.kv = KVRegions(n_layer=hparams.n_layer, n_ctx=n_ctx,
                             n_kv_embd=hparams.n_head_kv * hparams.head_dim, k_type=k_type,

@@ -161,8 +161,9 @@ def generate_speculative(
             if top_logits:
                 tops.append(top_k_pairs(logits, top_logits))
             proposed = proposal.tokens[at] if at < len(proposal.tokens) else None
+            q = proposal.q[at] if proposed is not None and proposal.q is not None else None
             ts = time.perf_counter()
-            step = verifier.step(logits, proposed, None if proposal.q is None else proposal.q[at])
+            step = verifier.step(logits, proposed, q)
             timings.sample_s += time.perf_counter() - ts
             if step.token is None or step.end == "eos":
                 reason, eot = step.end or "grammar", step.token

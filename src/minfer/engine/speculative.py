@@ -54,6 +54,10 @@ class SpecConfig:
     draft_min: int = 0  # a proposal shorter than this is dropped (plain step instead)
     p_min: float = 0.3  # the draft model stops when its top probability is below this
     lookup_ngram: int = 0  # prompt lookup's longest n-gram (0: off)
+    # the draft model's logits over the vocabulary's first N ids only (0: all): a cheaper draft
+    # step (its output projection is a large part of a small model); a target token beyond N
+    # can then not be proposed, only verified. Exactness is untouched either way.
+    draft_vocab: int = 0
     adaptive: bool = True  # choose k by measured cost and acceptance (else always draft_max)
 
     def __post_init__(self) -> None:
@@ -62,6 +66,8 @@ class SpecConfig:
                                    f"got {self.draft_max}")
         if not 0 <= self.draft_min <= self.draft_max:
             raise SpeculativeError(f"--draft-min must be in 0..--draft-max, got {self.draft_min}")
+        if self.draft_vocab < 0:
+            raise SpeculativeError(f"--draft-vocab must be >= 0, got {self.draft_vocab}")
         if not 0.0 <= self.p_min <= 1.0:
             raise SpeculativeError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
         if self.lookup_ngram < 0:
@@ -150,6 +156,7 @@ class DraftModelProposer:
     def __init__(self, engine: Engine, *, p_min: float, temp: float = 0.0, seed: int = 0,
                  batch_size: int = 512) -> None:
         self.kv = KVMirror(engine)
+        self.n_vocab = engine.hparams.n_vocab  # the draft's logits may cover fewer ids
         self.p_min = p_min
         self.temp = temp
         self.batch_size = batch_size
@@ -170,7 +177,7 @@ class DraftModelProposer:
                 break
             if not greedy:
                 tok = int(self._rng.choice(q.shape[0], p=q))
-                qs.append(q)
+                qs.append(np.pad(q, (0, self.n_vocab - q.shape[0])))  # 0 beyond the head
             tokens.append(tok)
             if len(tokens) < k:
                 logits = self.kv.forward([tok], pos)[0]

@@ -83,15 +83,20 @@ class GraphBuilder:
         return self._append(name, ir.RmsNorm(eps), (x,), self.shape(x), meta=meta)
 
     def matmul(self, name: str, x: int, weight: str, *, bias: str | None = None,
-               layer: int = -1) -> int:
+               layer: int = -1, rows: int = 0) -> int:
         n_in, n_out = self._weight(weight)[:2]
+        if rows and not 0 < rows <= n_out:
+            raise GraphError(f"{name}: {rows} rows asked of {weight}'s {n_out}")
+        if rows and bias is not None:
+            raise GraphError(f"{name}: a row-limited projection takes no bias")
+        n_out = rows or n_out
         if self.shape(x)[-1] != n_in:
             raise GraphError(f"{name}: input width {self.shape(x)[-1]} != {weight} in {n_in}")
         weights = (weight,) if bias is None else (weight, bias)
         if bias is not None and self._weight(bias) != (n_out,):
             raise GraphError(f"{name}: bias {bias} does not match {n_out}")
         meta = NodeMeta(role=name, layer=layer, weights=weights)
-        return self._append(name, ir.MatMul(), (x,), (self.shape(x)[0], n_out), meta=meta)
+        return self._append(name, ir.MatMul(rows), (x,), (self.shape(x)[0], n_out), meta=meta)
 
     def fused_gate_up(self, name: str, x: int, gate: str, up: str, *, layer: int,
                       act: str = "silu") -> int:

@@ -60,7 +60,10 @@ class RmsNorm(Op):
 
 @dataclass(frozen=True)
 class MatMul(Op):
-    """y = x @ W.T (+ bias); W and bias named in the node's meta."""
+    """y = x @ W.T (+ bias); W and bias named in the node's meta. rows > 0: only W's first
+    `rows` output rows (a draft model's logits over the vocabulary's first ids)."""
+
+    rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ the batch shape. A batch-invariant context keeps every matmul on the integer pat
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
@@ -106,9 +106,16 @@ class _Projection:
     run: K.PrequantKernel
 
 
-def _projection(ctx: ExecContext, w_name: str, n_in: int) -> _Projection:
-    key = ("cpu-projection", w_name)
+def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Projection:
+    """The weight as run, or (rows > 0) its first `rows` output rows: views of the same
+    arrays, with the kernel bound to the slice."""
+    key = ("cpu-projection", w_name, rows)
     p = ctx.weights.state.get(key)
+    if p is None and rows:
+        whole = _projection(ctx, w_name, n_in)
+        p = ctx.weights.state[key] = replace(
+            whole, raw=whole.raw[:rows], packed=whole.packed[:rows],
+            run=K.bind_prequant(whole.packed[:rows], whole.quant_type))
     if p is None:
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw, qtype
@@ -127,9 +134,11 @@ def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
     return int(K.repack_weight(rows, qtype, out)[1])
 
 
-def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext) -> None:
-    """out = x @ W.T, sharing one quantized activation among the weights that read node x."""
-    p = _projection(ctx, w_name, x.shape[1])
+def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext,
+             rows: int = 0) -> None:
+    """out = x @ W.T (W's first `rows` rows when > 0), sharing one quantized activation among
+    the weights that read node x."""
+    p = _projection(ctx, w_name, x.shape[1], rows)
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
         K.matmul_sgemm(p.raw, p.raw_type, x, out)
         return
@@ -149,10 +158,10 @@ def _quantized(ctx: ExecContext, x_node: int, x: np.ndarray,
 
 
 def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
-                  ctx: ExecContext) -> list[Callable[[], None]]:
+                  ctx: ExecContext, rows: int = 0) -> list[Callable[[], None]]:
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
     its arrays, and the activation's quantization where this is the first reader of x."""
-    p = _projection(ctx, w_name, x.shape[1])
+    p = _projection(ctx, w_name, x.shape[1], rows)
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
         return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
     xq, quantize = _activation_slot(ctx, x_node, x, p)
@@ -184,7 +193,8 @@ def _activation_slot(ctx: ExecContext, x_node: int, x: np.ndarray, p: _Projectio
 
 
 def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    _project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx)
+    assert isinstance(node.op, ir.MatMul)
+    _project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx, node.op.rows)
     if len(node.meta.weights) > 1:
         out += ctx.weights.vector(node.meta.weights[1])
 
@@ -270,7 +280,8 @@ Binder = Callable[[Node, Srcs, np.ndarray, ExecContext], list[Callable[[], None]
 
 def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
                  ctx: ExecContext) -> list[Callable[[], None]]:
-    steps = _bind_project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx)
+    assert isinstance(node.op, ir.MatMul)
+    steps = _bind_project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx, node.op.rows)
     if len(node.meta.weights) > 1:
         steps.append(K.bind_add(out, ctx.weights.vector(node.meta.weights[1]), out))
     return steps

@@ -76,6 +76,8 @@ class TorchBackend:
     def supports_op(self, node: Node, graph: ComputeGraph) -> bool:
         if not isinstance(node.op, self._ops) or _rows(node, graph) < self.min_rows:
             return False
+        if isinstance(node.op, ir.MatMul) and node.op.rows:
+            return False  # a row-limited head (a draft's) is small: the CPU runs it
         if isinstance(node.op, ir.Attn) and node.op.softcap:
             return False  # SDPA has no soft-capped scores: the CPU kernels run these layers
         if isinstance(node.op, ir.GetRows) and node.meta.weights and self.io.copies:
