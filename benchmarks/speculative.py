@@ -161,6 +161,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=160, help="tokens per generation (default 160)")
     ap.add_argument("--lookup-ngram", type=int, default=3)
+    ap.add_argument("--draft-vocab", default="0",
+                    help="comma-separated --draft-vocab values, one draft mode each (0: all)")
     ap.add_argument("--tasks", default="edit,code,prose")
     ap.add_argument("--rounds", type=int, default=2,
                     help="rounds of every mode, interleaved (ratios: median over rounds)")
@@ -174,9 +176,11 @@ def main() -> int:
 
     model = minfer.load(args.target, threads=args.threads)
     lookup = model.speculator(SpecConfig(lookup_ngram=args.lookup_ngram))
-    draft = model.speculator(SpecConfig(), draft=args.draft)
+    drafts = {("minfer draft" if v == 0 else f"minfer draft v{v}"):
+              model.speculator(SpecConfig(draft_vocab=v), draft=args.draft)
+              for v in (int(x) for x in args.draft_vocab.split(","))}
     warm = model.tokenizer.encode(model.render_chat([{"role": "user", "content": "hi"}]))
-    for spec in (None, lookup, draft):  # compile kernels and build graphs, untimed
+    for spec in (None, lookup, *drafts.values()):  # compile kernels and build graphs, untimed
         minfer_run(model, warm, 24, spec)
     rows: list[dict[str, Any]] = []
     path = str(resolve_model(args.target))
@@ -187,8 +191,9 @@ def main() -> int:
         for _ in range(args.rounds):  # modes alternate, so machine drift hits them all
             plain = minfer_run(model, ids, args.n, None)
             results = {"minfer plain": plain,
-                       "minfer lookup": minfer_run(model, ids, args.n, lookup),
-                       "minfer draft": minfer_run(model, ids, args.n, draft)}
+                       "minfer lookup": minfer_run(model, ids, args.n, lookup)}
+            for name, spec in drafts.items():
+                results[name] = minfer_run(model, ids, args.n, spec)
             if not args.no_llama:
                 for mode in ("plain", "lookup"):
                     results[f"llama.cpp {mode}"] = llama_run(args.ref_python, path, ids, args.n,
