@@ -104,3 +104,23 @@ def test_a_cold_start_at_a_terminal_shows_progress_before_the_first_token(
     again = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0 and "compil" not in again.stderr  # warm: nothing said
+
+
+def test_the_marker_belongs_to_one_installed_copy_of_the_sources(
+        tiny_qwen2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba names a cache entry by its source's path and validates it by the source's
+    modification time: the same sources installed elsewhere, or rewritten by a reinstall, compile
+    again, so a marker written by another copy must not announce a warm start."""
+    from minfer import jit_cache
+
+    source = tmp_path / "kernel.py"
+    source.write_text("x = 1\n")
+    monkeypatch.setattr(jit_cache, "_source_files", lambda: [source])
+    stamp = jit_cache.install_stamp()
+    f = GGUFFile.open(tiny_qwen2)
+    here = warmup.marker_path(f, kv_type="f16", batch_invariant=False)
+    os.utime(source, ns=(1, 1))  # reinstalled: same bytes, another modification time
+    assert jit_cache.install_stamp() != stamp
+    assert warmup.marker_path(f, kv_type="f16", batch_invariant=False) != here
+    monkeypatch.setattr(jit_cache, "_PACKAGE", tmp_path / "elsewhere")
+    assert str(tmp_path / "elsewhere") in jit_cache.install_stamp()

@@ -26,12 +26,27 @@ _SOURCES = ("backends/cpu/kernels", "engine/kv_shift.py", "tools/quantize")
 def sources_digest() -> str:
     """sha256 (16 hex digits) over the compiled modules' source files, in a fixed order."""
     h = hashlib.sha256()
+    for f in _source_files():
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _source_files() -> list[Path]:
+    files: list[Path] = []
     for rel in _SOURCES:
         p = _PACKAGE / rel
-        for f in sorted(p.glob("*.py")) if p.is_dir() else [p]:
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+        files.extend(sorted(p.glob("*.py")) if p.is_dir() else [p])
+    return files
+
+
+def install_stamp() -> str:
+    """Where this copy of the package lives and when its compiled sources were written: numba
+    keys its cache entries on both (the source path names the entry, the file's modification
+    time validates it), so the same sources installed elsewhere, or reinstalled, compile again
+    although `sources_digest` is unchanged. For markers that claim the cache is warm."""
+    mtimes = ",".join(str(f.stat().st_mtime_ns) for f in _source_files())
+    return f"{_PACKAGE}:{hashlib.sha256(mtimes.encode()).hexdigest()[:16]}"
 
 
 def cache_dir() -> Path:

@@ -57,13 +57,17 @@ class Item:
 
 def marker_path(gguf_file: Any, *, kv_type: str, batch_invariant: bool) -> Path:
     """The file whose presence says the kernels for this model's tensor types (and this KV
-    type and batch mode) were compiled and cached for this CPU target."""
+    type and batch mode) were compiled and cached for this CPU target, by this installed copy
+    of the package (`jit_cache.install_stamp`)."""
     import llvmlite.binding as llvm
     from numba.core import config
 
+    from minfer.jit_cache import install_stamp
+
     types = sorted({int(t.ggml_type) for t in gguf_file.tensors.values()})
     key = repr((llvm.get_host_cpu_name(), getattr(config, "CPU_NAME", None),
-                getattr(config, "CPU_FEATURES", None), types, kv_type, batch_invariant))
+                getattr(config, "CPU_FEATURES", None), types, kv_type, batch_invariant,
+                install_stamp()))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(config.CACHE_DIR) / f"warm-{digest}"  # type: ignore[attr-defined]
 
