@@ -10,8 +10,10 @@ rounds interleaved (A B, then B A, ...) so machine drift hits both engines. Two 
   weights readied before the clock starts) and "whole command" (process spawned → first
   content, by the wall clock both processes share).
 - serve: `minfer serve` (its defaults: batch-invariant attention, 128-token prefill chunks)
-  vs `python -m llama_cpp.server`, one streamed /v1/chat/completions request per round, send →
-  first content chunk. Servers start and stop as in serve_load.py (loopback, stopped by pid).
+  vs `python -m llama_cpp.server` (with `--logits_all False`: its default True computes every
+  prompt token's logits; `--llama-logits-all` keeps it), one streamed /v1/chat/completions
+  request per round, send → first content chunk. Servers start and stop as in serve_load.py
+  (loopback, stopped by pid).
 
 Every round's prompt is the same source text behind a different first word (both engines
 cache prompt prefixes: a repeated prompt would skip its prefill), cut by the model's tokenizer
@@ -228,10 +230,13 @@ def bench_serve(prompts: list[str],
     bases: dict[str, str] = {}
     out: dict[str, list[dict[str, Any]]] = {"minfer": [], "llama.cpp": []}
     try:
-        for engine, start, path in (("minfer", start_minfer, "/health"),
-                                    ("llama.cpp", start_llama, "/v1/models")):
+        # llama_cpp.server keeps every prompt token's logits unless told (logits_all=True, a
+        # vocabulary-sized matmul per token): off, as in Llama() and in llama.cpp's own server
+        llama_extra = () if args.llama_logits_all else ("--logits_all", "False")
+        for engine, path in (("minfer", "/health"), ("llama.cpp", "/v1/models")):
             port = free_port()
-            procs.append(start(sargs, port))
+            procs.append(start_minfer(sargs, port) if engine == "minfer"
+                         else start_llama(sargs, port, llama_extra))
             bases[engine] = f"http://{HOST}:{port}"
             wait_ready(procs[-1], bases[engine], path, args.load_timeout)
         for engine in order(0):
@@ -295,6 +300,9 @@ def main() -> int:
     ap.add_argument("--surfaces", default="run,serve", help="comma-separated: run, serve")
     ap.add_argument("--ref-python", default="/tmp/refvenv/bin/python",
                     help="python with llama-cpp-python[server] installed")
+    ap.add_argument("--llama-logits-all", action="store_true",
+                    help="serve: keep llama_cpp.server's default logits_all=True (every prompt "
+                         "token's logits; off by default here)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per request")
     ap.add_argument("--load-timeout", type=float, default=600, help="seconds a server may load")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
