@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -55,11 +56,13 @@ def start_minfer(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_llama(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
+def start_llama(args: argparse.Namespace, port: int,
+                extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     cmd = [args.ref_python, "-m", "llama_cpp.server", "--model", args.model, "--host", HOST,
            "--port", str(port), "--n_threads", str(args.threads), "--n_threads_batch",
            str(args.threads), "--n_ctx", str(args.n_ctx), "--model_alias", "ref",
-           "--interrupt_requests", "False"]  # queue concurrent requests instead of cutting them
+           "--interrupt_requests", "False",  # queue concurrent requests instead of cutting them
+           *extra]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
