@@ -192,7 +192,9 @@ def main() -> int:
         wait_ready(procs[-1], servers["minfer"][0], "/health", args.load_timeout)
         if args.ref_python:
             port = free_port()
-            procs.append(start_llama(args, port))
+            # logits_all False: llama_cpp.server's default computes every prompt row's logits,
+            # which llama.cpp's own server does not (it doubled a long prompt's TTFT)
+            procs.append(start_llama(args, port, ("--logits_all", "False")))
             servers["llama.cpp"] = (f"http://{HOST}:{port}", procs[-1].pid)
             wait_ready(procs[-1], servers["llama.cpp"][0], "/v1/models", args.load_timeout)
         results = run_all(servers, args)
