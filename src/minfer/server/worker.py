@@ -198,19 +198,23 @@ class Worker:
         kept: list[int] = []
         token: int | None = None
         reason: str | None = None
+        n_agreed = 0  # proposals drawn as proposed (the last may end the sequence: not kept)
         for i, row in enumerate(rows):
             proposed = draft[i] if i < len(draft) else None
             token, reason = self._sample(seq_id, row, proposed)
-            if reason is not None or token is None or token != proposed:
+            if token is None or token != proposed:
+                break
+            n_agreed += 1
+            if reason is not None:
                 break
             kept.append(token)
         gen = self._gens.get(seq_id)
         if gen is not None:
             gen.drafted += len(draft)
-            gen.accepted += len(kept)
-            gen.length.record_outcome(len(draft), len(kept))
+            gen.accepted += n_agreed
+            gen.length.record_outcome(len(draft), n_agreed)
         self.metrics.draft_tokens.inc(len(draft))
-        self.metrics.draft_accepted.inc(len(kept))
+        self.metrics.draft_accepted.inc(n_agreed)
         return kept, token, reason  # a token that ended the sequence is not fed back
 
     def _draft_asks(self, plan: Plan) -> list[DraftAsk]:
