@@ -195,6 +195,9 @@ class Worker:
         drawn in order until a proposal is not kept (one row and no draft: a plain step)."""
         if not draft:
             return [], *self._sample(seq_id, rows)
+        gen = self._gens.get(seq_id)
+        if gen is None:  # aborted during the forward
+            return [], None, None
         kept: list[int] = []
         token: int | None = None
         reason: str | None = None
@@ -208,11 +211,11 @@ class Worker:
             if reason is not None:
                 break
             kept.append(token)
-        gen = self._gens.get(seq_id)
-        if gen is not None:
-            gen.drafted += len(draft)
-            gen.accepted += n_agreed
-            gen.length.record_outcome(len(draft), n_agreed)
+        if token is None and reason is None:  # cancelled during the forward: nothing verified
+            return [], None, None
+        gen.drafted += len(draft)
+        gen.accepted += n_agreed
+        gen.length.record_outcome(len(draft), n_agreed)
         self.metrics.draft_tokens.inc(len(draft))
         self.metrics.draft_accepted.inc(n_agreed)
         return kept, token, reason  # a token that ended the sequence is not fed back
