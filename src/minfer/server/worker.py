@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -163,12 +164,16 @@ class Worker:
                     continue
                 asks = self._draft_asks(plan)
             if asks:
+                t0 = time.perf_counter()
                 plan = self._with_drafts(plan, asks)
+                self._record_proposals(asks, time.perf_counter() - t0)
             self._step(runner, plan)
 
     def _step(self, runner: Runner, plan: Plan) -> None:
         try:
+            t0 = time.perf_counter()
             rows = runner.run(plan)
+            self._record_forward(plan, time.perf_counter() - t0)
         except Exception as exc:  # a failed forward fails its requests, never the server
             log.exception("forward failed")
             with self._cv:
@@ -251,6 +256,27 @@ class Worker:
                 w = replace(w, draft=tuple(draft[:bucket_floor(len(draft))]))
             works.append(w)
         return Plan(tuple(works))
+
+    def _record_proposals(self, asks: list[DraftAsk], seconds: float) -> None:
+        """The draft model's cost, for each slot's DraftLength (all slots waited for it)."""
+        for ask in asks:
+            gen = self._gens.get(ask.seq_id)
+            if gen is not None:
+                gen.length.record_proposal(ask.k, seconds)
+
+    def _record_forward(self, plan: Plan, seconds: float) -> None:
+        """A step's cost, for the DraftLength of each decoding sequence in it: a plain step or
+        a verify of 1 + k rows (what the sequence waited for, neighbours included)."""
+        if self.speculation is None:
+            return
+        for w in plan.works:
+            gen = self._gens.get(w.seq_id)
+            if gen is None or not w.logits or len(w.tokens) != 1 or gen.n_generated == 0:
+                continue
+            if w.draft:
+                gen.length.record_verify(1 + len(w.draft), seconds)
+            else:
+                gen.length.record_plain(seconds)
 
     def _draft_length(self, seq_id: int, room: int) -> int:
         """How many tokens to propose for a decoding sequence (its DraftLength; 0: none)."""
