@@ -157,29 +157,52 @@ def _drafter(p_min: float = 0.0) -> SlotDrafter:
     return SlotDrafter(CycleEngine(2 * 64, N_VOCAB), 64, p_min=p_min, chunk=8)
 
 
+def _caught_up(d: SlotDrafter, ask: DraftAsk) -> tuple[list[int], int]:
+    """The proposals once the draft has caught up, and how many steps that took."""
+    for step in range(1, 20):
+        got = d.propose([ask])[ask.seq_id]
+        if got:
+            return got, step
+    raise AssertionError("the draft never caught up")
+
+
 def test_the_draft_kv_follows_rejections_and_new_requests() -> None:
     rng = random.Random(5)
     history = [rng.randrange(1, N_VOCAB) for _ in range(20)]
     d = _drafter()
     for step in range(12):
         ask = DraftAsk(1, step % 2, tuple(history), 6)
-        got = d.propose([ask])[1]
-        assert got == _drafter().propose([ask])[1]  # a fresh draft KV proposes the same
+        got, steps = _caught_up(d, ask)
+        if step < 2:
+            assert steps == 3  # a new slot catches up on 20 tokens, 8 a step
+        assert got == _caught_up(_drafter(), ask)[0]  # a fresh draft KV proposes the same
         assert len(got) == 6 and d.cached[ask.slot][:len(history)] == history
         kept = rng.randrange(0, len(got))
         history = [*history, *got[:kept], rng.randrange(1, N_VOCAB)]  # then a rejection
 
 
+def test_a_long_prompt_catches_up_beside_the_others_drafts() -> None:
+    d = _drafter()
+    short, long = DraftAsk(1, 0, (3, 4), 4), DraftAsk(2, 1, tuple(range(1, 31)), 4)
+    assert d.propose([short])[1]
+    rounds = []
+    for _ in range(5):
+        got = d.propose([long, DraftAsk(1, 0, (3, 4), 4)])
+        assert len(got[1]) == 4  # the decoding sequence drafts every step
+        rounds.append(len(got[2]))
+    assert rounds == [0, 0, 0, 0, 4]  # 30 tokens lacking, 7 a step beside the other's 1
+
+
 def test_the_draft_stops_where_it_is_unsure() -> None:
     ask = DraftAsk(1, 0, (5, 9, 12), 16)
-    full = _drafter().propose([ask])[1]
-    short = _drafter(p_min=0.9).propose([ask])[1]
+    full = _caught_up(_drafter(), ask)[0]
+    short = _caught_up(_drafter(p_min=0.9), ask)[0]
     assert 0 < len(short) < len(full) and short == full[:len(short)]
 
 
 def test_a_draft_past_the_slot_is_cut_to_fit() -> None:
     ask = DraftAsk(1, 1, tuple(range(1, 61)), 16)  # cells 60.. of a 64-cell slot
-    assert len(_drafter().propose([ask])[1]) == 5
+    assert len(_caught_up(_drafter(), ask)[0]) == 5
 
 
 # -- loading --------------------------------------------------------------------------------------

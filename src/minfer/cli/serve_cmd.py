@@ -4,6 +4,7 @@ The socket comes up first and the model loads behind it (`/health` is 503 until 
 `--n-ctx` is the context of each slot (capped at the model's training context); the engine holds
 slots × n-ctx KV cells. SIGINT / SIGTERM stop accepting connections, let in-flight requests finish
 for up to `--drain-timeout` seconds, cut what is left, and exit 0 (a second SIGINT forces it).
+`--lookup-ngram N` or `-md DRAFT` add speculative decoding per slot (output unchanged).
 `--ray` serves replicas of the same app as a Ray Serve deployment (server/ray_deploy.py); only
 then is Ray imported.
 """

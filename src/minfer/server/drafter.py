@@ -6,7 +6,9 @@ a step (`DraftAsk`s, each its whole sequence with the pending token last), `prop
 
 1. catches each slot's draft KV up to the sequence: the tokens past the common prefix of what
    the slot holds and the sequence (the prompt at the first decode, then the tokens accepted since)
-   are fed in multi-sequence forwards of at most `chunk` tokens; the last one's logits are kept;
+   are fed in one multi-sequence forward of at most `chunk` tokens, fewest first. A sequence not
+   caught up in it (a long prompt) proposes nothing this step and continues at the next, so
+   streams never stall behind a long prompt, as with the target's chunked prefill;
 2. drafts greedily, one multi-sequence forward per draft step over every slot still drafting: a
    slot stops at its k tokens, or when the draft's top probability falls under `p_min`
    (llama.cpp's --draft-p-min).
@@ -65,7 +67,7 @@ class SlotDrafter:
         asks = [a for a in asks if a.tokens and self._room(a) > 0]
         logits = self._catch_up(asks)
         out: dict[int, list[int]] = {a.seq_id: [] for a in asks}
-        live = list(asks)
+        live = [a for a in asks if a.seq_id in logits]
         while live:
             works: list[Work] = []
             for a in live:
@@ -88,24 +90,20 @@ class SlotDrafter:
         return min(ask.k, self.n_ctx_slot - len(ask.tokens) + 1)
 
     def _catch_up(self, asks: Sequence[DraftAsk]) -> dict[int, np.ndarray]:
-        """Feed each ask's tokens its slot lacks; the logits row after its last token."""
-        starts = {a.seq_id: min(common_prefix(self.cached[a.slot], a.tokens), len(a.tokens) - 1)
-                  for a in asks}
-        rows: dict[int, np.ndarray] = {}
-        while len(rows) < len(asks):
-            works: list[Work] = []
-            budget = self.chunk
-            for a in asks:
-                start = starts[a.seq_id]
-                n = min(len(a.tokens) - start, budget)
-                if a.seq_id in rows or n <= 0:
-                    continue
-                works.append(Work(a.seq_id, a.slot, start, a.tokens[start:start + n],
-                                  start + n == len(a.tokens)))
-                starts[a.seq_id] = start + n
-                budget -= n
-            rows.update(self._forward(works))
-        return rows
+        """Feed the tokens each ask's slot lacks, fewest first, in one forward of at most
+        `chunk` tokens; the logits row after the last token of each ask caught up."""
+        lacking = sorted(((min(common_prefix(self.cached[a.slot], a.tokens), len(a.tokens) - 1),
+                           a) for a in asks), key=lambda sa: len(sa[1].tokens) - sa[0])
+        works: list[Work] = []
+        budget = self.chunk
+        for start, a in lacking:
+            if budget == 0:
+                break
+            n = min(len(a.tokens) - start, budget)
+            works.append(Work(a.seq_id, a.slot, start, a.tokens[start:start + n],
+                              start + n == len(a.tokens)))
+            budget -= n
+        return self._forward(works) if works else {}
 
     def _forward(self, works: list[Work]) -> dict[int, np.ndarray]:
         """One multi-sequence draft forward; each slot's record follows what it wrote."""

@@ -131,7 +131,8 @@ class Worker:
             runner = Runner(self._make_engine(n_ctx), self.n_ctx_slot)
             if self._make_draft is not None and self.speculation is not None:
                 self.drafter = SlotDrafter(self._make_draft(n_ctx), self.n_ctx_slot,
-                                           p_min=self.speculation.p_min)
+                                           p_min=self.speculation.p_min,
+                                           chunk=self.scheduler.chunk)
             if self.n_ctx_slot >= 3:
                 runner.warm_up()
                 if self.drafter is not None:
