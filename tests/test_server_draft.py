@@ -1,14 +1,16 @@
 """A draft model per server slot (`minfer serve -md FILE`) on fake engines: every greedy text
 equals the text without speculation, batched, with a draft that is always right and one that is
 often wrong, with requests cancelled midway; the draft steps are one forward across slots; the
-draft KV follows rejections; /metrics counts the proposals; a draft of another vocabulary is
-refused at load."""
+draft KV follows rejections and catches up on long prompts a chunk a step; a failing draft
+costs only its proposals; /metrics counts the proposals; a draft of another vocabulary is refused
+at load."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -23,6 +25,9 @@ from minfer.server.worker import EngineFactory, Worker
 from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 from tests.test_server_speculative import CycleEngine, _request
+
+if TYPE_CHECKING:
+    from minfer.engine.forward import Batch
 
 AVOID = frozenset({0})
 
@@ -136,6 +141,23 @@ def test_cancelled_requests_leave_the_others_unchanged(plain: list[str]) -> None
                       step_s=0.002)
     assert [t for i, t in enumerate(texts) if i not in cancel] == \
         [t for i, t in enumerate(plain) if i not in cancel]
+
+
+class FlakyDraft(CycleEngine):
+    """A draft engine whose every fifth forward fails."""
+
+    def forward_batch(self, batch: Batch) -> np.ndarray:
+        if len(self.calls) % 5 == 4:
+            self.calls.append(batch)
+            raise RuntimeError("draft engine failure")
+        return super().forward_batch(batch)
+
+
+def test_a_failing_draft_only_costs_its_proposals(plain: list[str]) -> None:
+    metrics = Metrics()
+    texts, _ = _texts(3, lambda n: FlakyDraft(n, N_VOCAB, avoid=AVOID), metrics)
+    assert texts == plain
+    assert metrics.draft_accepted.total() == metrics.draft_tokens.total() > 0
 
 
 def test_sampled_requests_with_a_draft_finish() -> None:
