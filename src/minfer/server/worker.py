@@ -165,9 +165,7 @@ class Worker:
                     continue
                 asks = self._draft_asks(plan)
             if asks:
-                t0 = time.perf_counter()
                 plan = self._with_drafts(plan, asks)
-                self._record_proposals(asks, time.perf_counter() - t0)
             self._step(runner, plan)
 
     def _step(self, runner: Runner, plan: Plan) -> None:
@@ -244,7 +242,9 @@ class Worker:
         """plan with the draft model's proposals (a failed draft forward: plan as it was)."""
         assert self.drafter is not None and self.speculation is not None
         try:
+            t0 = time.perf_counter()
             drafts = self.drafter.propose(asks)
+            self._record_proposals(asks, drafts, time.perf_counter() - t0)
         except Exception:  # the draft only speeds things up: carry on without it
             log.exception("the draft model's forward failed")
             self.drafter.forget()
@@ -258,11 +258,13 @@ class Worker:
             works.append(w)
         return Plan(tuple(works))
 
-    def _record_proposals(self, asks: list[DraftAsk], seconds: float) -> None:
-        """The draft model's cost, for each slot's DraftLength (all slots waited for it)."""
+    def _record_proposals(self, asks: list[DraftAsk], drafts: dict[int, list[int]],
+                          seconds: float) -> None:
+        """The draft model's cost, for the DraftLength of each slot it proposed for (all slots
+        waited for it; a step that only caught up on a prompt says nothing of drafting)."""
         for ask in asks:
             gen = self._gens.get(ask.seq_id)
-            if gen is not None:
+            if gen is not None and drafts.get(ask.seq_id):
                 gen.length.record_proposal(ask.k, seconds)
 
     def _record_forward(self, plan: Plan, seconds: float) -> None:
