@@ -4,6 +4,7 @@ The socket comes up first and the model loads behind it (`/health` is 503 until 
 `--n-ctx` is the context of each slot (capped at the model's training context); the engine holds
 slots × n-ctx KV cells. SIGINT / SIGTERM stop accepting connections, let in-flight requests finish
 for up to `--drain-timeout` seconds, cut what is left, and exit 0 (a second SIGINT forces it).
+`--lookup-ngram N` or `-md DRAFT` add speculative decoding per slot (output unchanged).
 `--ray` serves replicas of the same app as a Ray Serve deployment (server/ray_deploy.py); only
 then is Ray imported.
 """
@@ -72,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="most tokens proposed per step (default 16)")
     p.add_argument("--draft-min", type=int, default=0, metavar="N",
                    help="shorter proposals are not verified (default 0)")
+    p.add_argument("-md", "--model-draft", metavar="FILE",
+                   help="speculative decoding per slot with a draft model (path or cached name) "
+                        "of the same vocabulary (output unchanged)")
+    p.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
+                   help="the draft stops when its top probability is below P (default 0.3)")
     p.set_defaults(func=run)
 
 
@@ -94,11 +100,15 @@ def run(args: argparse.Namespace) -> int:
         chunk=args.chunk, n_predict=args.n_predict, k_type=kv_types(args)[0],
         v_type=kv_types(args)[1], fuse=not args.no_fuse,
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
+        draft_model=resolve_model(args.model_draft) if args.model_draft else None,
+        draft_p_min=args.draft_p_min,
     )
-    if args.lookup_ngram:
+    if args.lookup_ngram and args.model_draft:
+        raise MinferError("give --lookup-ngram or --model-draft, not both")
+    if args.lookup_ngram or args.model_draft:
         from minfer.engine.speculative import SpecConfig
 
-        SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
+        SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min, p_min=args.draft_p_min,
                    lookup_ngram=args.lookup_ngram)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)

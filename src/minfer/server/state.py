@@ -4,7 +4,8 @@
 the engine thread, which creates the Engine with n_ctx = slots × n_ctx_slot and reports ready.
 Until then `/health` answers 503 `loading`; routes that need the model answer 503 with
 `Retry-After`. A load failure is kept and reported (`/health` → 503 `error`), and `minfer serve`
-exits with it.
+exits with it. A draft model (`-md`) is opened and its vocabulary checked against the target's
+before the engine thread starts, so a mismatch is such a load failure.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minfer.engine.speculative import SpecConfig
+from minfer.engine.speculative import SpecConfig, check_same_vocab
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -49,6 +50,8 @@ class ServerConfig:
     lookup_ngram: int = 0  # prompt lookup per slot (speculative decoding); 0: off
     draft_max: int = 16
     draft_min: int = 0
+    draft_model: Path | None = None  # a draft model per slot (speculative decoding); None: off
+    draft_p_min: float = 0.3
 
 
 @dataclass
@@ -62,10 +65,23 @@ class LoadedModel:
 
 
 def _speculation(cfg: ServerConfig) -> SpecConfig | None:
-    if not cfg.lookup_ngram:
+    if not cfg.lookup_ngram and cfg.draft_model is None:
         return None
-    return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min,
+    return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min, p_min=cfg.draft_p_min,
                       lookup_ngram=cfg.lookup_ngram)
+
+
+def _open_draft(cfg: ServerConfig, tokenizer: Tokenizer, n_vocab: int
+                ) -> tuple[GGUFFile, HParams] | None:
+    """The draft model's file, refused (SpeculativeError) unless its vocabulary is the
+    target's; None without a draft model."""
+    if cfg.draft_model is None:
+        return None
+    f = GGUFFile.open(cfg.draft_model)
+    hparams = HParams.from_gguf(f)
+    check_same_vocab(tokenizer.vocab.tokens, list(f.metadata.get("tokenizer.ggml.tokens") or ()),
+                     target_n_vocab=n_vocab, draft_n_vocab=hparams.n_vocab)
+    return f, hparams
 
 
 def model_name(path: Path) -> str:
@@ -110,10 +126,14 @@ def _grammar_vocab(tokenizer: Tokenizer, n_vocab: int) -> GrammarVocab | None:
 
 class ServerState:
     def __init__(self, config: ServerConfig, *, engine_factory: EngineFactory | None = None,
+                 draft_engine_factory: EngineFactory | None = None,
                  metrics: Metrics | None = None) -> None:
+        """engine_factory / draft_engine_factory: engines for the model and the draft model
+        (tests pass fakes); by default, Engines over their files."""
         self.config = config
         self.metrics = metrics or Metrics()
         self._engine_factory = engine_factory
+        self._draft_engine_factory = draft_engine_factory
         self._model: LoadedModel | None = None
         self._started = False
         self._lock = threading.Lock()
@@ -176,9 +196,13 @@ class ServerState:
         template = ChatTemplate.from_gguf(f, tokenizer)
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
         factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
+        draft = _open_draft(cfg, tokenizer, hparams.n_vocab)
+        draft_factory = None
+        if draft is not None:
+            draft_factory = self._draft_engine_factory or default_engine_factory(*draft, cfg)
         worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
                         chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
-                        speculation=_speculation(cfg))
+                        speculation=_speculation(cfg), make_draft=draft_factory)
         self._register_gauges(worker)
         worker.start()
         grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms up
