@@ -65,12 +65,14 @@ def _expected(plain: list[str]) -> list[str | None]:
     return [None if i in CANCELLED else t for i, t in enumerate(plain)]
 
 
-@pytest.mark.parametrize("draft", ["weak", "self"])
+@pytest.mark.parametrize("draft", ["weak", "self", "self, first ids"])
 def test_greedy_streams_with_a_draft_equal_the_plain_server(
         draft: str, tiny_qwen2: Path, weak_draft: Path, plain_texts: list[str]) -> None:
     model = weak_draft if draft == "weak" else tiny_qwen2
+    # "first ids": the draft scores ids < 20 only; the target says 22 at times
+    limit = ("--draft-vocab", "20") if draft == "self, first ids" else ()
     with serving(tiny_qwen2, *SERVE, "-md", str(model), "--draft-p-min", "0",
-                 "--draft-max", "4") as srv:
+                 "--draft-max", "4", *limit) as srv:
         assert _concurrent_texts(srv) == _expected(plain_texts)
         c = srv.client()
         solo = [c.completions.create(model="m", prompt=p, max_tokens=N, **GREEDY)
@@ -79,7 +81,7 @@ def test_greedy_streams_with_a_draft_equal_the_plain_server(
         drafted = srv.gauge("minfer_draft_tokens_total")
         accepted = srv.gauge("minfer_draft_tokens_accepted_total")
         assert drafted > 0
-        if draft == "self":  # bitwise the target's rows: every proposal is the target's token
+        if not limit and draft == "self":  # bitwise the target's rows: every proposal passes
             assert accepted == drafted
         else:
             assert accepted < drafted

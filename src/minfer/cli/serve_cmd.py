@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from minfer.cli.common import add_kv_args, kv_types
+from minfer.cli.common import add_kv_args, add_speculative_args, kv_types
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -66,18 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--address", default=None,
                      help="Ray cluster to join (ray://HOST:PORT or auto; default: start a "
                           "local one)")
-    p.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
-                   help="speculative decoding per slot by prompt lookup of the last N-gram "
-                        "(0: off; output unchanged)")
-    p.add_argument("--draft-max", "--draft", type=int, default=16, metavar="N",
-                   help="most tokens proposed per step (default 16)")
-    p.add_argument("--draft-min", type=int, default=0, metavar="N",
-                   help="shorter proposals are not verified (default 0)")
-    p.add_argument("-md", "--model-draft", metavar="FILE",
-                   help="speculative decoding per slot with a draft model (path or cached name) "
-                        "of the same vocabulary (output unchanged)")
-    p.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
-                   help="the draft stops when its top probability is below P (default 0.3)")
+    add_speculative_args(p)  # per slot here
     p.set_defaults(func=run)
 
 
@@ -101,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         v_type=kv_types(args)[1], fuse=not args.no_fuse,
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
         draft_model=resolve_model(args.model_draft) if args.model_draft else None,
-        draft_p_min=args.draft_p_min,
+        draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
     )
     if args.lookup_ngram and args.model_draft:
         raise MinferError("give --lookup-ngram or --model-draft, not both")
@@ -109,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         from minfer.engine.speculative import SpecConfig
 
         SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min, p_min=args.draft_p_min,
-                   lookup_ngram=args.lookup_ngram)  # refuse bad values before loading
+                   lookup_ngram=args.lookup_ngram,
+                   draft_vocab=args.draft_vocab)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     if args.ray:

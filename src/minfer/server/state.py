@@ -52,6 +52,7 @@ class ServerConfig:
     draft_min: int = 0
     draft_model: Path | None = None  # a draft model per slot (speculative decoding); None: off
     draft_p_min: float = 0.3
+    draft_vocab: int = 0  # the draft scores the first N ids only (0: all)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def _speculation(cfg: ServerConfig) -> SpecConfig | None:
     if not cfg.lookup_ngram and cfg.draft_model is None:
         return None
     return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min, p_min=cfg.draft_p_min,
-                      lookup_ngram=cfg.lookup_ngram)
+                      lookup_ngram=cfg.lookup_ngram, draft_vocab=cfg.draft_vocab)
 
 
 def _open_draft(cfg: ServerConfig, tokenizer: Tokenizer, n_vocab: int
@@ -89,7 +90,8 @@ def model_name(path: Path) -> str:
     return path.name.removesuffix(".gguf")
 
 
-def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig) -> EngineFactory:
+def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig, *,
+                           vocab_limit: int = 0) -> EngineFactory:
     """Engine(n_ctx) over the model's file; called on the engine thread (numba's thread count is
     per thread). Imported lazily: only a real engine needs the compiled kernels.
 
@@ -106,7 +108,7 @@ def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig) 
                       k_type=config.k_type, v_type=config.v_type,
                       fuse_swiglu=config.fuse, fuse_gate_up=config.fuse,
                       n_threads=threads, adaptive_threads=not config.threads,
-                      batch_invariant=True)
+                      batch_invariant=True, vocab_limit=vocab_limit)
 
     return make
 
@@ -199,7 +201,8 @@ class ServerState:
         draft = _open_draft(cfg, tokenizer, hparams.n_vocab)
         draft_factory = None
         if draft is not None:
-            draft_factory = self._draft_engine_factory or default_engine_factory(*draft, cfg)
+            draft_factory = self._draft_engine_factory or default_engine_factory(
+                *draft, cfg, vocab_limit=cfg.draft_vocab)
         worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
                         chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
                         speculation=_speculation(cfg), make_draft=draft_factory)
