@@ -16,7 +16,7 @@ from numba import njit
 
 from minfer.backends.cpu.kernels._llvm import bits_of_f32, f16_to_f32
 
-from .blocks32 import i8, put_f16
+from .blocks32 import absmax_signed, i8, put_f16
 
 F = np.float32
 GROUP_MAX_EPS = np.float32(1e-15)
@@ -36,36 +36,36 @@ def _f16_at(out, off):
 
 
 @njit(inline="always", error_model="numpy")
-def _absmax_signed(x, n):
-    amax = F(0.0)
-    mx = F(0.0)
+def _first_pass(n, nmax, x, L, shift):
+    """The start both make_qx_quants and make_q3_quants share: (small, mx, sumlx, suml2). small:
+    the group's largest |x| is under GROUP_MAX_EPS (L zeroed, the scale is 0). Otherwise L[i] =
+    clamp(nearest_int(-nmax / mx * x[i]), -nmax, nmax - 1) + shift, mx the value of largest
+    magnitude, with the x^2-weighted sums of l*x and l*l accumulated in ggml's order."""
+    amax, mx = absmax_signed(x, 0, n)
+    sumlx = F(0.0)
+    suml2 = F(0.0)
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return True, mx, sumlx, suml2
+    iscale = F(-nmax) / mx
     for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
-    return amax, mx
+        xi = x[i]
+        lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
+        L[i] = lv + shift
+        w = xi * xi
+        fl = F(lv)
+        sumlx += w * xi * fl
+        suml2 += w * fl * fl
+    return False, mx, sumlx, suml2
 
 
 @njit(inline="always", error_model="numpy")
 def make_qx_quants_rmse1(n, nmax, x, L):
     """make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) on n-long views; L gets codes+nmax."""
-    amax, mx = _absmax_signed(x, n)
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[i] = 0
+    small, mx, sumlx, suml2 = _first_pass(n, nmax, x, L, nmax)
+    if small:
         return F(0.0)
-    iscale = F(-nmax) / mx
-    sumlx = F(0.0)
-    suml2 = F(0.0)
-    for i in range(n):
-        xi = x[i]
-        lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
-        L[i] = lv + nmax
-        w = xi * xi
-        fl = F(lv)
-        sumlx += w * xi * fl
-        suml2 += w * fl * fl
     scale = sumlx / suml2 if suml2 != F(0.0) else F(0.0)
     best = scale * sumlx
     for ist in range(-9, 10):
@@ -91,21 +91,9 @@ def make_qx_quants_rmse1(n, nmax, x, L):
 @njit(inline="always", error_model="numpy")
 def make_q3_quants(n, nmax, x, L):
     """make_q3_quants(n, nmax, x, L, do_rmse=true) on n-long views; L gets codes + nmax."""
-    amax, mx = _absmax_signed(x, n)
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[i] = 0
+    small, _, sumlx, suml2 = _first_pass(n, nmax, x, L, 0)
+    if small:
         return F(0.0)
-    iscale = F(-nmax) / mx
-    sumlx = F(0.0)
-    suml2 = F(0.0)
-    for i in range(n):
-        xi = x[i]
-        lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
-        L[i] = lv
-        w = xi * xi
-        sumlx += w * xi * F(lv)
-        suml2 += w * F(lv) * F(lv)
     for _ in range(5):
         n_changed = 0
         for i in range(n):

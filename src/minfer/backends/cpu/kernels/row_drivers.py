@@ -11,27 +11,17 @@ call (`dot32.lane_corr` / `block_corr` / `block_transpose`, `dotk.block_scales_s
 
 numba caches a compiled function on disk only when it lives in a real source file and its
 callees are module globals: a factory closing over the intrinsics would recompile them on
-every run. So `_load` renders the drivers' source from the templates below into one module
-file named by the hash of that source (in the kernel cache folder, `minfer.jit_cache`: an edit
-here lands in a fresh file and a fresh cache), imports it, and numba's `cache=True` works on
-that file as on any other. The source is byte-for-byte what was written out per type before, so
-the machine code (and every result) is the same.
+every run. So `render` writes the drivers' source from the templates below, and
+`minfer.jit_cache.load_generated` imports it from one module file named by the hash of that
+source (in the kernel cache folder: an edit here lands in a fresh file and a fresh cache), on
+which numba's `cache=True` works as on any other. Each function's source is what was written out
+per type before (docstrings aside), so the machine code, and every result, is the same.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
-import tempfile
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
-
-from numba.core import config
 
 import minfer.jit_cache
 
@@ -194,48 +184,7 @@ def render() -> str:
     return _HEADER.format(imports=imports) + "".join(d.source() for d in DRIVERS)
 
 
-def _folder() -> Path:
-    """Where the generated module goes: numba's cache folder (`minfer.jit_cache` keys it on the
-    kernel sources, an explicit NUMBA_CACHE_DIR wins), the module's own hash in its name."""
-    root = getattr(config, "CACHE_DIR", "") or str(minfer.jit_cache.cache_dir())
-    return Path(root) / "generated"
-
-
-def _write(path: Path, source: str) -> None:
-    """Write `source` to `path` once: an existing file is the same source (its name is the
-    hash) and is left alone, so its modification time, which numba's cache index checks,
-    stays put. Written to a private name first and renamed, so a concurrent process (the
-    warm-up helper) never imports half a file."""
-    if path.exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    os.replace(tmp, path)
-
-
-def _load() -> ModuleType:
-    source = render()
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = _folder() / f"row_drivers_{digest}.py"
-    try:
-        _write(path, source)
-    except OSError as e:  # an unwritable cache: the drivers still run, compiled every time
-        warnings.warn(f"minfer: cannot write the kernel drivers to {path} ({e}); they will be "
-                      "compiled on every run", stacklevel=2)
-        path = Path(tempfile.mkdtemp(prefix="minfer-drivers-")) / path.name
-        _write(path, source)
-    name = f"{__name__}_generated"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_M = _load()
+_M = minfer.jit_cache.load_generated(f"{__name__}_generated", render())
 mv_q4_0: Any = _M.mv_q4_0
 mv_q4_1: Any = _M.mv_q4_1
 mv_q5_0: Any = _M.mv_q5_0
