@@ -332,9 +332,20 @@ def _q45_k_scales(x, b, nmax, rmin, nstep, L, Laux, weights, scales, mins):
     return max_scale, max_min
 
 
+@njit(inline="always", error_model="numpy")
+def _q45_k_scratch():
+    """`_q45_k_block`'s work arrays, made once per row: codes L, trial codes, weights, scales
+    and mins of the 8 sub-blocks."""
+    return (np.zeros(256, dtype=np.int64), np.zeros(32, dtype=np.int64),
+            np.zeros(32, dtype=np.float32), np.zeros(8, dtype=np.float32),
+            np.zeros(8, dtype=np.float32))
+
+
 @njit(error_model="numpy")
-def _q45_k_block(x, b, out, o, nmax, rmin, nstep, L, Laux, weights, scales, mins):
-    """Header (d, dmin, 12 packed 6-bit scales/mins) and the codes L (0..nmax) of one block."""
+def _q45_k_block(x, b, out, o, nmax, rmin, nstep, scratch):
+    """Header (d, dmin, 12 packed 6-bit scales/mins) and the codes L = scratch[0] (0..nmax) of
+    one block."""
+    L, Laux, weights, scales, mins = scratch
     max_scale, max_min = _q45_k_scales(x, b, nmax, rmin, nstep, L, Laux, weights, scales, mins)
     inv_scale = F(63.0) / max_scale if max_scale > F(0.0) else F(0.0)
     inv_min = F(63.0) / max_min if max_min > F(0.0) else F(0.0)
@@ -371,14 +382,11 @@ def _q45_k_block(x, b, out, o, nmax, rmin, nstep, L, Laux, weights, scales, mins
 @njit(error_model="numpy")
 def q4_k_row(x, out):
     """block_q4_K: d, dmin, scales[12], qs[128] (144 bytes)."""
-    L = np.zeros(256, dtype=np.int64)
-    Laux = np.zeros(32, dtype=np.int64)
-    weights = np.zeros(32, dtype=np.float32)
-    scales = np.zeros(8, dtype=np.float32)
-    mins = np.zeros(8, dtype=np.float32)
+    scratch = _q45_k_scratch()
+    L = scratch[0]
     for i in range(x.shape[0] // 256):
         o = i * 144
-        _q45_k_block(x, i * 256, out, o, 15, F(-1.0), 20, L, Laux, weights, scales, mins)
+        _q45_k_block(x, i * 256, out, o, 15, F(-1.0), 20, scratch)
         for j in range(4):
             for m in range(32):
                 out[o + 16 + 32 * j + m] = np.uint8(L[64 * j + m] | (L[64 * j + m + 32] << 4))
@@ -387,14 +395,11 @@ def q4_k_row(x, out):
 @njit(error_model="numpy")
 def q5_k_row(x, out):
     """block_q5_K: d, dmin, scales[12], qh[32], qs[128] (176 bytes)."""
-    L = np.zeros(256, dtype=np.int64)
-    Laux = np.zeros(32, dtype=np.int64)
-    weights = np.zeros(32, dtype=np.float32)
-    scales = np.zeros(8, dtype=np.float32)
-    mins = np.zeros(8, dtype=np.float32)
+    scratch = _q45_k_scratch()
+    L = scratch[0]
     for i in range(x.shape[0] // 256):
         o = i * 176
-        _q45_k_block(x, i * 256, out, o, 31, F(-0.5), 15, L, Laux, weights, scales, mins)
+        _q45_k_block(x, i * 256, out, o, 31, F(-0.5), 15, scratch)
         for m in range(32):
             out[o + 16 + m] = 0
         m1 = 1
