@@ -7,13 +7,22 @@ stale machine code. Importing this module (the kernel packages do, first) points
 `$MINFER_HOME/numba/<hash>` (default `~/.cache/minfer/numba/...`), the hash covering every
 compiled module's source: any change selects a fresh folder; numba still keys each entry on
 its own version and the CPU. An explicit `NUMBA_CACHE_DIR` wins.
+
+`load_generated` imports kernel source rendered from a template (one function per type, where a
+closure factory could not be cached: numba caches only functions of a real source file whose
+callees are module globals) from a file written once into that folder.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
+import tempfile
+import warnings
 from pathlib import Path
+from types import ModuleType
 
 from numba.core import config
 
@@ -55,3 +64,39 @@ def cache_dir() -> Path:
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
     config.CACHE_DIR = str(cache_dir())  # type: ignore[attr-defined]
+
+
+def _write_once(path: Path, source: str) -> None:
+    """Write `source` to `path` unless it is there: its name is the source's hash, so an
+    existing file holds the same source and is left alone (its modification time, which numba's
+    cache index checks, stays put). Written under a private name and renamed, so a concurrent
+    process (the warm-up helper) never imports half a file."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    os.replace(tmp, path)
+
+
+def load_generated(module_name: str, source: str) -> ModuleType:
+    """Import `source` as `module_name` from `<numba cache folder>/generated/<stem>_<hash>.py`
+    (a changed source lands in a fresh file, and so in a fresh numba cache entry); numba's
+    `cache=True` then works on its functions as on any module's."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    root = getattr(config, "CACHE_DIR", "") or str(cache_dir())
+    path = Path(root) / "generated" / f"{module_name.rsplit('.', 1)[-1]}_{digest}.py"
+    try:
+        _write_once(path, source)
+    except OSError as e:  # an unwritable cache: the kernels still run, compiled every time
+        warnings.warn(f"minfer: cannot write generated kernels to {path} ({e}); they will be "
+                      "compiled on every run", stacklevel=2)
+        path = Path(tempfile.mkdtemp(prefix="minfer-kernels-")) / path.name
+        _write_once(path, source)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module

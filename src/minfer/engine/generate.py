@@ -12,13 +12,13 @@ timings.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from minfer.engine.stepper import Constraint, TokenSampler, TokenStepper, TokenText
+from minfer.engine.stepper import Constraint, Step, TokenSampler, TokenStepper, TokenText
 from minfer.errors import ContextOverflowError
 
 if TYPE_CHECKING:
@@ -125,44 +125,94 @@ def generate(
             context=context, max_tokens=max_tokens, stops=stops, start_pos=start_pos,
             batch_size=batch_size, top_logits=top_logits, constraint=constraint)
         return
+    logits, run = start(engine, vocab, sampler, prompt_ids, start_pos=start_pos,
+                        batch_size=batch_size, stops=stops, constraint=constraint,
+                        top_logits=top_logits)
+    pos = start_pos + len(prompt_ids)
+    while len(run.ids) < max_tokens:
+        step = run.draw(run.stepper.step, logits)
+        if step is None:
+            break
+        piece = run.take(step)
+        if piece is not None:
+            yield piece
+        if run.ends(step, max_tokens):
+            break
+        if pos >= engine.n_ctx:
+            run.reason = "context"
+            break
+        td = time.perf_counter()
+        logits = engine.forward([run.ids[-1]], pos)[0]
+        run.timings.decode_s += time.perf_counter() - td
+        run.timings.decode_tokens += 1
+        pos += 1
+    yield from run.finish(pos)
+
+
+class Run:
+    """One generation's record, kept the same way by this loop and the speculative one
+    (`spec_generate`): the stepper's gates, the ids and text so far, the top logits, the
+    timings, and why it ended. The loops keep only how they reach the next logits."""
+
+    def __init__(self, stepper: TokenStepper, timings: Timings, top_logits: int) -> None:
+        self.stepper = stepper
+        self.timings = timings
+        self.top_logits = top_logits
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.tops: list[list[tuple[int, float]]] = []
+        self.reason = "length"
+        self.eot: int | None = None
+
+    def draw(self, draw: Callable[..., Step], logits: np.ndarray, *args: Any) -> Step | None:
+        """The next step, `draw(logits, *args)`, timed; None when it ends the generation
+        without a token to show (a finished grammar, end-of-generation)."""
+        if self.top_logits:
+            self.tops.append(top_k_pairs(logits, self.top_logits))
+        ts = time.perf_counter()
+        step = draw(logits, *args)
+        self.timings.sample_s += time.perf_counter() - ts
+        if step.token is None or step.end == "eos":
+            self.reason, self.eot = step.end or "grammar", step.token
+            return None
+        return step
+
+    def take(self, step: Step) -> Piece | None:
+        """Record the step's token; the Piece to yield when it made text safe to show."""
+        assert step.token is not None
+        self.ids.append(step.token)
+        if not step.text:
+            return None
+        self.text.append(step.text)
+        return Piece(step.text, step.token)
+
+    def ends(self, step: Step, max_tokens: int) -> bool:
+        """Whether the generation ends after this taken step: a stop string, or the length."""
+        if step.end == "stop":
+            self.reason = "stop"
+            return True
+        return len(self.ids) >= max_tokens
+
+    def finish(self, n_past: int, speculation: SpecStats | None = None
+               ) -> Iterator[Piece | Finished]:
+        """The text held back until the end, then the Finished record."""
+        tail = self.stepper.finish(self.reason)
+        if tail:
+            self.text.append(tail)
+            yield Piece(tail, self.ids[-1] if self.ids else -1)
+        yield Finished(self.reason, self.ids, "".join(self.text), self.timings, self.tops,
+                       n_past=n_past, eot_id=self.eot, speculation=speculation)
+
+
+def start(engine: Forward, vocab: TokenText, sampler: TokenSampler, prompt_ids: Sequence[int], *,
+          start_pos: int, batch_size: int, stops: Sequence[str], constraint: Constraint | None,
+          top_logits: int, prepared: Callable[[], None] | None = None) -> tuple[np.ndarray, Run]:
+    """Prefill the prompt (then `prepared()`, inside the prefill's timing): the last logits and
+    a fresh Run."""
     timings = Timings(prefill_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     logits = prefill(engine, prompt_ids, start_pos, batch_size)
+    if prepared is not None:
+        prepared()
     timings.prefill_s = time.perf_counter() - t0
-    pos = start_pos + len(prompt_ids)
-    stepper = TokenStepper(sampler, vocab, stops, constraint)
-    ids: list[int] = []
-    text: list[str] = []
-    tops: list[list[tuple[int, float]]] = []
-    reason, eot = "length", None
-    while len(ids) < max_tokens:
-        if top_logits:
-            tops.append(top_k_pairs(logits, top_logits))
-        ts = time.perf_counter()
-        step = stepper.step(logits)
-        timings.sample_s += time.perf_counter() - ts
-        if step.token is None or step.end == "eos":  # a finished grammar, or end-of-generation
-            reason, eot = step.end or "grammar", step.token
-            break
-        ids.append(step.token)
-        if step.text:
-            text.append(step.text)
-            yield Piece(step.text, step.token)
-        if step.end == "stop":
-            reason = "stop"
-            break
-        if len(ids) >= max_tokens:
-            break
-        if pos >= engine.n_ctx:
-            reason = "context"
-            break
-        td = time.perf_counter()
-        logits = engine.forward([step.token], pos)[0]
-        timings.decode_s += time.perf_counter() - td
-        timings.decode_tokens += 1
-        pos += 1
-    tail = stepper.finish(reason)
-    if tail:
-        text.append(tail)
-        yield Piece(tail, ids[-1] if ids else -1)
-    yield Finished(reason, ids, "".join(text), timings, tops, n_past=pos, eot_id=eot)
+    return logits, Run(TokenStepper(sampler, vocab, stops, constraint), timings, top_logits)

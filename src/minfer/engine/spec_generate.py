@@ -136,71 +136,53 @@ def generate_speculative(
 ) -> Iterator[Piece | Finished]:
     """`generate`, verifying proposals. context: the tokens already in the KV before start_pos
     (the proposers see the whole sequence from position 0)."""
-    from minfer.engine.generate import Finished, Piece, Timings, prefill, top_k_pairs
+    from minfer.engine.generate import start
 
     if len(context) != start_pos:
         raise SpeculativeError(f"speculative decoding needs the {start_pos} tokens before the "
                                f"prompt, got {len(context)}")
-    timings = Timings(prefill_tokens=len(prompt_ids))
-    t0 = time.perf_counter()
-    logits = prefill(engine, prompt_ids, start_pos, batch_size)
     history = [*context, *prompt_ids]
-    speculator.proposer.prepare(history)  # a draft model prefills the prompt too
-    timings.prefill_s = time.perf_counter() - t0
+    logits, run = start(engine, vocab, sampler, prompt_ids, start_pos=start_pos,
+                        batch_size=batch_size, stops=stops, constraint=constraint,
+                        top_logits=top_logits,  # a draft model prefills the prompt too
+                        prepared=lambda: speculator.proposer.prepare(history))
     pos = start_pos + len(prompt_ids)
-    stepper = TokenStepper(sampler, vocab, stops, constraint)
-    verifier = Verifier(stepper, sampler)
+    verifier = Verifier(run.stepper, sampler)
     stats, length = SpecStats(), speculator.length
-    ids: list[int] = []
-    text: list[str] = []
-    tops: list[list[tuple[int, float]]] = []
-    reason, eot = "length", None
     proposal, rows, at = Proposal([]), np.empty((0, 0), np.float32), 0
     try:
-        while len(ids) < max_tokens:
-            if top_logits:
-                tops.append(top_k_pairs(logits, top_logits))
+        while len(run.ids) < max_tokens:
             proposed = proposal.tokens[at] if at < len(proposal.tokens) else None
             q = proposal.q[at] if proposed is not None and proposal.q is not None else None
-            ts = time.perf_counter()
-            step = verifier.step(logits, proposed, q)
-            timings.sample_s += time.perf_counter() - ts
-            if step.token is None or step.end == "eos":
-                reason, eot = step.end or "grammar", step.token
+            step = run.draw(verifier.step, logits, proposed, q)
+            if step is None:
                 break
-            ids.append(step.token)
-            history.append(step.token)
-            if step.text:
-                text.append(step.text)
-                yield Piece(step.text, step.token)
+            piece = run.take(step)
+            history.append(run.ids[-1])
+            if piece is not None:
+                yield piece
             if proposed is not None and step.token == proposed:  # its row is already in the KV
                 stats.accepted += 1
                 at += 1
                 if at == len(proposal.tokens):
                     length.record_outcome(len(proposal.tokens), at)
-                if step.end == "stop":  # plain decoding would not forward it: nor keep its row
-                    reason = "stop"
-                    break
-                if len(ids) >= max_tokens:
-                    break
+                if run.ends(step, max_tokens):  # at a stop, plain decoding would not forward
+                    break  # it: nor keep its row
                 pos += 1
                 logits = rows[at]
                 continue
             if proposed is not None:
                 length.record_outcome(len(proposal.tokens), at)
-            if step.end == "stop":
-                reason = "stop"
-                break
-            if len(ids) >= max_tokens:
+            if run.ends(step, max_tokens):
                 break
             if pos >= engine.n_ctx:
-                reason = "context"
+                run.reason = "context"
                 break
-            room = min(max_tokens - len(ids), engine.n_ctx - pos - 1)
+            room = min(max_tokens - len(run.ids), engine.n_ctx - pos - 1)
             td = time.perf_counter()
             proposal = speculator.propose(history, room, greedy=verifier.greedy)
             tv = time.perf_counter()
-            tokens = [step.token, *proposal.tokens]
+            tokens = [run.ids[-1], *proposal.tokens]
             if proposal.tokens:
                 rows = engine.forward(tokens, pos, n_out=len(tokens), batch_invariant=True)
                 length.record_verify(len(tokens), time.perf_counter() - tv)
@@ -209,21 +191,16 @@ def generate_speculative(
             else:
                 rows = engine.forward(tokens, pos)
                 length.record_plain(time.perf_counter() - tv)
-            timings.decode_s += time.perf_counter() - td
-            timings.decode_tokens += 1
+            run.timings.decode_s += time.perf_counter() - td
+            run.timings.decode_tokens += 1
             pos += 1
             at = 0
             logits = rows[0]
     finally:  # rows of proposals never verified, or rejected, are not kept (also on close)
         _rewind(engine, pos)
     _add_stats(speculator.stats, stats)
-    timings.decode_tokens += stats.accepted
-    tail = stepper.finish(reason)
-    if tail:
-        text.append(tail)
-        yield Piece(tail, ids[-1] if ids else -1)
-    yield Finished(reason, ids, "".join(text), timings, tops, n_past=pos, eot_id=eot,
-                   speculation=stats)
+    run.timings.decode_tokens += stats.accepted
+    yield from run.finish(pos, stats)
 
 
 def _rewind(engine: object, cursor: int) -> None:

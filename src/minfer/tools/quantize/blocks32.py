@@ -43,7 +43,7 @@ def i8(v):
 
 
 @njit(inline="always", error_model="numpy")
-def _absmax_signed(x, base, n):
+def absmax_signed(x, base, n):
     """(amax, the value with that |value|): the first one wins on ties, as in ggml."""
     amax = F(0.0)
     mx = F(0.0)
@@ -68,15 +68,33 @@ def _min_max(x, base, n):
     return lo, hi
 
 
+@njit(inline="always", error_model="numpy")
+def _signed_head(x, b, out, o, div):
+    """Q4_0 / Q5_0 block head: d = (the value of largest magnitude) / div stored at out[o];
+    returns 1/d (0 for d = 0)."""
+    _, mx = absmax_signed(x, b, 32)
+    d = mx / div
+    put_f16(out, o, d)
+    return F(1.0) / d if d != F(0.0) else F(0.0)
+
+
+@njit(inline="always", error_model="numpy")
+def _min_head(x, b, out, o, levels):
+    """Q4_1 / Q5_1 block head: d = (max - min) / levels and the min stored at out[o], out[o+2];
+    returns (min, 1/d (0 for d = 0))."""
+    lo, hi = _min_max(x, b, 32)
+    d = (hi - lo) / levels
+    put_f16(out, o, d)
+    put_f16(out, o + 2, lo)
+    return lo, F(1.0) / d if d != F(0.0) else F(0.0)
+
+
 @njit(error_model="numpy")
 def q4_0_row(x, out):
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 18
-        _, mx = _absmax_signed(x, b, 32)
-        d = mx / F(-8.0)
-        idv = F(1.0) / d if d != F(0.0) else F(0.0)
-        put_f16(out, o, d)
+        idv = _signed_head(x, b, out, o, F(-8.0))
         for j in range(16):
             xi0 = min(15, i8(np.int32(x[b + j] * idv + F(8.5)))) & 0xFF
             xi1 = min(15, i8(np.int32(x[b + 16 + j] * idv + F(8.5)))) & 0xFF
@@ -88,11 +106,7 @@ def q4_1_row(x, out):
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 20
-        lo, hi = _min_max(x, b, 32)
-        d = (hi - lo) / F(15.0)
-        idv = F(1.0) / d if d != F(0.0) else F(0.0)
-        put_f16(out, o, d)
-        put_f16(out, o + 2, lo)
+        lo, idv = _min_head(x, b, out, o, F(15.0))
         for j in range(16):
             xi0 = min(15, i8(np.int32((x[b + j] - lo) * idv + F(0.5)))) & 0xFF
             xi1 = min(15, i8(np.int32((x[b + 16 + j] - lo) * idv + F(0.5)))) & 0xFF
@@ -118,10 +132,7 @@ def q5_0_row(x, out):
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 22
-        _, mx = _absmax_signed(x, b, 32)
-        d = mx / F(-16.0)
-        idv = F(1.0) / d if d != F(0.0) else F(0.0)
-        put_f16(out, o, d)
+        idv = _signed_head(x, b, out, o, F(-16.0))
         qh = np.uint32(0)
         for j in range(16):
             xi0 = min(31, i8(np.int32(x[b + j] * idv + F(16.5)))) & 0xFF
@@ -135,11 +146,7 @@ def q5_1_row(x, out):
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 24
-        lo, hi = _min_max(x, b, 32)
-        d = (hi - lo) / F(31.0)
-        idv = F(1.0) / d if d != F(0.0) else F(0.0)
-        put_f16(out, o, d)
-        put_f16(out, o + 2, lo)
+        lo, idv = _min_head(x, b, out, o, F(31.0))
         qh = np.uint32(0)
         for j in range(16):
             xi0 = np.int32((x[b + j] - lo) * idv + F(0.5)) & 0xFF
@@ -214,12 +221,7 @@ def iq4_nl_row(x, out):
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 18
-        amax = F(0.0)
-        mx = F(0.0)
-        for j in range(32):
-            if abs(x[b + j]) > amax:
-                amax = abs(x[b + j])
-                mx = x[b + j]
+        amax, mx = absmax_signed(x, b, 32)
         scale = F(0.0)
         if amax >= F(1e-15):
             d = -mx / F(values[0])

@@ -16,7 +16,7 @@ from numba import njit
 
 from minfer.backends.cpu.kernels._llvm import bits_of_f32, f16_to_f32
 
-from .blocks32 import i8, put_f16
+from .blocks32 import absmax_signed, i8, put_f16
 
 F = np.float32
 GROUP_MAX_EPS = np.float32(1e-15)
@@ -36,36 +36,36 @@ def _f16_at(out, off):
 
 
 @njit(inline="always", error_model="numpy")
-def _absmax_signed(x, n):
-    amax = F(0.0)
-    mx = F(0.0)
+def _first_pass(n, nmax, x, L, shift):
+    """The start both make_qx_quants and make_q3_quants share: (small, mx, sumlx, suml2). small:
+    the group's largest |x| is under GROUP_MAX_EPS (L zeroed, the scale is 0). Otherwise L[i] =
+    clamp(nearest_int(-nmax / mx * x[i]), -nmax, nmax - 1) + shift, mx the value of largest
+    magnitude, with the x^2-weighted sums of l*x and l*l accumulated in ggml's order."""
+    amax, mx = absmax_signed(x, 0, n)
+    sumlx = F(0.0)
+    suml2 = F(0.0)
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return True, mx, sumlx, suml2
+    iscale = F(-nmax) / mx
     for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
-    return amax, mx
+        xi = x[i]
+        lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
+        L[i] = lv + shift
+        w = xi * xi
+        fl = F(lv)
+        sumlx += w * xi * fl
+        suml2 += w * fl * fl
+    return False, mx, sumlx, suml2
 
 
 @njit(inline="always", error_model="numpy")
 def make_qx_quants_rmse1(n, nmax, x, L):
     """make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) on n-long views; L gets codes+nmax."""
-    amax, mx = _absmax_signed(x, n)
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[i] = 0
+    small, mx, sumlx, suml2 = _first_pass(n, nmax, x, L, nmax)
+    if small:
         return F(0.0)
-    iscale = F(-nmax) / mx
-    sumlx = F(0.0)
-    suml2 = F(0.0)
-    for i in range(n):
-        xi = x[i]
-        lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
-        L[i] = lv + nmax
-        w = xi * xi
-        fl = F(lv)
-        sumlx += w * xi * fl
-        suml2 += w * fl * fl
     scale = sumlx / suml2 if suml2 != F(0.0) else F(0.0)
     best = scale * sumlx
     for ist in range(-9, 10):
@@ -91,21 +91,9 @@ def make_qx_quants_rmse1(n, nmax, x, L):
 @njit(inline="always", error_model="numpy")
 def make_q3_quants(n, nmax, x, L):
     """make_q3_quants(n, nmax, x, L, do_rmse=true) on n-long views; L gets codes + nmax."""
-    amax, mx = _absmax_signed(x, n)
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[i] = 0
+    small, _, sumlx, suml2 = _first_pass(n, nmax, x, L, 0)
+    if small:
         return F(0.0)
-    iscale = F(-nmax) / mx
-    sumlx = F(0.0)
-    suml2 = F(0.0)
-    for i in range(n):
-        xi = x[i]
-        lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
-        L[i] = lv
-        w = xi * xi
-        sumlx += w * xi * F(lv)
-        suml2 += w * F(lv) * F(lv)
     for _ in range(5):
         n_changed = 0
         for i in range(n):
@@ -344,9 +332,20 @@ def _q45_k_scales(x, b, nmax, rmin, nstep, L, Laux, weights, scales, mins):
     return max_scale, max_min
 
 
+@njit(inline="always", error_model="numpy")
+def _q45_k_scratch():
+    """`_q45_k_block`'s work arrays, made once per row: codes L, trial codes, weights, scales
+    and mins of the 8 sub-blocks."""
+    return (np.zeros(256, dtype=np.int64), np.zeros(32, dtype=np.int64),
+            np.zeros(32, dtype=np.float32), np.zeros(8, dtype=np.float32),
+            np.zeros(8, dtype=np.float32))
+
+
 @njit(error_model="numpy")
-def _q45_k_block(x, b, out, o, nmax, rmin, nstep, L, Laux, weights, scales, mins):
-    """Header (d, dmin, 12 packed 6-bit scales/mins) and the codes L (0..nmax) of one block."""
+def _q45_k_block(x, b, out, o, nmax, rmin, nstep, scratch):
+    """Header (d, dmin, 12 packed 6-bit scales/mins) and the codes L = scratch[0] (0..nmax) of
+    one block."""
+    L, Laux, weights, scales, mins = scratch
     max_scale, max_min = _q45_k_scales(x, b, nmax, rmin, nstep, L, Laux, weights, scales, mins)
     inv_scale = F(63.0) / max_scale if max_scale > F(0.0) else F(0.0)
     inv_min = F(63.0) / max_min if max_min > F(0.0) else F(0.0)
@@ -383,14 +382,11 @@ def _q45_k_block(x, b, out, o, nmax, rmin, nstep, L, Laux, weights, scales, mins
 @njit(error_model="numpy")
 def q4_k_row(x, out):
     """block_q4_K: d, dmin, scales[12], qs[128] (144 bytes)."""
-    L = np.zeros(256, dtype=np.int64)
-    Laux = np.zeros(32, dtype=np.int64)
-    weights = np.zeros(32, dtype=np.float32)
-    scales = np.zeros(8, dtype=np.float32)
-    mins = np.zeros(8, dtype=np.float32)
+    scratch = _q45_k_scratch()
+    L = scratch[0]
     for i in range(x.shape[0] // 256):
         o = i * 144
-        _q45_k_block(x, i * 256, out, o, 15, F(-1.0), 20, L, Laux, weights, scales, mins)
+        _q45_k_block(x, i * 256, out, o, 15, F(-1.0), 20, scratch)
         for j in range(4):
             for m in range(32):
                 out[o + 16 + 32 * j + m] = np.uint8(L[64 * j + m] | (L[64 * j + m + 32] << 4))
@@ -399,14 +395,11 @@ def q4_k_row(x, out):
 @njit(error_model="numpy")
 def q5_k_row(x, out):
     """block_q5_K: d, dmin, scales[12], qh[32], qs[128] (176 bytes)."""
-    L = np.zeros(256, dtype=np.int64)
-    Laux = np.zeros(32, dtype=np.int64)
-    weights = np.zeros(32, dtype=np.float32)
-    scales = np.zeros(8, dtype=np.float32)
-    mins = np.zeros(8, dtype=np.float32)
+    scratch = _q45_k_scratch()
+    L = scratch[0]
     for i in range(x.shape[0] // 256):
         o = i * 176
-        _q45_k_block(x, i * 256, out, o, 31, F(-0.5), 15, L, Laux, weights, scales, mins)
+        _q45_k_block(x, i * 256, out, o, 31, F(-0.5), 15, scratch)
         for m in range(32):
             out[o + 16 + m] = 0
         m1 = 1

@@ -17,56 +17,19 @@ operations, so out[t] is bitwise independent of the batch (batch-invariant servi
 the activation-only parts are precomputed: `lane_corr` / `block_corr` (the code offset times
 activation sums, where the dots start) and `block_transpose` (the multi-row layout). Compiled
 without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
-reassociable. The drivers are written out once per type (plain and repacked, `*p`): numba
-caches a compiled function only when its callees are module globals, so a factory closing over
-the intrinsics would recompile every run.
+reassociable. The drivers (`mv_q4_0`, ..., repacked `mv_q4_0p`, ...) are generated per type
+from one template by `row_drivers` (numba caches a compiled function only when its callees are
+module globals, so a closure factory would recompile every run); here, the per-call activation
+preparation they share.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ._llvm import f16_to_f32
-from .simd import (
-    BLOCKS_PER_CALL,
-    DOT4,
-    HAS_VNNI512,
-    MAX_TOKENS,
-    ROWS8_MAX_IN,
-    rowdot2_q4_0,
-    rowdot2_q4_0p,
-    rowdot2_q4_1,
-    rowdot2_q5_0,
-    rowdot2_q5_0p,
-    rowdot2_q5_1,
-    rowdot2_q8_0,
-    rowdot2_q8_0p,
-    rowdot4_q4_0,
-    rowdot4_q4_0p,
-    rowdot4_q4_1,
-    rowdot4_q5_0,
-    rowdot4_q5_0p,
-    rowdot4_q5_1,
-    rowdot4_q8_0,
-    rowdot4_q8_0p,
-    rowdot8_q4_0,
-    rowdot8_q4_0p,
-    rowdot8_q4_1,
-    rowdot8_q5_0,
-    rowdot8_q5_0p,
-    rowdot8_q5_1,
-    rowdot8_q8_0,
-    rowdot8_q8_0p,
-    rowdot_q4_0,
-    rowdot_q4_0p,
-    rowdot_q4_1,
-    rowdot_q5_0,
-    rowdot_q5_0p,
-    rowdot_q5_1,
-    rowdot_q8_0,
-    rowdot_q8_0p,
-)
+from .simd import BLOCKS_PER_CALL, DOT4, HAS_VNNI512
 
 _CHUNK = 16  # rows per work item
 U = np.uint64
@@ -76,8 +39,6 @@ U = np.uint64
 def load_f16(buf, off):
     """The f16 at byte offset `off` of a uint8 array, as f32."""
     return f16_to_f32(np.uint16(buf[off]) | np.uint16(np.uint16(buf[off + 1]) << np.uint16(8)))
-
-
 
 
 @njit(cache=True)
@@ -138,183 +99,3 @@ def block_transpose(xq, packed=False):
                         xt[t, 32 * b0 + 4 * (j * g + i) + c] = xq[t, 32 * (b0 + i) + 4 * j + c]
             b0 += g
     return xt
-
-
-@njit(parallel=True, cache=True)
-def mv_q4_0(w, xq, xd, xs, out):
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 8), block_corr(xq, 8), block_transpose(xq)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q4_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q4_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q4_0(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q4_0(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q4_1(w, xq, xd, xs, out):
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 0), block_corr(xq, 0), block_transpose(xq)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q4_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q4_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q4_1(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q4_1(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q5_0(w, xq, xd, xs, out):
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 16), block_corr(xq, 16), block_transpose(xq)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q5_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q5_0(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q5_0(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q5_0(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q4_0p(w, xq, xd, xs, out):
-    """mv_q4_0 on a `repack`ed weight (bitwise the same result)."""
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 8), block_corr(xq, 8, True), block_transpose(xq, True)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q4_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q4_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q4_0p(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q4_0p(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q5_0p(w, xq, xd, xs, out):
-    """mv_q5_0 on a `repack`ed weight (bitwise the same result)."""
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 16), block_corr(xq, 16, True), block_transpose(xq, True)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q5_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q5_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q5_0p(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q5_0p(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q8_0p(w, xq, xd, xs, out):
-    """mv_q8_0 on a `repack`ed weight: the block-sum form (transposed codes stored as code ^
-    0x80, started from -128 * block sums), equal to mv_q8_0 up to float summation order."""
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 128), block_corr(xq, 128, True), block_transpose(xq, True)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q8_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q8_0p(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q8_0p(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q8_0p(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q5_1(w, xq, xd, xs, out):
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc, cb, xt = lane_corr(xq, 0), block_corr(xq, 0), block_transpose(xq)
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q5_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q5_1(w[r], xq, xt, xd, xs, xc, cb, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q5_1(w[r], xq, xt, xd, xs, xc, cb, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q5_1(w[r], xq, xt, xd, xs, xc, cb, nt - 1, out, r)
-
-
-@njit(parallel=True, cache=True)
-def mv_q8_0(w, xq, xd, xs, out):
-    n_out, nt = w.shape[0], xq.shape[0]
-    xc = lane_corr(xq, 128 if nt > 1 else 0)  # one row: the correction is a vpdpbusd
-    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_q8_0(w[r], xq, xd, xs, xc, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_q8_0(w[r], xq, xd, xs, xc, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_q8_0(w[r], xq, xd, xs, xc, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_q8_0(w[r], xq, xd, xs, xc, nt - 1, out, r)

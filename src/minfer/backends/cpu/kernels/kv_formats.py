@@ -159,15 +159,20 @@ def _d_bits(lo, hi):  # pragma: no cover - compiled
     return f16_to_f32(np.uint16((np.int32(lo) & 0xFF) | ((np.int32(hi) & 0xFF) << 8)))
 
 
+@njit(inline="always")
+def _block(row, b, size):  # pragma: no cover - compiled
+    """Block b of a quantized cache row of `size`-byte blocks: (its scale d, its code bytes)."""
+    o = b * size
+    return _d_bits(row[o], row[o + 1]), row[o + 2 : o + size]
+
+
 @overload(load_head, inline="always")
 def _load_head(row, e0, n, dst):  # unannotated: numba matches it against the lambdas below
     if row.dtype == types.int8:  # q8_0
         def load_q8_0(row, e0, n, dst):
             b0 = e0 // 32
             for b in range(n // 32):
-                o = (b0 + b) * 34
-                d = _d_bits(row[o], row[o + 1])
-                qs = row[o + 2 : o + 34]
+                d, qs = _block(row, b0 + b, 34)
                 db = dst[b * 32 : b * 32 + 32]
                 for j in range(32):
                     db[j] = np.float32(qs[j]) * d
@@ -176,9 +181,7 @@ def _load_head(row, e0, n, dst):  # unannotated: numba matches it against the la
         def load_q4_0(row, e0, n, dst):
             b0 = e0 // 32
             for b in range(n // 32):
-                o = (b0 + b) * 18
-                d = _d_bits(row[o], row[o + 1])
-                qs = row[o + 2 : o + 18]
+                d, qs = _block(row, b0 + b, 18)
                 lo = dst[b * 32 : b * 32 + 16]
                 hi = dst[b * 32 + 16 : b * 32 + 32]
                 for j in range(16):
@@ -216,6 +219,15 @@ def dequantize_rows(cache: np.ndarray, n: int) -> np.ndarray:
 
 
 # -- writing -----------------------------------------------------------------------------------
+@njit(inline="always")
+def _put_scale(dst, o, d):  # pragma: no cover - compiled
+    """A block's scale d as f16 bits, little-endian, at dst[o], dst[o+1] (int8 or uint8 bytes:
+    storing an int into either keeps its low byte)."""
+    bits = np.int32(f32_to_f16(d))
+    dst[o] = bits & 0xFF
+    dst[o + 1] = bits >> 8
+
+
 @njit(inline="always", fastmath=_FM, error_model="numpy")
 def _store_q8_0(x, dst):  # pragma: no cover - compiled
     """One f32 row into Q8_0 blocks (dst: int8 bytes)."""
@@ -227,11 +239,7 @@ def _store_q8_0(x, dst):  # pragma: no cover - compiled
             a = abs(xb[j])
             amax = a if a > amax else amax
         idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-        bits = np.int32(f32_to_f16(amax / np.float32(127.0)))
-        lo = bits & 0xFF
-        hi = bits >> 8
-        dst[o] = np.int8(lo - 256 if lo > 127 else lo)
-        dst[o + 1] = np.int8(hi - 256 if hi > 127 else hi)
+        _put_scale(dst, o, amax / np.float32(127.0))
         qs = dst[o + 2 : o + 34]
         for j in range(32):
             qs[j] = np.int8(np.rint(xb[j] * idd))
@@ -252,9 +260,7 @@ def _store_q4_0(x, dst):  # pragma: no cover - compiled
                 mx = xb[j]
         d = mx / np.float32(-8.0)
         idd = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        bits = np.int32(f32_to_f16(d))
-        dst[o] = np.uint8(bits & 0xFF)
-        dst[o + 1] = np.uint8(bits >> 8)
+        _put_scale(dst, o, d)
         qs = dst[o + 2 : o + 18]
         for j in range(16):
             x0 = xb[j] * idd + np.float32(8.5)

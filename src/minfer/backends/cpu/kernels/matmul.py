@@ -28,19 +28,8 @@ from typing import cast
 
 import numpy as np
 
-from .dot32 import (
-    mv_q4_0,
-    mv_q4_0p,
-    mv_q4_1,
-    mv_q5_0,
-    mv_q5_0p,
-    mv_q5_1,
-    mv_q8_0,
-    mv_q8_0p,
-)
 from .dot_loops import mv_q2_k
-from .dotk import mv_q4_k, mv_q4_kp, mv_q5_k, mv_q6_k
-from .floatmv import mv_bf16, mv_f16, mv_f32, round_to_bf16, round_to_f16
+from .floatmv import round_to_bf16, round_to_f16
 from .prefill import sgemm_tiles
 from .q8 import (
     Q8Blocks,
@@ -55,6 +44,23 @@ from .q8 import (
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
 from .reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
 from .repack import repack_block32, repack_q4_k
+from .row_drivers import (
+    mv_bf16,
+    mv_f16,
+    mv_f32,
+    mv_q4_0,
+    mv_q4_0p,
+    mv_q4_1,
+    mv_q4_k,
+    mv_q4_kp,
+    mv_q5_0,
+    mv_q5_0p,
+    mv_q5_1,
+    mv_q5_k,
+    mv_q6_k,
+    mv_q8_0,
+    mv_q8_0p,
+)
 from .simd import HAS_VNNI512
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI

@@ -1,0 +1,67 @@
+"""Kernel source generated from templates (minfer.jit_cache.load_generated): written once per
+source into the numba cache folder, imported from that file, cached by numba like any module."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba.core import config
+
+from minfer import jit_cache
+from minfer.backends.cpu.kernels import row_drivers
+from minfer.tools.quantize import rows
+
+_SOURCE = '''
+from numba import njit
+
+
+@njit(cache=True)
+def twice(x):
+    return 2 * x
+'''
+
+
+@pytest.fixture
+def cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_generated_module_is_written_once_and_cached_by_numba(cache_folder: Path) -> None:
+    mod = jit_cache.load_generated("minfer_test_generated_twice", _SOURCE)
+    path = Path(mod.__file__ or "")
+    assert path.parent == cache_folder / "generated" and path.read_text() == _SOURCE
+    assert mod.twice(21) == 42
+    # numba wrote its index for the function beside the other cached kernels
+    assert list(cache_folder.rglob("*twice*.nbi"))
+    stamp = path.stat().st_mtime_ns
+    again = jit_cache.load_generated("minfer_test_generated_twice", _SOURCE)
+    assert again.__file__ == mod.__file__ and path.stat().st_mtime_ns == stamp
+    changed = jit_cache.load_generated("minfer_test_generated_twice", _SOURCE.replace("2 *", "3 *"))
+    assert changed.__file__ != mod.__file__ and changed.twice(2) == 6
+
+
+def test_unwritable_cache_folder_warns_and_still_runs(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the folder should be: mkdir fails
+    monkeypatch.setattr(config, "CACHE_DIR", str(blocked))
+    with pytest.warns(UserWarning, match="compiled on every run"):
+        mod = jit_cache.load_generated("minfer_test_generated_blocked", _SOURCE)
+    assert mod.twice(np.int64(4)) == 8
+    shutil.rmtree(Path(mod.__file__ or "").parent)  # the private folder it fell back to
+
+
+def test_generated_drivers_are_cached_dispatchers() -> None:
+    """Every matmul driver and quantizer row driver comes from its generated file, with numba's
+    disk cache on (the point of generating files rather than closures)."""
+    drivers = [getattr(row_drivers, n) for n in dir(row_drivers) if n.startswith("mv_")]
+    drivers += list(rows._DRIVERS.values())
+    assert len(drivers) == 15 + 13
+    for d in drivers:
+        assert d.py_func.__code__.co_filename.endswith(".py")
+        assert Path(d.py_func.__code__.co_filename).parent.name == "generated"
+        assert d._cache.__class__.__name__ == "FunctionCache"
