@@ -98,6 +98,10 @@ def test_weights_readied_in_the_background_change_nothing(tmp_path: Path) -> Non
     np.testing.assert_array_equal(warmed.forward([5], len(TOKENS)),
                                   plain.forward([5], len(TOKENS)))
     assert len(warmed.weights.state) == bound  # nothing bound twice
+    n = len(TOKENS) + 1
+    for layer in range(plain.hparams.n_layer):
+        np.testing.assert_array_equal(warmed.kv.k[layer][:n], plain.kv.k[layer][:n])
+        np.testing.assert_array_equal(warmed.kv.v[layer][:n], plain.kv.v[layer][:n])
 
 
 def test_an_error_met_in_the_background_is_raised_by_the_forward(tiny_qwen2: Path,

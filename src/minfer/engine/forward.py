@@ -165,9 +165,10 @@ class Engine:
     def warm_in_background(self) -> None:
         """Bind the decode graph's op tape on another thread while the caller does other work
         (a CLI builds its tokenizer meanwhile): the binding makes every weight ready as its
-        kernels read it (the repacking runs in compiled code, outside the GIL) and loads those
-        kernels. The next call that runs a graph waits for it; an error it met is raised there.
-        Nothing here changes results: the same tape would be bound by the first decode."""
+        kernels read it (the repacking runs in compiled code, outside the GIL). The next call
+        that runs a graph waits for it; an error it met is raised there. Results do not change:
+        the first decode would bind the same tape. (Also running the tape once on a placeholder
+        token, to load the kernels from numba's cache here too, measured no faster.)"""
         if self._warming is not None or not self.op_tape:
             return
         self._warming = threading.Thread(target=self._warm, name="minfer-warm", daemon=True)
@@ -178,7 +179,8 @@ class Engine:
             if self.n_threads:
                 set_threads(self.n_threads)
             prepared = self.cache.get(self.params_for(1, 1))
-            self._tape(prepared, self._buffers(prepared), self.batch_invariant)
+            buffers = self._buffers(prepared)
+            self._tape(prepared, buffers, self.batch_invariant)
         except BaseException as exc:  # re-raised on the caller's thread
             self._warm_error = exc
 
@@ -213,18 +215,7 @@ class Engine:
         prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
         buffers = self._buffers(prepared)
         graph = prepared.graph
-        fills = {
-            InputKind.TOKEN_IDS: batch.tokens,
-            InputKind.POSITIONS: batch.positions,
-            InputKind.KV_CELLS: batch.cells,
-            InputKind.KV_START: batch.kv_start,
-            InputKind.KV_END: batch.kv_end,
-            InputKind.TAIL_IDS: batch.out_rows,
-        }
-        for kind, node_id in graph.inputs.items():
-            buf = buffers[node_id]
-            assert buf is not None
-            buf[:] = fills[kind]
+        self._fill(prepared, buffers, batch)
         invariant = self.batch_invariant or batch_invariant
         tape = None
         if self.op_tape and self.profile is None and self.tracer is None:
@@ -280,6 +271,22 @@ class Engine:
             prepared.scratch[key] = cached = (buffers, tape)
         result: scheduler.Tape | None = cached[1]
         return result
+
+    @staticmethod
+    def _fill(prepared: PreparedGraph, buffers: list[np.ndarray | None], batch: Batch) -> None:
+        """The batch's data into the graph's input nodes."""
+        fills = {
+            InputKind.TOKEN_IDS: batch.tokens,
+            InputKind.POSITIONS: batch.positions,
+            InputKind.KV_CELLS: batch.cells,
+            InputKind.KV_START: batch.kv_start,
+            InputKind.KV_END: batch.kv_end,
+            InputKind.TAIL_IDS: batch.out_rows,
+        }
+        for kind, node_id in prepared.graph.inputs.items():
+            buf = buffers[node_id]
+            assert buf is not None
+            buf[:] = fills[kind]
 
     def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
         cached = prepared.scratch.get("buffers")
