@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from minfer.engine.speculative import DRAFT_VOCAB
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
 
@@ -148,9 +149,9 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help="shorter proposals are not verified (default 0)")
     g.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
                    help="the draft stops when its top probability is below P (default 0.3)")
-    g.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+    g.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, metavar="N",
                    help="the draft model scores only the first N token ids, a cheaper draft "
-                        "step (default 0: all)")
+                        f"step (default {DRAFT_VOCAB}; 0: all)")
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:

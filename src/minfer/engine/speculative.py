@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 # 4 rows 1.29, 5 rows 1.71, 8 rows 2.16, 9 rows 2.55 -- four rows cost less than three.
 BUCKETS = (1, 3, 7, 15)
 DRAFT_MAX_LIMIT = 16  # --draft-max's range (llama.cpp's default is 16; proposals stop at 15)
+DRAFT_VOCAB = 65536  # --draft-vocab's default (see SpecConfig.draft_vocab)
 
 
 class SpeculativeError(MinferError):
@@ -56,8 +57,10 @@ class SpecConfig:
     lookup_ngram: int = 0  # prompt lookup's longest n-gram (0: off)
     # the draft model's logits over the vocabulary's first N ids only (0: all): a cheaper draft
     # step (its output projection is a large part of a small model); a target token beyond N
-    # can then not be proposed, only verified. Exactness is untouched either way.
-    draft_vocab: int = 0
+    # can then not be proposed, only verified. Exactness is untouched either way. 65536:
+    # 1.5B target, 0.5B draft, free code, 3 runs side by side with the whole vocabulary:
+    # 1.28-1.82x plain against 1.08-1.61x (Intel SPR, 2 threads); a no-op below 65536 ids.
+    draft_vocab: int = DRAFT_VOCAB
     adaptive: bool = True  # choose k by measured cost and acceptance (else always draft_max)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minfer.engine.speculative import SpecConfig, check_same_vocab
+from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, check_same_vocab
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -52,7 +52,7 @@ class ServerConfig:
     draft_min: int = 0
     draft_model: Path | None = None  # a draft model per slot (speculative decoding); None: off
     draft_p_min: float = 0.3
-    draft_vocab: int = 0  # the draft scores the first N ids only (0: all)
+    draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
 
 
 @dataclass
