@@ -203,7 +203,7 @@ class Model:
             NgramProposer,
             SpecConfig,
             SpeculativeError,
-            check_same_vocab,
+            open_draft,
         )
 
         config = config or SpecConfig()
@@ -212,11 +212,8 @@ class Model:
                                    "or --lookup-ngram N")
         if draft is None:
             return Speculator(NgramProposer(config.lookup_ngram), config)
-        f = GGUFFile.open(resolve_model(str(draft)))
-        hparams = HParams.from_gguf(f)
-        draft_tokens = f.metadata.get("tokenizer.ggml.tokens")
-        check_same_vocab(self.tokenizer.vocab.tokens, list(draft_tokens or ()),
-                         target_n_vocab=self.hparams.n_vocab, draft_n_vocab=hparams.n_vocab)
+        f, hparams = open_draft(resolve_model(str(draft)), self.tokenizer.vocab.tokens,
+                                self.hparams.n_vocab)
         from minfer.backends.select import select_backends
 
         engine = Engine(f, hparams, n_ctx=self.engine().n_ctx, kv_type=self.kv_type,

@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from minfer.server.state import ServerConfig
+    from minfer.server.state import ServerConfig, speculation_config
     from minfer.store import resolve_model
 
     if args.model and args.model_opt:
@@ -94,12 +94,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.lookup_ngram and args.model_draft:
         raise MinferError("give --lookup-ngram or --model-draft, not both")
-    if args.lookup_ngram or args.model_draft:
-        from minfer.engine.speculative import SpecConfig
-
-        SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min, p_min=args.draft_p_min,
-                   lookup_ngram=args.lookup_ngram,
-                   draft_vocab=args.draft_vocab)  # refuse bad values before loading
+    speculation_config(config)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     if args.ray:

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from minfer.chat.kv import KVMirror, common_prefix
 from minfer.errors import MinferError
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
 
 if TYPE_CHECKING:
     from minfer.engine.forward import Engine
@@ -174,11 +177,15 @@ class DraftModelProposer:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         while len(tokens) < k and pos < self.kv.n_ctx - 1:
-            q = _softmax(logits if greedy or self.temp == 1.0 else logits / self.temp)
-            tok = int(np.argmax(q))
-            if q[tok] < self.p_min:
-                break
-            if not greedy:
+            if greedy:
+                top = confident_top(logits, self.p_min)
+                if top is None:
+                    break
+                tok = top
+            else:
+                q = _softmax(logits if self.temp == 1.0 else logits / self.temp)
+                if q.max() < self.p_min:
+                    break
                 tok = int(self._rng.choice(q.shape[0], p=q))
                 qs.append(np.pad(q, (0, self.n_vocab - q.shape[0])))  # 0 beyond the head
             tokens.append(tok)
@@ -206,10 +213,30 @@ class DraftModelProposer:
         return logits
 
 
+def confident_top(logits: np.ndarray, p_min: float) -> int | None:
+    """argmax of logits, or None when its softmax probability is below p_min (a greedy
+    draft's stopping rule, llama.cpp's --draft-p-min)."""
+    x = np.asarray(logits, dtype=np.float64)
+    top = int(np.argmax(x))
+    p_top = 1.0 / float(np.exp(x - x[top]).sum())
+    return top if p_top >= p_min else None
+
+
 def _softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp((logits - logits.max()).astype(np.float64))
     out: np.ndarray = e / e.sum()
     return out
+
+
+def open_draft(path: Path, target_tokens: Sequence[str], target_n_vocab: int
+               ) -> tuple[GGUFFile, HParams]:
+    """A draft model's file and hyper-parameters, refused unless its vocabulary is the
+    target's (`check_same_vocab`)."""
+    f = GGUFFile.open(path)
+    hparams = HParams.from_gguf(f)
+    check_same_vocab(target_tokens, list(f.metadata.get("tokenizer.ggml.tokens") or ()),
+                     target_n_vocab=target_n_vocab, draft_n_vocab=hparams.n_vocab)
+    return f, hparams
 
 
 def check_same_vocab(target: Sequence[str], draft: Sequence[str], *, target_n_vocab: int,

@@ -60,9 +60,7 @@ class StringArray:
         return self.bytes_at(i).decode("utf-8", errors="replace")
 
     def __iter__(self) -> Iterator[str]:
-        buf = self._buf
-        for s, e in zip(self._starts.tolist(), self._ends.tolist(), strict=True):
-            yield buf[s:e].decode("utf-8", errors="replace")
+        return iter(self.tolist())
 
     def tolist(self) -> list[str]:
         buf = self._buf

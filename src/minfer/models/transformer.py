@@ -65,9 +65,9 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         h = layer(b, ctx, il, h)
     x = b.rms_norm("output_norm", h, "output_norm.weight", hp.rms_eps)
     out_weight = "token_embd.weight" if hp.tie_embeddings else "output.weight"
-    # [n_out, n_vocab], or the first vocab_limit ids only
-    limit = params.ctx.vocab_limit if params.ctx.vocab_limit < hp.n_vocab else 0
-    logits = b.matmul("output", x, out_weight, rows=limit)
+    # [n_out, n_vocab], or the first vocab_limit ids only (0: all; the Engine clears a limit
+    # at or above n_vocab)
+    logits = b.matmul("output", x, out_weight, rows=params.ctx.vocab_limit)
     if hp.final_softcap:
         logits = b.softcap("output_softcap", logits, hp.final_softcap)
     b.output(logits)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.chat.kv import common_prefix
+from minfer.engine.speculative import confident_top
 from minfer.server.runner import BatchEngine, Runner
 from minfer.server.scheduler import Plan, Work
 
@@ -71,7 +72,7 @@ class SlotDrafter:
         while live:
             works: list[Work] = []
             for a in live:
-                token = _confident_top(logits[a.seq_id], self.p_min)
+                token = confident_top(logits[a.seq_id], self.p_min)
                 if token is None:
                     continue
                 drafted = out[a.seq_id]
@@ -115,11 +116,3 @@ class SlotDrafter:
         self.n_forwarded += sum(len(w.tokens) for w in works)
         self.n_forwards += 1
         return out
-
-
-def _confident_top(logits: np.ndarray, p_min: float) -> int | None:
-    """argmax of logits, or None when its softmax probability is below p_min."""
-    x = np.asarray(logits, dtype=np.float64)
-    top = int(np.argmax(x))
-    p_top = 1.0 / float(np.exp(x - x[top]).sum())
-    return top if p_top >= p_min else None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, check_same_vocab
+from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -65,24 +65,12 @@ class LoadedModel:
     grammar_vocab: GrammarVocab | None = None  # for structured output; built once at load
 
 
-def _speculation(cfg: ServerConfig) -> SpecConfig | None:
+def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
+    """The per-slot speculation the config asks for (refused when a value is bad)."""
     if not cfg.lookup_ngram and cfg.draft_model is None:
         return None
     return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min, p_min=cfg.draft_p_min,
                       lookup_ngram=cfg.lookup_ngram, draft_vocab=cfg.draft_vocab)
-
-
-def _open_draft(cfg: ServerConfig, tokenizer: Tokenizer, n_vocab: int
-                ) -> tuple[GGUFFile, HParams] | None:
-    """The draft model's file, refused (SpeculativeError) unless its vocabulary is the
-    target's; None without a draft model."""
-    if cfg.draft_model is None:
-        return None
-    f = GGUFFile.open(cfg.draft_model)
-    hparams = HParams.from_gguf(f)
-    check_same_vocab(tokenizer.vocab.tokens, list(f.metadata.get("tokenizer.ggml.tokens") or ()),
-                     target_n_vocab=n_vocab, draft_n_vocab=hparams.n_vocab)
-    return f, hparams
 
 
 def model_name(path: Path) -> str:
@@ -198,14 +186,15 @@ class ServerState:
         template = ChatTemplate.from_gguf(f, tokenizer)
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
         factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
-        draft = _open_draft(cfg, tokenizer, hparams.n_vocab)
+        draft = (None if cfg.draft_model is None else
+                 open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab))
         draft_factory = None
         if draft is not None:
             draft_factory = self._draft_engine_factory or default_engine_factory(
                 *draft, cfg, vocab_limit=cfg.draft_vocab)
         worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
                         chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
-                        speculation=_speculation(cfg), make_draft=draft_factory)
+                        speculation=speculation_config(cfg), make_draft=draft_factory)
         self._register_gauges(worker)
         worker.start()
         grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms up
