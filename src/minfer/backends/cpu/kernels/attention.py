@@ -22,7 +22,7 @@ from . import kv_quant
 from ._llvm import as_f32
 from .attention_blocked import attention_blocked, blocked_available
 from .elementwise import softmax_groups
-from .kv_formats import store_rows
+from .kv_formats import check_query_heads, store_rows
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -71,10 +71,7 @@ def _cache_view(cache: np.ndarray) -> np.ndarray:
 
 def _check_heads(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
                  n_head_kv: int, head_dim: int, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    nt = q.shape[0]
-    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
-        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
-                         f"over {n_head_kv} KV heads")
+    check_query_heads(q, out, n_head, n_head_kv, head_dim)
     k, v = _cache_view(k_cache), _cache_view(v_cache)
     if k.shape != v.shape or k.ndim != 2 or k.shape[1] != n_head_kv * head_dim:
         raise ValueError(f"caches {k_cache.shape} / {v_cache.shape} are not "

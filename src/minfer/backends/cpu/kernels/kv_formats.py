@@ -81,6 +81,16 @@ def new_cache(kv_type: str, n_ctx: int, n: int) -> np.ndarray:
     return np.zeros((n_ctx, row_width(kv_type, n)), CACHE_DTYPES[kv_type])
 
 
+def check_query_heads(q: np.ndarray, out: np.ndarray, n_head: int, n_head_kv: int,
+                      head_dim: int) -> None:
+    """Refuse a query / output that is not `[nt, n_head*head_dim]`, or heads that do not
+    group evenly over the KV heads (every attention kernel's first check)."""
+    nt = q.shape[0]
+    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
+        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
+                         f"over {n_head_kv} KV heads")
+
+
 def cache_type(cache: np.ndarray) -> str:
     """The format of a cache array (uint16 counts as f16 bits)."""
     dt = np.dtype(cache.dtype)

@@ -30,7 +30,16 @@ from numba import njit, prange
 
 from .attention_blocked import attention_blocked, blocked_available
 from .elementwise import softmax_groups
-from .kv_formats import QK, cache_type, is_quant, kernel_view, load_head, rotate_blocks, row_width
+from .kv_formats import (
+    QK,
+    cache_type,
+    check_query_heads,
+    is_quant,
+    kernel_view,
+    load_head,
+    rotate_blocks,
+    row_width,
+)
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -75,10 +84,7 @@ def uses_quant(k_cache: np.ndarray, v_cache: np.ndarray) -> bool:
 
 def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
            n_head_kv: int, head_dim: int, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    nt = q.shape[0]
-    if q.shape != (nt, n_head * head_dim) or out.shape != q.shape or n_head % n_head_kv:
-        raise ValueError(f"q {q.shape} / out {out.shape} do not fit {n_head}x{head_dim} heads "
-                         f"over {n_head_kv} KV heads")
+    check_query_heads(q, out, n_head, n_head_kv, head_dim)
     if head_dim % QK:
         raise ValueError(f"a quantized KV cache needs head_dim a multiple of {QK}, "
                          f"got {head_dim}")
