@@ -83,6 +83,30 @@ def test_matches_slow_reference_bpe(tok: Tokenizer, text: str) -> None:
     assert tok.encode(text, special=False) == reference_encode(tok, text)
 
 
+@pytest.fixture(scope="module")
+def tok_library() -> Tokenizer:
+    t = Tokenizer.from_gguf(fake_gguf())
+    t.prepare()  # the `tokenizers` model merges every text
+    return t
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_python_merge_equals_library(tok: Tokenizer, tok_library: Tokenizer, text: str) -> None:
+    assert tok.encode(text, special=False) == tok_library.encode(text, special=False)
+
+
+def test_library_model_is_built_for_long_texts_only(tok_library: Tokenizer) -> None:
+    fresh = Tokenizer.from_gguf(fake_gguf())
+    assert fresh._bpe is not None
+    short = "The dog and the fox, twice: the dog and the fox."
+    assert fresh.encode(short) == tok_library.encode(short)
+    assert fresh._bpe._lib is None
+    long = " ".join(["the quick brown fox"] * 200)  # 800 words
+    assert fresh.encode(long) == tok_library.encode(long)
+    assert fresh._bpe._lib is not None
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=60))
 def test_round_trip_any_text(tok: Tokenizer, text: str) -> None:

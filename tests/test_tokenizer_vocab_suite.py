@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from minfer.gguf.reader import GGUFFile
-from minfer.tokenizer import Tokenizer
+from minfer.tokenizer import Tokenizer, bpe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llama-vocab"
 LOCAL = ("llama-spm", "phi-3")
@@ -96,10 +96,17 @@ def read_cases(gguf: Path) -> list[tuple[str, list[int]]]:
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines, strict=True)]
 
 
-def check_vocabulary(gguf: Path) -> None:
+def check_vocabulary(gguf: Path, merge: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """merge: "library" (the `tokenizers` model, built first) or "python" (every text merged
+    by bpe's own loop, however long: byte-level vocabularies)."""
     f = GGUFFile.open(gguf)
     assert not f.tensors  # vocabulary-only: the tokenizer needs no weights
     tok = Tokenizer.from_gguf(f)
+    if merge == "library":
+        tok.prepare()
+    else:
+        monkeypatch.setattr(bpe, "PY_MAX_WORDS", 1 << 30)
+        monkeypatch.setattr(bpe, "PY_MAX_SYMBOLS", 1 << 30)
     cases = read_cases(gguf)
     assert len(cases) > 40
     wrong = [(text, ids, got) for text, ids in cases
@@ -109,16 +116,20 @@ def check_vocabulary(gguf: Path) -> None:
     # decode inverts encode (every vocabulary here is lossless, byte fallback included)
     lossy = [text for text, ids in cases if tok.decode(ids) != text]
     assert not lossy, f"decode(encode(text)) != text for {lossy[:3]}"
+    if merge == "python" and tok.kind.startswith("bpe/") and tok.pre and tok.pre.byte_encode:
+        assert tok._bpe is not None and tok._bpe._lib is None  # the library never took over
 
 
 @pytest.mark.parametrize("name", LOCAL)
-def test_local_vocabulary(name: str) -> None:
-    check_vocabulary(FIXTURES / f"ggml-vocab-{name}.gguf")
+def test_local_vocabulary(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_vocabulary(FIXTURES / f"ggml-vocab-{name}.gguf", "library", monkeypatch)
 
 
+@pytest.mark.parametrize("merge", ["library", "python"])
 @pytest.mark.parametrize("name", FETCHED)
-def test_fetched_vocabulary(name: str, fetched_vocab_dir: Path) -> None:
-    check_vocabulary(fetched_vocab_dir / f"ggml-vocab-{name}.gguf")
+def test_fetched_vocabulary(name: str, merge: str, fetched_vocab_dir: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    check_vocabulary(fetched_vocab_dir / f"ggml-vocab-{name}.gguf", merge, monkeypatch)
 
 
 

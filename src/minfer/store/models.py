@@ -20,7 +20,6 @@ import gguf
 from minfer.errors import GGUFError, ModelNotFoundError
 from minfer.gguf.reader import GGUFFile
 from minfer.store.catalog import default_model_name, minfer_home
-from minfer.store.download import pull
 from minfer.store.hub import cached_hub_model, list_hub_models, pull_hub
 from minfer.store.hub_select import is_hub_ref
 
@@ -54,7 +53,12 @@ def resolve_model(arg: str | None) -> Path:
     home = minfer_home()
     if arg is None:
         name = default_model_name()
-        return _cached_path(name, home) or pull(name)
+        cached_default = _cached_path(name, home)
+        if cached_default is not None:
+            return cached_default
+        from minfer.store.download import pull  # rich's progress bars: imported when pulling
+
+        return pull(name)
     if is_hub_ref(arg):
         return cached_hub_model(arg) or pull_hub(arg)
     if arg.endswith(".partial"):

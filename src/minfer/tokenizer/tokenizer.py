@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import numpy as np
+
 from minfer.errors import TokenizerError
 from minfer.tokenizer.bpe import BpeModel
 from minfer.tokenizer.pretok import PreTokenizer, pre_tokenizer
@@ -58,7 +60,7 @@ class Tokenizer:
         self.eot_ids: frozenset[int] = vocab.eot_ids
         self.add_bos: bool = vocab.add_bos and vocab.bos_id is not None
         self._types = vocab.types.tolist()
-        self._ids = {t: i for i, t in enumerate(vocab.tokens)}
+        self._ids = dict(zip(vocab.tokens, range(self.n_vocab), strict=True))
         self.pre: PreTokenizer | None = None  # the BPE pre-tokenizer; None for SPM
         self._spm: SpmModel | None = None
         self._bpe: BpeModel | None = None
@@ -75,8 +77,9 @@ class Tokenizer:
         # token; decode takes it out again.
         self._space_prefix = self._spm is not None and vocab.add_space_prefix
         # (text, id, parsed only with special=True), longest UTF-8 text first, as llama.cpp.
-        specials = [(t, i, k != USER_DEFINED) for i, (t, k) in enumerate(zip(vocab.tokens,
-                    self._types, strict=True)) if k in (CONTROL, USER_DEFINED, UNKNOWN) and t]
+        special_ids = np.flatnonzero(np.isin(vocab.types, (CONTROL, USER_DEFINED, UNKNOWN)))
+        specials = [(t, i, self._types[i] != USER_DEFINED) for i in special_ids.tolist()
+                    if (t := vocab.tokens[i])]
         self._specials = sorted(specials, key=lambda s: (-len(s[0].encode()), s[1]))
         # which special texts occur in a text: a trie walk from each character a special text
         # can start with (Gemma 3 has 6,400 specials; testing each with `in` took longer than
@@ -94,6 +97,12 @@ class Tokenizer:
     def from_gguf(cls, f: HasMetadata) -> Tokenizer:
         """The tokenizer a GGUF file declares (only `f.metadata` is read)."""
         return cls(read_vocab(f))
+
+    def prepare(self) -> None:
+        """Finish what is otherwise built on first need (the BPE library model, see `bpe`):
+        for a process that will encode long texts and would rather pay now."""
+        if self._bpe is not None:
+            self._bpe.prepare()
 
     # -- encoding ---------------------------------------------------------------------------
 
