@@ -3,7 +3,9 @@ a second maps them without repacking, and both compute exactly what a private co
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -63,3 +65,55 @@ def test_engines_share_the_repacked_weights(wide_model: Path, tmp_path: Path,
         assert qtype == my_type and arr.shape == mine.shape
         assert not arr.flags.owndata  # a view of the mapped file, not a copy
         np.testing.assert_array_equal(arr, mine)
+
+
+def test_on_by_default_for_models_worth_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(shared_weights.ENV, raising=False)
+    assert not shared_weights.enabled(shared_weights.MIN_MODEL_BYTES - 1)
+    assert shared_weights.enabled(shared_weights.MIN_MODEL_BYTES)
+    monkeypatch.setenv(shared_weights.ENV, "0")
+    assert not shared_weights.enabled(10 * shared_weights.MIN_MODEL_BYTES)
+    monkeypatch.setenv(shared_weights.ENV, "1")
+    assert shared_weights.enabled(1)
+
+
+def _model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    return path
+
+
+def test_a_new_version_of_the_model_replaces_the_old_files(tmp_path: Path) -> None:
+    path, folder = _model_file(tmp_path), tmp_path / "derived"
+    m = np.arange(64, dtype=np.uint8).reshape(4, 16)
+    old = shared_weights.SharedStore(path, folder)
+    with old.claim("w", "packed"):
+        np.testing.assert_array_equal(old.store("w", "packed", m, 7), m)
+    assert old.mapped("w", "packed") is not None
+    os.utime(path, ns=(1, 1))  # the file changed: another version
+    new = shared_weights.SharedStore(path, folder)
+    assert new.tag[:16] == old.tag[:16] and new.tag != old.tag
+    assert new.mapped("w", "packed") is None
+    with new.claim("w", "packed"):
+        new.store("w", "packed", m + 1, 7)
+    assert {p.name.split("-")[0] for p in folder.iterdir()} == {new.tag}
+
+
+def test_a_full_disk_keeps_the_matrix_in_memory(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    store = shared_weights.SharedStore(_model_file(tmp_path), tmp_path / "derived")
+    m = np.ones((4, 16), dtype=np.uint8)
+    monkeypatch.setattr(shared_weights.shutil, "disk_usage",
+                        lambda _: SimpleNamespace(free=shared_weights.FREE_MARGIN))
+    with store.claim("w", "packed"):
+        assert store.store("w", "packed", m, 7) is m
+    assert not list((tmp_path / "derived").glob("*.npy"))
+
+
+def test_a_damaged_file_is_deleted_and_made_again(tmp_path: Path) -> None:
+    store = shared_weights.SharedStore(_model_file(tmp_path), tmp_path / "derived")
+    store.folder.mkdir()
+    bad = store.folder / f"{store.tag}-w-packed.t7.npy"
+    bad.write_bytes(b"\x93NUMPY cut short")
+    assert store.mapped("w", "packed") is None
+    assert not bad.exists()

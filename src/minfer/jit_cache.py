@@ -49,6 +49,17 @@ def _source_files() -> list[Path]:
     return files
 
 
+def prime() -> None:
+    """Build numba's typing and target contexts now. The first kernel a process loads from the
+    cache builds them otherwise: 0.2 s of imports and registrations under the GIL, on whatever
+    path that kernel sits (a warm start's first prefill, when the repacked weights are mapped
+    rather than made)."""
+    from numba.core.registry import cpu_target
+
+    cpu_target.target_context.refresh()
+    cpu_target.typing_context.refresh()
+
+
 def install_stamp() -> str:
     """Where this copy of the package lives and when its compiled sources were written: numba
     keys its cache entries on both (the source path names the entry, the file's modification

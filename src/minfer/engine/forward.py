@@ -20,6 +20,7 @@ import numba
 import numpy as np
 from numba.core import config
 
+from minfer import jit_cache
 from minfer.backends.base import Backend, ExecContext
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES
@@ -176,6 +177,7 @@ class Engine:
 
     def _warm(self) -> None:
         try:
+            jit_cache.prime()
             if self.n_threads:
                 set_threads(self.n_threads)
             prepared = self.cache.get(self.params_for(1, 1))

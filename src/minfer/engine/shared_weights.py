@@ -1,17 +1,26 @@
-"""Repacked weights one machine's engines share: made once, kept as files, mapped by every engine.
+"""Repacked weights kept as files: made once, then mapped by every engine and every later run.
 
 An engine repacks its Q4_0 / Q5_0 / Q8_0 / Q4_K weights into the layout its kernels read
-(`ModelWeights.derived`), a private copy per process: two engines on one machine (replicas of
-`minfer serve --ray`) would hold two. With `MINFER_SHARE_WEIGHTS=1` the first engine writes each
-repacked matrix to `<kernel cache>/derived/<model tag>-<tensor>-<layout>.t<type>.npy` (or to the
-folder `MINFER_SHARE_WEIGHTS` names, when it is a path), under a temporary name renamed when
-complete, and maps it back; the others wait for it (a lock file per matrix) and map the file.
-The mappings are copy-on-write (nothing can change the file) and read through the page cache,
-so the machine holds one copy however many engines map it.
+(`ModelWeights.derived`). Kept in process memory, that copy is made again by every run (0.4-0.6 s
+of a warm start for the development model, most of it the kernel zero-filling fresh pages) and
+once more by every engine on the machine (replicas of `minfer serve --ray`). So the first engine
+writes each repacked matrix to `<kernel cache>/derived/<model tag>-<tensor>-<layout>.t<type>.npy`
+(or to the folder `MINFER_SHARE_WEIGHTS` names, when it is a path), under a temporary name
+renamed when complete, and maps it back; the others (and later runs) map the file, waiting for
+one still being written (a lock file per matrix). The mappings are copy-on-write (nothing can
+change the file) and read through the page cache, so the machine holds one copy however many
+engines map it.
+
+On by default for model files of `MIN_MODEL_BYTES` or more (a smaller one repacks in
+milliseconds); `MINFER_SHARE_WEIGHTS=0` keeps the copies in memory, `=1` shares whatever the
+size. The files take about the size of the repacked tensors (333 MB for the development model);
+nothing is written when the disk would keep less than `FREE_MARGIN` free, and a write that fails
+leaves the engine with its in-memory copy (the same numbers either way).
 
 The folder sits inside the kernel cache folder, whose name hashes the kernels' sources: a
 changed layout lands in a fresh folder, never a stale one. The model tag hashes the GGUF's path,
-size and modification time.
+then its size and modification time: the files of an earlier version of the same path are
+deleted when the new version's are first written.
 """
 
 from __future__ import annotations
@@ -21,16 +30,24 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 ENV = "MINFER_SHARE_WEIGHTS"
+MIN_MODEL_BYTES = 64 << 20
+FREE_MARGIN = 1 << 30  # bytes the disk keeps free after a matrix is written
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "") not in ("", "0")
+def enabled(model_bytes: int) -> bool:
+    """Whether a model file of this size gets file-backed repacked weights."""
+    value = os.environ.get(ENV, "")
+    if value == "":
+        return model_bytes >= MIN_MODEL_BYTES
+    return value != "0"
 
 
 def folder_from_env() -> Path | None:
@@ -39,10 +56,14 @@ def folder_from_env() -> Path | None:
     return Path(value) if value not in ("", "0", "1") else None
 
 
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 def model_tag(path: Path) -> str:
+    """16 hex digits for the path, then 16 for this version of its file."""
     st = path.stat()
-    raw = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
-    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+    return _digest(str(path.resolve())) + _digest(f"{st.st_size}\0{st.st_mtime_ns}")
 
 
 class SharedStore:
@@ -56,6 +77,8 @@ class SharedStore:
             folder = cache_dir() / "derived"
         self.folder = folder
         self.tag = model_tag(model_path)
+        self._listed: dict[str, Path] | None = None  # stem -> file, read once by `mapped`
+        self._pruned = False
 
     def _stem(self, name: str, form: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.tag}-{name}-{form}")
@@ -71,19 +94,61 @@ class SharedStore:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
+    def mapped(self, name: str, form: str) -> tuple[np.ndarray, int] | None:
+        """`load` without the lock, from one listing of the folder: files are complete once
+        they have their name, so a warm start maps them all without a lock file each."""
+        if self._listed is None:
+            try:
+                self._listed = {p.name.rsplit(".t", 1)[0]: p for p in self.folder.iterdir()
+                                if p.name.endswith(".npy")}
+            except OSError:
+                self._listed = {}
+        hit = self._listed.get(self._stem(name, form))
+        return None if hit is None else self._map(hit)
+
     def load(self, name: str, form: str) -> tuple[np.ndarray, int] | None:
         """(the mapped matrix, its type id), or None when no engine has stored it yet."""
         hits = sorted(self.folder.glob(self._stem(name, form) + ".t*.npy"))
-        if not hits:
+        return self._map(hits[0]) if hits else None
+
+    @staticmethod
+    def _map(path: Path) -> tuple[np.ndarray, int] | None:
+        qtype = int(path.name.rsplit(".t", 1)[1].removesuffix(".npy"))
+        try:
+            return np.asarray(np.load(path, mmap_mode="c")), qtype
+        except (OSError, ValueError):  # cut short outside our atomic rename (a full disk...)
+            with contextlib.suppress(OSError):
+                path.unlink()
             return None
-        qtype = int(hits[0].name.rsplit(".t", 1)[1].removesuffix(".npy"))
-        return np.asarray(np.load(hits[0], mmap_mode="c")), qtype
 
     def store(self, name: str, form: str, matrix: np.ndarray, qtype: int) -> np.ndarray:
-        """Write matrix for the other engines; the mapped file, to use in place of matrix."""
+        """Write matrix for the other engines and later runs; the mapped file, to use in place
+        of matrix (or matrix itself where the disk is too full or refuses the write)."""
+        self._prune()
         final = self.folder / f"{self._stem(name, form)}.t{qtype}.npy"
         tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, matrix, allow_pickle=False)
-        os.replace(tmp, final)
-        return np.asarray(np.load(final, mmap_mode="c"))
+        try:
+            if shutil.disk_usage(self.folder).free < matrix.nbytes + FREE_MARGIN:
+                return matrix
+            with open(tmp, "wb") as fh:
+                np.save(fh, matrix, allow_pickle=False)
+            os.replace(tmp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            print(f"minfer: repacked weights kept in memory ({final.parent}: {exc.strerror})",
+                  file=sys.stderr)
+            return matrix
+        hit = self._map(final)
+        return matrix if hit is None else hit[0]
+
+    def _prune(self) -> None:
+        """Delete the files of other versions of this model's path (once per store)."""
+        if self._pruned:
+            return
+        self._pruned = True
+        where, mine = self.tag[:16], self.tag
+        for p in self.folder.glob(f"{where}*"):
+            if not p.name.startswith(mine):
+                with contextlib.suppress(OSError):
+                    p.unlink()

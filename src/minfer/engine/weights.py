@@ -5,8 +5,8 @@ Matrices stay in their file format, zero-copy from the memory map: quantized ten
 weights, biases) are converted to float32 once and kept. A backend may keep its own copy of a
 matrix in another layout (`derived`: made once, on first use, chunk by chunk); the file's pages
 of each chunk are released as it is copied, so the copy replaces them in memory instead of adding
-to it. With `MINFER_SHARE_WEIGHTS=1` those copies are files that every engine on the machine
-maps (shared_weights.py).
+to it. For a model of some size those copies are files, made by the first run and mapped by
+every later one and every engine on the machine (shared_weights.py).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class ModelWeights:
         self.state: dict[object, object] = {}
         """Backends' own per-weight state (e.g. a kernel bound to a weight), kept as long as
         these weights are."""
-        self._shared = (shared_weights.SharedStore(f.path) if shared_weights.enabled()
-                        else None)
+        self._shared = (shared_weights.SharedStore(f.path)
+                        if shared_weights.enabled(f.path.stat().st_size) else None)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.file.tensors.items()}
@@ -63,6 +63,8 @@ class ModelWeights:
         file's pages instead of briefly doubling them (145 MB for an output projection)."""
         key = (name, form)
         hit = self._derived.get(key)
+        if hit is None and self._shared is not None:
+            hit = self._shared.mapped(name, form)
         if hit is None and self._shared is not None:
             with self._shared.claim(name, form):  # another engine may be making it now
                 hit = self._shared.load(name, form)

@@ -183,6 +183,7 @@ class ServerState:
         f = GGUFFile.open(cfg.model_path)
         hparams = HParams.from_gguf(f)
         tokenizer = Tokenizer.from_gguf(f)
+        tokenizer.prepare()  # long prompts come: the BPE library model is built before serving
         template = ChatTemplate.from_gguf(f, tokenizer)
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
         factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
