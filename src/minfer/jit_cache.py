@@ -15,16 +15,20 @@ callees are module globals) from a file written once into that folder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 
+from numba import typeof
 from numba.core import config
+from numba.core.dispatcher import Dispatcher
 
 from minfer.store.catalog import minfer_home
 
@@ -58,6 +62,22 @@ def prime() -> None:
 
     cpu_target.target_context.refresh()
     cpu_target.typing_context.refresh()
+
+
+def load_for_calls(calls: Iterable[Callable[..., object]]) -> None:
+    """Load from the cache the machine code each bound call (`functools.partial` of a numba
+    function, positional arguments only) will run, for its arguments' types, without running
+    it. llvmlite drops the GIL in its LLVM calls, so a thread that does this overlaps with
+    Python work on another (a warm start's tokenizer) instead of adding to it. Each function
+    is loaded for the types of its first call here (typing every call's arrays cost more than
+    the loads it saved); calls of any other form are left for their first run."""
+    seen: set[int] = set()
+    for call in calls:
+        if not (isinstance(call, functools.partial) and isinstance(call.func, Dispatcher)
+                and not call.keywords) or id(call.func) in seen:
+            continue
+        seen.add(id(call.func))
+        call.func.compile(tuple(typeof(a) for a in call.args))
 
 
 def install_stamp() -> str:

@@ -182,7 +182,9 @@ class Engine:
                 set_threads(self.n_threads)
             prepared = self.cache.get(self.params_for(1, 1))
             buffers = self._buffers(prepared)
-            self._tape(prepared, buffers, self.batch_invariant)
+            tape = self._tape(prepared, buffers, self.batch_invariant)
+            if tape is not None:
+                jit_cache.load_for_calls(tape.steps)
         except BaseException as exc:  # re-raised on the caller's thread
             self._warm_error = exc
 

@@ -160,22 +160,23 @@ class Cursor:
     def string_array(self, what: str) -> StringArray:
         n = self.count(what, 8)
         first = self.pos
-        # Grown item by item (not preallocated from n), so memory follows the bytes really read.
-        starts, ends = array("q"), array("q")
-        unpack, buf, pos, end = _U64.unpack_from, self.buf, self.pos, self.end
+        # Where each string ends, grown item by item (not preallocated from n), so memory
+        # follows the bytes really read; the loop does no more than it must (a vocabulary and
+        # its merges are 300,000 strings): a read past the buffer raises, the last one is
+        # checked after.
+        ends = array("q")
+        unpack, buf, pos, append = _U64.unpack_from, self.buf, self.pos, ends.append
         try:
             for _ in range(n):
-                (length,) = unpack(buf, pos)
-                pos += 8
-                starts.append(pos - first)
-                pos += length
-                if pos > end:
-                    break
-                ends.append(pos - first)
-        except struct.error:
-            pos = end + 1
-        if pos > end:
+                pos += unpack(buf, pos)[0] + 8
+                append(pos)
+        except (struct.error, OverflowError):  # past the buffer, or a length past any file
+            pos = self.end + 1
+        if pos > self.end:
             raise self.fail(f"truncated: {what} runs past the end of the file")
         self.pos = pos
-        return StringArray(bytes(buf[first:pos]), np.frombuffer(starts, dtype=np.int64),
-                           np.frombuffer(ends, dtype=np.int64))
+        stops = np.frombuffer(ends, dtype=np.int64) - first
+        starts = np.empty_like(stops)
+        starts[:1] = 8
+        starts[1:] = stops[:-1] + 8
+        return StringArray(bytes(buf[first:pos]), starts, stops)
