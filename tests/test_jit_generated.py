@@ -3,6 +3,7 @@ source into the numba cache folder, imported from that file, cached by numba lik
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -65,3 +66,34 @@ def test_generated_drivers_are_cached_dispatchers() -> None:
         assert d.py_func.__code__.co_filename.endswith(".py")
         assert Path(d.py_func.__code__.co_filename).parent.name == "generated"
         assert d._cache.__class__.__name__ == "FunctionCache"
+
+
+def test_other_versions_folders_are_pruned_when_unused(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    root = tmp_path / "numba"
+    now = 2_000_000_000.0
+    day = 86400.0
+
+    def version(name: str, idle_days: float) -> Path:
+        folder = root / name
+        (folder / "derived").mkdir(parents=True)
+        (folder / "derived" / "w.npy").write_bytes(b"x")
+        stamp = folder / jit_cache.USED_STAMP
+        stamp.touch()
+        os.utime(stamp, (now - idle_days * day, now - idle_days * day))
+        return folder
+
+    mine = jit_cache.cache_dir()
+    (mine / "derived").mkdir(parents=True)
+    recent, idle, old = version("a" * 16, 0.5), version("b" * 16, 3), version("c" * 16, 30)
+    other = root / "not-a-version"
+    other.mkdir()
+    gone = jit_cache.prune_other_versions(now=now)
+    assert sorted(gone) == sorted([idle / "derived", old])
+    assert (recent / "derived" / "w.npy").exists() and (mine / "derived").exists()
+    assert idle.exists() and not (idle / "derived").exists() and not old.exists()
+    assert other.exists()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert jit_cache.prune_other_versions(now=now + 100 * day) == []

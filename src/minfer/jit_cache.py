@@ -8,6 +8,12 @@ stale machine code. Importing this module (the kernel packages do, first) points
 compiled module's source: any change selects a fresh folder; numba still keys each entry on
 its own version and the CPU. An explicit `NUMBA_CACHE_DIR` wins.
 
+Each minfer version so leaves a folder behind, and it holds that version's repacked weights too
+(`engine/shared_weights.py`, hundreds of MB per model). `mark_used` stamps the folder of the
+running version; `prune_other_versions` (run when a version first warms up or writes repacked
+weights) deletes the folders of other versions unused for `STALE_DAYS`, and their repacked
+weights after `STALE_DERIVED_DAYS` (a second to remake, should that version run again).
+
 `load_generated` imports kernel source rendered from a template (one function per type, where a
 closure factory could not be cached: numba caches only functions of a real source file whose
 callees are module globals) from a file written once into that folder.
@@ -15,12 +21,16 @@ callees are module globals) from a file written once into that folder.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import os
+import re
+import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -91,6 +101,55 @@ def install_stamp() -> str:
 
 def cache_dir() -> Path:
     return minfer_home() / "numba" / sources_digest()
+
+
+USED_STAMP = "last-used"
+STALE_DAYS = 14.0
+STALE_DERIVED_DAYS = 1.0
+_DIGEST_NAME = re.compile(r"[0-9a-f]{16}")
+_marked = False
+
+
+def mark_used() -> None:
+    """Stamp this version's kernel folder as in use now (once per process)."""
+    global _marked
+    if _marked or os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    _marked = True
+    stamp = cache_dir() / USED_STAMP
+    with contextlib.suppress(OSError):
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
+
+
+def _last_used(folder: Path) -> float:
+    stamp = folder / USED_STAMP
+    try:
+        return stamp.stat().st_mtime if stamp.exists() else folder.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def prune_other_versions(now: float | None = None) -> list[Path]:
+    """Delete what other minfer versions left under `$MINFER_HOME/numba` and no longer use (see
+    the module's docstring); nothing where `NUMBA_CACHE_DIR` chose the folder. The paths
+    deleted."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return []
+    now = time.time() if now is None else now
+    mine = cache_dir()
+    gone: list[Path] = []
+    with contextlib.suppress(OSError):
+        for folder in mine.parent.iterdir():
+            if folder == mine or not folder.is_dir() or not _DIGEST_NAME.fullmatch(folder.name):
+                continue
+            idle_days = (now - _last_used(folder)) / 86400
+            target = (folder if idle_days > STALE_DAYS
+                      else folder / "derived" if idle_days > STALE_DERIVED_DAYS else None)
+            if target is not None and target.exists():
+                shutil.rmtree(target, ignore_errors=True)
+                gone.append(target)
+    return gone
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):

@@ -132,6 +132,7 @@ class Engine:
         self._build_fn = graph_builder_for(hparams.arch)
         self._shapes = self.weights.shapes()
         self._by_name = {b.name: b for b in self._backends}
+        jit_cache.mark_used()
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
         # run graphs from their op tape (bound once) rather than node by node; MINFER_TAPE=0
         # turns it off (for comparisons). The profiler and the tracer need the interpreter.

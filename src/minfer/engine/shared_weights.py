@@ -143,10 +143,15 @@ class SharedStore:
         return matrix if hit is None else hit[0]
 
     def _prune(self) -> None:
-        """Delete the files of other versions of this model's path (once per store)."""
+        """Delete the files of other versions of this model's path, and what other minfer
+        versions left in the kernel cache (`jit_cache.prune_other_versions`), once per store."""
         if self._pruned:
             return
         self._pruned = True
+        if folder_from_env() is None:
+            from minfer.jit_cache import prune_other_versions
+
+            prune_other_versions()
         where, mine = self.tag[:16], self.tag
         for p in self.folder.glob(f"{where}*"):
             if not p.name.startswith(mine):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from minfer import jit_cache
 from minfer.graph import ir
 from minfer.graph.fusion import live_nodes
 from minfer.graph.params import GraphParams
@@ -152,6 +153,7 @@ def warm_up(engine: Any, shapes: Sequence[tuple[int, int]], *, progress: Progres
         progress.finish()
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
+    jit_cache.prune_other_versions()  # a new version's first run: what older ones left
     return True
 
 
