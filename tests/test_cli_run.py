@@ -93,3 +93,17 @@ def test_options_and_positionals_mix_in_any_order(tiny_qwen2: Path,
                  [model, "-p", "def fib(n):", "--temp", "0", "--raw", "-n", "4"]):
         again = _run_json(capsys, *argv)
         assert (again["prompt_ids"], again["ids"]) == (first["prompt_ids"], first["ids"])
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_qwen2: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`minfer run … | head -c 1`: no traceback, the exit status of a SIGPIPE'd tool."""
+    import io
+    import sys
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["run", str(tiny_qwen2), "--raw", "-n", "4", "--temp", "0", "hello"]) == 141

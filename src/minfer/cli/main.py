@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import os
 import sys
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`minfer run … | head`): stop quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process killed by SIGPIPE
 
 
 def entry() -> None:
@@ -79,7 +84,7 @@ def entry() -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         except OSError:  # a closed pipe (`minfer run … | head`)
-            rc = rc or 1
+            rc = rc or 141
         atexit._run_exitfuncs()  # what the interpreter runs at exit: logging, finalizers
         os._exit(rc)
     sys.exit(rc)
