@@ -85,3 +85,42 @@ def test_bad_windows_are_refused() -> None:
     with pytest.raises(ValueError):
         attention(q, k, v, np.array([0]), np.array([5]), n_head=2, n_head_kv=1, head_dim=32,
                   scale=1.0, out=np.empty_like(q))
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 7, 8])
+@pytest.mark.parametrize(("dtype", "head_dim"), [(np.float16, 64), (np.float32, 64),
+                                                 (np.float16, 128)])
+def test_vector_value_mix_is_bitwise_the_loop(group: int, dtype: type, head_dim: int) -> None:
+    """attention_mix.value_mix gives the very bits of the fused multiply-add loop it replaces
+    (acc += p * v, cell by cell), for every way the heads are split (fours, a pair, one)."""
+    from numba import njit
+
+    from minfer.backends.cpu.kernels._llvm import as_f32
+    from minfer.backends.cpu.kernels.attention_mix import HAS_MIX, value_mix
+
+    if not HAS_MIX:
+        pytest.skip("no FMA/F16C on this target: attention keeps its loop")
+
+    @njit(fastmath=True, error_model="numpy")
+    def loop(p, v, s0, n, col0, acc):  # attention._attention's value loop
+        for c in range(n):
+            row = v[s0 + c, col0 : col0 + acc.shape[1]]
+            for g in range(acc.shape[0]):
+                w = p[g, c]
+                for j in range(acc.shape[1]):
+                    acc[g, j] += w * as_f32(row[j])
+
+    @njit
+    def mixed(p, v, s0, n, col0, acc):
+        value_mix(p, v, s0, n, col0, acc)
+
+    rng = np.random.default_rng(group)
+    cache = rng.standard_normal((200, 2 * head_dim)).astype(dtype)
+    v = cache.view(np.uint16) if dtype == np.float16 else cache
+    p = rng.random((group, 150), dtype=np.float32)
+    for s0, n, col0 in ((0, 150, 0), (37, 113, head_dim), (5, 1, 0), (9, 0, head_dim)):
+        want = np.zeros((group, head_dim), np.float32)
+        got = np.zeros((group, head_dim), np.float32)
+        loop(p, v, s0, n, col0, want)
+        mixed(p, v, s0, n, col0, got)
+        assert np.array_equal(got, want), (s0, n, col0)

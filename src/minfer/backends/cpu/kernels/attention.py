@@ -8,7 +8,8 @@ like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's 
 uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the
 q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
 Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
-query-head group.
+query-head group. The value mix runs as vector IR where it can (`attention_mix`: the same sums,
+the accumulators held in registers).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from numba import njit, prange
 from . import kv_quant
 from ._llvm import as_f32
 from .attention_blocked import attention_blocked, blocked_available
+from .attention_mix import COLUMNS, HAS_MIX, value_mix
 from .elementwise import softmax_groups
 from .kv_formats import check_query_heads, store_rows
 
@@ -50,12 +52,15 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
                 scores[g, c] = sc
         inv = softmax_groups(scores, group, n)
         acc = np.zeros((group, head_dim), np.float32)
-        for c in range(n):
-            vrow = v[s0 + c, kb : kb + head_dim]
-            for g in range(group):
-                p = scores[g, c]
-                for j in range(head_dim):
-                    acc[g, j] += p * as_f32(vrow[j])
+        if HAS_MIX and head_dim % COLUMNS == 0:  # the same sums, accumulators in registers
+            value_mix(scores, v, s0, n, kb, acc)
+        else:
+            for c in range(n):
+                vrow = v[s0 + c, kb : kb + head_dim]
+                for g in range(group):
+                    p = scores[g, c]
+                    for j in range(head_dim):
+                        acc[g, j] += p * as_f32(vrow[j])
         for g in range(group):
             for j in range(head_dim):
                 out[t, qb + g * head_dim + j] = acc[g, j] * inv[g]
