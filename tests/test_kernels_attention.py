@@ -91,12 +91,12 @@ def test_bad_windows_are_refused() -> None:
 @pytest.mark.parametrize(("dtype", "head_dim"), [(np.float16, 64), (np.float32, 64),
                                                  (np.float16, 128)])
 def test_vector_value_mix_is_bitwise_the_loop(group: int, dtype: type, head_dim: int) -> None:
-    """attention_mix.value_mix gives the very bits of the fused multiply-add loop it replaces
+    """attention_ir.value_mix gives the very bits of the fused multiply-add loop it replaces
     (acc += p * v, cell by cell), for every way the heads are split (fours, a pair, one)."""
     from numba import njit
 
     from minfer.backends.cpu.kernels._llvm import as_f32
-    from minfer.backends.cpu.kernels.attention_mix import HAS_MIX, value_mix
+    from minfer.backends.cpu.kernels.attention_ir import HAS_MIX, value_mix
 
     if not HAS_MIX:
         pytest.skip("no FMA/F16C on this target: attention keeps its loop")

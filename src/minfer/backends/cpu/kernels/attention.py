@@ -8,8 +8,8 @@ like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's 
 uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the
 q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
 Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
-query-head group. The value mix runs as vector IR where it can (`attention_mix`: the same sums,
-the accumulators held in registers).
+query-head group. Scores and value mix run as vector IR where they can (`attention_ir`: scores
+summed sixteen cells at a time, the value mix's accumulators in registers).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from numba import njit, prange
 from . import kv_quant
 from ._llvm import as_f32
 from .attention_blocked import attention_blocked, blocked_available
-from .attention_mix import COLUMNS, HAS_MIX, value_mix
+from .attention_ir import COLUMNS, HAS_MIX, MAX_HEAD_DIM, value_mix
+from .attention_ir import scores as ir_scores
 from .elementwise import softmax_groups
 from .kv_formats import check_query_heads, store_rows
 
@@ -39,17 +40,28 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
         kb = kvh * head_dim
         qb = kvh * group * head_dim  # the group's query heads are adjacent
         scores = np.empty((group, max(n, 1)), np.float32)
-        for c in range(n):  # each K row is read once for the whole group
-            krow = k[s0 + c, kb : kb + head_dim]
+        if HAS_MIX and head_dim % COLUMNS == 0 and head_dim <= MAX_HEAD_DIM:
+            qg = np.empty((group, head_dim), np.float32)  # (q may be any 2-D view)
             for g in range(group):
-                qh = q[t, qb + g * head_dim : qb + (g + 1) * head_dim]
-                dot = np.float32(0.0)
                 for j in range(head_dim):
-                    dot += qh[j] * as_f32(krow[j])
-                sc = dot * scale
-                if softcap > 0:
-                    sc = np.tanh(sc * (np.float32(1.0) / softcap)) * softcap
-                scores[g, c] = sc
+                    qg[g, j] = q[t, qb + g * head_dim + j]
+            ir_scores(qg, k, s0, n, kb, scale, scores)
+            if softcap > 0:
+                for g in range(group):
+                    for c in range(n):
+                        scores[g, c] = np.tanh(scores[g, c] * (np.float32(1.0) / softcap)) * softcap
+        else:
+            for c in range(n):  # each K row is read once for the whole group
+                krow = k[s0 + c, kb : kb + head_dim]
+                for g in range(group):
+                    qh = q[t, qb + g * head_dim : qb + (g + 1) * head_dim]
+                    dot = np.float32(0.0)
+                    for j in range(head_dim):
+                        dot += qh[j] * as_f32(krow[j])
+                    sc = dot * scale
+                    if softcap > 0:
+                        sc = np.tanh(sc * (np.float32(1.0) / softcap)) * softcap
+                    scores[g, c] = sc
         inv = softmax_groups(scores, group, n)
         acc = np.zeros((group, head_dim), np.float32)
         if HAS_MIX and head_dim % COLUMNS == 0:  # the same sums, accumulators in registers
