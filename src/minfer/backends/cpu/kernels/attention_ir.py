@@ -279,14 +279,18 @@ def _scores(typingctx: Any, q: Any, k: Any, s0: Any, n: Any, col0: Any, scale: A
 
         def block(b: Any) -> None:
             c0 = builder.mul(b, k_(CELLS))
-            for i in range(CELLS):  # the block's K rows, widened once for every head
+            def widen(i: int) -> Callable[[Any], None]:
                 cell = builder.add(c0, k_(i))
-                _for(builder, chunks, lambda j, cell=cell, i=i: builder.store(
-                    k_chunk(cell, j), buffered(i, j), align=4))
+                return lambda j: builder.store(k_chunk(cell, j), buffered(i, j), align=4)
+
+            def from_buffer(i: int) -> Callable[[Any], Any]:
+                return lambda j: builder.load(buffered(i, j), align=4)
+
+            for i in range(CELLS):  # the block's K rows, widened once for every head
+                _for(builder, chunks, widen(i))
 
             def head(g: Any) -> None:
-                parts = [partial(g, lambda j, i=i: builder.load(buffered(i, j), align=4))
-                         for i in range(CELLS)]
+                parts = [partial(g, from_buffer(i)) for i in range(CELLS)]
                 at = builder.gep(o_ptr, [builder.add(builder.mul(g, o_row),
                                                      builder.mul(c0, k_(4)))])
                 builder.store(builder.fmul(_sum_each(builder, parts), scales),
