@@ -15,9 +15,10 @@ development model):
   scalar with its own horizontal sum. Here cells go in blocks of `CELLS`: the block's K rows are
   widened once into a stack buffer, then per head one 16-lane partial vector per cell and the
   16 partials are summed together in a fixed transposing tree, leaving the 16 dots in one
-  vector. The last n % 16 cells are summed one by one. A dot is added up as ggml's f16 dot on
-  AVX-512 adds it (four 16-lane accumulators taking 16 columns in turn, then (a0 + a2) +
-  (a1 + a3), then halves folded onto halves), so the scores round as llama.cpp's do: the
+  vector. The last n % 16 cells are summed one by one, in the same order. A dot is added up as
+  ggml's f16 dot on AVX-512 adds it (four 16-lane accumulators taking 16 columns in turn, then
+  (a0 + a2) + (a1 + a3), then halves folded onto halves), so the scores round as llama.cpp's do:
+  the
   numba loop's order put the Gemma 3 reference test's top-10 logits 0.37-0.55 from llama.cpp's,
   a first version of this kernel with one accumulator 0.20-0.74, this one 0.26-0.55. The order
   is fixed by head_dim alone, so a token's scores do not depend on the batch.
@@ -35,40 +36,35 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._llvm import HAS_F16C, target_has
+from ._llvm import HAS_F16C
+from .simd import _F32, _I8, _I16, HAS_FMA, _fma, _hsum, _ld, _phi_loop, _splat, _vec
 
 COLUMNS = 64  # value-mix output columns per pass: four zmm
 LANES = 16  # f32 lanes of a zmm
 CELLS = 16  # cells per score block: one vector of scores per head
 MAX_HEAD_DIM = 256  # the score block's stack buffer holds CELLS rows of this many f32
-HAS_MIX = target_has("fma") and HAS_F16C
-_I16 = ir.IntType(16)
-_I32 = ir.IntType(32)
-_F32 = ir.FloatType()
-_I8P = ir.IntType(8).as_pointer()
-_ROW = ir.VectorType(_F32, COLUMNS)
-_VEC = ir.VectorType(_F32, LANES)
+HAS_MIX = HAS_FMA and HAS_F16C
+_ROW = _vec(_F32, COLUMNS)
+_VEC = _vec(_F32, LANES)
 
 
-def _for(builder: Any, count: Any, body: Callable[[Any], None]) -> None:
-    """for i in range(count): body(i), nothing carried."""
-    pre = builder.block
-    head = builder.append_basic_block("mix.for")
-    loop = builder.append_basic_block("mix.body")
-    done = builder.append_basic_block("mix.done")
-    builder.branch(head)
-    builder.position_at_end(head)
-    i = builder.phi(count.type)
-    i.add_incoming(ir.Constant(count.type, 0), pre)
-    builder.cbranch(builder.icmp_signed("<", i, count), loop, done)
-    builder.position_at_end(loop)
-    body(i)
-    i.add_incoming(builder.add(i, ir.Constant(count.type, 1)), builder.block)
-    builder.branch(head)
-    builder.position_at_end(done)
+def _each(builder: Any, count: Any, body: Callable[[Any], None]) -> None:
+    """for i in range(count): body(i), nothing carried (`simd._phi_loop` without values)."""
+    def step(i: Any, _: list[Any]) -> list[Any]:
+        body(i)
+        return []
+
+    _phi_loop(builder, count, [], step)
+
+
+def _widened(builder: Any, ptr: Any, off: Any, n: int, half: bool) -> Any:
+    """<n x f32> at byte `off` of a cache row: f16 bits widened, or f32 as they are."""
+    if not half:
+        return _ld(builder, ptr, off, _vec(_F32, n))
+    return builder.fpext(builder.bitcast(_ld(builder, ptr, off, _vec(_I16, n)),
+                                         _vec(ir.HalfType(), n)), _vec(_F32, n))
 
 
 def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -> Any:
@@ -92,10 +88,9 @@ def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -
         p_row = builder.extract_value(pa.strides, 0)  # bytes
         v_row = builder.extract_value(va.strides, 0)
         a_row = builder.extract_value(aa.strides, 0)
-        p_ptr, v_ptr, a_ptr = (builder.bitcast(x.data, _I8P) for x in (pa, va, aa))
+        i8p = _I8.as_pointer()
+        p_ptr, v_ptr, a_ptr = (builder.bitcast(x.data, i8p) for x in (pa, va, aa))
         width = 2 if half else 4
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_ROW, [_ROW] * 3), f"llvm.fma.v{COLUMNS}f32")
         intp = group.type
 
         def k(value: int) -> Any:
@@ -107,58 +102,31 @@ def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -
                 col = builder.add(col_v, builder.mul(h, k(COLUMNS)))
                 first = builder.add(builder.mul(s0_v, v_row), builder.mul(col, k(width)))
                 p_rows = [builder.mul(builder.add(g0, k(i)), p_row) for i in range(m)]
-                pre = builder.block
-                head = builder.append_basic_block("mix.cells")
-                loop = builder.append_basic_block("mix.cell")
-                done = builder.append_basic_block("mix.stored")
-                builder.branch(head)
-                builder.position_at_end(head)
-                c = builder.phi(intp)
-                c.add_incoming(k(0), pre)
-                accs = []
-                for _ in range(m):
-                    a = builder.phi(_ROW)
-                    a.add_incoming(ir.Constant(_ROW, [0.0] * COLUMNS), pre)
-                    accs.append(a)
-                builder.cbranch(builder.icmp_signed("<", c, n_v), loop, done)
-                builder.position_at_end(loop)
-                at = builder.gep(v_ptr, [builder.add(first, builder.mul(c, v_row))])
-                if half:
-                    bits = builder.load(builder.bitcast(at, ir.VectorType(_I16, COLUMNS)
-                                                        .as_pointer()), align=2)
-                    row = builder.fpext(builder.bitcast(bits, ir.VectorType(
-                        ir.HalfType(), COLUMNS)), _ROW)
-                else:
-                    row = builder.load(builder.bitcast(at, _ROW.as_pointer()), align=4)
-                new = []
-                for i in range(m):
-                    pp = builder.gep(p_ptr, [builder.add(p_rows[i], builder.mul(c, k(4)))])
-                    w = builder.load(builder.bitcast(pp, _F32.as_pointer()))
-                    w = builder.insert_element(ir.Constant(_ROW, None), w, ir.Constant(_I32, 0))
-                    w = builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(_I32, COLUMNS),
-                                                                 [0] * COLUMNS))
-                    new.append(builder.call(fma, [w, row, accs[i]]))
-                end = builder.block
-                c.add_incoming(builder.add(c, k(1)), end)
-                for a, value in zip(accs, new, strict=True):
-                    a.add_incoming(value, end)
-                builder.branch(head)
-                builder.position_at_end(done)
-                for i in range(m):
+
+                def cell(c: Any, accs: list[Any]) -> list[Any]:
+                    row = _widened(builder, v_ptr, builder.add(first, builder.mul(c, v_row)),
+                                   COLUMNS, half)
+                    weights = [_ld(builder, p_ptr, builder.add(p_rows[i], builder.mul(c, k(4))),
+                                   _F32) for i in range(m)]
+                    return [_fma(builder, _splat(builder, w, COLUMNS), row, a)
+                            for w, a in zip(weights, accs, strict=True)]
+
+                accs = _phi_loop(builder, n_v, [ir.Constant(_ROW, [0.0] * COLUMNS)] * m, cell)
+                for i, a in enumerate(accs):
                     dst = builder.gep(a_ptr, [builder.add(
                         builder.mul(builder.add(g0, k(i)), a_row),
                         builder.mul(h, k(COLUMNS * 4)))])
-                    builder.store(accs[i], builder.bitcast(dst, _ROW.as_pointer()), align=4)
+                    builder.store(a, builder.bitcast(dst, _ROW.as_pointer()), align=4)
 
-            _for(builder, passes, one_pass)
+            _each(builder, passes, one_pass)
 
         fours = builder.udiv(group, k(4))
-        _for(builder, fours, lambda i: heads(builder.mul(i, k(4)), 4))
+        _each(builder, fours, lambda i: heads(builder.mul(i, k(4)), 4))
         g = builder.mul(fours, k(4))
         pairs = builder.udiv(builder.sub(group, g), k(2))
-        _for(builder, pairs, lambda i: heads(g, 2))
+        _each(builder, pairs, lambda i: heads(g, 2))
         g = builder.add(g, builder.mul(pairs, k(2)))
-        _for(builder, builder.sub(group, g), lambda i: heads(g, 1))
+        _each(builder, builder.sub(group, g), lambda i: heads(g, 1))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -168,16 +136,16 @@ value_mix: Any = intrinsic(_mix)
 
 
 def _sum_each(builder: Any, parts: list[Any]) -> Any:
-    """LANES vectors of LANES lanes -> one vector whose lane i is the sum of parts[i]: pairs of
-    vectors halve the lanes each holds per part, lower halves added to upper halves, in a
-    fixed order."""
+    """LANES vectors of LANES lanes -> one vector whose lane i is the sum of parts[i], each
+    part's lanes added in `simd._hsum`'s order (halves folded onto halves): pairs of vectors
+    halve the lanes each holds per part, lower halves added to upper halves."""
     width = LANES
     while len(parts) > 1:
         half = width // 2
         lo = [c * width + i for c in range(LANES // width) for i in range(half)]
         hi = [c * width + half + i for c in range(LANES // width) for i in range(half)]
-        lo_mask = ir.Constant(ir.VectorType(_I32, LANES), lo + [LANES + i for i in lo])
-        hi_mask = ir.Constant(ir.VectorType(_I32, LANES), hi + [LANES + i for i in hi])
+        lo_mask = ir.Constant(_vec(ir.IntType(32), LANES), lo + [LANES + i for i in lo])
+        hi_mask = ir.Constant(_vec(ir.IntType(32), LANES), hi + [LANES + i for i in hi])
         parts = [builder.fadd(builder.shuffle_vector(a, b, lo_mask),
                               builder.shuffle_vector(a, b, hi_mask))
                  for a, b in zip(parts[::2], parts[1::2], strict=True)]
@@ -188,7 +156,7 @@ def _sum_each(builder: Any, parts: list[Any]) -> Any:
 def _scores(typingctx: Any, q: Any, k: Any, s0: Any, n: Any, col0: Any, scale: Any,
             out: Any) -> Any:
     """out[g, c] = scale * (q[g, :] . k[s0 + c, col0:col0 + hd]) for c < n and g < q.shape[0],
-    hd = q.shape[1] (a multiple of LANES, at most MAX_HEAD_DIM). q, out: 2-D f32 with
+    hd = q.shape[1] (a multiple of 4 * LANES, at most MAX_HEAD_DIM). q, out: 2-D f32 with
     contiguous rows; k: the 2-D cache (f16 bits as uint16, or f32) with contiguous rows.
     Nothing is bounds-checked."""
     sig = types.void(q, k, s0, n, col0, scale, out)
@@ -210,114 +178,81 @@ def _scores(typingctx: Any, q: Any, k: Any, s0: Any, n: Any, col0: Any, scale: A
         def k_(value: int) -> Any:
             return ir.Constant(intp, value)
 
-        chunks = builder.udiv(head_dim, k_(LANES))
+        steps = builder.udiv(head_dim, k_(4 * LANES))  # four chunks of LANES columns a step
         q_row = builder.extract_value(qa.strides, 0)
         k_row = builder.extract_value(ka.strides, 0)
         o_row = builder.extract_value(oa.strides, 0)
-        q_ptr, k_ptr, o_ptr = (builder.bitcast(x.data, _I8P) for x in (qa, ka, oa))
+        i8p = _I8.as_pointer()
+        q_ptr, k_ptr, o_ptr = (builder.bitcast(x.data, i8p) for x in (qa, ka, oa))
         width = 2 if half else 4
         first = builder.add(builder.mul(s0_v, k_row), builder.mul(col_v, k_(width)))
         with builder.goto_entry_block():
-            stack = builder.alloca(_F32, size=ir.Constant(_I32, CELLS * MAX_HEAD_DIM))
-        block_buf = builder.bitcast(stack, _I8P)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
-                                             f"llvm.fma.v{LANES}f32")
-        vec_ptr = _VEC.as_pointer()
+            stack = builder.alloca(_F32, size=ir.Constant(ir.IntType(32), CELLS * MAX_HEAD_DIM))
+        block_buf = builder.bitcast(stack, i8p)
 
         def k_chunk(cell: Any, j: Any) -> Any:
-            at = builder.gep(k_ptr, [builder.add(builder.add(first, builder.mul(cell, k_row)),
-                                                 builder.mul(j, k_(LANES * width)))])
-            if not half:
-                return builder.load(builder.bitcast(at, vec_ptr), align=4)
-            bits = builder.load(builder.bitcast(at, ir.VectorType(_I16, LANES).as_pointer()),
-                                align=2)
-            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)),
-                                 _VEC)
-
-        def q_chunk(g: Any, j: Any) -> Any:
-            at = builder.gep(q_ptr, [builder.add(builder.mul(g, q_row),
-                                                 builder.mul(j, k_(LANES * 4)))])
-            return builder.load(builder.bitcast(at, vec_ptr), align=4)
+            return _widened(builder, k_ptr, builder.add(builder.add(
+                first, builder.mul(cell, k_row)), builder.mul(j, k_(LANES * width))), LANES, half)
 
         def buffered(i: int, j: Any) -> Any:
-            """Pointer to chunk j of the block's i-th widened K row."""
-            return builder.bitcast(builder.gep(block_buf, [builder.add(
-                builder.mul(k_(i * 4), head_dim), builder.mul(j, k_(LANES * 4)))]), vec_ptr)
+            """Byte offset of chunk j of the block's i-th widened K row."""
+            return builder.add(builder.mul(k_(i * 4), head_dim), builder.mul(j, k_(LANES * 4)))
 
         def partial(g: Any, row: Callable[[Any], Any]) -> Any:
             """<LANES x f32> partial sums of q[g] . row: four accumulators take the chunks in
             turn (one fused multiply-add each), then (a0 + a2) + (a1 + a3), ggml's f16 dot."""
-            pre = builder.block
-            head = builder.append_basic_block("qk.chunks")
-            loop = builder.append_basic_block("qk.chunk")
-            done = builder.append_basic_block("qk.summed")
-            builder.branch(head)
-            builder.position_at_end(head)
-            j = builder.phi(intp)
-            j.add_incoming(k_(0), pre)
-            accs = []
-            for _ in range(4):
-                acc = builder.phi(_VEC)
-                acc.add_incoming(ir.Constant(_VEC, [0.0] * LANES), pre)
-                accs.append(acc)
-            builder.cbranch(builder.icmp_signed("<", j, chunks), loop, done)
-            builder.position_at_end(loop)
-            new = [builder.call(fma, [q_chunk(g, builder.add(j, k_(i))),
-                                      row(builder.add(j, k_(i))), accs[i]]) for i in range(4)]
-            end = builder.block
-            j.add_incoming(builder.add(j, k_(4)), end)
-            for acc, value in zip(accs, new, strict=True):
-                acc.add_incoming(value, end)
-            builder.branch(head)
-            builder.position_at_end(done)
-            return builder.fadd(builder.fadd(accs[0], accs[2]), builder.fadd(accs[1], accs[3]))
+            def step(s: Any, accs: list[Any]) -> list[Any]:
+                j0 = builder.mul(s, k_(4))
+                return [_fma(builder, _ld(builder, q_ptr, builder.add(
+                            builder.mul(g, q_row), builder.mul(j, k_(LANES * 4))), _VEC),
+                             row(j), a)
+                        for j, a in ((builder.add(j0, k_(i)), accs[i]) for i in range(4))]
 
-        scales = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(_VEC, None), scale_v, ir.Constant(_I32, 0)),
-            ir.Constant(_VEC, None), ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+            a = _phi_loop(builder, steps, [ir.Constant(_VEC, [0.0] * LANES)] * 4, step)
+            return builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))
+
+        scales = _splat(builder, scale_v, LANES)
         blocks = builder.udiv(n_v, k_(CELLS))
 
         def block(b: Any) -> None:
             c0 = builder.mul(b, k_(CELLS))
+
             def widen(i: int) -> Callable[[Any], None]:
                 cell = builder.add(c0, k_(i))
-                return lambda j: builder.store(k_chunk(cell, j), buffered(i, j), align=4)
+                return lambda j: builder.store(k_chunk(cell, j), builder.bitcast(
+                    builder.gep(block_buf, [buffered(i, j)]), _VEC.as_pointer()), align=4)
 
             def from_buffer(i: int) -> Callable[[Any], Any]:
-                return lambda j: builder.load(buffered(i, j), align=4)
+                return lambda j: _ld(builder, block_buf, buffered(i, j), _VEC)
 
             for i in range(CELLS):  # the block's K rows, widened once for every head
-                _for(builder, chunks, widen(i))
+                _each(builder, builder.mul(steps, k_(4)), widen(i))
 
             def head(g: Any) -> None:
                 parts = [partial(g, from_buffer(i)) for i in range(CELLS)]
                 at = builder.gep(o_ptr, [builder.add(builder.mul(g, o_row),
                                                      builder.mul(c0, k_(4)))])
                 builder.store(builder.fmul(_sum_each(builder, parts), scales),
-                              builder.bitcast(at, vec_ptr), align=4)
+                              builder.bitcast(at, _VEC.as_pointer()), align=4)
 
-            _for(builder, group, head)
+            _each(builder, group, head)
 
-        _for(builder, blocks, block)
+        _each(builder, blocks, block)
         rest = builder.mul(blocks, k_(CELLS))
-        ordered_sum = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_F32, [_F32, _VEC]),
-            f"llvm.vector.reduce.fadd.v{LANES}f32")
 
         def last(i: Any) -> None:  # the cells after the last whole block, one by one
             cell = builder.add(rest, i)
 
             def head(g: Any) -> None:
-                total = builder.call(ordered_sum, [ir.Constant(_F32, 0.0),
-                                                   partial(g, lambda j: k_chunk(cell, j))])
+                total = _hsum(builder, partial(g, lambda j: k_chunk(cell, j)))
                 at = builder.gep(o_ptr, [builder.add(builder.mul(g, o_row),
                                                      builder.mul(cell, k_(4)))])
                 builder.store(builder.fmul(total, scale_v),
                               builder.bitcast(at, _F32.as_pointer()))
 
-            _for(builder, group, head)
+            _each(builder, group, head)
 
-        _for(builder, builder.sub(n_v, rest), last)
+        _each(builder, builder.sub(n_v, rest), last)
         return context.get_dummy_value()
 
     return sig, codegen
