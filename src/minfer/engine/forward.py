@@ -166,11 +166,11 @@ class Engine:
     # -- getting ready in the background -------------------------------------------------------
     def warm_in_background(self) -> None:
         """Bind the decode graph's op tape on another thread while the caller does other work
-        (a CLI builds its tokenizer meanwhile): the binding makes every weight ready as its
-        kernels read it (the repacking runs in compiled code, outside the GIL). The next call
-        that runs a graph waits for it; an error it met is raised there. Results do not change:
-        the first decode would bind the same tape. (Also running the tape once on a placeholder
-        token, to load the kernels from numba's cache here too, measured no faster.)"""
+        (a CLI builds its tokenizer meanwhile): numba's contexts are built, every weight is made
+        ready as its kernels read it (repacked outside the GIL, or mapped from its file), and
+        the tape's kernels are loaded from numba's cache without running them
+        (`jit_cache.load_for_calls`). The next call that runs a graph waits for it; an error it
+        met is raised there. Results do not change: the first decode would bind the same tape."""
         if self._warming is not None or not self.op_tape:
             return
         self._warming = threading.Thread(target=self._warm, name="minfer-warm", daemon=True)

@@ -46,10 +46,6 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
                 for j in range(head_dim):
                     qg[g, j] = q[t, qb + g * head_dim + j]
             ir_scores(qg, k, s0, n, kb, scale, scores)
-            if softcap > 0:
-                for g in range(group):
-                    for c in range(n):
-                        scores[g, c] = np.tanh(scores[g, c] * (np.float32(1.0) / softcap)) * softcap
         else:
             for c in range(n):  # each K row is read once for the whole group
                 krow = k[s0 + c, kb : kb + head_dim]
@@ -58,10 +54,11 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
                     dot = np.float32(0.0)
                     for j in range(head_dim):
                         dot += qh[j] * as_f32(krow[j])
-                    sc = dot * scale
-                    if softcap > 0:
-                        sc = np.tanh(sc * (np.float32(1.0) / softcap)) * softcap
-                    scores[g, c] = sc
+                    scores[g, c] = dot * scale
+        if softcap > 0:
+            for g in range(group):
+                for c in range(n):
+                    scores[g, c] = np.tanh(scores[g, c] * (np.float32(1.0) / softcap)) * softcap
         inv = softmax_groups(scores, group, n)
         acc = np.zeros((group, head_dim), np.float32)
         if HAS_MIX and head_dim % COLUMNS == 0:  # the same sums, accumulators in registers
