@@ -11,6 +11,7 @@ from gguf.quants import quantize as gguf_quantize
 from minfer.backends.cpu.kernels import (
     QType,
     dequantize,
+    dequantize_into,
     get_rows,
     quantize_q8_0,
     quantize_q8_k,
@@ -52,6 +53,30 @@ def test_dequantize_matches_gguf_exactly(qt: QType) -> None:
     want = gguf_dequantize(w, GT(int(qt))).astype(np.float32).reshape(19, 512)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qt", [*QUANT_32, *QUANT_K, QType.F32, QType.F16, QType.BF16],
+                         ids=lambda q: q.name)
+def test_dequantize_to_bf16_bits_rounds_the_f32_values_to_nearest_even(qt: QType) -> None:
+    """A uint16 `out` gets bf16 bit patterns: torch's rounding of the exact f32 values."""
+    torch = pytest.importorskip("torch")
+    w = make_weight(qt, 19, 512, seed=3)
+    rows = np.array([18, 0, 7])
+    got = np.empty((3, 512), np.uint16)
+    dequantize_into(w, qt, rows, got)
+    f32 = dequantize(w, qt, 512)[rows]
+    want = torch.from_numpy(f32).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_bf16_bits_of_a_nan_stay_a_nan() -> None:
+    w = np.array([[np.nan, -np.nan, np.inf, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8]], np.float32)
+    got = np.empty((1, 5), np.uint16)
+    dequantize_into(w, QType.F32, np.array([0]), got)
+    back = (got.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    assert np.isnan(back[0, :2]).all()
+    assert back[0, 2] == np.inf
+    assert list(back[0, 2:]) == [np.inf, 1.0, 1.0 + 2.0**-6]  # ties to even, both ways
 
 
 @pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.F16],

@@ -2,15 +2,14 @@
 
 Two ways to hold the matrices (`MINFER_TORCH_WEIGHTS`, or the backend's `weights=` argument):
 
-- `scratch` (default on the CPU): each matmul dequantizes its weight from the GGUF blocks into one
-  reused f32 buffer and rounds it into one reused bf16 buffer just before the GEMM, in row tiles
-  of at most `TILE_WEIGHTS`. Memory-neutral (~50 MB of buffers), at the price of a
-  dequantization per matrix per forward.
+- `scratch` (default on the CPU): each matmul dequantizes its weight from the GGUF blocks straight
+  into one reused bf16 buffer just before the GEMM, in row tiles of at most `TILE_WEIGHTS`.
+  Memory-neutral (~16 MB of buffer), at the price of a dequantization per matrix per forward.
 - `bf16`: a bf16 copy of every matrix torch touches, made on first use and kept (2 bytes per
   weight, ~0.7 GB for the 0.5B model's layers). No per-forward dequantization.
 
 Dequantization is the compiled CPU kernel (`minfer.backends.cpu.kernels.dequantize_into`, exact
-against gguf's reference); the f32 -> bf16 copy rounds to nearest even.
+against gguf's reference), which rounds each value to bf16 (nearest even) as it writes it.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import torch
 from minfer.backends.cpu.kernels import dequantize_into
 
 MODES = ("scratch", "bf16")
-TILE_WEIGHTS = 8 << 20  # weights per scratch tile: 32 MiB f32 + 16 MiB bf16 at most
+TILE_WEIGHTS = 8 << 20  # weights per scratch tile: 16 MiB of bf16 at most
 _F32 = int(gguf.GGMLQuantizationType.F32)
 
 
@@ -48,14 +47,13 @@ class TorchWeights:
         self.mode = mode
         self._resident: dict[str, torch.Tensor] = {}
         self._vectors: dict[str, torch.Tensor] = {}
-        self._f32 = np.empty(0, np.float32)  # dequantization scratch (host)
         self._bf16 = torch.empty(0, dtype=torch.bfloat16, device=device)  # scratch mode only
         self.dequantized = 0  # matrices dequantized so far (scratch refills included)
 
     @property
     def resident_bytes(self) -> int:
         kept = sum(t.numel() * t.element_size() for t in self._resident.values())
-        return kept + self._f32.nbytes + self._bf16.numel() * 2
+        return kept + self._bf16.numel() * 2
 
     def tiles(self, name: str) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(first row, end row, bf16 [rows, n_in]) covering the matrix.
@@ -67,21 +65,18 @@ class TorchWeights:
         if self.mode == "bf16":
             hit = self._resident.get(name)
             if hit is None:
-                host = self._host_f32(name, 0, self.source.matrix(name)[0].shape[0])
-                hit = self._resident[name] = host.to(self.device, torch.bfloat16)
+                n_out = self.source.matrix(name)[0].shape[0]
+                hit = self._resident[name] = self._bf16_rows(name, 0, n_out, None)
             yield 0, hit.shape[0], hit
             return
         n_out, n_in = self.source.matrix(name)[0].shape[0], self._n_in(name)
         step = max(1, min(n_out, TILE_WEIGHTS // n_in))
         for r0 in range(0, n_out, step):
             r1 = min(n_out, r0 + step)
-            host = self._host_f32(name, r0, r1)
-            n = host.numel()
+            n = (r1 - r0) * n_in
             if self._bf16.numel() < n:
                 self._bf16 = torch.empty(n, dtype=torch.bfloat16, device=self.device)
-            view = self._bf16[:n].view(host.shape)
-            view.copy_(host)
-            yield r0, r1, view
+            yield r0, r1, self._bf16_rows(name, r0, r1, self._bf16[:n].view(r1 - r0, n_in))
 
     def vector(self, name: str) -> torch.Tensor:
         vec = self._vectors.get(name)
@@ -99,16 +94,20 @@ class TorchWeights:
     def _n_in(self, name: str) -> int:
         return int(self.source.file.tensors[name].shape[0])
 
-    def _host_f32(self, name: str, r0: int, r1: int) -> torch.Tensor:
-        """Rows [r0, r1) as f32 [r1 - r0, n_in] on the host (a view of the reused scratch, or
-        of the file itself for F32 weights)."""
+    def _bf16_rows(self, name: str, r0: int, r1: int, out: torch.Tensor | None) -> torch.Tensor:
+        """Rows [r0, r1) as bf16 [r1 - r0, n_in] on the device, written into `out` when given.
+        The compiled dequantizer writes bf16 bits straight into the tensor's memory on the CPU
+        (no f32 copy of the matrix); for another device it fills a host array first."""
         raw, qtype = self.source.matrix(name)
-        if qtype == _F32:
-            return readonly_tensor(np.ascontiguousarray(raw[r0:r1]))
-        n = (r1 - r0) * self._n_in(name)
-        if self._f32.size < n:
-            self._f32 = np.empty(n, np.float32)
-        out = self._f32[:n].reshape(r1 - r0, -1)
-        dequantize_into(raw, qtype, np.arange(r0, r1), out)
-        self.dequantized += 1
-        return torch.from_numpy(out)
+        shape = (r1 - r0, self._n_in(name))
+        on_host = self.device.type == "cpu"
+        if out is None:
+            out = torch.empty(shape, dtype=torch.bfloat16, device=self.device if on_host else "cpu")
+        host = out if on_host else torch.empty(shape, dtype=torch.bfloat16)
+        bits = host.view(torch.int16).numpy().view(np.uint16)
+        dequantize_into(raw, qtype, np.arange(r0, r1), bits)
+        if qtype != _F32:
+            self.dequantized += 1
+        if not on_host:
+            out.copy_(host)
+        return out

@@ -11,8 +11,10 @@ work, but compiles for longer). Float types are plain numpy views.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
+from ._llvm import bits_of_f32
 from .dot32 import U, load_f16
 from .quant_types import BLOCK_LAYOUT, FLOAT_TYPES, QType, qtype_of, weight_view
 
@@ -107,20 +109,30 @@ def _q45_k(w, y, size, five):
 
 @njit(inline="always")
 def _q6_k(w, y):
+    """v = (d*sc) * (q - 32) per 16 values, in ggml's loop order: position p of a 128-value half
+    reads ql[p], ql[p + 32] and qh[p] once for its four values p, p + 32, p + 64, p + 96."""
     for i in range(U(y.shape[0] // 256)):
         base = i * U(210)
         d = load_f16(w, base + U(208))
         for n in range(U(2)):
-            for k in range(U(4)):  # code k of half n covers y[128n + 32k : +32]
-                for g in range(U(2)):
-                    dk = d * np.float32(np.int8(w[base + U(192) + U(8) * n + U(2) * k + g]))
-                    for m in range(U(16)):
-                        lq = w[base + U(64) * n + U(32) * (k & U(1)) + U(16) * g + m]
-                        hq = w[base + U(128) + U(32) * n + U(16) * g + m]
-                        q = ((lq >> np.uint8(4 * (k >> U(1)))) & _M4) | (
-                            ((hq >> np.uint8(2 * k)) & np.uint8(3)) << _S4)
-                        y[i * U(256) + U(128) * n + U(32) * k + U(16) * g + m] = dk * np.float32(
-                            np.int32(q) - 32)
+            ql, qh, sc = base + U(64) * n, base + U(128) + U(32) * n, base + U(192) + U(8) * n
+            yo = i * U(256) + U(128) * n
+            for g in range(U(2)):
+                d0 = d * np.float32(np.int8(w[sc + g]))
+                d1 = d * np.float32(np.int8(w[sc + U(2) + g]))
+                d2 = d * np.float32(np.int8(w[sc + U(4) + g]))
+                d3 = d * np.float32(np.int8(w[sc + U(6) + g]))
+                for m in range(U(16)):
+                    p = U(16) * g + m
+                    a, b, h = w[ql + p], w[ql + U(32) + p], w[qh + p]
+                    q0 = np.int32((a & _M4) | ((h & np.uint8(3)) << _S4)) - 32
+                    q1 = np.int32((b & _M4) | (((h >> np.uint8(2)) & np.uint8(3)) << _S4)) - 32
+                    q2 = np.int32((a >> _S4) | (((h >> np.uint8(4)) & np.uint8(3)) << _S4)) - 32
+                    q3 = np.int32((b >> _S4) | ((h >> np.uint8(6)) << _S4)) - 32
+                    y[yo + p] = d0 * np.float32(q0)
+                    y[yo + U(32) + p] = d1 * np.float32(q1)
+                    y[yo + U(64) + p] = d2 * np.float32(q2)
+                    y[yo + U(96) + p] = d3 * np.float32(q3)
 
 
 @njit(inline="always")
@@ -209,6 +221,45 @@ def dequant_row(src, qtype, dst):
         _iq4_nl(src, dst)
 
 
+def _row_target(out, i):
+    """Where row i's f32 values go: out[i] itself for an f32 `out`, else a fresh f32 row."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@overload(_row_target, inline="always")
+def _ov_row_target(out, i):  # unannotated: numba matches it against the lambdas below
+    if out.dtype == types.float32:
+        return lambda out, i: out[i]
+    return lambda out, i: np.empty(out.shape[1], np.float32)
+
+
+def _store_row(out, i, y):
+    """Finish row i: nothing for an f32 `out`; for a uint16 one, y rounded to bf16 bits."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@overload(_store_row, inline="always")
+def _ov_store_row(out, i, y):
+    if out.dtype == types.float32:
+        return lambda out, i, y: None
+
+    def to_bf16(out, i, y):
+        dst = out[i]
+        for j in range(y.shape[0]):
+            dst[j] = bf16_bits(y[j])
+    return to_bf16
+
+
+@njit(inline="always")
+def bf16_bits(x):
+    """x rounded to the nearest bf16 (ties to even; a NaN stays a quiet NaN), as its 16 bits."""
+    u = bits_of_f32(x)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((u >> np.uint32(16)) | np.uint32(64))
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+                     >> np.uint32(16))
+
+
 # One parallel row kernel per quantized type, so that a model compiles only its own types: the
 # one kernel over every type (the switch in `dequant_row`, which prefill's tiles still use)
 # made the first run compile for 12 s for an embedding lookup. (A type id made a numba literal
@@ -216,67 +267,89 @@ def dequant_row(src, qtype, dst):
 @njit(parallel=True, cache=True)
 def _rows_q4_0(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q4_0(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _q4_0(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q4_1(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q4_1(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _q4_1(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q5_0(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q5(w[rows[i]], out[i], 22, True)
+        y = _row_target(out, i)
+        _q5(w[rows[i]], y, 22, True)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q5_1(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q5(w[rows[i]], out[i], 24, False)
+        y = _row_target(out, i)
+        _q5(w[rows[i]], y, 24, False)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q8_0(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q8_0(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _q8_0(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q4_k(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q45_k(w[rows[i]], out[i], 144, False)
+        y = _row_target(out, i)
+        _q45_k(w[rows[i]], y, 144, False)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q5_k(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q45_k(w[rows[i]], out[i], 176, True)
+        y = _row_target(out, i)
+        _q45_k(w[rows[i]], y, 176, True)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q6_k(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q6_k(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _q6_k(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q2_k(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q2_k(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _q2_k(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_q3_k(w, rows, out):
     for i in prange(rows.shape[0]):
-        _q3_k(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _q3_k(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 @njit(parallel=True, cache=True)
 def _rows_iq4_nl(w, rows, out):
     for i in prange(rows.shape[0]):
-        _iq4_nl(w[rows[i]], out[i])
+        y = _row_target(out, i)
+        _iq4_nl(w[rows[i]], y)
+        _store_row(out, i, y)
 
 
 _ROWS = {QType.Q4_0: _rows_q4_0, QType.Q4_1: _rows_q4_1, QType.Q5_0: _rows_q5_0,
@@ -287,7 +360,16 @@ _ROWS = {QType.Q4_0: _rows_q4_0, QType.Q4_1: _rows_q4_1, QType.Q5_0: _rows_q5_0,
 
 def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> None:
     src = w[rows]
-    if qt is QType.F32:
+    if out.dtype == np.uint16:  # bf16 bits
+        if qt is QType.BF16:
+            out[...] = src
+            return
+        f32 = src if qt is QType.F32 else src.view(np.float16).astype(np.float32)
+        bits = np.ascontiguousarray(f32, np.float32).view(np.uint32).astype(np.uint64)
+        rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) >> 16
+        nan = (bits & np.uint64(0x7FFFFFFF)) > np.uint64(0x7F800000)
+        out[...] = np.where(nan, (bits >> np.uint64(16)) | np.uint64(64), rounded)
+    elif qt is QType.F32:
         out[...] = src
     elif qt is QType.F16:
         out[...] = src.view(np.float16)
@@ -296,12 +378,17 @@ def _float_rows(w: np.ndarray, qt: QType, rows: np.ndarray, out: np.ndarray) -> 
 
 
 def dequantize_into(w_raw: np.ndarray, qtype: int, rows: np.ndarray, out: np.ndarray) -> None:
-    """out[i, :] = f32 values of weight row rows[i]; out is f32 [len(rows), n_in], C-contiguous."""
+    """out[i, :] = the values of weight row rows[i]; out is [len(rows), n_in], C-contiguous:
+    f32, or uint16 for bf16 bit patterns (each f32 value rounded to nearest even, as torch's
+    f32 -> bf16 conversion; one pass, no f32 copy of the matrix)."""
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
-    if out.shape != (rows.shape[0], n_in) or out.dtype != np.float32:
-        raise ValueError(f"out must be f32 {(rows.shape[0], n_in)}, got {out.dtype} {out.shape}")
+    if out.shape != (rows.shape[0], n_in) or out.dtype not in (np.float32, np.uint16):
+        raise ValueError(f"out must be f32 or uint16 (bf16) {(rows.shape[0], n_in)}, "
+                         f"got {out.dtype} {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
     if rows.size and (rows.min() < 0 or rows.max() >= w.shape[0]):
         raise IndexError(f"row index out of range [0, {w.shape[0]})")
     if qt in FLOAT_TYPES:
