@@ -124,3 +124,28 @@ def test_vector_value_mix_is_bitwise_the_loop(group: int, dtype: type, head_dim:
         loop(p, v, s0, n, col0, want)
         mixed(p, v, s0, n, col0, got)
         assert np.array_equal(got, want), (s0, n, col0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 100, 256])
+def test_softmax_passes_in_ir_match_numpy(n: int) -> None:
+    """attention_ir.scale_max / exp_sum (the blocked prefill's softmax): scaled values and their
+    exact maximum, then exp(x - m) within a few ulp of f64's (as `fast_exp`) and its f64 sum."""
+    from numba import njit
+
+    from minfer.backends.cpu.kernels.attention_ir import exp_sum, scale_max
+
+    @njit
+    def both(w, n, s):
+        m = scale_max(w, n, s)
+        return m, exp_sum(w, n, m)
+
+    rng = np.random.default_rng(n)
+    x = (5 * rng.standard_normal(n + 3)).astype(np.float32)
+    w = x.copy()
+    m, total = both(w, n, np.float32(0.3))
+    scaled = x[:n] * np.float32(0.3)
+    assert m == (scaled.max() if n else -np.inf)
+    want = np.exp(scaled.astype(np.float64) - np.float64(m))
+    np.testing.assert_allclose(w[:n], want, rtol=1e-6, atol=0)
+    assert np.array_equal(w[n:], x[n:])  # cells past n untouched
+    assert total == pytest.approx(want.sum(), rel=1e-6)

@@ -82,6 +82,23 @@ def test_block_shape_changes_rounding_only(block: int) -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tile", [1, 7, 16, 64])
+def test_kv_tiles_change_rounding_only(tile: int) -> None:
+    """The online softmax over KV tiles: scores that keep rising from tile to tile (each new
+    maximum rescales what was summed before) and windows that start and end inside tiles."""
+    n_head, n_kv, hd, nt = 8, 2, 64, 90
+    q, k, v = _qkv(nt, n_head, n_kv, hd, 160, np.float16)
+    k = (k.astype(np.float32) + np.linspace(0, 3, 160, dtype=np.float32)[:, None]).astype(
+        np.float16)
+    start = np.arange(nt, dtype=np.int64) % 13
+    end = 70 + np.arange(nt, dtype=np.int64)
+    ref, _ = _both(q, k, v, start, end, n_head, n_kv, hd)
+    out = np.full_like(q, np.nan)
+    attention_blocked(q, _cache_view(k), _cache_view(v), start, end, n_head, n_kv, hd, 0.125,
+                      out, tile=tile)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_all_windows_empty_and_one_cell() -> None:
     n_head, n_kv, hd, nt = 4, 2, 32, 40
     q, k, v = _qkv(nt, n_head, n_kv, hd, 64, np.float32)

@@ -80,6 +80,24 @@ def test_rope_neox(rope_dim: int) -> None:
     np.testing.assert_array_equal(x, out)
 
 
+def test_large_silu_swiglu_split_over_threads_give_the_serial_bits() -> None:
+    """From PARALLEL_MIN elements on, chunks over the threads: bitwise the one-row results."""
+    from minfer.backends.cpu.kernels.elementwise import PARALLEL_MIN
+
+    n = 301
+    rows = -(-PARALLEL_MIN // n) + 3
+    g, u = _rand(rows, n) * 4, _rand(rows, n)
+    big, one = np.empty_like(g), np.empty((1, n), np.float32)
+    swiglu(g, u, big)
+    for r in (0, rows // 2, rows - 1):
+        swiglu(g[r : r + 1], u[r : r + 1], one)
+        assert np.array_equal(big[r], one[0])
+    silu(g, big)
+    for r in (0, rows // 2, rows - 1):
+        silu(g[r : r + 1], one)
+        assert np.array_equal(big[r], one[0])
+
+
 def test_silu_swiglu_add_mul() -> None:
     g, u = _rand(3, 100) * 4, _rand(3, 100)
     out = np.empty_like(g)

@@ -1,20 +1,26 @@
 """Blocked attention for many query rows (prefill): scores and value mix through BLAS sgemm.
 
-For each KV head and block of `_BLOCK` consecutive query rows, the union of the rows' windows
-`[lo, hi)` is taken as one contiguous slice of the cache; the K/V slice is converted to f32 once
-(V transposed, so both products are `A @ B^T`). The group's query heads are stacked as rows
-(row `i*group + g` is query row i, head g of the group), so one sgemm gives every score
-`S = Q_blk @ K[lo:hi]^T`. Each row is then masked to its own window (cells outside it get
-probability exactly 0), scaled, and soft-maxed in f32 with max subtraction and an f64 exp sum,
-as `attention`; `O = P @ V[lo:hi]` is a second sgemm, scaled by 1/sum afterwards. Queries are
-rounded to f16 first when the cache is f16 (by the caller, as `attention`).
+The cells every row of the batch may see are converted to f32 once per call (any cache format
+through `load_head`; V transposed, so both products are `A @ B^T`) and shared by all work
+items. A work item is one KV head and a block of `_BLOCK` consecutive query rows; the group's
+query heads are stacked as rows (row `i*group + g` is query row i, head g of the group). The
+union of the block's windows is walked in tiles of `_TILE` cells with an online softmax, as
+flash attention does: `S = Q_blk @ K_tile^T` is one sgemm, each row is masked to its own window
+(cells outside it get probability exactly 0), scaled, and its exps taken against the running
+maximum (a new maximum rescales the row's output and sum so far); `O += P @ V_tile` is a second
+sgemm. The score tile (448 x 256 f32 for Qwen2.5's 7-head groups) stays in L2, where one
+score matrix over the whole window (7 MB at 4,096 cells) went through memory on every pass.
+The softmax's passes are vector IR (`attention_ir.scale_max` / `exp_sum`), sums in f64; the
+output is divided by the sum at the end. Queries are rounded to f16 first when the cache is f16.
 
 The result equals `attention` up to f32 summation order, but that order depends on the block
-shape, so this is only for contexts that are not batch invariant. Work items are
-(KV head, query block), dealt to the workers of a numba parallel loop, each with one scratch
-buffer; every sgemm is single-threaded on its numba worker (see `prefill`: two thread pools on
-the same cores spin against each other). On the dev model (pp512, 2 threads) attention took
-220-230 ms per prefill with the per-token kernel and 86-93 ms with this one.
+and tile shapes, so this is only for contexts that are not batch invariant. Work items are
+dealt to the workers of a numba parallel loop, each with one scratch buffer; every sgemm is
+single-threaded on its numba worker (see `prefill`: two thread pools on the same cores spin
+against each other). On the dev model (pp512, 2 threads) attention took 220-230 ms per prefill
+with the per-token kernel and 86-93 ms with the first blocked kernel (one score matrix, numba's
+softmax loops). At 4,096 causal rows, one layer's shapes, 2 threads (Intel Xeon, Sapphire
+Rapids): 288 ms with that kernel, 190-235 ms with this one.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from ._llvm import call_int_fn, call_sgemm_rm_nt, f16_to_f32, f32_to_f16
+from .attention_ir import exp_sum, scale_max
 from .elementwise import fast_exp
 from .kv_formats import load_head
 from .prefill import SET_THREADS_LOCAL, SGEMM
 
 _BLOCK = 64  # query rows per work item (x group query heads = sgemm rows)
+_TILE = 256  # KV cells per step of the online softmax (a 448 x 256 score tile sits in L2)
 # From this many query rows on, `attention(..., blocked=True)` is used for prefill. Measured on
 # 1 thread, causal from cell 0 (per-token vs blocked): nt=16 0.06/0.03 ms, 32 0.14/0.07,
 # 128 0.95/0.55, 512 11.8/6.5; below 32 rows there are too few work items to spread over threads.
@@ -35,33 +43,23 @@ BLOCKED_MIN_TOKENS = 32
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
-def _softmax_row(row, c0, c1, scale, softcap):
-    """row[c0:c1] = exp(s - max) in place with s = scale*row (soft-capped when softcap > 0),
-    zeros elsewhere; returns 1/sum (0 if empty).
-    Loops run over slices from index 0, so no negative-index wraparound blocks vectorisation."""
-    head = row[:c0]
-    for c in range(head.shape[0]):
-        head[c] = np.float32(0.0)
-    tail = row[c1:]
-    for c in range(tail.shape[0]):
-        tail[c] = np.float32(0.0)
+def _tile_softmax(row, c0, c1, scale, softcap, m_old):
+    """One query row's scores in one KV tile, for the online softmax: row[c0:c1] (its cells in
+    the tile) become exp(s - m) with s = scale*score (soft-capped when softcap > 0) and m the
+    running maximum including this tile, every other cell 0. Returns (m, the tile's sum of the
+    exps in f64). The two passes over the cells are vector IR (`attention_ir`)."""
+    row[:c0] = np.float32(0.0)
+    row[c1:] = np.float32(0.0)
     w = row[c0:c1]
-    mx = np.float32(-np.inf)
     if softcap > 0:
         inv_cap = np.float32(1.0) / softcap
         for c in range(w.shape[0]):
             w[c] = np.tanh(w[c] * scale * inv_cap) * softcap
+        mx = scale_max(w, w.shape[0], np.float32(1.0))
     else:
-        for c in range(w.shape[0]):
-            w[c] = w[c] * scale
-    for c in range(w.shape[0]):
-        mx = max(mx, w[c])
-    for c in range(w.shape[0]):
-        w[c] = fast_exp(w[c] - mx)
-    total = 0.0
-    for c in range(w.shape[0]):
-        total += w[c]
-    return np.float32(1.0 / total) if w.shape[0] else np.float32(0.0)
+        mx = scale_max(w, w.shape[0], scale)
+    mx = max(mx, m_old)
+    return mx, exp_sum(w, w.shape[0], mx)
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
@@ -77,78 +75,99 @@ def _span(kv_start, kv_end, t0, nb, n_ctx):
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
-def _block(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, round_q, out,
-           sgemm, set_threads, scratch):
-    """Query rows [t0, t0+nb) of KV head kvh's query group (one work item); `scratch` is this
-    worker's f32 buffer, large enough for the item (see `_scratch_size`)."""
-    lo, hi = _span(kv_start, kv_end, t0, nb, k.shape[0])
-    n = max(hi - lo, 0)
-    kb = kvh * head_dim
+def _block(q, kf, vt, base, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap,
+           round_q, out, tile, sgemm, set_threads, scratch, total):
+    """Query rows [t0, t0+nb) of KV head kvh's query group (one work item), over the KV cells
+    of their windows in tiles of `tile` cells; `kf` / `vt` are the head's cells as f32 (V
+    transposed) from cell `base` on. `scratch` / `total` are this worker's buffers."""
+    lo, hi = _span(kv_start, kv_end, t0, nb, kf.shape[0] + base)
     qb = kvh * group * head_dim
     rows = nb * group
-    if n == 0:
-        for i in range(nb):
-            for c in range(group * head_dim):
-                out[t0 + i, qb + c] = np.float32(0.0)
-        return
-    o0 = n * head_dim
-    o1 = o0 + n * head_dim
-    o2 = o1 + rows * head_dim
-    o3 = o2 + rows * n
+    n_used = vt.shape[1]
+    o1 = rows * head_dim
+    o2 = o1 + rows * tile
+    o3 = o2 + rows * head_dim
     o4 = o3 + rows * head_dim
-    kf = scratch[:o0].reshape((n, head_dim))
-    vt = scratch[o0:o1].reshape((head_dim, n))
-    qp = scratch[o1:o2].reshape((rows, head_dim))
-    s = scratch[o2:o3].reshape((rows, n))
+    qp = scratch[:o1].reshape((rows, head_dim))
+    s = scratch[o1:o2].reshape((rows, tile))
+    pv = scratch[o2:o3].reshape((rows, head_dim))
     o = scratch[o3:o4].reshape((rows, head_dim))
-    inv = scratch[o4 : o4 + rows]
-    for c in range(n):  # any cache format (f32, f16 bits, q8_0/q4_0 blocks) to f32
-        load_head(k[lo + c], kb, head_dim, kf[c])
-    for c in range(n):
-        load_head(v[lo + c], kb, head_dim, vt[:, c])
+    m = scratch[o4 : o4 + rows]
     for i in range(nb):
         qr = q[t0 + i, qb : qb + group * head_dim]
         for g in range(group):
-            qpr = qp[i * group + g]
+            r = i * group + g
+            qpr = qp[r]
             for d in range(head_dim):
                 x = qr[g * head_dim + d]
                 qpr[d] = f16_to_f32(f32_to_f16(x)) if round_q else x
+                o[r, d] = np.float32(0.0)
+            m[r] = np.float32(-np.inf)
+            total[r] = 0.0
     prev = call_int_fn(set_threads, 1)
-    call_sgemm_rm_nt(sgemm, rows, n, head_dim, qp.ctypes.data, head_dim, kf.ctypes.data,
-                     head_dim, s.ctypes.data, n)
-    for i in range(nb):
-        c0 = kv_start[t0 + i] - lo
-        c1 = kv_end[t0 + i] - lo
-        if c1 <= c0:
-            c0 = 0
-            c1 = 0
-        for g in range(group):
-            r = i * group + g
-            inv[r] = _softmax_row(s[r], c0, c1, scale, softcap)
-    call_sgemm_rm_nt(sgemm, rows, head_dim, n, s.ctypes.data, n, vt.ctypes.data, n,
-                     o.ctypes.data, head_dim)
+    for c0 in range(lo, hi, tile):
+        n = min(hi, c0 + tile) - c0
+        call_sgemm_rm_nt(sgemm, rows, n, head_dim, qp.ctypes.data, head_dim,
+                         kf[c0 - base :].ctypes.data, head_dim, s.ctypes.data, tile)
+        for i in range(nb):
+            a = min(max(kv_start[t0 + i] - c0, 0), n)
+            b = min(max(kv_end[t0 + i] - c0, 0), n)
+            for g in range(group):
+                r = i * group + g
+                if b <= a:  # none of this row's cells in the tile
+                    sr = s[r, :n]
+                    for c in range(n):
+                        sr[c] = np.float32(0.0)
+                    continue
+                mx, part = _tile_softmax(s[r, :n], a, b, scale, softcap, m[r])
+                corr = fast_exp(m[r] - mx) if m[r] > -np.inf else np.float32(0.0)
+                if corr != np.float32(1.0):
+                    orow = o[r]
+                    for d in range(head_dim):
+                        orow[d] *= corr
+                total[r] = total[r] * corr + part
+                m[r] = mx
+        call_sgemm_rm_nt(sgemm, rows, head_dim, n, s.ctypes.data, tile,
+                         vt[:, c0 - base :].ctypes.data, n_used, pv.ctypes.data, head_dim)
+        for r in range(rows):
+            orow, prow = o[r], pv[r]
+            for d in range(head_dim):
+                orow[d] += prow[d]
     call_int_fn(set_threads, prev)
     for i in range(nb):
         for g in range(group):
             r = i * group + g
+            inv = np.float32(1.0 / total[r]) if total[r] > 0 else np.float32(0.0)
             for d in range(head_dim):
-                out[t0 + i, qb + g * head_dim + d] = o[r, d] * inv[r]
+                out[t0 + i, qb + g * head_dim + d] = o[r, d] * inv
+
+
+@njit(parallel=True, cache=True)
+def _load_kv(k, v, base, n_used, n_head_kv, head_dim):
+    """Cells [base, base + n_used) of every KV head as f32: K [kvh, cell, d], V^T [kvh, d, cell]
+    (any cache format through `load_head`), once per call for every work item to share."""
+    kf = np.empty((n_head_kv, n_used, head_dim), np.float32)
+    vt = np.empty((n_head_kv, head_dim, n_used), np.float32)
+    for c in prange(n_used):
+        for h in range(n_head_kv):
+            load_head(k[base + c], h * head_dim, head_dim, kf[h, c])
+            load_head(v[base + c], h * head_dim, head_dim, vt[h, :, c])
+    return kf, vt
 
 
 @njit(parallel=True, cache=True)
 def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
-                       round_q, out, block, n_workers, sgemm, set_threads):
+                       round_q, out, block, tile, n_workers, sgemm, set_threads):
     nt = q.shape[0]
     group = n_head // n_head_kv
+    base, end = _span(kv_start, kv_end, 0, nt, k.shape[0])
+    if end <= base:
+        base, end = 0, 0
+    kf, vt = _load_kv(k, v, base, end - base, n_head_kv, head_dim)
     n_blocks = (nt + block - 1) // block
     n_items = n_blocks * n_head_kv
-    n_max = 0
-    for b in range(n_blocks):
-        lo, hi = _span(kv_start, kv_end, b * block, min(nt, b * block + block) - b * block,
-                       k.shape[0])
-        n_max = max(n_max, hi - lo)
     rows = block * group
-    size = 2 * n_max * head_dim + rows * (2 * head_dim + n_max + 1)
+    size = rows * (3 * head_dim + tile + 1)
     n_workers = max(1, min(n_workers, n_items))
     # one scratch buffer per worker (per-item allocations of ~1 MB went through mmap/munmap,
     # whose page faults and TLB shootdowns serialised the threads); items are dealt round-robin
@@ -156,13 +175,15 @@ def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, s
     # blocks mix on every worker
     for w in prange(n_workers):
         scratch = np.empty(size, np.float32)
+        total = np.empty(rows, np.float64)
         for item in range(w, n_items, n_workers):
             kvh = item % n_head_kv
             j = item // n_head_kv
             b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
             t0 = b * block
-            _block(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + block) - t0, group,
-                   head_dim, scale, softcap, round_q, out, sgemm, set_threads, scratch)
+            _block(q, kf[kvh], vt[kvh], base, kv_start, kv_end, kvh, t0,
+                   min(nt, t0 + block) - t0, group, head_dim, scale, softcap, round_q, out,
+                   tile, sgemm, set_threads, scratch, total)
 
 
 def blocked_available() -> bool:
@@ -172,7 +193,8 @@ def blocked_available() -> bool:
 
 def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray,
                       hi: np.ndarray, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-                      out: np.ndarray, block: int = 0, softcap: float = 0.0) -> None:
+                      out: np.ndarray, block: int = 0, softcap: float = 0.0,
+                      tile: int = _TILE) -> None:
     """The blocked kernel on arguments already checked and normalised by `attention` (caches as
     f32 or uint16 f16 bits; an f16 cache rounds the query to f16 here, on the fly)."""
     qc = np.ascontiguousarray(q, dtype=np.float32)
@@ -181,5 +203,5 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarra
         while block > 16 and -(-q.shape[0] // block) * n_head_kv < 2 * get_num_threads():
             block //= 2
     _attention_blocked(qc, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
-                       np.float32(softcap), k.dtype == np.uint16, out, block, get_num_threads(),
-                       SGEMM, SET_THREADS_LOCAL)
+                       np.float32(softcap), k.dtype == np.uint16, out, block, tile,
+                       get_num_threads(), SGEMM, SET_THREADS_LOCAL)

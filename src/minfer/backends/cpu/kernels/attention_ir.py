@@ -34,12 +34,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._llvm import HAS_F16C
-from .simd import _F32, _I8, _I16, HAS_FMA, _fma, _hsum, _ld, _phi_loop, _splat, _vec
+from .simd import _F32, _I8, _I16, _I32, HAS_FMA, _fma, _hsum, _ld, _phi_loop, _splat, _vec
 
 COLUMNS = 64  # value-mix output columns per pass: four zmm
 LANES = 16  # f32 lanes of a zmm
@@ -259,3 +261,156 @@ def _scores(typingctx: Any, q: Any, k: Any, s0: Any, n: Any, col0: Any, scale: A
 
 
 scores: Any = intrinsic(_scores)
+
+
+# -- the prefill softmax's two passes over a tile row (`attention_blocked`) --------------------
+# numba left both scalar: its float `max` carries NaN semantics LLVM does not turn into a vector
+# reduction (1 ns a cell, a compare-and-select chain), and the exp loop went out in 8 lanes.
+_LOG2E, _LN2_HI, _LN2_LO = 1.4426950408889634, 0.693145751953125, 1.4286068203094172e-06
+_EXP_POLY = [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0]
+
+
+def _const(ty: ir.Type, value: float) -> Any:
+    """An f32 constant of `ty` (a scalar, or every lane of a vector)."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [float(np.float32(value))] * ty.count)
+    return ir.Constant(ty, float(np.float32(value)))
+
+
+def _unary(builder: Any, name: str, x: Any, *more: Any) -> Any:
+    """llvm.<name> on x (and `more` of x's type), for a scalar or a vector x."""
+    ty = x.type
+    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ty, [ty] * (1 + len(more))), f"llvm.{name}.{suffix}")
+    return builder.call(fn, [x, *more])
+
+
+def _max(builder: Any, a: Any, b: Any) -> Any:
+    """a > b ? a : b, as x86's maxps computes it (one instruction; llvm.maxnum's NaN rules cost
+    a compare and a blend more on the loop-carried chain). Scores are never NaN here."""
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+def _min(builder: Any, a: Any, b: Any) -> Any:
+    return builder.select(builder.fcmp_ordered("<", a, b), a, b)
+
+
+def _exp(builder: Any, x: Any) -> Any:
+    """`elementwise.fast_exp` in IR: x clamped to [-87, 88], x = n ln2 + r (two-step reduction),
+    2^n * p(r) with p the degree-7 Taylor polynomial in fused multiply-adds."""
+    ty = x.type
+    x = _min(builder, _max(builder, x, _const(ty, -87.0)), _const(ty, 88.0))
+    n = _unary(builder, "rint", builder.fmul(x, _const(ty, _LOG2E)))
+    r = builder.fsub(builder.fsub(x, builder.fmul(n, _const(ty, _LN2_HI))),
+                     builder.fmul(n, _const(ty, _LN2_LO)))
+    p = _const(ty, _EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        p = _fma(builder, p, r, _const(ty, c))
+    ity = _vec(_I32, ty.count) if isinstance(ty, ir.VectorType) else _I32
+    bits = builder.shl(builder.add(builder.fptosi(n, ity), _int_const(ity, 127)),
+                       _int_const(ity, 23))
+    return builder.fmul(p, builder.bitcast(bits, ty))
+
+
+def _int_const(ty: ir.Type, value: int) -> Any:
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [value] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def _row_front_1d(context: Any, builder: Any, signature: Any, args: Any) -> tuple[Any, Any]:
+    """(i8* to a 1-D f32 array's first value, its n argument as intp)."""
+    ra = context.make_array(signature.args[0])(context, builder, args[0])
+    n = context.cast(builder, args[1], signature.args[1], types.intp)
+    return builder.bitcast(ra.data, _I8.as_pointer()), n
+
+
+def _scale_max(typingctx: Any, row: Any, n: Any, scale: Any) -> Any:
+    """row[c] *= scale for c < n, in place; returns the largest of them (-inf for n == 0).
+    row: a contiguous 1-D f32 array; nothing is bounds-checked."""
+    sig = types.float32(row, n, scale)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ptr, n_v = _row_front_1d(context, builder, signature, args)
+        s = context.cast(builder, args[2], signature.args[2], types.float32)
+        intp = n_v.type
+        svec = _splat(builder, s, LANES)
+
+        def step(i: Any, acc: list[Any]) -> list[Any]:
+            off = builder.mul(i, ir.Constant(intp, 4 * LANES))
+            at = builder.bitcast(builder.gep(ptr, [off]), _VEC.as_pointer())
+            v = builder.fmul(builder.load(at, align=4), svec)
+            builder.store(v, at, align=4)
+            return [_max(builder, acc[0], v)]
+
+        blocks = builder.udiv(n_v, ir.Constant(intp, LANES))
+        (vmax,) = _phi_loop(builder, blocks, [_const(_VEC, -np.inf)], step)
+        half = LANES
+        while half > 1:
+            half //= 2
+            lo, hi = (builder.shuffle_vector(vmax, vmax, ir.Constant(
+                _vec(_I32, half), list(range(o, o + half)))) for o in (0, half))
+            vmax = _max(builder, lo, hi)
+        first = builder.mul(blocks, ir.Constant(intp, LANES))
+
+        def tail(i: Any, acc: list[Any]) -> list[Any]:
+            off = builder.mul(builder.add(first, i), ir.Constant(intp, 4))
+            at = builder.bitcast(builder.gep(ptr, [off]), _F32.as_pointer())
+            v = builder.fmul(builder.load(at, align=4), s)
+            builder.store(v, at, align=4)
+            return [_max(builder, acc[0], v)]
+
+        top = builder.extract_element(vmax, ir.Constant(_I32, 0))
+        (top,) = _phi_loop(builder, builder.sub(n_v, first), [top], tail)
+        return top
+
+    return sig, codegen
+
+
+def _exp_sum(typingctx: Any, row: Any, n: Any, m: Any) -> Any:
+    """row[c] = exp(row[c] - m) for c < n, in place (`fast_exp`'s arithmetic); returns their
+    sum in f64. row: a contiguous 1-D f32 array; nothing is bounds-checked."""
+    sig = types.float64(row, n, m)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ptr, n_v = _row_front_1d(context, builder, signature, args)
+        m_v = context.cast(builder, args[2], signature.args[2], types.float32)
+        intp = n_v.type
+        f64 = ir.DoubleType()
+        dvec = _vec(f64, LANES)
+        mvec = _splat(builder, m_v, LANES)
+
+        def step(i: Any, acc: list[Any]) -> list[Any]:
+            off = builder.mul(i, ir.Constant(intp, 4 * LANES))
+            at = builder.bitcast(builder.gep(ptr, [off]), _VEC.as_pointer())
+            e = _exp(builder, builder.fsub(builder.load(at, align=4), mvec))
+            builder.store(e, at, align=4)
+            return [builder.fadd(acc[0], builder.fpext(e, dvec))]
+
+        blocks = builder.udiv(n_v, ir.Constant(intp, LANES))
+        (vsum,) = _phi_loop(builder, blocks, [ir.Constant(dvec, [0.0] * LANES)], step)
+        half = LANES
+        while half > 1:
+            half //= 2
+            lo, hi = (builder.shuffle_vector(vsum, vsum, ir.Constant(
+                _vec(_I32, half), list(range(o, o + half)))) for o in (0, half))
+            vsum = builder.fadd(lo, hi)
+        first = builder.mul(blocks, ir.Constant(intp, LANES))
+
+        def tail(i: Any, acc: list[Any]) -> list[Any]:
+            off = builder.mul(builder.add(first, i), ir.Constant(intp, 4))
+            at = builder.bitcast(builder.gep(ptr, [off]), _F32.as_pointer())
+            e = _exp(builder, builder.fsub(builder.load(at, align=4), m_v))
+            builder.store(e, at, align=4)
+            return [builder.fadd(acc[0], builder.fpext(e, f64))]
+
+        total = builder.extract_element(vsum, ir.Constant(_I32, 0))
+        (total,) = _phi_loop(builder, builder.sub(n_v, first), [total], tail)
+        return total
+
+    return sig, codegen
+
+
+scale_max: Any = intrinsic(_scale_max)
+exp_sum: Any = intrinsic(_exp_sum)

@@ -3,7 +3,8 @@
 silu(x) = x / (1 + exp(-x)) in f32, as ggml's `ggml_silu_f32`. Like ggml's SIMD path, exp is a
 polynomial (`fast_exp`, within a few ulp of expf) that LLVM vectorises -- a libm call per element
 would cost ~10x more. Serial kernels over flat arrays: at decode sizes a parallel region would
-cost more than the work. Every output may alias an input.
+cost more than the work; silu / swiglu of prefill's sizes (`PARALLEL_MIN` elements on) run the
+same serial kernel on chunks spread over the threads. Every output may alias an input.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ._llvm import bits_to_f32
 
@@ -77,6 +78,35 @@ def _swiglu(g, u, out):
         out[i] = v / (np.float32(1.0) + fast_exp(-v)) * u[i]
 
 
+# From this many elements on (prefill's gate/up products: 512 x 4864 and up), silu / swiglu
+# split their flat arrays over numba's threads in chunks; each chunk runs the serial kernel, so
+# every element gets the same instructions either way. Smaller calls stay serial.
+PARALLEL_MIN = 1 << 18
+_CHUNK = 1 << 15
+
+
+@njit(parallel=True, cache=True)
+def _silu_chunks(x, out):
+    for c in prange((x.shape[0] + _CHUNK - 1) // _CHUNK):
+        a, b = c * _CHUNK, min(x.shape[0], (c + 1) * _CHUNK)
+        _silu(x[a:b], out[a:b])
+
+
+@njit(parallel=True, cache=True)
+def _swiglu_chunks(g, u, out):
+    for c in prange((g.shape[0] + _CHUNK - 1) // _CHUNK):
+        a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
+        _swiglu(g[a:b], u[a:b], out[a:b])
+
+
+def _silu_any(x: np.ndarray, out: np.ndarray) -> None:
+    (_silu_chunks if x.shape[0] >= PARALLEL_MIN else _silu)(x, out)
+
+
+def _swiglu_any(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    (_swiglu_chunks if g.shape[0] >= PARALLEL_MIN else _swiglu)(g, u, out)
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def _add(a, b, out):
     for i in range(a.shape[0]):
@@ -116,14 +146,14 @@ def silu(x: np.ndarray, out: np.ndarray) -> None:
     """out = x * sigmoid(x)."""
     if x.shape != out.shape:
         raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
-    _silu(*_flat(x, out))
+    _silu_any(*_flat(x, out))
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     """out = silu(gate) * up."""
     if not gate.shape == up.shape == out.shape:
         raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
-    _swiglu(*_flat(gate, up, out))
+    _swiglu_any(*_flat(gate, up, out))
 
 
 def _binary(a: np.ndarray, b: np.ndarray, out: np.ndarray, full, row) -> Callable[[], None]:
@@ -163,10 +193,12 @@ def bind_mul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None
 def bind_swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Callable[[], None]:
     if not gate.shape == up.shape == out.shape:
         raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
-    return partial(_swiglu, *_flat(gate, up, out))
+    flat = _flat(gate, up, out)
+    return partial(_swiglu_chunks if flat[0].shape[0] >= PARALLEL_MIN else _swiglu, *flat)
 
 
 def bind_silu(x: np.ndarray, out: np.ndarray) -> Callable[[], None]:
     if x.shape != out.shape:
         raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
-    return partial(_silu, *_flat(x, out))
+    flat = _flat(x, out)
+    return partial(_silu_chunks if flat[0].shape[0] >= PARALLEL_MIN else _silu, *flat)
