@@ -57,7 +57,19 @@ def test_engines_share_the_repacked_weights(wide_model: Path, tmp_path: Path,
         raise AssertionError("a second engine must map the stored weights, not repack")
 
     monkeypatch.setattr(shared_weights.SharedStore, "store", no_store)
+    released: list[str] = []
+    real_release = GGUFFile.release
+
+    def release(self: GGUFFile, name: str, rows: tuple[int, int] | None = None) -> None:
+        released.append(name)
+        real_release(self, name, rows)
+
+    monkeypatch.setattr(GGUFFile, "release", release)
     second, e2 = _logits(wide_model)
+    # the file's pages of every mapped copy are let go (an earlier reader may have touched them)
+    assert {name for name, _ in e2.weights._derived} <= set(released)
+    assert all(e2.weights.has_copy(name) for name, _ in e2.weights._derived)
+    assert not e2.weights.has_copy("output_norm.weight")
     np.testing.assert_array_equal(first, private)
     np.testing.assert_array_equal(second, private)
     for (name, form), (arr, qtype) in e2.weights._derived.items():

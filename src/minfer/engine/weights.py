@@ -63,18 +63,28 @@ class ModelWeights:
         file's pages instead of briefly doubling them (145 MB for an output projection)."""
         key = (name, form)
         hit = self._derived.get(key)
-        if hit is None and self._shared is not None:
-            hit = self._shared.mapped(name, form)
-        if hit is None and self._shared is not None:
-            with self._shared.claim(name, form):  # another engine may be making it now
-                hit = self._shared.load(name, form)
-                if hit is None:
-                    out, new_type = self._make(name, make, chunk_rows)
-                    hit = (self._shared.store(name, form, out, new_type), new_type)
-        elif hit is None:
+        if hit is not None:
+            return hit
+        if self._shared is None:
             hit = self._make(name, make, chunk_rows)
+        else:
+            hit = self._shared.mapped(name, form)
+            if hit is None:
+                with self._shared.claim(name, form):  # another engine may be making it now
+                    hit = self._shared.load(name, form)
+                    if hit is None:
+                        out, new_type = self._make(name, make, chunk_rows)
+                        hit = (self._shared.store(name, form, out, new_type), new_type)
+            # a copy mapped from its file leaves the GGUF's pages of the matrix unread; drop
+            # any an earlier reader touched (`_make` released its own chunk by chunk)
+            self.file.release(name)
         self._derived[key] = hit
         return hit
+
+    def has_copy(self, name: str) -> bool:
+        """Whether a backend reads matrix `name` from a copy of its own (`derived`): a reader
+        of the file's bytes may then release their pages after use, as `derived` does."""
+        return any(key[0] == name for key in self._derived)
 
     def _make(self, name: str, make: Maker, chunk_rows: int) -> tuple[np.ndarray, int]:
         raw, qtype = self.matrix(name)

@@ -108,6 +108,8 @@ class TorchWeights:
         dequantize_into(raw, qtype, np.arange(r0, r1), bits)
         if qtype != _F32:
             self.dequantized += 1
+        if self.source.has_copy(name):  # decode reads the CPU's copy: the file's pages can go
+            self.source.file.release(name, (r0, r1))
         if not on_host:
             out.copy_(host)
         return out
