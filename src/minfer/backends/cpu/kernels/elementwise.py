@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._llvm import bits_to_f32
+from .attention_ir import exp_sum, scale_max
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693145751953125)  # few mantissa bits: n * _LN2_HI is exact
@@ -49,17 +50,14 @@ def fast_exp(x):
 def softmax_groups(scores, group, n):
     """scores[g, :n] = exp(scores[g, :n] - max) in place for each of `group` rows (the f64 sum
     of ggml's softmax); returns 1/sum per row (0 for an empty row). Shared by the attention
-    kernels over plain and quantized caches; inlined, so the caller's fastmath flags apply."""
+    kernels over plain and quantized caches. The max and exp passes are vector IR
+    (`attention_ir`: numba's float max is a scalar compare-and-select chain, 1 ns a cell);
+    `scores` must have contiguous rows."""
     inv = np.empty(group, np.float32)
     for g in range(group):
-        mx = np.float32(-np.inf)
-        for c in range(n):
-            mx = max(mx, scores[g, c])
-        total = 0.0
-        for c in range(n):
-            e = fast_exp(scores[g, c] - mx)
-            scores[g, c] = e
-            total += e
+        row = scores[g]
+        mx = scale_max(row, n, np.float32(1.0))
+        total = exp_sum(row, n, mx)
         inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
     return inv
 
