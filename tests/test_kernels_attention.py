@@ -149,3 +149,38 @@ def test_softmax_passes_in_ir_match_numpy(n: int) -> None:
     np.testing.assert_allclose(w[:n], want, rtol=1e-6, atol=0)
     assert np.array_equal(w[n:], x[n:])  # cells past n untouched
     assert total == pytest.approx(want.sum(), rel=1e-6)
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "head_dim", "dtype"),
+                         [(14, 2, 64, np.float16), (8, 8, 64, np.float32), (8, 1, 128, np.float16),
+                          (6, 2, 64, np.float32)])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_row_blocked_kernel_is_bitwise_the_per_row_kernel(n_head: int, n_kv: int, head_dim: int,
+                                                          dtype: type, softcap: float) -> None:
+    """`_attention_rows` (rows in blocks, cells in tiles) gives the per-row kernel's bits for
+    every row, whatever the block and tile sizes: the batch-invariant path may take either."""
+    import importlib
+
+    from minfer.backends.cpu.kernels.attention_ir import HAS_MIX
+
+    mod = importlib.import_module("minfer.backends.cpu.kernels.attention")
+    if not HAS_MIX:
+        pytest.skip("no FMA/F16C on this target: only the per-row loops run")
+    rng = np.random.default_rng(head_dim + n_head)
+    nt, n_ctx = 45, 300
+    q = (2 * rng.standard_normal((nt, n_head * head_dim))).astype(np.float32)
+    if dtype == np.float16:
+        q = q.astype(np.float16).astype(np.float32)
+    cache = [rng.standard_normal((n_ctx, n_kv * head_dim)).astype(dtype) for _ in range(2)]
+    k, v = (c.view(np.uint16) if dtype == np.float16 else c for c in cache)
+    # causal rows after a past, a packed second sequence, an empty window, a sliding window
+    start = np.concatenate([np.zeros(20), np.full(20, 150), [9], 180 + np.arange(4)])
+    end = np.concatenate([100 + np.arange(20), 151 + np.arange(20), [9], 230 + np.arange(4)])
+    start, end = start.astype(np.int64), end.astype(np.int64)
+    args = (n_head, n_kv, head_dim, np.float32(0.125), np.float32(softcap))
+    want = np.full_like(q, np.nan)
+    mod._attention(q, k, v, start, end, *args, want)
+    for rows, tile in ((8, 64), (3, 7), (1, 1), (16, 300)):
+        got = np.full_like(q, np.nan)
+        mod._attention_rows(q, k, v, start, end, *args, got, rows, tile, 2)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (rows, tile)

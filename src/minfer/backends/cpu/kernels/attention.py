@@ -9,7 +9,12 @@ uses a polynomial exp as well). With an f16 cache the query is rounded to f16 be
 q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
 Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
 query-head group. Scores and value mix run as vector IR where they can (`attention_ir`: scores
-summed sixteen cells at a time, the value mix's accumulators in registers).
+summed sixteen cells at a time, the value mix's accumulators in registers). From
+`ROWS_MIN_TOKENS` rows on (a batch-invariant prefill) the same arithmetic runs row-blocked
+(`_attention_rows`): each tile of K/V cells serves eight rows while it is in L1, and every value
+keeps its bits, so a row's result never depends on which kernel computed it. One layer of a
+4,096-row causal prefill on the development model's shapes: 1,176 ms with numba's softmax loops,
+690 with the softmax in vector IR, 590-640 row-blocked (Intel Xeon, Sapphire Rapids, 2 threads).
 """
 
 from __future__ import annotations
@@ -17,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from . import kv_quant
 from ._llvm import as_f32
 from .attention_blocked import attention_blocked, blocked_available
-from .attention_ir import COLUMNS, HAS_MIX, MAX_HEAD_DIM, value_mix
+from .attention_ir import COLUMNS, HAS_MIX, MAX_HEAD_DIM, value_mix, value_mix_on
 from .attention_ir import scores as ir_scores
 from .elementwise import softmax_groups
 from .kv_formats import check_query_heads, store_rows
@@ -73,6 +78,107 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
         for g in range(group):
             for j in range(head_dim):
                 out[t, qb + g * head_dim + j] = acc[g, j] * inv[g]
+
+
+# The row-blocked form of `_attention` (`_attention_rows`), from this many query rows on: a work
+# item is ROWS consecutive rows of one KV head, and the cells of their windows go in tiles of
+# CELL_TILE, each tile's K and V rows used by every row of the item while they sit in L1, where
+# the per-row form streams each row's whole window from L2/L3 on its own.
+ROWS = 8
+CELL_TILE = 64
+ROWS_MIN_TOKENS = 16
+
+
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, out,
+               tile, sc, qg, acc):
+    """Rows [t0, t0+nb) of KV head kvh: every value as `_attention` computes it, bit for bit.
+    Each cell's score is a dot of a fixed order whichever call computes it (`ir_scores`), the
+    softmax runs on each row's whole window, and the value mix carries its chain of fused
+    multiply-adds from tile to tile in cell order (`value_mix_on`)."""
+    kb = kvh * head_dim
+    qb = kvh * group * head_dim
+    lo, hi = k.shape[0], 0
+    for i in range(nb):
+        t = t0 + i
+        if kv_end[t] > kv_start[t]:
+            lo = min(lo, kv_start[t])
+            hi = max(hi, kv_end[t])
+        for g in range(group):
+            for j in range(head_dim):
+                qg[i, g, j] = q[t, qb + g * head_dim + j]
+                acc[i, g, j] = np.float32(0.0)
+    for c0 in range(lo, hi, tile):
+        c1 = min(hi, c0 + tile)
+        for i in range(nb):
+            s0 = kv_start[t0 + i]
+            a, e = max(s0, c0), min(kv_end[t0 + i], c1)
+            if e > a:
+                ir_scores(qg[i], k, a, e - a, kb, scale, sc[i, :, a - s0 :])
+    for i in range(nb):
+        n = max(kv_end[t0 + i] - kv_start[t0 + i], 0)
+        if softcap > 0:
+            for g in range(group):
+                for c in range(n):
+                    sc[i, g, c] = np.tanh(sc[i, g, c] * (np.float32(1.0) / softcap)) * softcap
+        inv = softmax_groups(sc[i], group, n)
+        for g in range(group):
+            qg[i, g, 0] = inv[g]  # the query row is spent: keep 1/sum there
+    for c0 in range(lo, hi, tile):
+        c1 = min(hi, c0 + tile)
+        for i in range(nb):
+            s0 = kv_start[t0 + i]
+            a, e = max(s0, c0), min(kv_end[t0 + i], c1)
+            if e > a:
+                value_mix_on(sc[i, :, a - s0 :], v, a, e - a, kb, acc[i])
+    for i in range(nb):
+        for g in range(group):
+            for j in range(head_dim):
+                out[t0 + i, qb + g * head_dim + j] = acc[i, g, j] * qg[i, g, 0]
+
+
+@njit(parallel=True, cache=True)
+def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
+                    out, rows, tile, n_workers):
+    """`_attention` with the vector-IR kernels, ROWS query rows per work item; items are dealt
+    to the workers round-robin, one scratch set per worker (see `_rows_item`)."""
+    nt = q.shape[0]
+    group = n_head // n_head_kv
+    width = 1
+    for t in range(nt):
+        width = max(width, kv_end[t] - kv_start[t])
+    n_blocks = (nt + rows - 1) // rows
+    n_items = n_blocks * n_head_kv
+    n_workers = max(1, min(n_workers, n_items))
+    for w in prange(n_workers):
+        sc = np.empty((rows, group, width), np.float32)
+        qg = np.empty((rows, group, head_dim), np.float32)
+        acc = np.empty((rows, group, head_dim), np.float32)
+        for item in range(w, n_items, n_workers):
+            kvh = item % n_head_kv
+            j = item // n_head_kv  # zig-zag block order: cheap early and dear late causal rows
+            b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
+            t0 = b * rows
+            _rows_item(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + rows) - t0, group,
+                       head_dim, scale, softcap, out, tile, sc, qg, acc)
+
+
+def _rows_apply(nt: int, head_dim: int) -> bool:
+    """Whether `_attention_rows` serves this call (else `_attention`): enough rows, and the
+    head shape the vector-IR kernels take."""
+    return (nt >= ROWS_MIN_TOKENS and HAS_MIX and head_dim % COLUMNS == 0
+            and head_dim <= MAX_HEAD_DIM)
+
+
+def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+               n_head: int, n_head_kv: int, head_dim: int, scale: np.float32,
+               softcap: np.float32, out: np.ndarray) -> None:
+    """The batch-invariant kernel: row-blocked for many rows, per row otherwise (same bits)."""
+    if _rows_apply(q.shape[0], head_dim):
+        _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out,
+                        ROWS, CELL_TILE, get_num_threads())
+    else:
+        _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out)
 
 
 def _cache_view(cache: np.ndarray) -> np.ndarray:
@@ -132,7 +238,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
         return
     if k.dtype == np.uint16:
         q = q.astype(np.float16).astype(np.float32)
-    _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
+    _per_token(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
                np.float32(softcap), out)
 
 
@@ -170,7 +276,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
     def step() -> None:
         qr = q.astype(np.float16).astype(np.float32) if f16 else q
         lo, hi = bounds()
-        _attention(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
+        _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
 
     return step
 

@@ -73,6 +73,17 @@ def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -
     """acc[g, :] = sum over c < n of p[g, c] * v[s0 + c, col0:col0 + hd], hd = acc.shape[1]
     (a multiple of COLUMNS). p, acc: 2-D f32 with contiguous rows; v: the 2-D cache (f16 bits
     as uint16, or f32) with contiguous rows. Nothing is bounds-checked."""
+    return _mix_codegen(p, v, s0, n, col0, acc, carry=False)
+
+
+def _mix_on(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -> Any:
+    """`value_mix` that carries on from acc's values instead of zeros: the chain of fused
+    multiply-adds over cells [0, n) then [n, m) in two calls is the one-call chain over [0, m),
+    bit for bit (an f32 store and load change nothing)."""
+    return _mix_codegen(p, v, s0, n, col0, acc, carry=True)
+
+
+def _mix_codegen(p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any, carry: bool) -> Any:
     sig = types.void(p, v, s0, n, col0, acc)
     half = v.dtype == types.uint16
 
@@ -113,12 +124,14 @@ def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -
                     return [_fma(builder, _splat(builder, w, COLUMNS), row, a)
                             for w, a in zip(weights, accs, strict=True)]
 
-                accs = _phi_loop(builder, n_v, [ir.Constant(_ROW, [0.0] * COLUMNS)] * m, cell)
-                for i, a in enumerate(accs):
-                    dst = builder.gep(a_ptr, [builder.add(
-                        builder.mul(builder.add(g0, k(i)), a_row),
-                        builder.mul(h, k(COLUMNS * 4)))])
-                    builder.store(a, builder.bitcast(dst, _ROW.as_pointer()), align=4)
+                dsts = [builder.bitcast(builder.gep(a_ptr, [builder.add(
+                    builder.mul(builder.add(g0, k(i)), a_row), builder.mul(h, k(COLUMNS * 4)))]),
+                    _ROW.as_pointer()) for i in range(m)]
+                init = ([builder.load(d, align=4) for d in dsts] if carry
+                        else [ir.Constant(_ROW, [0.0] * COLUMNS)] * m)
+                accs = _phi_loop(builder, n_v, init, cell)
+                for a, d in zip(accs, dsts, strict=True):
+                    builder.store(a, d, align=4)
 
             _each(builder, passes, one_pass)
 
@@ -135,6 +148,7 @@ def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -
 
 
 value_mix: Any = intrinsic(_mix)
+value_mix_on: Any = intrinsic(_mix_on)
 
 
 def _sum_each(builder: Any, parts: list[Any]) -> Any:
