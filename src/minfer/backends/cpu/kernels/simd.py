@@ -330,7 +330,7 @@ def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
 
 def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
                   signed: bool = False) -> tuple[list[Any], Any]:
-    """The `count` (16 or 8) blocks of a `repack`ed group at byte `base`: eight <4 count x i8>
+    """The `count` (16, 8 or 4) blocks of a `repack`ed group at byte `base`: eight <4 count x i8>
     code vectors in the transposed order (vector j = dword j of every block, block i at dword
     i) and their scales as <count x f32>. Group bytes: count f16 scales, then
     - Q4_0 / Q5_0: (Q5_0) eight count*4-bit masks, bit 4i + c of mask j = 5th bit of code
@@ -377,7 +377,8 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     d_w * d_x per block times its float fused into that token's accumulator `acc[j]` (its low
     lanes), and m_w * s_x fused into `accm[j]` (Q4_1 / Q5_1).
 
-    The block sums come one of two ways, equal as integers: `transposed` (count 8 or 16, AVX512
+    The block sums come one of two ways, equal as integers: `transposed` (count 8 or 16, or 4
+    for a packed group, AVX512
     VNNI, several tokens): the codes are transposed once so that dword i of vector j is dword j
     of block i, and 8 vpdpbusd against the activation laid out the same way (`xt`, from
     `dot32.block_transpose`), starting from the block's -offset * sum(x) (`cb`), leave block i's
@@ -395,7 +396,7 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
     if packed:
-        assert transposed and count in (16, 8) and m_off is None
+        assert transposed and count in (16, 8, 4) and m_off is None
         wt, dw = _packed_group(builder, w, bases[0], qh_off is not None, count, signed)
         mw = None
     else:
@@ -555,12 +556,13 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
     per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`), cb int32
     -offset * block sums (`block_corr`, ntok > 1); all 2-D) for j < ntok. Each block is
     unpacked once and dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then one of
-    8 if 8 are left, then pairs, then one; per token one BLOCKS_PER_CALL-wide f32 accumulator
-    (one fused multiply-add per step, the short steps into its low lanes), summed in a fixed
-    tree at the end. The per-token float operations do not depend on ntok, so the batched
-    result is bitwise the one-token result.
+    8 if 8 are left, one of 4 if 4 are, then pairs, then one; per token one
+    BLOCKS_PER_CALL-wide f32 accumulator (one fused multiply-add per step, the short steps into
+    its low lanes), summed in a fixed tree at the end. The per-token float operations do not
+    depend on ntok, so the batched result is bitwise the one-token result.
 
-    `packed`: the row is `repack`ed (its groups of 16 blocks, then one of 8, pre-transposed):
+    `packed`: the row is `repack`ed (its groups of 16 blocks, then one of 8 and one of 4,
+    pre-transposed):
     those steps load the codes transposed, for one token too (xt and cb are then read for
     ntok 1); the pairs and single blocks read the plain blocks that follow the groups.
     Integer sums are the same, so a packed row's result is bitwise the plain row's."""
@@ -591,7 +593,7 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
                         for off in range(0, size * count, 64):
                             _prefetch_ir(builder, builder.gep(w_p, [
                                 builder.add(start, ir.Constant(u64, off))]))
-                    group = packed and count >= 8
+                    group = packed and count >= 4
                     a, m = _emit_blocks(builder, w_p, toks, b, count, layout, vals[:ntok],
                                         vals[ntok:], group or (fast and count >= 8), group)
                     return a + m
@@ -600,11 +602,15 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             init = [zero] * (2 * ntok if has_m else ntok)
             vals = _phi_loop(builder, n_main, init, step(ir.Constant(u64, 0), BLOCKS_PER_CALL,
                                                           True))
-            # the remaining blocks: 8 if there are, pairs, one; into the accumulators' low lanes
+            # the remaining blocks: 8 if there are, 4 if there are, pairs, one; into the
+            # accumulators' low lanes
             done = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
             n8 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 8))
             vals = _phi_loop(builder, n8, vals, step(done, 8, False))
             done = builder.add(done, builder.mul(n8, ir.Constant(u64, 8)))
+            n4 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 4))
+            vals = _phi_loop(builder, n4, vals, step(done, 4, False))
+            done = builder.add(done, builder.mul(n4, ir.Constant(u64, 4)))
             left = builder.sub(nb, done)
             vals = _phi_loop(builder, builder.udiv(left, ir.Constant(u64, 2)), vals,
                              step(done, 2, False))
