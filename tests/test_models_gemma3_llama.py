@@ -156,9 +156,14 @@ def test_kv_shift_equals_running_at_the_new_positions(arch: str, tiny_llama: Pat
     e.forward(PROMPT[:20], 0)
     shift_kv(e, src_start=0, src_end=20, dst_start=10)
     _run_from(ref, PROMPT[:20], 10, 10)
+    # the two runs round differently (rotations at other angles), and this random model's norms
+    # amplify the first layer's ~2e-7 difference in attention output unevenly: the worst key
+    # of the last layer was 0.4e-4 of the largest off with one softmax build and 2.9e-4 with
+    # another whose results agree with it to 1.2e-7 on the same inputs. A wrong rotation is
+    # off by O(1).
     for layer in range(e.hparams.n_layer):
         np.testing.assert_allclose(e.kv.k[layer][10:30], ref.kv.k[layer][10:30], rtol=0,
-                                   atol=1e-4 * np.abs(ref.kv.k[layer][10:30]).max())
+                                   atol=1e-3 * np.abs(ref.kv.k[layer][10:30]).max())
     got = _run_from(e, PROMPT[20:21], 30, 10)
     np.testing.assert_allclose(got, _run_from(ref, PROMPT[20:21], 30, 10), rtol=0, atol=1e-3)
 

@@ -434,7 +434,16 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
                 parts.append(_lane_sums(builder, codes[k // step], xv, offset, signed, corr))
             isum = _block_sums(builder, parts, count)
         dk = builder.fmul(dw, _ld(builder, xd, fo, _vec(_F32, count)))
-        out_acc.append(_fma_fold(builder, dk, builder.sitofp(isum, _vec(_F32, count)), acc[j]))
+        fsum = builder.sitofp(isum, _vec(_F32, count))
+        if count == 4:  # folded as two pairs, the float steps of the pair path it replaced
+            a = acc[j]
+            for h in (0, 2):
+                lanes = ir.Constant(_vec(_I32, 2), [h, h + 1])
+                a = _fma_fold(builder, builder.shuffle_vector(dk, dk, lanes),
+                              builder.shuffle_vector(fsum, fsum, lanes), a)
+            out_acc.append(a)
+        else:
+            out_acc.append(_fma_fold(builder, dk, fsum, acc[j]))
         if mw is not None:
             out_m.append(_fma_fold(builder, mw, _ld(builder, xs, fo, _vec(_F32, count)),
                                    accm[j]))
