@@ -89,6 +89,12 @@ CELL_TILE = 64
 ROWS_MIN_TOKENS = 16
 
 
+@njit(inline="always")
+def _in_tile(s0, e0, c0, c1):
+    """The cells [a, e) of window [s0, e0) inside tile [c0, c1) (e <= a: none)."""
+    return max(s0, c0), min(e0, c1)
+
+
 @njit(fastmath=True, cache=True, error_model="numpy")
 def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, out,
                tile, sc, qg, acc):
@@ -109,12 +115,10 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
                 qg[i, g, j] = q[t, qb + g * head_dim + j]
                 acc[i, g, j] = np.float32(0.0)
     for c0 in range(lo, hi, tile):
-        c1 = min(hi, c0 + tile)
         for i in range(nb):
-            s0 = kv_start[t0 + i]
-            a, e = max(s0, c0), min(kv_end[t0 + i], c1)
+            a, e = _in_tile(kv_start[t0 + i], kv_end[t0 + i], c0, min(hi, c0 + tile))
             if e > a:
-                ir_scores(qg[i], k, a, e - a, kb, scale, sc[i, :, a - s0 :])
+                ir_scores(qg[i], k, a, e - a, kb, scale, sc[i, :, a - kv_start[t0 + i] :])
     for i in range(nb):
         n = max(kv_end[t0 + i] - kv_start[t0 + i], 0)
         if softcap > 0:
@@ -125,12 +129,10 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
         for g in range(group):
             qg[i, g, 0] = inv[g]  # the query row is spent: keep 1/sum there
     for c0 in range(lo, hi, tile):
-        c1 = min(hi, c0 + tile)
         for i in range(nb):
-            s0 = kv_start[t0 + i]
-            a, e = max(s0, c0), min(kv_end[t0 + i], c1)
+            a, e = _in_tile(kv_start[t0 + i], kv_end[t0 + i], c0, min(hi, c0 + tile))
             if e > a:
-                value_mix_on(sc[i, :, a - s0 :], v, a, e - a, kb, acc[i])
+                value_mix_on(sc[i, :, a - kv_start[t0 + i] :], v, a, e - a, kb, acc[i])
     for i in range(nb):
         for g in range(group):
             for j in range(head_dim):

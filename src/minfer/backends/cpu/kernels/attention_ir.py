@@ -44,7 +44,20 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._llvm import HAS_F16C
-from .simd import _F32, _I8, _I16, _I32, HAS_FMA, _fma, _hsum, _ld, _phi_loop, _splat, _vec
+from .simd import (
+    _F32,
+    _I8,
+    _I16,
+    _I32,
+    HAS_FMA,
+    _fma,
+    _hfold,
+    _hsum,
+    _ld,
+    _phi_loop,
+    _splat,
+    _vec,
+)
 
 COLUMNS = 64  # value-mix output columns per pass: four zmm
 LANES = 16  # f32 lanes of a zmm
@@ -325,13 +338,13 @@ def _const(ty: ir.Type, value: float) -> Any:
     return ir.Constant(ty, float(np.float32(value)))
 
 
-def _unary(builder: Any, name: str, x: Any, *more: Any) -> Any:
-    """llvm.<name> on x (and `more` of x's type), for a scalar or a vector x."""
+def _unary(builder: Any, name: str, x: Any) -> Any:
+    """llvm.<name> on x, for a scalar or a vector x."""
     ty = x.type
     suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
     fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ty, [ty] * (1 + len(more))), f"llvm.{name}.{suffix}")
-    return builder.call(fn, [x, *more])
+        builder.module, ir.FunctionType(ty, [ty]), f"llvm.{name}.{suffix}")
+    return builder.call(fn, [x])
 
 
 def _max(builder: Any, a: Any, b: Any) -> Any:
@@ -367,11 +380,35 @@ def _int_const(ty: ir.Type, value: int) -> Any:
     return ir.Constant(ty, value)
 
 
-def _row_front_1d(context: Any, builder: Any, signature: Any, args: Any) -> tuple[Any, Any]:
-    """(i8* to a 1-D f32 array's first value, its n argument as intp)."""
+def _in_place(context: Any, builder: Any, signature: Any, args: Any,
+              cell: Callable[[Any], tuple[Any, Any]], init: Any,
+              combine: Callable[[Any, Any], Any]) -> Any:
+    """row[c] = cell(row[c]) for c < n in place (row: a contiguous 1-D f32 array, n: the
+    second argument; nothing bounds-checked), LANES cells a step, then the last n % LANES one
+    by one; cell(x) -> (new x, its part of the result), for a vector or a scalar x. The parts
+    are combined into the <LANES> `init`, folded to one lane (`simd._hfold`), then the tail's
+    parts are combined onto that. Returns the result."""
     ra = context.make_array(signature.args[0])(context, builder, args[0])
-    n = context.cast(builder, args[1], signature.args[1], types.intp)
-    return builder.bitcast(ra.data, _I8.as_pointer()), n
+    ptr = builder.bitcast(ra.data, _I8.as_pointer())
+    n_v = context.cast(builder, args[1], signature.args[1], types.intp)
+    intp = n_v.type
+
+    def at(i: Any, ty: ir.Type, width: int) -> Any:
+        off = builder.mul(i, ir.Constant(intp, 4 * width))
+        return builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer())
+
+    def step(i: Any, acc: list[Any], ty: ir.Type, width: int) -> list[Any]:
+        where = at(i, ty, width)
+        x, part = cell(builder.load(where, align=4))
+        builder.store(x, where, align=4)
+        return [combine(acc[0], part)]
+
+    blocks = builder.udiv(n_v, ir.Constant(intp, LANES))
+    (vec,) = _phi_loop(builder, blocks, [init], lambda i, acc: step(i, acc, _VEC, LANES))
+    first = builder.mul(blocks, ir.Constant(intp, LANES))
+    (total,) = _phi_loop(builder, builder.sub(n_v, first), [_hfold(builder, vec, combine)],
+                         lambda i, acc: step(builder.add(first, i), acc, _F32, 1))
+    return total
 
 
 def _scale_max(typingctx: Any, row: Any, n: Any, scale: Any) -> Any:
@@ -380,38 +417,15 @@ def _scale_max(typingctx: Any, row: Any, n: Any, scale: Any) -> Any:
     sig = types.float32(row, n, scale)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        ptr, n_v = _row_front_1d(context, builder, signature, args)
         s = context.cast(builder, args[2], signature.args[2], types.float32)
-        intp = n_v.type
         svec = _splat(builder, s, LANES)
 
-        def step(i: Any, acc: list[Any]) -> list[Any]:
-            off = builder.mul(i, ir.Constant(intp, 4 * LANES))
-            at = builder.bitcast(builder.gep(ptr, [off]), _VEC.as_pointer())
-            v = builder.fmul(builder.load(at, align=4), svec)
-            builder.store(v, at, align=4)
-            return [_max(builder, acc[0], v)]
+        def cell(x: Any) -> tuple[Any, Any]:
+            y = builder.fmul(x, svec if isinstance(x.type, ir.VectorType) else s)
+            return y, y
 
-        blocks = builder.udiv(n_v, ir.Constant(intp, LANES))
-        (vmax,) = _phi_loop(builder, blocks, [_const(_VEC, -np.inf)], step)
-        half = LANES
-        while half > 1:
-            half //= 2
-            lo, hi = (builder.shuffle_vector(vmax, vmax, ir.Constant(
-                _vec(_I32, half), list(range(o, o + half)))) for o in (0, half))
-            vmax = _max(builder, lo, hi)
-        first = builder.mul(blocks, ir.Constant(intp, LANES))
-
-        def tail(i: Any, acc: list[Any]) -> list[Any]:
-            off = builder.mul(builder.add(first, i), ir.Constant(intp, 4))
-            at = builder.bitcast(builder.gep(ptr, [off]), _F32.as_pointer())
-            v = builder.fmul(builder.load(at, align=4), s)
-            builder.store(v, at, align=4)
-            return [_max(builder, acc[0], v)]
-
-        top = builder.extract_element(vmax, ir.Constant(_I32, 0))
-        (top,) = _phi_loop(builder, builder.sub(n_v, first), [top], tail)
-        return top
+        return _in_place(context, builder, signature, args, cell, _const(_VEC, -np.inf),
+                         lambda a, b: _max(builder, a, b))
 
     return sig, codegen
 
@@ -422,40 +436,17 @@ def _exp_sum(typingctx: Any, row: Any, n: Any, m: Any) -> Any:
     sig = types.float64(row, n, m)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        ptr, n_v = _row_front_1d(context, builder, signature, args)
         m_v = context.cast(builder, args[2], signature.args[2], types.float32)
-        intp = n_v.type
-        f64 = ir.DoubleType()
-        dvec = _vec(f64, LANES)
         mvec = _splat(builder, m_v, LANES)
+        f64 = ir.DoubleType()
 
-        def step(i: Any, acc: list[Any]) -> list[Any]:
-            off = builder.mul(i, ir.Constant(intp, 4 * LANES))
-            at = builder.bitcast(builder.gep(ptr, [off]), _VEC.as_pointer())
-            e = _exp(builder, builder.fsub(builder.load(at, align=4), mvec))
-            builder.store(e, at, align=4)
-            return [builder.fadd(acc[0], builder.fpext(e, dvec))]
+        def cell(x: Any) -> tuple[Any, Any]:
+            vector = isinstance(x.type, ir.VectorType)
+            e = _exp(builder, builder.fsub(x, mvec if vector else m_v))
+            return e, builder.fpext(e, _vec(f64, LANES) if vector else f64)
 
-        blocks = builder.udiv(n_v, ir.Constant(intp, LANES))
-        (vsum,) = _phi_loop(builder, blocks, [ir.Constant(dvec, [0.0] * LANES)], step)
-        half = LANES
-        while half > 1:
-            half //= 2
-            lo, hi = (builder.shuffle_vector(vsum, vsum, ir.Constant(
-                _vec(_I32, half), list(range(o, o + half)))) for o in (0, half))
-            vsum = builder.fadd(lo, hi)
-        first = builder.mul(blocks, ir.Constant(intp, LANES))
-
-        def tail(i: Any, acc: list[Any]) -> list[Any]:
-            off = builder.mul(builder.add(first, i), ir.Constant(intp, 4))
-            at = builder.bitcast(builder.gep(ptr, [off]), _F32.as_pointer())
-            e = _exp(builder, builder.fsub(builder.load(at, align=4), m_v))
-            builder.store(e, at, align=4)
-            return [builder.fadd(acc[0], builder.fpext(e, f64))]
-
-        total = builder.extract_element(vsum, ir.Constant(_I32, 0))
-        (total,) = _phi_loop(builder, builder.sub(n_v, first), [total], tail)
-        return total
+        return _in_place(context, builder, signature, args, cell,
+                         ir.Constant(_vec(f64, LANES), [0.0] * LANES), builder.fadd)
 
     return sig, codegen
 

@@ -97,12 +97,10 @@ def _swiglu_chunks(g, u, out):
         _swiglu(g[a:b], u[a:b], out[a:b])
 
 
-def _silu_any(x: np.ndarray, out: np.ndarray) -> None:
-    (_silu_chunks if x.shape[0] >= PARALLEL_MIN else _silu)(x, out)
-
-
-def _swiglu_any(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    (_swiglu_chunks if g.shape[0] >= PARALLEL_MIN else _swiglu)(g, u, out)
+def _by_size(serial: Callable[..., None], chunks: Callable[..., None],
+             flat: list[np.ndarray]) -> Callable[..., None]:
+    """The chunked kernel for PARALLEL_MIN elements or more, else the serial one."""
+    return chunks if flat[0].shape[0] >= PARALLEL_MIN else serial
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -144,14 +142,16 @@ def silu(x: np.ndarray, out: np.ndarray) -> None:
     """out = x * sigmoid(x)."""
     if x.shape != out.shape:
         raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
-    _silu_any(*_flat(x, out))
+    flat = _flat(x, out)
+    _by_size(_silu, _silu_chunks, flat)(*flat)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     """out = silu(gate) * up."""
     if not gate.shape == up.shape == out.shape:
         raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
-    _swiglu_any(*_flat(gate, up, out))
+    flat = _flat(gate, up, out)
+    _by_size(_swiglu, _swiglu_chunks, flat)(*flat)
 
 
 def _binary(a: np.ndarray, b: np.ndarray, out: np.ndarray, full, row) -> Callable[[], None]:
@@ -192,11 +192,11 @@ def bind_swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Callable[[
     if not gate.shape == up.shape == out.shape:
         raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
     flat = _flat(gate, up, out)
-    return partial(_swiglu_chunks if flat[0].shape[0] >= PARALLEL_MIN else _swiglu, *flat)
+    return partial(_by_size(_swiglu, _swiglu_chunks, flat), *flat)
 
 
 def bind_silu(x: np.ndarray, out: np.ndarray) -> Callable[[], None]:
     if x.shape != out.shape:
         raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
     flat = _flat(x, out)
-    return partial(_silu_chunks if flat[0].shape[0] >= PARALLEL_MIN else _silu, *flat)
+    return partial(_by_size(_silu, _silu_chunks, flat), *flat)

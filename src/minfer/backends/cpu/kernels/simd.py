@@ -231,13 +231,18 @@ def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
 
 
 def _hsum(builder: Any, v: Any) -> Any:
-    """Horizontal f32 sum of a power-of-two vector in a fixed tree order (halves folded)."""
+    """Horizontal sum of a power-of-two vector in a fixed tree order (halves folded)."""
+    return _hfold(builder, v, builder.fadd)
+
+
+def _hfold(builder: Any, v: Any, combine: Any) -> Any:
+    """combine(lo half, hi half) until one lane is left: `_hsum`'s tree for any operation."""
     n = v.type.count
     while n > 1:
         n //= 2
         lo = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n))))
         hi = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n, 2 * n))))
-        v = builder.fadd(lo, hi)
+        v = combine(lo, hi)
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
