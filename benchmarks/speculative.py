@@ -149,6 +149,14 @@ def llama_run(python: str, path: str, prompt_ids: list[int], n: int, threads: in
     return out
 
 
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    """The first index where two id lists differ (None: equal)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
+
+
 def rate(r: dict[str, Any]) -> float:
     return (r["n"] - 1) / r["decode_s"] if r.get("decode_s") else 0.0
 
@@ -188,6 +196,7 @@ def main() -> int:
         ids = model.tokenizer.encode(model.render_chat([{"role": "user",
                                                          "content": TASKS[task]}]))
         runs: dict[str, list[dict[str, Any]]] = {}
+        first_plain: list[int] | None = None
         for _ in range(args.rounds):  # modes alternate, so machine drift hits them all
             plain = minfer_run(model, ids, args.n, None)
             results = {"minfer plain": plain,
@@ -198,8 +207,13 @@ def main() -> int:
                 for mode in ("plain", "lookup"):
                     results[f"llama.cpp {mode}"] = llama_run(args.ref_python, path, ids, args.n,
                                                              args.threads, mode)
+            first_plain = first_plain or plain["ids"]
             for name, r in results.items():
                 r["same_ids"] = r["ids"] == plain["ids"] if "ids" in r else None
+                if "ids" in r and not r["same_ids"]:  # which side moved: say where, loudly
+                    print(f"{task} {name}: ids differ from this round's plain at "
+                          f"{first_diff(r['ids'], plain['ids'])}, from round 1's plain at "
+                          f"{first_diff(r['ids'], first_plain)}", file=sys.stderr, flush=True)
                 r["ratio"] = rate(r) / rate(plain)
                 runs.setdefault(name, []).append(r)
         for name, rs in runs.items():
