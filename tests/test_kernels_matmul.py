@@ -166,10 +166,11 @@ def test_real_weights_of_the_dev_model(real_model_path: Path) -> None:
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("n_blocks", [8, 12, 14, 16, 27, 28, 29, 152])
+@pytest.mark.parametrize("n_blocks", [8, 12, 14, 15, 16, 27, 28, 29, 31, 152])
 def test_repacked_weight_gives_bitwise_the_plain_result(qt: QType, n_blocks: int) -> None:
-    # groups of 16, then one of 8, then one of 4, then plain pairs and a single block:
-    # 8; 8 + 4; 8 + 4 + 2 plain; 16; 16 + 8 + 3 plain; 16 + 8 + 4; 16 + 8 + 4 + 1; 9 x 16 + 8
+    # groups of 16, then one of 12 (12 to 15 left) or one of 8 and one of 4, then plain pairs
+    # and a single block: 8; 12; 12 + 2 plain; 12 + 3 plain; 16; 16 + 8 + 3 plain; 16 + 12;
+    # 16 + 12 + 1; 16 + 12 + 3; 9 x 16 + 8
     n_in = 32 * n_blocks
     if not packable(qt, n_in):
         pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")

@@ -79,8 +79,8 @@ def block_corr(xq, offset, packed=False):
 @njit(cache=True)
 def block_transpose(xq, packed=False):
     """The activation for the transposed multi-row dots (`simd._emit_blocks`): in each group
-    of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then one of 8 and one of 4
-    where that many are left),
+    of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then one of 12 where 12 to 15
+    are left, else one of 8 and one of 4 where that many are left: as `repack` lays out weights),
     dword j of block i moves to dword j * G + i of the group; the rest stays as it is. One
     pass per call (0 columns for one row of plain weights or without AVX512-VNNI)."""
     nt, n = xq.shape
@@ -92,7 +92,8 @@ def block_transpose(xq, packed=False):
         b0 = 0
         while b0 < nb:
             left = nb - b0
-            g = BLOCKS_PER_CALL if left >= BLOCKS_PER_CALL else 8 if left >= 8 else 4
+            g = (BLOCKS_PER_CALL if left >= BLOCKS_PER_CALL else 12 if left >= 12
+                 else 8 if left >= 8 else 4)
             if left < g:
                 break
             for i in range(g):

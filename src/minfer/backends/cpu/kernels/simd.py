@@ -169,6 +169,35 @@ def _ld(builder: Any, ptr: Any, off: Any, ty: ir.Type) -> Any:
     return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=1)
 
 
+def _ld_low(builder: Any, ptr: Any, off: Any, n: int, ty: ir.VectorType) -> Any:
+    """A `ty` vector whose first n lanes are loaded from byte offset `off` (an i64 value) and
+    whose other lanes are zero: one masked load, nothing past the n lanes read (a group of 12
+    blocks on a 16-block vector)."""
+    if n == ty.count:
+        return _ld(builder, ptr, off, ty)
+    p = builder.gep(ptr, [off])
+    mask = ir.Constant(_vec(_I1, ty.count), [1] * n + [0] * (ty.count - n))
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ty, [p.type, _I32, mask.type, ty]),
+        f"llvm.masked.load.v{ty.count}i{ty.element.width}.p0")
+    return builder.call(fn, [p, ir.Constant(_I32, 1), mask, ir.Constant(ty, None)])
+
+
+def _low(builder: Any, v: Any, n: int) -> Any:
+    """The first n lanes of vector v."""
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n))))
+
+
+def _widen(builder: Any, v: Any, n: int) -> Any:
+    """v (<m x T>, m <= n) as <n x T>, the lanes past m zero."""
+    m = v.type.count
+    if m == n:
+        return v
+    zero = ir.Constant(v.type, None)
+    return builder.shuffle_vector(v, zero, ir.Constant(
+        _vec(_I32, n), list(range(m)) + [m] * (n - m)))
+
+
 def _row_ptr(context: Any, builder: Any, aryty: Any, ary: Any, t: Any) -> Any:
     """i8* to ary[t, 0] of a C-contiguous 2-D array (no bounds check)."""
     arr = context.make_array(aryty)(context, builder, ary)
@@ -335,9 +364,10 @@ def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
 
 def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
                   signed: bool = False) -> tuple[list[Any], Any]:
-    """The `count` (16, 8 or 4) blocks of a `repack`ed group at byte `base`: eight <4 count x i8>
-    code vectors in the transposed order (vector j = dword j of every block, block i at dword
-    i) and their scales as <count x f32>. Group bytes: count f16 scales, then
+    """The `count` (16, 12, 8 or 4) blocks of a `repack`ed group at byte `base`: eight
+    <4 lanes x i8> code vectors in the transposed order (vector j = dword j of every block,
+    block i at dword i; `lanes` = count, or 16 for 12 blocks, whose top 4 dwords are zero) and
+    their scales as <count x f32>. Group bytes: count f16 scales, then
     - Q4_0 / Q5_0: (Q5_0) eight count*4-bit masks, bit 4i + c of mask j = 5th bit of code
       4j + c of block i | four 4*count-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of
       block i (low nibble: code 4j + c, high nibble: code 16 + 4j + c);
@@ -345,6 +375,7 @@ def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
       operand of vpdpbusd)."""
     u64 = base.type
     n = 4 * count
+    nv = 4 * _lanes(count)  # bytes per code vector
     halves = _ld(builder, w, base, _vec(_I16, count))
     if HAS_F16C:
         dw = builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), count)),
@@ -355,21 +386,28 @@ def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
             f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
             dw = builder.insert_element(dw, f, ir.Constant(_I32, k))
     if signed:
-        return [_ld(builder, w, builder.add(base, ir.Constant(u64, 2 * count + n * j)),
-                    _vec(_I8, n)) for j in range(8)], dw
+        return [_ld_low(builder, w, builder.add(base, ir.Constant(u64, 2 * count + n * j)), n,
+                        _vec(_I8, nv)) for j in range(8)], dw
     qs = 2 * count + (n if has_qh else 0)
     wt: list[Any] = [None] * 8
     for j in range(4):
-        q = _ld(builder, w, builder.add(base, ir.Constant(u64, qs + n * j)), _vec(_I8, n))
-        wt[j] = builder.and_(q, _splat(builder, 15, n))
-        wt[j + 4] = builder.lshr(q, _splat(builder, 4, n))
+        q = _ld_low(builder, w, builder.add(base, ir.Constant(u64, qs + n * j)), n,
+                    _vec(_I8, nv))
+        wt[j] = builder.and_(q, _splat(builder, 15, nv))
+        wt[j + 4] = builder.lshr(q, _splat(builder, 4, nv))
     if has_qh:
         for j in range(8):
             m = _ld(builder, w, builder.add(base, ir.Constant(u64, 2 * count + count // 2 * j)),
                     ir.IntType(n))
-            bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
-            wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
+            m = builder.zext(m, ir.IntType(nv)) if nv > n else m
+            bits = builder.zext(builder.bitcast(m, _vec(_I1, nv)), _vec(_I8, nv))
+            wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, nv)))
     return wt, dw
+
+
+def _lanes(count: int) -> int:
+    """The i32 lanes a group of `count` blocks' sums take: a group of 12 runs on 16 lanes."""
+    return 16 if count == 12 else count
 
 
 def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, count: int,
@@ -401,7 +439,7 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
     if packed:
-        assert transposed and count in (16, 8, 4) and m_off is None
+        assert transposed and count in (16, 12, 8, 4) and m_off is None
         wt, dw = _packed_group(builder, w, bases[0], qh_off is not None, count, signed)
         mw = None
     else:
@@ -410,24 +448,27 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
         mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     out_acc, out_m = [], []
     use_corr = DOT4 and (offset or (signed and HAS_VNNI))
-    ivec = _vec(_I32, count)
+    nl = _lanes(count)
+    ivec = _vec(_I32, nl)
     if transposed and not packed:
         if signed:
             codes = [builder.xor(c, _splat(builder, 0x80, 32)) for c in codes]
-        wt = _transpose_codes(builder, codes)
+        zero = ir.Constant(_vec(_I8, 32), None)  # a group of 12: 4 blocks of zeros
+        wt = _transpose_codes(builder, codes + [zero] * (nl - count))
     pair = HAS_VNNI512 and count % 2 == 0
     if pair and not transposed:  # two blocks' codes per zmm
         codes = [_concat(builder, codes[k:k + 2]) for k in range(0, count, 2)]
     co = builder.mul(b, ir.Constant(u64, 4 * LANES))
     for j, (x, xt, xd, xs, xc, cb) in enumerate(toks):
         if transposed:
-            sums = [_ld(builder, cb, fo, ivec) if use_corr else ir.Constant(ivec, [0] * count),
-                    ir.Constant(ivec, [0] * count)]
+            sums = [_ld_low(builder, cb, fo, count, ivec) if use_corr else ir.Constant(ivec, None),
+                    ir.Constant(ivec, None)]
             for g in range(8):
-                xv = _ld(builder, xt, builder.add(xo, ir.Constant(u64, 4 * count * g)),
-                         _vec(_I8, 4 * count))
+                xv = _ld_low(builder, xt, builder.add(xo, ir.Constant(u64, 4 * count * g)),
+                             4 * count, _vec(_I8, 4 * nl))
                 sums[g % 2] = _vpdpbusd(builder, wt[g], xv, sums[g % 2])
             isum = builder.add(sums[0], sums[1])
+            isum = _low(builder, isum, count) if nl > count else isum
         else:
             step = 2 if pair else 1
             parts = []
@@ -437,7 +478,13 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
                 corr = _ld(builder, xc, builder.add(co, ir.Constant(u64, 4 * LANES * k)),
                            _vec(_I32, LANES * step)) if use_corr else None
                 parts.append(_lane_sums(builder, codes[k // step], xv, offset, signed, corr))
-            isum = _block_sums(builder, parts, count)
+            if count == 12:  # as 8 + 4 blocks (the same integers)
+                eight = _block_sums(builder, parts[:8 // step], 8)
+                four = _widen(builder, _block_sums(builder, parts[8 // step:], 4), 8)
+                isum = builder.shuffle_vector(eight, four, ir.Constant(_vec(_I32, 12),
+                                                                       list(range(12))))
+            else:
+                isum = _block_sums(builder, parts, count)
         dk = builder.fmul(dw, _ld(builder, xd, fo, _vec(_F32, count)))
         fsum = builder.sitofp(isum, _vec(_F32, count))
         if count == 4:  # folded as two pairs, the float steps of the pair path it replaced
@@ -616,9 +663,13 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             init = [zero] * (2 * ntok if has_m else ntok)
             vals = _phi_loop(builder, n_main, init, step(ir.Constant(u64, 0), BLOCKS_PER_CALL,
                                                           True))
-            # the remaining blocks: 8 if there are, 4 if there are, pairs, one; into the
-            # accumulators' low lanes
+            # the remaining blocks: 12 if there are (AVX512-VNNI), else 8 if there are, 4 if
+            # there are, pairs, one; into the accumulators' low lanes
             done = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
+            if HAS_VNNI512:  # 12 blocks take 8 vpdpbusd as 16 do; 8 + 4 took 16
+                n12 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 12))
+                vals = _phi_loop(builder, n12, vals, step(done, 12, False))
+                done = builder.add(done, builder.mul(n12, ir.Constant(u64, 12)))
             n8 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 8))
             vals = _phi_loop(builder, n8, vals, step(done, 8, False))
             done = builder.add(done, builder.mul(n8, ir.Constant(u64, 8)))
