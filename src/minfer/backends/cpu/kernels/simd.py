@@ -13,7 +13,8 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
   the portable mul/add-adjacent-pairs form that x86 lowers to `vpmaddwd` gives 16 lanes;
 - `rowdot_<type>(w_row, x, xt, xd, xs, xc, cb, t, out, r)` for Q4_0/Q4_1/Q5_0/Q5_1 runs a
   whole row against activation row t (`rowdot4_<type>` / `rowdot2_<type>`: rows t..t+3 / t+1,
-  each block unpacked once for all): steps of BLOCKS_PER_CALL = 16 blocks (then 8, pairs, one)
+  each block unpacked once for all): steps of BLOCKS_PER_CALL = 16 blocks (then one of 12 on
+  AVX512-VNNI, or of 8 and of 4, then pairs, one),
   whose exact per-block int sums, as floats, times d_w * d_x are fused (one FMA per step) into
   a 16-lane f32 accumulator per token that stays in registers (loop-carried phis), a software
   prefetch PREFETCH bytes ahead, one fixed-order horizontal sum per token at the end. The block
@@ -764,8 +765,8 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
     return intrinsic(typer)
 
 
-BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 8)
-PACK_GROUP = BLOCKS_PER_CALL  # blocks per group of a repacked row (then one group of 8)
+BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 12 or 8+4)
+PACK_GROUP = BLOCKS_PER_CALL  # blocks per group of a repacked row (then one of 12, or 8 and 4)
 PREFETCH = 1024  # software prefetch distance, bytes
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
 _LAYOUTS = {
