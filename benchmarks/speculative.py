@@ -29,6 +29,8 @@ import textwrap
 import time
 from typing import Any
 
+from minfer.engine.speculative import DRAFT_VOCAB
+
 FUNCTION = '''def summarize_orders(orders, currency="EUR", min_total=0.0):
     """Group orders by customer and return per-customer statistics."""
     by_customer = {}
@@ -169,8 +171,9 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=160, help="tokens per generation (default 160)")
     ap.add_argument("--lookup-ngram", type=int, default=3)
-    ap.add_argument("--draft-vocab", default="0",
-                    help="comma-separated --draft-vocab values, one draft mode each (0: all)")
+    ap.add_argument("--draft-vocab", default=str(DRAFT_VOCAB),
+                    help="comma-separated --draft-vocab values, one draft mode each (0: all; "
+                         f"default {DRAFT_VOCAB}, the CLI's)")
     ap.add_argument("--tasks", default="edit,code,prose")
     ap.add_argument("--rounds", type=int, default=2,
                     help="rounds of every mode, interleaved (ratios: median over rounds)")
@@ -184,7 +187,7 @@ def main() -> int:
 
     model = minfer.load(args.target, threads=args.threads)
     lookup = model.speculator(SpecConfig(lookup_ngram=args.lookup_ngram))
-    drafts = {("minfer draft" if v == 0 else f"minfer draft v{v}"):
+    drafts = {("minfer draft" if v == DRAFT_VOCAB else f"minfer draft v{v}"):
               model.speculator(SpecConfig(draft_vocab=v), draft=args.draft)
               for v in (int(x) for x in args.draft_vocab.split(","))}
     warm = model.tokenizer.encode(model.render_chat([{"role": "user", "content": "hi"}]))
