@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from ._llvm import f16_to_f32
-from .simd import BLOCKS_PER_CALL, DOT4, HAS_VNNI512
+from .simd import BLOCKS_PER_CALL, DOT4, HAS_VNNI512, TAIL_GROUPS
 
 _CHUNK = 16  # rows per work item
 U = np.uint64
@@ -79,10 +79,10 @@ def block_corr(xq, offset, packed=False):
 @njit(cache=True)
 def block_transpose(xq, packed=False):
     """The activation for the transposed multi-row dots (`simd._emit_blocks`): in each group
-    of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then one of 12 where 12 to 15
-    are left, else one of 8 and one of 4 where that many are left: as `repack` lays out weights),
-    dword j of block i moves to dword j * G + i of the group; the rest stays as it is. One
-    pass per call (0 columns for one row of plain weights or without AVX512-VNNI)."""
+    of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then each of
+    `simd.TAIL_GROUPS` where that many are left: as `repack` lays out weights), dword j of
+    block i moves to dword j * G + i of the group; the rest stays as it is. One pass per call
+    (0 columns for one row of plain weights or without AVX512-VNNI)."""
     nt, n = xq.shape
     if not HAS_VNNI512 or (nt < 2 and not packed):
         return np.zeros((nt, 0), np.int8)
@@ -90,15 +90,20 @@ def block_transpose(xq, packed=False):
     nb = n // 32
     for t in range(nt):
         b0 = 0
-        while b0 < nb:
-            left = nb - b0
-            g = (BLOCKS_PER_CALL if left >= BLOCKS_PER_CALL else 12 if left >= 12
-                 else 8 if left >= 8 else 4)
-            if left < g:
-                break
-            for i in range(g):
-                for j in range(8):
-                    for c in range(4):
-                        xt[t, 32 * b0 + 4 * (j * g + i) + c] = xq[t, 32 * (b0 + i) + 4 * j + c]
-            b0 += g
+        while nb - b0 >= BLOCKS_PER_CALL:
+            _transpose_group(xq, xt, t, b0, BLOCKS_PER_CALL)
+            b0 += BLOCKS_PER_CALL
+        for g in TAIL_GROUPS:
+            if nb - b0 >= g:
+                _transpose_group(xq, xt, t, b0, g)
+                b0 += g
     return xt
+
+
+@njit(inline="always")
+def _transpose_group(xq, xt, t, b0, g):
+    """Blocks b0 .. b0 + g of row t: dword j of block i to dword j * g + i of the group."""
+    for i in range(g):
+        for j in range(8):
+            for c in range(4):
+                xt[t, 32 * b0 + 4 * (j * g + i) + c] = xq[t, 32 * (b0 + i) + 4 * j + c]

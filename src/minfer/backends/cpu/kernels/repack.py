@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .simd import PACK_GROUP
+from .simd import PACK_GROUP, TAIL_GROUPS
 
 U = np.uint64
 
@@ -101,7 +101,7 @@ def _repack_rows(w, out, size, qs_off, has_qh):
         for g in range(ng):
             _repack_group(src, dst, g * PACK_GROUP * size, PACK_GROUP, size, qs_off, has_qh)
         rest = done
-        for g in (12, 8, 4):  # then one of 12, or one of 8 and one of 4, where that many are left
+        for g in TAIL_GROUPS:  # then each where that many blocks are left
             if (nbytes - rest) // size >= g:
                 _repack_group(src, dst, rest, g, size, qs_off, has_qh)
                 rest += g * size

@@ -421,8 +421,8 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     d_w * d_x per block times its float fused into that token's accumulator `acc[j]` (its low
     lanes), and m_w * s_x fused into `accm[j]` (Q4_1 / Q5_1).
 
-    The block sums come one of two ways, equal as integers: `transposed` (count 8 or 16, or 4
-    for a packed group, AVX512
+    The block sums come one of two ways, equal as integers: `transposed` (count 8, 12 or 16,
+    or 4 for a packed group; a group of 12 on 16 lanes whose top 4 are zero; AVX512
     VNNI, several tokens): the codes are transposed once so that dword i of vector j is dword j
     of block i, and 8 vpdpbusd against the activation laid out the same way (`xt`, from
     `dot32.block_transpose`), starting from the block's -offset * sum(x) (`cb`), leave block i's
@@ -431,8 +431,8 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     `xc`) added down to one lane per block. The float operations for one token are the same
     either way, whatever the other tokens are: a token's result never depends on R.
 
-    `packed` (count 16 or 8): the blocks are one group of a `repack`ed row, already transposed
-    in memory, so the codes are loaded, not unpacked and shuffled."""
+    `packed` (count 16, 12, 8 or 4): the blocks are one group of a `repack`ed row, already
+    transposed in memory, so the codes are loaded, not unpacked and shuffled."""
     size, qs_off, qh_off, offset, signed, m_off = layout
     u64 = b.type
     bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
@@ -617,13 +617,13 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
     the same transposed per block group (`dot32.block_transpose`, read when ntok > 1), xd
     per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`), cb int32
     -offset * block sums (`block_corr`, ntok > 1); all 2-D) for j < ntok. Each block is
-    unpacked once and dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then one of
-    8 if 8 are left, one of 4 if 4 are, then pairs, then one; per token one
+    unpacked once and dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then the
+    TAIL_GROUPS (12, 8, 4) where that many are left, then pairs, then one; per token one
     BLOCKS_PER_CALL-wide f32 accumulator (one fused multiply-add per step, the short steps into
     its low lanes), summed in a fixed tree at the end. The per-token float operations do not
     depend on ntok, so the batched result is bitwise the one-token result.
 
-    `packed`: the row is `repack`ed (its groups of 16 blocks, then one of 8 and one of 4,
+    `packed`: the row is `repack`ed (its groups of 16 blocks, then the TAIL_GROUPS,
     pre-transposed):
     those steps load the codes transposed, for one token too (xt and cb are then read for
     ntok 1); the pairs and single blocks read the plain blocks that follow the groups.
@@ -664,19 +664,13 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
             init = [zero] * (2 * ntok if has_m else ntok)
             vals = _phi_loop(builder, n_main, init, step(ir.Constant(u64, 0), BLOCKS_PER_CALL,
                                                           True))
-            # the remaining blocks: 12 if there are (AVX512-VNNI), else 8 if there are, 4 if
-            # there are, pairs, one; into the accumulators' low lanes
+            # the remaining blocks: the TAIL_GROUPS where that many are left, pairs, one; into
+            # the accumulators' low lanes
             done = builder.mul(n_main, ir.Constant(u64, BLOCKS_PER_CALL))
-            if HAS_VNNI512:  # 12 blocks take 8 vpdpbusd as 16 do; 8 + 4 took 16
-                n12 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 12))
-                vals = _phi_loop(builder, n12, vals, step(done, 12, False))
-                done = builder.add(done, builder.mul(n12, ir.Constant(u64, 12)))
-            n8 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 8))
-            vals = _phi_loop(builder, n8, vals, step(done, 8, False))
-            done = builder.add(done, builder.mul(n8, ir.Constant(u64, 8)))
-            n4 = builder.udiv(builder.sub(nb, done), ir.Constant(u64, 4))
-            vals = _phi_loop(builder, n4, vals, step(done, 4, False))
-            done = builder.add(done, builder.mul(n4, ir.Constant(u64, 4)))
+            for g in TAIL_GROUPS:
+                n_g = builder.udiv(builder.sub(nb, done), ir.Constant(u64, g))
+                vals = _phi_loop(builder, n_g, vals, step(done, g, False))
+                done = builder.add(done, builder.mul(n_g, ir.Constant(u64, g)))
             left = builder.sub(nb, done)
             vals = _phi_loop(builder, builder.udiv(left, ir.Constant(u64, 2)), vals,
                              step(done, 2, False))
@@ -766,7 +760,12 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
 
 
 BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 12 or 8+4)
-PACK_GROUP = BLOCKS_PER_CALL  # blocks per group of a repacked row (then one of 12, or 8 and 4)
+PACK_GROUP = BLOCKS_PER_CALL  # blocks per group of a repacked row (then the TAIL_GROUPS)
+# After the groups of 16, each of these in turn where that many blocks are left: the one rule of
+# the repacked layout (`repack`), the transposed activation (`dot32.block_transpose`) and the
+# row loop. A group costs 8 vpdpbusd per token whatever its width, so 12 blocks (AVX512-VNNI:
+# 16-lane vectors loaded masked) run as one group where 8 + 4 ran as two.
+TAIL_GROUPS = (12, 8, 4) if HAS_VNNI512 else (8, 4)
 PREFETCH = 1024  # software prefetch distance, bytes
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
 _LAYOUTS = {
