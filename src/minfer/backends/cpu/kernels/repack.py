@@ -6,11 +6,10 @@ vector holds 4 codes of block (sub-block) i, which is the order the activation i
 once per call. The dots then load codes instead of unpacking and shuffling them for every call
 and every token pass.
 
-- Q4_0 / Q5_0 / Q8_0 (`repack_block32`): groups of 16 blocks, then one of 12 if 12 to 15
-  are left, else one of 8 if 8 are left and one of 4 if 4 are; the last < 4 blocks stay as
-  they are (see `simd._packed_group`). A 896-wide row (28 blocks) took as long for its last 4
-  plain blocks as for its first 16 before the group of 4; as 16 + 8 + 4 it still ran three
-  groups of 8 vpdpbusd per token, as 16 + 12 (a 12-block group on masked 16-lane vectors) two.
+- Q4_0 / Q5_0 / Q8_0 (`repack_block32`): groups of 16 blocks, then `simd.TAIL_GROUPS` (12,
+  8, 4) where that many are left; the last < 4 blocks stay as they are (see
+  `simd._packed_group`). A 896-wide row (28 blocks) is 16 + 12: two groups of 8 vpdpbusd per
+  token, where 16 + 8 + 4 took three and its last 4 plain blocks had taken as long as the 16.
 - Q4_K (`repack_q4_k`): groups of 2 super-blocks (16 sub-blocks of 32), then one if a single
   is left; headers kept (see `simd_kp._q4k_group`).
 """
@@ -111,8 +110,8 @@ def _repack_rows(w, out, size, qs_off, has_qh):
 
 def repack_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
     """A Q4_0 / Q5_0 weight (uint8 [n_out, row bytes], `size`-byte blocks) with each row's
-    groups of PACK_GROUP blocks, then one of 12, or one of 8 and one of 4, where that many are
-    left (the groups `block_transpose` makes), rearranged for the transposed dots
+    groups of PACK_GROUP blocks, then the TAIL_GROUPS where that many are left (the groups
+    `block_transpose` makes), rearranged for the transposed dots
     (`simd._packed_group`); the last < 4 blocks stay as they are. Same size, a permutation of
     the bytes (plus Q5_0's 5th bits regrouped): exact, written into `out` (w's shape). Read it with
     `mv_q4_0p` / `mv_q5_0p` / `mv_q8_0p`."""
