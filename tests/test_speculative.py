@@ -119,6 +119,25 @@ def test_draft_length_follows_cost_and_acceptance() -> None:
     assert [bucket_floor(n) for n in (0, 1, 2, 3, 7, 15, 16, 40)] == [0, 1, 1, 3, 7, 15, 15, 15]
 
 
+def test_draft_length_prior_prices_unmeasured_rows() -> None:
+    length = DraftLength(16)
+    for _ in range(2):
+        length.record_plain(0.010)
+    # nothing verified yet: more rows are priced above a plain step, so the first proposal is
+    # a middle length, not the largest bucket (a free-rows prior picked 15)
+    assert length.choose(100) == 3
+    length.accept_rate, length.draft_token_s = 0.9, 0.004
+    for _ in range(2):  # compute-bound: 4 rows cost 1.5 plain steps
+        length.record_verify(4, 0.015)
+    assert length._verify_cost(8, 0.010) == pytest.approx(0.015 * 1.25)
+    assert length.choose(100) == 3  # 8 rows are not worth trying at this cost
+    length.verify_s[4], length.draft_token_s = 0.010, 0.001  # memory-bound: 4 rows cost 1
+    assert length.choose(100) == 7  # so a longer proposal is tried
+    for _ in range(2):
+        length.record_verify(16, 0.011)
+    assert length._verify_cost(8, 0.010) == pytest.approx(0.011)  # capped by a measured 16
+
+
 def test_config_and_vocab_checks_are_loud() -> None:
     with pytest.raises(SpeculativeError, match="draft-max"):
         SpecConfig(draft_max=0)
