@@ -13,7 +13,7 @@ from minfer.engine.forward import Batch, Engine
 from minfer.errors import ContextOverflowError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
-from minfer.tools.synth import write_tiny_model
+from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 from tests.oracle import OracleQwen
 
 TOKENS = [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11]
@@ -61,12 +61,14 @@ def test_repacked_weights_match_the_oracle(tmp_path: Path) -> None:
     pairs), tied Q8_0 embeddings serving as the output projection too."""
     from minfer.backends.cpu.kernels import packable
 
-    if not packable(QType.Q4_0, 512):
+    if not packable(QType.Q4_0, 512, 512):
         pytest.skip("no repacked layouts on this CPU (needs AVX512-VNNI)")
     types = {"token_embd": QType.Q8_0, "ffn_down": QType.Q4_0, "ffn_gate": QType.Q4_K,
              "ffn_up": QType.Q5_0, "default": QType.Q5_0}
+    # 512 ids: the tied output's rows interleave 16 at a time
     path = write_tiny_model(tmp_path / "wide.gguf", n_embd=512, n_head=8, n_head_kv=2, n_ff=768,
-                            weight_types=types, tied=True, seed=3)
+                            weight_types=types, tied=True, seed=3,
+                            vocab=build_tiny_vocab(vocab_size=512))
     engine = _engine(path, kv_type="f32")
     got = _all_rows(engine, TOKENS)
     ref = OracleQwen(str(path)).logits(TOKENS)
@@ -121,14 +123,15 @@ def test_an_error_met_in_the_background_is_raised_by_the_forward(tiny_qwen2: Pat
 
 
 def test_a_vocab_limited_head_gives_the_first_columns_bitwise(tiny_qwen2: Path) -> None:
-    """Engine(vocab_limit=N) (a draft model's cheaper head): logits of the first N ids only,
-    bitwise those columns of the whole head, in prefill and decode."""
+    """Engine(vocab_limit=N) (a draft model's cheaper head): logits of the first N ids only (N
+    rounded up to whole groups of 16 rows), bitwise those columns of the whole head, in prefill
+    and decode."""
     full, part = _engine(tiny_qwen2), _engine(tiny_qwen2, vocab_limit=100)
     a, b = full.forward(TOKENS, 0, n_out=3), part.forward(TOKENS, 0, n_out=3)
-    assert b.shape == (3, 100)
-    np.testing.assert_array_equal(b, a[:, :100])
+    assert b.shape == (3, 112)
+    np.testing.assert_array_equal(b, a[:, :112])
     np.testing.assert_array_equal(part.forward([9], len(TOKENS))[0],
-                                  full.forward([9], len(TOKENS))[0, :100])
+                                  full.forward([9], len(TOKENS))[0, :112])
     assert _engine(tiny_qwen2, vocab_limit=10**9).forward([1], 0).shape[1] == \
         full.hparams.n_vocab  # a limit at or above the vocabulary is no limit
 

@@ -165,37 +165,41 @@ def test_real_weights_of_the_dev_model(real_model_path: Path) -> None:
     assert seen == {QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K}
 
 
-@pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("n_blocks", [8, 12, 14, 15, 16, 27, 28, 29, 31, 152])
-def test_repacked_weight_gives_bitwise_the_plain_result(qt: QType, n_blocks: int) -> None:
-    # groups of 16, then one of 12 (12 to 15 left) or one of 8 and one of 4, then plain pairs
-    # and a single block: 8; 12; 12 + 2 plain; 12 + 3 plain; 16; 16 + 8 + 3 plain; 16 + 12;
-    # 16 + 12 + 1; 16 + 12 + 3; 9 x 16 + 8
+@pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("n_blocks", [1, 3, 8, 28, 29, 152])
+def test_interleaved_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType,
+                                                                       n_blocks: int) -> None:
+    """Rows interleaved 16 at a time (`simd_rows`): the same exact block sums, folded block by
+    block per row (another float order than the plain rows'); every token's result is bitwise
+    its result alone, for each pass size (8, 4, 2, 1 tokens)."""
     n_in = 32 * n_blocks
-    if not packable(qt, n_in):
+    if not packable(qt, n_in, 48):
         pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
-    w = make_weight(qt, 37, n_in, seed=n_blocks)
+    w = make_weight(qt, 48, n_in, seed=n_blocks)
     wp, pqt = repack_weight(w, qt)
     assert wp.shape == w.shape and wp.dtype == np.uint8 and not np.array_equal(wp, w)
-    for nt in (1, 2, 3, 4, 8, 9):
-        xq = quantize_activation(_x(nt, n_in), qt)
-        plain = np.empty((nt, 37), np.float32)
-        packed = np.empty((nt, 37), np.float32)
-        matmul_prequant(w, qt, xq, plain)
-        matmul_prequant(wp, pqt, xq, packed)
-        np.testing.assert_array_equal(packed, plain)
+    x = _x(15, n_in)
+    xq = quantize_activation(x, qt)
+    plain = np.empty((15, 48), np.float32)
+    packed = np.empty((15, 48), np.float32)
+    matmul_prequant(w, qt, xq, plain)
+    matmul_prequant(wp, pqt, xq, packed)
+    np.testing.assert_allclose(packed, plain, rtol=0, atol=2e-6 * np.abs(plain).max())
+    for t in range(15):
+        one = np.empty((1, 48), np.float32)
+        matmul_prequant(wp, pqt, quantize_activation(x[t:t + 1], qt), one)
+        np.testing.assert_array_equal(one[0], packed[t])
     with pytest.raises(ValueError, match="integer path"):
-        matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 37), np.float32))
+        matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 48), np.float32))
 
 
 @pytest.mark.parametrize(("qt", "n_in"), [
     (QType.Q4_K, 256), (QType.Q4_K, 512), (QType.Q4_K, 768), (QType.Q4_K, 4864),
-    (QType.Q8_0, 256), (QType.Q8_0, 896), (QType.Q8_0, 32 * 27), (QType.Q8_0, 4864),
 ], ids=str)
 def test_repacked_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType, n_in: int) -> None:
-    """Q4_K (pairs of super-blocks, a single one left) and Q8_0 (block sums instead of lane
-    sums): the same exact integer sums, summed in another float order."""
-    if not packable(qt, n_in):
+    """Q4_K (pairs of super-blocks, a single one left): the same exact integer sums, summed in
+    another float order."""
+    if not packable(qt, n_in, 37):
         pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
     w = make_weight(qt, 37, n_in, seed=n_in)
     wp, pqt = repack_weight(w, qt)
@@ -213,7 +217,8 @@ def test_repacked_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType, n
 
 
 def test_only_some_types_of_whole_groups_are_packable() -> None:
-    assert not packable(QType.Q4_1, 4864) and not packable(QType.Q6_K, 4864)
-    assert not packable(QType.Q5_0, 7 * 32)
+    assert not packable(QType.Q4_1, 4864, 64) and not packable(QType.Q6_K, 4864, 64)
+    assert not packable(QType.Q5_0, 896, 37)  # rows interleave 16 at a time
+    assert not packable(QType.Q4_K, 7 * 32, 64)
     with pytest.raises(ValueError, match="no repacked layout"):
         repack_weight(make_weight(QType.Q6_K, 4, 512), QType.Q6_K)

@@ -32,7 +32,7 @@ def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from minfer.backends.cpu.kernels import packable
 
-    if not packable(QType.Q4_0, 512):
+    if not packable(QType.Q4_0, 512, 512):
         pytest.skip("no repacked layouts on this CPU (needs AVX512-VNNI)")
     types = {"token_embd": QType.Q8_0, "ffn_down": QType.Q4_0, "ffn_gate": QType.Q4_K,
              "ffn_up": QType.Q5_0, "default": QType.Q5_0}

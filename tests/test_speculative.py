@@ -218,7 +218,10 @@ def test_a_draft_scoring_the_first_ids_only_keeps_the_output(tiny_qwen2: Path) -
     limit, a target token above it is rejected and then decoded, and greedy output is plain
     decoding's; sampled speculation gets the draft's q padded with zeros to the whole vocab."""
     plain, _ = _run(tiny_qwen2, PROMPT, None, repeat_penalty=1.3)
-    limit = int(np.median(plain.ids)) + 1  # part of the output lies beyond the draft's head
+    # part of the output lies beyond the draft's head (whole groups of 16 ids, as the engine
+    # rounds a limit)
+    limit = (int(np.median(plain.ids)) + 1) // 16 * 16
+    assert 0 < limit < max(plain.ids)
     draft = DraftModelProposer(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0)
     history = [*PROMPT, *plain.ids[:5]]
     proposal = draft.propose(history, 7, greedy=True)

@@ -150,8 +150,8 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-p-min", type=float, default=0.3, metavar="P",
                    help="the draft stops when its top probability is below P (default 0.3)")
     g.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, metavar="N",
-                   help="the draft model scores only the first N token ids, a cheaper draft "
-                        f"step (default {DRAFT_VOCAB}; 0: all)")
+                   help="the draft model scores only the first N token ids (rounded up to a "
+                        f"multiple of 16), a cheaper draft step (default {DRAFT_VOCAB}; 0: all)")
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:

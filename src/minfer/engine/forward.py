@@ -122,7 +122,9 @@ class Engine:
             fuse_swiglu=fuse_swiglu,
             fuse_gate_up=fuse_gate_up,
             backends=tuple(b.name for b in self._backends),
-            vocab_limit=vocab_limit if 0 < vocab_limit < hparams.n_vocab else 0,
+            # whole groups of 16 output rows: the unit of the CPU backend's interleaved weights
+            vocab_limit=limit if 0 < (limit := -(-vocab_limit // 16) * 16) < hparams.n_vocab
+            else 0,
         )
         self.kv = KVRegions(n_layer=hparams.n_layer, n_ctx=n_ctx,
                             n_kv_embd=hparams.n_head_kv * hparams.head_dim, k_type=k_type,

@@ -9,7 +9,8 @@ layer's would cost ~100 MB).
 Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Q4_0, Q5_0,
 Q8_0 and Q4_K weights are repacked for it on first use (`kernels.repack_weight`, kept by the
 weights in place of the file's pages): an exact byte rearrangement that spares the dots their
-per-call unpacking.
+per-call unpacking (Q4_0 / Q5_0 / Q8_0 with a multiple of 16 rows: interleaved 16 rows at a
+time, `kernels.simd_rows`).
 Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without
 AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on
 the batch shape. A batch-invariant context keeps every matmul on the integer path.
@@ -119,7 +120,7 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
     if p is None:
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw, qtype
-        if K.packable(qtype, n_in):
+        if K.packable(qtype, n_in, raw.shape[0]):
             w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
         w, qt = K.integer_weight(w, qt)  # IQ4_NL / Q3_K: widened once, shared by both paths
         p = ctx.weights.state[key] = _Projection(

@@ -2,7 +2,7 @@
 
 Public API (see docs/interfaces.md):
 - matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
-  quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in), repack_weight(w_raw, qtype),
+  quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in, n_out), repack_weight(w_raw, qtype),
   bind_prequant(w_raw, qtype) -> run(xq, out) -- `matmul`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
 - rms_norm, head_rms_norm -- `norm`; rope, rope_neox -- `rope`; silu, swiglu, add, mul --

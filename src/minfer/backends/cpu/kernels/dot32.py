@@ -17,7 +17,8 @@ operations, so out[t] is bitwise independent of the batch (batch-invariant servi
 the activation-only parts are precomputed: `lane_corr` / `block_corr` (the code offset times
 activation sums, where the dots start) and `block_transpose` (the multi-row layout). Compiled
 without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
-reassociable. The drivers (`mv_q4_0`, ..., repacked `mv_q4_0p`, ...) are generated per type
+reassociable. The drivers (`mv_q4_0`, ..., and `mv_q4_0p`, ... for the weights interleaved
+16 rows at a time, `simd_rows`) are generated per type
 from one template by `row_drivers` (numba caches a compiled function only when its callees are
 module globals, so a closure factory would recompile every run); here, the per-call activation
 preparation they share.
@@ -80,7 +81,7 @@ def block_corr(xq, offset, packed=False):
 def block_transpose(xq, packed=False):
     """The activation for the transposed multi-row dots (`simd._emit_blocks`): in each group
     of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then each of
-    `simd.TAIL_GROUPS` where that many are left: as `repack` lays out weights), dword j of
+    `simd.TAIL_GROUPS` where that many are left; `repack_q4_k`'s sub-block groups too), dword j of
     block i moves to dword j * G + i of the group; the rest stays as it is. One pass per call
     (0 columns for one row of plain weights or without AVX512-VNNI)."""
     nt, n = xq.shape

@@ -43,7 +43,7 @@ from .q8 import (
 )
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
 from .reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
-from .repack import repack_block32, repack_q4_k
+from .repack import interleave_block32, repack_q4_k
 from .row_drivers import (
     mv_bf16,
     mv_f16,
@@ -62,6 +62,7 @@ from .row_drivers import (
     mv_q8_0p,
 )
 from .simd import HAS_VNNI512
+from .simd_rows import ROWS
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
@@ -107,27 +108,30 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
 
 
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
-def packable(qtype: int, n_in: int) -> bool:
-    """Whether `repack_weight` has a faster layout for this weight (Q4_0 / Q5_0 / Q8_0 rows of at
-    least one 8-block group, Q4_K, on a CPU with AVX512-VNNI)."""
-    return HAS_VNNI512 and qtype_of(qtype) in PACKED_TYPES and n_in >= 8 * 32
+def packable(qtype: int, n_in: int, n_out: int) -> bool:
+    """Whether `repack_weight` has a faster layout for this weight, on a CPU with AVX512-VNNI:
+    Q4_0 / Q5_0 / Q8_0 with a multiple of 16 rows (interleaved 16 at a time), Q4_K rows of at
+    least one 8-sub-block group."""
+    qt = qtype_of(qtype)
+    if not HAS_VNNI512 or qt not in PACKED_TYPES:
+        return False
+    return n_in >= 8 * 32 if qt is QType.Q4_K else n_out % ROWS == 0
 
 
 def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
                   ) -> tuple[np.ndarray, QType]:
     """A `packable` weight in the repacked layout the integer dots read fastest: (copy, its
     QType), written into `out` (the raw array's shape and dtype) when given. The bytes are only
-    rearranged; `matmul` on the copy gives bitwise the original's result for Q4_0 / Q5_0, and
-    the same up to float summation order for Q8_0 / Q4_K."""
+    rearranged; `matmul` on the copy gives the original's result up to float summation order."""
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
-    if not packable(qt, n_in):
+    if not packable(qt, n_in, w.shape[0]):
         raise ValueError(f"{qt.name} weight of {n_in} inputs has no repacked layout here")
     dst = np.empty(w.shape, np.uint8) if out is None else out.reshape(w.shape)
     if qt is QType.Q4_K:
         repack_q4_k(w, dst)
     else:
-        repack_block32(w, BLOCK_LAYOUT[qt][1], dst)
+        interleave_block32(w, BLOCK_LAYOUT[qt][1], dst)
     return dst, PACKED_TYPES[qt]
 
 

@@ -25,9 +25,9 @@ Byte layouts (little-endian, f16 = IEEE half):
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
 The *_PACKED types are minfer's own ids (never in a file): the CPU backend's repacked copies of
-Q4_0 / Q5_0 / Q8_0 / Q4_K weights (`repack`: same bytes per row, the codes of groups of blocks
-pre-transposed for the integer dots). Only the integer matmul reads them; nothing dequantizes
-them.
+Q4_0 / Q5_0 / Q8_0 / Q4_K weights (`repack`: the same bytes rearranged, Q4_0 / Q5_0 / Q8_0 16
+rows at a time, Q4_K per row, the codes pre-transposed for the integer dots). Only the integer
+matmul reads them; nothing dequantizes them.
 """
 
 from __future__ import annotations

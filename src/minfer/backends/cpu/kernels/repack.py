@@ -1,25 +1,21 @@
 """Weight layouts for the integer dots, made once per weight on first use (`matmul.repack_weight`).
 
-Each is an exact rearrangement of a row's bytes (same length, nothing rounded) into the order
-the VNNI dots consume: the codes of a group of blocks transposed so that int32 lane i of a
-vector holds 4 codes of block (sub-block) i, which is the order the activation is transposed to
-once per call. The dots then load codes instead of unpacking and shuffling them for every call
-and every token pass.
+Each is an exact rearrangement of the weight's bytes (same length, nothing rounded) into the
+order the VNNI dots consume, so that they load codes instead of unpacking and shuffling them for
+every call and every token pass:
 
-- Q4_0 / Q5_0 / Q8_0 (`repack_block32`): groups of 16 blocks, then `simd.TAIL_GROUPS` (12,
-  8, 4) where that many are left; the last < 4 blocks stay as they are (see
-  `simd._packed_group`). A 896-wide row (28 blocks) is 16 + 12: two groups of 8 vpdpbusd per
-  token, where 16 + 8 + 4 took three and its last 4 plain blocks had taken as long as the 16.
-- Q4_K (`repack_q4_k`): groups of 2 super-blocks (16 sub-blocks of 32), then one if a single
-  is left; headers kept (see `simd_kp._q4k_group`).
+- Q4_0 / Q5_0 / Q8_0 (`interleave_block32`): 16 rows at a time, block column by block column,
+  each column's 16 blocks as one packed group whose int32 lane i holds 4 codes of row i (see
+  `simd._packed_group`, `simd_rows`).
+- Q4_K (`repack_q4_k`): per row, groups of 2 super-blocks (16 sub-blocks of 32), then one if a
+  single is left, lane i holding 4 codes of sub-block i; headers kept (see
+  `simd_kp._q4k_group`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
-
-from .simd import PACK_GROUP, TAIL_GROUPS
 
 U = np.uint64
 
@@ -35,11 +31,11 @@ def _repack_layout(size: int) -> tuple[int, bool]:
     raise ValueError(f"no repacked layout for {size}-byte blocks")
 
 
-# The group copies are called, not inlined: inlined at their two call sites each they made the
-# first run compile _repack_rows in 8 s (3.6 s now) for no measurable repacking speed.
+# The group copy is called, not inlined (inlined, it made the first run compile the repacking
+# loop in 8 s instead of 3.6 s, for no measurable repacking speed).
 @njit
 def _repack_group(src, dst, o, g, size, qs_off, has_qh):
-    """Blocks o/size .. + g of one row (g = 16, 12, 8 or 4) into the packed group at byte o."""
+    """g consecutive blocks of src from byte o into the packed group at byte o of dst."""
     n = 4 * g
     if size == 34:  # Q8_0: scales, then the codes transposed as they are, ^ 0x80
         x = np.uint8(0x80)
@@ -89,36 +85,6 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh):
             dst[b + 7 * h] = np.uint8((m7 >> s8) & U(255))
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _repack_rows(w, out, size, qs_off, has_qh):
-    n_out, nbytes = w.shape
-    nb = nbytes // size
-    ng = nb // PACK_GROUP
-    done = ng * PACK_GROUP * size
-    for r in prange(n_out):
-        src, dst = w[r], out[r]
-        for g in range(ng):
-            _repack_group(src, dst, g * PACK_GROUP * size, PACK_GROUP, size, qs_off, has_qh)
-        rest = done
-        for g in TAIL_GROUPS:  # then each where that many blocks are left
-            if (nbytes - rest) // size >= g:
-                _repack_group(src, dst, rest, g, size, qs_off, has_qh)
-                rest += g * size
-        for k in range(rest, nbytes):
-            dst[k] = src[k]
-
-
-def repack_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
-    """A Q4_0 / Q5_0 weight (uint8 [n_out, row bytes], `size`-byte blocks) with each row's
-    groups of PACK_GROUP blocks, then the TAIL_GROUPS where that many are left (the groups
-    `block_transpose` makes), rearranged for the transposed dots
-    (`simd._packed_group`); the last < 4 blocks stay as they are. Same size, a permutation of
-    the bytes (plus Q5_0's 5th bits regrouped): exact, written into `out` (w's shape). Read it with
-    `mv_q4_0p` / `mv_q5_0p` / `mv_q8_0p`."""
-    qs_off, has_qh = _repack_layout(size)
-    _repack_rows(w, out, size, qs_off, has_qh)
-
-
 @njit(inline="always")
 def _q4k_code(src, sb0, i, q):
     """Code q (0..31) of sub-block i (0..15) of the group whose first super-block starts at
@@ -158,3 +124,30 @@ def repack_q4_k(w: np.ndarray, out: np.ndarray) -> None:
     """A Q4_K weight (uint8 [n_out, row bytes]) in the repacked layout `simd_kp` reads,
     written into `out` (w's shape)."""
     _repack_q4k_rows(w, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _interleave_rows(w, out, size, qs_off, has_qh):
+    n_out, nbytes = w.shape
+    nb = nbytes // size
+    flat = out.reshape(-1)
+    for g in prange(n_out // 16):
+        src = np.empty(16 * size, np.uint8)
+        dst = np.empty(16 * size, np.uint8)
+        for b in range(nb):
+            for i in range(16):
+                for k in range(size):
+                    src[i * size + k] = w[16 * g + i, b * size + k]
+            _repack_group(src, dst, 0, 16, size, qs_off, has_qh)
+            o = g * 16 * nbytes + b * 16 * size
+            flat[o:o + 16 * size] = dst
+
+
+def interleave_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
+    """A Q4_0 / Q5_0 / Q8_0 weight (uint8 [n_out, row bytes], n_out a multiple of 16) with
+    each group of 16 rows rewritten block column by block column: block b of the 16 rows as
+    one packed group (`simd._packed_group`, "block i" read as "row i"), the groups of a row
+    group in block order. Same size, exact; written into `out` (w's shape). Read by
+    `simd_rows`."""
+    qs_off, has_qh = _repack_layout(size)
+    _interleave_rows(w, out, size, qs_off, has_qh)

@@ -1,13 +1,15 @@
 """The row-parallel matrix-vector drivers, written once as templates and generated per type.
 
-Every integer dot kernel (`dot32`: Q4_0 .. Q8_0 and the repacked `*p`; `dotk`: Q4_K .. Q6_K,
-Q4_K repacked) runs the same skeleton around its type's row intrinsics (`simd`, `simd_k`,
-`simd_kp`): rows split across threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
+Every integer dot kernel (`dot32`: Q4_0 .. Q8_0; `dotk`: Q4_K .. Q6_K, Q4_K repacked) runs the
+same skeleton around its type's row intrinsics (`simd`, `simd_k`, `simd_kp`): rows split across
+threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
 at a time while rows have at most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit
 the same per-token float operations, so out[t] does not depend on the batch). The float
 kernels (F32 / F16 / BF16, `floatmv`) share a second, simpler skeleton. The types differ only
 in the intrinsics called, the arrays they read, and the activation preparation done once per
-call (`dot32.lane_corr` / `block_corr` / `block_transpose`, `dotk.block_scales_sums`).
+call (`dot32.lane_corr` / `block_corr` / `block_transpose`, `dotk.block_scales_sums`). The
+Q4_0 / Q5_0 / Q8_0 weights interleaved 16 rows at a time (`*p`, `simd_rows`) have a third
+skeleton: threads split the row groups, and each group runs the same token passes.
 
 numba caches a compiled function on disk only when it lives in a real source file and its
 callees are module globals: a factory closing over the intrinsics would recompile them on
@@ -111,6 +113,47 @@ class IntegerDriver:
                                doc=self.doc, prologue="".join(f"    {s}\n" for s in self.prologue))
 
 
+# The drivers of the row-interleaved Q4_0 / Q5_0 / Q8_0 weights (`simd_rows`): threads split the
+# groups of 16 rows; each group runs every token pass while its rows are in cache.
+_ROWS = '''
+
+@njit(parallel=True, cache=True)
+def {name}(w, xq, xd, xs, out):
+    """{doc}"""
+    n_out, nt = w.shape[0], xq.shape[0]
+    cb = block_corr(xq, {offset}, True)
+    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
+    n4 = n8 + (nt - n8) // 4 * 4
+    for g in prange(n_out // ROWS):
+        for t in range(0, n8, MAX_TOKENS):
+            rowsdot8_{qt}(w, xq, xd, cb, t, out, g)
+        for t in range(n8, n4, 4):
+            rowsdot4_{qt}(w, xq, xd, cb, t, out, g)
+        if nt - n4 >= 2:
+            rowsdot2_{qt}(w, xq, xd, cb, n4, out, g)
+        if (nt - n4) % 2:
+            rowsdot_{qt}(w, xq, xd, cb, nt - 1, out, g)
+'''
+
+
+@dataclass(frozen=True)
+class RowsDriver:
+    """One row-interleaved driver: `name(w, xq, xd, xs, out)` over `simd_rows.rowsdot*_<qt>`;
+    `offset`: the codes' offset above zero (`block_corr`'s correction)."""
+
+    name: str
+    qt: str
+    offset: int
+    doc: str
+
+    def imports(self) -> str:
+        names = ", ".join(f"rowsdot{k}_{self.qt}" for k in ("", "2", "4", "8"))
+        return f"from minfer.backends.cpu.kernels.simd_rows import ROWS, {names}\n"
+
+    def source(self) -> str:
+        return _ROWS.format(name=self.name, qt=self.qt, offset=self.offset, doc=self.doc)
+
+
 @dataclass(frozen=True)
 class FloatDriver:
     """One float driver: `name(w, x, out)`; `value` the weight element `row[{i}]` as f32."""
@@ -138,10 +181,8 @@ def _block32(qt: str, offset: int) -> IntegerDriver:
                          f"{qt.upper()} rows dotted with a Q8_0/Q8_1 activation (`dot32`).")
 
 
-def _packed(qt: str, offset: int, doc: str) -> IntegerDriver:
-    prep = (f"xc, cb, xt = lane_corr(xq, {offset}), block_corr(xq, {offset}, True), "
-            "block_transpose(xq, True)")
-    return IntegerDriver(f"mv_{qt}p", f"{qt}p", "simd", "xs", (prep,), _Q8, doc)
+_ROWS_DOC = ("{qt} rows interleaved 16 at a time (`repack.interleave_block32`): equal to the plain "
+             "rows' result up to float summation order")
 
 
 def _kquant(qt: str) -> IntegerDriver:
@@ -149,7 +190,7 @@ def _kquant(qt: str) -> IntegerDriver:
                          f"{qt.upper()} rows dotted with a Q8_K activation (`dotk`).")
 
 
-DRIVERS: tuple[IntegerDriver | FloatDriver, ...] = (
+DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _block32("q4_0", 8),
     _block32("q4_1", 0),
     _block32("q5_0", 16),
@@ -158,11 +199,10 @@ DRIVERS: tuple[IntegerDriver | FloatDriver, ...] = (
                   ("xc = lane_corr(xq, 128 if nt > 1 else 0)  # one row: the correction is a "
                    "vpdpbusd",), "xq, xd, xs, xc",
                   "Q8_0 rows dotted with a Q8_0 activation (`dot32`)."),
-    _packed("q4_0", 8, "mv_q4_0 on a `repack`ed weight (bitwise the same result)."),
-    _packed("q5_0", 16, "mv_q5_0 on a `repack`ed weight (bitwise the same result)."),
-    _packed("q8_0", 128, "mv_q8_0 on a `repack`ed weight: the block-sum form (transposed codes "
-            "stored as code ^ 0x80, started from -128 * block sums), equal to mv_q8_0 up to "
-            "float summation order."),
+    RowsDriver("mv_q4_0p", "q4_0", 8, _ROWS_DOC.format(qt="Q4_0")),
+    RowsDriver("mv_q5_0p", "q5_0", 16, _ROWS_DOC.format(qt="Q5_0")),
+    RowsDriver("mv_q8_0p", "q8_0", 128, _ROWS_DOC.format(qt="Q8_0") + " (codes stored as "
+               "code ^ 0x80, started from -128 * block sums)"),
     _kquant("q4_k"),
     _kquant("q5_k"),
     _kquant("q6_k"),

@@ -365,7 +365,8 @@ def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
 
 def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
                   signed: bool = False) -> tuple[list[Any], Any]:
-    """The `count` (16, 12, 8 or 4) blocks of a `repack`ed group at byte `base`: eight
+    """The `count` (16, 12, 8 or 4) blocks of a packed group at byte `base` (`simd_rows` reads
+    16: block b of 16 interleaved rows, "block i" being row i there): eight
     <4 lanes x i8> code vectors in the transposed order (vector j = dword j of every block,
     block i at dword i; `lanes` = count, or 16 for 12 blocks, whose top 4 dwords are zero) and
     their scales as <count x f32>. Group bytes: count f16 scales, then
@@ -413,8 +414,8 @@ def _lanes(count: int) -> int:
 
 def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, count: int,
                  layout: tuple[int, int, int | None, int, bool, int | None],
-                 acc: list[Any], accm: list[Any], transposed: bool,
-                 packed: bool = False) -> tuple[list[Any], list[Any]]:
+                 acc: list[Any], accm: list[Any], transposed: bool
+                 ) -> tuple[list[Any], list[Any]]:
     """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xt, xd,
     xs, xc, cb) i8* row pointers). The blocks are unpacked once and shared by the tokens. Per
     token the exact int32 dot of each block, (code - offset) . x, as <count x i32>, then
@@ -422,36 +423,28 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     lanes), and m_w * s_x fused into `accm[j]` (Q4_1 / Q5_1).
 
     The block sums come one of two ways, equal as integers: `transposed` (count 8, 12 or 16,
-    or 4 for a packed group; a group of 12 on 16 lanes whose top 4 are zero; AVX512
+    a group of 12 on 16 lanes whose top 4 are zero; AVX512
     VNNI, several tokens): the codes are transposed once so that dword i of vector j is dword j
     of block i, and 8 vpdpbusd against the activation laid out the same way (`xt`, from
     `dot32.block_transpose`), starting from the block's -offset * sum(x) (`cb`), leave block i's
     sum in lane i: 8 vpdpbusd per token for 16 blocks and nothing else. Otherwise (one token,
     tail blocks): the lane sums of each block (pairs of blocks per zmm vpdpbusd, started from
     `xc`) added down to one lane per block. The float operations for one token are the same
-    either way, whatever the other tokens are: a token's result never depends on R.
-
-    `packed` (count 16, 12, 8 or 4): the blocks are one group of a `repack`ed row, already
-    transposed in memory, so the codes are loaded, not unpacked and shuffled."""
+    either way, whatever the other tokens are: a token's result never depends on R."""
     size, qs_off, qh_off, offset, signed, m_off = layout
     u64 = b.type
     bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
              for k in range(count)]
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
-    if packed:
-        assert transposed and count in (16, 12, 8, 4) and m_off is None
-        wt, dw = _packed_group(builder, w, bases[0], qh_off is not None, count, signed)
-        mw = None
-    else:
-        codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
-        dw = _f16s(builder, w, bases, 0, size)
-        mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
+    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
+    dw = _f16s(builder, w, bases, 0, size)
+    mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     out_acc, out_m = [], []
     use_corr = DOT4 and (offset or (signed and HAS_VNNI))
     nl = _lanes(count)
     ivec = _vec(_I32, nl)
-    if transposed and not packed:
+    if transposed:
         if signed:
             codes = [builder.xor(c, _splat(builder, 0x80, 32)) for c in codes]
         zero = ir.Constant(_vec(_I8, 32), None)  # a group of 12: 4 blocks of zeros
@@ -610,8 +603,7 @@ def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]
     return phis
 
 
-def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int,
-             packed: bool = False) -> Any:
+def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
     """An intrinsic rowdot(w, x, xt, xd, xs, xc, cb, t, out, r) -> None: out[t + j, r] = dot of
     the weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xt
     the same transposed per block group (`dot32.block_transpose`, read when ntok > 1), xd
@@ -621,16 +613,9 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
     TAIL_GROUPS (12, 8, 4) where that many are left, then pairs, then one; per token one
     BLOCKS_PER_CALL-wide f32 accumulator (one fused multiply-add per step, the short steps into
     its low lanes), summed in a fixed tree at the end. The per-token float operations do not
-    depend on ntok, so the batched result is bitwise the one-token result.
-
-    `packed`: the row is `repack`ed (its groups of 16 blocks, then the TAIL_GROUPS,
-    pre-transposed):
-    those steps load the codes transposed, for one token too (xt and cb are then read for
-    ntok 1); the pairs and single blocks read the plain blocks that follow the groups.
-    Integer sums are the same, so a packed row's result is bitwise the plain row's."""
+    depend on ntok, so the batched result is bitwise the one-token result."""
     size, m_off = layout[0], layout[5]
     fast = ntok > 1 and HAS_VNNI512
-    assert not packed or HAS_VNNI512
 
     def typer(typingctx: Any, w: Any, x: Any, xt: Any, xd: Any, xs: Any, xc: Any, cb: Any,
               t: Any, out: Any, r: Any) -> Any:
@@ -655,9 +640,8 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
                         for off in range(0, size * count, 64):
                             _prefetch_ir(builder, builder.gep(w_p, [
                                 builder.add(start, ir.Constant(u64, off))]))
-                    group = packed and count >= 4
                     a, m = _emit_blocks(builder, w_p, toks, b, count, layout, vals[:ntok],
-                                        vals[ntok:], group or (fast and count >= 8), group)
+                                        vals[ntok:], fast and count >= 8)
                     return a + m
                 return body
 
@@ -760,11 +744,10 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
 
 
 BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 12 or 8+4)
-PACK_GROUP = BLOCKS_PER_CALL  # blocks per group of a repacked row (then the TAIL_GROUPS)
 # After the groups of 16, each of these in turn where that many blocks are left: the one rule of
-# the repacked layout (`repack`), the transposed activation (`dot32.block_transpose`) and the
-# row loop. A group costs 8 vpdpbusd per token whatever its width, so 12 blocks (AVX512-VNNI:
-# 16-lane vectors loaded masked) run as one group where 8 + 4 ran as two.
+# the transposed activation (`dot32.block_transpose`) and the row loop's multi-token steps. A
+# group costs 8 vpdpbusd per token whatever its width, so 12 blocks (AVX512-VNNI: 16-lane vectors
+# loaded masked) run as one group where 8 + 4 ran as two.
 TAIL_GROUPS = (12, 8, 4) if HAS_VNNI512 else (8, 4)
 PREFETCH = 1024  # software prefetch distance, bytes
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
@@ -803,17 +786,3 @@ rowdot2_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 2)
 rowdot2_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 2)
 rowdot2_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 2)
 rowdot2_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 2)
-# repacked rows (`repack`; AVX512-VNNI only): Q4_0, Q5_0 and Q8_0 (which then takes the
-# block-sum form, not the per-lane one)
-rowdot_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 1, packed=HAS_VNNI512)
-rowdot2_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 2, packed=HAS_VNNI512)
-rowdot4_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], 4, packed=HAS_VNNI512)
-rowdot8_q4_0p: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS, packed=HAS_VNNI512)
-rowdot_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 1, packed=HAS_VNNI512)
-rowdot2_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 2, packed=HAS_VNNI512)
-rowdot4_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], 4, packed=HAS_VNNI512)
-rowdot8_q5_0p: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS, packed=HAS_VNNI512)
-rowdot_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], 1, packed=HAS_VNNI512)
-rowdot2_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], 2, packed=HAS_VNNI512)
-rowdot4_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], 4, packed=HAS_VNNI512)
-rowdot8_q8_0p: Any = _row_dot(_LAYOUTS["q8_0"], MAX_TOKENS, packed=HAS_VNNI512)
