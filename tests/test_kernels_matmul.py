@@ -3,6 +3,7 @@ integer dot, both paths against the f32 dequantized product, and the dispatch ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,27 @@ def test_real_weights_of_the_dev_model(real_model_path: Path) -> None:
     assert seen == {QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K}
 
 
+def _check_repacked(w: np.ndarray, qt: QType, n_in: int, nt: int, alone: Sequence[int],
+                    atol: float) -> tuple[np.ndarray, QType]:
+    """Repack w (rows of n_in values); nt tokens through it equal the plain rows' result within
+    atol x its largest value, and each token in `alone` run by itself is bitwise its batched
+    result."""
+    wp, pqt = repack_weight(w, qt)
+    n_out = w.shape[0]
+    x = _x(nt, n_in)
+    xq = quantize_activation(x, qt)
+    plain = np.empty((nt, n_out), np.float32)
+    packed = np.empty((nt, n_out), np.float32)
+    matmul_prequant(w, qt, xq, plain)
+    matmul_prequant(wp, pqt, xq, packed)
+    np.testing.assert_allclose(packed, plain, rtol=0, atol=atol * np.abs(plain).max())
+    for t in alone:
+        one = np.empty((1, n_out), np.float32)
+        matmul_prequant(wp, pqt, quantize_activation(x[t:t + 1], qt), one)
+        np.testing.assert_array_equal(one[0], packed[t])
+    return wp, pqt
+
+
 @pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("n_blocks", [1, 3, 8, 28, 29, 152])
 def test_interleaved_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType,
@@ -176,19 +198,8 @@ def test_interleaved_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType
     if not packable(qt, n_in, 48):
         pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
     w = make_weight(qt, 48, n_in, seed=n_blocks)
-    wp, pqt = repack_weight(w, qt)
+    wp, pqt = _check_repacked(w, qt, n_in, 15, range(15), 2e-6)
     assert wp.shape == w.shape and wp.dtype == np.uint8 and not np.array_equal(wp, w)
-    x = _x(15, n_in)
-    xq = quantize_activation(x, qt)
-    plain = np.empty((15, 48), np.float32)
-    packed = np.empty((15, 48), np.float32)
-    matmul_prequant(w, qt, xq, plain)
-    matmul_prequant(wp, pqt, xq, packed)
-    np.testing.assert_allclose(packed, plain, rtol=0, atol=2e-6 * np.abs(plain).max())
-    for t in range(15):
-        one = np.empty((1, 48), np.float32)
-        matmul_prequant(wp, pqt, quantize_activation(x[t:t + 1], qt), one)
-        np.testing.assert_array_equal(one[0], packed[t])
     with pytest.raises(ValueError, match="integer path"):
         matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 48), np.float32))
 
@@ -201,19 +212,7 @@ def test_repacked_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType, n
     another float order."""
     if not packable(qt, n_in, 37):
         pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
-    w = make_weight(qt, 37, n_in, seed=n_in)
-    wp, pqt = repack_weight(w, qt)
-    x = _x(9, n_in)
-    xq = quantize_activation(x, qt)
-    plain = np.empty((9, 37), np.float32)
-    packed = np.empty((9, 37), np.float32)
-    matmul_prequant(w, qt, xq, plain)
-    matmul_prequant(wp, pqt, xq, packed)
-    np.testing.assert_allclose(packed, plain, rtol=0, atol=1e-5 * np.abs(plain).max())
-    for t in (0, 4, 8):
-        one = np.empty((1, 37), np.float32)
-        matmul_prequant(wp, pqt, quantize_activation(x[t:t + 1], qt), one)
-        np.testing.assert_array_equal(one[0], packed[t])
+    _check_repacked(make_weight(qt, 37, n_in, seed=n_in), qt, n_in, 9, (0, 4, 8), 1e-5)
 
 
 def test_only_some_types_of_whole_groups_are_packable() -> None:

@@ -6,7 +6,7 @@ every call and every token pass:
 
 - Q4_0 / Q5_0 / Q8_0 (`interleave_block32`): 16 rows at a time, block column by block column,
   each column's 16 blocks as one packed group whose int32 lane i holds 4 codes of row i (see
-  `simd._packed_group`, `simd_rows`).
+  `simd_rows._group`).
 - Q4_K (`repack_q4_k`): per row, groups of 2 super-blocks (16 sub-blocks of 32), then one if a
   single is left, lane i holding 4 codes of sub-block i; headers kept (see
   `simd_kp._q4k_group`).
@@ -146,7 +146,7 @@ def _interleave_rows(w, out, size, qs_off, has_qh):
 def interleave_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
     """A Q4_0 / Q5_0 / Q8_0 weight (uint8 [n_out, row bytes], n_out a multiple of 16) with
     each group of 16 rows rewritten block column by block column: block b of the 16 rows as
-    one packed group (`simd._packed_group`, "block i" read as "row i"), the groups of a row
+    one packed group (`simd_rows._group`), the groups of a row
     group in block order. Same size, exact; written into `out` (w's shape). Read by
     `simd_rows`."""
     qs_off, has_qh = _repack_layout(size)

@@ -91,6 +91,12 @@ def {name}(w, x, out):
 '''
 
 
+def _pass_imports(module: str, prefix: str, suffix: str, *extra: str) -> str:
+    """The import line of a driver's intrinsics: one per pass size (1, 2, 4, 8 tokens)."""
+    names = ", ".join([*extra, *(f"{prefix}{k}_{suffix}" for k in ("", "2", "4", "8"))])
+    return f"from minfer.backends.cpu.kernels.{module} import {names}\n"
+
+
 @dataclass(frozen=True)
 class IntegerDriver:
     """One integer driver: `name(w, xq, xd, aux, out)` over the intrinsics `rowdot*_<rd>` of
@@ -105,8 +111,7 @@ class IntegerDriver:
     doc: str
 
     def imports(self) -> str:
-        names = ", ".join(f"rowdot{k}_{self.rd}" for k in ("", "2", "4", "8"))
-        return f"from minfer.backends.cpu.kernels.{self.module} import {names}\n"
+        return _pass_imports(self.module, "rowdot", self.rd)
 
     def source(self) -> str:
         return _INTEGER.format(name=self.name, aux=self.aux, rd=self.rd, args=self.args,
@@ -147,8 +152,7 @@ class RowsDriver:
     doc: str
 
     def imports(self) -> str:
-        names = ", ".join(f"rowsdot{k}_{self.qt}" for k in ("", "2", "4", "8"))
-        return f"from minfer.backends.cpu.kernels.simd_rows import ROWS, {names}\n"
+        return _pass_imports("simd_rows", "rowsdot", self.qt, "ROWS")
 
     def source(self) -> str:
         return _ROWS.format(name=self.name, qt=self.qt, offset=self.offset, doc=self.doc)

@@ -363,50 +363,6 @@ def _transpose_codes(builder: Any, codes: list[Any]) -> list[Any]:
     return [builder.bitcast(v, _vec(_I8, 4 * count)) for v in z]
 
 
-def _packed_group(builder: Any, w: Any, base: Any, has_qh: bool, count: int,
-                  signed: bool = False) -> tuple[list[Any], Any]:
-    """The `count` (16, 12, 8 or 4) blocks of a packed group at byte `base` (`simd_rows` reads
-    16: block b of 16 interleaved rows, "block i" being row i there): eight
-    <4 lanes x i8> code vectors in the transposed order (vector j = dword j of every block,
-    block i at dword i; `lanes` = count, or 16 for 12 blocks, whose top 4 dwords are zero) and
-    their scales as <count x f32>. Group bytes: count f16 scales, then
-    - Q4_0 / Q5_0: (Q5_0) eight count*4-bit masks, bit 4i + c of mask j = 5th bit of code
-      4j + c of block i | four 4*count-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of
-      block i (low nibble: code 4j + c, high nibble: code 16 + 4j + c);
-    - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
-      operand of vpdpbusd)."""
-    u64 = base.type
-    n = 4 * count
-    nv = 4 * _lanes(count)  # bytes per code vector
-    halves = _ld(builder, w, base, _vec(_I16, count))
-    if HAS_F16C:
-        dw = builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), count)),
-                           _vec(_F32, count))
-    else:
-        dw = ir.Constant(_vec(_F32, count), None)
-        for k in range(count):
-            f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
-            dw = builder.insert_element(dw, f, ir.Constant(_I32, k))
-    if signed:
-        return [_ld_low(builder, w, builder.add(base, ir.Constant(u64, 2 * count + n * j)), n,
-                        _vec(_I8, nv)) for j in range(8)], dw
-    qs = 2 * count + (n if has_qh else 0)
-    wt: list[Any] = [None] * 8
-    for j in range(4):
-        q = _ld_low(builder, w, builder.add(base, ir.Constant(u64, qs + n * j)), n,
-                    _vec(_I8, nv))
-        wt[j] = builder.and_(q, _splat(builder, 15, nv))
-        wt[j + 4] = builder.lshr(q, _splat(builder, 4, nv))
-    if has_qh:
-        for j in range(8):
-            m = _ld(builder, w, builder.add(base, ir.Constant(u64, 2 * count + count // 2 * j)),
-                    ir.IntType(n))
-            m = builder.zext(m, ir.IntType(nv)) if nv > n else m
-            bits = builder.zext(builder.bitcast(m, _vec(_I1, nv)), _vec(_I8, nv))
-            wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, nv)))
-    return wt, dw
-
-
 def _lanes(count: int) -> int:
     """The i32 lanes a group of `count` blocks' sums take: a group of 12 runs on 16 lanes."""
     return 16 if count == 12 else count

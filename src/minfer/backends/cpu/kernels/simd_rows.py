@@ -2,8 +2,8 @@
 (`repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
 The interleaved layout stores, for each group of 16 weight rows and each block column b, the
-16 rows' block b as one packed group (`simd._packed_group` with "block i" read as "row i"):
-vector j holds codes 4j..4j+3 of every row, row i in int32 lane i. So the lanes of every vector
+16 rows' block b as one packed group (`_group`): vector j holds codes 4j..4j+3 of every row,
+row i in int32 lane i. So the lanes of every vector
 are the 16 rows, and one token's 16 exact block sums come from 8 vpdpbusd against the token's
 activation dwords broadcast (no transposed activation, no horizontal sums). Per token and row
 group the float work is, block after block:
@@ -32,15 +32,17 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from ._llvm import HAS_F16C, half_to_float
 from .simd import (
     _F32,
+    _I1,
     _I8,
+    _I16,
     _I32,
     MAX_TOKENS,
     PREFETCH,
     _fma,
     _ld,
-    _packed_group,
     _phi_loop,
     _prefetch_ir,
     _splat,
@@ -105,6 +107,42 @@ class _Front:
         return builder.add(self.slab, builder.mul(b, _c(ROWS * size)))
 
 
+def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple[list[Any], Any]:
+    """Block column b of a row group, its packed group at byte `base` of i8* `w`: eight
+    <64 x i8> code vectors (vector j = codes 4j..4j+3 of every row, row i at dword i) and the
+    rows' scales as <16 x f32>. Group bytes (`repack._repack_group` with block i = row i): 16
+    f16 scales, then
+    - Q4_0 / Q5_0: (Q5_0) eight 64-bit masks, bit 4i + c of mask j = 5th bit of code 4j + c of
+      row i | four 64-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of row i (low nibble:
+      code 4j + c, high nibble: code 16 + 4j + c);
+    - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
+      operand of vpdpbusd)."""
+    n = 4 * ROWS  # bytes per code vector
+    halves = _ld(builder, w, base, _vec(_I16, ROWS))
+    if HAS_F16C:
+        dw = builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), ROWS)), _vec(_F32, ROWS))
+    else:
+        dw = ir.Constant(_vec(_F32, ROWS), None)
+        for k in range(ROWS):
+            f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
+            dw = builder.insert_element(dw, f, ir.Constant(_I32, k))
+    if signed:
+        return [_ld(builder, w, builder.add(base, _c(2 * ROWS + n * j)), _vec(_I8, n))
+                for j in range(8)], dw
+    qs = 2 * ROWS + (n if has_qh else 0)
+    wt: list[Any] = [None] * 8
+    for j in range(4):
+        q = _ld(builder, w, builder.add(base, _c(qs + n * j)), _vec(_I8, n))
+        wt[j] = builder.and_(q, _splat(builder, 15, n))
+        wt[j + 4] = builder.lshr(q, _splat(builder, 4, n))
+    if has_qh:
+        for j in range(8):
+            m = _ld(builder, w, builder.add(base, _c(2 * ROWS + ROWS // 2 * j)), ir.IntType(n))
+            bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
+            wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
+    return wt, dw
+
+
 def _fold(builder: Any, front: _Front, tok: tuple[Any, Any, Any], b: Any, isum: Any, dw: Any,
           acc: Any) -> Any:
     """acc + (d_w * d_x) * float(isum - offset * xsum): the one float step per token and block,
@@ -151,7 +189,7 @@ def rows_dot(name: str, ntok: int) -> Any:
                 start = builder.add(base, _c(PREFETCH))
                 for off in range(0, ROWS * size, 64):
                     _prefetch_ir(builder, builder.gep(f.w, [builder.add(start, _c(off))]))
-                wt, dw = _packed_group(builder, f.w, base, qh is not None, ROWS, signed)
+                wt, dw = _group(builder, f.w, base, qh is not None, signed)
                 new = []
                 for tok, a in zip(toks, acc, strict=True):
                     xo = builder.add(tok[0], builder.mul(b, _c(32)))
