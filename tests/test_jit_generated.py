@@ -61,7 +61,7 @@ def test_generated_drivers_are_cached_dispatchers() -> None:
     disk cache on (the point of generating files rather than closures)."""
     drivers = [getattr(row_drivers, n) for n in dir(row_drivers) if n.startswith("mv_")]
     drivers += list(rows._DRIVERS.values())
-    assert len(drivers) == 15 + 13
+    assert len(drivers) == 16 + 13
     for d in drivers:
         assert d.py_func.__code__.co_filename.endswith(".py")
         assert Path(d.py_func.__code__.co_filename).parent.name == "generated"

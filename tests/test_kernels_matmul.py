@@ -204,20 +204,26 @@ def test_interleaved_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType
         matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 48), np.float32))
 
 
-@pytest.mark.parametrize(("qt", "n_in"), [
-    (QType.Q4_K, 256), (QType.Q4_K, 512), (QType.Q4_K, 768), (QType.Q4_K, 4864),
-], ids=str)
-def test_repacked_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType, n_in: int) -> None:
-    """Q4_K (pairs of super-blocks, a single one left): the same exact integer sums, summed in
-    another float order."""
-    if not packable(qt, n_in, 37):
+@pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("n_super", [1, 2, 3, 6, 19])
+def test_interleaved_kquant_rows_match_the_plain_rows_and_are_batch_invariant(
+        qt: QType, n_super: int) -> None:
+    """Q4_K / Q6_K rows interleaved 16 at a time (`simd_rows_k`): the same exact integer sums
+    per super-block, folded in another float order; every token's result is bitwise its result
+    alone, for each pass size (8, 4, 2, 1 tokens)."""
+    n_in = 256 * n_super
+    if not packable(qt, n_in, 48):
         pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
-    _check_repacked(make_weight(qt, 37, n_in, seed=n_in), qt, n_in, 9, (0, 4, 8), 1e-5)
+    w = make_weight(qt, 48, n_in, seed=n_super)
+    wp, pqt = _check_repacked(w, qt, n_in, 15, range(15), 1e-5)
+    assert wp.shape == w.shape and not np.array_equal(wp, w)
+    with pytest.raises(ValueError, match="integer path"):
+        matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 48), np.float32))
 
 
 def test_only_some_types_of_whole_groups_are_packable() -> None:
-    assert not packable(QType.Q4_1, 4864, 64) and not packable(QType.Q6_K, 4864, 64)
-    assert not packable(QType.Q5_0, 896, 37)  # rows interleave 16 at a time
-    assert not packable(QType.Q4_K, 7 * 32, 64)
+    assert not packable(QType.Q4_1, 4864, 64) and not packable(QType.Q5_K, 4864, 64)
+    for qt in (QType.Q5_0, QType.Q4_K, QType.Q6_K):  # rows interleave 16 at a time
+        assert not packable(qt, 1024, 37)
     with pytest.raises(ValueError, match="no repacked layout"):
         repack_weight(make_weight(QType.Q6_K, 4, 512), QType.Q6_K)

@@ -78,14 +78,14 @@ def block_corr(xq, offset, packed=False):
 
 
 @njit(cache=True)
-def block_transpose(xq, packed=False):
+def block_transpose(xq):
     """The activation for the transposed multi-row dots (`simd._emit_blocks`): in each group
     of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then each of
-    `simd.TAIL_GROUPS` where that many are left; `repack_q4_k`'s sub-block groups too), dword j of
+    `simd.TAIL_GROUPS` where that many are left), dword j of
     block i moves to dword j * G + i of the group; the rest stays as it is. One pass per call
     (0 columns for one row of plain weights or without AVX512-VNNI)."""
     nt, n = xq.shape
-    if not HAS_VNNI512 or (nt < 2 and not packed):
+    if not HAS_VNNI512 or nt < 2:
         return np.zeros((nt, 0), np.int8)
     xt = xq.copy()
     nb = n // 32

@@ -6,10 +6,11 @@ accumulated in int32 lanes per super-block by the `simd_k.rowdot_*_k` row intrin
 unpack the 6-bit scales and dot the mins (Q4_K/Q5_K), or Q6_K's -32 offset times its scales,
 with the activation's 16-value `bsums`). The float part is
 `d_x * d_w * sumi` plus `-d_x * dmin_w * summ` in f32 (order differs from ggml's SIMD lanes:
-agreement to f32 rounding). The drivers (`mv_q4_k`, ..., `mv_q4_kp` on repacked Q4_K) are
-`dot32`'s skeleton, generated from one template with theirs (`row_drivers`): MAX_TOKENS (8)
-activation rows per pass over a weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1,
-batch-invariant, no fastmath. Here: the per-call activation preparation they need.
+agreement to f32 rounding). The plain drivers (`mv_q4_k`, ...) are `dot32`'s skeleton, generated
+from one template with theirs (`row_drivers`): MAX_TOKENS (8) activation rows per pass over a
+weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invariant, no fastmath. Weights
+interleaved 16 rows at a time run `simd_rows_k` instead (`mv_q4_kr`, `mv_q6_kr`). Here: the
+per-call activation preparation those need.
 """
 
 from __future__ import annotations
@@ -17,18 +18,32 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# -- repacked Q4_K weights (`repack.repack_q4_k`; `simd_kp`) --------------------------------------
+# -- K-quant weights interleaved 16 rows at a time (`repack.interleave_kquant`; `simd_rows_k`) --
 
 
 @njit(cache=True)
-def block_scales_sums(xd, bsums):
-    """Per 32 activation values: the Q8_K scale (f32) and the quants' sum (int32), what the
-    repacked Q4_K rows read per sub-block lane."""
-    nt, nsb = xd.shape
-    xdb = np.empty((nt, 8 * nsb), np.float32)
-    xsb = np.empty((nt, 8 * nsb), np.int32)
+def kmins_pairs(bsums):
+    """The activation's 32-value sums (int16; |sum| <= 32 * 127) per super-block in the order
+    0, 2, 1, 3, 4, 6, 5, 7: the dword pairs the interleaved Q4_K rows' mins words
+    ((m0, m2), (m1, m3), ...) are vpdpwssd-ed with."""
+    nt, n16 = bsums.shape
+    out = np.empty((nt, n16 // 2), np.int16)
+    order = (0, 2, 1, 3, 4, 6, 5, 7)
     for t in range(nt):
-        for b in range(8 * nsb):
-            xdb[t, b] = xd[t, b // 8]
-            xsb[t, b] = np.int32(bsums[t, 2 * b]) + np.int32(bsums[t, 2 * b + 1])
-    return xdb, xsb
+        for s in range(n16 // 16):
+            for k in range(8):
+                j = 16 * s + 2 * order[k]
+                out[t, 8 * s + k] = np.int16(np.int32(bsums[t, j]) + np.int32(bsums[t, j + 1]))
+    return out
+
+
+@njit(cache=True)
+def k6_corr(bsums):
+    """-32 x the activation's 16-value sums (int32): Q6_K's code offset, where the interleaved
+    rows start each sub-block's vpdpbusd sums."""
+    nt, n16 = bsums.shape
+    out = np.empty((nt, n16), np.int32)
+    for t in range(nt):
+        for j in range(n16):
+            out[t, j] = np.int32(-32) * np.int32(bsums[t, j])
+    return out

@@ -43,7 +43,7 @@ from .q8 import (
 )
 from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
 from .reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
-from .repack import interleave_block32, repack_q4_k
+from .repack import interleave_block32, interleave_kquant
 from .row_drivers import (
     mv_bf16,
     mv_f16,
@@ -52,12 +52,13 @@ from .row_drivers import (
     mv_q4_0p,
     mv_q4_1,
     mv_q4_k,
-    mv_q4_kp,
+    mv_q4_kr,
     mv_q5_0,
     mv_q5_0p,
     mv_q5_1,
     mv_q5_k,
     mv_q6_k,
+    mv_q6_kr,
     mv_q8_0,
     mv_q8_0p,
 )
@@ -104,18 +105,14 @@ _BLOCK32 = {
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
-           QType.Q4_K_PACKED: mv_q4_kp, QType.Q2_K: mv_q2_k}
+           QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k}
 
 
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
 def packable(qtype: int, n_in: int, n_out: int) -> bool:
     """Whether `repack_weight` has a faster layout for this weight, on a CPU with AVX512-VNNI:
-    Q4_0 / Q5_0 / Q8_0 with a multiple of 16 rows (interleaved 16 at a time), Q4_K rows of at
-    least one 8-sub-block group."""
-    qt = qtype_of(qtype)
-    if not HAS_VNNI512 or qt not in PACKED_TYPES:
-        return False
-    return n_in >= 8 * 32 if qt is QType.Q4_K else n_out % ROWS == 0
+    Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K with a multiple of 16 rows (interleaved 16 at a time)."""
+    return HAS_VNNI512 and qtype_of(qtype) in PACKED_TYPES and n_out % ROWS == 0
 
 
 def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
@@ -126,10 +123,10 @@ def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     if not packable(qt, n_in, w.shape[0]):
-        raise ValueError(f"{qt.name} weight of {n_in} inputs has no repacked layout here")
+        raise ValueError(f"{qt.name} weight of {w.shape[0]} rows has no repacked layout here")
     dst = np.empty(w.shape, np.uint8) if out is None else out.reshape(w.shape)
-    if qt is QType.Q4_K:
-        repack_q4_k(w, dst)
+    if qt in (QType.Q4_K, QType.Q6_K):
+        interleave_kquant(w, qt.name.lower(), dst)
     else:
         interleave_block32(w, BLOCK_LAYOUT[qt][1], dst)
     return dst, PACKED_TYPES[qt]

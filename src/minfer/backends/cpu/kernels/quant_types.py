@@ -25,9 +25,9 @@ Byte layouts (little-endian, f16 = IEEE half):
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
 The *_PACKED types are minfer's own ids (never in a file): the CPU backend's repacked copies of
-Q4_0 / Q5_0 / Q8_0 / Q4_K weights (`repack`: the same bytes rearranged, Q4_0 / Q5_0 / Q8_0 16
-rows at a time, Q4_K per row, the codes pre-transposed for the integer dots). Only the integer
-matmul reads them; nothing dequantizes them.
+Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K weights (`repack`: the same information rearranged 16 rows at a
+time, so that int32 lane i of the integer dots' vectors is row i). Only the integer matmul reads
+them; nothing dequantizes them.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class QType(IntEnum):
     Q5_0_PACKED = 0x1006
     Q8_0_PACKED = 0x1008
     Q4_K_PACKED = 0x100C
+    Q6_K_PACKED = 0x100E
 
 
 # (values per block, bytes per block) for the weight types the kernels accept
@@ -85,15 +86,17 @@ BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
     QType.Q5_0_PACKED: (32, 22),
     QType.Q8_0_PACKED: (32, 34),
     QType.Q4_K_PACKED: (256, 144),
+    QType.Q6_K_PACKED: (256, 210),
 }
 PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
-                QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED}
+                QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED,
+                QType.Q6_K: QType.Q6_K_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
                            QType.IQ4_NL})
 KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-                          QType.Q4_K_PACKED})
+                          QType.Q4_K_PACKED, QType.Q6_K_PACKED})
 
 
 def qtype_of(qtype: int) -> QType:

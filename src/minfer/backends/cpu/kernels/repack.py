@@ -1,15 +1,15 @@
 """Weight layouts for the integer dots, made once per weight on first use (`matmul.repack_weight`).
 
-Each is an exact rearrangement of the weight's bytes (same length, nothing rounded) into the
-order the VNNI dots consume, so that they load codes instead of unpacking and shuffling them for
-every call and every token pass:
+Each is an exact rearrangement of the weight's codes and scales (same length, nothing rounded)
+into the order the VNNI dots consume, so that they load codes instead of unpacking and shuffling
+them for every call and every token pass:
 
 - Q4_0 / Q5_0 / Q8_0 (`interleave_block32`): 16 rows at a time, block column by block column,
   each column's 16 blocks as one packed group whose int32 lane i holds 4 codes of row i (see
   `simd_rows._group`).
-- Q4_K (`repack_q4_k`): per row, groups of 2 super-blocks (16 sub-blocks of 32), then one if a
-  single is left, lane i holding 4 codes of sub-block i; headers kept (see
-  `simd_kp._q4k_group`).
+- Q4_K / Q6_K (`interleave_kquant`): 16 rows at a time, super-block column by column, the
+  rows' scales side by side and each sub-block's codes as vectors whose int32 lane i holds 4
+  codes of row i (see `simd_rows_k`).
 """
 
 from __future__ import annotations
@@ -85,47 +85,6 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh):
             dst[b + 7 * h] = np.uint8((m7 >> s8) & U(255))
 
 
-@njit(inline="always")
-def _q4k_code(src, sb0, i, q):
-    """Code q (0..31) of sub-block i (0..15) of the group whose first super-block starts at
-    byte sb0 of a plain Q4_K row."""
-    base = sb0 + (i // 8) * 144
-    s = i % 8
-    byte = src[base + 16 + 32 * (s // 2) + q]
-    return (byte >> np.uint8(4)) if s % 2 else (byte & np.uint8(15))
-
-
-@njit
-def _repack_q4k_group(src, dst, o, count):
-    n_sb = count // 8
-    for k in range(16 * n_sb):  # the super-blocks' headers: d, dmin, scales and mins
-        dst[o + k] = src[o + 144 * (k // 16) + k % 16]
-    for j in range(4):
-        for i in range(count):
-            for c in range(4):
-                lo = _q4k_code(src, o, i, 4 * j + c)
-                hi = _q4k_code(src, o, i, 16 + 4 * j + c)
-                dst[o + 16 * n_sb + 4 * count * j + 4 * i + c] = lo | (hi << np.uint8(4))
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _repack_q4k_rows(w, out):
-    n_out, nbytes = w.shape
-    nsb = nbytes // 144
-    for r in prange(n_out):
-        src, dst = w[r], out[r]
-        for p in range(nsb // 2):
-            _repack_q4k_group(src, dst, p * 288, 16)
-        if nsb % 2:
-            _repack_q4k_group(src, dst, (nsb - 1) * 144, 8)
-
-
-def repack_q4_k(w: np.ndarray, out: np.ndarray) -> None:
-    """A Q4_K weight (uint8 [n_out, row bytes]) in the repacked layout `simd_kp` reads,
-    written into `out` (w's shape)."""
-    _repack_q4k_rows(w, out)
-
-
 @njit(parallel=True, cache=True, nogil=True)
 def _interleave_rows(w, out, size, qs_off, has_qh):
     n_out, nbytes = w.shape
@@ -151,3 +110,76 @@ def interleave_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
     `simd_rows`."""
     qs_off, has_qh = _repack_layout(size)
     _interleave_rows(w, out, size, qs_off, has_qh)
+
+
+# Interleaved K-quant super-blocks (`simd_rows_k`). Per group of 16 rows and super-block column,
+# a header of the rows' fields side by side, then per sub-block the 16 rows' codes as vectors whose
+# dword i is row i's (see `simd_rows_k` for the byte order).
+KQUANT_SIZES = {"q4_k": 144, "q6_k": 210}
+
+
+@njit(inline="always")
+def _k_codes(row, b, q6, codes):
+    """The 256 codes of the super-block at byte b of a plain Q4_K (4-bit) / Q6_K (6-bit,
+    offset 32 kept) row, in value order, into codes."""
+    if q6:
+        for v in range(256):
+            n, r = v // 128, v % 128
+            qr, lo = r // 32, r % 32
+            low = (row[b + 64 * n + lo + 32 * (qr % 2)] >> np.uint8(4 * (qr // 2))) & np.uint8(15)
+            high = (row[b + 128 + 32 * n + lo] >> np.uint8(2 * qr)) & np.uint8(3)
+            codes[v] = low | (high << np.uint8(4))
+    else:
+        for v in range(256):
+            p, r = v // 64, v % 64
+            byte = row[b + 16 + 32 * p + r % 32]
+            codes[v] = (byte >> np.uint8(4)) if r >= 32 else (byte & np.uint8(15))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _interleave_super(w, out, size, q6):
+    n_out, nbytes = w.shape
+    flat = out.reshape(-1)
+    for g in prange(n_out // 16):
+        codes = np.empty(256, np.uint8)
+        for s in range(nbytes // size):
+            o = g * 16 * nbytes + s * 16 * size
+            for i in range(16):
+                row = w[16 * g + i]
+                b = s * size
+                _k_codes(row, b, q6, codes)
+                if q6:  # d | scale k of the 16 rows, k = 0..15 | sub-blocks
+                    flat[o + 2 * i], flat[o + 2 * i + 1] = row[b + 208], row[b + 209]
+                    for k in range(16):
+                        flat[o + 32 + 16 * k + i] = np.uint8(row[b + 192 + k])
+                    for k in range(16):
+                        sb = o + 288 + 192 * k + 4 * i
+                        for c in range(4):
+                            cd = codes[16 * k:16 * k + 16]
+                            flat[sb + c] = (cd[c] & np.uint8(15)) | ((cd[8 + c] & np.uint8(15))
+                                                                    << np.uint8(4))
+                            flat[sb + 64 + c] = ((cd[4 + c] & np.uint8(15))
+                                                 | ((cd[12 + c] & np.uint8(15)) << np.uint8(4)))
+                            flat[sb + 128 + c] = ((cd[c] >> np.uint8(4))
+                                                  | ((cd[4 + c] >> np.uint8(4)) << np.uint8(2))
+                                                  | ((cd[8 + c] >> np.uint8(4)) << np.uint8(4))
+                                                  | ((cd[12 + c] >> np.uint8(4)) << np.uint8(6)))
+                else:  # d | dmin | the three scale dwords | sub-blocks
+                    flat[o + 2 * i], flat[o + 2 * i + 1] = row[b], row[b + 1]
+                    flat[o + 32 + 2 * i], flat[o + 33 + 2 * i] = row[b + 2], row[b + 3]
+                    for k in range(3):
+                        for c in range(4):
+                            flat[o + 64 + 64 * k + 4 * i + c] = row[b + 4 + 4 * k + c]
+                    for k in range(8):
+                        for j in range(4):
+                            for c in range(4):
+                                v = 32 * k + 4 * j + c
+                                flat[o + 256 + 256 * k + 64 * j + 4 * i + c] = (
+                                    codes[v] | (codes[v + 16] << np.uint8(4)))
+
+
+def interleave_kquant(w: np.ndarray, kind: str, out: np.ndarray) -> None:
+    """A Q4_K / Q6_K weight (uint8 [n_out, row bytes], n_out a multiple of 16) with each group
+    of 16 rows rewritten super-block column by column (read by `simd_rows_k`). Same size,
+    exact; written into `out` (w's shape)."""
+    _interleave_super(w, out, KQUANT_SIZES[kind], kind == "q6_k")

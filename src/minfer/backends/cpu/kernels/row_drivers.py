@@ -1,15 +1,15 @@
 """The row-parallel matrix-vector drivers, written once as templates and generated per type.
 
-Every integer dot kernel (`dot32`: Q4_0 .. Q8_0; `dotk`: Q4_K .. Q6_K, Q4_K repacked) runs the
-same skeleton around its type's row intrinsics (`simd`, `simd_k`, `simd_kp`): rows split across
+Every integer dot kernel on plain weights (`dot32`: Q4_0 .. Q8_0; `dotk`: Q4_K .. Q6_K) runs the
+same skeleton around its type's row intrinsics (`simd`, `simd_k`): rows split across
 threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
 at a time while rows have at most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit
 the same per-token float operations, so out[t] does not depend on the batch). The float
 kernels (F32 / F16 / BF16, `floatmv`) share a second, simpler skeleton. The types differ only
 in the intrinsics called, the arrays they read, and the activation preparation done once per
-call (`dot32.lane_corr` / `block_corr` / `block_transpose`, `dotk.block_scales_sums`). The
-Q4_0 / Q5_0 / Q8_0 weights interleaved 16 rows at a time (`*p`, `simd_rows`) have a third
-skeleton: threads split the row groups, and each group runs the same token passes.
+call (`dot32.lane_corr` / `block_corr` / `block_transpose`). The weights interleaved 16 rows
+at a time (Q4_0 / Q5_0 / Q8_0: `*p`, `simd_rows`; Q4_K / Q6_K: `*kr`, `simd_rows_k`) have a
+third skeleton: threads split the row groups, and each group runs the same token passes.
 
 numba caches a compiled function on disk only when it lives in a real source file and its
 callees are module globals: a factory closing over the intrinsics would recompile them on
@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from minfer.backends.cpu.kernels._llvm import bits_to_f32, f16_to_f32, prefetch
 from minfer.backends.cpu.kernels.dot32 import _CHUNK, U, block_corr, block_transpose, lane_corr
-from minfer.backends.cpu.kernels.dotk import block_scales_sums
+from minfer.backends.cpu.kernels.dotk import k6_corr, kmins_pairs
 from minfer.backends.cpu.kernels.simd import MAX_TOKENS, ROWS8_MAX_IN
 {imports}
 _PF = 512  # float rows: prefetch distance, in elements of the weight row
@@ -104,7 +104,7 @@ class IntegerDriver:
 
     name: str
     rd: str
-    module: str  # simd, simd_k or simd_kp
+    module: str  # simd or simd_k
     aux: str  # the activation's fourth array: xs (Q8_1 sums) or bsums (Q8_K)
     prologue: tuple[str, ...]  # statements run once per call, before the row loop
     args: str
@@ -118,44 +118,48 @@ class IntegerDriver:
                                doc=self.doc, prologue="".join(f"    {s}\n" for s in self.prologue))
 
 
-# The drivers of the row-interleaved Q4_0 / Q5_0 / Q8_0 weights (`simd_rows`): threads split the
-# groups of 16 rows; each group runs every token pass while its rows are in cache.
+# The drivers of the row-interleaved weights (`simd_rows`, `simd_rows_k`): threads split the
+# groups of 16 rows; each group runs every token pass while its rows are in cache. {aux}: what
+# the intrinsics read besides the activation's codes and scales, made once per call.
 _ROWS = '''
 
 @njit(parallel=True, cache=True)
-def {name}(w, xq, xd, xs, out):
+def {name}(w, xq, xd, {fourth}, out):
     """{doc}"""
     n_out, nt = w.shape[0], xq.shape[0]
-    cb = block_corr(xq, {offset}, True)
+    aux = {aux}
     n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
     n4 = n8 + (nt - n8) // 4 * 4
     for g in prange(n_out // ROWS):
         for t in range(0, n8, MAX_TOKENS):
-            rowsdot8_{qt}(w, xq, xd, cb, t, out, g)
+            rowsdot8_{qt}(w, xq, xd, aux, t, out, g)
         for t in range(n8, n4, 4):
-            rowsdot4_{qt}(w, xq, xd, cb, t, out, g)
+            rowsdot4_{qt}(w, xq, xd, aux, t, out, g)
         if nt - n4 >= 2:
-            rowsdot2_{qt}(w, xq, xd, cb, n4, out, g)
+            rowsdot2_{qt}(w, xq, xd, aux, n4, out, g)
         if (nt - n4) % 2:
-            rowsdot_{qt}(w, xq, xd, cb, nt - 1, out, g)
+            rowsdot_{qt}(w, xq, xd, aux, nt - 1, out, g)
 '''
 
 
 @dataclass(frozen=True)
 class RowsDriver:
-    """One row-interleaved driver: `name(w, xq, xd, xs, out)` over `simd_rows.rowsdot*_<qt>`;
-    `offset`: the codes' offset above zero (`block_corr`'s correction)."""
+    """One row-interleaved driver: `name(w, xq, xd, <fourth>, out)` over
+    `<module>.rowsdot*_<qt>`, which read `aux` (an expression of the arguments)."""
 
     name: str
     qt: str
-    offset: int
+    module: str  # simd_rows or simd_rows_k
+    fourth: str  # the activation's fourth array: xs (Q8_1 sums) or bsums (Q8_K)
+    aux: str
     doc: str
 
     def imports(self) -> str:
-        return _pass_imports("simd_rows", "rowsdot", self.qt, "ROWS")
+        return _pass_imports(self.module, "rowsdot", self.qt, "ROWS")
 
     def source(self) -> str:
-        return _ROWS.format(name=self.name, qt=self.qt, offset=self.offset, doc=self.doc)
+        return _ROWS.format(name=self.name, qt=self.qt, fourth=self.fourth, aux=self.aux,
+                            doc=self.doc)
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,19 @@ def _block32(qt: str, offset: int) -> IntegerDriver:
                          f"{qt.upper()} rows dotted with a Q8_0/Q8_1 activation (`dot32`).")
 
 
-_ROWS_DOC = ("{qt} rows interleaved 16 at a time (`repack.interleave_block32`): equal to the plain "
-             "rows' result up to float summation order")
+_ROWS_DOC = ("{qt} rows interleaved 16 at a time (`repack.{fn}`): equal to the plain rows' result "
+             "up to float summation order")
+
+
+def _rows32(qt: str, offset: int, note: str = "") -> RowsDriver:
+    """A 32-value block type interleaved, its codes `offset` above zero (`block_corr`)."""
+    return RowsDriver(f"mv_{qt}p", qt, "simd_rows", "xs", f"block_corr(xq, {offset}, True)",
+                      _ROWS_DOC.format(qt=qt.upper(), fn="interleave_block32") + note)
+
+
+def _rows_k(qt: str, aux: str) -> RowsDriver:
+    return RowsDriver(f"mv_{qt}r", qt, "simd_rows_k", "bsums", aux,
+                      _ROWS_DOC.format(qt=qt.upper(), fn="interleave_kquant"))
 
 
 def _kquant(qt: str) -> IntegerDriver:
@@ -203,17 +218,14 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
                   ("xc = lane_corr(xq, 128 if nt > 1 else 0)  # one row: the correction is a "
                    "vpdpbusd",), "xq, xd, xs, xc",
                   "Q8_0 rows dotted with a Q8_0 activation (`dot32`)."),
-    RowsDriver("mv_q4_0p", "q4_0", 8, _ROWS_DOC.format(qt="Q4_0")),
-    RowsDriver("mv_q5_0p", "q5_0", 16, _ROWS_DOC.format(qt="Q5_0")),
-    RowsDriver("mv_q8_0p", "q8_0", 128, _ROWS_DOC.format(qt="Q8_0") + " (codes stored as "
-               "code ^ 0x80, started from -128 * block sums)"),
+    _rows32("q4_0", 8),
+    _rows32("q5_0", 16),
+    _rows32("q8_0", 128, " (codes stored as code ^ 0x80, started from -128 * block sums)"),
     _kquant("q4_k"),
     _kquant("q5_k"),
     _kquant("q6_k"),
-    IntegerDriver("mv_q4_kp", "q4_kp", "simd_kp", "bsums",
-                  ("xt = block_transpose(xq, True)", "xdb, xsb = block_scales_sums(xd, bsums)"),
-                  "xt, xdb, xsb",
-                  "mv_q4_k on a repacked weight (same arithmetic up to float rounding order)."),
+    _rows_k("q4_k", "kmins_pairs(bsums)"),
+    _rows_k("q6_k", "k6_corr(bsums)"),
     FloatDriver("mv_f32", "row[{i}]", "F32 rows times an f32 activation (`floatmv`)."),
     FloatDriver("mv_f16", "f16_to_f32(row[{i}])",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
@@ -240,7 +252,8 @@ mv_q8_0p: Any = _M.mv_q8_0p
 mv_q4_k: Any = _M.mv_q4_k
 mv_q5_k: Any = _M.mv_q5_k
 mv_q6_k: Any = _M.mv_q6_k
-mv_q4_kp: Any = _M.mv_q4_kp
+mv_q4_kr: Any = _M.mv_q4_kr
+mv_q6_kr: Any = _M.mv_q6_kr
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16
