@@ -1,6 +1,6 @@
 """Repacked weights kept as files: made once, then mapped by every engine and every later run.
 
-An engine repacks its Q4_0 / Q5_0 / Q8_0 / Q4_K weights into the layout its kernels read
+An engine repacks its Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K weights into the layout its kernels read
 (`ModelWeights.derived`). Kept in process memory, that copy is made again by every run (0.4-0.6 s
 of a warm start for the development model, most of it the kernel zero-filling fresh pages) and
 once more by every engine on the machine (replicas of `minfer serve --ray`). So the first engine
@@ -13,7 +13,7 @@ engines map it.
 
 On by default for model files of `MIN_MODEL_BYTES` or more (a smaller one repacks in
 milliseconds); `MINFER_SHARE_WEIGHTS=0` keeps the copies in memory, `=1` shares whatever the
-size. The files take about the size of the repacked tensors (333 MB for the development model);
+size. The files take about the size of the repacked tensors (376 MB for the development model);
 nothing is written when the disk would keep less than `FREE_MARGIN` free, and a write that fails
 leaves the engine with its in-memory copy (the same numbers either way).
 
