@@ -107,6 +107,18 @@ class _Front:
         return builder.add(self.slab, builder.mul(b, _c(ROWS * size)))
 
 
+def halves(builder: Any, w: Any, at: Any) -> Any:
+    """The 16 rows' f16 scales at byte `at` of i8* `w`, as <16 x f32>."""
+    h = _ld(builder, w, at, _vec(_I16, ROWS))
+    if HAS_F16C:
+        return builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), ROWS)), _vec(_F32, ROWS))
+    v = ir.Constant(_vec(_F32, ROWS), None)
+    for k in range(ROWS):
+        f = half_to_float(builder, builder.extract_element(h, ir.Constant(_I32, k)))
+        v = builder.insert_element(v, f, ir.Constant(_I32, k))
+    return v
+
+
 def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple[list[Any], Any]:
     """Block column b of a row group, its packed group at byte `base` of i8* `w`: eight
     <64 x i8> code vectors (vector j = codes 4j..4j+3 of every row, row i at dword i) and the
@@ -118,14 +130,7 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple
     - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
       operand of vpdpbusd)."""
     n = 4 * ROWS  # bytes per code vector
-    halves = _ld(builder, w, base, _vec(_I16, ROWS))
-    if HAS_F16C:
-        dw = builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), ROWS)), _vec(_F32, ROWS))
-    else:
-        dw = ir.Constant(_vec(_F32, ROWS), None)
-        for k in range(ROWS):
-            f = half_to_float(builder, builder.extract_element(halves, ir.Constant(_I32, k)))
-            dw = builder.insert_element(dw, f, ir.Constant(_I32, k))
+    dw = halves(builder, w, base)
     if signed:
         return [_ld(builder, w, builder.add(base, _c(2 * ROWS + n * j)), _vec(_I8, n))
                 for j in range(8)], dw

@@ -42,7 +42,6 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._llvm import HAS_F16C, half_to_float
 from .simd import (
     _F32,
     _I8,
@@ -58,24 +57,12 @@ from .simd import (
     _vpdpbusd,
 )
 from .simd_k import _vpdpwssd
-from .simd_rows import ROWS, _c, _data, _dim
+from .simd_rows import ROWS, _c, _data, _dim, halves
 
 # software prefetch: the super-block column this many ahead (the 1.5B's 1-, 4- and 16-row
 # forwards: 1 and 2 alike, both faster than `simd.PREFETCH`'s 1 KiB, less than one column)
 PF_AHEAD = 2
 _AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4)}  # (values per aux item, its bytes)
-
-
-def _halves(builder: Any, w: Any, at: Any) -> Any:
-    """16 f16 at byte `at` as <16 x f32>."""
-    h = _ld(builder, w, at, _vec(_I16, ROWS))
-    if HAS_F16C:
-        return builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), ROWS)), _vec(_F32, ROWS))
-    v = ir.Constant(_vec(_F32, ROWS), None)
-    for k in range(ROWS):
-        f = half_to_float(builder, builder.extract_element(h, ir.Constant(_I32, k)))
-        v = builder.insert_element(v, f, ir.Constant(_I32, k))
-    return v
 
 
 def _ivec(v: int) -> Any:
@@ -127,9 +114,7 @@ def _as_bytes(builder: Any, v: Any) -> Any:
 
 def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any]) -> list[Any]:
     """Super-block column s of the row group (Q4_K) for every token: the new accumulators."""
-    w = f.w
-    base = builder.add(f.slab, builder.mul(s, _c(ROWS * 144)))
-    _prefetch_column(builder, w, base, 144)
+    w, base = f.w, _column(builder, f, s, 144)
 
     def at(off: int) -> Any:
         return builder.add(base, _c(off))
@@ -143,7 +128,7 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
     sc03 = builder.and_(u0, m3f)
     sc47 = builder.or_(builder.and_(u2, m0f),
                        builder.shl(builder.and_(builder.lshr(u0, six), m03), four))
-    d = _halves(builder, w, base)
+    d = halves(builder, w, base)
 
     def sub_block(sub: Any, sums: list[Any]) -> list[Any]:
         # a loop, not unrolled code: LLVM then cannot hoist every sub-block's code vectors
@@ -179,7 +164,7 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
     mins = []  # word pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7): `kmins_pairs`' order
     for mw in (mn03, mn47):
         mins += [builder.and_(mw, w00), builder.and_(builder.lshr(mw, eight), w00)]
-    ndmin = builder.fneg(_halves(builder, w, at(32)))
+    ndmin = builder.fneg(halves(builder, w, at(32)))
     new = []
     for n, tok in enumerate(toks):
         dx = _dx(builder, f, tok, s)
@@ -197,15 +182,13 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
 
 def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any]) -> list[Any]:
     """Super-block column s of the row group (Q6_K) for every token: the new accumulators."""
-    w = f.w
-    base = builder.add(f.slab, builder.mul(s, _c(ROWS * 210)))
-    _prefetch_column(builder, w, base, 210)
+    w, base = f.w, _column(builder, f, s, 210)
 
     def at(off: int) -> Any:
         return builder.add(base, _c(off))
 
     m15, m3, four = (_splat(builder, v, 4 * ROWS) for v in (15, 3, 4))
-    d = _halves(builder, w, base)
+    d = halves(builder, w, base)
 
     def sub_block(k: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
         sc = builder.sext(_ld(builder, w, builder.add(at(32), builder.mul(k, _c(16))),
@@ -236,11 +219,14 @@ def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
             for n, tok in enumerate(toks)]
 
 
-def _prefetch_column(builder: Any, w: Any, base: Any, size: int) -> None:
-    """Software prefetch of the super-block column PF_AHEAD columns on."""
+def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
+    """Byte offset of super-block column s in the row group's slab (`size` bytes per row's
+    super-block); prefetches the column PF_AHEAD columns on."""
+    base = builder.add(f.slab, builder.mul(s, _c(ROWS * size)))
     start = builder.add(base, _c(PF_AHEAD * ROWS * size))
     for off in range(0, ROWS * size, 64):
-        _prefetch_ir(builder, builder.gep(w, [builder.add(start, _c(off))]))
+        _prefetch_ir(builder, builder.gep(f.w, [builder.add(start, _c(off))]))
+    return base
 
 
 def _dx(builder: Any, f: _Front, tok: Any, s: Any) -> Any:
