@@ -114,11 +114,14 @@ def test_quantize_q8_0_matches_reference() -> None:
     np.testing.assert_array_equal(got.isum, qs.reshape(3, -1, 32).astype(np.int32).sum(-1))
 
 
-def test_quantize_q8_k_matches_reference() -> None:
+@pytest.mark.parametrize("nt", [2, 17])  # one thread, and rows split across threads
+def test_quantize_q8_k_matches_reference(nt: int) -> None:
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((2, 1024)).astype(np.float32)
+    x = rng.standard_normal((nt, 1024)).astype(np.float32)
     x[0, :256] = 0.0
     x[1, 256:512] = -np.abs(x[1, 256:512])  # the extreme value is negative
+    x[0, 512 + 3], x[0, 512 + 200] = 9.0, -9.0  # ties of magnitude: the first sets the sign
+    x[1, 768 + 40], x[1, 768 + 41] = -9.0, 9.0
     got = quantize_q8_k(x)
     qs, d, bsums = ref_quantize_q8_k(x)
     np.testing.assert_array_equal(got.qs, qs)

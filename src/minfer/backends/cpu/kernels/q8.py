@@ -21,9 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ._llvm import f16_to_f32, f32_to_f16
 
@@ -52,6 +56,76 @@ class Q8KBlocks:
 _FM = {"nnan", "ninf", "nsz", "reassoc"}
 
 
+# The per-block loops as explicit vector IR (16 lanes; portable LLVM vector code, legalised to
+# whatever the CPU has): written as plain loops inside the per-block loop, LLVM vectorised the
+# *block* loop instead, with gathers and byte extracts (measured ~2.6 ns per value).
+_F32 = ir.FloatType()
+_V16F = ir.VectorType(_F32, 16)
+_V16I = ir.VectorType(ir.IntType(32), 16)
+
+
+def _elem_ptr(context: Any, builder: Any, aryty: Any, ary: Any, off: Any, ty: Any) -> Any:
+    arr = context.make_array(aryty)(context, builder, ary)
+    return builder.bitcast(builder.gep(arr.data, [off]), ty.as_pointer())
+
+
+def _call(builder: Any, name: str, ret: Any, args: list[Any]) -> Any:
+    fty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fty, name), args)
+
+
+def _extreme(n: int, which: str) -> Any:
+    """An intrinsic (x, off) -> f32: the max (or min) of x[off:off + n] (n a multiple of 16)."""
+    op = "maxnum" if which == "max" else "minnum"
+
+    def typer(typingctx: Any, x: Any, off: Any) -> Any:
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            p = _elem_ptr(context, builder, sig.args[0], args[0], args[1], _V16F)
+            acc = builder.load(p, align=4)
+            for k in range(1, n // 16):
+                v = builder.load(builder.gep(p, [ir.Constant(ir.IntType(64), k)]), align=4)
+                acc = _call(builder, f"llvm.{op}.v16f32", _V16F, [acc, v])
+            return _call(builder, f"llvm.vector.reduce.f{which}.v16f32", _F32, [acc])
+        return types.float32(x, off), codegen
+
+    return intrinsic(typer)
+
+
+def _quantizer(n: int, clamp: bool) -> Any:
+    """An intrinsic (x, off, scale, q) -> int32: q[off:off + n] = round-half-even(scale * x)
+    (at most 127 when `clamp`), as int8; returns their sum."""
+
+    def typer(typingctx: Any, x: Any, off: Any, scale: Any, q: Any) -> Any:
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            px = _elem_ptr(context, builder, sig.args[0], args[0], args[1], _V16F)
+            pq = _elem_ptr(context, builder, sig.args[3], args[3], args[1],
+                           ir.VectorType(ir.IntType(8), 16))
+            splat = builder.insert_element(ir.Constant(_V16F, None), args[2],
+                                           ir.Constant(ir.IntType(32), 0))
+            splat = builder.shuffle_vector(splat, splat, ir.Constant(_V16I, [0] * 16))
+            total = ir.Constant(_V16I, [0] * 16)
+            for k in range(n // 16):
+                i = ir.Constant(ir.IntType(64), k)
+                v = builder.fmul(builder.load(builder.gep(px, [i]), align=4), splat)
+                r = builder.fptosi(_call(builder, "llvm.rint.v16f32", _V16F, [v]), _V16I)
+                if clamp:
+                    r = _call(builder, "llvm.smin.v16i32", _V16I,
+                              [r, ir.Constant(_V16I, [127] * 16)])
+                builder.store(builder.trunc(r, ir.VectorType(ir.IntType(8), 16)),
+                              builder.gep(pq, [i]), align=1)
+                total = builder.add(total, r)
+            return _call(builder, "llvm.vector.reduce.add.v16i32", ir.IntType(32), [total])
+        return types.int32(x, off, scale, q), codegen
+
+    return intrinsic(typer)
+
+
+_max32, _min32 = _extreme(32, "max"), _extreme(32, "min")
+_max256, _min256 = _extreme(256, "max"), _extreme(256, "min")
+_quant32 = _quantizer(32, False)
+_quant16_clamped = _quantizer(16, True)
+
+
 # From this many rows on, the rows are split across the threads (prefill); fewer stay on the
 # calling thread (decode: a parallel region costs more than the row).
 PARALLEL_MIN_ROWS = 16
@@ -63,17 +137,10 @@ def _q8_0_row(x, qs, d, s, isum, t):
     xr, qr = x[t], qs[t]
     for b in range(n // 32):
         o = b * 32
-        amax = np.float32(0.0)
-        for j in range(32):
-            a = abs(xr[o + j])
-            amax = a if a > amax else amax
+        amax = max(_max32(xr, o), -_min32(xr, o))
         dd = amax / np.float32(127.0)
         idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-        total = np.int32(0)
-        for j in range(32):
-            q = np.int32(np.rint(xr[o + j] * idd))
-            qr[o + j] = q
-            total += q
+        total = _quant32(xr, o, idd, qr)
         d[t, b] = f16_to_f32(f32_to_f16(dd))
         s[t, b] = f16_to_f32(f32_to_f16(dd * np.float32(total)))
         isum[t, b] = total
@@ -97,30 +164,24 @@ def _q8_k_row(x, qs, d, bsums, t):
     xr, qr = x[t], qs[t]
     for b in range(n // 256):
         o = b * 256
-        xb = xr[o : o + 256]
-        amax = np.float32(0.0)
-        for j in range(256):
-            a = abs(xb[j])
-            amax = a if a > amax else amax
-        if amax == 0:
+        mx, mn = _max256(xr, o), _min256(xr, o)
+        if mx == 0 and mn == 0:
             d[t, b] = 0.0
             qr[o : o + 256] = 0
             bsums[t, b * 16 : b * 16 + 16] = 0
             continue
-        first = 0  # the first element of largest magnitude sets the sign of the scale
-        while abs(xr[o + first]) != amax:
-            first += 1
-        iscale = np.float32(-127.0) / xr[o + first]
+        # the first element of largest magnitude sets the sign of the scale: only a tie
+        # (both +max and -max present) needs the search
+        if mx != -mn:
+            top = mx if mx > -mn else mn
+        else:
+            first = 0
+            while abs(xr[o + first]) != mx:
+                first += 1
+            top = xr[o + first]
+        iscale = np.float32(-127.0) / top
         for g in range(16):
-            xg = xr[o + g * 16 : o + g * 16 + 16]
-            qg = qr[o + g * 16 : o + g * 16 + 16]
-            total = np.int32(0)
-            for j in range(16):
-                q = np.int32(np.rint(iscale * xg[j]))
-                q = q if q < 127 else np.int32(127)
-                qg[j] = q
-                total += q
-            bsums[t, b * 16 + g] = total
+            bsums[t, b * 16 + g] = _quant16_clamped(xr, o + g * 16, iscale, qr)
         d[t, b] = np.float32(1.0) / iscale
 
 
