@@ -7,10 +7,10 @@ same input; only the latest input's quantizations are held (for 512 prefill rows
 layer's would cost ~100 MB).
 
 Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Q4_0, Q5_0,
-Q8_0 and Q4_K weights are repacked for it on first use (`kernels.repack_weight`, kept by the
-weights in place of the file's pages): an exact byte rearrangement that spares the dots their
-per-call unpacking (Q4_0 / Q5_0 / Q8_0 with a multiple of 16 rows: interleaved 16 rows at a
-time, `kernels.simd_rows`).
+Q8_0, Q4_K and Q6_K weights with a multiple of 16 rows are repacked for it on first use
+(`kernels.repack_weight`, kept by the weights in place of the file's pages): an exact
+rearrangement, 16 rows interleaved at a time (`kernels.simd_rows`, `simd_rows_k`), that spares
+the dots their per-call unpacking.
 Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without
 AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on
 the batch shape. A batch-invariant context keeps every matmul on the integer path.

@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._llvm import f16_to_f32, f32_to_f16
+from .simd import _F32, _I8, _I32, _splat, _vec
+from .simd import _x86 as _call  # any LLVM intrinsic, by name
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,13 @@ _FM = {"nnan", "ninf", "nsz", "reassoc"}
 # The per-block loops as explicit vector IR (16 lanes; portable LLVM vector code, legalised to
 # whatever the CPU has): written as plain loops inside the per-block loop, LLVM vectorised the
 # *block* loop instead, with gathers and byte extracts (measured ~2.6 ns per value).
-_F32 = ir.FloatType()
-_V16F = ir.VectorType(_F32, 16)
-_V16I = ir.VectorType(ir.IntType(32), 16)
+_V16F = _vec(_F32, 16)
+_V16I = _vec(_I32, 16)
 
 
 def _elem_ptr(context: Any, builder: Any, aryty: Any, ary: Any, off: Any, ty: Any) -> Any:
     arr = context.make_array(aryty)(context, builder, ary)
     return builder.bitcast(builder.gep(arr.data, [off]), ty.as_pointer())
-
-
-def _call(builder: Any, name: str, ret: Any, args: list[Any]) -> Any:
-    fty = ir.FunctionType(ret, [a.type for a in args])
-    return builder.call(cgutils.get_or_insert_function(builder.module, fty, name), args)
 
 
 def _extreme(n: int, which: str) -> Any:
@@ -98,11 +93,8 @@ def _quantizer(n: int, clamp: bool) -> Any:
     def typer(typingctx: Any, x: Any, off: Any, scale: Any, q: Any) -> Any:
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             px = _elem_ptr(context, builder, sig.args[0], args[0], args[1], _V16F)
-            pq = _elem_ptr(context, builder, sig.args[3], args[3], args[1],
-                           ir.VectorType(ir.IntType(8), 16))
-            splat = builder.insert_element(ir.Constant(_V16F, None), args[2],
-                                           ir.Constant(ir.IntType(32), 0))
-            splat = builder.shuffle_vector(splat, splat, ir.Constant(_V16I, [0] * 16))
+            pq = _elem_ptr(context, builder, sig.args[3], args[3], args[1], _vec(_I8, 16))
+            splat = _splat(builder, args[2], 16)
             total = ir.Constant(_V16I, [0] * 16)
             for k in range(n // 16):
                 i = ir.Constant(ir.IntType(64), k)
@@ -111,10 +103,10 @@ def _quantizer(n: int, clamp: bool) -> Any:
                 if clamp:
                     r = _call(builder, "llvm.smin.v16i32", _V16I,
                               [r, ir.Constant(_V16I, [127] * 16)])
-                builder.store(builder.trunc(r, ir.VectorType(ir.IntType(8), 16)),
+                builder.store(builder.trunc(r, _vec(_I8, 16)),
                               builder.gep(pq, [i]), align=1)
                 total = builder.add(total, r)
-            return _call(builder, "llvm.vector.reduce.add.v16i32", ir.IntType(32), [total])
+            return _call(builder, "llvm.vector.reduce.add.v16i32", _I32, [total])
         return types.int32(x, off, scale, q), codegen
 
     return intrinsic(typer)

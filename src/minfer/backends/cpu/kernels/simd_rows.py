@@ -94,7 +94,7 @@ class _Front:
         self.g = context.cast(builder, g, gt, types.int64)
         self.slab = builder.mul(builder.mul(self.g, _c(ROWS)), self.row_bytes)
 
-    def token(self, builder: Any, j: int) -> tuple[Any, Any, Any]:
+    def token(self, builder: Any, j: int) -> tuple[Any, ...]:
         """Byte offsets of token t + j's rows in x, in xd / cb (4-byte items), and of its 16
         outputs out[t + j, 16 g ..]."""
         tj = builder.add(self.t, _c(j))
@@ -164,8 +164,8 @@ def _corr(builder: Any, front: _Front, tok: tuple[Any, Any, Any], b: Any) -> Any
     return _splat(builder, c, ROWS)
 
 
-def _store(builder: Any, front: _Front, toks: list[tuple[Any, Any, Any]], acc: list[Any]
-           ) -> None:
+def _store(builder: Any, front: _Front, toks: list[tuple[Any, ...]], acc: list[Any]) -> None:
+    """Each token's 16 outputs, at the byte offset its `token` tuple holds third."""
     for tok, a in zip(toks, acc, strict=True):
         p = builder.bitcast(builder.gep(front.out, [tok[2]]), _vec(_F32, ROWS).as_pointer())
         builder.store(a, p, align=4)

@@ -57,7 +57,8 @@ from .simd import (
     _vpdpbusd,
 )
 from .simd_k import _vpdpwssd
-from .simd_rows import ROWS, _c, _data, _dim, halves
+from .simd_rows import ROWS, _c, _store, halves
+from .simd_rows import _Front as _Front32
 
 # software prefetch: the super-block column this many ahead (the 1.5B's 1-, 4- and 16-row
 # forwards: 1 and 2 alike, both faster than `simd.PREFETCH`'s 1 KiB, less than one column)
@@ -72,35 +73,24 @@ def _ivec(v: int) -> Any:
 _FZERO = ir.Constant(_vec(_F32, ROWS), [0.0] * ROWS)
 
 
-class _Front:
-    """The intrinsics' arguments (w, x, xd, aux, t, out, g) as pointers and i64 values."""
+class _Front(_Front32):
+    """`simd_rows`' arguments, read per 256-value super-block; `cb` is the aux array here."""
 
     def __init__(self, context: Any, builder: Any, sig: Any, args: Any, kind: str) -> None:
-        wt, xt, xdt, auxt, tt, outt, gt = sig.args[:7]
-        w, x, xd, aux, t, out, g = args[:7]
-        self.w = _data(context, builder, wt, w)
-        self.row_bytes = _dim(context, builder, wt, w, 1)
-        self.x = _data(context, builder, xt, x)
-        self.n_in = _dim(context, builder, xt, x, 1)
+        super().__init__(context, builder, sig, args)
         self.nsb = builder.udiv(self.n_in, _c(256))
-        self.xd = _data(context, builder, xdt, xd)
-        self.aux = _data(context, builder, auxt, aux)
-        self.out = _data(context, builder, outt, out)
-        self.n_out = _dim(context, builder, outt, out, 1)
-        self.t = context.cast(builder, t, tt, types.int64)
-        self.g = context.cast(builder, g, gt, types.int64)
-        self.slab = builder.mul(builder.mul(self.g, _c(ROWS)), self.row_bytes)
+        self.aux = self.cb
         self.per, self.aux_bytes = _AUX_BYTES[kind]
 
-    def token(self, builder: Any, j: int) -> tuple[Any, Any, Any, Any]:
-        """Byte offsets of token t + j's row in x, in xd, in aux, and of its 16 outputs
-        out[t + j, 16 g ..]."""
+    def token(self, builder: Any, j: int) -> tuple[Any, ...]:
+        """Byte offsets of token t + j's row in x, in xd, of its 16 outputs out[t + j, 16 g ..]
+        (as `simd_rows._store` reads them), and of its row in aux."""
         tj = builder.add(self.t, _c(j))
         aux_row = builder.mul(builder.udiv(self.n_in, _c(self.per)), _c(self.aux_bytes))
         return (builder.mul(tj, self.n_in), builder.mul(tj, builder.mul(self.nsb, _c(4))),
-                builder.mul(tj, aux_row),
                 builder.mul(_c(4), builder.add(builder.mul(tj, self.n_out),
-                                               builder.mul(self.g, _c(ROWS)))))
+                                               builder.mul(self.g, _c(ROWS)))),
+                builder.mul(tj, aux_row))
 
 
 def _bcast(builder: Any, ptr: Any, off: Any) -> Any:
@@ -168,7 +158,7 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
     new = []
     for n, tok in enumerate(toks):
         dx = _dx(builder, f, tok, s)
-        ao = builder.add(tok[2], builder.mul(s, _c(16)))
+        ao = builder.add(tok[3], builder.mul(s, _c(16)))
         msum: Any = _ivec(0)
         for k in range(4):
             xs = _bcast(builder, f.aux, builder.add(ao, _c(4 * k)))
@@ -206,7 +196,7 @@ def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
         for n, tok in enumerate(toks):
             xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
                                                  builder.mul(k, _c(16))))
-            co = builder.add(tok[2], builder.add(builder.mul(s, _c(64)), builder.mul(k, _c(4))))
+            co = builder.add(tok[3], builder.add(builder.mul(s, _c(64)), builder.mul(k, _c(4))))
             part = _bcast(builder, f.aux, co)
             for m in range(4):
                 xv = _as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m))))
@@ -255,9 +245,7 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
             toks = [f.token(builder, j) for j in range(ntok)]
             acc = _phi_loop(builder, f.nsb, [_FZERO] * ntok,
                             lambda s, a: step(builder, f, toks, s, a))
-            for tok, a in zip(toks, acc, strict=True):
-                p = builder.bitcast(builder.gep(f.out, [tok[3]]), _vec(_F32, ROWS).as_pointer())
-                builder.store(a, p, align=4)
+            _store(builder, f, toks, acc)
             return context.get_dummy_value()
 
         return sig, codegen
