@@ -200,14 +200,19 @@ def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
         out += ctx.weights.vector(node.meta.weights[1])
 
 
+_UP_SCRATCH_MAX_ROWS = 64  # rows up to which the fused gate/up keeps up apart from its output
+
+
 def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
     assert isinstance(node.op, ir.FusedGateUp)
-    gate = ctx.memo.get(("gate_scratch", out.shape))
-    if gate is None:
-        gate = ctx.memo[("gate_scratch", out.shape)] = np.empty_like(out)
+    scratch = ctx.memo.get(("gate_up_scratch", out.shape))
+    if scratch is None:
+        n = 2 if out.shape[0] <= _UP_SCRATCH_MAX_ROWS else 1  # see _bind_fused_gate_up
+        scratch = ctx.memo[("gate_up_scratch", out.shape)] = np.empty((n, *out.shape), out.dtype)
+    gate, up = scratch[0], (scratch[1] if len(scratch) > 1 else out)
     _project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx)
-    _project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx)
-    (K.geglu if node.op.act == "gelu" else K.swiglu)(gate, out, out)
+    _project(node.meta.weights[1], node.srcs[0], srcs[0], up, ctx)
+    (K.geglu if node.op.act == "gelu" else K.swiglu)(gate, up, out)
 
 
 Handler = Callable[[Node, Srcs, np.ndarray, ExecContext], None]
@@ -291,11 +296,15 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
 def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
                         ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.FusedGateUp)
-    gate = np.empty_like(out)  # the tape's own scratch, held as long as the tape
-    act = (partial(K.geglu, gate, out, out) if node.op.act == "gelu"
-           else K.bind_swiglu(gate, out, out))
+    # the tape's own scratch, held as long as the tape. With its output aliasing an input, the
+    # activation's element loop fails LLVM's runtime overlap check and runs scalar (0.5B decode:
+    # 24 us a layer, 3 us vectorised, the same bits): a third buffer where rows are few
+    gate = np.empty_like(out)
+    up = np.empty_like(out) if out.shape[0] <= _UP_SCRATCH_MAX_ROWS else out
+    act = (partial(K.geglu, gate, up, out) if node.op.act == "gelu"
+           else K.bind_swiglu(gate, up, out))
     return [*_bind_project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx),
-            *_bind_project(node.meta.weights[1], node.srcs[0], srcs[0], out, ctx), act]
+            *_bind_project(node.meta.weights[1], node.srcs[0], srcs[0], up, ctx), act]
 
 
 def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
@@ -336,7 +345,7 @@ def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.KvcacheStore)
     layer = node.op.layer
-    return [partial(K.kv_store, srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])]
+    return [K.bind_store_kv(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])]
 
 
 def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,

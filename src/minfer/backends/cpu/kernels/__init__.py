@@ -28,6 +28,7 @@ from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from .dequant import dequantize, dequantize_into, get_rows
 from .elementwise import add, bind_add, bind_mul, bind_silu, bind_swiglu, mul, silu, swiglu
 from .gelu import geglu, gelu, scale, softcap
+from .kv_formats import bind_store_kv
 from .matmul import (
     PREFILL_MIN_TOKENS,
     PrequantKernel,
@@ -70,6 +71,7 @@ __all__ = [
     "bind_rms_norm",
     "bind_rope",
     "bind_silu",
+    "bind_store_kv",
     "bind_swiglu",
     "dequantize",
     "dequantize_into",

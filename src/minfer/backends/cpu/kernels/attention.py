@@ -30,7 +30,7 @@ from .attention_blocked import attention_blocked, blocked_available
 from .attention_ir import COLUMNS, HAS_MIX, MAX_HEAD_DIM, value_mix, value_mix_on
 from .attention_ir import scores as ir_scores
 from .elementwise import softmax_groups
-from .kv_formats import check_query_heads, store_rows
+from .kv_formats import bind_store_kv, check_query_heads
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -287,11 +287,8 @@ def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
              cells: np.ndarray) -> None:
     """Write rows k[t], v[t] (f32 `[nt, n_head_kv*head_dim]`) into cache cells[t] (f16 rounding
     to nearest even when the cache is f16, as ggml's f32->f16 copy; q8_0/q4_0 caches get ggml
-    blocks, see `kv_formats`)."""
+    blocks, see `kv_formats`). A cell outside the cache is refused before anything is written."""
     cells = np.asarray(cells, dtype=np.int64).reshape(-1)
-    if k.shape != v.shape or k.shape[0] != cells.shape[0]:
-        raise ValueError(f"k {k.shape} / v {v.shape} / cells {cells.shape} do not match the cache")
-    if cells.size and (cells.min() < 0 or cells.max() >= k_cache.shape[0]):
-        raise ValueError(f"cache cell outside [0, {k_cache.shape[0]})")
-    for src, dst in ((k, k_cache), (v, v_cache)):
-        store_rows(src, dst, cells)
+    k = np.ascontiguousarray(k, dtype=np.float32)
+    v = np.ascontiguousarray(v, dtype=np.float32)
+    bind_store_kv(k, v, k_cache, v_cache, cells)()

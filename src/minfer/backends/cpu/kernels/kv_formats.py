@@ -33,6 +33,8 @@ and end on block boundaries: head_dim has to be a multiple of 32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -300,29 +302,91 @@ def _store_rotated(x, dst):  # pragma: no cover - compiled
     _store_row(r, dst)
 
 
+def _put_row(x: Any, dst: Any) -> Any:
+    """One f32 row into a cache row of any format (compiled code only)."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@overload(_put_row, inline="always")
+def _put_row_impl(x, dst):  # unannotated: numba matches it against the functions below
+    if dst.dtype == types.uint16:  # f16 bits, rounded to nearest even as numpy's astype
+        def put_f16(x, dst):
+            for j in range(x.shape[0]):
+                dst[j] = f32_to_f16(x[j])
+        return put_f16
+    if dst.dtype == types.float32:
+        def put_f32(x, dst):
+            for j in range(x.shape[0]):
+                dst[j] = x[j]
+        return put_f32
+    return lambda x, dst: _store_rotated(x, dst)
+
+
+@njit(inline="always")
+def _check_cells(cells, n_ctx):  # pragma: no cover - compiled
+    for t in range(cells.shape[0]):
+        if cells[t] < 0 or cells[t] >= n_ctx:
+            raise ValueError("KV cache cell outside the cache")
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def _store_rows(x, cache, cells):  # pragma: no cover - compiled
+    _check_cells(cells, cache.shape[0])
     for t in prange(x.shape[0]):
-        _store_rotated(x[t], cache[cells[t]])
+        _put_row(x[t], cache[cells[t]])
 
 
 @njit(cache=True, error_model="numpy")
 def _store_rows_serial(x, cache, cells):  # pragma: no cover - compiled
+    _check_cells(cells, cache.shape[0])
     for t in range(x.shape[0]):
-        _store_rotated(x[t], cache[cells[t]])
+        _put_row(x[t], cache[cells[t]])
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _store_kv(k, v, k_cache, v_cache, cells):  # pragma: no cover - compiled
+    _check_cells(cells, k_cache.shape[0])
+    for t in prange(k.shape[0]):
+        _put_row(k[t], k_cache[cells[t]])
+        _put_row(v[t], v_cache[cells[t]])
+
+
+@njit(cache=True, error_model="numpy")
+def _store_kv_serial(k, v, k_cache, v_cache, cells):  # pragma: no cover - compiled
+    _check_cells(cells, k_cache.shape[0])
+    for t in range(k.shape[0]):
+        _put_row(k[t], k_cache[cells[t]])
+        _put_row(v[t], v_cache[cells[t]])
+
+
+def _check_rows(x: np.ndarray, cache: np.ndarray) -> None:
+    if x.ndim != 2 or cache.ndim != 2 or cache.shape[1] != row_width(cache_type(cache),
+                                                                      x.shape[1]):
+        raise ValueError(f"rows {x.shape} do not fit the {cache_type(cache)} cache "
+                         f"{cache.shape}")
 
 
 def store_rows(x: np.ndarray, cache: np.ndarray, cells: np.ndarray) -> None:
-    """cache[cells[t]] = x[t] for every row, in the cache's format (cells int64, checked)."""
+    """cache[cells[t]] = x[t] for every row, in the cache's format (a cell outside the cache is
+    refused before anything is written)."""
     xs = np.ascontiguousarray(x, dtype=np.float32)
-    if xs.ndim != 2 or cache.ndim != 2 or cache.shape[1] != row_width(cache_type(cache),
-                                                                        xs.shape[1]):
-        raise ValueError(f"rows {xs.shape} do not fit the {cache_type(cache)} cache "
-                         f"{cache.shape}")
-    if is_quant(cache):
-        run = _store_rows if xs.shape[0] >= PARALLEL_MIN_ROWS else _store_rows_serial
-        run(xs, cache, cells)
-    elif cache.dtype == np.uint16:
-        cache[cells] = xs.astype(np.float16).view(np.uint16)
-    else:
-        cache[cells] = xs.astype(cache.dtype)
+    _check_rows(xs, cache)
+    cells = np.asarray(cells, dtype=np.int64).reshape(-1)
+    if cells.shape[0] != xs.shape[0]:
+        raise ValueError(f"{xs.shape[0]} rows for {cells.shape[0]} cells")
+    run = _store_rows if xs.shape[0] >= PARALLEL_MIN_ROWS else _store_rows_serial
+    run(xs, kernel_view(cache), cells)
+
+
+def bind_store_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                  cells: np.ndarray) -> Callable[[], None]:
+    """K and V rows into their caches' cells (the op tape's KV store): shapes checked once, one
+    compiled call per step, the cells (data the batch fills in) checked in it."""
+    if k.shape != v.shape or k.dtype != np.float32 or v.dtype != np.float32:
+        raise ValueError(f"k {k.shape} {k.dtype} / v {v.shape} {v.dtype}: f32 rows of one shape")
+    for x, cache in ((k, k_cache), (v, v_cache)):
+        _check_rows(x, cache)
+    if cells.shape != (k.shape[0],) or cells.dtype.kind not in "iu":
+        raise ValueError(f"cells {cells.shape} {cells.dtype}: one integer per row")
+    run = _store_kv if k.shape[0] >= PARALLEL_MIN_ROWS else _store_kv_serial
+    return partial(run, k, v, kernel_view(k_cache), kernel_view(v_cache), cells)
