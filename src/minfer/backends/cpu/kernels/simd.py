@@ -520,13 +520,14 @@ def _emit_blocks_lanes(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any
     return out_acc, out_m
 
 
-def _prefetch_ir(builder: Any, ptr: Any) -> None:
+def _prefetch_ir(builder: Any, ptr: Any, locality: int = 3) -> None:
+    """Prefetch the cache line at ptr (locality 3: to L1, prefetcht0; 2: to L2, prefetcht1)."""
     i32 = ir.IntType(32)
     i8p = ir.IntType(8).as_pointer()
     fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                      ir.Constant(i32, 1)])
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0),
+                      ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
 def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]:

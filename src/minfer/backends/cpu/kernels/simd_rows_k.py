@@ -57,12 +57,14 @@ from .simd import (
     _vpdpbusd,
 )
 from .simd_k import _vpdpwssd
-from .simd_rows import ROWS, _c, _store, halves
+from .simd_rows import PF_LOCALITY, ROWS, _c, _store, halves
 from .simd_rows import _Front as _Front32
 
-# software prefetch: the super-block column this many ahead (the 1.5B's 1-, 4- and 16-row
-# forwards: 1 and 2 alike, both faster than `simd.PREFETCH`'s 1 KiB, less than one column)
-PF_AHEAD = 2
+# Software prefetch: the super-block column this many ahead, into L2 (`simd_rows.PF_LOCALITY`).
+# On weights past the L3's size (the 1.5B's 70 Q4_K FFN matrices, 542 MB; Intel SPR, 2 threads):
+# 6 ahead 1.08-1.15x faster than 2 ahead into L1 at 1 and 4 tokens; 2 or 4 ahead into L1 were no
+# faster than 2 (the first tuning, on weights the L3 held, could not see it).
+PF_AHEAD = 6
 _AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4)}  # (values per aux item, its bytes)
 
 
@@ -215,7 +217,7 @@ def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
     base = builder.add(f.slab, builder.mul(s, _c(ROWS * size)))
     start = builder.add(base, _c(PF_AHEAD * ROWS * size))
     for off in range(0, ROWS * size, 64):
-        _prefetch_ir(builder, builder.gep(f.w, [builder.add(start, _c(off))]))
+        _prefetch_ir(builder, builder.gep(f.w, [builder.add(start, _c(off))]), PF_LOCALITY)
     return base
 
 
