@@ -26,6 +26,7 @@ from minfer.engine.speculative import (
     SpeculativeError,
     bucket_floor,
     check_same_vocab,
+    fills_bucket,
     lookup,
 )
 from minfer.engine.stepper import TokenStepper
@@ -414,3 +415,29 @@ def test_cli_run_reports_acceptance_and_keeps_the_ids(tiny_qwen2: Path, other_dr
         assert set(spec) >= {"drafted", "accepted", "acceptance_rate"}
     assert main(["run", str(tiny_qwen2), "hi", "--draft-max", "99", "--lookup-ngram", "2"]) == 2
     assert "--draft-max must be in 1..16" in capsys.readouterr().err
+
+
+def test_a_draft_stopped_one_short_of_a_bucket_adds_its_top(tiny_qwen2: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """p_min stops a greedy draft after 2 tokens: the unsure third (the draft's argmax, no
+    further forward) fills the 3-proposal bucket; stopped after 1 it is not padded (2 is no
+    bucket), nor is an empty proposal."""
+    import minfer.engine.speculative as spec_mod
+
+    whole = DraftModelProposer(_engine(tiny_qwen2), p_min=0.0).propose(PROMPT, 3, greedy=True)
+    assert len(whole.tokens) == 3
+    for passing, expect in ((2, whole.tokens), (1, whole.tokens[:1]), (0, [])):
+        calls = {"n": 0}
+
+        def top(logits: np.ndarray, p_min: float, passing: int = passing,
+                calls: dict[str, int] = calls) -> int | None:
+            calls["n"] += 1
+            return int(np.argmax(logits)) if calls["n"] <= passing else None
+
+        monkeypatch.setattr(spec_mod, "confident_top", top)
+        draft = DraftModelProposer(_engine(tiny_qwen2), p_min=0.5)
+        got = draft.propose(PROMPT, 7, greedy=True)
+        assert got.tokens == expect
+        assert draft.n_forwarded == len(PROMPT) + passing  # the filled token: no forward
+    assert [n for n in range(16) if fills_bucket(n)] == [2, 6, 14]
