@@ -25,7 +25,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import kv_quant
-from ._llvm import as_f32
+from ._llvm import as_f32, f16_to_f32, f32_to_f16
 from .attention_blocked import attention_blocked, blocked_available
 from .attention_ir import COLUMNS, HAS_MIX, MAX_HEAD_DIM, value_mix, value_mix_on
 from .attention_ir import scores as ir_scores
@@ -274,13 +274,38 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
         return step_blocked
     f16 = k.dtype == np.uint16
     scale32, softcap32 = np.float32(scale), np.float32(softcap)
+    lo, hi = np.empty(nt, np.int64), np.empty(nt, np.int64)
+    if f16 and nt > HELD_QUERY_ROWS:
+        def step_rounding() -> None:
+            lo[:], hi[:] = bounds()
+            qr = q.astype(np.float16).astype(np.float32)
+            _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
+        return step_rounding
+    qr = np.empty_like(q) if f16 else q  # the query rounded to f16 (with an f16 cache)
 
     def step() -> None:
-        qr = q.astype(np.float16).astype(np.float32) if f16 else q
-        lo, hi = bounds()
+        _prepare(q, qr, f16, kv_start, kv_end, window, lo, hi)
         _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
 
     return step
+
+
+# Up to this many query rows a bound attention holds its own buffer for the query rounded to
+# f16 (decode, verify); a prefill's would add up over the layers, so it rounds per call.
+HELD_QUERY_ROWS = 64
+
+
+@njit(cache=True, error_model="numpy")
+def _prepare(q, qr, round_f16, kv_start, kv_end, window, lo, hi):  # pragma: no cover - compiled
+    """The per-call inputs of `_per_token` in one compiled call (a decode step's numpy calls
+    here cost more than the kernel): each row's window, and the query rounded to f16 as
+    numpy's astype rounds it, when round_f16."""
+    for t in range(q.shape[0]):
+        lo[t] = max(kv_start[t], kv_end[t] - window) if window else kv_start[t]
+        hi[t] = kv_end[t]
+        if round_f16:
+            for j in range(q.shape[1]):
+                qr[t, j] = f16_to_f32(f32_to_f16(q[t, j]))
 
 
 def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
