@@ -441,3 +441,17 @@ def test_a_draft_stopped_one_short_of_a_bucket_adds_its_top(tiny_qwen2: Path,
         assert got.tokens == expect
         assert draft.n_forwarded == len(PROMPT) + passing  # the filled token: no forward
     assert [n for n in range(16) if fills_bucket(n)] == [2, 6, 14]
+
+
+def test_draft_length_prices_plain_decoding_by_measuring_it() -> None:
+    """Always proposing never times a plain step: from the fourth choice plain steps run until
+    one is measured (the first is a warm-up), then one in `plain_every`."""
+    length = DraftLength(16)
+    picks = []
+    for _ in range(length.plain_every):
+        k = length.choose(100)
+        picks.append(k)
+        if k == 0:
+            length.record_plain(0.05)
+    assert all(picks[:3]) and picks[3:5] == [0, 0] and all(picks[5:-1]) and picks[-1] == 0
+    assert length.decode_s == pytest.approx(0.05)
