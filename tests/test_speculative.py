@@ -455,3 +455,15 @@ def test_draft_length_prices_plain_decoding_by_measuring_it() -> None:
             length.record_plain(0.05)
     assert all(picks[:3]) and picks[3:5] == [0, 0] and all(picks[5:-1]) and picks[-1] == 0
     assert length.decode_s == pytest.approx(0.05)
+
+
+def test_draft_length_estimates_the_per_token_acceptance() -> None:
+    """Each proposed token accepted with probability 0.8, proposals of 3: the estimate centres
+    on 0.8 (averaging per-step ratios centred on 0.68)."""
+    rng = np.random.default_rng(7)
+    length, seen = DraftLength(16), []
+    for _ in range(4000):
+        passed = rng.random(3) < 0.8
+        length.record_outcome(3, int(np.argmin(passed)) if not passed.all() else 3)
+        seen.append(length.accept_rate)
+    assert abs(float(np.mean(seen)) - 0.8) < 0.02

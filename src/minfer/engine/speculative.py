@@ -273,7 +273,9 @@ class DraftLength:
 
     draft_max: int = 16
     adaptive: bool = True
-    accept_rate: float = 0.7  # EMA of P(a proposed token is accepted)
+    accept_rate: float = 0.7  # P(a proposed token is accepted): see `record_outcome`
+    accepted_avg: float = 0.7  # moving averages of accepted tokens and of trials per step
+    trials_avg: float = 1.0
     decode_s: float = 0.0  # EMA of a plain one-token forward
     verify_s: dict[int, float] = field(default_factory=dict)  # n_tokens -> EMA seconds
     draft_token_s: float = 0.0  # EMA of the proposer's cost per proposed token
@@ -364,10 +366,17 @@ class DraftLength:
         return False
 
     def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
-        """Per-token acceptance: n_accepted successes, then one failure unless all passed."""
+        """Per-token acceptance: n_accepted successes, then one failure unless all passed. The
+        rate is the ratio of the moving averages of successes and trials (for acceptance that
+        is the same at every token, their expected ratio is the rate; an average of per-step
+        ratios is not: 0.68 for a rate of 0.8 at k = 3, each step counting alike whether it
+        tried one token or three)."""
         if n_proposed:
             trials = n_accepted + (n_accepted < n_proposed)
-            self.accept_rate = _ema(self.accept_rate, n_accepted / trials, self.alpha)
+            a = self.alpha
+            self.accepted_avg = (1.0 - a) * self.accepted_avg + a * n_accepted
+            self.trials_avg = (1.0 - a) * self.trials_avg + a * trials
+            self.accept_rate = self.accepted_avg / self.trials_avg
 
 
 def _ema(old: float, new: float, alpha: float) -> float:
