@@ -113,6 +113,13 @@ class _Front:
         return builder.add(self.slab, builder.mul(b, _c(ROWS * size)))
 
 
+def prefetch_span(builder: Any, w: Any, start: Any, n_bytes: int) -> None:
+    """Prefetch n_bytes of i8* `w` from byte `start` on, line by line, into L2 (PF_LOCALITY):
+    the weight stream ahead of a row group's dots."""
+    for off in range(0, n_bytes, 64):
+        _prefetch_ir(builder, builder.gep(w, [builder.add(start, _c(off))]), PF_LOCALITY)
+
+
 def halves(builder: Any, w: Any, at: Any) -> Any:
     """The 16 rows' f16 scales at byte `at` of i8* `w`, as <16 x f32>."""
     h = _ld(builder, w, at, _vec(_I16, ROWS))
@@ -197,10 +204,7 @@ def rows_dot(name: str, ntok: int) -> Any:
             def body(b: Any, pair: list[Any]) -> list[Any]:
                 acc = pair[:ntok]  # this block's accumulators; the other set waits a block
                 base = f.group(builder, b, size)
-                start = builder.add(base, _c(ROWS_PREFETCH))
-                for off in range(0, ROWS * size, 64):
-                    _prefetch_ir(builder, builder.gep(f.w, [builder.add(start, _c(off))]),
-                                 PF_LOCALITY)
+                prefetch_span(builder, f.w, builder.add(base, _c(ROWS_PREFETCH)), ROWS * size)
                 wt, dw = _group(builder, f.w, base, qh is not None, signed)
                 new = []
                 for tok, a in zip(toks, acc, strict=True):

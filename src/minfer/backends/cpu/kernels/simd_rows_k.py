@@ -51,16 +51,15 @@ from .simd import (
     _fma,
     _ld,
     _phi_loop,
-    _prefetch_ir,
     _splat,
     _vec,
     _vpdpbusd,
 )
 from .simd_k import _vpdpwssd
-from .simd_rows import PF_LOCALITY, ROWS, _c, _store, halves
+from .simd_rows import ROWS, _c, _store, halves, prefetch_span
 from .simd_rows import _Front as _Front32
 
-# Software prefetch: the super-block column this many ahead, into L2 (`simd_rows.PF_LOCALITY`).
+# Software prefetch: the super-block column this many ahead, into L2 (`simd_rows.prefetch_span`).
 # On weights past the L3's size (the 1.5B's 70 Q4_K FFN matrices, 542 MB; Intel SPR, 2 threads):
 # 6 ahead 1.08-1.15x faster than 2 ahead into L1 at 1 and 4 tokens; 2 or 4 ahead into L1 were no
 # faster than 2 (the first tuning, on weights the L3 held, could not see it).
@@ -215,9 +214,7 @@ def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
     """Byte offset of super-block column s in the row group's slab (`size` bytes per row's
     super-block); prefetches the column PF_AHEAD columns on."""
     base = builder.add(f.slab, builder.mul(s, _c(ROWS * size)))
-    start = builder.add(base, _c(PF_AHEAD * ROWS * size))
-    for off in range(0, ROWS * size, 64):
-        _prefetch_ir(builder, builder.gep(f.w, [builder.add(start, _c(off))]), PF_LOCALITY)
+    prefetch_span(builder, f.w, builder.add(base, _c(PF_AHEAD * ROWS * size)), ROWS * size)
     return base
 
 
