@@ -9,7 +9,12 @@ whether more threads pay, and neither is known in advance on a user's machine:
   on a 2-core Intel Xeon (SPR) with one core busy, decode fell from 27.6 tok/s (1 thread) to
   4.9 (2 threads). A worker that sleeps soon is woken ahead of the busy process instead.
   Measured there, tg64 at 2 threads (idle / one core busy): spin 300,000 48.4 / 4.9;
-  passive 45.1 / 26.8; 10,000 56.3 / 13.8; 1,000 51.6 / 24.5. The CPU backend sets 1,000
+  passive 45.1 / 26.8; 10,000 56.3 / 13.8; 1,000 51.6 / 24.5. Too short a spin costs as
+  much on an idle machine: the Python between two parallel kernels outlasts it, so every kernel
+  starts by waking a sleeping worker. On a quiet host of the same kind (36 GB/s read), tg64 at 2
+  threads was 44.7 tok/s at 1,000, 60.9 at 2,000, 63.7 at 5,000, 64.4 at 10,000 (1.5B: 17.6 /
+  21.3 at 1,000 / 5,000); with one core busy the default thread choice gave 30.7 at 1,000,
+  31.8 at 5,000, 30.5 at 10,000, 27.9 at 30,000 (`-t 1`: 32.0). The CPU backend sets 5,000
   (`backends.cpu.waits`) unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
 - **Cores actually free.** A step measured is the only honest test. `ThreadTuner` times the
   repeated steps of one shape (decode) at each candidate count (all threads, one fewer, one),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-SPINCOUNT = "1000"
+SPINCOUNT = "5000"
 
 
 def configure_waits() -> None:
