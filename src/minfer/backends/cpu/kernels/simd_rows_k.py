@@ -59,11 +59,13 @@ from .simd_k import _vpdpwssd
 from .simd_rows import ROWS, _c, _store, halves, prefetch_span
 from .simd_rows import _Front as _Front32
 
-# Software prefetch: the super-block column this many ahead, into L2 (`simd_rows.prefetch_span`).
-# On weights past the L3's size (the 1.5B's 70 Q4_K FFN matrices, 542 MB; Intel SPR, 2 threads):
-# 6 ahead 1.08-1.15x faster than 2 ahead into L1 at 1 and 4 tokens; 2 or 4 ahead into L1 were no
-# faster than 2 (the first tuning, on weights the L3 held, could not see it).
-PF_AHEAD = 6
+# Software prefetch: the weight stream PF_BYTES ahead, into L2 (`simd_rows.prefetch_span`),
+# a column's share per sub-block step. A whole column at once (36 lines for Q4_K, 53 for Q6_K)
+# stalled the core on its line-fill buffers: on an idle Intel SPR (2 threads, 36 GB/s read) the
+# 1.5B's Q6_K output streamed at 21 GB/s that way and at 36 spread out (1 thread: 10.6 against
+# 18.3, the machine's 18.5); its Q4_K FFN (434 MB) 24.7 against 28-31 GB/s at 1 token and 18.5
+# against 21.9 at 4. 2-4 KiB ahead were alike, 8 KiB less good (on weights past the L3's size).
+PF_BYTES = 4096
 _AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4)}  # (values per aux item, its bytes)
 
 
@@ -124,6 +126,7 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
     def sub_block(sub: Any, sums: list[Any]) -> list[Any]:
         # a loop, not unrolled code: LLVM then cannot hoist every sub-block's code vectors
         # ahead of the dots (measured: it did, and spilled them)
+        _prefetch_part(builder, f, base, sub, 144, 8)
         at_sub = builder.add(base, builder.add(_c(256), builder.mul(sub, _c(256))))
         q = [_ld(builder, w, builder.add(at_sub, _c(64 * j)), _vec(_I8, 4 * ROWS))
              for j in range(4)]
@@ -182,6 +185,7 @@ def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
     d = halves(builder, w, base)
 
     def sub_block(k: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
+        _prefetch_part(builder, f, base, k, 210, 16)
         sc = builder.sext(_ld(builder, w, builder.add(at(32), builder.mul(k, _c(16))),
                               _vec(_I8, ROWS)), _vec(_I32, ROWS))
         dsc = builder.fmul(d, builder.sitofp(sc, _vec(_F32, ROWS)))
@@ -212,10 +216,17 @@ def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
 
 def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
     """Byte offset of super-block column s in the row group's slab (`size` bytes per row's
-    super-block); prefetches the column PF_AHEAD columns on."""
-    base = builder.add(f.slab, builder.mul(s, _c(ROWS * size)))
-    prefetch_span(builder, f.w, builder.add(base, _c(PF_AHEAD * ROWS * size)), ROWS * size)
-    return base
+    super-block)."""
+    return builder.add(f.slab, builder.mul(s, _c(ROWS * size)))
+
+
+def _prefetch_part(builder: Any, f: _Front, base: Any, sub: Any, size: int, n_sub: int
+                   ) -> None:
+    """Prefetch part `sub` of n_sub of the column PF_BYTES ahead: spread over the sub-block
+    loop, not a column's 36 (Q4_K) or 53 (Q6_K) lines at once."""
+    part = -(-ROWS * size // n_sub)
+    start = builder.add(builder.add(base, _c(PF_BYTES)), builder.mul(sub, _c(part)))
+    prefetch_span(builder, f.w, start, part)
 
 
 def _dx(builder: Any, f: _Front, tok: Any, s: Any) -> Any:
