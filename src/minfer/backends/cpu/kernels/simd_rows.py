@@ -51,10 +51,11 @@ from .simd import (
 
 ROWS = 16  # weight rows per interleaved group (int32 lanes of a zmm)
 # Software prefetch of the weight stream: this many bytes ahead, into L2 (prefetcht1). A decode
-# step streams weights from DRAM; the 1 KiB into L1 that the per-row kernels use (`simd.PREFETCH`)
-# left a row group's stream short of it. Measured on weights three times the size of the L3
-# (Intel Xeon SPR, 2 threads, 1 and 4 tokens): Q5_0 1.19-1.30x, Q8_0 1.17-1.20x faster; 2 KiB
-# ahead only 1.08-1.10x, 6-16 KiB like 4; the locality mattered less than the distance here.
+# step streams weights from DRAM; 1 KiB into L1 (the per-row kernels' setting then, see
+# `simd.PREFETCH`) left a row group's stream short of it. Measured on weights three times the
+# size of the L3 (Intel Xeon SPR, 2 threads, 1 and 4 tokens): Q5_0 1.19-1.30x, Q8_0
+# 1.17-1.20x faster; 2 KiB ahead only 1.08-1.10x, 6-16 KiB like 4; the locality mattered less
+# than the distance here.
 ROWS_PREFETCH = 4096
 PF_LOCALITY = 2
 _U64 = ir.IntType(64)
