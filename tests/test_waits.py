@@ -18,16 +18,12 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_default_spin_count_is_set(clean_env: pytest.MonkeyPatch) -> None:
     waits.configure_waits()
-
-
     assert os.environ["GOMP_SPINCOUNT"] == waits.SPINCOUNT == "5000"
 
 
 @pytest.mark.parametrize(("name", "value"), [("GOMP_SPINCOUNT", "123"),
                                              ("OMP_WAIT_POLICY", "passive")])
 def test_a_users_choice_stands(clean_env: pytest.MonkeyPatch, name: str, value: str) -> None:
-
-
     clean_env.setenv(name, value)
     waits.configure_waits()
     assert os.environ[name] == value
