@@ -530,6 +530,14 @@ def _prefetch_ir(builder: Any, ptr: Any, locality: int = 3) -> None:
                       ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
+def _prefetch_span(builder: Any, ptr: Any, start: Any, n_bytes: int, locality: int = 3) -> None:
+    """Prefetch n_bytes of i8* `ptr` from byte `start` (an i64) on, one call per 64-byte line:
+    a weight stream's next stretch, however each kernel spaces it."""
+    for off in range(0, n_bytes, 64):
+        _prefetch_ir(builder, builder.gep(ptr, [builder.add(start, ir.Constant(start.type, off))]),
+                     locality)
+
+
 def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]:
     """for i in range(count): vals = body(i, vals), with the values carried in phis (the
     accumulators stay in registers). Returns the final values."""
@@ -594,9 +602,7 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
                     if prefetch:
                         start = builder.add(builder.mul(b, ir.Constant(u64, size)),
                                             ir.Constant(u64, PREFETCH))
-                        for off in range(0, size * count, 64):
-                            _prefetch_ir(builder, builder.gep(w_p, [
-                                builder.add(start, ir.Constant(u64, off))]), PREFETCH_LOCALITY)
+                        _prefetch_span(builder, w_p, start, size * count, PREFETCH_LOCALITY)
                     a, m = _emit_blocks(builder, w_p, toks, b, count, layout, vals[:ntok],
                                         vals[ntok:], fast and count >= 8)
                     return a + m
@@ -662,9 +668,7 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
                 b = builder.mul(i, ir.Constant(u64, LANE_BLOCKS))
                 start = builder.add(builder.mul(b, ir.Constant(u64, size)),
                                     ir.Constant(u64, PREFETCH))
-                for off in range(0, size * LANE_BLOCKS, 64):
-                    _prefetch_ir(builder, builder.gep(w_p, [
-                        builder.add(start, ir.Constant(u64, off))]), PREFETCH_LOCALITY)
+                _prefetch_span(builder, w_p, start, size * LANE_BLOCKS, PREFETCH_LOCALITY)
                 a, m = _emit_blocks_lanes(builder, w_p, toks, b, LANE_BLOCKS, layout,
                                     vals[:ntok], vals[ntok:])
                 return a + m

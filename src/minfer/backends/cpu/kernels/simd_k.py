@@ -41,7 +41,7 @@ from .simd import (
     _phi_loop,
     _pmaddubsw,
     _pmaddwd,
-    _prefetch_ir,
+    _prefetch_span,
     _row_front,
     _splat,
     _store_totals,
@@ -213,9 +213,7 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
 
             def body(i: Any, vals: list[Any]) -> list[Any]:
                 base = builder.mul(i, ir.Constant(u64, size))
-                for off in range(0, size, 64):
-                    _prefetch_ir(builder, builder.gep(w_p, [
-                        builder.add(base, ir.Constant(u64, PREFETCH + off))]))
+                _prefetch_span(builder, w_p, builder.add(base, ir.Constant(u64, PREFETCH)), size)
                 codes, sm = _unpack_super(builder, w_p, base, kind)
                 if HAS_VNNI512:  # two 32-code groups per zmm
                     codes = [_concat(builder, codes[g:g + 2]) for g in range(0, 8, 2)]

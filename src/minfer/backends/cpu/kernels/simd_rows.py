@@ -43,7 +43,7 @@ from .simd import (
     _fma,
     _ld,
     _phi_loop,
-    _prefetch_ir,
+    _prefetch_span,
     _splat,
     _vec,
     _vpdpbusd,
@@ -115,10 +115,9 @@ class _Front:
 
 
 def prefetch_span(builder: Any, w: Any, start: Any, n_bytes: int) -> None:
-    """Prefetch n_bytes of i8* `w` from byte `start` on, line by line, into L2 (PF_LOCALITY):
-    the weight stream ahead of a row group's dots."""
-    for off in range(0, n_bytes, 64):
-        _prefetch_ir(builder, builder.gep(w, [builder.add(start, _c(off))]), PF_LOCALITY)
+    """Prefetch n_bytes of i8* `w` from byte `start` on into L2 (PF_LOCALITY): the weight
+    stream ahead of a row group's dots (`simd._prefetch_span`)."""
+    _prefetch_span(builder, w, start, n_bytes, PF_LOCALITY)
 
 
 def halves(builder: Any, w: Any, at: Any) -> Any:
