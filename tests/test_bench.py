@@ -45,3 +45,22 @@ def test_a_depth_test_runs_after_depth_tokens_in_the_kv(tiny_qwen2: Path) -> Non
 
 def test_read_bandwidth_reads_the_whole_buffer() -> None:
     assert read_bandwidth(1, nbytes=8 << 20, passes=1) > 0  # the probe checks its own sum
+    # a length the chunks do not divide: the last chunks are short or empty, none is skipped
+    assert read_bandwidth(2, nbytes=8 * 1001, passes=1) > 0
+
+
+def test_roofline_fraction_uses_the_readings_beside_each_repetition(
+        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.bench import bandwidth
+
+    readings = iter([10.0, 20.0, 40.0, 99.0])  # the row's first reading, then one per rep
+    monkeypatch.setattr(bandwidth, "read_bandwidth", lambda *a, **k: next(readings))
+    argv = ["bench", str(tiny_qwen2), "-p", "0", "-n", "4", "-r", "2", "-t", "1",
+            "--roofline", "-o", "json"]
+    assert main(argv) == 0
+    read, tg = json.loads(capsys.readouterr().out)
+    assert read["test"] == "roofline" and read["gb_per_s"] == 10.0
+    assert tg["test"] == "tg4" and tg["roofline_gb_per_s"] == 30.0  # mean of the two beside
+    assert tg["roofline_fraction"] == pytest.approx(tg["gb_per_s"] / 30.0)
+    assert next(readings) == 99.0  # exactly one reading per repetition

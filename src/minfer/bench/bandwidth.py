@@ -20,19 +20,26 @@ from minfer import jit_cache  # noqa: F401  (points numba's cache at minfer's fo
 BUFFER_BYTES = 1 << 30
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, inline="always")
+def _chunk_sum(x: np.ndarray) -> np.uint64:  # pragma: no cover - compiled
+    acc = np.uint64(0)
+    for i in range(x.shape[0]):
+        acc += x[i]
+    return acc
+
+
+@njit(cache=True, parallel=True)
 def _parallel_sum(buf: np.ndarray, n_chunks: int) -> np.uint64:  # pragma: no cover - compiled
+    # Each chunk's sum is its own loop writing its own slot. A prange reduction variable
+    # (`total += acc`) kept the inner loop scalar: 4 GB/s per thread on an AMD EPYC (Zen 4)
+    # whose cores read 26-29 GB/s each.
     n = buf.shape[0]
     step = (n + n_chunks - 1) // n_chunks
-    total = np.uint64(0)
+    parts = np.zeros(n_chunks, np.uint64)
     for c in prange(n_chunks):
-        lo = c * step
-        hi = min(n, lo + step)
-        acc = np.uint64(0)
-        for i in range(lo, hi):
-            acc += buf[i]
-        total += acc
-    return total
+        lo = min(n, c * step)
+        parts[c] = _chunk_sum(buf[lo:min(n, lo + step)])
+    return parts.sum()
 
 
 def read_bandwidth(n_threads: int, *, nbytes: int = BUFFER_BYTES, passes: int = 5) -> float:

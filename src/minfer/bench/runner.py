@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ class BenchRow:
     gb_per_s: float | None = None
     n_depth: int = 0
     roofline_fraction: float | None = None  # gb_per_s / the machine's read bandwidth
+    roofline_gb_per_s: float | None = None  # that bandwidth, read between this row's reps
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +104,7 @@ def run_test(
     reps: int = 3,
     batch_size: int = 512,
     seed: int = 1234,
+    before_rep: Callable[[], None] | None = None,
 ) -> BenchRow:
     rng = np.random.default_rng(seed)
     if n_prompt and n_gen:
@@ -113,7 +116,11 @@ def run_test(
         return time_tg(engine, n_gen, rng, n_depth, batch_size)
 
     once()  # warm-up: compiles kernels and builds the graphs
-    samples = [once() for _ in range(reps)]
+    samples = []
+    for _ in range(reps):
+        if before_rep is not None:  # untimed: `minfer bench --roofline` reads memory here
+            before_rep()
+        samples.append(once())
     n = n_prompt or n_gen
     rates = [n / s for s in samples]
     mean = statistics.fmean(rates)

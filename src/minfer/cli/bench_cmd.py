@@ -1,6 +1,8 @@
 """`minfer bench [MODEL] [-p 512] [-n 128] [-d 0] [-r 3] [-t N] [-o md|csv|json] [--roofline]`:
 llama-bench's shape. `--roofline` adds a row with the machine's measured read bandwidth (per
-thread count) and prints each tg row's GB/s as a fraction of it."""
+thread count) and prints each tg row's GB/s as a fraction of the bandwidth read again before
+each of that row's repetitions: on a shared host the bandwidth drifts by 2x within minutes
+(a 2-core AMD EPYC read 28-56 GB/s), so only a reading beside the decode is a fair ceiling."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import argparse
 import csv
 import io
 import json
+import statistics
 import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 from minfer.cli.common import add_kv_args, kv_types
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{engine.kv.bytes_per_token / 1024:.1f} KiB per token", file=sys.stderr)
         backend = "+".join(engine.ctx_params.backends)
         roofline = None
+        readings: list[float] = []  # the bandwidth read beside one tg row's repetitions
         if args.roofline:
             from minfer.bench.bandwidth import read_bandwidth
 
@@ -84,11 +89,17 @@ def run(args: argparse.Namespace) -> int:
         tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
         for n_depth in args.n_depth:
             for n_prompt, n_gen in tests:
+                read_beside = None
+                if roofline and n_gen:
+                    readings.clear()
+                    read_beside = partial(_read_into, readings, n_threads)
                 row = run_test(engine, model=model.name, backend=backend, n_threads=n_threads,
                                n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
-                               reps=args.repetitions, batch_size=args.batch_size)
-                if roofline and row.gb_per_s is not None:
-                    row.roofline_fraction = row.gb_per_s / roofline
+                               reps=args.repetitions, batch_size=args.batch_size,
+                               before_rep=read_beside)
+                if readings and row.gb_per_s is not None:
+                    row.roofline_gb_per_s = statistics.fmean(readings)
+                    row.roofline_fraction = row.gb_per_s / row.roofline_gb_per_s
                 rows.append(row)
                 if args.output == "md":
                     print(_md([rows[-1]], header=len(rows) == 1), end="", flush=True)
@@ -99,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_into(readings: list[float], n_threads: int) -> None:
+    from minfer.bench.bandwidth import read_bandwidth
+
+    readings.append(read_bandwidth(n_threads, passes=3))
+
+
 def _md(rows: list[BenchRow], *, header: bool) -> str:
     out = io.StringIO()
     if header:
@@ -107,7 +124,7 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
     for r in rows:
         gb = f"{r.gb_per_s:.1f}" if r.gb_per_s is not None else ""
         if r.roofline_fraction is not None:
-            gb += f" ({100 * r.roofline_fraction:.0f}%)"
+            gb += f" ({100 * r.roofline_fraction:.0f}% of {r.roofline_gb_per_s:.1f})"
         rate = f"{r.tokens_per_s:.2f} ± {r.stddev:.2f}" if r.test != "roofline" else ""
         out.write(f"| {r.model} | {r.size_bytes / 2**20:.1f} MiB | {r.n_params / 1e6:.0f} M | "
                   f"{r.backend} | {r.n_threads} | {r.test} | {rate} | {gb} |\n")
@@ -117,7 +134,7 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
 def _csv(rows: list[BenchRow]) -> str:
     out = io.StringIO()
     fields = ["model", "size_bytes", "n_params", "backend", "n_threads", "test", "n_depth",
-              "tokens_per_s", "stddev", "gb_per_s", "roofline_fraction"]
+              "tokens_per_s", "stddev", "gb_per_s", "roofline_fraction", "roofline_gb_per_s"]
     w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
