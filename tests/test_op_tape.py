@@ -90,3 +90,41 @@ def test_a_tape_is_bound_once_per_graph(tiny_qwen2: Path) -> None:
     assert tape is not None and len(tape.steps) > 0
     e.forward([4], 3)
     assert prepared.scratch["tape"][1] is tape
+
+
+def test_tape_calls_run_the_machine_code_directly(tiny_qwen2: Path) -> None:
+    """Bound kernel calls skip numba's per-call typing (`jit_cache.direct`): after binding, no
+    tape step is a partial of a dispatcher."""
+    from functools import partial
+
+    from numba.core.dispatcher import Dispatcher
+
+    e = _engine(tiny_qwen2, op_tape=True, batch_invariant=False)
+    e.forward([1, 2], 0)
+    e.forward([3], 2)
+    tape = e.cache.get(e.params_for(1, 1)).scratch["tape"][1]
+    kernels = [s for s in tape.steps if isinstance(s, partial)]
+    assert kernels and not any(isinstance(s.func, Dispatcher) for s in kernels)
+
+
+def test_direct_keeps_the_result_and_leaves_other_calls_alone() -> None:
+    from functools import partial
+
+    from numba import njit
+
+    from minfer.jit_cache import direct
+
+    @njit
+    def axpy(a: float, x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover - compiled
+        for i in range(x.shape[0]):
+            y[i] += a * x[i]
+
+    x, y = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    call = direct(partial(axpy, 2.0, x, y))
+    assert call.func is not axpy  # type: ignore[attr-defined]
+    call()
+    np.testing.assert_array_equal(y, 1 + 2 * x)
+    with_kw = partial(axpy, 2.0, x, y=y)
+    assert direct(with_kw) is with_kw
+    plain = partial(print, "x")
+    assert direct(plain) is plain

@@ -32,15 +32,18 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar, cast
 
 from numba import typeof
 from numba.core import config
 from numba.core.dispatcher import Dispatcher
 
 from minfer.store.catalog import minfer_home
+
+_T = TypeVar("_T")
 
 _PACKAGE = Path(__file__).resolve().parent
 _SOURCES = ("backends/cpu/kernels", "engine/kv_shift.py", "tools/quantize")
@@ -74,20 +77,18 @@ def prime() -> None:
     cpu_target.typing_context.refresh()
 
 
-def load_for_calls(calls: Iterable[Callable[..., object]]) -> None:
-    """Load from the cache the machine code each bound call (`functools.partial` of a numba
-    function, positional arguments only) will run, for its arguments' types, without running
-    it. llvmlite drops the GIL in its LLVM calls, so a thread that does this overlaps with
-    Python work on another (a warm start's tokenizer) instead of adding to it. Each function
-    is loaded for the types of its first call here (typing every call's arrays cost more than
-    the loads it saved); calls of any other form are left for their first run."""
-    seen: set[int] = set()
-    for call in calls:
-        if not (isinstance(call, functools.partial) and isinstance(call.func, Dispatcher)
-                and not call.keywords) or id(call.func) in seen:
-            continue
-        seen.add(id(call.func))
-        call.func.compile(tuple(typeof(a) for a in call.args))
+def direct(call: Callable[[], _T]) -> Callable[[], _T]:
+    """A bound call (`functools.partial` of a numba function, positional arguments only) as a
+    call of the machine code for its arguments' types, loaded or compiled now: the dispatcher's
+    per-call type lookup is done once (a five-array call: 0.89 µs through the dispatcher,
+    0.42 µs direct, on an AMD EPYC; a 0.5B decode step makes ~550 calls). Valid only while
+    every argument keeps its type, as an op tape's fixed buffers do. Calls of any other form
+    are returned as they are."""
+    if not (isinstance(call, functools.partial) and isinstance(call.func, Dispatcher)
+            and not call.keywords):
+        return call
+    entry = call.func.compile(tuple(typeof(a) for a in call.args))
+    return cast(Callable[[], _T], functools.partial(entry, *call.args))
 
 
 def install_stamp() -> str:

@@ -170,9 +170,9 @@ class Engine:
         """Bind the decode graph's op tape on another thread while the caller does other work
         (a CLI builds its tokenizer meanwhile): numba's contexts are built, every weight is made
         ready as its kernels read it (repacked outside the GIL, or mapped from its file), and
-        the tape's kernels are loaded from numba's cache without running them
-        (`jit_cache.load_for_calls`). The next call that runs a graph waits for it; an error it
-        met is raised there. Results do not change: the first decode would bind the same tape."""
+        binding loads the tape's kernels from numba's cache without running them
+        (`jit_cache.direct`). The next call that runs a graph waits for it; an error it met is
+        raised there. Results do not change: the first decode would bind the same tape."""
         if self._warming is not None or not self.op_tape:
             return
         self._warming = threading.Thread(target=self._warm, name="minfer-warm", daemon=True)
@@ -185,9 +185,7 @@ class Engine:
                 set_threads(self.n_threads)
             prepared = self.cache.get(self.params_for(1, 1))
             buffers = self._buffers(prepared)
-            tape = self._tape(prepared, buffers, self.batch_invariant)
-            if tape is not None:
-                jit_cache.load_for_calls(tape.steps)
+            self._tape(prepared, buffers, self.batch_invariant)
         except BaseException as exc:  # re-raised on the caller's thread
             self._warm_error = exc
 

@@ -25,6 +25,7 @@ from typing import cast
 
 import numpy as np
 
+from minfer import jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels.quant_types import KQUANT_TYPES
@@ -58,8 +59,9 @@ class CpuBackend:
         if isinstance(node.op, ir.KvcacheLoad):
             return []
         binder = _BINDERS.get(type(node.op))
-        if binder is not None:
-            return binder(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)
+        if binder is not None:  # each compiled kernel called past numba's per-call typing
+            return [jit_cache.direct(step)
+                    for step in binder(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)]
         handler = _HANDLERS.get(type(node.op))
         if handler is None:
             raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
@@ -353,10 +355,10 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     op = node.op
     assert isinstance(op, ir.Attn)
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
-    return [K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
-                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                             scale=op.scale, out=out, blocked=blocked, window=op.window,
-                             softcap=op.softcap)]
+    return K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
+                            n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
+                            scale=op.scale, out=out, blocked=blocked, window=op.window,
+                            softcap=op.softcap)
 
 
 def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:

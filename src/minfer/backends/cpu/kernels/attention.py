@@ -20,6 +20,7 @@ keeps its bits, so a row's result never depends on which kernel computed it. One
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from numba import get_num_threads, njit, prange
@@ -247,14 +248,16 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
                    kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
                    scale: float, out: np.ndarray, blocked: bool = False, window: int = 0,
-                   softcap: float = 0.0) -> Callable[[], None]:
-    """`attention` over fixed arrays (the op tape): shapes checked once. The windows are data
-    the batch fills in each time; their bounds are the caller's to check (the engine refuses a
-    batch whose windows leave the context before it runs anything)."""
+                   softcap: float = 0.0) -> list[Callable[[], None]]:
+    """`attention` over fixed arrays (the op tape), as the calls to make in order: shapes
+    checked once. The windows are data the batch fills in each time; their bounds are the
+    caller's to check (the engine refuses a batch whose windows leave the context before it
+    runs anything)."""
     if kv_quant.uses_quant(k_cache, v_cache):  # q8_0 / q4_0 caches
-        return kv_quant.bind_attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
-                                       n_head_kv=n_head_kv, head_dim=head_dim, scale=scale,
-                                       out=out, blocked=blocked, window=window, softcap=softcap)
+        return [kv_quant.bind_attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
+                                        n_head_kv=n_head_kv, head_dim=head_dim, scale=scale,
+                                        out=out, blocked=blocked, window=window,
+                                        softcap=softcap)]
     nt = q.shape[0]
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
@@ -271,7 +274,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
             lo, hi = bounds()
             attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
                               softcap=softcap)
-        return step_blocked
+        return [step_blocked]
     f16 = k.dtype == np.uint16
     scale32, softcap32 = np.float32(scale), np.float32(softcap)
     lo, hi = np.empty(nt, np.int64), np.empty(nt, np.int64)
@@ -280,14 +283,14 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
             lo[:], hi[:] = bounds()
             qr = q.astype(np.float16).astype(np.float32)
             _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
-        return step_rounding
+        return [step_rounding]
     qr = np.empty_like(q) if f16 else q  # the query rounded to f16 (with an f16 cache)
-
-    def step() -> None:
-        _prepare(q, qr, f16, kv_start, kv_end, window, lo, hi)
-        _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
-
-    return step
+    # `_per_token`'s choice is fixed by the shape; the row-blocked kernel reads the thread
+    # count of each call, so it keeps the Python wrapper
+    kernel = _per_token if _rows_apply(nt, head_dim) else _attention
+    return [partial(_prepare, q, qr, f16, kv_start, kv_end, window, lo, hi),
+            partial(kernel, qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32,
+                    out)]
 
 
 # Up to this many query rows a bound attention holds its own buffer for the query rounded to

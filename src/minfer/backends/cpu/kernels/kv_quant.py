@@ -146,7 +146,8 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    kv_start: np.ndarray, kv_end: np.ndarray, *, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, out: np.ndarray, blocked: bool = False,
                    window: int = 0, softcap: float = 0.0) -> Callable[[], None]:
-    """`attention` over fixed arrays (the op tape), as `attention.bind_attention`."""
+    """`attention` over fixed arrays (the op tape), as one call (`attention.bind_attention`
+    lists it)."""
     _window_softcap(window, softcap)
     nt = q.shape[0]
     k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)

@@ -13,6 +13,7 @@ freq_scale = 1 the division and multiplication are exact. Elements past rope_dim
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from numba import njit
@@ -82,10 +83,9 @@ def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
     ff = _ONE if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
     if factors is not None and ff.shape != (rope_dim // 2,):
         raise ValueError(f"rope factors of shape {ff.shape}, expected ({rope_dim // 2},)")
+    if positions.dtype.kind != "i":
+        raise ValueError(f"positions must be integers, got {positions.dtype}")
     base32, scale32, neox = np.float32(base), np.float32(freq_scale), style == "neox"
-
-    def step() -> None:
-        _rope(x, positions.astype(np.int64), n_head, head_dim, rope_dim, base32, scale32, ff,
-              neox, out)
-
-    return step
+    # the positions as the batch fills them in (int32 from the engine), read in place
+    return partial(_rope, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff, neox,
+                   out)
