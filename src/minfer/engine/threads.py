@@ -15,8 +15,8 @@ whether more threads pay, and neither is known in advance on a user's machine:
   threads was 44.7 tok/s at 1,000, 60.9 at 2,000, 63.7 at 5,000, 64.4 at 10,000 (1.5B: 17.6 /
   21.3 at 1,000 / 5,000); with one core busy the default thread choice gave 30.7 at 1,000,
   31.8 at 5,000, 30.5 at 10,000, 27.9 at 30,000 (`-t 1`: 32.0). On an idle 2-core AMD EPYC
-  (Zen 4) the same choice held: 56.5 at 1,000, 62.3 / 64.5 at
-  5,000, 63.8 / 63.4 at 20,000, 61.0 at 100,000 (0.5B tg64). The CPU backend sets 5,000
+  (Zen 4) the same choice held: 56.5 at 1,000, 62.3 / 64.5 at 5,000, 63.8 / 63.4 at 20,000,
+  61.0 at 100,000 (0.5B tg64). The CPU backend sets 5,000
   (`backends.cpu.waits`) unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
 - **Cores actually free.** A step measured is the only honest test. `ThreadTuner` times the
   repeated steps of one shape (decode) at each candidate count (all threads, one fewer, one),
