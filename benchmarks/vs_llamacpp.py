@@ -186,6 +186,15 @@ def main() -> int:
     if not Path(ref_python).exists():
         ap.error(f"no reference interpreter at {ref_python} (see the README's development "
                  "section; --target avx2 uses --ref-python-avx2)")
+    if args.target == "avx2":
+        # pip reuses a cached wheel of the same version whatever CMAKE_ARGS say, so a second
+        # build made without --no-cache-dir is the first one again (seen: AVX512 = 1 here)
+        info = subprocess.run([ref_python, "-c", "import llama_cpp; print(llama_cpp."
+                               "llama_print_system_info().decode())"],
+                              capture_output=True, text=True, check=True).stdout
+        if "AVX512 = 1" in info:
+            ap.error(f"{ref_python}'s llama.cpp was built with AVX-512 ({info.strip()}): "
+                     "rebuild it with pip's --no-cache-dir as the README shows")
     minfer_threads = args.minfer_threads or [args.threads]
     llama_threads = args.llama_threads or [args.threads]
     minfer_env = {**os.environ, **TARGET_ENV[args.target]}
