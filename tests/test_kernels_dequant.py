@@ -95,6 +95,25 @@ def test_get_rows_refuses_out_of_range_ids() -> None:
         get_rows(w, QType.Q8_0, np.array([4]), np.empty((1, 64), np.float32))
 
 
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q4_K, QType.F16], ids=lambda q: q.name)
+def test_bound_get_rows_reads_the_ids_each_call_and_refuses_bad_ones(qt: QType) -> None:
+    from minfer.backends.cpu.kernels import bind_get_rows
+
+    w = make_weight(qt, 40, 256, seed=2)
+    ids = np.zeros(2, np.int32)
+    out = np.empty((2, 256), np.float32)
+    step = bind_get_rows(w, qt, ids, out)
+    table = dequantize(w, qt, 256)
+    for batch in ([1, 39], [7, 7]):  # the ids are data: filled in before each call
+        ids[:] = batch
+        step()
+        np.testing.assert_array_equal(out, table[ids])
+    for bad in ([0, 40], [-1, 0]):
+        ids[:] = bad
+        with pytest.raises(IndexError):
+            step()
+
+
 def test_unsupported_type_is_refused_by_name() -> None:
     with pytest.raises(ModelError, match="IQ4_XS"):
         dequantize(np.zeros((1, 136), np.uint8), int(GT.IQ4_XS), 256)

@@ -313,7 +313,7 @@ def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     if node.meta.weights:
         w, qtype = ctx.weights.matrix(node.meta.weights[0])
-        return [partial(K.get_rows, w, qtype, srcs[0], out)]
+        return [K.bind_get_rows(w, qtype, srcs[0], out)]
     x, rows = srcs
     return [partial(np.take, x, rows, axis=0, out=out)]
 

@@ -25,7 +25,7 @@ import minfer.jit_cache  # noqa: F401
 
 from .attention import attention, bind_attention, kv_store
 from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
-from .dequant import dequantize, dequantize_into, get_rows
+from .dequant import bind_get_rows, dequantize, dequantize_into, get_rows
 from .elementwise import add, bind_add, bind_mul, bind_silu, bind_swiglu, mul, silu, swiglu
 from .gelu import geglu, gelu, scale, softcap
 from .kv_formats import bind_store_kv
@@ -63,6 +63,7 @@ __all__ = [
     "attention",
     "bind_add",
     "bind_attention",
+    "bind_get_rows",
     "bind_head_rms_norm",
     "bind_mul",
     "bind_prequant",
