@@ -189,9 +189,12 @@ def main() -> int:
     if args.target == "avx2":
         # pip reuses a cached wheel of the same version whatever CMAKE_ARGS say, so a second
         # build made without --no-cache-dir is the first one again (seen: AVX512 = 1 here)
-        info = subprocess.run([ref_python, "-c", "import llama_cpp; print(llama_cpp."
-                               "llama_print_system_info().decode())"],
-                              capture_output=True, text=True, check=True).stdout
+        probe = subprocess.run([ref_python, "-c", "import llama_cpp; print(llama_cpp."
+                                "llama_print_system_info().decode())"],
+                               capture_output=True, text=True)
+        info = probe.stdout
+        if probe.returncode:
+            ap.error(f"{ref_python} cannot import llama_cpp: {probe.stderr.strip()[-300:]}")
         if "AVX512 = 1" in info:
             ap.error(f"{ref_python}'s llama.cpp was built with AVX-512 ({info.strip()}): "
                      "rebuild it with pip's --no-cache-dir as the README shows")
