@@ -94,3 +94,25 @@ def test_attention_sliding_window_and_softcap(blocked: bool, dtype: type) -> Non
     short = (end - start) <= window
     np.testing.assert_allclose(results[0.0][short], wide[short], rtol=0, atol=2e-6)
     assert np.abs(results[0.0][~short] - wide[~short]).max(axis=-1).min() > 1e-4
+
+
+@pytest.mark.parametrize("style", ["neox", "norm"])
+def test_rope_rows_across_threads_equal_rows_alone(style: str) -> None:
+    """A prefill's many rows (split across the threads in chunks) rotate each row bit for bit
+    as a one-row decode does, partial rope_dim and factors included, in place too."""
+    from minfer.backends.cpu.kernels.rope import PARALLEL_CHUNK, PARALLEL_MIN_ROWS
+
+    n_head, hd, rope_dim = 2, 32, 24
+    nt = PARALLEL_MIN_ROWS + PARALLEL_CHUNK // 2 + 1  # a last chunk that is not full
+    x = RNG.standard_normal((nt, n_head * hd)).astype(np.float32)
+    pos = RNG.integers(0, 5000, nt)
+    kw = {"n_head": n_head, "head_dim": hd, "rope_dim": rope_dim, "base": 1e4, "style": style,
+          "factors": np.geomspace(1.0, 4.0, rope_dim // 2).astype(np.float32)}
+    out = np.empty_like(x)
+    rope(x, pos, out=out, **kw)  # type: ignore[arg-type]
+    one = np.empty((1, n_head * hd), np.float32)
+    for t in range(nt):
+        rope(x[t:t + 1], pos[t:t + 1], out=one, **kw)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(out[t], one[0])
+    rope(x, pos, out=x, **kw)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(x, out)

@@ -32,6 +32,28 @@ def test_rms_norm_and_in_place() -> None:
     np.testing.assert_array_equal(x, out)
 
 
+@pytest.mark.parametrize("width", [896, 1003])  # 1003: a tail past the eight-lane sums
+def test_rms_norm_rows_are_batch_invariant_and_match_ggml_order(width: int) -> None:
+    """Many rows (split across threads) give each row's one-row result bit for bit, and the
+    lane-summed f64 mean rounds to the f32 of ggml's element-after-element sum."""
+    from minfer.backends.cpu.kernels.norm import PARALLEL_MIN_ROWS
+
+    x, w = _rand(PARALLEL_MIN_ROWS + 3, width), _rand(width)
+    out = np.empty_like(x)
+    rms_norm(x, w, 1e-6, out)
+    one = np.empty((1, width), np.float32)
+    for t in (0, 7, PARALLEL_MIN_ROWS + 2):
+        rms_norm(x[t:t + 1], w, 1e-6, one)
+        np.testing.assert_array_equal(out[t], one[0])
+    for t in range(x.shape[0]):
+        ssum = 0.0
+        for v in x[t]:
+            ssum += float(np.float32(v * v))  # ggml: f32 square, f64 sum in element order
+        mean = np.float32(ssum / width)
+        scale = np.float32(1.0) / np.sqrt(mean + np.float32(1e-6))
+        np.testing.assert_array_equal(out[t], (x[t] * scale) * w)
+
+
 def test_head_rms_norm_normalises_each_head() -> None:
     x, w = _rand(3, 4 * 32), _rand(32)
     out = np.empty_like(x)

@@ -16,39 +16,63 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 _ONE = np.ones(0, np.float32)
+# From this many rows on (prefill) the rows are split across the threads, PARALLEL_CHUNK at a
+# time; fewer run on the calling thread (decode: a parallel region costs more than the rows).
+PARALLEL_MIN_ROWS = 64
+PARALLEL_CHUNK = 16
+
+
+@njit(inline="always", error_model="numpy")
+def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out,
+              cos, sin):
+    half = rope_dim // 2
+    theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
+    has_factors = factors.shape[0] > 0
+    theta = np.float32(positions[t])
+    for i in range(half):
+        th = theta / factors[i] if has_factors else theta
+        th = freq_scale * th
+        cos[i] = np.cos(th)
+        sin[i] = np.sin(th)
+        theta = theta * theta_scale
+    xr, yr = x[t], out[t]
+    for h in range(n_head):
+        b = h * head_dim
+        if neox:  # pair i is (i, i + half): two contiguous runs, vectorised
+            for i in range(half):
+                x0, x1 = xr[b + i], xr[b + half + i]
+                yr[b + i] = x0 * cos[i] - x1 * sin[i]
+                yr[b + half + i] = x0 * sin[i] + x1 * cos[i]
+        else:  # normal: (2i, 2i + 1)
+            for i in range(half):
+                x0, x1 = xr[b + 2 * i], xr[b + 2 * i + 1]
+                yr[b + 2 * i] = x0 * cos[i] - x1 * sin[i]
+                yr[b + 2 * i + 1] = x0 * sin[i] + x1 * cos[i]
+        for i in range(rope_dim, head_dim):
+            yr[b + i] = xr[b + i]
 
 
 @njit(cache=True, error_model="numpy")
 def _rope(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out):
-    half = rope_dim // 2
-    theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
-    has_factors = factors.shape[0] > 0
-    cos = np.empty(half, np.float32)
-    sin = np.empty(half, np.float32)
-    # NEOX: pair i is (i, i + half); normal: (2i, 2i + 1)
-    stride = 1 if neox else 2
-    offset = half if neox else 1
+    cos = np.empty(rope_dim // 2, np.float32)
+    sin = np.empty(rope_dim // 2, np.float32)
     for t in range(x.shape[0]):
-        theta = np.float32(positions[t])
-        for i in range(half):
-            th = theta / factors[i] if has_factors else theta
-            th = freq_scale * th
-            cos[i] = np.cos(th)
-            sin[i] = np.sin(th)
-            theta = theta * theta_scale
-        for h in range(n_head):
-            b = h * head_dim
-            for i in range(half):
-                j = b + i * stride
-                x0 = x[t, j]
-                x1 = x[t, j + offset]
-                out[t, j] = x0 * cos[i] - x1 * sin[i]
-                out[t, j + offset] = x0 * sin[i] + x1 * cos[i]
-            for i in range(rope_dim, head_dim):
-                out[t, b + i] = x[t, b + i]
+        _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, neox,
+                  out, cos, sin)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _rope_par(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out):
+    n_chunk = (x.shape[0] + PARALLEL_CHUNK - 1) // PARALLEL_CHUNK
+    for c in prange(n_chunk):
+        cos = np.empty(rope_dim // 2, np.float32)
+        sin = np.empty(rope_dim // 2, np.float32)
+        for t in range(c * PARALLEL_CHUNK, min(x.shape[0], (c + 1) * PARALLEL_CHUNK)):
+            _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors,
+                      neox, out, cos, sin)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
@@ -87,5 +111,6 @@ def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
         raise ValueError(f"positions must be integers, got {positions.dtype}")
     base32, scale32, neox = np.float32(base), np.float32(freq_scale), style == "neox"
     # the positions as the batch fills them in (int32 from the engine), read in place
-    return partial(_rope, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff, neox,
+    kernel = _rope_par if x.shape[0] >= PARALLEL_MIN_ROWS else _rope
+    return partial(kernel, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff, neox,
                    out)
