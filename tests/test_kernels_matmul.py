@@ -196,7 +196,7 @@ def test_interleaved_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType
     its result alone, for each pass size (8, 4, 2, 1 tokens)."""
     n_in = 32 * n_blocks
     if not packable(qt, n_in, 48):
-        pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
+        pytest.skip("no repacked layout on this CPU (needs AVX2; Q8_0: VNNI)")
     w = make_weight(qt, 48, n_in, seed=n_blocks)
     wp, pqt = _check_repacked(w, qt, n_in, 15, range(15), 2e-6)
     assert wp.shape == w.shape and wp.dtype == np.uint8 and not np.array_equal(wp, w)
@@ -213,7 +213,7 @@ def test_interleaved_kquant_rows_match_the_plain_rows_and_are_batch_invariant(
     alone, for each pass size (8, 4, 2, 1 tokens)."""
     n_in = 256 * n_super
     if not packable(qt, n_in, 48):
-        pytest.skip("no repacked layout on this CPU (needs AVX512-VNNI)")
+        pytest.skip("no repacked layout on this CPU (needs AVX2; Q8_0: VNNI)")
     w = make_weight(qt, 48, n_in, seed=n_super)
     wp, pqt = _check_repacked(w, qt, n_in, 15, range(15), 1e-5)
     assert wp.shape == w.shape and not np.array_equal(wp, w)
@@ -223,6 +223,11 @@ def test_interleaved_kquant_rows_match_the_plain_rows_and_are_batch_invariant(
 
 def test_only_some_types_of_whole_groups_are_packable() -> None:
     assert not packable(QType.Q4_1, 4864, 64) and not packable(QType.Q5_K, 4864, 64)
+    from minfer.backends.cpu.kernels.simd import DOT4, HAS_VNNI
+
+    # AVX2 and up interleave; Q8_0's u8 codes need VNNI (AVX2's pmaddubsw pairs saturate)
+    assert packable(QType.Q5_0, 4864, 64) == DOT4
+    assert packable(QType.Q8_0, 4864, 64) == (DOT4 and HAS_VNNI)
     for qt in (QType.Q5_0, QType.Q4_K, QType.Q6_K):  # rows interleave 16 at a time
         assert not packable(qt, 1024, 37)
     with pytest.raises(ValueError, match="no repacked layout"):

@@ -11,9 +11,10 @@ Q8_0, Q4_K and Q6_K weights with a multiple of 16 rows are repacked for it on fi
 (`kernels.repack_weight`, kept by the weights in place of the file's pages): an exact
 rearrangement, 16 rows interleaved at a time (`kernels.simd_rows`, `simd_rows_k`), that spares
 the dots their per-call unpacking.
-Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones on CPUs without
-AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm, whose per-row rounding depends on
-the batch shape. A batch-invariant context keeps every matmul on the integer path.
+Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones without an
+interleaved copy on CPUs without AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm,
+whose per-row rounding depends on the batch shape. A batch-invariant context keeps every
+matmul on the integer path.
 """
 
 from __future__ import annotations
@@ -122,12 +123,15 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
     if p is None:
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw, qtype
-        if K.packable(qtype, n_in, raw.shape[0]):
+        packed = K.packable(qtype, n_in, raw.shape[0])
+        if packed:
             w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
         w, qt = K.integer_weight(w, qt)  # IQ4_NL / Q3_K: widened once, shared by both paths
+        # an interleaved copy runs every batch size (its dots beat the sgemm path throughout,
+        # and the file's pages then stay out of memory)
         p = ctx.weights.state[key] = _Projection(
-            raw, qtype, K.prefill_min_tokens(qtype), _activation_form(qt), qt, w,
-            K.bind_prequant(w, qt))
+            raw, qtype, K.prefill_min_tokens(qt if packed else qtype), _activation_form(qt), qt,
+            w, K.bind_prequant(w, qt))
     assert isinstance(p, _Projection)
     return p
 

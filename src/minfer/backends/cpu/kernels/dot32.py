@@ -62,10 +62,10 @@ def lane_corr(xq, offset):
 @njit(cache=True)
 def block_corr(xq, offset, packed=False):
     """int32 [nt, n/32]: -offset * (sum of each block's activation quants), where the
-    transposed multi-row dots start (0 columns when unused: one row of plain weights, no
-    offset, no VNNI)."""
+    transposed multi-row dots and the interleaved rows start (0 columns when unused: no
+    offset, or plain weights with one row or without AVX512-VNNI)."""
     nt, n = xq.shape
-    if offset == 0 or not HAS_VNNI512 or (nt < 2 and not packed):
+    if offset == 0 or not (packed or (HAS_VNNI512 and nt >= 2)):
         return np.zeros((nt, 0), np.int32)
     cb = np.empty((nt, n // 32), np.int32)
     for t in range(nt):

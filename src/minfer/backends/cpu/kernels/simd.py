@@ -104,12 +104,26 @@ def _pmaddwd(builder: Any, a: Any, b: Any) -> Any:
     return _x86(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [a, b])
 
 
+def _half(builder: Any, v: Any, k: int) -> Any:
+    """Half k (0: the low lanes) of vector v."""
+    n = v.type.count // 2
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n),
+                                                    list(range(k * n, k * n + n))))
+
+
 def _vpdpbusd(builder: Any, u: Any, x: Any, acc: Any = None) -> Any:
     """acc + sums of 4 adjacent u8 x s8 products of u and x (<32 x i8> -> <8 x i32>, or
     <64 x i8> -> <16 x i32> on zmm): one vpdpbusd. `acc` defaults to zero. Without VNNI
-    (ymm only) pmaddubsw, pmaddwd against ones and an add: exact for u <= 127."""
+    pmaddubsw, pmaddwd against ones and an add: exact for u <= 127. Without zmm VNNI the
+    <64 x i8> form runs as two ymm halves (AVX-VNNI, or AVX2's pmaddubsw)."""
     n = u.type.count // 4
     vn = _vec(_I32, n)
+    if n == 16 and not HAS_VNNI512:  # the 16-row interleaved dots on ymm: two halves
+        lo = _vpdpbusd(builder, _half(builder, u, 0), _half(builder, x, 0),
+                       None if acc is None else _half(builder, acc, 0))
+        hi = _vpdpbusd(builder, _half(builder, u, 1), _half(builder, x, 1),
+                       None if acc is None else _half(builder, acc, 1))
+        return _concat(builder, [lo, hi])
     if not HAS_VNNI:
         quads = _pmaddwd(builder, _pmaddubsw(builder, u, x),
                          ir.Constant(_vec(_I16, 16), [1] * 16))

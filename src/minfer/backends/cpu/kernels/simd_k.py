@@ -35,6 +35,7 @@ from .simd import (
     MAX_TOKENS,
     _concat,
     _fma,
+    _half,
     _hsum,
     _lane_sums,
     _ld,
@@ -116,8 +117,11 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
 
 def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
     """acc + sums of adjacent i16 x i16 products (<8 or 16 x i32>; one vpdpwssd, or without
-    VNNI a pmaddwd and an add, only ever <8 x i32>)."""
+    VNNI a pmaddwd and an add; <16 x i32> without zmm VNNI as two <8 x i32> halves)."""
     vn = acc.type
+    if vn.count == 16 and not HAS_VNNI512:  # the 16-row interleaved dots on ymm: two halves
+        return _concat(builder, [_vpdpwssd(builder, _half(builder, acc, k), _half(builder, a, k),
+                                           _half(builder, b, k)) for k in (0, 1)])
     if not HAS_VNNI:
         return builder.add(acc, _pmaddwd(builder, a, b))
     return _x86(builder, f"llvm.x86.avx512.vpdpwssd.{32 * vn.count}", vn,
