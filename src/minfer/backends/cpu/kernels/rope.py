@@ -41,7 +41,7 @@ def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, fac
     xr, yr = x[t], out[t]
     for h in range(n_head):
         b = h * head_dim
-        if neox:  # pair i is (i, i + half): two contiguous runs, vectorised
+        if neox:  # pair i is (i, i + half): two contiguous runs
             for i in range(half):
                 x0, x1 = xr[b + i], xr[b + half + i]
                 yr[b + i] = x0 * cos[i] - x1 * sin[i]

@@ -119,11 +119,9 @@ def _vpdpbusd(builder: Any, u: Any, x: Any, acc: Any = None) -> Any:
     n = u.type.count // 4
     vn = _vec(_I32, n)
     if n == 16 and not HAS_VNNI512:  # the 16-row interleaved dots on ymm: two halves
-        lo = _vpdpbusd(builder, _half(builder, u, 0), _half(builder, x, 0),
-                       None if acc is None else _half(builder, acc, 0))
-        hi = _vpdpbusd(builder, _half(builder, u, 1), _half(builder, x, 1),
-                       None if acc is None else _half(builder, acc, 1))
-        return _concat(builder, [lo, hi])
+        return _concat(builder, [_vpdpbusd(builder, _half(builder, u, k), _half(builder, x, k),
+                                           None if acc is None else _half(builder, acc, k))
+                                 for k in (0, 1)])
     if not HAS_VNNI:
         quads = _pmaddwd(builder, _pmaddubsw(builder, u, x),
                          ir.Constant(_vec(_I16, 16), [1] * 16))
@@ -284,9 +282,7 @@ def _hfold(builder: Any, v: Any, combine: Any) -> Any:
     n = v.type.count
     while n > 1:
         n //= 2
-        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), list(range(n, 2 * n))))
-        v = combine(lo, hi)
+        v = combine(_half(builder, v, 0), _half(builder, v, 1))
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
