@@ -28,7 +28,16 @@ from numba import get_num_threads, njit, prange
 from . import kv_quant
 from ._llvm import as_f32, f16_to_f32, f32_to_f16
 from .attention_blocked import attention_blocked, blocked_available
-from .attention_ir import COLUMNS, HAS_MIX, MAX_HEAD_DIM, value_mix, value_mix_on
+from .attention_ir import BLOCK as SCORE_BLOCK
+from .attention_ir import (
+    COLUMNS,
+    HAS_MIX,
+    MAX_HEAD_DIM,
+    k_columns,
+    scores_from,
+    value_mix,
+    value_mix_on,
+)
 from .attention_ir import scores as ir_scores
 from .elementwise import softmax_groups
 from .kv_formats import bind_store_kv, check_query_heads
@@ -98,7 +107,7 @@ def _in_tile(s0, e0, c0, c1):
 
 @njit(fastmath=True, cache=True, error_model="numpy")
 def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, out,
-               tile, sc, qg, acc):
+               tile, sc, qg, acc, kt):
     """Rows [t0, t0+nb) of KV head kvh: every value as `_attention` computes it, bit for bit.
     Each cell's score is a dot of a fixed order whichever call computes it (`ir_scores`), the
     softmax runs on each row's whole window, and the value mix carries its chain of fused
@@ -116,10 +125,12 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
                 qg[i, g, j] = q[t, qb + g * head_dim + j]
                 acc[i, g, j] = np.float32(0.0)
     for c0 in range(lo, hi, tile):
+        c1 = min(hi, c0 + tile)
+        k_columns(k, c0, c1 - c0, kb, kt)  # the tile's K rows as columns, once for every row
         for i in range(nb):
-            a, e = _in_tile(kv_start[t0 + i], kv_end[t0 + i], c0, min(hi, c0 + tile))
+            a, e = _in_tile(kv_start[t0 + i], kv_end[t0 + i], c0, c1)
             if e > a:
-                ir_scores(qg[i], k, a, e - a, kb, scale, sc[i, :, a - kv_start[t0 + i] :])
+                scores_from(qg[i], kt, a - c0, e - a, scale, sc[i, :, a - kv_start[t0 + i] :])
     for i in range(nb):
         n = max(kv_end[t0 + i] - kv_start[t0 + i], 0)
         if softcap > 0:
@@ -157,13 +168,14 @@ def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scal
         sc = np.empty((rows, group, width), np.float32)
         qg = np.empty((rows, group, head_dim), np.float32)
         acc = np.empty((rows, group, head_dim), np.float32)
+        kt = np.empty((head_dim, tile + SCORE_BLOCK), np.float32)
         for item in range(w, n_items, n_workers):
             kvh = item % n_head_kv
             j = item // n_head_kv  # zig-zag block order: cheap early and dear late causal rows
             b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
             t0 = b * rows
             _rows_item(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + rows) - t0, group,
-                       head_dim, scale, softcap, out, tile, sc, qg, acc)
+                       head_dim, scale, softcap, out, tile, sc, qg, acc, kt)
 
 
 def _rows_apply(nt: int, head_dim: int) -> bool:

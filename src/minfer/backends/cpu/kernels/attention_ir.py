@@ -11,25 +11,25 @@ development model):
   row's 64 values are loaded and widened from f16 once for all four. Each output value is
   `fma(p, v, acc)` cell by cell, in cell order: the same operations in the same order as the
   loop it replaces, so the results are bitwise the same.
-- `scores`: `s[g, c] = scale * (q[g] . K[c])`. The loop reduced every (cell, head) dot to a
-  scalar with its own horizontal sum. Here cells go in blocks of `CELLS`: the block's K rows are
-  widened once into a stack buffer, then per head one 16-lane partial vector per cell and the
-  16 partials are summed together in a fixed transposing tree, leaving the 16 dots in one
-  vector. The last n % 16 cells are summed one by one, in the same order. A dot is added up as
-  ggml's f16 dot on AVX-512 adds it (four 16-lane accumulators taking 16 columns in turn, then
-  (a0 + a2) + (a1 + a3), then halves folded onto halves), so the scores round as llama.cpp's do:
-  the
-  numba loop's order put the Gemma 3 reference test's top-10 logits 0.37-0.55 from llama.cpp's,
-  a first version of this kernel with one accumulator 0.20-0.74, this one 0.26-0.55. The order
-  is fixed by head_dim alone, so a token's scores do not depend on the batch.
+- `scores`: `s[g, c] = scale * (q[g] . K[c])`, each dot one chain of fused multiply-adds over
+  the columns in order. Cells go in blocks of `BLOCK` (32) with the cells in the lanes: the
+  block's K rows are widened and transposed in registers (16 x 16 at a time) into a stack
+  buffer of columns, then per head two 16-cell accumulators take column j times q[g, j]
+  broadcast; four heads run together (eight independent chains). Lanes past the window's end
+  repeat its last cell and are never stored, so a cell's score is the same whichever block,
+  tile or call computes it: the batch does not change it. `k_columns` / `scores_from` split the
+  two halves so the row-blocked prefill kernel transposes a K tile once for all its rows.
+  Against the former form (ggml's AVX-512 f16 dot order: a 16-lane partial per cell, four
+  accumulators, then a transposing tree of shuffles per 16 cells) this cut the scores from
+  about 146 to 105 cycles per head and 16 cells (7 heads, 2,048 cells, 1 thread, AMD EPYC
+  Zen 4), and a 128-row prefill chunk's attention at depth 3,968 from 20-22 ms to 16.2 ms, on
+  par with the sgemm-blocked kernel (2 threads). The order is no longer ggml's, so the scores
+  round differently from llama.cpp's by an ulp or so: the reference tests' tolerances held.
 
-At 4,096 cells, 24 layers' caches cycled as a decode step does, the two took attention from
-19.0 to about 10 ms a token in the per-op profile (2 threads, Intel Xeon, Sapphire Rapids).
-The scores' step loop is unrolled for 1, 2 and 4 steps (head_dim 64, 128, 256): as a loop of
-one step it went through LLVM's remainder code with stack reloads once per cell and head, and
-the scores of a 128-row chunk at depth 4,000 took 30 ms a layer against 15.5 unrolled.
-Used where head_dim is a multiple of `COLUMNS` (the scores: up to `MAX_HEAD_DIM`) and the
-target has FMA and F16C; elsewhere `attention` keeps its loops.
+At 4,096 cells, 24 layers' caches cycled as a decode step does, the first vector forms took
+attention from 19.0 to about 10 ms a token in the per-op profile (2 threads, Intel Xeon,
+Sapphire Rapids). Used where head_dim is a multiple of `COLUMNS` (the scores: up to
+`MAX_HEAD_DIM`) and the target has FMA and F16C; elsewhere `attention` keeps its loops.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from .simd import (
     HAS_FMA,
     _fma,
     _hfold,
-    _hsum,
     _ld,
     _phi_loop,
     _splat,
@@ -61,9 +60,10 @@ from .simd import (
 
 COLUMNS = 64  # value-mix output columns per pass: four zmm
 LANES = 16  # f32 lanes of a zmm
-CELLS = 16  # cells per score block: one vector of scores per head
-MAX_HEAD_DIM = 256  # the score block's stack buffer holds CELLS rows of this many f32
+BLOCK = 32  # cells per score block: two vectors of scores per head
+MAX_HEAD_DIM = 256  # the score block's stack buffer holds BLOCK cells of this many columns
 HAS_MIX = HAS_FMA and HAS_F16C
+_I64 = ir.IntType(64)
 _ROW = _vec(_F32, COLUMNS)
 _VEC = _vec(_F32, LANES)
 
@@ -167,161 +167,232 @@ value_mix: Any = intrinsic(_mix)
 value_mix_on: Any = intrinsic(_mix_on)
 
 
-def _sum_each(builder: Any, parts: list[Any]) -> Any:
-    """LANES vectors of LANES lanes -> one vector whose lane i is the sum of parts[i], each
-    part's lanes added in `simd._hsum`'s order (halves folded onto halves): pairs of vectors
-    halve the lanes each holds per part, lower halves added to upper halves."""
-    width = LANES
-    while len(parts) > 1:
-        half = width // 2
-        lo = [c * width + i for c in range(LANES // width) for i in range(half)]
-        hi = [c * width + half + i for c in range(LANES // width) for i in range(half)]
-        lo_mask = ir.Constant(_vec(ir.IntType(32), LANES), lo + [LANES + i for i in lo])
-        hi_mask = ir.Constant(_vec(ir.IntType(32), LANES), hi + [LANES + i for i in hi])
-        parts = [builder.fadd(builder.shuffle_vector(a, b, lo_mask),
-                              builder.shuffle_vector(a, b, hi_mask))
-                 for a, b in zip(parts[::2], parts[1::2], strict=True)]
-        width = half
-    return parts[0]
+def _transpose16(builder: Any, rows: list[Any]) -> list[Any]:
+    """The 16 x 16 f32 matrix held as 16 row vectors, as its 16 column vectors: four rounds
+    of block swaps (blocks of 8, 4, 2, 1 lanes between vectors 8, 4, 2, 1 apart)."""
+    for b in (8, 4, 2, 1):
+        lo = ir.Constant(_vec(_I32, LANES),
+                         [i if not i & b else LANES + i - b for i in range(LANES)])
+        hi = ir.Constant(_vec(_I32, LANES),
+                         [i + b if not i & b else LANES + i for i in range(LANES)])
+        out = list(rows)
+        for i in range(LANES):
+            if not i & b:
+                out[i] = builder.shuffle_vector(rows[i], rows[i + b], lo)
+                out[i + b] = builder.shuffle_vector(rows[i], rows[i + b], hi)
+        rows = out
+    return rows
+
+
+def _masked_store(builder: Any, value: Any, ptr: Any, count: Any) -> None:
+    """The first `count` lanes (an i64 in [0, LANES]) of <LANES x f32> `value` to f32* ptr."""
+    lanes = ir.Constant(_vec(_I64, LANES), list(range(LANES)))
+    mask = builder.icmp_unsigned("<", lanes, _splat(builder, count, LANES))
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [_VEC, ptr.type, _I32, mask.type]),
+        f"llvm.masked.store.v{LANES}f32.p0")
+    builder.call(fn, [value, ptr, ir.Constant(_I32, 4), mask])
+
+
+def _k(value: int) -> Any:
+    return ir.Constant(_I64, value)
+
+
+def _min_i(builder: Any, a: Any, b: Any) -> Any:
+    return builder.select(builder.icmp_signed("<", a, b), a, b)
+
+
+class _Cache:
+    """A K cache argument: base pointer, row stride, element width (f16 bits or f32)."""
+
+    def __init__(self, context: Any, builder: Any, ty: Any, value: Any, col0: Any) -> None:
+        arr = context.make_array(ty)(context, builder, value)
+        self.ptr = builder.bitcast(arr.data, _I8.as_pointer())
+        self.row = builder.extract_value(arr.strides, 0)
+        self.half = ty.dtype == types.uint16
+        self.width = 2 if self.half else 4
+        self.col0 = builder.mul(col0, _k(self.width))
+
+
+class _F32Rows:
+    """A 2-D f32 argument with contiguous rows: base pointer, row stride in bytes, shape."""
+
+    def __init__(self, context: Any, builder: Any, ty: Any, value: Any) -> None:
+        arr = context.make_array(ty)(context, builder, value)
+        self.ptr = builder.bitcast(arr.data, _I8.as_pointer())
+        self.row = builder.extract_value(arr.strides, 0)
+        self.rows = builder.extract_value(arr.shape, 0)
+        self.cols = builder.extract_value(arr.shape, 1)
+
+    def at(self, builder: Any, r: Any, c: Any) -> Any:
+        """Byte offset of element [r, c]."""
+        return builder.add(builder.mul(r, self.row), builder.mul(c, _k(4)))
+
+
+def _emit_columns(builder: Any, k: _Cache, s0: Any, m: Any, chunks: Any, kt: Any, kt_row: Any,
+                  c_out: Any) -> None:
+    """Cells s0 .. s0 + min(m, BLOCK) - 1 of the cache, widened, as columns of kt: kt row j
+    (bytes kt_row apart) gets column j of the cells from element c_out on. Past m cells the
+    block repeats the last one (lanes the readers of kt never store)."""
+    for sub in range(BLOCK // LANES):
+        def fill(sub: int = sub) -> None:
+            cells = [builder.add(s0, _min_i(builder, _k(LANES * sub + i),
+                                            builder.sub(m, _k(1)))) for i in range(LANES)]
+
+            def chunk(j: Any) -> None:
+                col = builder.add(k.col0, builder.mul(j, _k(LANES * k.width)))
+                rows = [_widened(builder, k.ptr, builder.add(col, builder.mul(c, k.row)),
+                                 LANES, k.half) for c in cells]
+                for r, v in enumerate(_transpose16(builder, rows)):
+                    at = builder.add(builder.mul(builder.add(builder.mul(j, _k(LANES)), _k(r)),
+                                                 kt_row),
+                                     builder.mul(builder.add(c_out, _k(LANES * sub)), _k(4)))
+                    builder.store(v, builder.bitcast(builder.gep(kt, [at]), _VEC.as_pointer()),
+                                  align=4)
+
+            _each(builder, chunks, chunk)
+
+        if sub == 0:
+            fill()
+        else:
+            with builder.if_then(builder.icmp_signed(">", m, _k(LANES * sub))):
+                fill()
+
+
+def _emit_dots(builder: Any, q: _F32Rows, kt: Any, kt_row: Any, c_in: Any, m: Any,
+               chunks: Any, out: _F32Rows, c_out: Any, scale: Any) -> None:
+    """out[g, c_out + c] = scale * (q[g] . column c_in + c of kt) for c < min(m, BLOCK) and
+    every g: per head and vector of 16 cells one chain of fused multiply-adds over the columns
+    in order, heads four at a time (eight chains), then a pair, then one."""
+    per = BLOCK // LANES
+    scales = _splat(builder, scale, LANES)
+
+    def heads(g0: Any, nh: int) -> None:
+        def column_chunk(jc: Any, accs: list[Any]) -> list[Any]:
+            for jj in range(LANES):
+                j = builder.add(builder.mul(jc, _k(LANES)), _k(jj))
+                base = builder.add(builder.mul(j, kt_row), builder.mul(c_in, _k(4)))
+                ktv = [_ld(builder, kt, builder.add(base, _k(4 * LANES * v)), _VEC)
+                       for v in range(per)]
+                qs = [_splat(builder, _ld(builder, q.ptr, q.at(builder, builder.add(g0, _k(h)), j),
+                                          _F32), LANES) for h in range(nh)]
+                accs = [_fma(builder, qs[h], ktv[v], accs[h * per + v])
+                        for h in range(nh) for v in range(per)]
+            return accs
+
+        zero = ir.Constant(_VEC, [0.0] * LANES)
+        accs = _phi_loop(builder, chunks, [zero] * (nh * per), column_chunk)
+        for h in range(nh):
+            for v in range(per):
+                at = out.at(builder, builder.add(g0, _k(h)), builder.add(c_out, _k(LANES * v)))
+                left = builder.sub(m, _k(LANES * v))
+                count = builder.select(builder.icmp_signed("<", left, _k(0)), _k(0),
+                                       _min_i(builder, left, _k(LANES)))
+                _masked_store(builder, builder.fmul(accs[h * per + v], scales),
+                              builder.bitcast(builder.gep(out.ptr, [at]), _F32.as_pointer()),
+                              count)
+
+    group = q.rows
+    fours = builder.udiv(group, _k(4))
+    _each(builder, fours, lambda i: heads(builder.mul(i, _k(4)), 4))
+    g = builder.mul(fours, _k(4))
+    pairs = builder.udiv(builder.sub(group, g), _k(2))
+    _each(builder, pairs, lambda i: heads(builder.add(g, builder.mul(i, _k(2))), 2))
+    g = builder.add(g, builder.mul(pairs, _k(2)))
+    _each(builder, builder.sub(group, g), lambda i: heads(builder.add(g, i), 1))
+
+
+def _blocks(builder: Any, n: Any, body: Callable[[Any, Any], None]) -> None:
+    """body(c0, m) for the blocks of BLOCK cells of [0, n): c0 the block's first cell, m the
+    cells left from it (the block holds min(m, BLOCK))."""
+    count = builder.udiv(builder.add(n, _k(BLOCK - 1)), _k(BLOCK))
+
+    def one(b: Any) -> None:
+        c0 = builder.mul(b, _k(BLOCK))
+        body(c0, builder.sub(n, c0))
+
+    _each(builder, count, one)
 
 
 def _scores(typingctx: Any, q: Any, k: Any, s0: Any, n: Any, col0: Any, scale: Any,
             out: Any) -> Any:
     """out[g, c] = scale * (q[g, :] . k[s0 + c, col0:col0 + hd]) for c < n and g < q.shape[0],
-    hd = q.shape[1] (a multiple of 4 * LANES, at most MAX_HEAD_DIM). q, out: 2-D f32 with
-    contiguous rows; k: the 2-D cache (f16 bits as uint16, or f32) with contiguous rows.
-    Nothing is bounds-checked."""
+    hd = q.shape[1] (a multiple of LANES, at most MAX_HEAD_DIM), each dot one chain of fused
+    multiply-adds over the columns in order. q, out: 2-D f32 with contiguous rows; k: the 2-D
+    cache (f16 bits as uint16, or f32) with contiguous rows. Nothing is bounds-checked."""
     sig = types.void(q, k, s0, n, col0, scale, out)
-    half = k.dtype == types.uint16
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        q_t, k_t, s0_t, n_t, col_t, scale_t, out_t = signature.args
-        qa = context.make_array(q_t)(context, builder, args[0])
-        ka = context.make_array(k_t)(context, builder, args[1])
-        oa = context.make_array(out_t)(context, builder, args[6])
-        s0_v = context.cast(builder, args[2], s0_t, types.intp)
-        n_v = context.cast(builder, args[3], n_t, types.intp)
-        col_v = context.cast(builder, args[4], col_t, types.intp)
-        scale_v = context.cast(builder, args[5], scale_t, types.float32)
-        group = builder.extract_value(qa.shape, 0)
-        head_dim = builder.extract_value(qa.shape, 1)
-        intp = group.type
-
-        def k_(value: int) -> Any:
-            return ir.Constant(intp, value)
-
-        steps = builder.udiv(head_dim, k_(4 * LANES))  # four chunks of LANES columns a step
-        q_row = builder.extract_value(qa.strides, 0)
-        k_row = builder.extract_value(ka.strides, 0)
-        o_row = builder.extract_value(oa.strides, 0)
-        i8p = _I8.as_pointer()
-        q_ptr, k_ptr, o_ptr = (builder.bitcast(x.data, i8p) for x in (qa, ka, oa))
-        width = 2 if half else 4
-        first = builder.add(builder.mul(s0_v, k_row), builder.mul(col_v, k_(width)))
+        t = signature.args
+        qa = _F32Rows(context, builder, t[0], args[0])
+        oa = _F32Rows(context, builder, t[6], args[6])
+        kc = _Cache(context, builder, t[1], args[1],
+                    context.cast(builder, args[4], t[4], types.intp))
+        s0_v = context.cast(builder, args[2], t[2], types.intp)
+        n_v = context.cast(builder, args[3], t[3], types.intp)
+        scale_v = context.cast(builder, args[5], t[5], types.float32)
+        chunks = builder.udiv(qa.cols, _k(LANES))
         with builder.goto_entry_block():
-            stack = builder.alloca(_F32, size=ir.Constant(ir.IntType(32), CELLS * MAX_HEAD_DIM))
-        block_buf = builder.bitcast(stack, i8p)
+            stack = builder.alloca(_F32, size=ir.Constant(_I32, BLOCK * MAX_HEAD_DIM))
+        kt = builder.bitcast(stack, _I8.as_pointer())
+        kt_row = _k(4 * BLOCK)
 
-        def k_chunk(cell: Any, j: Any) -> Any:
-            return _widened(builder, k_ptr, builder.add(builder.add(
-                first, builder.mul(cell, k_row)), builder.mul(j, k_(LANES * width))), LANES, half)
+        def block(c0: Any, m: Any) -> None:
+            _emit_columns(builder, kc, builder.add(s0_v, c0), m, chunks, kt, kt_row, _k(0))
+            _emit_dots(builder, qa, kt, kt_row, _k(0), m, chunks, oa, c0, scale_v)
 
-        def buffered(i: int, j: Any) -> Any:
-            """Byte offset of chunk j of the block's i-th widened K row."""
-            return builder.add(builder.mul(k_(i * 4), head_dim), builder.mul(j, k_(LANES * 4)))
+        _blocks(builder, n_v, block)
+        return context.get_dummy_value()
 
-        def partial(g: Any, row: Callable[[Any], Any], known: int | None) -> Any:
-            """<LANES x f32> partial sums of q[g] . row: four accumulators take the chunks in
-            turn (one fused multiply-add each), then (a0 + a2) + (a1 + a3), ggml's f16 dot.
-            `known`: the number of steps when the caller has fixed it (straight-line code)."""
-            def step(s: Any, accs: list[Any]) -> list[Any]:
-                j0 = builder.mul(s, k_(4))
-                return [_fma(builder, _ld(builder, q_ptr, builder.add(
-                            builder.mul(g, q_row), builder.mul(j, k_(LANES * 4))), _VEC),
-                             row(j), a)
-                        for j, a in ((builder.add(j0, k_(i)), accs[i]) for i in range(4))]
+    return sig, codegen
 
-            a = [ir.Constant(_VEC, [0.0] * LANES)] * 4
-            if known is None:
-                a = _phi_loop(builder, steps, a, step)
-            else:
-                for s_ in range(known):
-                    a = step(k_(s_), a)
-            return builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))
 
-        def chunks(count: Any, known: int | None, body: Callable[[Any], None]) -> None:
-            """body(j) for the 4 * steps chunks of a row: a loop, or unrolled when known."""
-            if known is None:
-                _each(builder, count, body)
-            else:
-                for j in range(4 * known):
-                    body(k_(j))
+def _k_columns(typingctx: Any, k: Any, s0: Any, n: Any, col0: Any, kt: Any) -> Any:
+    """kt[j, c] = k[s0 + c, col0 + j] as f32 for c < n and j < kt.shape[0] (a multiple of
+    LANES): a tile of the cache transposed once for `scores_from`'s many query rows. kt: 2-D f32
+    with contiguous rows, at least n rounded up to BLOCK wide. Nothing is bounds-checked."""
+    sig = types.void(k, s0, n, col0, kt)
 
-        scales = _splat(builder, scale_v, LANES)
-        blocks = builder.udiv(n_v, k_(CELLS))
-        rest = builder.mul(blocks, k_(CELLS))
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        t = signature.args
+        kc = _Cache(context, builder, t[0], args[0],
+                    context.cast(builder, args[3], t[3], types.intp))
+        ka = _F32Rows(context, builder, t[4], args[4])
+        s0_v = context.cast(builder, args[1], t[1], types.intp)
+        n_v = context.cast(builder, args[2], t[2], types.intp)
+        chunks = builder.udiv(ka.rows, _k(LANES))
+        _blocks(builder, n_v, lambda c0, m: _emit_columns(
+            builder, kc, builder.add(s0_v, c0), m, chunks, ka.ptr, ka.row, c0))
+        return context.get_dummy_value()
 
-        def block(b: Any, known: int | None) -> None:
-            c0 = builder.mul(b, k_(CELLS))
+    return sig, codegen
 
-            def widen(i: int) -> Callable[[Any], None]:
-                cell = builder.add(c0, k_(i))
-                return lambda j: builder.store(k_chunk(cell, j), builder.bitcast(
-                    builder.gep(block_buf, [buffered(i, j)]), _VEC.as_pointer()), align=4)
 
-            def from_buffer(i: int) -> Callable[[Any], Any]:
-                return lambda j: _ld(builder, block_buf, buffered(i, j), _VEC)
+def _scores_from(typingctx: Any, q: Any, kt: Any, c0: Any, n: Any, scale: Any, out: Any) -> Any:
+    """`scores` from a tile `k_columns` made: out[g, c] = scale * (q[g] . kt[:, c0 + c]) for
+    c < n, the same bits as `scores` on the cells kt holds. kt must be at least c0 + n rounded
+    up to BLOCK wide (the last block's extra lanes are read, never stored)."""
+    sig = types.void(q, kt, c0, n, scale, out)
 
-            for i in range(CELLS):  # the block's K rows, widened once for every head
-                chunks(builder.mul(steps, k_(4)), known, widen(i))
-
-            def head(g: Any) -> None:
-                parts = [partial(g, from_buffer(i), known) for i in range(CELLS)]
-                at = builder.gep(o_ptr, [builder.add(builder.mul(g, o_row),
-                                                     builder.mul(c0, k_(4)))])
-                builder.store(builder.fmul(_sum_each(builder, parts), scales),
-                              builder.bitcast(at, _VEC.as_pointer()), align=4)
-
-            _each(builder, group, head)
-
-        def last(i: Any, known: int | None) -> None:  # the cells after the last whole block
-            cell = builder.add(rest, i)
-
-            def head(g: Any) -> None:
-                total = _hsum(builder, partial(g, lambda j: k_chunk(cell, j), known))
-                at = builder.gep(o_ptr, [builder.add(builder.mul(g, o_row),
-                                                     builder.mul(cell, k_(4)))])
-                builder.store(builder.fmul(total, scale_v),
-                              builder.bitcast(at, _F32.as_pointer()))
-
-            _each(builder, group, head)
-
-        def emit(known: int | None) -> None:
-            _each(builder, blocks, lambda b: block(b, known))
-            _each(builder, builder.sub(n_v, rest), lambda i: last(i, known))
-
-        def dispatch(cases: tuple[int, ...]) -> None:
-            """Straight-line code for the common head sizes (64, 128, 256: 1, 2, 4 steps), a
-            loop over the steps otherwise; the same operations in the same order either way.
-            (A loop of one step went through LLVM's unrolled-loop remainder code, with stack
-            reloads, once per cell and head.)"""
-            if not cases:
-                emit(None)
-                return
-            with builder.if_else(builder.icmp_unsigned("==", steps, k_(cases[0]))) as (
-                    then, other):
-                with then:
-                    emit(cases[0])
-                with other:
-                    dispatch(cases[1:])
-
-        dispatch((1, 2, 4))
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        t = signature.args
+        qa = _F32Rows(context, builder, t[0], args[0])
+        oa = _F32Rows(context, builder, t[5], args[5])
+        ka = _F32Rows(context, builder, t[1], args[1])
+        c0_v = context.cast(builder, args[2], t[2], types.intp)
+        n_v = context.cast(builder, args[3], t[3], types.intp)
+        scale_v = context.cast(builder, args[4], t[4], types.float32)
+        chunks = builder.udiv(qa.cols, _k(LANES))
+        _blocks(builder, n_v, lambda b0, m: _emit_dots(
+            builder, qa, ka.ptr, ka.row, builder.add(c0_v, b0), m, chunks, oa, b0, scale_v))
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 scores: Any = intrinsic(_scores)
+k_columns: Any = intrinsic(_k_columns)
+scores_from: Any = intrinsic(_scores_from)
 
 
 # -- the prefill softmax's two passes over a tile row (`attention_blocked`) --------------------
