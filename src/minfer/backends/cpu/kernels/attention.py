@@ -109,7 +109,8 @@ def _in_tile(s0, e0, c0, c1):
 def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, out,
                tile, sc, qg, acc, kt):
     """Rows [t0, t0+nb) of KV head kvh: every value as `_attention` computes it, bit for bit.
-    Each cell's score is a dot of a fixed order whichever call computes it (`ir_scores`), the
+    Each cell's score is a dot of a fixed order whichever call computes it (`scores_from` on
+    the tile `k_columns` transposed, as `ir_scores` computes it per row), the
     softmax runs on each row's whole window, and the value mix carries its chain of fused
     multiply-adds from tile to tile in cell order (`value_mix_on`)."""
     kb = kvh * head_dim

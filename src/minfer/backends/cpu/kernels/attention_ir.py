@@ -77,6 +77,22 @@ def _each(builder: Any, count: Any, body: Callable[[Any], None]) -> None:
     _phi_loop(builder, count, [], step)
 
 
+def _k(value: int) -> Any:
+    return ir.Constant(_I64, value)
+
+
+def _by_heads(builder: Any, group: Any, heads: Callable[[Any, int], None]) -> None:
+    """heads(g0, m) over a KV head's `group` query heads (an i64): m = 4 while four are left,
+    then a pair, then one, so a pass holds m heads' accumulators in registers."""
+    fours = builder.udiv(group, _k(4))
+    _each(builder, fours, lambda i: heads(builder.mul(i, _k(4)), 4))
+    g = builder.mul(fours, _k(4))
+    pairs = builder.udiv(builder.sub(group, g), _k(2))
+    _each(builder, pairs, lambda i: heads(builder.add(g, builder.mul(i, _k(2))), 2))
+    g = builder.add(g, builder.mul(pairs, _k(2)))
+    _each(builder, builder.sub(group, g), lambda i: heads(builder.add(g, i), 1))
+
+
 def _widened(builder: Any, ptr: Any, off: Any, n: int, half: bool) -> Any:
     """<n x f32> at byte `off` of a cache row: f16 bits widened, or f32 as they are."""
     if not half:
@@ -151,13 +167,7 @@ def _mix_codegen(p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any, carry: bo
 
             _each(builder, passes, one_pass)
 
-        fours = builder.udiv(group, k(4))
-        _each(builder, fours, lambda i: heads(builder.mul(i, k(4)), 4))
-        g = builder.mul(fours, k(4))
-        pairs = builder.udiv(builder.sub(group, g), k(2))
-        _each(builder, pairs, lambda i: heads(g, 2))
-        g = builder.add(g, builder.mul(pairs, k(2)))
-        _each(builder, builder.sub(group, g), lambda i: heads(g, 1))
+        _by_heads(builder, group, heads)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -192,10 +202,6 @@ def _masked_store(builder: Any, value: Any, ptr: Any, count: Any) -> None:
         builder.module, ir.FunctionType(ir.VoidType(), [_VEC, ptr.type, _I32, mask.type]),
         f"llvm.masked.store.v{LANES}f32.p0")
     builder.call(fn, [value, ptr, ir.Constant(_I32, 4), mask])
-
-
-def _k(value: int) -> Any:
-    return ir.Constant(_I64, value)
 
 
 def _min_i(builder: Any, a: Any, b: Any) -> Any:
@@ -292,14 +298,7 @@ def _emit_dots(builder: Any, q: _F32Rows, kt: Any, kt_row: Any, c_in: Any, m: An
                               builder.bitcast(builder.gep(out.ptr, [at]), _F32.as_pointer()),
                               count)
 
-    group = q.rows
-    fours = builder.udiv(group, _k(4))
-    _each(builder, fours, lambda i: heads(builder.mul(i, _k(4)), 4))
-    g = builder.mul(fours, _k(4))
-    pairs = builder.udiv(builder.sub(group, g), _k(2))
-    _each(builder, pairs, lambda i: heads(builder.add(g, builder.mul(i, _k(2))), 2))
-    g = builder.add(g, builder.mul(pairs, _k(2)))
-    _each(builder, builder.sub(group, g), lambda i: heads(builder.add(g, i), 1))
+    _by_heads(builder, q.rows, heads)
 
 
 def _blocks(builder: Any, n: Any, body: Callable[[Any, Any], None]) -> None:
