@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from minfer.engine.core.proposer import DraftAsk, SlotDrafter
 from minfer.engine.speculative import SpecConfig
-from minfer.server.drafter import DraftAsk, SlotDrafter
 from minfer.server.fake import HashEngine
-from minfer.server.generation import Delta, Done, Handle
 from minfer.server.metrics import Metrics
 from minfer.server.state import ServerConfig, ServerState
-from minfer.server.worker import EngineFactory, Worker
+from minfer.server.worker import Delta, Done, EngineFactory, Handle, Worker
 from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 from tests.test_server_speculative import CycleEngine, _request

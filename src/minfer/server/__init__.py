@@ -3,10 +3,8 @@
     schemas.py     request bodies (pydantic; also the OpenAPI schema)
     prepare.py     body → GenRequest: prompt ids, limits, the sampler (needs the loaded model)
     structured.py  per-request logit mask and final-message hook (logit_bias; later grammars)
-    scheduler.py   continuous batching: which sequences feed which tokens each step (pure)
-    runner.py      a Plan → one multi-sequence Batch → one forward
-    generation.py  per-request sampling, logprobs, stop strings, events to the HTTP side
-    worker.py      the engine thread that owns the Engine
+    worker.py      the engine thread: drives minfer.engine.core's EngineCore (scheduling,
+                   batching, speculation, per-request draws), posts events to the HTTP side
     state.py       settings, background model loading, /health status
     app.py         FastAPI routes; responses.py the OpenAI bodies and chunks
     middleware.py  API key, body cap, request metrics; metrics.py the Prometheus text

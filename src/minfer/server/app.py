@@ -21,12 +21,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from minfer.engine.core.request import TokenLogprob
+from minfer.engine.core.scheduler import QueueFullError
 from minfer.server.errors import APIError, bad_request, install_handlers, unavailable
-from minfer.server.generation import Delta, Done, Event, Failed, Handle, TokenLogprob
 from minfer.server.middleware import RequestGuard
 from minfer.server.prepare import Prepared, prepare
 from minfer.server.responses import Envelope, chat_logprobs, completion_logprobs
-from minfer.server.scheduler import QueueFullError
 from minfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,6 +34,7 @@ from minfer.server.schemas import (
     TokenizeRequest,
 )
 from minfer.server.state import LoadedModel, ServerState, model_name
+from minfer.server.worker import Delta, Done, Event, Failed, Handle
 
 POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 

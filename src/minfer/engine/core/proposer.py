@@ -1,4 +1,12 @@
-"""The draft model of `minfer serve -md FILE`: one draft sequence per slot, proposals batched.
+"""The core's proposers: guesses at each decoding sequence's next tokens, batched across slots.
+
+A `Proposer` takes the step's `DraftAsk`s (a decoding sequence, its slot, up to k tokens wanted)
+and returns each sequence's proposal; the core cuts it to a verify bucket and the target checks
+it in the step's forward (`core.py`).
+
+- `LookupProposer` (`--lookup-ngram N`, prompt lookup): continue the latest earlier occurrence of
+  the sequence's last n-gram (minfer.engine.speculative.lookup). Free to make.
+- `SlotDrafter` (`-md FILE`): a draft model, one draft sequence per slot.
 
 The draft runs its own engine and KV with the target's slot layout (slot s: cells
 [s * n_ctx_slot, (s + 1) * n_ctx_slot)), through the same `Runner`. For the decoding sequences of
@@ -23,13 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from minfer.chat.kv import common_prefix
-from minfer.engine.speculative import confident_top
-from minfer.server.runner import BatchEngine, Runner
-from minfer.server.scheduler import Plan, Work
+from minfer.engine.core.runner import BatchEngine, Runner
+from minfer.engine.core.scheduler import Plan, Work, common_prefix
+from minfer.engine.speculative import confident_top, lookup
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,37 @@ class DraftAsk:
     slot: int
     tokens: tuple[int, ...]
     k: int
+
+
+class Proposer(Protocol):
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, list[int]]:
+        """Up to ask.k tokens that may follow each ask's tokens."""
+        ...
+
+    def warm_up(self) -> None:
+        """Build what the first proposals need (before the first request)."""
+        ...
+
+    def forget(self) -> None:
+        """Drop any record of the KV (after a failed forward its state is unknown)."""
+        ...
+
+
+class LookupProposer:
+    """Prompt lookup for every ask (no model, nothing to keep)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, list[int]]:
+        return {a.seq_id: lookup(np.asarray(a.tokens, dtype=np.int64), self.n, a.k)
+                for a in asks}
+
+    def warm_up(self) -> None:
+        return None
+
+    def forget(self) -> None:
+        return None
 
 
 class SlotDrafter:
