@@ -31,7 +31,7 @@ from minfer.engine.core.proposer import DraftAsk, LookupProposer, Proposer, Slot
 from minfer.engine.core.request import GenRequest, TokenLogprob, Vocab
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import Plan, Scheduler
-from minfer.engine.speculative import SpecConfig
+from minfer.engine.speculative import Proposal, SpecConfig
 from minfer.server.metrics import Metrics
 
 log = logging.getLogger("minfer.server")
@@ -307,7 +307,7 @@ class _NotReady:
 class _NoDraftYet:
     """The core's proposer until the engine thread has made the draft model (proposes nothing)."""
 
-    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, list[int]]:
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
         return {}
 
     def warm_up(self) -> None:

@@ -30,7 +30,7 @@ from minfer.engine.core.proposer import DraftAsk, Proposer
 from minfer.engine.core.request import Emitted, GenRequest, Request, Vocab
 from minfer.engine.core.runner import StepRunner
 from minfer.engine.core.scheduler import Plan, Scheduler, Sequence
-from minfer.engine.speculative import DraftLength, SpecConfig, bucket_floor
+from minfer.engine.speculative import DraftLength, Proposal, SpecConfig, bucket_floor
 
 log = logging.getLogger("minfer.engine")
 
@@ -82,10 +82,14 @@ class EngineCore:
         self.requests: dict[int, Request] = {}
 
     # -- requests in and out -------------------------------------------------------------------
-    def add(self, seq_id: int, req: GenRequest) -> Request:
-        """Queue a request (QueueFullError when the queue is full); its state, to read later."""
+    def add(self, seq_id: int, req: GenRequest, *, length: DraftLength | None = None) -> Request:
+        """Queue a request (QueueFullError when the queue is full); its state, to read later.
+        length: the draft-length policy to use (a Speculator's, kept across generations)."""
         spec = self.speculation
-        length = None if spec is None else DraftLength(spec.draft_max, adaptive=spec.adaptive)
+        if spec is None:
+            length = None
+        elif length is None:
+            length = DraftLength(spec.draft_max, adaptive=spec.adaptive)
         state = Request(req, self.vocab, n_ctx_slot=self.n_ctx_slot, length=length)
         self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt)))
         self.requests[seq_id] = state
@@ -136,19 +140,20 @@ class EngineCore:
         """Propose, run the forward (a failure raises: the caller fails the plan's requests)
         and draw every sequence that got logits."""
         t0 = time.perf_counter()
-        plan = self._with_proposals(scheduled) if scheduled.asks else scheduled.plan
+        plan, qs = self._with_proposals(scheduled) if scheduled.asks else (scheduled.plan, {})
         rows = self.runner.run(plan)
         seconds = time.perf_counter() - t0
         self._record_forward(plan, seconds)
         done = Executed(plan, [], {}, {})
-        drafts = {w.seq_id: w.draft for w in plan.works if w.draft}
+        drafts = {w.seq_id: w.draft for w in plan.works if w.draft} if scheduled.asks else {}
         for seq_id, row in rows.items():
             state = self.requests.get(seq_id)
             if state is None or state.cancelled:  # aborted or cancelled during the forward
                 continue
             out = Output(seq_id, state)
             try:
-                kept, token = self._draw(state, out, row, drafts.get(seq_id, ()))
+                kept, token = self._draw(state, out, row, drafts.get(seq_id, ()),
+                                         qs.get(seq_id))
             except Exception as exc:
                 log.exception("sampling failed")
                 out.finish, out.error = "failed", exc
@@ -176,10 +181,11 @@ class EngineCore:
         return done.outputs
 
     # -- drawing -------------------------------------------------------------------------------
-    def _draw(self, state: Request, out: Output, rows: np.ndarray, draft: tuple[int, ...]
-              ) -> tuple[list[int], int | None]:
+    def _draw(self, state: Request, out: Output, rows: np.ndarray, draft: tuple[int, ...],
+              q: list[np.ndarray] | None) -> tuple[list[int], int | None]:
         """(the proposals kept, the next token): rows [1 + k, n_vocab] are drawn in order until
-        a proposal is not kept (one row and no draft: a plain step)."""
+        a proposal is not kept (one row and no draft: a plain step). q: the proposer's
+        distribution for each proposal (None: point-mass guesses)."""
         if not draft:
             emitted = state.step(rows)
             if emitted is not None:
@@ -189,7 +195,7 @@ class EngineCore:
         token: int | None = None
         for i, row in enumerate(rows):
             proposed = draft[i] if i < len(draft) else None
-            emitted = state.step(row, proposed)
+            emitted = state.step(row, proposed, q[i] if q and proposed is not None else None)
             if emitted is None:
                 break
             out.emitted.append(emitted)
@@ -221,21 +227,25 @@ class EngineCore:
             seq = self.scheduler.running.get(w.seq_id)
             if seq is None or not w.logits or not seq.decoding or seq.n_pending != 1:
                 continue
-            k = self._draft_length(w.seq_id, self.n_ctx_slot - seq.n_computed - 1)
-            if k:
-                asks.append(DraftAsk(w.seq_id, w.slot, tuple(seq.tokens), k))
+            state = self.requests.get(w.seq_id)
+            k = self._draft_length(state, self.n_ctx_slot - seq.n_computed - 1)
+            if k and state is not None:
+                greedy = state.verifier is None or state.verifier.greedy
+                asks.append(DraftAsk(w.seq_id, w.slot, tuple(seq.tokens), k, greedy))
         return asks
 
-    def _draft_length(self, seq_id: int, room: int) -> int:
+    @staticmethod
+    def _draft_length(state: Request | None, room: int) -> int:
         """How many tokens to propose for a decoding sequence (its DraftLength; 0: none)."""
-        state = self.requests.get(seq_id)
         if state is None or state.length is None or room < 1:
             return 0
         left = state.req.max_tokens - state.n_generated
         return state.length.choose(min(room, left))
 
-    def _with_proposals(self, scheduled: Scheduled) -> Plan:
-        """The plan with the proposer's guesses (a failed proposer: the plan as it was)."""
+    def _with_proposals(self, scheduled: Scheduled
+                        ) -> tuple[Plan, dict[int, list[np.ndarray]]]:
+        """The plan with the proposer's guesses (a failed proposer: the plan as it was), and
+        the proposer's q of each sequence that has them."""
         assert self.proposer is not None and self.speculation is not None
         try:
             t0 = time.perf_counter()
@@ -244,23 +254,28 @@ class EngineCore:
         except Exception:  # proposals only speed things up: carry on without them
             log.exception("the proposer failed")
             self.proposer.forget()
-            return scheduled.plan
+            return scheduled.plan, {}
         keep = max(1, self.speculation.draft_min)
         works = []
+        qs: dict[int, list[np.ndarray]] = {}
         for w in scheduled.plan.works:
-            draft = drafts.get(w.seq_id, [])
-            if len(draft) >= keep:
-                w = replace(w, draft=tuple(draft[:bucket_floor(len(draft))]))
+            proposal = drafts.get(w.seq_id)
+            if proposal is not None and len(proposal.tokens) >= keep:
+                proposal = proposal.cut(bucket_floor(len(proposal.tokens)))
+                w = replace(w, draft=tuple(proposal.tokens))
+                if proposal.q is not None:
+                    qs[w.seq_id] = proposal.q
             works.append(w)
-        return Plan(tuple(works))
+        return Plan(tuple(works)), qs
 
-    def _record_proposals(self, asks: tuple[DraftAsk, ...], drafts: dict[int, list[int]],
+    def _record_proposals(self, asks: tuple[DraftAsk, ...], drafts: dict[int, Proposal],
                           seconds: float) -> None:
         """The proposer's cost, for the DraftLength of each sequence it proposed for (all
         waited for it; a step that only caught up on a prompt says nothing of drafting)."""
         for ask in asks:
             state = self.requests.get(ask.seq_id)
-            if state is not None and state.length is not None and drafts.get(ask.seq_id):
+            proposal = drafts.get(ask.seq_id)
+            if state is not None and state.length is not None and proposal and proposal.tokens:
                 state.length.record_proposal(ask.k, seconds)
 
     def _record_forward(self, plan: Plan, seconds: float) -> None:

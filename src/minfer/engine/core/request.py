@@ -166,6 +166,7 @@ class Request:
         self.finish: str | None = None
         self.eot: int | None = None  # the end-of-generation id drawn, if any
         self.tail = ""  # text held back until the end
+        self.texts: list[str] = []  # the text shown so far, in pieces (the tail included)
         self.cancelled = False
 
     def step(self, logits: np.ndarray, proposed: int | None = None,
@@ -196,6 +197,8 @@ class Request:
             self._end("eos", "eos")
             return Emitted(token, "", lp)
         self.ids.append(token)
+        if step.text:
+            self.texts.append(step.text)
         if step.end == "stop":
             self._end("stop", "stop")
         elif self.stepper.grammar_done():
@@ -209,3 +212,5 @@ class Request:
     def _end(self, reason: str, end: str | None) -> None:
         self.finish = reason
         self.tail = self.stepper.finish(end)
+        if self.tail:
+            self.texts.append(self.tail)

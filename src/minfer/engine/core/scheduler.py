@@ -138,7 +138,8 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> Plan:
         """Admit what fits, then plan the next forward (empty when there is nothing to run)."""
-        self._admit()
+        if self.waiting:
+            self._admit()
         works: list[Work] = []
         budget = self.chunk
         for seq in self.running.values():
@@ -149,7 +150,8 @@ class Scheduler:
                 n = min(seq.n_pending, budget)
                 works.append(self._work(seq, n))
                 budget -= n
-        works.sort(key=lambda w: w.slot)
+        if len(works) > 1:
+            works.sort(key=lambda w: w.slot)
         return Plan(tuple(works))
 
     def advance(self, plan: Plan) -> None:
