@@ -17,8 +17,8 @@ from minfer.sampling.grammar import GrammarVocab
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
-from minfer.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from minfer.server.structured import OutputPlan, plan_output, template_messages
+from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
 
 SEED_MASK = (1 << 64) - 1
 MIN_TEMPERATURE = 1e-3

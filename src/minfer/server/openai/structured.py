@@ -38,7 +38,7 @@ from minfer.sampling.tool_calls import (
     tools_for_prompt,
 )
 from minfer.server.errors import bad_request
-from minfer.server.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
+from minfer.server.openai.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
 
 
 class LogitBias:
