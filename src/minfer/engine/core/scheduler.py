@@ -141,15 +141,19 @@ class Scheduler:
         if self.waiting:
             self._admit()
         works: list[Work] = []
-        budget = self.chunk
+        prompts: list[Sequence] = []
         for seq in self.running.values():
-            if seq.decoding and seq.n_pending > 0:
+            if not seq.decoding:
+                prompts.append(seq)
+            elif seq.n_pending > 0:
                 works.append(self._work(seq, 1))
-        for seq in self.running.values():
-            if not seq.decoding and budget > 0:
-                n = min(seq.n_pending, budget)
-                works.append(self._work(seq, n))
-                budget -= n
+        budget = self.chunk
+        for seq in prompts:
+            if budget == 0:
+                break
+            n = min(seq.n_pending, budget)
+            works.append(self._work(seq, n))
+            budget -= n
         if len(works) > 1:
             works.sort(key=lambda w: w.slot)
         return Plan(tuple(works))
