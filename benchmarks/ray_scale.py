@@ -1,7 +1,7 @@
 """Ray Serve replicas vs the plain server: throughput, p50/p99 latency, Ray's per-request cost.
 
 Not part of the test suite. Runs itself inside a loopback-only network namespace where
-`unshare -n` works (see minfer.server.ray_sandbox), with Ray's usage statistics off and a
+`unshare -n` works (see minfer.server.ray.sandbox), with Ray's usage statistics off and a
 private RAY_TMPDIR. On one local Ray node with this machine's cores it measures, in one run:
 
 - `plain -t1`, `plain -t2`: `minfer serve` (one engine, 1 or 2 threads);
@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from minfer.server.ray_sandbox import LocalCluster, apply_ray_env, can_unshare, isolated
+from minfer.server.ray.sandbox import LocalCluster, apply_ray_env, can_unshare, isolated
 
 HOST = "127.0.0.1"
 
@@ -157,7 +157,7 @@ def deploy(config: Any, n: int, base: str) -> None:
     """The app with n replicas (a change of n scales the running deployment)."""
     from ray import serve
 
-    from minfer.server.ray_deploy import RayOptions, build_app
+    from minfer.server.ray.deploy import RayOptions, build_app
 
     serve.run(build_app(config, RayOptions(replicas=n, threads=1)), name="minfer",
               route_prefix="/")
@@ -215,7 +215,7 @@ def memory(model: str, args: argparse.Namespace) -> None:
     from ray import serve
 
     from minfer.engine import shared_weights
-    from minfer.server.ray_deploy import RayOptions, build_app
+    from minfer.server.ray.deploy import RayOptions, build_app
     from minfer.server.state import ServerConfig
 
     config = ServerConfig(model_path=Path(model), n_ctx=args.n_ctx, slots=args.slots)

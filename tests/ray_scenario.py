@@ -1,6 +1,6 @@
 """The Ray Serve scenario behind tests/test_server_ray.py, run as its own process.
 
-`python -m minfer.server.ray_sandbox tests.ray_scenario MODEL OUT.json` (inside a loopback-only
+`python -m minfer.server.ray.sandbox tests.ray_scenario MODEL OUT.json` (inside a loopback-only
 network namespace where possible; see ray_sandbox.isolated). Starts a local Ray cluster (a head
 and a second worker node, one CPU each), deploys two engine replicas of MODEL, and drives
 16 concurrent `openai` clients (each its own `user`, some streaming) through it; when the first
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from minfer.server.ray_sandbox import LocalCluster, apply_ray_env, interfaces_up
+from minfer.server.ray.sandbox import LocalCluster, apply_ray_env, interfaces_up
 
 CLIENTS = 16
 REQUESTS_PER_CLIENT = 4
@@ -125,7 +125,7 @@ def wait_replicas(base: str, n: int, exclude_pid: int | None, timeout: float) ->
 def scenario(model: Path, report: dict[str, Any]) -> None:
     from ray import serve
 
-    from minfer.server.ray_deploy import RayOptions, build_app
+    from minfer.server.ray.deploy import RayOptions, build_app
     from minfer.server.state import ServerConfig
 
     t0 = time.monotonic()

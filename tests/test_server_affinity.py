@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 
 from minfer.errors import MinferError
-from minfer.server.affinity import chat_prefix, rank, session_key
 from minfer.server.metrics import Metrics, merge_expositions
+from minfer.server.ray.affinity import chat_prefix, rank, session_key
 
 
 def chat(messages: list[dict[str, str]], **extra: object) -> bytes:
@@ -76,7 +76,7 @@ def test_rendezvous_ranking_moves_only_the_lost_replicas_keys() -> None:
 
 
 def test_replica_threads_split_each_nodes_cores() -> None:
-    from minfer.server.ray_deploy import replica_threads
+    from minfer.server.ray.deploy import replica_threads
 
     assert replica_threads([2], 1) == 2
     assert replica_threads([2], 2) == 1
@@ -88,7 +88,7 @@ def test_replica_threads_split_each_nodes_cores() -> None:
 
 
 def test_parse_autoscale() -> None:
-    from minfer.server.ray_deploy import parse_autoscale
+    from minfer.server.ray.deploy import parse_autoscale
 
     assert parse_autoscale("1:4") == (1, 4)
     for bad in ("4:1", "0:2", "2", "a:b", "1:"):
@@ -140,7 +140,7 @@ print("ok")
 def test_engine_options() -> None:
     from pathlib import Path
 
-    from minfer.server.ray_deploy import RayOptions, engine_options
+    from minfer.server.ray.deploy import RayOptions, engine_options
     from minfer.server.state import ServerConfig
 
     config = ServerConfig(model_path=Path("m.gguf"), slots=3, queue=7)
@@ -164,7 +164,7 @@ def test_build_app_accepts_the_options(tiny_qwen2: object, opts: dict[str, objec
 
     from ray.serve import Application
 
-    from minfer.server.ray_deploy import RayOptions, build_app
+    from minfer.server.ray.deploy import RayOptions, build_app
     from minfer.server.state import ServerConfig
 
     config = ServerConfig(model_path=Path(str(tiny_qwen2)), slots=2)

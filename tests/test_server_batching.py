@@ -20,10 +20,10 @@ try:
 except (ImportError, AttributeError) as exc:  # the compiled kernels are not importable
     pytest.skip(f"the engine cannot run here: {exc}", allow_module_level=True)
 
+from minfer.engine.core.runner import Runner
+from minfer.engine.core.scheduler import Plan, Work
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
-from minfer.server.runner import Runner
-from minfer.server.scheduler import Plan, Work
 
 N_CTX_SLOT = 64
 PREFIX = [11, 42, 7, 99, 3, 250, 17, 8, 120, 64, 5, 31, 77, 200, 150, 13, 9, 88, 21, 33]

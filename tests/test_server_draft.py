@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from minfer.engine.core.proposer import DraftAsk, SlotDrafter
 from minfer.engine.speculative import SpecConfig
-from minfer.server.drafter import DraftAsk, SlotDrafter
 from minfer.server.fake import HashEngine
-from minfer.server.generation import Delta, Done, Handle
 from minfer.server.metrics import Metrics
 from minfer.server.state import ServerConfig, ServerState
-from minfer.server.worker import EngineFactory, Worker
+from minfer.server.worker import Delta, Done, EngineFactory, Handle, Worker
 from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 from tests.test_server_speculative import CycleEngine, _request
@@ -182,7 +181,7 @@ def _drafter(p_min: float = 0.0) -> SlotDrafter:
 def _caught_up(d: SlotDrafter, ask: DraftAsk) -> tuple[list[int], int]:
     """The proposals once the draft has caught up, and how many steps that took."""
     for step in range(1, 20):
-        got = d.propose([ask])[ask.seq_id]
+        got = d.propose([ask])[ask.seq_id].tokens
         if got:
             return got, step
     raise AssertionError("the draft never caught up")
@@ -206,12 +205,12 @@ def test_the_draft_kv_follows_rejections_and_new_requests() -> None:
 def test_a_long_prompt_catches_up_beside_the_others_drafts() -> None:
     d = _drafter()
     short, long = DraftAsk(1, 0, (3, 4), 4), DraftAsk(2, 1, tuple(range(1, 31)), 4)
-    assert d.propose([short])[1]
+    assert d.propose([short])[1].tokens
     rounds = []
     for _ in range(5):
         got = d.propose([long, DraftAsk(1, 0, (3, 4), 4)])
-        assert len(got[1]) == 4  # the decoding sequence drafts every step
-        rounds.append(len(got[2]))
+        assert len(got[1].tokens) == 4  # the decoding sequence drafts every step
+        rounds.append(len(got[2].tokens))
     assert rounds == [0, 0, 0, 0, 4]  # 30 tokens lacking, 7 a step beside the other's 1
 
 

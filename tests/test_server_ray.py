@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from minfer.server.ray_sandbox import can_unshare, isolated
+from minfer.server.ray.sandbox import can_unshare, isolated
 
 if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
     pytest.skip("Ray Serve is not installed (pip install 'minfer[ray]')",

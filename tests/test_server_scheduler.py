@@ -12,14 +12,14 @@ import random
 
 import pytest
 
+from minfer.engine.core.request import GenRequest
+from minfer.engine.core.runner import build_batch
+from minfer.engine.core.scheduler import Plan, QueueFullError, Scheduler, Sequence, Work
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.fake import HashEngine
-from minfer.server.generation import Delta, Done, GenRequest, Handle
-from minfer.server.runner import build_batch
-from minfer.server.scheduler import Plan, QueueFullError, Scheduler, Sequence, Work
-from minfer.server.worker import Worker
+from minfer.server.worker import Delta, Done, Handle, Worker
 
 N_VOCAB = 97
 

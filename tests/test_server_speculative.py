@@ -9,15 +9,15 @@ import random
 
 import numpy as np
 
+from minfer.engine.core.request import GenRequest
+from minfer.engine.core.runner import build_batch
+from minfer.engine.core.scheduler import Plan, Sequence, Work
 from minfer.engine.speculative import SpecConfig
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.fake import HashEngine
-from minfer.server.generation import Delta, Done, GenRequest, Handle
 from minfer.server.metrics import Metrics
-from minfer.server.runner import build_batch
-from minfer.server.scheduler import Plan, Sequence, Work
-from minfer.server.worker import Worker
+from minfer.server.worker import Delta, Done, Handle, Worker
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 
 

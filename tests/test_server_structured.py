@@ -18,11 +18,12 @@ import httpx
 import numpy as np
 import pytest
 
+from minfer.engine.core.request import GenRequest, Request
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.app import create_app
-from minfer.server.generation import Delta, Done, Generation, GenRequest, Handle
 from minfer.server.state import ServerState
+from minfer.server.worker import Delta, Done, Usage, finish_reason
 from tests.test_server_app import CHAT, COMP, HELLO, call, make_state, sse
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
@@ -168,24 +169,22 @@ class Vocab:
 
 
 def run_generation(mask: StopsAfter, max_tokens: int) -> tuple[list[Any], int]:
-    async def go() -> tuple[list[Any], int]:
-        sampler = Sampler(SamplerParams(temp=0.0), 32, seed=1, logit_mask=mask)
-        sampler.reset([1])
-        req = GenRequest([1], max_tokens, sampler, constraint=mask)
-        handle = Handle(asyncio.get_running_loop())
-        gen = Generation(req, handle, Vocab(), n_ctx_slot=64)
-        logits = np.zeros(32, dtype=np.float32)
-        logits[5] = 1.0
-        reason = None
-        while reason is None:
-            _, reason = gen.step(logits)
-        handle.post(gen.done(reason))
-        events = []
-        while not events or not isinstance(events[-1], Done):
-            events.append(await handle.events.get())
-        return events, gen.n_generated
-
-    return asyncio.run(go())
+    """One request's draws on a fixed logits row, as the server's events."""
+    sampler = Sampler(SamplerParams(temp=0.0), 32, seed=1, logit_mask=mask)
+    sampler.reset([1])
+    state = Request(GenRequest([1], max_tokens, sampler, constraint=mask), Vocab(),
+                    n_ctx_slot=64)
+    logits = np.zeros(32, dtype=np.float32)
+    logits[5] = 1.0
+    texts = []
+    while state.finish is None:
+        emitted = state.step(logits)
+        if emitted is not None:
+            texts.append(emitted.text)
+    texts.append(state.tail)
+    events: list[Any] = [Delta(t) for t in texts if t]
+    events.append(Done(finish_reason(state.finish), Usage(1, state.n_generated, 0)))
+    return events, state.n_generated
 
 
 def test_a_grammar_with_no_next_token_ends_with_stop() -> None:

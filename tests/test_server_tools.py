@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from minfer.server.schemas import ChatMessage
+from minfer.server.openai.schemas import ChatMessage
+from minfer.server.openai.structured import template_messages
 from minfer.server.state import ServerState
-from minfer.server.structured import template_messages
 from tests.test_server_app import CHAT, HELLO, call, make_state, sse
 
 WEATHER = {"type": "function", "function": {

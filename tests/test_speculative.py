@@ -14,13 +14,13 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 from minfer.chat.kv import KVMirror
+from minfer.engine.core import proposer as proposer_mod
+from minfer.engine.core.proposer import DraftAsk, LookupProposer, SlotDrafter, Speculator
+from minfer.engine.core.request import Verifier
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
-from minfer.engine.spec_generate import Speculator, Verifier
 from minfer.engine.speculative import (
     DraftLength,
-    DraftModelProposer,
-    NgramProposer,
     Proposal,
     SpecConfig,
     SpeculativeError,
@@ -44,6 +44,17 @@ PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11, 5, 17, 99, 3, 250, 42, 30, 3
 def _engine(path: Path, n_ctx: int = N_CTX, vocab_limit: int = 0) -> Engine:
     f = GGUFFile.open(path)
     return Engine(f, HParams.from_gguf(f), n_ctx=n_ctx, vocab_limit=vocab_limit)
+
+
+def _drafter(engine: Engine, *, p_min: float, temp: float | None = None,
+             seed: int = 0) -> SlotDrafter:
+    """A draft model for a one-slot core (run, chat, the API) on its own engine."""
+    return SlotDrafter(engine, engine.n_ctx, p_min=p_min, temp=temp, seed=seed,
+                       n_vocab=engine.hparams.n_vocab)
+
+
+def _propose(drafter: SlotDrafter, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
+    return drafter.propose([DraftAsk(0, 0, tuple(history), k, greedy)])[0]
 
 
 @functools.cache
@@ -160,12 +171,11 @@ def test_greedy_output_and_kv_equal_plain_decoding(fixture: str, proposer: str, 
     penalty = {"repeat_penalty": 1.0 if (fixture, proposer) == ("tiny_qwen3", "lookup") else 1.3}
     plain, plain_engine = _run(path, PROMPT, None, **penalty)
     if proposer == "lookup":
-        spec = Speculator(NgramProposer(3), SpecConfig(adaptive=False))
+        spec = Speculator(LookupProposer(3), SpecConfig(adaptive=False))
     else:
         draft = request.getfixturevalue("near_draft_qwen3") if fixture == "tiny_qwen3" \
             else other_draft
-        spec = Speculator(DraftModelProposer(_engine(draft), p_min=0.0),
-                          SpecConfig(adaptive=False))
+        spec = Speculator(_drafter(_engine(draft), p_min=0.0), SpecConfig(adaptive=False))
     got, engine = _run(path, PROMPT, spec, **penalty)
     assert got.ids == plain.ids and got.reason == plain.reason
     assert got.n_past == plain.n_past
@@ -176,7 +186,7 @@ def test_greedy_output_and_kv_equal_plain_decoding(fixture: str, proposer: str, 
 
 def test_draft_of_the_same_model_is_always_accepted(tiny_qwen2: Path) -> None:
     plain, _ = _run(tiny_qwen2, PROMPT, None)
-    spec = Speculator(DraftModelProposer(_engine(tiny_qwen2), p_min=0.0),
+    spec = Speculator(_drafter(_engine(tiny_qwen2), p_min=0.0),
                       SpecConfig(draft_max=8, adaptive=False))
     got, _ = _run(tiny_qwen2, PROMPT, spec)
     assert got.ids == plain.ids
@@ -191,7 +201,7 @@ def test_a_kv_mirror_is_rolled_back_to_the_plain_cells(tiny_qwen3: Path, other_d
     for max_tokens in (9, 17, 30):
         plain, _ = _run(tiny_qwen3, PROMPT, None, max_tokens=max_tokens, repeat_penalty=1.3)
         mirror = KVMirror(_engine(tiny_qwen3))
-        spec = Speculator(NgramProposer(2), SpecConfig(adaptive=False))
+        spec = Speculator(LookupProposer(2), SpecConfig(adaptive=False))
         events = generate(mirror, _tokenizer(tiny_qwen3),  # type: ignore[arg-type]
                           _sampler(mirror.engine, PROMPT, repeat_penalty=1.3),  # type: ignore
                           PROMPT, max_tokens=max_tokens, speculator=spec)
@@ -204,7 +214,7 @@ def test_a_kv_mirror_is_rolled_back_to_the_plain_cells(tiny_qwen3: Path, other_d
 def test_speculation_needs_the_tokens_before_the_prompt(tiny_qwen2: Path) -> None:
     engine = _engine(tiny_qwen2)
     events = generate(engine, _tokenizer(tiny_qwen2), _sampler(engine, PROMPT), PROMPT,
-                      max_tokens=4, start_pos=3, speculator=Speculator(NgramProposer(2)))
+                      max_tokens=4, start_pos=3, speculator=Speculator(LookupProposer(2)))
     with pytest.raises(SpeculativeError, match="3 tokens before the prompt"):
         list(events)
 
@@ -223,16 +233,16 @@ def test_a_draft_scoring_the_first_ids_only_keeps_the_output(tiny_qwen2: Path) -
     # rounds a limit)
     limit = (int(np.median(plain.ids)) + 1) // 16 * 16
     assert 0 < limit < max(plain.ids)
-    draft = DraftModelProposer(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0)
+    draft = _drafter(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0)
     history = [*PROMPT, *plain.ids[:5]]
-    proposal = draft.propose(history, 7, greedy=True)
+    proposal = _propose(draft, history, 7, greedy=True)
     assert proposal.tokens and max(proposal.tokens) < limit
     got, _ = _run(tiny_qwen2, PROMPT, Speculator(draft, SpecConfig(draft_max=8, adaptive=False)),
                   repeat_penalty=1.3)
     assert got.ids == plain.ids
     assert got.speculation is not None and 0 < got.speculation.accepted < got.speculation.drafted
-    sampled = DraftModelProposer(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0, temp=0.8)
-    proposal = sampled.propose(history, 3, greedy=False)
+    sampled = _drafter(_engine(tiny_qwen2, vocab_limit=limit), p_min=0.0, temp=0.8)
+    proposal = _propose(sampled, history, 3, greedy=False)
     assert proposal.q is not None and all(q.shape == (plain_vocab(tiny_qwen2),) and
                                           not q[limit:].any() for q in proposal.q)
     spec = Speculator(sampled, SpecConfig(draft_max=4, adaptive=False))
@@ -282,9 +292,10 @@ def test_accept_reject_keeps_the_target_distribution(tiny_qwen2: Path, q_kind: s
 
 def test_sampled_speculative_generation_runs(tiny_qwen2: Path, other_draft: Path) -> None:
     # the same model as its own draft: every drawn proposal passes, then the bonus row decides
-    for proposer in (NgramProposer(2), DraftModelProposer(_engine(other_draft), p_min=0.0,
-                                                          temp=0.8, seed=3),
-                     DraftModelProposer(_engine(tiny_qwen2), p_min=0.0, temp=0.8, seed=3)):
+    proposers: list[LookupProposer | SlotDrafter] = [
+        LookupProposer(2), _drafter(_engine(other_draft), p_min=0.0, temp=0.8, seed=3),
+        _drafter(_engine(tiny_qwen2), p_min=0.0, temp=0.8, seed=3)]
+    for proposer in proposers:
         spec = Speculator(proposer, SpecConfig(draft_max=4, adaptive=False))
         got, _ = _run(tiny_qwen2, PROMPT, spec, max_tokens=24, temp=0.8, top_k=40)
         assert len(got.ids) == 24 and got.speculation is not None
@@ -301,7 +312,7 @@ def test_mirostat_draws_and_compares_so_a_seed_gives_the_plain_output(tiny_qwen2
         return _finished(generate(engine, _tokenizer(tiny_qwen2), sampler, PROMPT,
                                   max_tokens=24, speculator=spec))
 
-    got = run(Speculator(NgramProposer(1), SpecConfig(adaptive=False)))
+    got = run(Speculator(LookupProposer(1), SpecConfig(adaptive=False)))
     assert got.ids == run(None).ids
     assert got.speculation is not None and got.speculation.drafted > 0
 
@@ -317,21 +328,23 @@ class _Corrupting:
     """A draft-model proposer whose every third proposal gets a wrong last token: rejections
     at known places on the real model."""
 
-    name = "draft"
-
-    def __init__(self, inner: DraftModelProposer) -> None:
+    def __init__(self, inner: SlotDrafter) -> None:
         self.inner = inner
         self.calls = 0
 
-    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
-        p = self.inner.propose(history, k, greedy=greedy)
-        self.calls += 1
-        if self.calls % 3 == 0 and p.tokens:
-            p.tokens[-1] = (p.tokens[-1] + 1) % 1000
-        return p
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        out = self.inner.propose(asks)
+        for p in out.values():
+            self.calls += 1
+            if self.calls % 3 == 0 and p.tokens:
+                p.tokens[-1] = (p.tokens[-1] + 1) % 1000
+        return out
 
-    def prepare(self, history: Sequence[int]) -> None:
-        self.inner.prepare(history)
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
+    def forget(self) -> None:
+        self.inner.forget()
 
 
 @pytest.mark.real_model
@@ -341,12 +354,13 @@ def test_dev_model_greedy_identity_on_reference_prompts(real_model_path: Path) -
     for case in (cases[1], cases[2]):  # code and prose
         prompt = case["prompt_ids"]
         plain, plain_engine = _run(real_model_path, prompt, None, max_tokens=20)
-        for spec in (Speculator(NgramProposer(3), SpecConfig(draft_max=4, adaptive=False)),
-                     Speculator(_Corrupting(DraftModelProposer(
-                         _engine(real_model_path, 64), p_min=0.5)),
-                         SpecConfig(draft_max=4, adaptive=False))):
+        for name, spec in (
+                ("lookup", Speculator(LookupProposer(3), SpecConfig(draft_max=4, adaptive=False))),
+                ("draft", Speculator(_Corrupting(_drafter(_engine(real_model_path, 64),
+                                                          p_min=0.5)),
+                                     SpecConfig(draft_max=4, adaptive=False)))):
             got, engine = _run(real_model_path, prompt, spec, max_tokens=20)
-            assert got.ids == plain.ids, (case["prompt"], spec.proposer.name)
+            assert got.ids == plain.ids, (case["prompt"], name)
             _assert_same_kv(engine, plain_engine, plain.n_past)
 
 
@@ -423,9 +437,7 @@ def test_a_draft_stopped_one_short_of_a_bucket_adds_its_top(tiny_qwen2: Path,
     """p_min stops a greedy draft after 2 tokens: the unsure third (the draft's argmax, no
     further forward) fills the 3-proposal bucket; stopped after 1 it is not padded (2 is no
     bucket), nor is an empty proposal."""
-    import minfer.engine.speculative as spec_mod
-
-    whole = DraftModelProposer(_engine(tiny_qwen2), p_min=0.0).propose(PROMPT, 3, greedy=True)
+    whole = _propose(_drafter(_engine(tiny_qwen2), p_min=0.0), PROMPT, 3, greedy=True)
     assert len(whole.tokens) == 3
     for passing, expect in ((2, whole.tokens), (1, whole.tokens[:1]), (0, [])):
         calls = {"n": 0}
@@ -435,9 +447,9 @@ def test_a_draft_stopped_one_short_of_a_bucket_adds_its_top(tiny_qwen2: Path,
             calls["n"] += 1
             return int(np.argmax(logits)) if calls["n"] <= passing else None
 
-        monkeypatch.setattr(spec_mod, "confident_top", top)
-        draft = DraftModelProposer(_engine(tiny_qwen2), p_min=0.5)
-        got = draft.propose(PROMPT, 7, greedy=True)
+        monkeypatch.setattr(proposer_mod, "confident_top", top)
+        draft = _drafter(_engine(tiny_qwen2), p_min=0.5)
+        got = _propose(draft, PROMPT, 7, greedy=True)
         assert got.tokens == expect
         assert draft.n_forwarded == len(PROMPT) + passing  # the filled token: no forward
     assert [n for n in range(16) if fills_bucket(n)] == [2, 6, 14]

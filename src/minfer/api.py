@@ -26,7 +26,7 @@ from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from minfer.engine.spec_generate import Speculator
+    from minfer.engine.core.proposer import Speculator
     from minfer.engine.speculative import SpecConfig
     from minfer.engine.warmup import Progress
     from minfer.sampling.grammar import GrammarMask, GrammarVocab
@@ -197,21 +197,15 @@ class Model:
         """Speculative decoding for this model: prompt lookup (`config.lookup_ngram`) or a
         draft model (`draft`: path or cached name; same vocabulary, its own engine and KV).
         temp: the draft's sampling temperature when the target samples."""
-        from minfer.engine.spec_generate import Speculator
-        from minfer.engine.speculative import (
-            DraftModelProposer,
-            NgramProposer,
-            SpecConfig,
-            SpeculativeError,
-            open_draft,
-        )
+        from minfer.engine.core.proposer import LookupProposer, SlotDrafter, Speculator
+        from minfer.engine.speculative import SpecConfig, SpeculativeError, open_draft
 
         config = config or SpecConfig()
         if (draft is None) == (config.lookup_ngram == 0):
             raise SpeculativeError("speculative decoding takes one proposer: a draft model "
                                    "or --lookup-ngram N")
         if draft is None:
-            return Speculator(NgramProposer(config.lookup_ngram), config)
+            return Speculator(LookupProposer(config.lookup_ngram), config)
         f, hparams = open_draft(resolve_model(str(draft)), self.tokenizer.vocab.tokens,
                                 self.hparams.n_vocab)
         from minfer.backends.select import select_backends
@@ -220,9 +214,9 @@ class Model:
                         fuse_swiglu=self.fuse, fuse_gate_up=False,
                         backends=select_backends(self.backend), n_threads=self.threads,
                         adaptive_threads=self.adaptive_threads, vocab_limit=config.draft_vocab)
-        proposer = DraftModelProposer(engine, p_min=config.p_min, temp=temp or 1.0,
-                                      seed=0 if seed is None else seed,
-                                      batch_size=self.batch_size)
+        proposer = SlotDrafter(engine, engine.n_ctx, p_min=config.p_min, chunk=self.batch_size,
+                               temp=temp or 1.0, seed=0 if seed is None else seed,
+                               n_vocab=hparams.n_vocab)
         return Speculator(proposer, config)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,

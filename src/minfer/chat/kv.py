@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
+from minfer.engine.core.scheduler import common_prefix
 from minfer.errors import MinferError
+
+__all__ = ["ForwardEngine", "KVMirror", "KVShifter", "common_prefix", "kv_shifter"]
 
 if TYPE_CHECKING:
     from minfer.engine.forward import Engine
@@ -124,13 +127,3 @@ class KVMirror:
             raise MinferError(f"cannot rewind the KV to {cursor}")
         del self._tokens[cursor:]
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else n

@@ -45,8 +45,8 @@ from minfer.engine.generate import Finished, Piece, generate, prefill
 from minfer.errors import ContextOverflowError, MinferError, TemplateError
 
 if TYPE_CHECKING:
+    from minfer.engine.core.proposer import Speculator
     from minfer.engine.forward import Engine
-    from minfer.engine.spec_generate import Speculator
 
 Message = dict[str, str]
 

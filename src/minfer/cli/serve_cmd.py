@@ -5,7 +5,7 @@ The socket comes up first and the model loads behind it (`/health` is 503 until 
 slots × n-ctx KV cells. SIGINT / SIGTERM stop accepting connections, let in-flight requests finish
 for up to `--drain-timeout` seconds, cut what is left, and exit 0 (a second SIGINT forces it).
 `--lookup-ngram N` or `-md DRAFT` add speculative decoding per slot (output unchanged).
-`--ray` serves replicas of the same app as a Ray Serve deployment (server/ray_deploy.py); only
+`--ray` serves replicas of the same app as a Ray Serve deployment (server/ray/deploy.py); only
 then is Ray imported.
 """
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     """The Ray path; ray is imported only here (an optional extra)."""
-    from minfer.server.ray_deploy import RayOptions, parse_autoscale, serve_on_ray
+    from minfer.server.ray.deploy import RayOptions, parse_autoscale, serve_on_ray
 
     if args.replicas is not None and args.autoscale:
         raise MinferError("give --replicas or --autoscale, not both")

@@ -2,16 +2,15 @@
 
 A proposer looks at the whole sequence so far (context, prompt and output, from position 0) and
 proposes up to k tokens that might follow. The target model then verifies them all in one
-forward (minfer.engine.spec_generate): decode is memory-bound, so k+1 rows cost about one.
+forward (minfer.engine.core): decode is memory-bound, so k+1 rows cost about one. The proposers
+themselves (prompt lookup, the draft model) are the core's (minfer.engine.core.proposer); this
+module holds what they share with the flags and the CLI:
 
-- `NgramProposer` (`--lookup-ngram N`, prompt lookup): finds the latest earlier occurrence of the
-  sequence's last N tokens (then N-1, ..., 1) and proposes what followed it. A point-mass guess:
+- `lookup` (`--lookup-ngram N`, prompt lookup): finds the latest earlier occurrence of the
+  sequence's last N tokens (then N-1, ..., 1) and returns what followed it. A point-mass guess:
   free to make, right whenever the output copies the prompt (code edits, quotes).
-- `DraftModelProposer` (`--model-draft FILE`): a smaller model with the same vocabulary runs its
-  own engine and KV. Its KV is a `KVMirror`, synchronised with the sequence by common prefix, so
-  rejected drafts, /regen and dropped turns only cost re-forwarding the part that changed. It
-  stops drafting when its top probability falls under `p_min` (llama.cpp's --draft-p-min); with
-  sampling it draws from its own distribution q and hands q to the verifier.
+- a draft model's stopping rule (`confident_top`, llama.cpp's --draft-p-min; `fills_bucket`), and
+  `open_draft` / `check_same_vocab`, which refuse a draft whose vocabulary is not the target's.
 
 `DraftLength` adapts k to what pays: it keeps the per-token acceptance rate and the measured
 costs (plain decode, verify of n rows, one drafted token) and picks the k, from a few buckets
@@ -24,17 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from minfer.chat.kv import KVMirror, common_prefix
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
-
-if TYPE_CHECKING:
-    from minfer.engine.forward import Engine
 
 # Verify shapes: proposals are cut down to one of these lengths, so a generation uses at most
 # this many verify graphs besides the decode and prefill graphs. A verify forwards k + 1 rows:
@@ -91,18 +85,6 @@ class Proposal:
         return Proposal(self.tokens[:n], None if self.q is None else self.q[:n])
 
 
-class Proposer(Protocol):
-    name: str
-
-    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
-        """Up to k tokens that may follow `history` (the sequence from position 0)."""
-        ...
-
-    def prepare(self, history: Sequence[int]) -> None:
-        """Read a new prompt ahead of the first proposal (with the target's prefill)."""
-        ...
-
-
 @dataclass
 class SpecStats:
     """Counts of one generation (or a server slot's lifetime)."""
@@ -121,24 +103,6 @@ class SpecStats:
 
 
 # -- prompt lookup -------------------------------------------------------------------------------
-class NgramProposer:
-    """Prompt lookup: continue the latest earlier occurrence of the last n-gram (n = N .. 1)."""
-
-    name = "lookup"
-
-    def __init__(self, n: int) -> None:
-        if n < 1:
-            raise SpeculativeError(f"--lookup-ngram must be >= 1, got {n}")
-        self.n = n
-
-    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
-        seq = np.asarray(history, dtype=np.int64)
-        return Proposal(lookup(seq, self.n, k))
-
-    def prepare(self, history: Sequence[int]) -> None:
-        return None
-
-
 def lookup(seq: np.ndarray, max_n: int, k: int) -> list[int]:
     """Up to k tokens that followed an earlier occurrence of seq's last n tokens, longest n
     first: the latest occurrence with k tokens after it, else the earliest (the most after it)."""
@@ -154,67 +118,6 @@ def lookup(seq: np.ndarray, max_n: int, k: int) -> list[int]:
 
 
 # -- draft model ---------------------------------------------------------------------------------
-class DraftModelProposer:
-    """A smaller model with its own engine and KV proposes by decoding ahead."""
-
-    name = "draft"
-
-    def __init__(self, engine: Engine, *, p_min: float, temp: float = 0.0, seed: int = 0,
-                 batch_size: int = 512) -> None:
-        self.kv = KVMirror(engine)
-        self.n_vocab = engine.hparams.n_vocab  # the draft's logits may cover fewer ids
-        self.p_min = p_min
-        self.temp = temp
-        self.batch_size = batch_size
-        self._rng = np.random.default_rng(seed)
-        self.n_forwarded = 0
-
-    def propose(self, history: Sequence[int], k: int, *, greedy: bool) -> Proposal:
-        if len(history) + 1 >= self.kv.n_ctx:  # the draft's context is full: no proposals
-            return Proposal([])
-        logits = self._catch_up(history)
-        pos = len(history)
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
-        while len(tokens) < k and pos < self.kv.n_ctx - 1:
-            if greedy:
-                top = confident_top(logits, self.p_min)
-                if top is None:
-                    if fills_bucket(len(tokens)):
-                        tokens.append(int(np.argmax(logits)))
-                    break
-                tok = top
-            else:
-                q = _softmax(logits if self.temp == 1.0 else logits / self.temp)
-                if q.max() < self.p_min:
-                    break
-                tok = int(self._rng.choice(q.shape[0], p=q))
-                qs.append(np.pad(q, (0, self.n_vocab - q.shape[0])))  # 0 beyond the head
-            tokens.append(tok)
-            if len(tokens) < k:
-                logits = self.kv.forward([tok], pos)[0]
-                self.n_forwarded += 1
-                pos += 1
-        return Proposal(tokens, None if greedy else qs)
-
-    def prepare(self, history: Sequence[int]) -> None:
-        if history and len(history) < self.kv.n_ctx:
-            self._catch_up(history)
-
-    def _catch_up(self, history: Sequence[int]) -> np.ndarray:
-        """Bring the draft KV to history[:-1] and forward the rest: the last token's logits."""
-        if not history:
-            raise SpeculativeError("the draft model needs at least one token to continue")
-        start = min(common_prefix(self.kv.tokens, history), len(history) - 1)
-        rest = list(history[start:])
-        logits = np.empty(0, np.float32)
-        for i in range(0, len(rest), self.batch_size):
-            chunk = rest[i:i + self.batch_size]
-            logits = self.kv.forward(chunk, start + i)[0]
-        self.n_forwarded += len(rest)
-        return logits
-
-
 def fills_bucket(n_drafted: int) -> bool:
     """Whether a greedy draft stopped by p_min after n_drafted tokens adds its unsure top token
     anyway: when that completes a verify bucket of 3, 7 or 15 proposals. Those logits are
@@ -234,7 +137,7 @@ def confident_top(logits: np.ndarray, p_min: float) -> int | None:
     return top if p_top >= p_min else None
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
+def softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp((logits - logits.max()).astype(np.float64))
     out: np.ndarray = e / e.sum()
     return out

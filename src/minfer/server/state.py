@@ -24,7 +24,7 @@ from minfer.gguf.reader import GGUFFile
 from minfer.sampling.grammar import GrammarVocab
 from minfer.server.errors import unavailable
 from minfer.server.metrics import Metrics
-from minfer.server.prepare import Limits, TemplateLike, TokenizerLike
+from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
 from minfer.server.worker import EngineFactory, Worker
 from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer

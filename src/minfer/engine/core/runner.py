@@ -1,21 +1,29 @@
-"""The runner: one `Plan` → one multi-sequence `Batch` → one forward → logits per sequence.
+"""The runners: one `Plan` → one forward → logits per sequence.
 
-Slot s owns KV cells [s * n_ctx_slot, (s + 1) * n_ctx_slot) of an engine created with
-n_ctx = n_slots * n_ctx_slot. A token at position p of slot s writes cell s * n_ctx_slot + p and
-reads cells [s * n_ctx_slot, its cell]; positions restart at 0 in every slot. So batching several
-sequences changes only the data of the batch, never the graph's topology.
+`Runner` builds one multi-sequence `Batch` (the server's slots). Slot s owns KV cells [s *
+n_ctx_slot, (s + 1) * n_ctx_slot) of an engine created with n_ctx = n_slots * n_ctx_slot. A token
+at position p of slot s writes cell s * n_ctx_slot + p and reads cells [s * n_ctx_slot, its cell];
+positions restart at 0 in every slot. So batching several sequences changes only the data of the
+batch, never the graph's topology.
+
+`SequenceRunner` runs the plans of a one-slot core (`minfer run`, chat, the Python API) through
+`forward(tokens, start_pos, n_out)`: an Engine, or a `KVMirror` that records what the KV holds.
+A one-slot plan has at most one work, so its batch is `Batch.single`'s, the batch `Runner` would
+build for slot 0; a work that carries proposals is forwarded with `batch_invariant=True`, so each
+verified row is bitwise the row a one-token decode computes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
-from minfer.server.scheduler import Plan, Work
+from minfer.engine.core.scheduler import Plan, Work
 
 if TYPE_CHECKING:
-    from minfer.engine.forward import Batch
+    from minfer.engine.forward import Batch, Engine
 
 
 class BatchEngine(Protocol):
@@ -25,6 +33,22 @@ class BatchEngine(Protocol):
     def n_ctx(self) -> int: ...
 
     def forward_batch(self, batch: Batch) -> np.ndarray: ...
+
+
+class SequenceEngine(Protocol):
+    """What `SequenceRunner` needs: one sequence whose cells are its positions (an Engine, a
+    KVMirror over one, a test's fake)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> np.ndarray: ...
+
+
+class StepRunner(Protocol):
+    """Executes a plan: the logits of every sequence that asked for them."""
+
+    def run(self, plan: Plan) -> dict[int, np.ndarray]: ...
 
 
 def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
@@ -89,3 +113,23 @@ class Runner:
                 i += n
         assert i == len(out_ids)
         return out
+
+
+class SequenceRunner:
+    """The runner of a one-slot core: a plan's one work as one `forward` of its sequence."""
+
+    def __init__(self, engine: SequenceEngine) -> None:
+        self.engine = engine
+
+    def run(self, plan: Plan) -> dict[int, np.ndarray]:
+        """As `Runner.run`, for a plan of at most one work (slot 0)."""
+        if not plan.works:
+            return {}
+        (w,) = plan.works
+        if w.draft:  # a verify: its rows bitwise the one-token decode rows
+            tokens = [*w.tokens, *w.draft]
+            verify = cast("Engine", self.engine)
+            rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
+            return {w.seq_id: rows}
+        logits = self.engine.forward(w.tokens, w.start_pos)
+        return {w.seq_id: logits[0]} if w.logits else {}

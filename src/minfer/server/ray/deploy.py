@@ -12,7 +12,7 @@ Two deployments form the application:
   repacked weights (engine/shared_weights.py) besides sharing the model file's page cache.
 - `front` (one replica, no CPU reserved): receives every HTTP request from Ray's proxy, reads
   the body, derives the session key (affinity.py) and calls the engine deployment with it; the
-  router (ray_router.py) sends the conversation to the replica holding its prompt cache. The
+  router (ray/router.py) sends the conversation to the replica holding its prompt cache. The
   front answers `/metrics` (every live replica's metrics, summed), `/replicas` (one line per
   replica: node, pid, threads, status) and `/health` itself.
 
@@ -39,9 +39,9 @@ from typing import Any
 from starlette.types import Message
 
 from minfer.errors import MinferError
-from minfer.server.affinity import session_key
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import merge_expositions
+from minfer.server.ray.affinity import session_key
 from minfer.server.state import ServerConfig
 
 log = logging.getLogger("minfer.server")
@@ -333,7 +333,7 @@ def engine_options(config: ServerConfig, opts: RayOptions) -> dict[str, Any]:
         "max_queued_requests": config.queue, "health_check_period_s": 2.0,
         "ray_actor_options": {"num_cpus": opts.threads},
         "request_router_config": {
-            "request_router_class": "minfer.server.ray_router.AffinityRouter"},
+            "request_router_class": "minfer.server.ray.router.AffinityRouter"},
         **scaling,
     }
 

@@ -7,7 +7,7 @@
   `GrammarVocab` (built once at load), applied first in its sampler, then `logit_bias`. A bad
   schema, grammar or tool list is a 400 naming the problem, before anything is queued.
 - `OutputPlan.constraint` is that mask: the generation loop asks `is_stopped()` and ends the
-  request with "stop" on a valid prefix when no token may follow (generation.py).
+  request with "stop" on a valid prefix when no token may follow (minfer.engine.core.request).
 - `tools` are rendered by the chat template (not with `tool_choice: "none"`); the finished text
   is parsed into OpenAI `tool_calls` (`finalize`), or streamed through a `ToolCallStream`.
 - `template_messages` turns request messages into what chat templates expect (assistant
@@ -38,7 +38,7 @@ from minfer.sampling.tool_calls import (
     tools_for_prompt,
 )
 from minfer.server.errors import bad_request
-from minfer.server.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
+from minfer.server.openai.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
 
 
 class LogitBias:

@@ -2,6 +2,7 @@
 
 Pure bookkeeping, no model and no threads (vLLM v1's split): the scheduler decides, a runner
 executes (`runner.py`), and two small dataclasses, `Work` and `Plan`, are the whole interface.
+`EngineCore` (core.py) drives both.
 
 A sequence's progress is one counter: `n_computed` of its `tokens` (prompt, then every sampled
 token) have their KV in the slot. Each step feeds `tokens[n_computed:]`, capped by a token budget,
@@ -15,21 +16,21 @@ new request takes the free slot whose cache shares the longest prefix with its p
 only the rest (the prompt cache). At least the last prompt token is always recomputed, because its
 logits are needed to sample the first token.
 
-Speculative decoding (`propose`): a decoding sequence's work may carry proposed tokens after its
-one pending token; the forward computes their rows too, the worker keeps the verified prefix
-(`accept_drafted`) and the rest of those cells are simply overwritten later.
+Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
+token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
+the verified prefix (`accept_drafted`) and the rest of those cells are simply overwritten later.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
-from minfer.errors import MinferError
+import numpy as np
 
-Propose = Callable[[int, list[int], int], list[int]]  # (seq id, tokens, room) -> proposals
+from minfer.errors import MinferError
 
 
 class QueueFullError(MinferError):
@@ -57,7 +58,9 @@ class Sequence:
 @dataclass
 class Slot:
     index: int
-    cached: list[int] = field(default_factory=list)  # tokens in cells [0, len)
+    # tokens in cells [0, len) of a free slot (a busy slot's cells are its sequence's, written at
+    # `finish`: no copy per step)
+    cached: list[int] = field(default_factory=list)
     seq_id: int | None = None
     last_used: int = 0
 
@@ -83,17 +86,20 @@ class Plan:
         return sum(len(w.tokens) + len(w.draft) for w in self.works)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Tokens[int], b: Tokens[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
 
 
 class Scheduler:
     def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 128,
-                 max_waiting: int = 64, propose: Propose | None = None) -> None:
+                 max_waiting: int = 64) -> None:
         if n_slots < 1 or n_ctx_slot < 1 or chunk < 1 or max_waiting < 0:
             raise MinferError("slots, context, chunk must be positive and the queue >= 0")
         self.n_ctx_slot = n_ctx_slot
@@ -103,7 +109,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # in admission order
         self._tick = itertools.count(1)
-        self.propose = propose  # speculative decoding: proposals for a decoding sequence
 
     # -- requests in and out -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -133,18 +138,24 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> Plan:
         """Admit what fits, then plan the next forward (empty when there is nothing to run)."""
-        self._admit()
+        if self.waiting:
+            self._admit()
         works: list[Work] = []
+        prompts: list[Sequence] = []
+        for seq in self.running.values():
+            if not seq.decoding:
+                prompts.append(seq)
+            elif seq.n_pending > 0:
+                works.append(self._work(seq, 1))
         budget = self.chunk
-        for seq in self.running.values():
-            if seq.decoding and seq.n_pending > 0:
-                works.append(self._decode_work(seq))
-        for seq in self.running.values():
-            if not seq.decoding and budget > 0:
-                n = min(seq.n_pending, budget)
-                works.append(self._work(seq, n))
-                budget -= n
-        works.sort(key=lambda w: w.slot)
+        for seq in prompts:
+            if budget == 0:
+                break
+            n = min(seq.n_pending, budget)
+            works.append(self._work(seq, n))
+            budget -= n
+        if len(works) > 1:
+            works.sort(key=lambda w: w.slot)
         return Plan(tuple(works))
 
     def advance(self, plan: Plan) -> None:
@@ -155,7 +166,6 @@ class Scheduler:
                 continue
             assert w.start_pos == seq.n_computed
             seq.n_computed += len(w.tokens)
-            self.slots[w.slot].cached = seq.tokens[: seq.n_computed]
 
     def accept_drafted(self, seq_id: int, tokens: list[int]) -> None:
         """Proposed tokens the target verified: known, and their KV rows already computed."""
@@ -163,16 +173,6 @@ class Scheduler:
         assert seq.n_computed == len(seq.tokens)
         seq.tokens.extend(tokens)
         seq.n_computed += len(tokens)
-        assert seq.slot is not None
-        self.slots[seq.slot].cached = seq.tokens[: seq.n_computed]
-
-    def _decode_work(self, seq: Sequence) -> Work:
-        work = self._work(seq, 1)
-        room = self.n_ctx_slot - seq.n_computed - 1
-        if self.propose is None or seq.n_pending != 1 or room < 1:
-            return work
-        draft = tuple(self.propose(seq.seq_id, seq.tokens, room)[:room])
-        return Work(work.seq_id, work.slot, work.start_pos, work.tokens, True, draft)
 
     def _work(self, seq: Sequence, n: int) -> Work:
         assert seq.slot is not None
@@ -212,4 +212,8 @@ class Scheduler:
 
     @property
     def kv_cells_used(self) -> int:
-        return sum(len(s.cached) for s in self.slots)
+        n = 0
+        for s in self.slots:
+            seq = None if s.seq_id is None else self.running.get(s.seq_id)
+            n += len(s.cached) if seq is None else seq.n_computed
+        return n

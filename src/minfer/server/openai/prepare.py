@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from minfer.engine.core.request import GenRequest
 from minfer.errors import MinferError
 from minfer.sampling.grammar import GrammarVocab
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
-from minfer.server.generation import GenRequest
-from minfer.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from minfer.server.structured import OutputPlan, plan_output, template_messages
+from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
 
 SEED_MASK = (1 << 64) - 1
 MIN_TEMPERATURE = 1e-3

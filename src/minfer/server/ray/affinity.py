@@ -9,7 +9,7 @@ served the last one (its prompt cache holds the shared prefix). The key names th
 - a completion: a hash of the prompt's first PREFIX_CHARS characters.
 
 Anything else (GET routes, bodies that are not JSON objects) has no key and goes to any replica.
-The router (ray_router.py) ranks replicas by rendezvous hashing of the key, so a key keeps its
+The router (router.py) ranks replicas by rendezvous hashing of the key, so a key keeps its
 replica while the replica set is unchanged and only the keys of a lost replica move.
 """
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from minfer.server.generation import TokenLogprob, Usage
+from minfer.engine.core.request import TokenLogprob
+from minfer.server.worker import Usage
 
 TokenBytes = Callable[[int], bytes]
 

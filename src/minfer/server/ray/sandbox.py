@@ -8,7 +8,7 @@ do neither, so every Ray they start goes through this module:
   Ray take 127.0.0.1 as the node address; a private `RAY_TMPDIR` (no session files, sockets or
   "current cluster" address shared with anyone else's Ray on the machine).
 - `isolated(argv)`: the command run inside a private network namespace holding only an `lo`
-  that this module brings up (`python -m minfer.server.ray_sandbox MODULE ARGS...` is the
+  that this module brings up (`python -m minfer.server.ray.sandbox MODULE ARGS...` is the
   entry that does it), where `unshare -n` works (root); otherwise the command unchanged.
 - `LocalCluster`: a head node and worker nodes as separate processes (ray.cluster_utils), torn
   down by the pids it started; never `ray stop`, which stops every Ray on the machine by name.
@@ -133,9 +133,9 @@ class LocalCluster:
 
 
 def _main() -> None:
-    """`python -m minfer.server.ray_sandbox MODULE|SCRIPT.py ARGS...`: lo up, then run it."""
+    """`python -m minfer.server.ray.sandbox MODULE|SCRIPT.py ARGS...`: lo up, then run it."""
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m minfer.server.ray_sandbox MODULE|SCRIPT.py [ARGS...]")
+        raise SystemExit("usage: python -m minfer.server.ray.sandbox MODULE|SCRIPT.py [ARGS...]")
     loopback_up()
     target = sys.argv[1]
     sys.argv = [target, *sys.argv[2:]]

@@ -18,7 +18,7 @@ import random
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from minfer.server.affinity import rank
+from minfer.server.ray.affinity import rank
 
 
 class AffinityRouter(RequestRouter):

@@ -1,0 +1,218 @@
+"""The core's proposers: guesses at each decoding sequence's next tokens, batched across slots.
+
+A `Proposer` takes the step's `DraftAsk`s (a decoding sequence, its slot, up to k tokens wanted)
+and returns each sequence's `Proposal`; the core cuts it to a verify bucket and the target checks
+it in the step's forward (`core.py`). A `Speculator` is what `minfer run`, chat and the Python
+API hand to `generate()`: a proposer, its flags, a `DraftLength` and counts that outlive one
+generation (a chat's turns share them).
+
+- `LookupProposer` (`--lookup-ngram N`, prompt lookup): continue the latest earlier occurrence of
+  the sequence's last n-gram (minfer.engine.speculative.lookup). Free to make.
+- `SlotDrafter` (`-md FILE` / `--model-draft FILE`): a draft model, one draft sequence per slot.
+
+The draft runs its own engine and KV with the target's slot layout (slot s: cells
+[s * n_ctx_slot, (s + 1) * n_ctx_slot)), through the same `Runner`. For the decoding sequences of
+a step (`DraftAsk`s, each its whole sequence with the pending token last), `propose`
+
+1. catches each slot's draft KV up to the sequence: the tokens past the common prefix of what
+   the slot holds and the sequence (the prompt at the first decode, then the tokens accepted since)
+   are fed in one multi-sequence forward of at most `chunk` tokens, fewest first. A sequence not
+   caught up in it (a long prompt) proposes nothing this step and continues at the next, so
+   streams never stall behind a long prompt, as with the target's chunked prefill;
+2. drafts greedily, one multi-sequence forward per draft step over every slot still drafting: a
+   slot stops at its k tokens, or when the draft's top probability falls under `p_min`
+   (llama.cpp's --draft-p-min; a greedy draft stopped one short of a verify bucket adds its
+   unsure top, `fills_bucket`). With a `temp` (run, chat, the API) an ask of a sampled request
+   draws from the draft's own distribution q instead and hands q to the verifier.
+
+Rejected proposals need no undo: the slot's record (`cached`) keeps every token it forwarded, and
+the next catch-up starts at the common prefix, so the write position simply moves back and the
+stale cells are overwritten (as `KVMirror` does for `minfer run`). A greedy draft is a point-mass
+guess, so the target's verifier stays exact for sampled requests too (the server drafts greedily).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from minfer.engine.core.runner import BatchEngine, Runner
+from minfer.engine.core.scheduler import Plan, Work, common_prefix
+from minfer.engine.speculative import (
+    DraftLength,
+    Proposal,
+    SpecConfig,
+    SpecStats,
+    SpeculativeError,
+    confident_top,
+    fills_bucket,
+    lookup,
+    softmax,
+)
+
+
+@dataclass(frozen=True)
+class DraftAsk:
+    """Propose up to k tokens after `tokens` (a sequence from position 0) in `slot`; greedy:
+    the target draws greedily (a sampled request may take a sampled draft)."""
+
+    seq_id: int
+    slot: int
+    tokens: tuple[int, ...]
+    k: int
+    greedy: bool = True
+
+
+class Proposer(Protocol):
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        """Up to ask.k tokens that may follow each ask's tokens."""
+        ...
+
+    def warm_up(self) -> None:
+        """Build what the first proposals need (before the first request)."""
+        ...
+
+    def forget(self) -> None:
+        """Drop any record of the KV (after a failed forward its state is unknown)."""
+        ...
+
+
+@dataclass
+class Speculator:
+    """A proposer with its flags, length policy and counts; reusable across generations."""
+
+    proposer: Proposer
+    config: SpecConfig = field(default_factory=SpecConfig)
+    stats: SpecStats = field(default_factory=SpecStats)
+    length: DraftLength = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.length = DraftLength(self.config.draft_max, adaptive=self.config.adaptive)
+
+    def add(self, one: SpecStats) -> None:
+        """Count one generation's proposals."""
+        self.stats.steps += one.steps
+        self.stats.drafted += one.drafted
+        self.stats.accepted += one.accepted
+
+
+class LookupProposer:
+    """Prompt lookup for every ask (no model, nothing to keep)."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise SpeculativeError(f"--lookup-ngram must be >= 1, got {n}")
+        self.n = n
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        return {a.seq_id: Proposal(lookup(np.asarray(a.tokens, dtype=np.int64), self.n, a.k))
+                for a in asks}
+
+    def warm_up(self) -> None:
+        return None
+
+    def forget(self) -> None:
+        return None
+
+
+class SlotDrafter:
+    """A draft engine with one draft sequence per slot (the core's thread only)."""
+
+    def __init__(self, engine: BatchEngine, n_ctx_slot: int, *, p_min: float, chunk: int = 512,
+                 temp: float | None = None, seed: int = 0, n_vocab: int = 0) -> None:
+        """temp: draft sampled requests from the draft's distribution at this temperature (None:
+        every draft greedy); n_vocab: the target's logit width, q's (the draft may score fewer)."""
+        self.runner = Runner(engine, n_ctx_slot)
+        self.n_ctx_slot = n_ctx_slot
+        self.p_min = p_min
+        self.chunk = chunk
+        self.temp = temp
+        self.n_vocab = n_vocab
+        self._rng = np.random.default_rng(seed)
+        self.cached: list[list[int]] = [[] for _ in range(engine.n_ctx // n_ctx_slot)]
+        self.n_forwarded = 0  # tokens the draft engine computed (catch-up and drafts)
+        self.n_forwards = 0
+
+    def warm_up(self) -> None:
+        """Build the draft's first graphs in slot 0 (its record stays empty: never reused)."""
+        self.runner.warm_up()
+
+    def forget(self) -> None:
+        """Drop every slot's record (after a failed forward the KV state is unknown)."""
+        self.cached = [[] for _ in self.cached]
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        """Up to ask.k draft tokens per ask (fewer where the draft is unsure)."""
+        asks = [a for a in asks if a.tokens and self._room(a) > 0]
+        logits = self._catch_up(asks)
+        out = {a.seq_id: Proposal([], None if self._greedy(a) else []) for a in asks}
+        live = [a for a in asks if a.seq_id in logits]
+        while live:
+            works: list[Work] = []
+            for a in live:
+                drafted = out[a.seq_id]
+                if not self._draw(a, logits[a.seq_id], drafted):
+                    continue
+                if len(drafted.tokens) < self._room(a):  # its logits give the next token
+                    works.append(Work(a.seq_id, a.slot, len(a.tokens) + len(drafted.tokens) - 1,
+                                      (drafted.tokens[-1],), True))
+            going = {w.seq_id for w in works}
+            live = [a for a in live if a.seq_id in going]
+            if works:
+                logits = self._forward(works)
+        return out
+
+    def _greedy(self, ask: DraftAsk) -> bool:
+        return ask.greedy or self.temp is None
+
+    def _draw(self, ask: DraftAsk, logits: np.ndarray, drafted: Proposal) -> bool:
+        """Append the next draft token to `drafted`; False when drafting stops here."""
+        if drafted.q is None:
+            token = confident_top(logits, self.p_min)
+            if token is None:
+                if fills_bucket(len(drafted.tokens)):
+                    drafted.tokens.append(int(np.argmax(logits)))
+                return False
+            drafted.tokens.append(token)
+            return True
+        assert self.temp is not None
+        q = softmax(logits if self.temp == 1.0 else logits / self.temp)
+        if q.max() < self.p_min:
+            return False
+        drafted.tokens.append(int(self._rng.choice(q.shape[0], p=q)))
+        drafted.q.append(np.pad(q, (0, max(0, self.n_vocab - q.shape[0]))))  # 0 beyond
+        return True
+
+    def _room(self, ask: DraftAsk) -> int:
+        """ask.k, capped so that no draft token's cell passes the slot."""
+        return min(ask.k, self.n_ctx_slot - len(ask.tokens) + 1)
+
+    def _catch_up(self, asks: Sequence[DraftAsk]) -> dict[int, np.ndarray]:
+        """Feed the tokens each ask's slot lacks, fewest first, in one forward of at most
+        `chunk` tokens; the logits row after the last token of each ask caught up."""
+        lacking = sorted(((min(common_prefix(self.cached[a.slot], a.tokens), len(a.tokens) - 1),
+                           a) for a in asks), key=lambda sa: len(sa[1].tokens) - sa[0])
+        works: list[Work] = []
+        budget = self.chunk
+        for start, a in lacking:
+            if budget == 0:
+                break
+            n = min(len(a.tokens) - start, budget)
+            works.append(Work(a.seq_id, a.slot, start, a.tokens[start:start + n],
+                              start + n == len(a.tokens)))
+            budget -= n
+        return self._forward(works) if works else {}
+
+    def _forward(self, works: list[Work]) -> dict[int, np.ndarray]:
+        """One multi-sequence draft forward; each slot's record follows what it wrote."""
+        for w in works:
+            held = self.cached[w.slot]
+            del held[w.start_pos:]
+            held.extend(w.tokens)
+        out = self.runner.run(Plan(tuple(works)))
+        self.n_forwarded += sum(len(w.tokens) for w in works)
+        self.n_forwards += 1
+        return out

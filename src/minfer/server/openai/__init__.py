@@ -1,0 +1,1 @@
+"""minfer.server.openai: the OpenAI-compatible surface (bodies, routes, responses)."""

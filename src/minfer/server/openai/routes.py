@@ -1,0 +1,174 @@
+"""The OpenAI-compatible routes: `POST /v1/chat/completions`, `POST /v1/completions` (stream or
+not) and `GET /v1/models` (each also answers without the `/v1` prefix).
+
+A request is validated (schemas.py), turned into a GenRequest (prepare.py, on a worker thread
+since tokenizing can take a while), queued on the engine thread (minfer.server.worker), and its
+events are relayed as one JSON body or as SSE chunks (responses.py); when tools were offered, the
+text goes through the tool-call parser (structured.py) first. A client that goes away cancels its
+request, which frees its slot at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from minfer.engine.core.request import TokenLogprob
+from minfer.engine.core.scheduler import QueueFullError
+from minfer.server.errors import APIError, unavailable
+from minfer.server.openai.prepare import Prepared, prepare
+from minfer.server.openai.responses import Envelope, chat_logprobs, completion_logprobs
+from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from minfer.server.state import LoadedModel, ServerState, model_name
+from minfer.server.worker import Delta, Done, Event, Failed, Handle
+
+POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+class ClientGone(Exception):
+    pass
+
+
+def openai_routes(app: FastAPI, state: ServerState) -> None:
+    """Add the OpenAI routes to app."""
+    name = model_name(state.config.model_path)
+    created = int(state.config.model_path.stat().st_mtime)
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "minfer"}]}
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", include_in_schema=False)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _complete(state, request, body, "chat")
+
+    @app.post("/v1/completions")
+    @app.post("/completions", include_in_schema=False)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _complete(state, request, body, "completion")
+
+
+async def _complete(state: ServerState, request: Request,
+                    body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
+    lm = state.model()
+    prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
+                                       grammar_vocab=lm.grammar_vocab)
+    handle = Handle(asyncio.get_running_loop())
+    try:
+        lm.worker.submit(prepared.gen, handle)
+    except QueueFullError as exc:
+        state.metrics.rejected.inc()
+        raise unavailable(str(exc), retry_after=1, code="queue_full") from None
+    except RuntimeError:
+        raise unavailable("the server is shutting down", code="shutting_down") from None
+    env = Envelope(kind, lm.name)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        stream = _stream(lm, handle, env, prepared, include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        return JSONResponse(await _collect(lm, handle, env, prepared, request))
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        lm.worker.cancel(handle)  # a no-op once the request is done
+
+
+def _logprobs_fn(lm: LoadedModel, kind: str) -> Callable[[list[TokenLogprob], int],
+                                                            dict[str, Any]]:
+    tb = lm.tokenizer.token_bytes
+    if kind == "chat":
+        return lambda lps, _offset: chat_logprobs(lps, tb)
+    return lambda lps, offset: completion_logprobs(lps, tb, offset)
+
+
+async def _collect(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prepared,
+                   request: Request) -> dict[str, Any]:
+    texts: list[str] = []
+    lps: list[TokenLogprob] = []
+    while True:
+        try:
+            event = await asyncio.wait_for(handle.events.get(), POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                raise ClientGone() from None
+            continue
+        if isinstance(event, Delta):
+            texts.append(event.text)
+            lps.extend(event.logprobs)
+        elif isinstance(event, Failed):
+            raise APIError(event.status, event.message)
+        else:
+            text = "".join(texts)
+            logprobs = None
+            if prepared.gen.logprobs is not None:
+                logprobs = _logprobs_fn(lm, env.kind)(lps, 0)
+            fields, finish = prepared.output.finalize(text, event.finish_reason)
+            return env.full(fields, finish, event.usage, logprobs)
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prepared,
+                  include_usage: bool) -> AsyncIterator[str]:
+    to_logprobs = _logprobs_fn(lm, env.kind)
+    want_lps = prepared.gen.logprobs is not None
+    tools = prepared.output.tool_stream() if env.kind == "chat" else None
+    offset = 0
+    try:
+        if env.kind == "chat":
+            role_fields = {"content": None} if tools is not None else None
+            yield _sse(env.chunk(role=True, with_usage=include_usage, fields=role_fields))
+        while True:
+            event: Event = await handle.events.get()
+            if isinstance(event, Delta):
+                lp = to_logprobs(event.logprobs, offset) if want_lps else None
+                offset += len(event.text)
+                if tools is None:
+                    yield _sse(env.chunk(text=event.text, logprobs=lp, with_usage=include_usage))
+                    continue
+                for chunk in _tool_chunks(env, tools.push(event.text), lp, include_usage):
+                    yield _sse(chunk)
+            elif isinstance(event, Failed):
+                yield _sse(APIError(event.status, event.message).body())
+                break
+            elif isinstance(event, Done):
+                finish = event.finish_reason
+                if tools is not None:
+                    for chunk in _tool_chunks(env, tools.finish(), None, include_usage):
+                        yield _sse(chunk)
+                    if tools.tool_calls and finish == "stop":
+                        finish = "tool_calls"
+                yield _sse(env.chunk(finish=finish, with_usage=include_usage))
+                if include_usage:
+                    yield _sse(env.usage_chunk(event.usage))
+                break
+        yield _sse("[DONE]")
+    finally:
+        lm.worker.cancel(handle)  # the client left (or we are done): free the slot now
+
+
+def _tool_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[str, Any] | None,
+                 include_usage: bool) -> list[dict[str, Any]]:
+    """Chunks for ToolCallStream deltas; a step's logprobs ride on its first chunk (on an empty
+    delta when the parser held all of its text back)."""
+    if not deltas and logprobs is not None:
+        deltas = [{}]
+    chunks = []
+    for i, delta in enumerate(deltas):
+        chunks.append(env.chunk(fields=delta, logprobs=logprobs if i == 0 else None,
+                                with_usage=include_usage))
+    return chunks

@@ -1,0 +1,1 @@
+"""minfer.server.ray: `minfer serve --ray`, replicas of the app as a Ray Serve deployment."""

@@ -1,0 +1,114 @@
+"""One generation core: greedy answers with speculation equal plain decoding's, on the server's
+core under 4 concurrent streams and in `generate()` (what `minfer run`, chat and the API run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from minfer.engine.core.core import EngineCore
+from minfer.engine.core.proposer import LookupProposer, Proposer, SlotDrafter, Speculator
+from minfer.engine.core.request import GenRequest
+from minfer.engine.core.runner import Runner
+from minfer.engine.forward import Engine
+from minfer.engine.generate import Finished, generate
+from minfer.engine.speculative import SpecConfig
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.sampling.params import SamplerParams
+from minfer.sampling.sampler import Sampler
+from minfer.tokenizer.tokenizer import Tokenizer
+from minfer.tools.synth import write_tiny_model
+
+N_SLOTS = 4
+N_CTX_SLOT = 96
+MAX_TOKENS = 32
+# repeats inside each prompt give prompt lookup something to find
+PROMPTS = [
+    [5, 17, 99, 3, 250, 42, 7, 8, 120, 64, 11, 5, 17, 99, 3, 250, 42, 30, 31, 32],
+    [11, 42, 7, 99, 3, 250, 17, 8, 11, 42, 7, 99, 3],
+    [200, 150, 13, 9, 88, 21, 33, 200, 150, 13, 9, 88, 21, 34, 35, 36, 37, 200, 150],
+    [64, 64, 65, 66, 64, 64, 65],
+]
+
+
+@pytest.fixture(scope="module")
+def draft_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_qwen2's shape, other weights quantized differently: often right, sometimes not."""
+    return write_tiny_model(tmp_path_factory.mktemp("draft") / "draft.gguf", seed=7,
+                            weight_types=QType.Q4_0)
+
+
+def _engine(path: Path, n_ctx: int, *, batch_invariant: bool = False) -> Engine:
+    f = GGUFFile.open(path)
+    return Engine(f, HParams.from_gguf(f), n_ctx=n_ctx, batch_invariant=batch_invariant)
+
+
+def _sampler(n_vocab: int, prompt: list[int], penalty: float) -> Sampler:
+    s = Sampler(SamplerParams(temp=0.0, repeat_penalty=penalty), n_vocab, seed=1)
+    s.reset(prompt)
+    return s
+
+
+def _plain(path: Path, prompt: list[int], penalty: float,
+           speculator: Speculator | None = None) -> Finished:
+    """`minfer run`'s loop: generate() on an engine of its own."""
+    engine = _engine(path, N_CTX_SLOT)
+    *_, done = generate(engine, Tokenizer.from_gguf(GGUFFile.open(path)),
+                        _sampler(engine.hparams.n_vocab, prompt, penalty), prompt,
+                        max_tokens=MAX_TOKENS, speculator=speculator)
+    assert isinstance(done, Finished)
+    return done
+
+
+def _proposer(kind: str, draft: Path, n_ctx_slot: int, n_ctx: int) -> Proposer:
+    if kind == "lookup":
+        return LookupProposer(3)
+    engine = _engine(draft, n_ctx)
+    return SlotDrafter(engine, n_ctx_slot, p_min=0.0, n_vocab=engine.hparams.n_vocab)
+
+
+def _served(path: Path, proposer: Proposer, penalty: float
+            ) -> tuple[list[list[int]], int, int]:
+    """The four prompts together on the server's core (a batch-invariant engine, as
+    `minfer serve` makes it): each one's ids, and the proposals drafted and accepted."""
+    n_ctx = N_SLOTS * N_CTX_SLOT
+    engine = _engine(path, n_ctx, batch_invariant=True)
+    core = EngineCore(Runner(engine, N_CTX_SLOT), Tokenizer.from_gguf(GGUFFile.open(path)),
+                      n_slots=N_SLOTS, n_ctx_slot=N_CTX_SLOT, chunk=16, proposer=proposer,
+                      speculation=SpecConfig(draft_max=8, adaptive=False))
+    n_vocab = engine.hparams.n_vocab
+    states = [core.add(i, GenRequest(p, MAX_TOKENS, _sampler(n_vocab, p, penalty)))
+              for i, p in enumerate(PROMPTS)]
+    steps = 0
+    while core.busy:
+        outputs = core.step()
+        assert all(o.error is None for o in outputs)
+        steps += 1
+    assert steps < len(PROMPTS) * (MAX_TOKENS + 4)  # the streams ran side by side
+    return ([s.ids for s in states], sum(s.spec.drafted for s in states),
+            sum(s.spec.accepted for s in states))
+
+
+# repeat penalty 2: runs of a token, then a change (proposals kept and rejected); 4: no token
+# twice (lookup finds nothing to continue, the draft is never right)
+@pytest.mark.parametrize("penalty", [2.0, 4.0])
+@pytest.mark.parametrize("kind", ["lookup", "draft"])
+def test_speculative_greedy_answers_equal_plain_decoding(tiny_qwen2: Path, draft_path: Path,
+                                                         kind: str, penalty: float) -> None:
+    plain = [_plain(tiny_qwen2, p, penalty).ids for p in PROMPTS]
+    assert all(len(ids) == MAX_TOKENS for ids in plain)
+    got, drafted, accepted = _served(tiny_qwen2, _proposer(
+        kind, draft_path, N_CTX_SLOT, N_SLOTS * N_CTX_SLOT), penalty)
+    assert got == plain
+    if penalty == 2.0:
+        assert 0 < accepted < drafted  # proposals were both kept and rejected
+    elif kind == "draft":
+        assert drafted > 0
+    for prompt, ids in zip(PROMPTS, plain, strict=True):
+        spec = Speculator(_proposer(kind, draft_path, N_CTX_SLOT, N_CTX_SLOT),
+                          SpecConfig(draft_max=8, adaptive=False))
+        done = _plain(tiny_qwen2, prompt, penalty, spec)
+        assert done.ids == ids and done.speculation is not None

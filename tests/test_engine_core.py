@@ -1,0 +1,101 @@
+"""EngineCore alone: synchronous, no threads, no model (a HashEngine stands in)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from minfer.engine.core.core import EngineCore
+from minfer.engine.core.proposer import LookupProposer
+from minfer.engine.core.request import GenRequest
+from minfer.engine.core.runner import Runner
+from minfer.engine.core.scheduler import QueueFullError
+from minfer.engine.speculative import SpecConfig
+from minfer.sampling.params import SamplerParams
+from minfer.sampling.sampler import Sampler
+from minfer.server.fake import HashEngine
+from tests.test_server_scheduler import N_VOCAB, _Vocab
+from tests.test_server_speculative import CycleEngine
+
+N_CTX_SLOT = 64
+
+
+def _core(n_slots: int, *, lookup: int = 0, max_waiting: int = 8) -> EngineCore:
+    engine = CycleEngine(n_slots * N_CTX_SLOT, N_VOCAB, avoid=frozenset({0}))
+    return EngineCore(Runner(engine, N_CTX_SLOT), _Vocab(), n_slots=n_slots,
+                      n_ctx_slot=N_CTX_SLOT, chunk=8, max_waiting=max_waiting,
+                      proposer=LookupProposer(lookup) if lookup else None,
+                      speculation=SpecConfig(lookup_ngram=lookup, adaptive=False)
+                      if lookup else None)
+
+
+def _request(prompt: list[int], max_tokens: int = 40) -> GenRequest:
+    return GenRequest(prompt, max_tokens, Sampler(SamplerParams.greedy(), N_VOCAB, seed=0))
+
+
+def _drain(core: EngineCore) -> int:
+    steps = 0
+    while core.busy:
+        core.step()
+        steps += 1
+    return steps
+
+
+def _prompts(n: int) -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(1, N_VOCAB) for _ in range(rng.randrange(3, 20))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("lookup", [0, 2])
+def test_requests_together_draw_what_each_draws_alone(lookup: int) -> None:
+    prompts = _prompts(5)
+    alone = []
+    for p in prompts:
+        core = _core(1, lookup=lookup)
+        state = core.add(0, _request(p))
+        _drain(core)
+        alone.append(state.ids)
+    core = _core(3, lookup=lookup)  # five requests, three slots: two wait for a free one
+    states = [core.add(i, _request(p)) for i, p in enumerate(prompts)]
+    _drain(core)
+    assert [s.ids for s in states] == alone
+    assert all(s.finish == "length" and len(s.ids) == 40 for s in states)
+    if lookup:
+        assert sum(s.spec.accepted for s in states) > 0
+
+
+def test_abort_frees_the_slot_and_keeps_its_cells_for_the_prompt_cache() -> None:
+    core = _core(1)
+    prompt = _prompts(1)[0]
+    core.add(1, _request(prompt, max_tokens=30))
+    for _ in range(6):
+        core.step()
+    state = core.abort(1)
+    assert state is not None and not core.busy and state.finish is None
+    again = core.add(2, _request(prompt))
+    _drain(core)
+    assert again.n_cached == len(prompt) - 1  # all but the last prompt token came from cache
+
+
+def test_a_full_queue_refuses_and_a_cancelled_request_draws_nothing_more() -> None:
+    core = _core(1, max_waiting=1)
+    core.add(1, _request([3, 4, 5]))
+    core.add(2, _request([6, 7]))
+    with pytest.raises(QueueFullError):
+        core.add(3, _request([8]))
+    core.step()
+    core.cancel(1)
+    outputs = core.step()
+    assert all(o.seq_id != 1 for o in outputs)
+    assert core.reap() == [1]
+    _drain(core)
+    assert not core.busy
+
+
+def test_the_slot_context_ends_a_request() -> None:
+    core = EngineCore(Runner(HashEngine(N_CTX_SLOT, N_VOCAB, avoid=frozenset({0})), N_CTX_SLOT),
+                      _Vocab(), n_slots=1, n_ctx_slot=N_CTX_SLOT, chunk=32)
+    state = core.add(1, _request(list(range(1, 61)), max_tokens=50))
+    _drain(core)
+    assert state.finish == "context" and state.n_generated == N_CTX_SLOT - 60 + 1
