@@ -16,6 +16,8 @@ a separate interpreter (`--ref-python`, see the README's development section).
 - `-d DEPTH`: llama-bench's depth: each test runs after DEPTH random tokens already sit in
   the KV (prefilled untimed per repetition); n_ctx grows to fit.
 - `--json PATH`: also write every sample and the summary (with target and busy count) as JSON.
+- `--minfer-tree DIR` (repeatable): also run the minfer of another checkout (DIR/src first on
+  the path), alternating with this one: a before/after comparison in the same run.
 
     .venv/bin/python benchmarks/vs_llamacpp.py --ref-python /tmp/refvenv/bin/python -t 2
     .venv/bin/python benchmarks/vs_llamacpp.py --target avx2 \
@@ -177,6 +179,8 @@ def main() -> int:
                     help="tokens already in the KV before each test (llama-bench's -d)")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--minfer-tree", type=Path, action="append", default=[], metavar="DIR",
+                    help="another checkout's minfer to run beside this one (repeatable)")
     args = ap.parse_args()
     if args.model is None:
         from minfer.store import resolve_model
@@ -205,7 +209,10 @@ def main() -> int:
         minfer_env.pop("MINFER_THREADS", None)
     n_ctx = max(args.n_ctx, args.depth + max(args.p, args.n + 1))
     shape = [str(n_ctx), str(args.p), str(args.n), str(args.reps), str(args.depth)]
-    jobs = [("minfer", t) for t in minfer_threads] + [("llama.cpp", t) for t in llama_threads]
+    trees = {"minfer": None, **{f"minfer@{d.resolve().name}": d.resolve()
+                                for d in args.minfer_tree}}
+    jobs = [(name, t) for name in trees for t in minfer_threads] + \
+        [("llama.cpp", t) for t in llama_threads]
     results: dict[tuple[str, int], list[dict[str, object]]] = {job: [] for job in jobs}
 
     busy = start_busy(args.busy)
@@ -216,9 +223,12 @@ def main() -> int:
         for rnd in range(args.rounds):
             print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr)
             for engine, t in jobs if rnd % 2 == 0 else jobs[::-1]:  # alternate to spread drift
-                if engine == "minfer":
+                if engine in trees:
+                    tree = trees[engine]
+                    env = minfer_env if tree is None else {**minfer_env,
+                                                           "PYTHONPATH": str(tree / "src")}
                     res = run_one(sys.executable, MINFER_SCRIPT,
-                                  [args.model, str(t), *shape, args.backend], minfer_env)
+                                  [args.model, str(t), *shape, args.backend], env)
                 else:
                     res = run_one(ref_python, LLAMA_SCRIPT, [args.model, str(t), *shape])
                 results[(engine, t)].append(res)
@@ -263,7 +273,7 @@ def main() -> int:
     summary: dict[str, dict[str, float]] = {}
     print(f"\n| ratio | {' | '.join(tests)} | peak RSS |")
     print(f"| --- |{' ---: |' * len(tests)} ---: |")
-    for job in (j for j in jobs if j[0] == "minfer"):
+    for job in (j for j in jobs if j[0] in trees):
         row = {t: mean_rate(job, t)[0] / max(mean_rate(j, t)[0] for j in llama_jobs)
                for t in tests}
         row["peak_rss"] = peak(job) / min(peak(j) for j in llama_jobs)

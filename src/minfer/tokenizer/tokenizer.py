@@ -59,6 +59,7 @@ class Tokenizer:
         self.unk_id: int | None = vocab.unk_id
         self.eot_ids: frozenset[int] = vocab.eot_ids
         self.add_bos: bool = vocab.add_bos and vocab.bos_id is not None
+        self.fim = vocab.fim  # fill-in-the-middle token ids (minfer.tokenizer.infill)
         self._types = vocab.types.tolist()
         self._ids = dict(zip(vocab.tokens, range(self.n_vocab), strict=True))
         self.pre: PreTokenizer | None = None  # the BPE pre-tokenizer; None for SPM

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,13 +43,22 @@ EOG_TEXTS = frozenset({
 _NORMAL_S_MARKERS = frozenset({"<|tool_response>", "<|plamo:eos|>"})
 # gpt-oss tokens llama.cpp always renders (user-defined whatever the metadata says).
 _ALWAYS_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
-# FIM pad / repo / file-separator tokens: llama.cpp stops generation on them too.
-FIM_EOG_TEXTS = {
-    "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "tokenizer.ggml.fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
-                                        "<reponame>"),
-    "tokenizer.ggml.fim_sep_token_id": ("<|file_sep|>",),
+# Fill-in-the-middle tokens by role: the id key, its deprecated name, then the texts llama.cpp
+# recognises when the file names no id (the development model's GGUF has no fim_* keys).
+FIM_ROLES: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "pre": ("prefix", ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>",
+                       "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>")),
+    "suf": ("suffix", ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>",
+                       "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>")),
+    "mid": ("middle", ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>",
+                       "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>")),
+    "pad": (None, ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
+    "rep": (None, ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
+    "sep": (None, ("<|file_sep|>",)),
 }
+# FIM pad / repo / file-separator tokens: llama.cpp stops generation on them too.
+FIM_EOG_TEXTS = {f"tokenizer.ggml.fim_{role}_token_id": FIM_ROLES[role][1]
+                 for role in ("pad", "rep", "sep")}
 _EOG_CANDIDATES = EOG_TEXTS.union(*FIM_EOG_TEXTS.values())
 _EOG_ID_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                 "tokenizer.ggml.eom_token_id")
@@ -81,10 +90,29 @@ class Vocab:
     add_space_prefix: bool  # SPM: a space is put before the text (and after each special token)
     rstrip_ids: frozenset[int]  # special tokens that eat the whitespace after them (Phi-3)
     chat_template: str | None
+    fim: FimTokens = field(default_factory=lambda: FimTokens())
+
 
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """The fill-in-the-middle tokens of a vocabulary (None where it has none)."""
+
+    pre: int | None = None
+    suf: int | None = None
+    mid: int | None = None
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+    def missing(self) -> list[str]:
+        """The roles an infill prompt needs that this vocabulary lacks (prefix, suffix, middle)."""
+        names = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+        return [names[role] for role in ("pre", "suf", "mid") if getattr(self, role) is None]
 
 
 def _as_list(value: Any, key: str) -> list[str]:
@@ -166,7 +194,26 @@ def read_vocab(f: HasMetadata) -> Vocab:
         add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", spm),
         rstrip_ids=_rstrip_ids(meta, tokens, types),
         chat_template=read_chat_template(f),
+        fim=_fim_tokens(meta, tokens, types),
     )
+
+
+def _fim_tokens(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray) -> FimTokens:
+    """Each FIM role's id: `tokenizer.ggml.fim_<role>_token_id` (or its deprecated
+    `<prefix|suffix|middle>_token_id`), else the first of llama.cpp's texts the vocabulary has,
+    promoted to a control token as llama.cpp does."""
+    index = {t: i for i, t in enumerate(tokens)}
+    found: dict[str, int | None] = {}
+    for role, (old_name, texts) in FIM_ROLES.items():
+        tid = _token_id(meta, f"tokenizer.ggml.fim_{role}_token_id", len(tokens))
+        if tid is None and old_name is not None:
+            tid = _token_id(meta, f"tokenizer.ggml.{old_name}_token_id", len(tokens))
+        if tid is None:
+            tid = next((index[t] for t in texts if t in index), None)
+            if tid is not None:
+                types[tid] = CONTROL
+        found[role] = tid
+    return FimTokens(**found)
 
 
 # `tokenizer.ggml.pre` values for which llama.cpp adds BOS when the file does not say.
