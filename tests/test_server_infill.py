@@ -1,6 +1,6 @@
 """`POST /infill` and `suffix` in `/v1/completions` in-process (ASGI), on a tiny model whose
 vocabulary has Qwen2.5-Coder's FIM tokens and the fake engine: llama-server's reply shape,
-streaming, the prompt layout counted in usage, refusal (501) for a model without FIM tokens,
+streaming, the prompt layout counted in usage, refusal (400) for a model without FIM tokens,
 every bad input a 400 naming the field, and input far past the context cut, never refused."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_completions_suffix_is_fill_in_the_middle(state: ServerState, coder: Pat
     assert r.json()["usage"]["prompt_tokens"] == len(ids)
 
 
-def test_a_model_without_fim_tokens_answers_501(tiny_qwen2: Path) -> None:
+def test_a_model_without_fim_tokens_is_refused_with_a_400(tiny_qwen2: Path) -> None:
     st = make_state(tiny_qwen2, n_ctx=N_CTX, slots=1)
     st.start()
     try:
@@ -87,7 +87,7 @@ def test_a_model_without_fim_tokens_answers_501(tiny_qwen2: Path) -> None:
         for path, body in (("/infill", {"input_prefix": "a", "input_suffix": "b"}),
                            ("/v1/completions", {"prompt": "a", "suffix": "b"})):
             r = call(st, "POST", path, json=body)
-            assert r.status_code == 501
+            assert r.status_code == 400
             assert "fill-in-the-middle" in r.json()["error"]["message"]
     finally:
         st.stop()

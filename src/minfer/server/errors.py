@@ -28,7 +28,6 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
-    501: "not_supported_error",
     503: "server_unavailable",
 }
 

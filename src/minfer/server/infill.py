@@ -5,7 +5,8 @@ The body is llama-server's (`input_prefix`, `input_suffix`, `input_extra`, `prom
 `format_prompt_infill` does (minfer.tokenizer.infill), with the extra files first so that an
 editor's successive requests share the longest cached prefix. The reply is llama-server's shape:
 `content` plus the counts, or with `stream` SSE chunks of `{"content", "stop": false}` ending
-with one `stop: true` chunk. A model without FIM tokens answers 501, as llama-server does.
+with one `stop: true` chunk. A model without FIM tokens is a 400 naming fill-in-the-middle
+(llama-server answers 501; a 4xx says the request, not the server, is at fault).
 """
 
 from __future__ import annotations

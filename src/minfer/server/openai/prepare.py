@@ -103,7 +103,7 @@ def check_ids(ids: Sequence[object], tok: TokenizerLike, param: str) -> None:
 def infill_ids(tok: TokenizerLike, prefix: Mixed, suffix: Mixed, *, limits: Limits,
                n_predict: int | None, param: str, extra: Sequence[ExtraFile] = (),
                line: str = "") -> list[int]:
-    """The fill-in-the-middle prompt as llama.cpp's server lays it out; 501 naming
+    """The fill-in-the-middle prompt as llama.cpp's server lays it out; a 400 naming
     fill-in-the-middle for a model without FIM tokens."""
     budget = Budget(n_batch=min(INFILL_N_BATCH, limits.n_ctx_slot),
                     n_predict=-1 if n_predict is None else n_predict, n_ctx=limits.n_ctx_slot)
@@ -111,7 +111,7 @@ def infill_ids(tok: TokenizerLike, prefix: Mixed, suffix: Mixed, *, limits: Limi
     try:
         return fim_layout(tok, prefix, suffix, extra=extra, prompt=prompt, budget=budget)
     except FimUnsupported as exc:
-        raise APIError(501, str(exc), param=param, code="not_supported") from None
+        raise bad_request(str(exc), param=param, code="not_supported") from None
 
 
 def infill_prompt(req: InfillRequest, tok: TokenizerLike, limits: Limits) -> list[int]:
