@@ -2,7 +2,7 @@
 
 Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, the lifespan (the
 model loads in the background) and the middleware. The OpenAI-compatible routes are
-`openai/routes.py`'s.
+`openai/routes.py`'s, llama.cpp's `/infill` is `infill.py`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
 from minfer.server.errors import bad_request, install_handlers
+from minfer.server.infill import infill_routes
 from minfer.server.middleware import RequestGuard
 from minfer.server.openai.routes import openai_routes
 from minfer.server.openai.schemas import DetokenizeRequest, TokenizeRequest
@@ -43,6 +44,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     app.add_middleware(RequestGuard, state=state)
     _routes(app, state)
     openai_routes(app, state)
+    infill_routes(app, state)
     return app
 
 

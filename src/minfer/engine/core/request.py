@@ -10,7 +10,8 @@ target's (greedy: token for token; sampled: in distribution).
 Why a request ends (`finish`): "eos" (an end-of-generation id, never shown), "stop" (a stop
 string), "grammar" (the grammar allows no further token: the text so far is a valid prefix; the
 check is also made right after each accepted token, so a finished grammar costs no extra
-forward), "length" (max_tokens), "context" (the next token would pass the slot's context).
+forward), "length" (max_tokens, or `t_max_predict_ms` passed at a newline), "context" (the next
+token would pass the slot's context).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class GenRequest:
     logprobs: int | None = None  # None: off; k: the chosen token plus k alternatives
     constraint: Constraint | None = None  # the sampler's grammar mask, if any
     top_logits: int = 0  # k > 0: the k largest raw logits of every draw (`Request.tops`)
+    # > 0: once this many ms passed since the first token, end at the next newline (llama.cpp's
+    # t_max_predict_ms, for editor completions that should not run on)
+    t_max_predict_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,7 @@ class Request:
         self.tail = ""  # text held back until the end
         self.texts: list[str] = []  # the text shown so far, in pieces (the tail included)
         self.cancelled = False
+        self.t_first: float | None = None  # when the first token was drawn
 
     def step(self, logits: np.ndarray, proposed: int | None = None,
              q: np.ndarray | None = None) -> Emitted | None:
@@ -189,6 +194,8 @@ class Request:
             return None
         token = step.token
         self.n_generated += 1
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
         lp = None
         if self.req.logprobs is not None:
             lp = log_softmax_top(logits, token, self.req.logprobs)
@@ -207,7 +214,14 @@ class Request:
             self._end("length", None)
         elif len(self.req.prompt) + self.n_generated > self.n_ctx_slot:
             self._end("context", None)
+        elif "\n" in step.text and self._past_time_limit():
+            self._end("length", None)
         return Emitted(token, step.text, lp)
+
+    def _past_time_limit(self) -> bool:
+        limit = self.req.t_max_predict_ms
+        return limit > 0 and self.t_first is not None and \
+            (time.perf_counter() - self.t_first) * 1e3 > limit
 
     def _end(self, reason: str, end: str | None) -> None:
         self.finish = reason

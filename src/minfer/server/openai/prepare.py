@@ -17,16 +17,28 @@ from minfer.sampling.grammar import GrammarVocab
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
-from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minfer.server.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InfillRequest,
+    SamplingFields,
+)
 from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
+from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
+from minfer.tokenizer.infill import infill_prompt as fim_layout
+from minfer.tokenizer.vocab import FimTokens
 
 SEED_MASK = (1 << 64) - 1
+INFILL_N_BATCH = 2048  # llama-server's default n_batch, which its infill budget is cut to
 MIN_TEMPERATURE = 1e-3
 
 
 class TokenizerLike(Protocol):
     n_vocab: int
     eot_ids: frozenset[int]
+    fim: FimTokens
+    add_bos: bool
+    bos_id: int | None
 
     def encode(self, text: str, *, special: bool = True,
                add_bos: bool | None = None) -> list[int]: ...
@@ -65,23 +77,52 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     return tok.encode_prompt(text)
 
 
-def completion_prompt(req: CompletionRequest, tok: TokenizerLike) -> list[int]:
+def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits) -> list[int]:
     if req.echo:
         raise bad_request("echo is not supported", param="echo", code="unsupported_value")
-    if req.suffix:
-        raise bad_request("suffix (fill-in-the-middle) is not supported", param="suffix",
-                          code="unsupported_value")
-    prompt = req.prompt
+    prompt: Any = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one (the schema caps the list at one)
+    if not isinstance(prompt, str):
+        check_ids(prompt, tok, "prompt")
+    if req.suffix is not None:  # fill-in-the-middle: the prompt is the text before the gap
+        return infill_ids(tok, prompt, req.suffix, limits=limits, n_predict=req.max_tokens,
+                          param="suffix")
     if isinstance(prompt, str):
         return tok.encode(prompt)
-    ids = [int(t) for t in prompt]  # type: ignore[arg-type]
-    bad = [t for t in ids if not 0 <= t < tok.n_vocab]
+    return [int(t) for t in prompt]
+
+
+def check_ids(ids: Sequence[object], tok: TokenizerLike, param: str) -> None:
+    bad = [t for t in ids if isinstance(t, int) and not 0 <= t < tok.n_vocab]
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary (0..{tok.n_vocab - 1})",
-                          param="prompt", code="invalid_token_id")
-    return ids
+                          param=param, code="invalid_token_id")
+
+
+def infill_ids(tok: TokenizerLike, prefix: Mixed, suffix: Mixed, *, limits: Limits,
+               n_predict: int | None, param: str, extra: Sequence[ExtraFile] = (),
+               line: str = "") -> list[int]:
+    """The fill-in-the-middle prompt as llama.cpp's server lays it out; a 400 naming
+    fill-in-the-middle for a model without FIM tokens."""
+    budget = Budget(n_batch=min(INFILL_N_BATCH, limits.n_ctx_slot),
+                    n_predict=-1 if n_predict is None else n_predict, n_ctx=limits.n_ctx_slot)
+    prompt = tok.encode(line, special=True, add_bos=False) if line else []
+    try:
+        return fim_layout(tok, prefix, suffix, extra=extra, prompt=prompt, budget=budget)
+    except FimUnsupported as exc:
+        raise bad_request(str(exc), param=param, code="not_supported") from None
+
+
+def infill_prompt(req: InfillRequest, tok: TokenizerLike, limits: Limits) -> list[int]:
+    for name in ("input_prefix", "input_suffix"):
+        value = getattr(req, name)
+        if not isinstance(value, str):
+            check_ids(value, tok, name)
+    extra = [ExtraFile(c.text, c.filename) for c in req.input_extra or ()]
+    return infill_ids(tok, req.input_prefix, req.input_suffix, limits=limits,
+                      n_predict=req.n_predict if req.n_predict is not None else req.max_tokens,
+                      param="input_prefix", extra=extra, line=req.prompt)
 
 
 def sampler_params(req: SamplingFields) -> SamplerParams:
@@ -117,7 +158,7 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
     return max(1, n)
 
 
-def prepare(req: ChatCompletionRequest | CompletionRequest, tok: TokenizerLike,
+def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest, tok: TokenizerLike,
             template: TemplateLike, limits: Limits, *,
             grammar_vocab: GrammarVocab | None = None) -> Prepared:
     """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot.
@@ -130,8 +171,12 @@ def prepare(req: ChatCompletionRequest | CompletionRequest, tok: TokenizerLike,
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    elif isinstance(req, InfillRequest):
+        prompt = infill_prompt(req, tok, limits)
+        param = "n_predict" if req.n_predict is not None else "max_tokens"
+        requested, logprobs = _infill_tokens(req, limits, len(prompt)), None
     else:
-        prompt = completion_prompt(req, tok)
+        prompt = completion_prompt(req, tok, limits)
         param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
     check_prompt(prompt, limits, "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     params = sampler_params(req)
@@ -143,10 +188,17 @@ def prepare(req: ChatCompletionRequest | CompletionRequest, tok: TokenizerLike,
         sampler.reset(prompt)  # each stage keeps the history it needs
     except MinferError as exc:
         raise from_minfer_error(exc) from None
-    gen = GenRequest(prompt=prompt, max_tokens=max_tokens(requested, limits, param),
-                     sampler=sampler, stops=req.stops(), logprobs=logprobs,
-                     constraint=output.constraint)
+    n_max = 0 if requested == 0 else max_tokens(requested, limits, param)
+    t_limit = getattr(req, "t_max_predict_ms", None) or 0
+    gen = GenRequest(prompt=prompt, max_tokens=n_max, sampler=sampler, stops=req.stops(),
+                     logprobs=logprobs, constraint=output.constraint, t_max_predict_ms=t_limit)
     return Prepared(gen, output)
+
+
+def _infill_tokens(req: InfillRequest, limits: Limits, n_prompt: int) -> int | None:
+    """n_predict (or max_tokens); unset: what the slot has left after the prompt."""
+    n = req.n_predict if req.n_predict is not None else req.max_tokens
+    return n if n is not None else max(1, limits.n_ctx_slot - n_prompt)
 
 
 def check_prompt(prompt: list[int], limits: Limits, param: str) -> None:

@@ -10,7 +10,6 @@ request, which frees its slot at the engine's next step.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,19 +19,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from minfer.engine.core.request import TokenLogprob
-from minfer.engine.core.scheduler import QueueFullError
-from minfer.server.errors import APIError, unavailable
+from minfer.server.errors import APIError
 from minfer.server.openai.prepare import Prepared, prepare
 from minfer.server.openai.responses import Envelope, chat_logprobs, completion_logprobs
 from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from minfer.server.relay import ClientGone, collect, submit
 from minfer.server.state import LoadedModel, ServerState, model_name
 from minfer.server.worker import Delta, Done, Event, Failed, Handle
-
-POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
-
-
-class ClientGone(Exception):
-    pass
 
 
 def openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -62,14 +55,7 @@ async def _complete(state: ServerState, request: Request,
     lm = state.model()
     prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
                                        grammar_vocab=lm.grammar_vocab)
-    handle = Handle(asyncio.get_running_loop())
-    try:
-        lm.worker.submit(prepared.gen, handle)
-    except QueueFullError as exc:
-        state.metrics.rejected.inc()
-        raise unavailable(str(exc), retry_after=1, code="queue_full") from None
-    except RuntimeError:
-        raise unavailable("the server is shutting down", code="shutting_down") from None
+    handle = submit(state, lm, prepared.gen)
     env = Envelope(kind, lm.name)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -77,11 +63,16 @@ async def _complete(state: ServerState, request: Request,
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        return JSONResponse(await _collect(lm, handle, env, prepared, request))
+        got = await collect(handle, request)
     except ClientGone:
         return Response(status_code=499)
     finally:
         lm.worker.cancel(handle)  # a no-op once the request is done
+    logprobs = None
+    if prepared.gen.logprobs is not None:
+        logprobs = _logprobs_fn(lm, env.kind)(got.logprobs, 0)
+    fields, finish = prepared.output.finalize(got.text, got.done.finish_reason)
+    return JSONResponse(env.full(fields, finish, got.done.usage, logprobs))
 
 
 def _logprobs_fn(lm: LoadedModel, kind: str) -> Callable[[list[TokenLogprob], int],
@@ -90,31 +81,6 @@ def _logprobs_fn(lm: LoadedModel, kind: str) -> Callable[[list[TokenLogprob], in
     if kind == "chat":
         return lambda lps, _offset: chat_logprobs(lps, tb)
     return lambda lps, offset: completion_logprobs(lps, tb, offset)
-
-
-async def _collect(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prepared,
-                   request: Request) -> dict[str, Any]:
-    texts: list[str] = []
-    lps: list[TokenLogprob] = []
-    while True:
-        try:
-            event = await asyncio.wait_for(handle.events.get(), POLL_S)
-        except TimeoutError:
-            if await request.is_disconnected():
-                raise ClientGone() from None
-            continue
-        if isinstance(event, Delta):
-            texts.append(event.text)
-            lps.extend(event.logprobs)
-        elif isinstance(event, Failed):
-            raise APIError(event.status, event.message)
-        else:
-            text = "".join(texts)
-            logprobs = None
-            if prepared.gen.logprobs is not None:
-                logprobs = _logprobs_fn(lm, env.kind)(lps, 0)
-            fields, finish = prepared.output.finalize(text, event.finish_reason)
-            return env.full(fields, finish, event.usage, logprobs)
 
 
 def _sse(data: dict[str, Any] | str) -> str:

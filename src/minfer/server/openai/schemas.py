@@ -112,6 +112,29 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(None, ge=1, le=1)
 
 
+Mixed = str | Annotated[list[str | TokenId], Field(max_length=1 << 20)]
+
+
+class ExtraChunk(_Strict):
+    """One file of repo-level context for `/infill`."""
+
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(SamplingFields):
+    """llama.cpp's `POST /infill`: the text around the cursor (strings, or token ids mixed with
+    strings), other files as context, and the start of the cursor's line (`prompt`)."""
+
+    input_prefix: Mixed
+    input_suffix: Mixed
+    input_extra: list[ExtraChunk] | None = None
+    prompt: str = ""
+    n_predict: int | None = Field(None, ge=0, le=INT64_MAX)
+    max_tokens: int | None = Field(None, ge=0, le=INT64_MAX)  # llama.cpp's alias of n_predict
+    t_max_predict_ms: int | None = Field(None, ge=0, le=INT64_MAX)
+
+
 class TokenizeRequest(_Strict):
     content: str
     add_special: bool = False

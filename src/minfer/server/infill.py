@@ -1,0 +1,81 @@
+"""llama.cpp's `POST /infill`: code completion in the editor (fill-in-the-middle).
+
+The body is llama-server's (`input_prefix`, `input_suffix`, `input_extra`, `prompt`,
+`n_predict`, `t_max_predict_ms`, the sampling fields, `stream`); the prompt is laid out as its
+`format_prompt_infill` does (minfer.tokenizer.infill), with the extra files first so that an
+editor's successive requests share the longest cached prefix. The reply is llama-server's shape:
+`content` plus the counts, or with `stream` SSE chunks of `{"content", "stop": false}` ending
+with one `stop: true` chunk. A model without FIM tokens is a 400 naming fill-in-the-middle
+(llama-server answers 501; a 4xx says the request, not the server, is at fault).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from minfer.server.errors import APIError
+from minfer.server.openai.prepare import prepare
+from minfer.server.openai.schemas import InfillRequest
+from minfer.server.relay import ClientGone, collect, submit
+from minfer.server.state import LoadedModel, ServerState
+from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+
+STOP_TYPES = {"stop": "eos", "length": "limit"}
+
+
+def infill_routes(app: FastAPI, state: ServerState) -> None:
+    """Add `POST /infill` to app."""
+
+    @app.post("/infill")
+    async def infill(body: InfillRequest, request: Request) -> Response:
+        lm = state.model()
+        prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
+                                           grammar_vocab=lm.grammar_vocab)
+        n_prompt = len(prepared.gen.prompt)
+        if prepared.gen.max_tokens == 0:  # nothing to generate: no slot needed
+            return JSONResponse(_final(lm, "", Done("length", Usage(n_prompt, 0, 0))))
+        handle = submit(state, lm, prepared.gen)
+        if body.stream:
+            return StreamingResponse(_stream(lm, handle), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            got = await collect(handle, request)
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            lm.worker.cancel(handle)  # a no-op once the request is done
+        return JSONResponse(_final(lm, got.text, got.done))
+
+
+def _final(lm: LoadedModel, content: str, done: Done) -> dict[str, Any]:
+    usage = done.usage
+    return {"index": 0, "content": content, "tokens": [], "model": lm.name, "stop": True,
+            "stop_type": STOP_TYPES.get(done.finish_reason, "none"),
+            "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens,
+            "tokens_cached": usage.cached_tokens, "truncated": False}
+
+
+async def _stream(lm: LoadedModel, handle: Handle) -> AsyncIterator[str]:
+    try:
+        while True:
+            event = await handle.events.get()
+            if isinstance(event, Delta):
+                yield _sse({"index": 0, "content": event.text, "tokens": [], "stop": False})
+            elif isinstance(event, Failed):
+                yield _sse(APIError(event.status, event.message).body())
+                break
+            else:
+                yield _sse(_final(lm, "", event))
+                break
+    finally:
+        lm.worker.cancel(handle)  # the client left (or we are done): free the slot now
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

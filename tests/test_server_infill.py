@@ -1,0 +1,169 @@
+"""`POST /infill` and `suffix` in `/v1/completions` in-process (ASGI), on a tiny model whose
+vocabulary has Qwen2.5-Coder's FIM tokens and the fake engine: llama-server's reply shape,
+streaming, the prompt layout counted in usage, refusal (400) for a model without FIM tokens,
+every bad input a 400 naming the field, and input far past the context cut, never refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minfer.gguf.reader import GGUFFile
+from minfer.server.state import ServerState
+from minfer.tokenizer import Tokenizer
+from minfer.tokenizer.infill import Budget, ExtraFile, infill_prompt
+from minfer.tools.synth import write_tiny_model
+from tests.test_server_app import call, make_state
+
+FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+       "<|file_sep|>")
+N_CTX = 256
+
+
+@pytest.fixture(scope="module")
+def coder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("fim") / "coder.gguf", extra_tokens=FIM)
+
+
+@pytest.fixture(scope="module")
+def state(coder: Path) -> Iterator[ServerState]:
+    st = make_state(coder, n_ctx=N_CTX, slots=1)
+    st.start()
+    assert st.wait_ready(20)
+    yield st
+    st.stop()
+
+
+def _tok(path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(GGUFFile.open(path))
+
+
+def test_infill_has_llama_servers_shape_and_counts_the_layout(state: ServerState,
+                                                              coder: Path) -> None:
+    body = {"input_prefix": "def f(x):\n    ", "input_suffix": "\nprint(f(1))\n",
+            "input_extra": [{"filename": "a.py", "text": "A = 1\n"}, {"text": "B = 2\n"}],
+            "prompt": "    return", "n_predict": 6, "temperature": 0}
+    r = call(state, "POST", "/infill", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert isinstance(got["content"], str) and got["stop"] is True
+    assert got["stop_type"] in ("eos", "limit") and got["tokens_predicted"] <= 6
+    tok = _tok(coder)
+    ids = infill_prompt(tok, body["input_prefix"], body["input_suffix"],
+                        extra=[ExtraFile("A = 1\n", "a.py"), ExtraFile("B = 2\n")],
+                        prompt=tok.encode("    return", add_bos=False),
+                        budget=Budget(n_batch=N_CTX, n_predict=6, n_ctx=N_CTX))
+    assert got["tokens_evaluated"] == len(ids)
+
+
+def test_infill_streams_content_chunks_then_one_stop(state: ServerState) -> None:
+    r = call(state, "POST", "/infill", json={"input_prefix": "x = ", "input_suffix": "\n",
+                                             "n_predict": 5, "stream": True})
+    assert r.status_code == 200
+    chunks = [json.loads(line[6:]) for line in r.text.split("\n") if line.startswith("data: ")]
+    assert [c["stop"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1]["tokens_predicted"] <= 5
+
+
+def test_completions_suffix_is_fill_in_the_middle(state: ServerState, coder: Path) -> None:
+    r = call(state, "POST", "/v1/completions", json={"prompt": "def g():\n    ",
+                                                     "suffix": "\n", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    tok = _tok(coder)
+    ids = infill_prompt(tok, "def g():\n    ", "\n",
+                        budget=Budget(n_batch=N_CTX, n_predict=4, n_ctx=N_CTX))
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_a_model_without_fim_tokens_is_refused_with_a_400(tiny_qwen2: Path) -> None:
+    st = make_state(tiny_qwen2, n_ctx=N_CTX, slots=1)
+    st.start()
+    try:
+        assert st.wait_ready(20)
+        for path, body in (("/infill", {"input_prefix": "a", "input_suffix": "b"}),
+                           ("/v1/completions", {"prompt": "a", "suffix": "b"})):
+            r = call(st, "POST", path, json=body)
+            assert r.status_code == 400
+            assert "fill-in-the-middle" in r.json()["error"]["message"]
+    finally:
+        st.stop()
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input_suffix": "b"}, "input_prefix"),
+    ({"input_prefix": "a"}, "input_suffix"),
+    ({"input_prefix": 5, "input_suffix": "b"}, "input_prefix"),
+    ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x.py"}]},
+     "input_extra.0.text"),
+    ({"input_prefix": "a", "input_suffix": "b", "input_extra": {"text": "x"}}, "input_extra"),
+    ({"input_prefix": "a", "input_suffix": "b", "n_predict": -1}, "n_predict"),
+    ({"input_prefix": ["a", 10**9], "input_suffix": "b"}, "input_prefix"),
+])
+def test_bad_input_is_a_400_naming_the_field(state: ServerState, body: dict[str, Any],
+                                             param: str) -> None:
+    r = call(state, "POST", "/infill", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param)
+
+
+def test_far_past_the_context_is_cut_never_refused(state: ServerState) -> None:
+    r = call(state, "POST", "/infill", json={"input_prefix": "a = 1\n" * 2000,
+                                             "input_suffix": "b = 2\n" * 2000,
+                                             "input_extra": [{"text": "c = 3\n" * 2000}],
+                                             "n_predict": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_evaluated"] < N_CTX
+
+
+def test_n_predict_zero_generates_nothing(state: ServerState) -> None:
+    r = call(state, "POST", "/infill", json={"input_prefix": "a", "input_suffix": "b",
+                                             "n_predict": 0})
+    assert r.status_code == 200 and r.json()["content"] == ""
+
+
+class _Script:
+    """A sampler that draws the given ids in turn."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = iter(ids)
+
+    def sample(self, logits: Any) -> int:
+        return next(self.ids)
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+
+class _Bytes:
+    eot_ids: frozenset[int] = frozenset()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"\n" if token_id == 0 else b"x"
+
+
+def test_time_limit_ends_at_the_first_newline_after_it() -> None:
+    import time
+
+    import numpy as np
+
+    from minfer.engine.core.request import GenRequest, Request
+
+    req = Request(GenRequest(prompt=[1], max_tokens=10, sampler=_Script([1, 1, 1, 0, 1, 0]),
+                             t_max_predict_ms=5), _Bytes(), n_ctx_slot=64)
+    logits = np.zeros(4, np.float32)
+    req.step(logits)
+    time.sleep(0.01)
+    for _ in range(2):  # past the limit, but no newline yet
+        req.step(logits)
+        assert req.finish is None
+    req.step(logits)  # the newline
+    assert req.finish == "length" and req.ids == [1, 1, 1, 0]
+    free = Request(GenRequest(prompt=[1], max_tokens=10, sampler=_Script([0] * 10)), _Bytes(),
+                   n_ctx_slot=64)
+    for _ in range(3):
+        free.step(logits)
+    assert free.finish is None
