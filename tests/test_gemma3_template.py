@@ -6,7 +6,7 @@ template (llama-cpp-python 0.3.36), add_ass=True.
 
 from __future__ import annotations
 
-from minfer.models.templates import GEMMA3_TEMPLATE, builtin_chat_template
+from minfer.tokenizer.builtin_templates import GEMMA3_TEMPLATE, builtin_chat_template
 from minfer.tokenizer.chat import ChatTemplate
 
 LLAMACPP = [

@@ -12,10 +12,10 @@ import pytest
 from minfer.cli.main import main
 from minfer.errors import DownloadError, ModelNotFoundError
 from minfer.gguf.reader import GGUFFile
-from minfer.gguf.split import split_gguf
 from minfer.store import list_models, resolve_model
 from minfer.store.hub import cached_hub_model, pull_hub
 from minfer.store.hub_select import HubFile, parse_hub_ref, select_files
+from minfer.tools.split import split_gguf
 from tests.fakehub import COMMIT, FakeHub
 
 REPO = "org/tiny-GGUF"

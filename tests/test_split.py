@@ -11,7 +11,7 @@ from gguf import GGUFReader
 
 from minfer.cli.main import main
 from minfer.gguf.reader import GGUFFile
-from minfer.gguf.split import SplitError, merge_gguf, parse_size, plan_split, split_gguf
+from minfer.tools.split import SplitError, merge_gguf, parse_size, plan_split, split_gguf
 from tests.refpython import llama_python, run_json
 
 
@@ -118,7 +118,7 @@ def test_llama_cpp_loads_the_split_set(tiny_qwen2: Path, tmp_path: Path) -> None
 
 def test_interrupted_split_leaves_nothing(tiny_qwen2: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import minfer.gguf.split as split
+    import minfer.tools.split as split
 
     real, calls = split._copy_tensor, []
 

@@ -11,7 +11,7 @@ from gguf import quants
 
 from minfer.gguf import GGUFFile
 from minfer.gguf.hparams import HParams
-from minfer.gguf.quantize import quantize
+from minfer.tools.quantize.simple import quantize
 from minfer.tools.synth import (
     CONTROL_TOKENS,
     build_tiny_vocab,

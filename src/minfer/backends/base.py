@@ -9,7 +9,7 @@ backend into splits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,3 +41,19 @@ class Backend(Protocol):
         out: np.ndarray | None,
         ctx: ExecContext,
     ) -> None: ...
+
+
+@runtime_checkable
+class KVHost(Protocol):
+    """A backend that owns the KV cache's memory formats (the host CPU backend): which formats
+    exist, which head sizes each fits, and the zeroed `[n_ctx, row]` array of one layer's K or V
+    in a format. The engine asks it; nothing above the backends knows a format's layout."""
+
+    kv_types: tuple[str, ...]
+
+    def check_kv_types(self, k_type: str, v_type: str, head_dim: int) -> None: ...
+
+    def kv_quantized(self, kv_type: str) -> bool: ...
+
+    def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray: ...
+

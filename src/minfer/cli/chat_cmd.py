@@ -22,6 +22,7 @@ from minfer.cli.common import (
     load_announcing_cold_start,
     sampling_from_args,
     speculator_from_args,
+    split_positionals,
 )
 from minfer.errors import MinferError
 
@@ -52,8 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 def model_and_prompt(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(model, first prompt) from `chat`'s namespace or from `run --cnv`'s."""
     if hasattr(args, "positionals"):  # minfer run --cnv [MODEL] [PROMPT]
-        from minfer.cli.run_cmd import split_positionals
-
         return split_positionals(args)
     model = args.model_pos
     if model is not None and args.model_opt is not None:

@@ -108,6 +108,26 @@ def looks_like_model(arg: str) -> bool:
     return (minfer_home() / f"{arg}.gguf").exists()
 
 
+def split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    model, prompt = args.model_opt, args.prompt
+    pos = list(args.positionals)
+    if len(pos) > 2:
+        raise MinferError("expected at most two positionals: [MODEL] [PROMPT]")
+    if len(pos) == 2:
+        if model is not None or prompt is not None:
+            raise MinferError("model or prompt given twice")
+        return pos[0], pos[1]
+    if len(pos) == 1:
+        if model is None and prompt is None and looks_like_model(pos[0]):
+            return pos[0], None
+        if prompt is None:
+            return model, pos[0]
+        if model is None:
+            return pos[0], prompt
+        raise MinferError("model or prompt given twice")
+    return model, prompt
+
+
 def read_stdin_prompt() -> str:
     if sys.stdin is None or sys.stdin.isatty():
         raise MinferError("no prompt given (pass it as an argument or on stdin)")

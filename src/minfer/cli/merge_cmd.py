@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from minfer.gguf.split import merge_gguf
+from minfer.tools.split import merge_gguf
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -20,10 +20,10 @@ from minfer.cli.common import (
     add_sampling_args,
     add_speculative_args,
     load_announcing_cold_start,
-    looks_like_model,
     read_stdin_prompt,
     sampling_from_args,
     speculator_from_args,
+    split_positionals,
 )
 from minfer.errors import MinferError
 
@@ -85,26 +85,6 @@ def grammar_from_args(args: argparse.Namespace) -> str | None:
         return grammar.json_schema_grammar(args.json_schema if args.json_schema is not None
                                            else read(args.json_schema_file))
     return grammar.json_object_grammar() if args.json_object else None
-
-
-def split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    model, prompt = args.model_opt, args.prompt
-    pos = list(args.positionals)
-    if len(pos) > 2:
-        raise MinferError("expected at most two positionals: [MODEL] [PROMPT]")
-    if len(pos) == 2:
-        if model is not None or prompt is not None:
-            raise MinferError("model or prompt given twice")
-        return pos[0], pos[1]
-    if len(pos) == 1:
-        if model is None and prompt is None and looks_like_model(pos[0]):
-            return pos[0], None
-        if prompt is None:
-            return model, pos[0]
-        if model is None:
-            return pos[0], prompt
-        raise MinferError("model or prompt given twice")
-    return model, prompt
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from minfer.cli.info_cmd import human_bytes
-from minfer.gguf.split import parse_size, split_gguf
+from minfer.tools.split import parse_size, split_gguf
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -16,7 +16,6 @@ metadata is read.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -60,17 +59,6 @@ def _split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None
     model = args.model if args.model is not None else (pos[0] if len(pos) > n_text else None)
     text = pos[-1] if n_text else None
     return model, text
-
-
-def resolve_model_path(arg: str | None) -> Path:
-    """A model argument (path or cache name; None = default) to a GGUF path, via minfer.store."""
-    resolve = getattr(importlib.import_module("minfer.store"), "resolve_model", None)
-    if resolve is None:  # the store stage is not there yet: plain paths still work
-        if arg is not None and Path(arg).is_file():
-            return Path(arg)
-        raise MinferError("model resolution is unavailable (minfer.store.resolve_model is "
-                          "missing); give a path to a .gguf file")
-    return Path(resolve(arg))
 
 
 def _read(source: str, what: str) -> str:
@@ -122,13 +110,14 @@ def _jsonl(tok: Any, special: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from minfer.gguf.reader import GGUFFile
+    from minfer.store import resolve_model
     from minfer.tokenizer import ChatTemplate, Tokenizer
 
     model, text = _split_positionals(args)
     request = load_chat_request(args.chat) if args.chat is not None else None
     if text == "-":
         text = sys.stdin.read()
-    f = GGUFFile.open(resolve_model_path(model))
+    f = GGUFFile.open(resolve_model(model))
     tok = Tokenizer.from_gguf(f)
     if args.jsonl:
         _jsonl(tok, special=not args.no_special)

@@ -21,9 +21,8 @@ import numpy as np
 from numba.core import config
 
 from minfer import jit_cache
-from minfer.backends.base import Backend, ExecContext
+from minfer.backends.base import Backend, ExecContext, KVHost
 from minfer.backends.cpu.backend import CpuBackend
-from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES
 from minfer.engine.threads import ThreadTuner
 from minfer.engine.trace import StepTracer, tracer_from_env
 from minfer.engine.weights import ModelWeights
@@ -41,19 +40,6 @@ from minfer.models.registry import graph_builder_for
 # Steps of up to this many rows (decode, several sequences' decode) choose their thread count by
 # measured step times (`engine.threads`); larger ones (prefill) take every thread.
 TUNED_MAX_TOKENS = 16
-
-
-def check_kv_types(k_type: str, v_type: str, head_dim: int) -> tuple[str, str]:
-    """The K/V cache formats, refused clearly when unknown or when quantized blocks would
-    straddle attention heads."""
-    for what, t in (("K", k_type), ("V", v_type)):
-        if t not in KV_TYPES:
-            raise MinferError(f"unknown {what} cache type {t!r} (use one of "
-                              f"{', '.join(KV_TYPES)})")
-        if t in QUANT_TYPES and head_dim % QK:
-            raise MinferError(f"a {t} {what} cache needs head_dim a multiple of {QK} "
-                              f"(this model's is {head_dim})")
-    return k_type, v_type
 
 
 @dataclass(frozen=True)
@@ -105,16 +91,18 @@ class Engine:
         op_tape: bool | None = None,
         vocab_limit: int = 0,
     ) -> None:
-        k_type, v_type = check_kv_types(k_type or kv_type, v_type or kv_type, hparams.head_dim)
-        if hparams.attn_softcap and {k_type, v_type} & set(QUANT_TYPES):
-            raise MinferError("this model soft-caps its attention scores, which the q8_0 / q4_0 "
+        self._backends = list(backends) if backends else [CpuBackend()]
+        host = kv_host(self._backends)
+        k_type, v_type = k_type or kv_type, v_type or kv_type
+        host.check_kv_types(k_type, v_type, hparams.head_dim)
+        if hparams.attn_softcap and (host.kv_quantized(k_type) or host.kv_quantized(v_type)):
+            raise MinferError("this model soft-caps its attention scores, which the quantized "
                               "KV cache kernels do not do; use an f16 or f32 cache")
         if n_ctx < 1:
             raise MinferError(f"n_ctx must be positive, got {n_ctx}")
         self.hparams = hparams
         self.batch_invariant = batch_invariant
         self.weights = ModelWeights(gguf_file)
-        self._backends = list(backends) if backends else [CpuBackend()]
         self.ctx_params = ContextParams(
             n_ctx=n_ctx,
             k_type=k_type,
@@ -127,8 +115,8 @@ class Engine:
             else 0,
         )
         self.kv = KVRegions(n_layer=hparams.n_layer, n_ctx=n_ctx,
-                            n_kv_embd=hparams.n_head_kv * hparams.head_dim, k_type=k_type,
-                            v_type=v_type)
+                            n_kv_embd=hparams.n_head_kv * hparams.head_dim,
+                            new_cache=host.new_kv_cache, k_type=k_type, v_type=v_type)
         self.allocator = Allocator(self.kv)
         self.cache = GraphCache(self._prepare)
         self._build_fn = graph_builder_for(hparams.arch)
@@ -323,6 +311,14 @@ class Engine:
             raise MinferError("output rows must index the batch")
         if len(rows) == nt and not np.array_equal(rows, np.arange(nt)):
             raise MinferError("a batch returning every row returns them in order")
+
+
+def kv_host(backends: Sequence[Backend]) -> KVHost:
+    """The backend that owns the KV cache's formats (the host CPU backend, always present)."""
+    for backend in backends:
+        if isinstance(backend, KVHost):
+            return backend
+    raise MinferError("no backend owns the KV cache (the CPU backend must be among them)")
 
 
 def set_threads(n_threads: int) -> None:

@@ -13,7 +13,7 @@ plain JSON-able data:
 The heatmap travels as int8 (value / scale * 127, base64). With `capture`, each step also keeps
 a copy of every node's output (`outputs`, not serialized) for the two-backend diff.
 `MINFER_TRACE=FILE` gives every Engine of a process a tracer whose trace is written at exit
-(`to_json` / `write`: the graphs used, as `minfer.viz.graph_view` describes them, and the steps),
+(`to_json` / `write`: the graphs used, as `minfer.graph.view` describes them, and the steps),
 which `minfer viz --trace FILE` opens.
 """
 
@@ -36,6 +36,7 @@ from minfer.engine.tensor_stats import STAT_KEYS, stats_dict, summarize_into
 from minfer.errors import MinferError
 from minfer.graph import scheduler
 from minfer.graph.cache import PreparedGraph
+from minfer.graph.view import describe
 
 if TYPE_CHECKING:
     from minfer.engine.forward import Batch
@@ -178,8 +179,6 @@ class StepTracer:
 
     # -- the trace file --------------------------------------------------------------------
     def graphs_json(self) -> dict[str, Any]:
-        from minfer.viz.graph_view import describe
-
         for uid, prepared in self.prepared.items():
             if uid not in self._views:
                 self._views[uid] = describe(prepared, self.tensor_types)

@@ -13,6 +13,7 @@ buffer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,13 +83,12 @@ def plan_buffers(graph: ComputeGraph) -> BufferPlan:
 class KVRegions:
     """Per-layer K and V arrays, sized once from n_ctx; they outlive every graph.
 
-    Each is `[n_ctx, row]` in its cache format (see backends/cpu/kernels/kv_formats.py: f32,
-    f16, or q8_0/q4_0 rows of ggml blocks as int8/uint8 bytes)."""
+    Each is `[n_ctx, row]` in its cache format, made by the backend that owns the formats
+    (`new_cache(kv_type, n_ctx, n_kv_embd)`, `minfer.backends.base.KVHost.new_kv_cache`)."""
 
-    def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int, kv_type: str = "f16",
+    def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int,
+                 new_cache: Callable[[str, int, int], np.ndarray], kv_type: str = "f16",
                  k_type: str | None = None, v_type: str | None = None) -> None:
-        from minfer.backends.cpu.kernels.kv_formats import new_cache
-
         self.n_ctx = n_ctx
         self.n_kv_embd = n_kv_embd
         self.k_type = k_type or kv_type

@@ -26,11 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mb", type=float, default=1.0, help="prose size in MB (default 1)")
     args = parser.parse_args(argv)
 
-    from minfer.cli.tokenize_cmd import resolve_model_path
     from minfer.gguf.reader import GGUFFile
+    from minfer.store import resolve_model
     from minfer.tokenizer import Tokenizer
 
-    f = GGUFFile.open(resolve_model_path(args.model))
+    f = GGUFFile.open(resolve_model(args.model))
     t0 = time.perf_counter()
     tok = Tokenizer.from_gguf(f)
     load_s = time.perf_counter() - t0

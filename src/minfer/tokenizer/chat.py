@@ -27,7 +27,7 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minfer.errors import TemplateError
-from minfer.models.templates import builtin_chat_template
+from minfer.tokenizer.builtin_templates import builtin_chat_template
 from minfer.tokenizer.vocab import HasMetadata, read_chat_template
 
 # transformers' default template, used when the file carries none.
@@ -102,7 +102,7 @@ class ChatTemplate:
     @classmethod
     def from_gguf(cls, f: HasMetadata, tokenizer: _SpecialTokens) -> ChatTemplate:
         """The file's `tokenizer.chat_template`, else its family's built-in one
-        (`minfer.models.templates`), else ChatML."""
+        (`minfer.tokenizer.builtin_templates`), else ChatML."""
         source = read_chat_template(f) or builtin_chat_template(f.metadata)
         return cls(source or CHATML, special_tokens=special_token_texts(tokenizer),
                    is_default=source is None)

@@ -2,7 +2,8 @@
 
 Owns `write_tiny_model` (the model every unit test runs) and `write_model_like_qwen25_05b`
 (random weights in the development model's exact shapes and tensor types, for speed tests).
-Weights are written with the `gguf` writer; quantized roles go through `minfer.gguf.quantize`.
+Weights are written with the `gguf` writer; quantized roles go through
+`minfer.tools.quantize.simple`.
 Block formats need the row length (n_embd for most matrices, n_ff for ffn_down, n_head*head_dim
 for attn_output) to be a multiple of the block size: 32 for Q4_0…Q8_0, 256 for the K-quants.
 """
@@ -22,8 +23,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as QType
 
 from minfer.gguf.parse import StringArray
-from minfer.gguf.quantize import can_quantize, quantize
 from minfer.gguf.reader import GGUFFile
+from minfer.tools.quantize.simple import can_quantize, quantize
 
 ROLES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output",
          "ffn_gate", "ffn_up", "ffn_down")

@@ -3,7 +3,8 @@
 Routes (documented in the README):
 - `GET /` the page; `GET /static/...` its script, style and the vendored Cytoscape.js;
 - `GET /api/info` model name, live or trace mode, step count;
-- `GET /api/graph?kind=prefill|decode` (or `?uid=N`) the graph as `graph_view.describe` gives it;
+- `GET /api/graph?kind=prefill|decode` (or `?uid=N`) the graph as
+  `minfer.graph.view.describe` gives it;
 - `POST /api/generate` `{"prompt", "max_tokens", "temperature", "chat"}`: a traced generation
   as server-sent events (`step`, `token`, `done` or `error`);
 - `GET /api/steps` every step of the current trace without its per-node records;

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from minfer.engine.generate import Finished, Piece
 from minfer.engine.trace import TRACE_VERSION, StepTracer, TracedStep
 from minfer.errors import MinferError
+from minfer.graph.view import describe
 from minfer.sampling.params import SamplerParams
-from minfer.viz.graph_view import describe
 
 if TYPE_CHECKING:
     from minfer.api import Model

@@ -29,18 +29,36 @@ import numpy as np
 from minfer import jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
+from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES, new_cache
 from minfer.backends.cpu.kernels.quant_types import KQUANT_TYPES
-from minfer.errors import GraphError
+from minfer.errors import GraphError, MinferError
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph, Node
 
 
 class CpuBackend:
     name = "cpu"
-    kv_types = ("f32", "f16", "q8_0", "q4_0")  # KV cache formats its kernels read and write
+    kv_types = KV_TYPES  # KV cache formats its kernels read and write (it owns them: KVHost)
 
     def supports_op(self, node: Node, graph: ComputeGraph) -> bool:
         return True
+
+    # -- the KV cache's formats (minfer.backends.base.KVHost) -------------------------------
+    def check_kv_types(self, k_type: str, v_type: str, head_dim: int) -> None:
+        """Refuse an unknown format, or quantized blocks that would straddle attention heads."""
+        for what, t in (("K", k_type), ("V", v_type)):
+            if t not in KV_TYPES:
+                raise MinferError(f"unknown {what} cache type {t!r} (use one of "
+                                  f"{', '.join(KV_TYPES)})")
+            if t in QUANT_TYPES and head_dim % QK:
+                raise MinferError(f"a {t} {what} cache needs head_dim a multiple of {QK} "
+                                  f"(this model's is {head_dim})")
+
+    def kv_quantized(self, kv_type: str) -> bool:
+        return kv_type in QUANT_TYPES
+
+    def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray:
+        return new_cache(kv_type, n_ctx, width)
 
     def execute_node(
         self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None, ctx: ExecContext

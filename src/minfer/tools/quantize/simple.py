@@ -4,7 +4,7 @@
 development model uses (Q4_K, Q5_K, Q6_K), so this module adds straightforward reference
 quantizers for those. They produce valid blocks (checked against `gguf.quants.dequantize`) with
 plain min/max scale choice, not ggml's error-minimising search: good for tests, not for shipping.
-Q2_K and Q3_K come from `minfer.tools.quantize` (llama.cpp's exact quantizers, the ones
+Q2_K and Q3_K come from `rows` beside it (llama.cpp's exact quantizers, the ones
 `minfer quantize` ships).
 """
 
@@ -80,6 +80,7 @@ def _q5_k(blocks: np.ndarray) -> np.ndarray:
 
 def _exact(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], np.ndarray]:
     def run(blocks: np.ndarray) -> np.ndarray:
+        # imported on first use, for start-up time: the exact quantizers load compiled kernels
         from minfer.tools.quantize.rows import quantize_rows
 
         return quantize_rows(blocks, qtype)
