@@ -29,7 +29,7 @@ from minfer.backends.cpu.kernels import (
     matmul_sgemm,
     quantize_activation,
 )
-from minfer.backends.cpu.kernels.quant_types import FLOAT_TYPES, KQUANT_TYPES
+from minfer.backends.cpu.kernels.quant.types import FLOAT_TYPES, KQUANT_TYPES
 from minfer.backends.cpu.kernels.reference import random_kquant_blocks
 
 DECODE_SHAPES = [(896, 4864), (4864, 896), (896, 151936)]  # (n_in, n_out)

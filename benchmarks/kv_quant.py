@@ -59,7 +59,7 @@ def fidelity(f: GGUFFile, hp: HParams, threads: int) -> None:
     print("| cache K/V | KiB/token | top-10 max abs dlogit | mean | argmax = f16 |")
     print("| --- | ---: | ---: | ---: | ---: |")
     n_kv = hp.n_head_kv * hp.head_dim
-    from minfer.backends.cpu.kernels.kv_formats import bytes_per_token
+    from minfer.backends.cpu.kernels.attn.kv_formats import bytes_per_token
 
     for name, got in logits.items():
         deltas, same, total = [], 0, 0

@@ -62,3 +62,26 @@ def test_greedy_fill_matches_llamacpp(model: Any, case: dict[str, Any]) -> None:
             assert case["margins"][step] < NEAR_TIE, f"diverged at confident step {step}"
             return
     assert len(got) == len(ref)
+
+
+def test_python_api_and_cli_lay_out_the_same_prompt(model: Any, capsys: pytest.CaptureFixture[str],
+                                                    real_model_path: Path) -> None:
+    from minfer.cli.main import main
+
+    case = next(c for c in REF["cases"] if c["name"] == "plain")
+    assert model.infill_ids(case["input_prefix"], case["input_suffix"]) == case["ids"]
+    text = "".join(model.infill(case["input_prefix"], case["input_suffix"], max_tokens=4,
+                                temp=0.0))
+    assert main(["run", "--json", str(real_model_path), "--fim-prefix", case["input_prefix"],
+                 "--fim-suffix", case["input_suffix"], "-n", "4", "--temp", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"] == case["ids"] and out["text"] == text
+    assert out["ids"] == case["greedy_ids"][:len(out["ids"])]
+
+
+def test_a_model_without_fim_tokens_is_refused_by_name(tiny_qwen2: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.cli.main import main
+
+    assert main(["run", str(tiny_qwen2), "--fim-prefix", "a", "--fim-suffix", "b"]) != 0
+    assert "fill-in-the-middle" in capsys.readouterr().err

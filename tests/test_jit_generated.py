@@ -12,7 +12,7 @@ import pytest
 from numba.core import config
 
 from minfer import jit_cache
-from minfer.backends.cpu.kernels import row_drivers
+from minfer.backends.cpu.kernels.linear import row_drivers
 from minfer.tools.quantize import rows
 
 _SOURCE = '''

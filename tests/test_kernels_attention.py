@@ -95,8 +95,8 @@ def test_vector_value_mix_is_bitwise_the_loop(group: int, dtype: type, head_dim:
     (acc += p * v, cell by cell), for every way the heads are split (fours, a pair, one)."""
     from numba import njit
 
-    from minfer.backends.cpu.kernels._llvm import as_f32
-    from minfer.backends.cpu.kernels.attention_ir import HAS_MIX, value_mix
+    from minfer.backends.cpu.kernels.attn.vector_ir import HAS_MIX, value_mix
+    from minfer.backends.cpu.kernels.simd.llvm import as_f32
 
     if not HAS_MIX:
         pytest.skip("no FMA/F16C on this target: attention keeps its loop")
@@ -132,7 +132,7 @@ def test_softmax_passes_in_ir_match_numpy(n: int) -> None:
     exact maximum, then exp(x - m) within a few ulp of f64's (as `fast_exp`) and its f64 sum."""
     from numba import njit
 
-    from minfer.backends.cpu.kernels.attention_ir import exp_sum, scale_max
+    from minfer.backends.cpu.kernels.attn.vector_ir import exp_sum, scale_max
 
     @njit
     def both(w, n, s):
@@ -161,9 +161,9 @@ def test_row_blocked_kernel_is_bitwise_the_per_row_kernel(n_head: int, n_kv: int
     every row, whatever the block and tile sizes: the batch-invariant path may take either."""
     import importlib
 
-    from minfer.backends.cpu.kernels.attention_ir import HAS_MIX
+    from minfer.backends.cpu.kernels.attn.vector_ir import HAS_MIX
 
-    mod = importlib.import_module("minfer.backends.cpu.kernels.attention")
+    mod = importlib.import_module("minfer.backends.cpu.kernels.attn.attend")
     if not HAS_MIX:
         pytest.skip("no FMA/F16C on this target: only the per-row loops run")
     rng = np.random.default_rng(head_dim + n_head)

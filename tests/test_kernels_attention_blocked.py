@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from minfer.backends.cpu.kernels import ATTN_BLOCKED_MIN_TOKENS, attention
-from minfer.backends.cpu.kernels.attention import _cache_view
-from minfer.backends.cpu.kernels.attention_blocked import attention_blocked, blocked_available
+from minfer.backends.cpu.kernels.attn.attend import _cache_view
+from minfer.backends.cpu.kernels.attn.blocked import attention_blocked, blocked_available
 
 pytestmark = pytest.mark.skipif(not blocked_available(), reason="no callable OpenBLAS sgemm")
 RNG = np.random.default_rng(1)

@@ -106,7 +106,7 @@ def test_attention_row_is_the_same_alone_and_in_a_batch(k_type: str, v_type: str
     """The per-token attention kernel (decode, batch-invariant prefill) for every cache type:
     each query row's output, and each stored cache row, do not depend on the batch."""
     from minfer.backends.cpu.kernels import attention, kv_store
-    from minfer.backends.cpu.kernels.kv_formats import new_cache
+    from minfer.backends.cpu.kernels.attn.kv_formats import new_cache
 
     rng = np.random.default_rng(5)
     nt, n_head, n_kv, hd, n_ctx = 24, 4, 2, 64, 48

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minfer.backends.cpu.kernels import attention, geglu, gelu, rope, scale, softcap
-from minfer.backends.cpu.kernels.gelu import gelu_f32
+from minfer.backends.cpu.kernels.elementwise.gelu import gelu_f32
 from minfer.backends.cpu.kernels.reference import ref_attention, ref_rope
 
 RNG = np.random.default_rng(1)
@@ -100,7 +100,7 @@ def test_attention_sliding_window_and_softcap(blocked: bool, dtype: type) -> Non
 def test_rope_rows_across_threads_equal_rows_alone(style: str) -> None:
     """A prefill's many rows (split across the threads in chunks) rotate each row bit for bit
     as a one-row decode does, partial rope_dim and factors included, in place too."""
-    from minfer.backends.cpu.kernels.rope import PARALLEL_CHUNK, PARALLEL_MIN_ROWS
+    from minfer.backends.cpu.kernels.elementwise.rope import PARALLEL_CHUNK, PARALLEL_MIN_ROWS
 
     n_head, hd, rope_dim = 2, 32, 24
     nt = PARALLEL_MIN_ROWS + PARALLEL_CHUNK // 2 + 1  # a last chunk that is not full

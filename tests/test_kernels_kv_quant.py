@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from minfer.backends.cpu.kernels import attention, kv_store
-from minfer.backends.cpu.kernels.attention_blocked import blocked_available
-from minfer.backends.cpu.kernels.kv_formats import (
+from minfer.backends.cpu.kernels.attn.blocked import blocked_available
+from minfer.backends.cpu.kernels.attn.kv_formats import (
     KV_TYPES,
     bytes_per_value,
     dequantize_rows,

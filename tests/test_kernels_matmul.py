@@ -20,7 +20,7 @@ from minfer.backends.cpu.kernels import (
     quantize_activation,
     repack_weight,
 )
-from minfer.backends.cpu.kernels.floatmv import round_to_bf16
+from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16
 from minfer.backends.cpu.kernels.reference import ref_matmul_quant
 
 from .test_kernels_dequant import QUANT_32, QUANT_K, make_weight
@@ -223,7 +223,7 @@ def test_interleaved_kquant_rows_match_the_plain_rows_and_are_batch_invariant(
 
 def test_only_some_types_of_whole_groups_are_packable() -> None:
     assert not packable(QType.Q4_1, 4864, 64) and not packable(QType.Q5_K, 4864, 64)
-    from minfer.backends.cpu.kernels.simd import DOT4, HAS_VNNI
+    from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI
 
     # AVX2 and up interleave; Q8_0's u8 codes need VNNI (AVX2's pmaddubsw pairs saturate)
     assert packable(QType.Q5_0, 4864, 64) == DOT4

@@ -36,7 +36,7 @@ def test_rms_norm_and_in_place() -> None:
 def test_rms_norm_rows_are_batch_invariant_and_match_ggml_order(width: int) -> None:
     """Many rows (split across threads) give each row's one-row result bit for bit, and the
     lane-summed f64 mean rounds to the f32 of ggml's element-after-element sum."""
-    from minfer.backends.cpu.kernels.norm import PARALLEL_MIN_ROWS
+    from minfer.backends.cpu.kernels.elementwise.norm import PARALLEL_MIN_ROWS
 
     x, w = _rand(PARALLEL_MIN_ROWS + 3, width), _rand(width)
     out = np.empty_like(x)
@@ -104,7 +104,7 @@ def test_rope_neox(rope_dim: int) -> None:
 
 def test_large_silu_swiglu_split_over_threads_give_the_serial_bits() -> None:
     """From PARALLEL_MIN elements on, chunks over the threads: bitwise the one-row results."""
-    from minfer.backends.cpu.kernels.elementwise import PARALLEL_MIN
+    from minfer.backends.cpu.kernels.elementwise.arith import PARALLEL_MIN
 
     n = 301
     rows = -(-PARALLEL_MIN // n) + 3

@@ -11,7 +11,7 @@ import pytest
 
 import minfer
 from minfer.backends.cpu.backend import CpuBackend
-from minfer.backends.cpu.kernels.kv_formats import dequantize_rows, new_cache, store_rows
+from minfer.backends.cpu.kernels.attn.kv_formats import dequantize_rows, new_cache, store_rows
 from minfer.cli.common import kv_types
 from minfer.cli.main import build_parser
 from minfer.engine.forward import Batch, Engine
@@ -69,12 +69,14 @@ def test_quantized_cache_logits_stay_near_the_f32_cache(tiny_qwen3: Path, k_type
 
 @pytest.mark.parametrize(("k_type", "v_type"), TYPES[:3])
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "invariant"])
-def test_tape_and_interpreter_agree_bitwise(tiny_qwen3: Path, k_type: str, v_type: str,
-                                            batch_invariant: bool) -> None:
+def test_the_observed_walk_is_the_plain_walk_bit_for_bit(tiny_qwen3: Path, k_type: str,
+                                                         v_type: str,
+                                                         batch_invariant: bool) -> None:
+    """The tape walked node by node (profiling, tracing) computes what the plain walk does."""
     runs = []
-    for op_tape in (True, False):
-        e = _engine(tiny_qwen3, k_type, v_type, op_tape=op_tape,
-                    batch_invariant=batch_invariant)
+    for profile in (None, {}):
+        e = _engine(tiny_qwen3, k_type, v_type, batch_invariant=batch_invariant)
+        e.profile = profile
         runs.append((_run(e), e.kv.k + e.kv.v))
     (la, ka), (lb, kb) = runs
     for a, b in zip(la + ka, lb + kb, strict=True):
@@ -202,8 +204,8 @@ def test_a_sliding_window_holds_over_a_quantized_cache(tmp_path: Path, kv: str) 
     path = gemma(4)
     ref = _run(_engine(path, "f32", "f32"))
     window_effect = _rel_errors(_run(_engine(gemma(64), "f32", "f32")), ref)
-    for tape in (True, False):
+    for profile in (None, {}):
         e = _engine(path, kv, kv)
-        e.op_tape = tape
+        e.profile = profile
         err = _rel_errors(_run(e), ref)
         assert (err < 0.25 * window_effect).all(), (err, window_effect)

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 import minfer
-from minfer.backends.cpu.kernels.rope import rope_neox
+from minfer.backends.cpu.kernels.elementwise.rope import rope_neox
 from minfer.chat.session import ChatConfig, ChatSession, TurnReport
 from minfer.engine.forward import Batch, Engine
 from minfer.engine.kv_shift import rerotate, shift_kv

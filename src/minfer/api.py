@@ -230,6 +230,25 @@ class Model:
             if isinstance(event, Piece):
                 yield event.text
 
+    def infill_ids(self, prefix: str, suffix: str, *,
+                   extra: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """The fill-in-the-middle prompt for the gap between prefix and suffix, laid out as
+        llama.cpp's server lays out `/infill` (extra: (filename, text) of other files)."""
+        from minfer.tokenizer.infill import Budget, ExtraFile, infill_prompt
+
+        files = [ExtraFile(text, name) for name, text in extra]
+        n_ctx = self.n_ctx or 4096
+        return infill_prompt(self.tokenizer, prefix, suffix, extra=files,
+                             budget=Budget(n_batch=min(2048, n_ctx), n_ctx=n_ctx))
+
+    def infill(self, prefix: str, suffix: str, *, extra: Sequence[tuple[str, str]] = (),
+               max_tokens: int = 128, stop: Sequence[str] = (), seed: int | None = None,
+               **sampling: Any) -> Iterator[str]:
+        """Fill the middle between prefix and suffix with the model's FIM tokens (a coder
+        model's code completion); yields text pieces. FimUnsupported for a model without them."""
+        yield from self.generate(self.infill_ids(prefix, suffix, extra=extra),
+                                 max_tokens=max_tokens, stop=stop, seed=seed, **sampling)
+
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
              stop: Sequence[str] = (), seed: int | None = None,
              tools: Sequence[Mapping[str, Any]] | None = None, **sampling: Any) -> Iterator[str]:

@@ -1,7 +1,7 @@
 """Where numba keeps the compiled kernels, keyed on their sources so that an edit is never stale.
 
 numba's own cache checks only the modification time and size of the file that holds a jitted
-function. minfer's kernels inline LLVM IR from helper modules (`simd*.py`, `_llvm.py`), so an
+function. minfer's kernels inline LLVM IR from helper modules (`simd*.py`, `simd.llvm.py`), so an
 edit there, or an upgrade that ships a changed helper beside an unchanged caller, would load
 stale machine code. Importing this module (the kernel packages do, first) points numba at
 `$MINFER_HOME/numba/<hash>` (default `~/.cache/minfer/numba/...`), the hash covering every
@@ -62,7 +62,7 @@ def _source_files() -> list[Path]:
     files: list[Path] = []
     for rel in _SOURCES:
         p = _PACKAGE / rel
-        files.extend(sorted(p.glob("*.py")) if p.is_dir() else [p])
+        files.extend(sorted(p.rglob("*.py")) if p.is_dir() else [p])
     return files
 
 

@@ -1,13 +1,15 @@
 """The backend protocol: what a compute device must offer the scheduler.
 
-A backend says which nodes it can run (`supports_op`) and runs one node at a time on buffers the
-allocator planned (`execute_node`). Per-node assignment picks, for each node, the first backend in
-the session's preference order that supports it; the scheduler groups consecutive nodes of one
-backend into splits.
+A backend says which nodes it can run (`supports_op`) and binds each node it runs to the buffers
+the allocator planned (`bind_node`): the calls that make up its steps of the op tape, the only
+way a graph runs. Per-node assignment picks, for each node, the first backend in the session's
+preference order that supports it; the scheduler groups consecutive nodes of one backend into
+splits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,13 +36,16 @@ class Backend(Protocol):
 
     def supports_op(self, node: Node, graph: ComputeGraph) -> bool: ...
 
-    def execute_node(
+    def bind_node(
         self,
         node: Node,
         srcs: list[np.ndarray | None],
         out: np.ndarray | None,
         ctx: ExecContext,
-    ) -> None: ...
+    ) -> list[Callable[[], None]]:
+        """The node's calls over these fixed buffers (its steps of the op tape), with
+        everything resolved that stays fixed for them; run in order, they compute the node."""
+        ...
 
 
 @runtime_checkable

@@ -67,7 +67,12 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
 
 def _kv_per_token(hp: HParams) -> str:
     """Bytes per token of context for each cache type (K and V of every layer)."""
-    from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES, bytes_per_token
+    from minfer.backends.cpu.kernels.attn.kv_formats import (
+        KV_TYPES,
+        QK,
+        QUANT_TYPES,
+        bytes_per_token,
+    )
 
     n = hp.n_head_kv * hp.head_dim
     return ", ".join(f"{t} {human_bytes(round(bytes_per_token(hp.n_layer, n, t, t)))}"

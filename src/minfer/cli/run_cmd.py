@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-logits", type=int, default=0, metavar="K",
                    help="with --json: the K highest raw logits at every sampled step")
     p.add_argument("--cnv", action="store_true", help="start an interactive chat instead")
+    f = p.add_argument_group("fill-in-the-middle (code completion with a coder model's FIM "
+                             "tokens; the prompt, if any, starts the cursor's line)")
+    f.add_argument("--fim-prefix", metavar="TEXT", help="the text before the cursor")
+    f.add_argument("--fim-suffix", metavar="TEXT", help="the text after the cursor")
     p.add_argument("--dump-graph", metavar="FILE", help="write the graph as Graphviz DOT and exit")
     p.add_argument("--dump-graph-json", metavar="FILE", help="write the graph as JSON and exit")
     p.add_argument("--dump-decode", action="store_true",
@@ -94,7 +98,14 @@ def run(args: argparse.Namespace) -> int:
         return int(chat_cmd.run(args))
     model_arg, prompt = split_positionals(args)
     args.grammar_text = grammar_from_args(args)  # refuse a bad grammar before loading the model
+    fim = args.fim_prefix is not None or args.fim_suffix is not None
     model, progress = load_announcing_cold_start(model_arg, args)
+    if fim:
+        prompt_ids = model.infill_ids((args.fim_prefix or "") + (prompt or ""),
+                                      args.fim_suffix or "")
+        if progress is not None:
+            model.warm_up(len(prompt_ids), progress)
+        return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args))
     if prompt is None:
         prompt = read_stdin_prompt()
     if args.raw:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numba
@@ -33,7 +33,7 @@ from minfer.graph import scheduler
 from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
 from minfer.graph.cache import GraphCache, PreparedGraph
 from minfer.graph.fusion import fuse
-from minfer.graph.ir import InputKind
+from minfer.graph.ir import ComputeGraph, InputKind
 from minfer.graph.params import ContextParams, GraphParams
 from minfer.models.registry import graph_builder_for
 
@@ -88,7 +88,6 @@ class Engine:
         n_threads: int | None = None,
         adaptive_threads: bool = False,
         batch_invariant: bool = False,
-        op_tape: bool | None = None,
         vocab_limit: int = 0,
     ) -> None:
         self._backends = list(backends) if backends else [CpuBackend()]
@@ -123,14 +122,10 @@ class Engine:
         self._shapes = self.weights.shapes()
         self._by_name = {b.name: b for b in self._backends}
         jit_cache.mark_used()
+        # seconds per `op:role` when profiling (MINFER_PROFILE): the tape's steps, node by node
         self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
-        # run graphs from their op tape (bound once) rather than node by node; MINFER_TAPE=0
-        # turns it off (for comparisons). The profiler and the tracer need the interpreter.
-        if op_tape is None:
-            op_tape = os.environ.get("MINFER_TAPE", "1") != "0"
-        self.op_tape = op_tape
         self.n_threads = n_threads
-        # the per-step trace (minfer viz, MINFER_TRACE=FILE); None: the plain walk
+        # the per-step trace (minfer viz, MINFER_TRACE=FILE): the tape walked node by node
         self.tracer: StepTracer | None = tracer_from_env()
         # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
         self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
@@ -161,7 +156,7 @@ class Engine:
         binding loads the tape's kernels from numba's cache without running them
         (`jit_cache.direct`). The next call that runs a graph waits for it; an error it met is
         raised there. Results do not change: the first decode would bind the same tape."""
-        if self._warming is not None or not self.op_tape:
+        if self._warming is not None:
             return
         self._warming = threading.Thread(target=self._warm, name="minfer-warm", daemon=True)
         self._warming.start()
@@ -209,19 +204,13 @@ class Engine:
         buffers = self._buffers(prepared)
         graph = prepared.graph
         self._fill(prepared, buffers, batch)
-        invariant = self.batch_invariant or batch_invariant
-        tape = None
-        if self.op_tape and self.profile is None and self.tracer is None:
-            tape = self._tape(prepared, buffers, invariant)
-        if tape is not None:
-            tape.run()
+        tape = self._tape(prepared, buffers, self.batch_invariant or batch_invariant)
+        if self.tracer is not None:
+            self.tracer.trace_forward(prepared, tape, buffers, batch, self.weights)
+        elif self.profile is not None:
+            tape.run_observed(self._profiled(graph))
         else:
-            ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=invariant)
-            if self.tracer is None:
-                scheduler.execute(graph, prepared.splits, buffers, self._by_name, ctx,
-                                  self.profile)
-            else:
-                self.tracer.trace_forward(prepared, buffers, self._by_name, ctx, batch)
+            tape.run()
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:
@@ -236,7 +225,6 @@ class Engine:
         prepared = self.cache.get(params)
         buffers = self._buffers(prepared)
         graph = prepared.graph
-        ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=self.batch_invariant)
         for node_id in node_ids:
             node = graph.nodes[node_id]
             for src in node.srcs:  # a reused buffer may hold anything: zeros, then the inputs
@@ -247,12 +235,26 @@ class Engine:
                 buf = buffers[input_id]
                 assert buf is not None
                 buf[:] = 1 if kind is InputKind.KV_END else 0
-            assert node.backend is not None
-            self._by_name[node.backend].execute_node(
-                node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
+            ctx = ExecContext(weights=self.weights, kv=self.kv,
+                              batch_invariant=self.batch_invariant)
+            scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
+                                 [node_id]).run()
+
+    def _profiled(self, graph: ComputeGraph) -> Callable[[int, float], None]:
+        """The tape's observer that adds each node's seconds to `profile[op:role]`."""
+        profile = self.profile
+        assert profile is not None
+        nodes = graph.nodes
+
+        def observe(node_id: int, seconds: float) -> None:
+            node = nodes[node_id]
+            key = f"{node.op.kind}:{node.meta.role}"
+            profile[key] = profile.get(key, 0.0) + seconds
+
+        return observe
 
     def _tape(self, prepared: PreparedGraph, buffers: list[np.ndarray | None],
-              batch_invariant: bool) -> scheduler.Tape | None:
+              batch_invariant: bool) -> scheduler.Tape:
         """The prepared graph's op tape over these buffers, bound on first use (one per
         batch-invariance setting: it decides the paths the binding takes)."""
         key = "tape-invariant" if batch_invariant else "tape"
@@ -262,7 +264,7 @@ class Engine:
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
                                         ctx)
             prepared.scratch[key] = cached = (buffers, tape)
-        result: scheduler.Tape | None = cached[1]
+        result: scheduler.Tape = cached[1]
         return result
 
     @staticmethod

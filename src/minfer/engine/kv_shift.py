@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 import minfer.jit_cache  # noqa: F401  (before any njit: where compiled code is cached)
-from minfer.backends.cpu.kernels.kv_formats import dequantize_rows, is_quant, store_rows
+from minfer.backends.cpu.kernels.attn.kv_formats import dequantize_rows, is_quant, store_rows
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """The per-step trace: what every node of every forward produced, how long it took, and the
 model's top candidates after it.
 
-An Engine with a `StepTracer` runs each forward through `trace_forward` instead of the plain
-scheduler walk (one None check per forward; the untraced path is unchanged). A step record is
-plain JSON-able data:
+An Engine with a `StepTracer` walks each forward's op tape node by node through
+`trace_forward` (`Tape.run_observed`; one None check per forward, the untraced path
+unchanged). A step record is plain JSON-able data:
 
     {"step", "kind": "prefill"|"decode", "graph": uid, "n_tokens", "pos", "tokens",
      "token_text", "top": [{"id", "text", "p"}] (softmax of the last row's logits),
@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minfer.backends.base import Backend, ExecContext
 from minfer.engine.tensor_stats import STAT_KEYS, stats_dict, summarize_into
 from minfer.errors import MinferError
-from minfer.graph import scheduler
 from minfer.graph.cache import PreparedGraph
+from minfer.graph.scheduler import Tape
 from minfer.graph.view import describe
 
 if TYPE_CHECKING:
@@ -116,13 +115,15 @@ class StepTracer:
         self._views: dict[int, dict[str, Any]] = {}  # uid -> described graph (made once)
         self.n_steps = 0  # steps ever recorded (step numbers keep counting after drops)
 
-    def trace_forward(self, prepared: PreparedGraph, buffers: list[np.ndarray | None],
-                      backends: Mapping[str, Backend], ctx: ExecContext, batch: Batch) -> None:
+    def trace_forward(self, prepared: PreparedGraph, tape: Tape,
+                      buffers: list[np.ndarray | None], batch: Batch, weights: Any) -> None:
+        """Run the tape node by node, recording each node's output statistics and time."""
         graph = prepared.graph
         rec = TracedStep({})
         capture = self.capture
 
-        def observe(node_id: int, out: np.ndarray | None, seconds: float) -> None:
+        def observe(node_id: int, seconds: float) -> None:
+            out = buffers[node_id]
             rec.node_ids.append(node_id)
             rec.seconds.append(seconds)
             if out is None:
@@ -136,13 +137,13 @@ class StepTracer:
                 rec.outputs[node_id] = out.copy()
 
         for node_id in graph.inputs.values():  # filled, not executed; their slots are reused
-            observe(node_id, buffers[node_id], 0.0)
+            observe(node_id, 0.0)
         t0 = time.perf_counter()
-        scheduler.execute_observed(graph, prepared.splits, buffers, backends, ctx, observe)
+        tape.run_observed(observe)
         elapsed = time.perf_counter() - t0
         logits = buffers[graph.outputs[0]]
         assert logits is not None
-        self._remember(prepared, ctx)
+        self._remember(prepared, weights)
         rec.header = {
             "step": self.n_steps, "kind": prepared.params.gtype.value, "graph": graph.uid,
             "n_tokens": batch.n_tokens, "pos": int(batch.positions[0]),
@@ -156,12 +157,12 @@ class StepTracer:
     def _text(self, token_id: int) -> str:
         return self.token_text(token_id) if self.token_text else ""
 
-    def _remember(self, prepared: PreparedGraph, ctx: ExecContext) -> None:
+    def _remember(self, prepared: PreparedGraph, weights: Any) -> None:
         if prepared.graph.uid not in self.prepared:
             self.prepared[prepared.graph.uid] = prepared
             if not self.tensor_types:
-                self.model_name = Path(ctx.weights.file.path).name.removesuffix(".gguf")
-                tensors = ctx.weights.file.tensors
+                self.model_name = Path(weights.file.path).name.removesuffix(".gguf")
+                tensors = weights.file.tensors
                 self.tensor_types = {name: t.type_name for name, t in tensors.items()}
 
     def _append(self, step: TracedStep) -> None:

@@ -5,12 +5,11 @@ Assignment gives each node the first backend (in the session's preference order)
 on one backend form a split. Execution walks the splits in order and runs every live node;
 nodes orphaned by fusion (no buffer, not a KV op) are skipped.
 
-Two ways to run a prepared graph: `execute` interprets it node by node (each node's handler
-looks up its weights, op fields and path on every call; the profiler and tracing hook in here),
-and the op tape (`build_tape`, `Tape.run`) is the same node list bound once, for graphs whose
-backends can bind their nodes (`bind_node`): a flat list of calls over fixed buffers, rebuilt
-only when the graph or its buffers are. A decode step repeats one graph hundreds of times, so
-the interpreter's per-node lookups are worth doing once.
+A prepared graph runs one way: as its op tape (`build_tape`, `Tape.run`), the node list bound
+once by each node's backend (`bind_node`: weights, op fields, the path a shape takes and the
+shape checks resolved) into a flat list of calls over fixed buffers, rebuilt only when the graph
+or its buffers are. A decode step repeats one graph hundreds of times, so the lookups are done
+once. Profiling and tracing walk the same bound steps node by node (`Tape.run_observed`).
 """
 
 from __future__ import annotations
@@ -76,60 +75,29 @@ def count_crossings(graph: ComputeGraph, live: Sequence[bool]) -> int:
     return crossings
 
 
-def execute(
-    graph: ComputeGraph,
-    splits: Sequence[tuple[str, list[int]]],
-    buffers: Sequence[np.ndarray | None],
-    backends: Mapping[str, Backend],
-    ctx: ExecContext,
-    profile: dict[str, float] | None = None,
-) -> None:
-    nodes = graph.nodes
-    for backend_name, node_ids in splits:
-        backend = backends[backend_name]
-        for node_id in node_ids:
-            node = nodes[node_id]
-            srcs = [buffers[s] for s in node.srcs]
-            if profile is None:
-                backend.execute_node(node, srcs, buffers[node_id], ctx)
-                continue
-            t0 = time.perf_counter()
-            backend.execute_node(node, srcs, buffers[node_id], ctx)
-            key = f"{node.op.kind}:{node.meta.role}"
-            profile[key] = profile.get(key, 0.0) + time.perf_counter() - t0
-
-
-def execute_observed(
-    graph: ComputeGraph,
-    splits: Sequence[tuple[str, list[int]]],
-    buffers: Sequence[np.ndarray | None],
-    backends: Mapping[str, Backend],
-    ctx: ExecContext,
-    observe: Callable[[int, np.ndarray | None, float], None],
-) -> None:
-    """`execute`, calling observe(node id, its output buffer, seconds) after every node (the
-    traced path; its output is read before any later node can reuse the buffer)."""
-    nodes = graph.nodes
-    for backend_name, node_ids in splits:
-        backend = backends[backend_name]
-        for node_id in node_ids:
-            node = nodes[node_id]
-            t0 = time.perf_counter()
-            backend.execute_node(node, [buffers[s] for s in node.srcs], buffers[node_id], ctx)
-            observe(node_id, buffers[node_id], time.perf_counter() - t0)
-
-
 @dataclass
 class Tape:
-    """A prepared graph bound to its buffers: one call per live node, in build order."""
+    """A prepared graph bound to its buffers: each live node's calls, in build order."""
 
     steps: list[Callable[[], None]]
     ctx: ExecContext  # held by the bound calls; its per-forward memo is cleared on each run
+    spans: list[tuple[int, int, int]]  # (node id, first step, end step) per live node
 
     def run(self) -> None:
         self.ctx.memo.clear()
         for step in self.steps:
             step()
+
+    def run_observed(self, observe: Callable[[int, float], None]) -> None:
+        """`run`, calling observe(node id, seconds) after each node's steps (the profiler and
+        the tracer: a node's output is read there, before a later node can reuse its buffer)."""
+        self.ctx.memo.clear()
+        steps = self.steps
+        for node_id, first, end in self.spans:
+            t0 = time.perf_counter()
+            for step in steps[first:end]:
+                step()
+            observe(node_id, time.perf_counter() - t0)
 
 
 def build_tape(
@@ -138,16 +106,22 @@ def build_tape(
     buffers: Sequence[np.ndarray | None],
     backends: Mapping[str, Backend],
     ctx: ExecContext,
-) -> Tape | None:
-    """The op tape for this graph and buffers; None when a backend it uses cannot bind nodes
-    (the graph is then interpreted by `execute`)."""
+    node_ids: Sequence[int] | None = None,
+) -> Tape:
+    """The op tape for this graph and buffers (of `node_ids` only, in build order, when given:
+    the warm-up binds single nodes)."""
+    wanted = None if node_ids is None else set(node_ids)
     steps: list[Callable[[], None]] = []
-    for backend_name, node_ids in splits:
-        bind = getattr(backends[backend_name], "bind_node", None)
-        if bind is None:
-            return None
-        for node_id in node_ids:
+    spans: list[tuple[int, int, int]] = []
+    for backend_name, ids in splits:
+        backend = backends[backend_name]
+        for node_id in ids:
+            if wanted is not None and node_id not in wanted:
+                continue
             node = graph.nodes[node_id]
-            steps.extend(bind(node, [buffers[s] for s in node.srcs], buffers[node_id], ctx))
+            first = len(steps)
+            steps.extend(backend.bind_node(node, [buffers[s] for s in node.srcs],
+                                           buffers[node_id], ctx))
+            spans.append((node_id, first, len(steps)))
     ctx.memo.clear()  # what binding kept there is held by the calls now
-    return Tape(steps, ctx)
+    return Tape(steps, ctx, spans)

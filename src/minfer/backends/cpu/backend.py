@@ -9,7 +9,8 @@ layer's would cost ~100 MB).
 Matmuls take the integer-dot path, whose rows are bitwise independent of the batch. Q4_0, Q5_0,
 Q8_0, Q4_K and Q6_K weights with a multiple of 16 rows are repacked for it on first use
 (`kernels.repack_weight`, kept by the weights in place of the file's pages): an exact
-rearrangement, 16 rows interleaved at a time (`kernels.simd_rows`, `simd_rows_k`), that spares
+rearrangement, 16 rows interleaved at a time (`kernels.simd_rows`, `simd.interleaved_k`), that
+spares
 the dots their per-call unpacking.
 Only from `prefill_min_tokens(type)` rows on (float weights; quantized ones without an
 interleaved copy on CPUs without AVX512-VNNI) do they dequantize weight tiles into BLAS sgemm,
@@ -29,8 +30,8 @@ import numpy as np
 from minfer import jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
-from minfer.backends.cpu.kernels.kv_formats import KV_TYPES, QK, QUANT_TYPES, new_cache
-from minfer.backends.cpu.kernels.quant_types import KQUANT_TYPES
+from minfer.backends.cpu.kernels.attn.kv_formats import KV_TYPES, QK, QUANT_TYPES, new_cache
+from minfer.backends.cpu.kernels.quant.types import KQUANT_TYPES
 from minfer.errors import GraphError, MinferError
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph, Node
@@ -60,48 +61,24 @@ class CpuBackend:
     def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray:
         return new_cache(kv_type, n_ctx, width)
 
-    def execute_node(
-        self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None, ctx: ExecContext
-    ) -> None:
-        handler = _HANDLERS.get(type(node.op))
-        if handler is None:
-            raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
-        handler(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)
-
     def bind_node(
         self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None, ctx: ExecContext
     ) -> list[Callable[[], None]]:
         """The node as calls with everything resolved that stays fixed for this graph and its
         buffers (weights and their bound kernels, op fields, the path a shape takes, the checks
-        of shapes): its steps of the op tape. None for nodes that do nothing (KV loads). An op
-        without a binder runs its handler."""
+        of shapes): its steps of the op tape. No steps for nodes that do nothing (KV loads:
+        attention reads the persistent region itself)."""
         if isinstance(node.op, ir.KvcacheLoad):
             return []
         binder = _BINDERS.get(type(node.op))
-        if binder is not None:  # each compiled kernel called past numba's per-call typing
-            return [jit_cache.direct(step)
-                    for step in binder(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)]
-        handler = _HANDLERS.get(type(node.op))
-        if handler is None:
+        if binder is None:
             raise GraphError(f"cpu backend has no kernel for {node.op.kind}")
-        return [partial(handler, node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)]
+        # each compiled kernel called past numba's per-call typing
+        return [jit_cache.direct(step)
+                for step in binder(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)]
 
 
 Srcs = list[np.ndarray]  # KV loads/stores are the only nodes with a None buffer
-
-
-def _get_rows(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    if node.meta.weights:  # embedding lookup from the (quantized) table
-        w, qtype = ctx.weights.matrix(node.meta.weights[0])
-        K.get_rows(w, qtype, srcs[0], out)
-    else:  # tail rows of an activation
-        x, rows = srcs
-        np.take(x, rows, axis=0, out=out)
-
-
-def _rms_norm(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    assert isinstance(node.op, ir.RmsNorm)
-    K.rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), node.op.eps, out)
 
 
 _FLOATS = frozenset({K.QType.F32, K.QType.F16, K.QType.BF16})
@@ -159,29 +136,6 @@ def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
     return int(K.repack_weight(rows, qtype, out)[1])
 
 
-def _project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray, ctx: ExecContext,
-             rows: int = 0) -> None:
-    """out = x @ W.T (W's first `rows` rows when > 0), sharing one quantized activation among
-    the weights that read node x."""
-    p = _projection(ctx, w_name, x.shape[1], rows)
-    if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
-        K.matmul_sgemm(p.raw, p.raw_type, x, out)
-        return
-    p.run(_quantized(ctx, x_node, x, p), out)
-
-
-def _quantized(ctx: ExecContext, x_node: int, x: np.ndarray,
-               p: _Projection) -> K.QuantizedActivation:
-    """Node x's activation in the form p reads, quantized once per forward."""
-    held = ctx.memo.setdefault("q8", {})
-    xq = held.get((x_node, p.form))
-    if xq is None:
-        if any(node != x_node for node, _ in held):
-            held.clear()  # only the current input's forms are kept: a prefill's would add up
-        xq = held[(x_node, p.form)] = K.quantize_activation(x, p.quant_type)
-    return xq
-
-
 def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
                   ctx: ExecContext, rows: int = 0) -> list[Callable[[], None]]:
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
@@ -217,90 +171,7 @@ def _activation_slot(ctx: ExecContext, x_node: int, x: np.ndarray, p: _Projectio
     return slot[1], [K.bind_quantize(x, slot[1])]
 
 
-def _matmul(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    assert isinstance(node.op, ir.MatMul)
-    _project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx, node.op.rows)
-    if len(node.meta.weights) > 1:
-        out += ctx.weights.vector(node.meta.weights[1])
-
-
 _UP_SCRATCH_MAX_ROWS = 64  # rows up to which the fused gate/up keeps up apart from its output
-
-
-def _fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    assert isinstance(node.op, ir.FusedGateUp)
-    scratch = ctx.memo.get(("gate_up_scratch", out.shape))
-    if scratch is None:
-        n = 2 if out.shape[0] <= _UP_SCRATCH_MAX_ROWS else 1  # see _bind_fused_gate_up
-        scratch = ctx.memo[("gate_up_scratch", out.shape)] = np.empty((n, *out.shape), out.dtype)
-    gate, up = scratch[0], (scratch[1] if len(scratch) > 1 else out)
-    _project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx)
-    _project(node.meta.weights[1], node.srcs[0], srcs[0], up, ctx)
-    (K.geglu if node.op.act == "gelu" else K.swiglu)(gate, up, out)
-
-
-Handler = Callable[[Node, Srcs, np.ndarray, ExecContext], None]
-
-
-def _binary(kernel: Callable[..., None]) -> Handler:
-    def run(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-        kernel(srcs[0], srcs[1], out)
-
-    return run
-
-
-def _silu(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    K.silu(srcs[0], out)
-
-
-def _gelu(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    K.gelu(srcs[0], out)
-
-
-def _scale(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    assert isinstance(node.op, ir.Scale)
-    K.scale(srcs[0], node.op.factor, out)
-
-
-def _softcap(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    assert isinstance(node.op, ir.Softcap)
-    K.softcap(srcs[0], node.op.cap, out)
-
-
-def _rope(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    op = node.op
-    assert isinstance(op, ir.Rope)
-    factors = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights else None
-    K.rope(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim, rope_dim=op.rope_dim,
-           base=op.base, style=op.style, freq_scale=op.freq_scale, factors=factors, out=out)
-
-
-def _qk_norm(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    op = node.op
-    assert isinstance(op, ir.QkNorm)
-    K.head_rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]), n_head=op.n_head,
-                    head_dim=op.head_dim, eps=op.eps, out=out)
-
-
-def _kv_store(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    assert isinstance(node.op, ir.KvcacheStore)
-    layer = node.op.layer
-    K.kv_store(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])
-
-
-def _kv_load(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    return None  # a view of the persistent region; attention reads it through ctx.kv
-
-
-def _attn(node: Node, srcs: Srcs, out: np.ndarray, ctx: ExecContext) -> None:
-    op = node.op
-    assert isinstance(op, ir.Attn)
-    # prefill: the blocked sgemm kernel, whose rounding depends on the batch shape
-    blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
-    K.attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
-                n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                scale=op.scale, out=out, blocked=blocked, window=op.window, softcap=op.softcap)
-
 
 
 # -- binders: the op tape's form of the handlers: each node's calls with everything resolved ----
@@ -383,6 +254,27 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
                             softcap=op.softcap)
 
 
+def _bind_scale(node: Node, srcs: Srcs, out: np.ndarray,
+                ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.Scale)
+    return [partial(K.scale, srcs[0], node.op.factor, out)]
+
+
+def _bind_softcap(node: Node, srcs: Srcs, out: np.ndarray,
+                  ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.Softcap)
+    return [partial(K.softcap, srcs[0], node.op.cap, out)]
+
+
+def _bind_call(kernel: Callable[..., None]) -> Binder:
+    """A kernel without a `bind_*` twin, called with the node's sources and output."""
+    def bind(node: Node, srcs: Srcs, out: np.ndarray,
+             ctx: ExecContext) -> list[Callable[[], None]]:
+        return [partial(kernel, *srcs, out)]
+
+    return bind
+
+
 def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
     def bind(node: Node, srcs: Srcs, out: np.ndarray,
              ctx: ExecContext) -> list[Callable[[], None]]:
@@ -404,24 +296,8 @@ _BINDERS: dict[type, Binder] = {
     ir.QkNorm: _bind_qk_norm,
     ir.KvcacheStore: _bind_kv_store,
     ir.Attn: _bind_attn,
-}
-
-_HANDLERS: dict[type, Handler] = {
-    ir.GetRows: _get_rows,
-    ir.RmsNorm: _rms_norm,
-    ir.MatMul: _matmul,
-    ir.FusedGateUp: _fused_gate_up,
-    ir.Add: _binary(K.add),
-    ir.Mul: _binary(K.mul),
-    ir.SwiGLU: _binary(K.swiglu),
-    ir.Silu: _silu,
-    ir.Gelu: _gelu,
-    ir.GeGLU: _binary(K.geglu),
-    ir.Scale: _scale,
-    ir.Softcap: _softcap,
-    ir.Rope: _rope,
-    ir.QkNorm: _qk_norm,
-    ir.KvcacheStore: _kv_store,
-    ir.KvcacheLoad: _kv_load,
-    ir.Attn: _attn,
+    ir.Gelu: _bind_call(K.gelu),
+    ir.GeGLU: _bind_call(K.geglu),
+    ir.Scale: _bind_scale,
+    ir.Softcap: _bind_softcap,
 }

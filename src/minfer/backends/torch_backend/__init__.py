@@ -73,11 +73,11 @@ class DeferredTorchBackend:
             self.made = self._make()
         return self.made.supports_op(node, graph)
 
-    def execute_node(self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None,
-                     ctx: ExecContext) -> None:
+    def bind_node(self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None,
+                  ctx: ExecContext) -> list[Callable[[], None]]:
         if self.made is None:  # only nodes it accepted are assigned to it
             raise MinferError(f"node {node.name} reached the torch backend before it was made")
-        self.made.execute_node(node, srcs, out, ctx)
+        return self.made.bind_node(node, srcs, out, ctx)
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_") or attr == "made":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -98,11 +99,17 @@ class TorchBackend:
         return None
 
     # -- execution ----------------------------------------------------------------------------
-    def execute_node(self, node: Node, srcs: Srcs, out: np.ndarray | None,
-                     ctx: ExecContext) -> None:
+    def bind_node(self, node: Node, srcs: Srcs, out: np.ndarray | None,
+                  ctx: ExecContext) -> list[Callable[[], None]]:
+        """The node's step of the op tape: its handler over these buffers (torch resolves its
+        kernels per call; the weights' bf16 copies are cached in `TorchWeights`)."""
         handler = _HANDLERS.get(type(node.op))
         if handler is None:
             raise GraphError(f"torch backend has no kernel for {node.op.kind}")
+        return [partial(self._run, handler, node, srcs, out, ctx)]
+
+    def _run(self, handler: Handler, node: Node, srcs: Srcs, out: np.ndarray | None,
+             ctx: ExecContext) -> None:
         if _THREADS not in ctx.memo:  # once per forward: follow numba's thread count
             sync_threads(numba_threads())
             ctx.memo[_THREADS] = True

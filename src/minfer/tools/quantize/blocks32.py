@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from minfer.backends.cpu.kernels._llvm import bits_of_f32, f32_to_f16
+from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f32_to_f16
 
 F = np.float32
 FLT_MAX = np.float32(3.4028234663852886e38)

@@ -69,7 +69,7 @@ def _to_f32(f: GGUFFile, t: TensorInfo, r0: int, r1: int) -> np.ndarray:
         return raw.view(np.float16).astype(np.float32)
     if qt == QT.BF16:
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    from minfer.backends.cpu.kernels.dequant import dequantize
+    from minfer.backends.cpu.kernels.quant.dequant import dequantize
 
     try:
         return dequantize(raw, qt, t.shape[0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from minfer.backends.cpu.kernels._llvm import bits_of_f32, f16_to_f32
+from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f16_to_f32
 
 from .blocks32 import absmax_signed, i8, put_f16
 

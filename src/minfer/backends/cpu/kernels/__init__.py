@@ -1,20 +1,27 @@
 """minfer.backends.cpu.kernels: compiled (numba) CPU kernels; numpy in, numpy out.
 
+Grouped by role, each package's docstring its map: `linear` (the projections: dispatch, the
+per-type row drivers, sgemm prefill), `attn` (attention over the KV cache and the cache's
+formats), `quant` (block types, dequantization, activation quantization, repacking),
+`elementwise` (norms, RoPE, activations), `simd` (the vector IR the others inline);
+`reference` holds the slow numpy references the kernels are tested against.
+
 Public API (see docs/interfaces.md):
 - matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
   quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in, n_out), repack_weight(w_raw, qtype),
-  bind_prequant(w_raw, qtype) -> run(xq, out) -- `matmul`
-- dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `dequant`
-- rms_norm, head_rms_norm -- `norm`; rope, rope_neox -- `rope`; silu, swiglu, add, mul --
-  `elementwise`; gelu, geglu, scale, softcap -- `gelu`
-- attention (blocked=True: the sgemm kernel of `attention_blocked`, used from
-  ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attention`
+  bind_prequant(w_raw, qtype) -> run(xq, out) -- `linear.dispatch`
+- dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
+- rms_norm, head_rms_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu, scale,
+  softcap -- `elementwise`
+- attention (blocked=True: the sgemm kernel of `attn.blocked`, used from
+  ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attn.attend`
 - bind_*(same arguments) -> a no-argument call: the kernel over fixed arrays, checked once (the
   op tape); new_activation / bind_quantize / bind_prequant_into for a matmul's activation
 
 The hot loops do not depend on numba's auto-vectoriser settings: the quantized dots are explicit
-vector IR (`simd`, `simd_k`), and the element-wise loops are simple enough for LLVM's loop
-vectoriser (kernels with divisions use error_model="numpy" so no zero-check blocks it).
+vector IR (`simd.blocks`, `simd.kquants`), and the element-wise loops are simple enough for
+LLVM's loop vectoriser (kernels with divisions use error_model="numpy" so no zero-check blocks
+it).
 """
 
 from __future__ import annotations
@@ -22,14 +29,28 @@ from __future__ import annotations
 # first: where the compiled kernels are cached, and how the workers wait (before any region)
 import minfer.backends.cpu.waits
 import minfer.jit_cache  # noqa: F401
-
-from .attention import attention, bind_attention, kv_store
-from .attention_blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
-from .dequant import bind_get_rows, dequantize, dequantize_into, get_rows
-from .elementwise import add, bind_add, bind_mul, bind_silu, bind_swiglu, mul, silu, swiglu
-from .gelu import geglu, gelu, scale, softcap
-from .kv_formats import bind_store_kv
-from .matmul import (
+from minfer.backends.cpu.kernels.attn.attend import attention, bind_attention, kv_store
+from minfer.backends.cpu.kernels.attn.blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
+from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv
+from minfer.backends.cpu.kernels.elementwise.arith import (
+    add,
+    bind_add,
+    bind_mul,
+    bind_silu,
+    bind_swiglu,
+    mul,
+    silu,
+    swiglu,
+)
+from minfer.backends.cpu.kernels.elementwise.gelu import geglu, gelu, scale, softcap
+from minfer.backends.cpu.kernels.elementwise.norm import (
+    bind_head_rms_norm,
+    bind_rms_norm,
+    head_rms_norm,
+    rms_norm,
+)
+from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
+from minfer.backends.cpu.kernels.linear.dispatch import (
     PREFILL_MIN_TOKENS,
     PrequantKernel,
     QuantizedActivation,
@@ -46,10 +67,19 @@ from .matmul import (
     quantize_activation,
     repack_weight,
 )
-from .norm import bind_head_rms_norm, bind_rms_norm, head_rms_norm, rms_norm
-from .q8 import Q8Blocks, Q8KBlocks, quantize_q8_0, quantize_q8_k
-from .quant_types import QType, row_bytes
-from .rope import bind_rope, rope, rope_neox
+from minfer.backends.cpu.kernels.quant.activations import (
+    Q8Blocks,
+    Q8KBlocks,
+    quantize_q8_0,
+    quantize_q8_k,
+)
+from minfer.backends.cpu.kernels.quant.dequant import (
+    bind_get_rows,
+    dequantize,
+    dequantize_into,
+    get_rows,
+)
+from minfer.backends.cpu.kernels.quant.types import QType, row_bytes
 
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",

@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, QType
+from minfer.backends.cpu.kernels.quant.types import BLOCK_LAYOUT, KQUANT_TYPES, QType
 
 
 def ref_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's 
 uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the
 q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
 Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
-query-head group. Scores and value mix run as vector IR where they can (`attention_ir`: scores
+query-head group. Scores and value mix run as vector IR where they can (`attn.vector_ir`: scores
 summed sixteen cells at a time, the value mix's accumulators in registers). From
 `ROWS_MIN_TOKENS` rows on (a batch-invariant prefill) the same arithmetic runs row-blocked
 (`_attention_rows`): each tile of K/V cells serves eight rows while it is in L1, and every value
@@ -25,11 +25,11 @@ from functools import partial
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from . import kv_quant
-from ._llvm import as_f32, f16_to_f32, f32_to_f16
-from .attention_blocked import attention_blocked, blocked_available
-from .attention_ir import BLOCK as SCORE_BLOCK
-from .attention_ir import (
+from minfer.backends.cpu.kernels.attn import quantized_kv as kv_quant
+from minfer.backends.cpu.kernels.attn.blocked import attention_blocked, blocked_available
+from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv, check_query_heads
+from minfer.backends.cpu.kernels.attn.vector_ir import BLOCK as SCORE_BLOCK
+from minfer.backends.cpu.kernels.attn.vector_ir import (
     COLUMNS,
     HAS_MIX,
     MAX_HEAD_DIM,
@@ -38,9 +38,9 @@ from .attention_ir import (
     value_mix,
     value_mix_on,
 )
-from .attention_ir import scores as ir_scores
-from .elementwise import softmax_groups
-from .kv_formats import bind_store_kv, check_query_heads
+from minfer.backends.cpu.kernels.attn.vector_ir import scores as ir_scores
+from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
+from minfer.backends.cpu.kernels.simd.llvm import as_f32, f16_to_f32, f32_to_f16
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -225,7 +225,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     [kv_start, kv_end): [max(kv_start, kv_end - window), kv_end). `softcap` > 0 maps each scaled
     score s to softcap * tanh(s / softcap) before the softmax (Gemma 2 style).
 
-    `blocked=True` takes the sgemm kernel of `attention_blocked` (from `BLOCKED_MIN_TOKENS` rows
+    `blocked=True` takes the sgemm kernel of `attn.blocked` (from `BLOCKED_MIN_TOKENS` rows
     on it is faster; its rounding depends on the batch shape, so not for batch-invariant use).
 
     q, out: f32 `[nt, n_head*head_dim]`; caches: f32 or f16 `[n_ctx, n_head_kv*head_dim]`;
@@ -328,7 +328,8 @@ def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
              cells: np.ndarray) -> None:
     """Write rows k[t], v[t] (f32 `[nt, n_head_kv*head_dim]`) into cache cells[t] (f16 rounding
     to nearest even when the cache is f16, as ggml's f32->f16 copy; q8_0/q4_0 caches get ggml
-    blocks, see `kv_formats`). A cell outside the cache is refused before anything is written."""
+    blocks, see `attn.kv_formats`). A cell outside the cache is refused before anything is
+    written."""
     cells = np.asarray(cells, dtype=np.int64).reshape(-1)
     k = np.ascontiguousarray(k, dtype=np.float32)
     v = np.ascontiguousarray(v, dtype=np.float32)

@@ -3,8 +3,10 @@ paths.
 
 Decode / small batches (nt < `prefill_min_tokens(qtype)`): the activation rows are quantized once
 per call (Q8_0+Q8_1 blocks for the 32-value types, Q8_K for K-quants; rounded to f16 / bf16 for
-those float weights) and dotted against the GGUF blocks in integers, as ggml does -- see `dot32`
-and `dotk`. `quantize_activation` + `matmul_prequant` let a caller share one quantized activation
+those float weights) and dotted against the GGUF blocks in integers, as ggml does -- see
+`linear.dots32`
+and `linear.dots_k`. `quantize_activation` + `matmul_prequant` let a caller share one quantized
+activation
 across several weights that read the same input (q/k/v, gate/up).
 
 Prefill: with AVX512-VNNI the same integer kernels are also the fastest prefill path for every
@@ -18,7 +20,7 @@ with VNNI) run as two ymm halves and are likewise the fastest path at every batc
 on AMD EPYC (Zen 4) compiled for Haswell, 2 threads, against the sgemm path at 512 tokens Q5_0
 23.1 vs 23.9 ms (4864 x 896), Q4_K 58 vs 76 (8960 x 1536), Q6_K 60 vs 124 (1536 x 8960), and
 1.3-2x faster than the plain integer rows at 4-64 tokens. Float weights, and other quantized
-weights on a CPU without AVX512-VNNI, switch to the sgemm path (see `prefill`) from
+weights on a CPU without AVX512-VNNI, switch to the sgemm path (see `linear.sgemm`) from
 `prefill_min_tokens(qtype)` rows on: tiles of weight rows dequantized to f32 times f32
 activations, which differs from the integer path by float rounding only.
 """
@@ -31,23 +33,9 @@ from typing import cast
 
 import numpy as np
 
-from .dot_loops import mv_q2_k
-from .floatmv import round_to_bf16, round_to_f16
-from .prefill import sgemm_tiles
-from .q8 import (
-    Q8Blocks,
-    Q8KBlocks,
-    bind_quantize_q8_0,
-    bind_quantize_q8_k,
-    new_q8_0,
-    new_q8_k,
-    quantize_q8_0,
-    quantize_q8_k,
-)
-from .quant_types import BLOCK_LAYOUT, KQUANT_TYPES, PACKED_TYPES, QType, qtype_of, weight_view
-from .reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
-from .repack import interleave_block32, interleave_kquant
-from .row_drivers import (
+from minfer.backends.cpu.kernels.linear.dots_q2k import mv_q2_k
+from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16, round_to_f16
+from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_bf16,
     mv_f16,
     mv_f32,
@@ -65,8 +53,29 @@ from .row_drivers import (
     mv_q8_0,
     mv_q8_0p,
 )
-from .simd import DOT4, HAS_VNNI, HAS_VNNI512
-from .simd_rows import ROWS
+from minfer.backends.cpu.kernels.linear.sgemm import sgemm_tiles
+from minfer.backends.cpu.kernels.quant.activations import (
+    Q8Blocks,
+    Q8KBlocks,
+    bind_quantize_q8_0,
+    bind_quantize_q8_k,
+    new_q8_0,
+    new_q8_k,
+    quantize_q8_0,
+    quantize_q8_k,
+)
+from minfer.backends.cpu.kernels.quant.reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
+from minfer.backends.cpu.kernels.quant.repack import interleave_block32, interleave_kquant
+from minfer.backends.cpu.kernels.quant.types import (
+    BLOCK_LAYOUT,
+    KQUANT_TYPES,
+    PACKED_TYPES,
+    QType,
+    qtype_of,
+    weight_view,
+)
+from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI, HAS_VNNI512
+from minfer.backends.cpu.kernels.simd.interleaved import ROWS
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
@@ -77,7 +86,8 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
 }
 _NEVER = 1 << 62
-# Q2_K dots in plain loops (`dot_loops`), IQ4_NL / Q3_K on a re-encoded copy (`reencode`):
+# Q2_K dots in plain loops (`linear.dots_q2k`), IQ4_NL / Q3_K on a re-encoded copy
+# (`quant.reencode`):
 # dequantized tiles of the file's weight through sgemm win from here on.
 _PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS,
                    QType.IQ4_NL: PREFILL_MIN_TOKENS}
@@ -192,7 +202,7 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks, or for
-    IQ4_NL / Q3_K an exact copy widened to Q8_0 / Q6_K (see `reencode`), made here."""
+    IQ4_NL / Q3_K an exact copy widened to Q8_0 / Q6_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
     if qt is QType.IQ4_NL:

@@ -6,7 +6,8 @@
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
 
-The CPU backend binds these weights once (`matmul.bind_prequant`) and runs the copy through the
+The CPU backend binds these weights once (`linear.dispatch.bind_prequant`) and runs the copy
+through the
 hand-vectorized Q8_0 / Q6_K kernels: ~1.9x the weight memory, an order of magnitude faster than
 dotting the narrow types in plain loops.
 """

@@ -1,7 +1,8 @@
 """Integer dot kernels for the 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 
 Each kernel computes `out[t, r] = dot(W[r], x[t])` with the activation already quantized to Q8
-blocks (`q8.Q8Blocks`), the way ggml's `ggml_vec_dot_q*_q8_*` do: per block an exact int32 dot
+blocks (`quant.activations.Q8Blocks`), the way ggml's `ggml_vec_dot_q*_q8_*` do: per block an exact
+int32 dot
 of the weight codes with the activation quants, scaled by `d_w * d_x` (f32) and summed in f32;
 Q4_1/Q5_1 add `sum(m_w * s_x)`. Summation order differs from ggml's SIMD lanes, so results agree
 to f32 rounding, not bit for bit.
@@ -18,8 +19,9 @@ the activation-only parts are precomputed: `lane_corr` / `block_corr` (the code 
 activation sums, where the dots start) and `block_transpose` (the multi-row layout). Compiled
 without fastmath on purpose: numba would otherwise flag the intrinsics' float ops as
 reassociable. The drivers (`mv_q4_0`, ..., and `mv_q4_0p`, ... for the weights interleaved
-16 rows at a time, `simd_rows`) are generated per type
-from one template by `row_drivers` (numba caches a compiled function only when its callees are
+16 rows at a time, `simd.interleaved`) are generated per type
+from one template by `linear.row_drivers` (numba caches a compiled function only when its callees
+are
 module globals, so a closure factory would recompile every run); here, the per-call activation
 preparation they share.
 """
@@ -29,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._llvm import f16_to_f32
-from .simd import BLOCKS_PER_CALL, DOT4, HAS_VNNI512, TAIL_GROUPS
+from minfer.backends.cpu.kernels.simd.blocks import BLOCKS_PER_CALL, DOT4, HAS_VNNI512, TAIL_GROUPS
+from minfer.backends.cpu.kernels.simd.llvm import f16_to_f32
 
 _CHUNK = 16  # rows per work item
 U = np.uint64
@@ -79,9 +81,9 @@ def block_corr(xq, offset, packed=False):
 
 @njit(cache=True)
 def block_transpose(xq):
-    """The activation for the transposed multi-row dots (`simd._emit_blocks`): in each group
+    """The activation for the transposed multi-row dots (`simd.blocks._emit_blocks`): in each group
     of G blocks (groups of BLOCKS_PER_CALL = 16 from the start, then each of
-    `simd.TAIL_GROUPS` where that many are left), dword j of
+    `simd.blocks.TAIL_GROUPS` where that many are left), dword j of
     block i moves to dword j * G + i of the group; the rest stays as it is. One pass per call
     (0 columns for one row of plain weights or without AVX512-VNNI)."""
     nt, n = xq.shape

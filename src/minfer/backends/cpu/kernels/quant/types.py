@@ -25,7 +25,8 @@ Byte layouts (little-endian, f16 = IEEE half):
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
 The *_PACKED types are minfer's own ids (never in a file): the CPU backend's repacked copies of
-Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K weights (`repack`: the same information rearranged 16 rows at a
+Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K weights (`quant.repack`: the same information rearranged 16 rows
+at a
 time, so that int32 lane i of the integer dots' vectors is row i). Only the integer matmul reads
 them; nothing dequantizes them.
 """

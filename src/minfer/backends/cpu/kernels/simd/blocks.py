@@ -7,7 +7,8 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
 - unpack a block's weight codes to 32 bytes (nibbles, 5th bits from a bit mask, 6-bit Q6_K codes);
 - exact int32 lane sums of (code - offset) * x: with VNNI one `vpdpbusd` gives 8 lanes of 4-sums
   (u8 x s8), started from the activation's -offset * 4-sums (`xc`, computed once per call by
-  `dot32.lane_corr`: the offset correction depends on the activation only, so it costs nothing
+  `linear.dots32.lane_corr`: the offset correction depends on the activation only, so it costs
+  nothing
   per weight row; Q8_0's signed codes go in as code ^ 0x80 with offset 128); with AVX512-VNNI
   two blocks share one zmm `vpdpbusd` (the lanes are the same as two ymm ones). Without VNNI
   the portable mul/add-adjacent-pairs form that x86 lowers to `vpmaddwd` gives 16 lanes;
@@ -29,7 +30,7 @@ values). These intrinsics spell the work out as vector IR, organised like ggml's
   the number of tokens per pass, and carry no fastmath flags (the kernels are compiled without
   fastmath), so LLVM cannot reassociate them differently: a token's result is bitwise the same
   alone or batched (tests/test_kernels_batch_invariance.py);
-- the K-quant rows (`simd_k`) reuse these helpers.
+- the K-quant rows (`simd.kquants`) reuse these helpers.
 
 Arguments are 1-D contiguous arrays; nothing is bounds-checked. The compiled-code cache is keyed
 on every kernel source (`minfer.jit_cache`), so edits here are picked up.
@@ -44,7 +45,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._llvm import HAS_F16C, half_to_float, target_has
+from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float, target_has
 
 _I1 = ir.IntType(1)
 _I8 = ir.IntType(8)
@@ -392,7 +393,8 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     a group of 12 on 16 lanes whose top 4 are zero; AVX512
     VNNI, several tokens): the codes are transposed once so that dword i of vector j is dword j
     of block i, and 8 vpdpbusd against the activation laid out the same way (`xt`, from
-    `dot32.block_transpose`), starting from the block's -offset * sum(x) (`cb`), leave block i's
+    `linear.dots32.block_transpose`), starting from the block's -offset * sum(x) (`cb`), leave
+    block i's
     sum in lane i: 8 vpdpbusd per token for 16 blocks and nothing else. Otherwise (one token,
     tail blocks): the lane sums of each block (pairs of blocks per zmm vpdpbusd, started from
     `xc`) added down to one lane per block. The float operations for one token are the same
@@ -581,7 +583,7 @@ def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]
 def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
     """An intrinsic rowdot(w, x, xt, xd, xs, xc, cb, t, out, r) -> None: out[t + j, r] = dot of
     the weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xt
-    the same transposed per block group (`dot32.block_transpose`, read when ntok > 1), xd
+    the same transposed per block group (`linear.dots32.block_transpose`, read when ntok > 1), xd
     per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`), cb int32
     -offset * block sums (`block_corr`, ntok > 1); all 2-D) for j < ntok. Each block is
     unpacked once and dotted against the ntok rows. Steps of BLOCKS_PER_CALL blocks, then the
@@ -716,14 +718,15 @@ def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], n
 
 BLOCKS_PER_CALL = 16  # blocks per step of the row loop (block_transpose groups: 16, then 12 or 8+4)
 # After the groups of 16, each of these in turn where that many blocks are left: the one rule of
-# the transposed activation (`dot32.block_transpose`) and the row loop's multi-token steps. A
+# the transposed activation (`linear.dots32.block_transpose`) and the row loop's multi-token steps.
+# A
 # group costs 8 vpdpbusd per token whatever its width, so 12 blocks (AVX512-VNNI: 16-lane vectors
 # loaded masked) run as one group where 8 + 4 ran as two.
 TAIL_GROUPS = (12, 8, 4) if HAS_VNNI512 else (8, 4)
 # Software prefetch of a row's blocks: PREFETCH bytes ahead, into L2 (locality 2, prefetcht1).
 # On weights past the L3's size (the 0.5B's Q5_0 FFN x 3, 431 MB; Intel SPR, 2 threads), against
 # 1 KiB into L1: 1.12x compiled for Haswell (AVX2), 1.05x with AVX-512 (rows not interleaved).
-# The K-quant rows keep their own (`simd_k.PREFETCH`).
+# The K-quant rows keep their own (`simd.kquants.PREFETCH`).
 PREFETCH = 4096
 PREFETCH_LOCALITY = 2
 # name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)

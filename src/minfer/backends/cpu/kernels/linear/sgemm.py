@@ -2,7 +2,8 @@
 
 Prefill is compute-bound, and a BLAS sgemm on f32 is far faster than integer dots in numba. A
 numba parallel loop runs over tiles of weight rows; each thread dequantizes its tile (exactly, as
-`dequant`) into a private f32 buffer and calls a *single-threaded* sgemm on it, writing straight
+`quant.dequant`) into a private f32 buffer and calls a *single-threaded* sgemm on it, writing
+straight
 into its columns of `out`. numba stays the only thread pool: a multi-threaded BLAS next to numba's
 OpenMP workers made the two pools spin against each other on 2 cores (100x slowdowns measured).
 
@@ -21,9 +22,14 @@ import os
 import numpy as np
 from numba import njit, prange
 
-from ._llvm import bits_to_f32, call_int_fn, call_sgemm_rm_nt, f16_to_f32
-from .dequant import dequant_row, dequantize_into
-from .quant_types import QType
+from minfer.backends.cpu.kernels.quant.dequant import dequant_row, dequantize_into
+from minfer.backends.cpu.kernels.quant.types import QType
+from minfer.backends.cpu.kernels.simd.llvm import (
+    bits_to_f32,
+    call_int_fn,
+    call_sgemm_rm_nt,
+    f16_to_f32,
+)
 
 _TILE_BYTES = 1 << 19  # f32 bytes of one dequantized tile (fits L2 with the sgemm's packing)
 

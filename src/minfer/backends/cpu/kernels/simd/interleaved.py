@@ -1,5 +1,5 @@
 """Row-group dots for Q4_0 / Q5_0 / Q8_0 weights interleaved sixteen rows at a time
-(`repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI).
+(`quant.repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
 The interleaved layout stores, for each group of 16 weight rows and each block column b, the
 16 rows' block b as one packed group (`_group`): vector j holds codes 4j..4j+3 of every row,
@@ -32,8 +32,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._llvm import HAS_F16C, half_to_float
-from .simd import (
+from minfer.backends.cpu.kernels.simd.blocks import (
     _F32,
     _I1,
     _I8,
@@ -48,11 +47,12 @@ from .simd import (
     _vec,
     _vpdpbusd,
 )
+from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float
 
 ROWS = 16  # weight rows per interleaved group (int32 lanes of a zmm)
 # Software prefetch of the weight stream: this many bytes ahead, into L2 (prefetcht1). A decode
 # step streams weights from DRAM; 1 KiB into L1 (the per-row kernels' setting then, see
-# `simd.PREFETCH`) left a row group's stream short of it. Measured on weights three times the
+# `simd.blocks.PREFETCH`) left a row group's stream short of it. Measured on weights three times the
 # size of the L3 (Intel Xeon SPR, 2 threads, 1 and 4 tokens): Q5_0 1.19-1.30x, Q8_0
 # 1.17-1.20x faster; 2 KiB ahead only 1.08-1.10x, 6-16 KiB like 4; the locality mattered less
 # than the distance here.
@@ -116,7 +116,7 @@ class _Front:
 
 def prefetch_span(builder: Any, w: Any, start: Any, n_bytes: int) -> None:
     """Prefetch n_bytes of i8* `w` from byte `start` on into L2 (PF_LOCALITY): the weight
-    stream ahead of a row group's dots (`simd._prefetch_span`)."""
+    stream ahead of a row group's dots (`simd.blocks._prefetch_span`)."""
     _prefetch_span(builder, w, start, n_bytes, PF_LOCALITY)
 
 
@@ -135,7 +135,7 @@ def halves(builder: Any, w: Any, at: Any) -> Any:
 def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple[list[Any], Any]:
     """Block column b of a row group, its packed group at byte `base` of i8* `w`: eight
     <64 x i8> code vectors (vector j = codes 4j..4j+3 of every row, row i at dword i) and the
-    rows' scales as <16 x f32>. Group bytes (`repack._repack_group` with block i = row i): 16
+    rows' scales as <16 x f32>. Group bytes (`quant.repack._repack_group` with block i = row i): 16
     f16 scales, then
     - Q4_0 / Q5_0: (Q5_0) eight 64-bit masks, bit 4i + c of mask j = 5th bit of code 4j + c of
       row i | four 64-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of row i (low nibble:
@@ -188,7 +188,7 @@ def rows_dot(name: str, ntok: int) -> Any:
     """An intrinsic (w, x, xd, cb, t, out, g) -> None: out[t + j, 16 g + i] for j < ntok and the
     16 rows i of row group g, from the interleaved weight w (uint8 [n_out, row bytes]), the Q8_0
     activation codes x (int8 [nt, n]), their scales xd (f32 [nt, n/32]) and cb (int32
-    [nt, n/32], -offset * block sums, `dot32.block_corr`). vpdpbusd against broadcast
+    [nt, n/32], -offset * block sums, `linear.dots32.block_corr`). vpdpbusd against broadcast
     activation dwords; each block's codes unpacked once for the ntok tokens."""
     size, qh, _, signed = LAYOUTS[name]
 

@@ -1,7 +1,8 @@
 """Row-group dots for Q4_K / Q6_K weights interleaved sixteen rows at a time
-(`repack.interleave_kquant`), as LLVM vector IR intrinsics (AVX512-VNNI).
+(`quant.repack.interleave_kquant`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
-The idea of `simd_rows` carried to the 256-value super-blocks: per group of 16 weight rows and
+The idea of `simd.interleaved` carried to the 256-value super-blocks: per group of 16 weight rows
+and
 super-block column, int32 lane i of every vector is row i, so one token's 16 exact sub-block
 sums come from vpdpbusd against its activation dwords broadcast. Interleaved super-block bytes:
 
@@ -17,11 +18,12 @@ sums come from vpdpbusd against its activation dwords broadcast. Interleaved sup
 Per token and super-block:
 
     sub-block sums      8 (Q4_K) / 4 (Q6_K) vpdpbusd; Q6_K's start from -32 x the
-                        activation's 16-value sum (`dotk.k6_corr`, the code offset)
+                        activation's 16-value sum (`linear.dots_k.k6_corr`, the code offset)
     s  = fma(d * scale_k, float(sum_k), s)      one float step per sub-block, s from 0
     acc = fma(d_x, s, acc)
     Q4_K: acc = fma(-dmin * d_x, float(mins . sums32), acc)   the mins in 4 vpdpwssd (mins
-                        paired in words; `dotk.kmins_pairs` orders the 32-value sums to match)
+                        paired in words; `linear.dots_k.kmins_pairs` orders the 32-value sums to
+                        match)
 
 The scales are applied in float (d * scale_k is shared by the tokens): against ggml's integer
 multiply per sub-block and one conversion per super-block, it measured 1.05-1.10x faster on
@@ -42,7 +44,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .simd import (
+from minfer.backends.cpu.kernels.simd.blocks import (
     _F32,
     _I8,
     _I16,
@@ -55,11 +57,11 @@ from .simd import (
     _vec,
     _vpdpbusd,
 )
-from .simd_k import _vpdpwssd
-from .simd_rows import ROWS, _c, _store, halves, prefetch_span
-from .simd_rows import _Front as _Front32
+from minfer.backends.cpu.kernels.simd.interleaved import ROWS, _c, _store, halves, prefetch_span
+from minfer.backends.cpu.kernels.simd.interleaved import _Front as _Front32
+from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
 
-# Software prefetch: the weight stream PF_BYTES ahead, into L2 (`simd_rows.prefetch_span`),
+# Software prefetch: the weight stream PF_BYTES ahead, into L2 (`simd.interleaved.prefetch_span`),
 # a column's share per sub-block step. A whole column at once (36 lines for Q4_K, 53 for Q6_K)
 # stalled the core on its line-fill buffers: on an idle Intel SPR (2 threads, 36 GB/s read) the
 # 1.5B's Q6_K output streamed at 21 GB/s that way and at 36 spread out (1 thread: 10.6 against
@@ -77,7 +79,7 @@ _FZERO = ir.Constant(_vec(_F32, ROWS), [0.0] * ROWS)
 
 
 class _Front(_Front32):
-    """`simd_rows`' arguments, read per 256-value super-block; `cb` is the aux array here."""
+    """`simd.interleaved`' arguments, read per 256-value super-block; `cb` is the aux array here."""
 
     def __init__(self, context: Any, builder: Any, sig: Any, args: Any, kind: str) -> None:
         super().__init__(context, builder, sig, args)
@@ -87,7 +89,7 @@ class _Front(_Front32):
 
     def token(self, builder: Any, j: int) -> tuple[Any, ...]:
         """Byte offsets of token t + j's row in x, in xd, of its 16 outputs out[t + j, 16 g ..]
-        (as `simd_rows._store` reads them), and of its row in aux."""
+        (as `simd.interleaved._store` reads them), and of its row in aux."""
         tj = builder.add(self.t, _c(j))
         aux_row = builder.mul(builder.udiv(self.n_in, _c(self.per)), _c(self.aux_bytes))
         return (builder.mul(tj, self.n_in), builder.mul(tj, builder.mul(self.nsb, _c(4))),

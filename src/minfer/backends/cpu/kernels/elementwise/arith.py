@@ -15,8 +15,8 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
-from ._llvm import bits_to_f32
-from .attention_ir import exp_sum, scale_max
+from minfer.backends.cpu.kernels.attn.vector_ir import exp_sum, scale_max
+from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693145751953125)  # few mantissa bits: n * _LN2_HI is exact
@@ -51,7 +51,7 @@ def softmax_groups(scores, group, n):
     """scores[g, :n] = exp(scores[g, :n] - max) in place for each of `group` rows (the f64 sum
     of ggml's softmax); returns 1/sum per row (0 for an empty row). Shared by the attention
     kernels over plain and quantized caches. The max and exp passes are vector IR
-    (`attention_ir`: numba's float max is a scalar compare-and-select chain, 1 ns a cell);
+    (`attn.vector_ir`: numba's float max is a scalar compare-and-select chain, 1 ns a cell);
     `scores` must have contiguous rows."""
     inv = np.empty(group, np.float32)
     for g in range(group):

@@ -10,13 +10,13 @@ flash attention does: `S = Q_blk @ K_tile^T` is one sgemm, each row is masked to
 maximum (a new maximum rescales the row's output and sum so far); `O += P @ V_tile` is a second
 sgemm. The score tile (448 x 256 f32 for Qwen2.5's 7-head groups) stays in L2, where one
 score matrix over the whole window (7 MB at 4,096 cells) went through memory on every pass.
-The softmax's passes are vector IR (`attention_ir.scale_max` / `exp_sum`), sums in f64; the
+The softmax's passes are vector IR (`attn.vector_ir.scale_max` / `exp_sum`), sums in f64; the
 output is divided by the sum at the end. Queries are rounded to f16 first when the cache is f16.
 
 The result equals `attention` up to f32 summation order, but that order depends on the block
 and tile shapes, so this is only for contexts that are not batch invariant. Work items are
 dealt to the workers of a numba parallel loop, each with one scratch buffer; every sgemm is
-single-threaded on its numba worker (see `prefill`: two thread pools on the same cores spin
+single-threaded on its numba worker (see `linear.sgemm`: two thread pools on the same cores spin
 against each other). On the dev model (pp512, 2 threads) attention took 220-230 ms per prefill
 with the per-token kernel and 86-93 ms with the first blocked kernel (one score matrix, numba's
 softmax loops). At 4,096 causal rows, one layer's shapes, 2 threads (Intel Xeon, Sapphire
@@ -28,11 +28,16 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from ._llvm import call_int_fn, call_sgemm_rm_nt, f16_to_f32, f32_to_f16
-from .attention_ir import exp_sum, scale_max
-from .elementwise import fast_exp
-from .kv_formats import load_head
-from .prefill import SET_THREADS_LOCAL, SGEMM
+from minfer.backends.cpu.kernels.attn.kv_formats import load_head
+from minfer.backends.cpu.kernels.attn.vector_ir import exp_sum, scale_max
+from minfer.backends.cpu.kernels.elementwise.arith import fast_exp
+from minfer.backends.cpu.kernels.linear.sgemm import SET_THREADS_LOCAL, SGEMM
+from minfer.backends.cpu.kernels.simd.llvm import (
+    call_int_fn,
+    call_sgemm_rm_nt,
+    f16_to_f32,
+    f32_to_f16,
+)
 
 _BLOCK = 64  # query rows per work item (x group query heads = sgemm rows)
 _TILE = 256  # KV cells per step of the online softmax (a 448 x 256 score tile sits in L2)
@@ -47,7 +52,7 @@ def _tile_softmax(row, c0, c1, scale, softcap, m_old):
     """One query row's scores in one KV tile, for the online softmax: row[c0:c1] (its cells in
     the tile) become exp(s - m) with s = scale*score (soft-capped when softcap > 0) and m the
     running maximum including this tile, every other cell 0. Returns (m, the tile's sum of the
-    exps in f64). The two passes over the cells are vector IR (`attention_ir`)."""
+    exps in f64). The two passes over the cells are vector IR (`attn.vector_ir`)."""
     row[:c0] = np.float32(0.0)
     row[c1:] = np.float32(0.0)
     w = row[c0:c1]

@@ -28,9 +28,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._llvm import f16_to_f32, f32_to_f16
-from .simd import _F32, _I8, _I32, _splat, _vec
-from .simd import _x86 as _call  # any LLVM intrinsic, by name
+from minfer.backends.cpu.kernels.simd.blocks import _F32, _I8, _I32, _splat, _vec
+from minfer.backends.cpu.kernels.simd.blocks import _x86 as _call  # any LLVM intrinsic, by name
+from minfer.backends.cpu.kernels.simd.llvm import f16_to_f32, f32_to_f16
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._llvm import f32_to_f16
+from minfer.backends.cpu.kernels.simd.llvm import f32_to_f16
 
 GELU_COEF_A = np.float32(0.044715)
 SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)

@@ -18,10 +18,15 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from minfer import jit_cache
-
-from ._llvm import bits_of_f32
-from .dot32 import U, load_f16
-from .quant_types import BLOCK_LAYOUT, FLOAT_TYPES, QType, qtype_of, weight_view
+from minfer.backends.cpu.kernels.linear.dots32 import U, load_f16
+from minfer.backends.cpu.kernels.quant.types import (
+    BLOCK_LAYOUT,
+    FLOAT_TYPES,
+    QType,
+    qtype_of,
+    weight_view,
+)
+from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32
 
 _M4 = np.uint8(15)
 _S4 = np.uint8(4)

@@ -1,8 +1,8 @@
 """Attention over quantized KV caches (q8_0 / q4_0, or one of them mixed with f16/f32).
 
-`attention` dispatches here when K or V is quantized (see `kv_formats` for the layouts). Each
+`attention` dispatches here when K or V is quantized (see `attn.kv_formats` for the layouts). Each
 cell's head slice is dequantized on the fly into an f32 row (`load_head`), then the per-token
-kernel proceeds as `attention._attention`: f32 scores, max-subtracted softmax with an f64 exp sum,
+kernel proceeds as `attn.attend._attention`: f32 scores, max-subtracted softmax with an f64 exp sum,
 the value mix accumulated in f32. The result is therefore attention over the dequantized cache,
 up to f32 summation order, and it is per query row (batch invariant) like the f16 kernel.
 
@@ -14,10 +14,10 @@ is cheap next to the dequantization it shares with the value mix. Keeping the qu
 keeps one exact reference (the dequantized cache) for the tests. With an f16 K cache (V
 quantized) the query is rounded to f16 as in the f16 kernel.
 
-Quantized rows are stored rotated per 32-value block (see `kv_formats`): the query is rotated
+Quantized rows are stored rotated per 32-value block (see `attn.kv_formats`): the query is rotated
 before a quantized K is read, and the output after a quantized V was mixed.
 
-The blocked prefill kernel (`attention_blocked`) reads any format through the same `load_head`,
+The blocked prefill kernel (`attn.blocked`) reads any format through the same `load_head`,
 dequantizing each block's K/V slice into its f32 scratch.
 """
 
@@ -28,9 +28,8 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit, prange
 
-from .attention_blocked import attention_blocked, blocked_available
-from .elementwise import softmax_groups
-from .kv_formats import (
+from minfer.backends.cpu.kernels.attn.blocked import attention_blocked, blocked_available
+from minfer.backends.cpu.kernels.attn.kv_formats import (
     QK,
     cache_type,
     check_query_heads,
@@ -40,6 +39,7 @@ from .kv_formats import (
     rotate_blocks,
     row_width,
 )
+from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
@@ -126,7 +126,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
               out: np.ndarray, blocked: bool = False, window: int = 0,
               softcap: float = 0.0) -> None:
-    """`attention.attention` with K and/or V quantized (same contract; a sliding `window` narrows
+    """`attn.attend.attention` with K and/or V quantized (same contract; a sliding `window` narrows
     each query's cells the same way; soft-capping is refused)."""
     _window_softcap(window, softcap)
     k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
@@ -146,7 +146,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    kv_start: np.ndarray, kv_end: np.ndarray, *, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, out: np.ndarray, blocked: bool = False,
                    window: int = 0, softcap: float = 0.0) -> Callable[[], None]:
-    """`attention` over fixed arrays (the op tape), as one call (`attention.bind_attention`
+    """`attention` over fixed arrays (the op tape), as one call (`attn.attend.bind_attention`
     lists it)."""
     _window_softcap(window, softcap)
     nt = q.shape[0]

@@ -11,7 +11,7 @@ A cache is one 2-D numpy array `[n_ctx, row]` per layer and per K/V; its dtype n
 The blocks are ggml's (little-endian d). Writing rounds as ggml-cpu's x86 `from_float` does
 when llama.cpp copies K/V into such a cache: Q8_0 as its AVX `quantize_row_q8_0` (d = amax/127
 stored as f16, q = round-half-even(x * 127/amax), the same rule as the activation quantizer in
-`q8`), Q4_0 as
+`quant.activations`), Q4_0 as
 `quantize_row_q4_0_ref` (the block's first value of largest magnitude `max` gives d = max/-8,
 q = min(15, trunc(x/d + 8.5))).
 
@@ -20,7 +20,8 @@ on the attention output, by a Hadamard matrix before the cache stores them), eac
 is multiplied by the orthonormal Hadamard matrix H before it is quantized. That spreads an
 outlier dimension over its block, so the block's scale no longer flattens its neighbours (on
 Qwen2.5-0.5B, whose layer-0 keys reach |k| ~ 145, it halved the mean q8_0 logit error). q.k is
-unchanged when q is rotated the same way, and the value mix comes out rotated, so `kv_quant`
+unchanged when q is rotated the same way, and the value mix comes out rotated, so
+`attn.quantized_kv`
 rotates the query before and the output after (H = H^-1). llama.cpp rotates 64-value chunks
 with a matrix product; here the rotation is the 32-value block (it never straddles a head,
 whatever the head_dim), by butterflies, so the stored blocks are not llama.cpp's byte for byte.
@@ -41,7 +42,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._llvm import f16_to_f32, f32_to_f16
+from minfer.backends.cpu.kernels.simd.llvm import f16_to_f32, f32_to_f16
 
 QK = 32  # values per block
 BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}

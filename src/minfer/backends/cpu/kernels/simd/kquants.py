@@ -4,7 +4,7 @@ One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-v
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
 are dotted with the Q8_K activation in exact int32 lanes times the sub-block scales (with AVX2:
 pmaddubsw pair sums, fed to vpdpwssd against the i16 scales (AVX512-VNNI: two 32-code groups
-per zmm), or on AVX2 without VNNI to pmaddwd and an add; else `simd._lane_sums` times the
+per zmm), or on AVX2 without VNNI to pmaddwd and an add; else `simd.blocks._lane_sums` times the
 scales). Q6_K's -32 code offset is -32 * (scales . bsums), one
 pmaddwd of the activation's 16-value sums against the row's scales, added to the lanes; Q4_K /
 Q5_K's mins . bsums is the same pmaddwd against the mins, kept as lanes too. Then d_x * d_w *
@@ -22,8 +22,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._llvm import half_to_float
-from .simd import (
+from minfer.backends.cpu.kernels.simd.blocks import (
     _F32,
     _I8,
     _I16,
@@ -50,9 +49,10 @@ from .simd import (
     _vec,
     _x86,
 )
+from minfer.backends.cpu.kernels.simd.llvm import half_to_float
 
 # Software prefetch of a row's super-blocks: this many bytes ahead, into L1. The 32-value
-# blocks' 4 KiB into L2 (`simd.PREFETCH`) was slower here: the 1.5B's Q4_K FFN (1.3 GB, 2
+# blocks' 4 KiB into L2 (`simd.blocks.PREFETCH`) was slower here: the 1.5B's Q4_K FFN (1.3 GB, 2
 # threads, Intel SPR compiled for Haswell) streamed at 22.6 GB/s with it, 26.0 with this.
 PREFETCH = 1024
 

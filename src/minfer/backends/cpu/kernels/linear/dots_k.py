@@ -1,15 +1,17 @@
 """Integer dot kernels for the K-quants (256-value super-blocks): Q4_K, Q5_K, Q6_K.
 
-The activation is Q8_K (`q8.Q8KBlocks`). Per super-block the integer part is exactly ggml's
+The activation is Q8_K (`quant.activations.Q8KBlocks`). Per super-block the integer part is exactly
+ggml's
 (`ggml_vec_dot_q4_K_q8_K` and siblings): sum over sub-blocks of scale * (codes . int8 quants),
 accumulated in int32 lanes per super-block by the `simd_k.rowdot_*_k` row intrinsics (which also
 unpack the 6-bit scales and dot the mins (Q4_K/Q5_K), or Q6_K's -32 offset times its scales,
 with the activation's 16-value `bsums`). The float part is
 `d_x * d_w * sumi` plus `-d_x * dmin_w * summ` in f32 (order differs from ggml's SIMD lanes:
-agreement to f32 rounding). The plain drivers (`mv_q4_k`, ...) are `dot32`'s skeleton, generated
-from one template with theirs (`row_drivers`): MAX_TOKENS (8) activation rows per pass over a
+agreement to f32 rounding). The plain drivers (`mv_q4_k`, ...) are `linear.dots32`'s skeleton,
+generated
+from one template with theirs (`linear.row_drivers`): MAX_TOKENS (8) activation rows per pass over a
 weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invariant, no fastmath. Weights
-interleaved 16 rows at a time run `simd_rows_k` instead (`mv_q4_kr`, `mv_q6_kr`). Here: the
+interleaved 16 rows at a time run `simd.interleaved_k` instead (`mv_q4_kr`, `mv_q6_kr`). Here: the
 per-call activation preparation those need.
 """
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# -- K-quant weights interleaved 16 rows at a time (`repack.interleave_kquant`; `simd_rows_k`) --
+# -- K-quant weights interleaved 16 rows at a time (`quant.repack.interleave_kquant`;
+# `simd.interleaved_k`) --
 
 
 @njit(cache=True)

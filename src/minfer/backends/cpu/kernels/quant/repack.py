@@ -1,4 +1,5 @@
-"""Weight layouts for the integer dots, made once per weight on first use (`matmul.repack_weight`).
+"""Weight layouts for the integer dots, made once per weight on first use
+(`linear.dispatch.repack_weight`).
 
 Each is an exact rearrangement of the weight's codes and scales (same length, nothing rounded)
 into the order the VNNI dots consume, so that they load codes instead of unpacking and shuffling
@@ -6,10 +7,10 @@ them for every call and every token pass:
 
 - Q4_0 / Q5_0 / Q8_0 (`interleave_block32`): 16 rows at a time, block column by block column,
   each column's 16 blocks as one packed group whose int32 lane i holds 4 codes of row i (see
-  `simd_rows._group`).
+  `simd.interleaved._group`).
 - Q4_K / Q6_K (`interleave_kquant`): 16 rows at a time, super-block column by column, the
   rows' scales side by side and each sub-block's codes as vectors whose int32 lane i holds 4
-  codes of row i (see `simd_rows_k`).
+  codes of row i (see `simd.interleaved_k`).
 """
 
 from __future__ import annotations
@@ -105,16 +106,17 @@ def _interleave_rows(w, out, size, qs_off, has_qh):
 def interleave_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
     """A Q4_0 / Q5_0 / Q8_0 weight (uint8 [n_out, row bytes], n_out a multiple of 16) with
     each group of 16 rows rewritten block column by block column: block b of the 16 rows as
-    one packed group (`simd_rows._group`), the groups of a row
+    one packed group (`simd.interleaved._group`), the groups of a row
     group in block order. Same size, exact; written into `out` (w's shape). Read by
-    `simd_rows`."""
+    `simd.interleaved`."""
     qs_off, has_qh = _repack_layout(size)
     _interleave_rows(w, out, size, qs_off, has_qh)
 
 
-# Interleaved K-quant super-blocks (`simd_rows_k`). Per group of 16 rows and super-block column,
+# Interleaved K-quant super-blocks (`simd.interleaved_k`). Per group of 16 rows and super-block
+# column,
 # a header of the rows' fields side by side, then per sub-block the 16 rows' codes as vectors whose
-# dword i is row i's (see `simd_rows_k` for the byte order).
+# dword i is row i's (see `simd.interleaved_k` for the byte order).
 KQUANT_SIZES = {"q4_k": 144, "q6_k": 210}
 
 
@@ -180,6 +182,6 @@ def _interleave_super(w, out, size, q6):
 
 def interleave_kquant(w: np.ndarray, kind: str, out: np.ndarray) -> None:
     """A Q4_K / Q6_K weight (uint8 [n_out, row bytes], n_out a multiple of 16) with each group
-    of 16 rows rewritten super-block column by column (read by `simd_rows_k`). Same size,
+    of 16 rows rewritten super-block column by column (read by `simd.interleaved_k`). Same size,
     exact; written into `out` (w's shape)."""
     _interleave_super(w, out, KQUANT_SIZES[kind], kind == "q6_k")

@@ -1,6 +1,6 @@
 """The per-token attention's two products as LLVM vector IR: the scores and the value mix.
 
-numba compiles `attention._attention`'s loops reasonably but leaves work on the table at long
+numba compiles `attn.attend._attention`'s loops reasonably but leaves work on the table at long
 windows, where decode spends its attention time (19 ms of a 60 ms token at 4,096 cells on the
 development model):
 
@@ -43,8 +43,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._llvm import HAS_F16C
-from .simd import (
+from minfer.backends.cpu.kernels.simd.blocks import (
     _F32,
     _I8,
     _I16,
@@ -57,6 +56,7 @@ from .simd import (
     _splat,
     _vec,
 )
+from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C
 
 COLUMNS = 64  # value-mix output columns per pass: four zmm
 LANES = 16  # f32 lanes of a zmm
@@ -69,7 +69,7 @@ _VEC = _vec(_F32, LANES)
 
 
 def _each(builder: Any, count: Any, body: Callable[[Any], None]) -> None:
-    """for i in range(count): body(i), nothing carried (`simd._phi_loop` without values)."""
+    """for i in range(count): body(i), nothing carried (`simd.blocks._phi_loop` without values)."""
     def step(i: Any, _: list[Any]) -> list[Any]:
         body(i)
         return []
@@ -394,7 +394,7 @@ k_columns: Any = intrinsic(_k_columns)
 scores_from: Any = intrinsic(_scores_from)
 
 
-# -- the prefill softmax's two passes over a tile row (`attention_blocked`) --------------------
+# -- the prefill softmax's two passes over a tile row (`attn.blocked`) --------------------
 # numba left both scalar: its float `max` carries NaN semantics LLVM does not turn into a vector
 # reduction (1 ns a cell, a compare-and-select chain), and the exp loop went out in 8 lanes.
 _LOG2E, _LN2_HI, _LN2_LO = 1.4426950408889634, 0.693145751953125, 1.4286068203094172e-06
@@ -428,7 +428,8 @@ def _min(builder: Any, a: Any, b: Any) -> Any:
 
 
 def _exp(builder: Any, x: Any) -> Any:
-    """`elementwise.fast_exp` in IR: x clamped to [-87, 88], x = n ln2 + r (two-step reduction),
+    """`elementwise.arith.fast_exp` in IR: x clamped to [-87, 88], x = n ln2 + r (two-step
+    reduction),
     2^n * p(r) with p the degree-7 Taylor polynomial in fused multiply-adds."""
     ty = x.type
     x = _min(builder, _max(builder, x, _const(ty, -87.0)), _const(ty, 88.0))
@@ -456,7 +457,7 @@ def _in_place(context: Any, builder: Any, signature: Any, args: Any,
     """row[c] = cell(row[c]) for c < n in place (row: a contiguous 1-D f32 array, n: the
     second argument; nothing bounds-checked), LANES cells a step, then the last n % LANES one
     by one; cell(x) -> (new x, its part of the result), for a vector or a scalar x. The parts
-    are combined into the <LANES> `init`, folded to one lane (`simd._hfold`), then the tail's
+    are combined into the <LANES> `init`, folded to one lane (`simd.blocks._hfold`), then the tail's
     parts are combined onto that. Returns the result."""
     ra = context.make_array(signature.args[0])(context, builder, args[0])
     ptr = builder.bitcast(ra.data, _I8.as_pointer())

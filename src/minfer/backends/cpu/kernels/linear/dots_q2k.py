@@ -1,14 +1,15 @@
 """The Q2_K integer dot against Q8_K activations, in plain numba loops.
 
 (Q3_K and IQ4_NL, the other types `minfer quantize` adds, are re-encoded exactly into Q6_K and
-Q8_0 and run through those types' vectorized kernels: see `reencode`. Q2_K's per-16 mins have
+Q8_0 and run through those types' vectorized kernels: see `quant.reencode`. Q2_K's per-16 mins have
 no such exact wider form.)
 
 The integer part is ggml's (`ggml_vec_dot_q2_K_q8_K`): per 16-value sub-block, scale *
 (codes . int8 quants), summed exactly in integers per super-block; the mins are dotted with the
 activation's 16-value `bsums`. The float part per super-block is `d_x * d_w * isum - d_x *
 dmin_w * summs` accumulated in f32 (order differs from ggml's SIMD lanes: agreement to f32
-rounding). Not the hand-written row intrinsics of `simd_k`: about 10x slower than Q4_K per byte.
+rounding). Not the hand-written row intrinsics of `simd.kquants`: about 10x slower than Q4_K per
+byte.
 
 Value v of a super-block (v = 128c + 32s + 16h + l) has code `(qs[32c + 16h + l] >> 2s) & 3`
 and scale index 8c + 2s + h = v // 16 (Q3_K alike; its third bit is bit 4c + s of
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .dot32 import _CHUNK, load_f16
+from minfer.backends.cpu.kernels.linear.dots32 import _CHUNK, load_f16
 
 
 @njit(inline="always")
