@@ -8,12 +8,14 @@ that needs more makes a new Engine (a new session), never a silent truncation.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minfer import env
+from minfer.engine.config import EngineConfig, usable_cores
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Constraint, Finished, Piece, generate
 from minfer.errors import ContextOverflowError, MinferError
@@ -56,8 +58,11 @@ class Model:
         self.n_ctx = n_ctx
         self.k_type = k_type or kv_type  # KV cache formats: f32, f16, q8_0, q4_0
         self.v_type = v_type or kv_type
-        self.threads = threads or default_threads()
-        self.adaptive_threads = threads is None  # measured per step unless the user chose
+        # the engines' settings, built where every surface builds them (EngineConfig.build)
+        self.config = EngineConfig.build(n_ctx=n_ctx, kv_type=kv_type, k_type=k_type,
+                                         v_type=v_type, threads=threads, fuse=fuse)
+        self.threads = self.config.n_threads or 1
+        self.adaptive_threads = self.config.adaptive_threads
         self.batch_size = batch_size
         self.backend = backend
         self.fuse = fuse
@@ -105,14 +110,8 @@ class Model:
 
             if self._engine is not None:
                 self._engine.wait_ready()  # not two engines readying weights at once
-            self._engine = Engine(
-                self.file, self.hparams, n_ctx=n_ctx, k_type=self.k_type, v_type=self.v_type,
-                # FusedGateUp measured neutral on decode (2 threads 13.07 vs 12.83 ms/token
-                # unfused, 1 thread 20.61 vs 20.61), so it stays a tested twin, off by default.
-                fuse_swiglu=self.fuse, fuse_gate_up=False,
-                backends=select_backends(self.backend), n_threads=self.threads,
-                adaptive_threads=self.adaptive_threads,
-            )
+            self._engine = Engine(self.file, self.hparams, replace(self.config, n_ctx=n_ctx),
+                                  backends=select_backends(self.backend))
             tracer = self._engine.tracer  # MINFER_TRACE: name the traced tokens
             if tracer is not None and tracer.token_text is None:
                 tracer.token_text = self.token_piece
@@ -210,10 +209,9 @@ class Model:
                                 self.hparams.n_vocab)
         from minfer.backends.select import select_backends
 
-        engine = Engine(f, hparams, n_ctx=self.engine().n_ctx, kv_type=self.kv_type,
-                        fuse_swiglu=self.fuse, fuse_gate_up=False,
-                        backends=select_backends(self.backend), n_threads=self.threads,
-                        adaptive_threads=self.adaptive_threads, vocab_limit=config.draft_vocab)
+        engine = Engine(f, hparams, replace(self.config, n_ctx=self.engine().n_ctx,
+                                            vocab_limit=config.draft_vocab),
+                        backends=select_backends(self.backend))
         proposer = SlotDrafter(engine, engine.n_ctx, p_min=config.p_min, chunk=self.batch_size,
                                temp=temp or 1.0, seed=0 if seed is None else seed,
                                n_vocab=hparams.n_vocab)
@@ -259,11 +257,8 @@ class Model:
 
 
 def default_threads() -> int:
-    env = os.environ.get("MINFER_THREADS")
-    if env:
-        return max(1, int(env))
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else (os.cpu_count() or 1))
+    """MINFER_THREADS, else every usable core."""
+    return env.threads() or usable_cores()
 
 
 def load(model: str | Path | None = None, **options: Any) -> Model:

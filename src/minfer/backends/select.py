@@ -7,8 +7,7 @@ switch. `auto` adds torch only where it is known to pay.
 
 from __future__ import annotations
 
-import os
-
+from minfer import env
 from minfer.backends.base import Backend
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.errors import MinferError
@@ -17,7 +16,7 @@ CHOICES = ("auto", "cpu", "torch")
 
 
 def select_backends(choice: str | None = None) -> list[Backend]:
-    choice = (choice or os.environ.get("MINFER_BACKEND") or "auto").lower()
+    choice = (choice or env.get("MINFER_BACKEND") or "auto").lower()
     if choice not in CHOICES:
         raise MinferError(f"unknown backend {choice!r} (choose from {', '.join(CHOICES)})")
     backends: list[Backend] = []

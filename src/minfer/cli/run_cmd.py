@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
+from minfer import env
 from minfer.cli.common import (
     add_model_args,
     add_sampling_args,
@@ -198,7 +198,7 @@ def print_rates(finished: Any, total_s: float) -> None:
     if spec is not None:
         lines.append(f"Drafted:   {spec.drafted} tokens, {spec.accepted} accepted "
                      f"({100 * spec.acceptance:.1f} %) in {spec.steps} verify steps")
-    if os.environ.get("MINFER_TIMING"):
+    if env.flag("MINFER_TIMING"):
         lines.append(f"Timing:    forward {t.prefill_s + t.decode_s:.3f} s, "
                      f"sampling {t.sample_s:.3f} s "
                      f"({1000 * t.sample_s / max(1, n_gen):.2f} ms/token)")

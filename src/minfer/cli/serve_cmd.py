@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import ipaddress
 import logging
-import os
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from minfer import env
 from minfer.cli.common import add_kv_args, add_speculative_args, kv_types
 from minfer.errors import MinferError
 
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests decoded together (default 4)")
     p.add_argument("--queue", type=int, default=64,
                    help="requests that may wait for a slot; more get 503 (default 64)")
-    p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
+    p.add_argument("--api-key", default=env.get("MINFER_API_KEY") or None,
                    help="require Authorization: Bearer KEY (default: $MINFER_API_KEY)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_argument("-b", "--chunk", "--batch-size", dest="chunk", type=int, default=128,

@@ -10,19 +10,20 @@ the data, never the graph.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numba
 import numpy as np
 from numba.core import config
 
-from minfer import jit_cache
+from minfer import env, jit_cache
 from minfer.backends.base import Backend, ExecContext, KVHost
 from minfer.backends.cpu.backend import CpuBackend
+from minfer.engine.config import EngineConfig
 from minfer.engine.threads import ThreadTuner
 from minfer.engine.trace import StepTracer, tracer_from_env
 from minfer.engine.weights import ModelWeights
@@ -73,26 +74,21 @@ class Batch:
 
 
 class Engine:
-    def __init__(
-        self,
-        gguf_file: GGUFFile,
-        hparams: HParams,
-        *,
-        n_ctx: int,
-        kv_type: str = "f16",
-        k_type: str | None = None,
-        v_type: str | None = None,
-        fuse_swiglu: bool = True,
-        fuse_gate_up: bool = True,
-        backends: Sequence[Backend] | None = None,
-        n_threads: int | None = None,
-        adaptive_threads: bool = False,
-        batch_invariant: bool = False,
-        vocab_limit: int = 0,
-    ) -> None:
+    def __init__(self, gguf_file: GGUFFile, hparams: HParams,
+                 config: EngineConfig | None = None, *,
+                 backends: Sequence[Backend] | None = None, kv_type: str | None = None,
+                 **fields: Any) -> None:
+        """An engine for `config` (`EngineConfig`'s defaults when None). Keyword fields
+        (`n_ctx=64`, `batch_invariant=True`, …; `kv_type` sets both caches) replace single
+        fields of it: the short form tests and tools use."""
+        if kv_type is not None:
+            fields.setdefault("k_type", kv_type)
+            fields.setdefault("v_type", kv_type)
+        config = replace(config or EngineConfig(), **fields)
+        self.config = config
+        n_ctx, k_type, v_type = config.n_ctx, config.k_type, config.v_type
         self._backends = list(backends) if backends else [CpuBackend()]
         host = kv_host(self._backends)
-        k_type, v_type = k_type or kv_type, v_type or kv_type
         host.check_kv_types(k_type, v_type, hparams.head_dim)
         if hparams.attn_softcap and (host.kv_quantized(k_type) or host.kv_quantized(v_type)):
             raise MinferError("this model soft-caps its attention scores, which the quantized "
@@ -100,14 +96,15 @@ class Engine:
         if n_ctx < 1:
             raise MinferError(f"n_ctx must be positive, got {n_ctx}")
         self.hparams = hparams
-        self.batch_invariant = batch_invariant
+        self.batch_invariant = config.batch_invariant
         self.weights = ModelWeights(gguf_file)
+        vocab_limit = config.vocab_limit
         self.ctx_params = ContextParams(
             n_ctx=n_ctx,
             k_type=k_type,
             v_type=v_type,
-            fuse_swiglu=fuse_swiglu,
-            fuse_gate_up=fuse_gate_up,
+            fuse_swiglu=config.fuse_swiglu,
+            fuse_gate_up=config.fuse_gate_up,
             backends=tuple(b.name for b in self._backends),
             # whole groups of 16 output rows: the unit of the CPU backend's interleaved weights
             vocab_limit=limit if 0 < (limit := -(-vocab_limit // 16) * 16) < hparams.n_vocab
@@ -123,12 +120,12 @@ class Engine:
         self._by_name = {b.name: b for b in self._backends}
         jit_cache.mark_used()
         # seconds per `op:role` when profiling (MINFER_PROFILE): the tape's steps, node by node
-        self.profile: dict[str, float] | None = {} if os.environ.get("MINFER_PROFILE") else None
-        self.n_threads = n_threads
+        self.profile: dict[str, float] | None = {} if env.flag("MINFER_PROFILE") else None
+        self.n_threads = n_threads = config.n_threads
         # the per-step trace (minfer viz, MINFER_TRACE=FILE): the tape walked node by node
         self.tracer: StepTracer | None = tracer_from_env()
         # with adaptive_threads, n_threads is the most a small repeated step (decode) may take
-        self.tuner = ThreadTuner(n_threads) if adaptive_threads and n_threads else None
+        self.tuner = ThreadTuner(n_threads) if config.adaptive_threads and n_threads else None
         self._warming: threading.Thread | None = None
         self._warm_error: BaseException | None = None
 

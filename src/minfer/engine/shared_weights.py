@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minfer import env
+
 ENV = "MINFER_SHARE_WEIGHTS"
 MIN_MODEL_BYTES = 64 << 20
 FREE_MARGIN = 1 << 30  # bytes the disk keeps free after a matrix is written
@@ -44,7 +46,7 @@ FREE_MARGIN = 1 << 30  # bytes the disk keeps free after a matrix is written
 
 def enabled(model_bytes: int) -> bool:
     """Whether a model file of this size gets file-backed repacked weights."""
-    value = os.environ.get(ENV, "")
+    value = env.get(ENV)
     if value == "":
         return model_bytes >= MIN_MODEL_BYTES
     return value != "0"
@@ -52,7 +54,7 @@ def enabled(model_bytes: int) -> bool:
 
 def folder_from_env() -> Path | None:
     """The folder `MINFER_SHARE_WEIGHTS` names (a path), or None for the default ("1")."""
-    value = os.environ.get(ENV, "")
+    value = env.get(ENV)
     return Path(value) if value not in ("", "0", "1") else None
 
 

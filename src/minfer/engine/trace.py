@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import base64
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minfer import env
 from minfer.engine.tensor_stats import STAT_KEYS, stats_dict, summarize_into
 from minfer.errors import MinferError
 from minfer.graph.cache import PreparedGraph
@@ -201,11 +201,11 @@ def tracer_from_env() -> StepTracer | None:
     """A tracer for a new Engine when MINFER_TRACE=FILE is set (written at exit), else None.
     Every Engine of the process appends to the one file's trace, which keeps the last
     MINFER_TRACE_STEPS steps (default 512; a 0.5B decode step is ~0.2 MB of JSON)."""
-    path = os.environ.get("MINFER_TRACE")
+    path = env.get("MINFER_TRACE")
     if not path:
         return None
     if not _ENV_TRACERS:
-        keep = os.environ.get("MINFER_TRACE_STEPS", str(ENV_MAX_STEPS))
+        keep = env.get("MINFER_TRACE_STEPS", str(ENV_MAX_STEPS))
         if not keep.isdigit() or int(keep) < 1:
             raise MinferError(f"MINFER_TRACE_STEPS={keep!r} is not a positive integer")
         _ENV_TRACERS.append(StepTracer(max_steps=int(keep)))

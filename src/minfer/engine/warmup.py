@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -179,11 +179,7 @@ def helper_for(engine: Any, min_spare: int = 2) -> Callable[[list[Item], Any], A
     """A `helper` for `warm_up` that reopens the engine's model in a spawned process (when
     `min_spare` cores are free), with the same context but CPU kernels only, and works through
     the items from the end."""
-    options = {"n_ctx": engine.n_ctx, "k_type": engine.ctx_params.k_type,
-               "v_type": engine.ctx_params.v_type,
-               "fuse_swiglu": engine.ctx_params.fuse_swiglu,
-               "fuse_gate_up": engine.ctx_params.fuse_gate_up,
-               "batch_invariant": engine.batch_invariant}
+    options = {"config": replace(engine.config, n_threads=None, adaptive_threads=False)}
     path = str(engine.weights.file.path)
 
     def start(items: list[Item], states: Any) -> Any:

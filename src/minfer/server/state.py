@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +87,15 @@ def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig, 
     holds, so a greedy request's ids do not depend on its neighbours or on prompt-cache hits."""
 
     def make(n_ctx: int) -> Any:
-        from minfer.api import default_threads
+        from minfer.engine.config import EngineConfig
         from minfer.engine.forward import Engine, set_threads
 
-        threads = config.threads or default_threads()
-        set_threads(threads)
-        return Engine(f, hparams, n_ctx=n_ctx, kv_type=config.kv_type,
-                      k_type=config.k_type, v_type=config.v_type,
-                      fuse_swiglu=config.fuse, fuse_gate_up=config.fuse,
-                      n_threads=threads, adaptive_threads=not config.threads,
-                      batch_invariant=True, vocab_limit=vocab_limit)
+        engine_config = EngineConfig.build(n_ctx=n_ctx, kv_type=config.kv_type,
+                                           k_type=config.k_type, v_type=config.v_type,
+                                           threads=config.threads, fuse=config.fuse,
+                                           batch_invariant=True)
+        set_threads(engine_config.n_threads or 1)
+        return Engine(f, hparams, replace(engine_config, vocab_limit=vocab_limit))
 
     return make
 

@@ -9,10 +9,10 @@ at another catalogue file of the same format.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from minfer import env
 from minfer.errors import DownloadError, ModelNotFoundError
 
 _BUILTIN = Path(__file__).with_name("catalog.json")
@@ -54,11 +54,11 @@ class Catalog:
 
 def minfer_home() -> Path:
     """The model cache directory (not created here)."""
-    return Path(os.environ.get("MINFER_HOME") or Path.home() / ".cache" / "minfer")
+    return Path(env.get("MINFER_HOME") or Path.home() / ".cache" / "minfer")
 
 
 def load_catalog() -> Catalog:
-    path = Path(os.environ.get("MINFER_CATALOG") or _BUILTIN)
+    path = Path(env.get("MINFER_CATALOG") or _BUILTIN)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         models = {}

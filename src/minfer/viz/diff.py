@@ -10,6 +10,7 @@ outputs node by node: equal GraphParams build equal topologies, so node ids matc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,9 +45,9 @@ def max_abs_delta(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
 
 
 def _engine(model: Model, n_ctx: int, backends: list[Backend]) -> Engine:
-    engine = Engine(model.file, model.hparams, n_ctx=n_ctx, k_type=model.k_type,
-                    v_type=model.v_type, fuse_swiglu=model.fuse, fuse_gate_up=False,
-                    backends=backends, n_threads=model.threads)
+    engine = Engine(model.file, model.hparams,
+                    replace(model.config, n_ctx=n_ctx, adaptive_threads=False),
+                    backends=backends)
     engine.tracer = StepTracer(capture=True, token_text=model.token_piece, max_steps=1)
     return engine
 

@@ -24,12 +24,12 @@ that torch would take is prepared, so a short prompt and every decode step never
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minfer import env
 from minfer.backends.torch_backend.device import (
     DEVICES,
     choose_device,
@@ -135,7 +135,7 @@ def _made(device: str, claim: str, weights: str, min_rows: int) -> TorchBackend:
 
 
 def _min_rows(weights: str) -> int:
-    text = os.environ.get("MINFER_TORCH_MIN_ROWS", "").strip()
+    text = env.get("MINFER_TORCH_MIN_ROWS")
     if not text:
         return DEFAULT_MIN_ROWS[weights]
     try:

@@ -23,9 +23,10 @@ machine), and one torch thread gives ~420 either way. The user chooses; nothing 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from minfer import env
 
 CPUINFO = Path("/proc/cpuinfo")
 DEVICES = ("auto", "cpu", "cuda")
@@ -132,7 +133,7 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     """An environment setting checked against its allowed values (loud on a typo)."""
     from minfer.errors import MinferError
 
-    value = os.environ.get(name, default).strip().lower() or default
+    value = env.get(name, default).lower() or default
     if value not in choices:
         raise MinferError(f"{name}={value!r}: choose from {', '.join(choices)}")
     return value
