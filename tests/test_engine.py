@@ -222,34 +222,31 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch(tiny_qwen3: Path) -> No
 def test_activation_quantized_once_per_input_and_only_the_latest_held(
         tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """q/k/v (and gate/up) share one quantization of their input; a prefill does not keep every
-    layer's quantized inputs alive until the forward ends."""
-    from minfer.backends.base import ExecContext
+    layer's quantized inputs alive until the forward ends: the op tape quantizes each input once,
+    into one buffer per shape and form that every layer's inputs reuse."""
     from minfer.backends.cpu import backend as cpu_backend
 
-    calls: list[int] = []
-    quantize = cpu_backend.K.quantize_activation
+    made: list[tuple[int, ...]] = []
+    binds: list[int] = []
+    new_activation, bind_quantize = cpu_backend.K.new_activation, cpu_backend.K.bind_quantize
 
-    def counting(x: np.ndarray, qtype: int) -> object:
-        calls.append(x.shape[0])
-        return quantize(x, qtype)
+    def counting_new(rows: int, cols: int, qtype: int) -> object:
+        made.append((rows, cols, qtype))
+        return new_activation(rows, cols, qtype)
 
-    monkeypatch.setattr(cpu_backend.K, "quantize_activation", counting)
-    e = _engine(tiny_qwen2)
+    def counting_bind(x: np.ndarray, xq: object) -> object:
+        binds.append(x.shape[0])
+        return bind_quantize(x, xq)
+
+    monkeypatch.setattr(cpu_backend.K, "new_activation", counting_new)
+    monkeypatch.setattr(cpu_backend.K, "bind_quantize", counting_bind)
+    e = _engine(tiny_qwen2, batch_invariant=True)  # every matmul on the integer path
     e.forward(TOKENS, 0)
     # per layer: the attention input (q/k/v), the attention output, the ffn input (gate/up),
     # the ffn hidden state; then the output projection
-    assert 0 < len(calls) <= 4 * e.hparams.n_layer + 1
-
-    ctx = ExecContext(weights=e.weights, kv=e.kv)
-    x = np.ones((3, e.hparams.n_embd), np.float32)
-    outs = {n: np.empty((3, e.weights.matrix(f"blk.0.attn_{n}.weight")[0].shape[0]), np.float32)
-            for n in ("q", "k")}
-    calls.clear()
-    for n in ("q", "k"):
-        cpu_backend._project(f"blk.0.attn_{n}.weight", 7, x, outs[n], ctx)
-    assert len(calls) == 1 and [k[0] for k in ctx.memo["q8"]] == [7]
-    cpu_backend._project("blk.0.attn_q.weight", 9, x, outs["q"], ctx)
-    assert len(calls) == 2 and [k[0] for k in ctx.memo["q8"]] == [9]
+    assert 0 < len(binds) <= 4 * e.hparams.n_layer + 1
+    # one buffer per (shape, form), however many layers' inputs pass through it
+    assert len(made) == len(set(made)) and len(made) < len(binds)
 
 
 def test_derived_weights_are_made_once_and_the_file_stays_readable(tiny_qwen2: Path) -> None:

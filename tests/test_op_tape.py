@@ -86,8 +86,10 @@ def test_tape_matches_the_float64_oracle(model: str, batch_invariant: bool,
     want = Oracle(str(path)).logits(tokens)
     rows = np.concatenate(logits)
     want_rows = want[[38, 39, 40, 41, 42, 43, 44, 45]]
-    # activations quantized to 8 bits per block, as llama.cpp does (test_engine.py's bound)
-    assert np.abs(rows - want_rows).max() < 0.03 * np.abs(want_rows).max()
+    # activations quantized to 8 bits per block, as llama.cpp does: test_engine.py's bound for
+    # one prefill, widened for the decode rows that read the quantized KV of 40 earlier tokens
+    assert np.abs(rows - want_rows).max() < 0.05 * np.abs(want_rows).max()
+    assert (rows.argmax(-1) == want_rows.argmax(-1)).mean() >= 0.75
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen3", "tiny_gemma3"])

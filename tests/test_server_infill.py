@@ -167,3 +167,38 @@ def test_time_limit_ends_at_the_first_newline_after_it() -> None:
     for _ in range(3):
         free.step(logits)
     assert free.finish is None
+
+
+def test_an_editor_that_goes_away_frees_the_slot_and_the_next_keystroke_reuses_the_cache(
+        coder: Path) -> None:
+    """On the real engine: a streaming /infill abandoned after its first chunk frees the slot
+    within a few steps; the next request (the prefix grown by two characters) finds the
+    abandoned request's prefix in the slot's cache."""
+    import time
+
+    import httpx
+
+    from tests.test_server_process import Server
+
+    srv = Server(coder, "--slots", "1", "--n-ctx", "512")
+    try:
+        srv.wait_ready()
+        prefix, suffix = "def total(items):\n    return " * 8, "\n\nprint(total([1, 2]))\n"
+        body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 300,
+                "stream": True, "temperature": 0}
+        with httpx.stream("POST", srv.base + "/infill", json=body, timeout=30) as r:
+            next(line for line in r.iter_lines() if line.startswith("data:"))
+        deadline = time.monotonic() + 5
+        while True:
+            busy = [line for line in httpx.get(srv.base + "/metrics").text.splitlines()
+                    if line.startswith("minfer_slots_busy")]
+            if busy and float(busy[0].split()[-1]) == 0:
+                break
+            assert time.monotonic() < deadline, "the slot was not freed"
+            time.sleep(0.05)
+        again = httpx.post(srv.base + "/infill", timeout=30,
+                           json={**body, "input_prefix": prefix + "su", "stream": False,
+                                 "n_predict": 4}).json()
+        assert again["tokens_cached"] >= again["tokens_evaluated"] // 2
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numba
 import numpy as np
@@ -314,9 +314,9 @@ class Engine:
 
 def kv_host(backends: Sequence[Backend]) -> KVHost:
     """The backend that owns the KV cache's formats (the host CPU backend, always present)."""
-    for backend in backends:
-        if isinstance(backend, KVHost):
-            return backend
+    for backend in backends:  # by its class: a deferred backend is not made by asking
+        if callable(getattr(type(backend), "new_kv_cache", None)):
+            return cast(KVHost, backend)
     raise MinferError("no backend owns the KV cache (the CPU backend must be among them)")
 
 
