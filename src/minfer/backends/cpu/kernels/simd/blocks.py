@@ -38,6 +38,7 @@ on every kernel source (`minfer.jit_cache`), so edits here are picked up.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from llvmlite import ir
@@ -745,23 +746,20 @@ MAX_TOKENS = 8  # activation rows per pass over a weight row (then passes of 4, 
 # 8-row passes only up to this many inputs: the 8 activation rows and their per-call
 # corrections (about 2 bytes per value) must stay in L1 while a chunk's rows stream past
 ROWS8_MAX_IN = 2048
-rowdot_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 1)
-rowdot_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 1)
-rowdot_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 1)
-rowdot_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 1)
-rowdot_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 1)
-rowdot8_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], MAX_TOKENS)
-rowdot4_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 4)
-rowdot8_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], MAX_TOKENS)
-rowdot4_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 4)
-rowdot8_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], MAX_TOKENS)
-rowdot4_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 4)
-rowdot8_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], MAX_TOKENS)
-rowdot4_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 4)
-rowdot8_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], MAX_TOKENS)
-rowdot4_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 4)
-rowdot2_q4_0: Any = _row_dot(_LAYOUTS["q4_0"], 2)
-rowdot2_q4_1: Any = _row_dot(_LAYOUTS["q4_1"], 2)
-rowdot2_q5_0: Any = _row_dot(_LAYOUTS["q5_0"], 2)
-rowdot2_q5_1: Any = _row_dot(_LAYOUTS["q5_1"], 2)
-rowdot2_q8_0: Any = _row_dot_lanes(_LAYOUTS["q8_0"], 2)
+# The token passes of a row kernel: (name suffix, activation rows per pass). Each type's
+# intrinsics are module globals named `<prefix><suffix>_<type>`, imported by name by the drivers
+# generated in `linear.row_drivers` (numba caches only calls of module globals).
+PASSES = (("", 1), ("2", 2), ("4", 4), ("8", MAX_TOKENS))
+
+
+def define_passes(namespace: dict[str, Any], prefix: str, make: Callable[[str, int], Any],
+                  types: Iterable[str]) -> None:
+    """namespace[`<prefix><suffix>_<type>`] = make(type, rows) for every type and pass."""
+    for qt in types:
+        for suffix, rows in PASSES:
+            namespace[f"{prefix}{suffix}_{qt}"] = make(qt, rows)
+
+
+define_passes(globals(), "rowdot",
+              lambda qt, n: (_row_dot_lanes if qt == "q8_0" else _row_dot)(_LAYOUTS[qt], n),
+              ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))

@@ -38,7 +38,6 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _I8,
     _I16,
     _I32,
-    MAX_TOKENS,
     _fma,
     _ld,
     _phi_loop,
@@ -46,6 +45,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _splat,
     _vec,
     _vpdpbusd,
+    define_passes,
 )
 from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float
 
@@ -227,15 +227,4 @@ def rows_dot(name: str, ntok: int) -> Any:
     return intrinsic(typer)
 
 
-rowsdot_q4_0: Any = rows_dot("q4_0", 1)
-rowsdot2_q4_0: Any = rows_dot("q4_0", 2)
-rowsdot4_q4_0: Any = rows_dot("q4_0", 4)
-rowsdot8_q4_0: Any = rows_dot("q4_0", MAX_TOKENS)
-rowsdot_q5_0: Any = rows_dot("q5_0", 1)
-rowsdot2_q5_0: Any = rows_dot("q5_0", 2)
-rowsdot4_q5_0: Any = rows_dot("q5_0", 4)
-rowsdot8_q5_0: Any = rows_dot("q5_0", MAX_TOKENS)
-rowsdot_q8_0: Any = rows_dot("q8_0", 1)
-rowsdot2_q8_0: Any = rows_dot("q8_0", 2)
-rowsdot4_q8_0: Any = rows_dot("q8_0", 4)
-rowsdot8_q8_0: Any = rows_dot("q8_0", MAX_TOKENS)
+define_passes(globals(), "rowsdot", rows_dot, ("q4_0", "q5_0", "q8_0"))

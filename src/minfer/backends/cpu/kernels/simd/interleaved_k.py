@@ -49,13 +49,13 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _I8,
     _I16,
     _I32,
-    MAX_TOKENS,
     _fma,
     _ld,
     _phi_loop,
     _splat,
     _vec,
     _vpdpbusd,
+    define_passes,
 )
 from minfer.backends.cpu.kernels.simd.interleaved import ROWS, _c, _store, halves, prefetch_span
 from minfer.backends.cpu.kernels.simd.interleaved import _Front as _Front32
@@ -265,11 +265,4 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
     return intrinsic(typer)
 
 
-rowsdot_q4_k: Any = rows_dot_k("q4_k", 1)
-rowsdot2_q4_k: Any = rows_dot_k("q4_k", 2)
-rowsdot4_q4_k: Any = rows_dot_k("q4_k", 4)
-rowsdot8_q4_k: Any = rows_dot_k("q4_k", MAX_TOKENS)
-rowsdot_q6_k: Any = rows_dot_k("q6_k", 1)
-rowsdot2_q6_k: Any = rows_dot_k("q6_k", 2)
-rowsdot4_q6_k: Any = rows_dot_k("q6_k", 4)
-rowsdot8_q6_k: Any = rows_dot_k("q6_k", MAX_TOKENS)
+define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k"))

@@ -31,7 +31,6 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     HAS_VNNI,
     HAS_VNNI512,
     LANES,
-    MAX_TOKENS,
     _concat,
     _fma,
     _half,
@@ -48,6 +47,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _token_rows,
     _vec,
     _x86,
+    define_passes,
 )
 from minfer.backends.cpu.kernels.simd.llvm import half_to_float
 
@@ -256,15 +256,5 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
     return intrinsic(typer)
 
 
-rowdot_q4_k: Any = _row_dot_k("q4", 1)
-rowdot_q5_k: Any = _row_dot_k("q5", 1)
-rowdot_q6_k: Any = _row_dot_k("q6", 1)
-rowdot8_q4_k: Any = _row_dot_k("q4", MAX_TOKENS)
-rowdot4_q4_k: Any = _row_dot_k("q4", 4)
-rowdot8_q5_k: Any = _row_dot_k("q5", MAX_TOKENS)
-rowdot4_q5_k: Any = _row_dot_k("q5", 4)
-rowdot8_q6_k: Any = _row_dot_k("q6", MAX_TOKENS)
-rowdot4_q6_k: Any = _row_dot_k("q6", 4)
-rowdot2_q4_k: Any = _row_dot_k("q4", 2)
-rowdot2_q5_k: Any = _row_dot_k("q5", 2)
-rowdot2_q6_k: Any = _row_dot_k("q6", 2)
+define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k(qt[:2], n),
+              ("q4_k", "q5_k", "q6_k"))
