@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.sampling.mask import AllowedTokens
+from minfer.sampling.mask import AllowedTokens, MaskChain
 from minfer.sampling.params import SamplerParams
-from minfer.sampling.reasoning_budget import MaskChain, ReasoningBudget
+from minfer.sampling.reasoning_budget import ReasoningBudget
 from minfer.sampling.sampler import Sampler
 
 N_VOCAB = 32

@@ -15,14 +15,79 @@ the default, which behaves as it) moves the thinking out of content; `deepseek-l
 tags and thinking in content and fills `reasoning_content` too. `split_reasoning` splits a whole
 reply; `ReasoningStream` splits it piece by piece, holding back only what may still change
 (whitespace, a partial tag), so its pieces concatenate to `split_reasoning`'s values.
+
+`ReasoningOptions` is what a surface asks for (format, thinking budget, template variables such
+as Qwen3's `enable_thinking`); `ReasoningOptions.budget_mask` turns the budget into the logit mask
+that closes the thinking (minfer.sampling.reasoning_budget).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from minfer.sampling.reasoning_budget import ReasoningBudget
 
 OPEN, CLOSE = "<think>", "</think>"
+FORCED_CLOSE = CLOSE + "\n\n"  # what a budget forces: the model's own end tag, then a blank line
 FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+SWITCHES = ("on", "off", "auto")  # --reasoning: Qwen3's enable_thinking true / false / unset
+
+
+@dataclass(frozen=True)
+class ReasoningOptions:
+    """How a request's thinking is rendered, held and returned."""
+
+    fmt: str = "auto"
+    budget: int = -1  # thinking tokens; -1 unlimited, 0 none (enable_thinking false)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_format(self.fmt)
+        check_budget(self.budget)
+
+    @classmethod
+    def build(cls, *, fmt: str = "auto", budget: int = -1, switch: str = "auto",
+              template_kwargs: Mapping[str, Any] | None = None) -> ReasoningOptions:
+        """From the CLI / server flags: `switch` on|off sets `enable_thinking` unless the
+        template variables already do."""
+        if switch not in SWITCHES:
+            raise ValueError(f"unknown reasoning switch {switch!r} (use on, off or auto)")
+        kwargs = dict(template_kwargs or {})
+        if switch != "auto":
+            kwargs.setdefault("enable_thinking", switch == "on")
+        return cls(fmt=fmt, budget=budget, template_kwargs=kwargs)
+
+    def override(self, *, fmt: str | None = None, budget: int | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> ReasoningOptions:
+        """A request's own values over these (its template variables added to them)."""
+        kwargs = {**self.template_kwargs, **(template_kwargs or {})}
+        return replace(self, fmt=self.fmt if fmt is None else fmt,
+                       budget=self.budget if budget is None else budget, template_kwargs=kwargs)
+
+    def template_vars(self) -> dict[str, Any]:
+        """The variables the chat template renders with; a zero budget asks the template not
+        to think (where it can), as llama.cpp does."""
+        out = dict(self.template_kwargs)
+        if self.budget == 0:
+            out.setdefault("enable_thinking", False)
+        return out
+
+    def budget_mask(self, encode: Callable[[str], list[int]], *,
+                    in_reasoning: bool) -> ReasoningBudget | None:
+        """The mask that closes the thinking after `budget` tokens (None when unlimited).
+        encode: text to ids with special tokens parsed."""
+        if self.budget < 0:
+            return None
+        return ReasoningBudget(budget=self.budget, start=encode(OPEN), end=encode(CLOSE),
+                               forced=encode(FORCED_CLOSE), inside=in_reasoning)
+
+
+def check_budget(budget: int) -> int:
+    if budget < -1:
+        raise ValueError(f"reasoning budget must be -1 (unlimited) or more, got {budget}")
+    return budget
 
 
 @dataclass(frozen=True)
@@ -59,25 +124,28 @@ class ReasoningStream:
         self.text = ""
         self._content = 0  # characters of each value already given out
         self._reasoning = 0
+        self._verbatim = False  # all further text is content as it comes
 
     def push(self, text: str) -> tuple[str, str]:
+        if self._verbatim:
+            return text, ""
         self.text += text
         return self._emit(final=False)
 
     def finish(self) -> tuple[str, str]:
-        return self._emit(final=True)
+        return ("", "") if self._verbatim else self._emit(final=True)
 
     def _emit(self, *, final: bool) -> tuple[str, str]:
-        content, reasoning, _ = _split(self.text, fmt=self.fmt, in_reasoning=self.in_reasoning,
-                                       final=final)
+        content, reasoning, self._verbatim = _split(self.text, fmt=self.fmt,
+                                                    in_reasoning=self.in_reasoning, final=final)
         out = content[self._content:], reasoning[self._reasoning:]
         self._content, self._reasoning = len(content), len(reasoning)
         return out
 
 
 def _split(text: str, *, fmt: str, in_reasoning: bool, final: bool) -> tuple[str, str, bool]:
-    """(content, reasoning, decided): the values for `text` (final), or the parts of them that
-    no further text can change (not final)."""
+    """(content, reasoning, verbatim): the values for `text` (final), or the parts of them that
+    no further text can change (not final); verbatim: any text that follows is content as is."""
     if fmt == "none":
         return text, "", True
     lead, body = "", text
@@ -93,10 +161,10 @@ def _split(text: str, *, fmt: str, in_reasoning: bool, final: bool) -> tuple[str
     if end < 0:
         reasoning = body.strip() if final else _stable(body.lstrip())
         content = text if legacy else lead
-        return content, reasoning, True
-    after = body[end + len(CLOSE):]
-    content = text if legacy else lead + after.lstrip()
-    return content, body[:end].strip(), True
+        return content, reasoning, False
+    after = body[end + len(CLOSE):].lstrip()
+    content = text if legacy else lead + after
+    return content, body[:end].strip(), legacy or bool(after)
 
 
 def _stable(reasoning: str) -> str:

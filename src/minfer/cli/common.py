@@ -6,10 +6,12 @@ Names and defaults follow llama.cpp's CLI so its users find what they expect.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from minfer.chat.reasoning import FORMATS, SWITCHES, ReasoningOptions
 from minfer.engine.speculative import DRAFT_VOCAB
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
@@ -184,3 +186,36 @@ def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
                         p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram,
                         draft_vocab=args.draft_vocab)
     return model.speculator(config, draft=args.model_draft, temp=args.temp, seed=args.seed)
+
+
+def add_reasoning_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's reasoning flags (thinking models: Qwen3, DeepSeek-R1 distills)."""
+    g = p.add_argument_group("reasoning models")
+    g.add_argument("--reasoning-format", choices=FORMATS, default="auto",
+                   help="none: thinking left in the text; deepseek (auto): split into "
+                        "reasoning_content; deepseek-legacy: both (default auto)")
+    g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="thinking tokens before the thinking is closed (-1 unlimited, 0 no "
+                        "thinking; default -1)")
+    g.add_argument("--reasoning", choices=SWITCHES, default="auto",
+                   help="switch thinking on or off in the chat template (enable_thinking); "
+                        "auto: the template's default")
+    g.add_argument("--chat-template-kwargs", metavar="JSON", default=None,
+                   help='extra chat template variables, e.g. \'{"enable_thinking": false}\'')
+
+
+def reasoning_from_args(args: argparse.Namespace) -> ReasoningOptions:
+    """The ReasoningOptions the flags ask for; a clear error for a bad value."""
+    kwargs: Any = {}
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError as exc:
+            raise MinferError(f"--chat-template-kwargs is not valid JSON: {exc}") from None
+        if not isinstance(kwargs, dict):
+            raise MinferError("--chat-template-kwargs must be a JSON object")
+    try:
+        return ReasoningOptions.build(fmt=args.reasoning_format, budget=args.reasoning_budget,
+                                      switch=args.reasoning, template_kwargs=kwargs)
+    except ValueError as exc:
+        raise MinferError(f"--reasoning-budget: {exc}") from None

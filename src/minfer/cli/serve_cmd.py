@@ -23,7 +23,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from minfer import env
-from minfer.cli.common import add_kv_args, add_speculative_args, kv_types
+from minfer.cli.common import (
+    add_kv_args,
+    add_reasoning_args,
+    add_speculative_args,
+    kv_types,
+    reasoning_from_args,
+)
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -67,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="Ray cluster to join (ray://HOST:PORT or auto; default: start a "
                           "local one)")
     add_speculative_args(p)  # per slot here
+    add_reasoning_args(p)
     p.set_defaults(func=run)
 
 
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
         draft_model=resolve_model(args.model_draft) if args.model_draft else None,
         draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
+        reasoning=reasoning_from_args(args),
     )
     if args.lookup_ngram and args.model_draft:
         raise MinferError("give --lookup-ngram or --model-draft, not both")

@@ -43,3 +43,31 @@ class AllowedTokens:
 
     def reset(self) -> None:
         pass
+
+
+class MaskChain:
+    """Several masks as one: each applies in turn (a grammar, then logit_bias, then a thinking
+    budget) and sees every committed token."""
+
+    def __init__(self, masks: Iterable[LogitMask]) -> None:
+        self.masks = list(masks)
+
+    def apply(self, logits: np.ndarray) -> None:
+        for mask in self.masks:
+            mask.apply(logits)
+
+    def accept(self, token_id: int) -> None:
+        for mask in self.masks:
+            mask.accept(token_id)
+
+    def reset(self) -> None:
+        for mask in self.masks:
+            mask.reset()
+
+
+def chain(*masks: LogitMask | None) -> LogitMask | None:
+    """The given masks (None skipped) as one mask; None when there are none."""
+    present = [m for m in masks if m is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    return MaskChain(present)

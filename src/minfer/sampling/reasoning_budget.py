@@ -7,7 +7,8 @@ steps aside for good. When the count reaches the budget it forces the closing to
 message, then `</think>`), one per step, by masking every other id; then the answer runs
 unconstrained. Budget 0 closes the thinking before its first token; -1 never forces anything.
 This is llama.cpp's reasoning-budget sampler without its wait for a complete UTF-8 character, so
-a budget of N gives exactly N thinking tokens. `MaskChain` runs it beside a grammar mask.
+a budget of N gives exactly N thinking tokens. `minfer.sampling.mask.chain` runs it beside a
+grammar mask.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from minfer.sampling.mask import LogitMask
 
 IDLE, COUNTING, FORCING, DONE = "idle", "counting", "forcing", "done"
 
@@ -70,21 +69,3 @@ class ReasoningBudget:
     def _ends_with(self, seq: list[int]) -> bool:
         return self.recent[-len(seq):] == seq
 
-
-class MaskChain:
-    """Several logit masks as one: each applies in turn and sees every committed token."""
-
-    def __init__(self, masks: Sequence[LogitMask]) -> None:
-        self.masks = list(masks)
-
-    def apply(self, logits: np.ndarray) -> None:
-        for mask in self.masks:
-            mask.apply(logits)
-
-    def accept(self, token_id: int) -> None:
-        for mask in self.masks:
-            mask.accept(token_id)
-
-    def reset(self) -> None:
-        for mask in self.masks:
-            mask.reset()

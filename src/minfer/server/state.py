@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from minfer.chat.reasoning import ReasoningOptions
 from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
@@ -53,6 +54,7 @@ class ServerConfig:
     draft_model: Path | None = None  # a draft model per slot (speculative decoding); None: off
     draft_p_min: float = 0.3
     draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
+    reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
 
 
 @dataclass
@@ -63,6 +65,7 @@ class LoadedModel:
     limits: Limits
     worker: Worker
     grammar_vocab: GrammarVocab | None = None  # for structured output; built once at load
+    reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)
 
 
 def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
@@ -202,7 +205,8 @@ class ServerState:
         if worker.error is not None:
             raise worker.error
         return LoadedModel(model_name(cfg.model_path), tokenizer, template,
-                           Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab)
+                           Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab,
+                           cfg.reasoning)
 
     def _register_gauges(self, worker: Worker) -> None:
         s = worker.scheduler

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from minfer.chat.reasoning import FORMATS, ReasoningOptions, prompt_opens_reasoning
 from minfer.engine.core.request import GenRequest
 from minfer.errors import MinferError
 from minfer.sampling.grammar import GrammarVocab
+from minfer.sampling.mask import chain
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
@@ -23,7 +25,12 @@ from minfer.server.openai.schemas import (
     InfillRequest,
     SamplingFields,
 )
-from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
+from minfer.server.openai.structured import (
+    OutputPlan,
+    ReasoningSplit,
+    plan_output,
+    template_messages,
+)
 from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
 from minfer.tokenizer.infill import infill_prompt as fim_layout
 from minfer.tokenizer.vocab import FimTokens
@@ -31,6 +38,7 @@ from minfer.tokenizer.vocab import FimTokens
 SEED_MASK = (1 << 64) - 1
 INFILL_N_BATCH = 2048  # llama-server's default n_batch, which its infill budget is cut to
 MIN_TEMPERATURE = 1e-3
+NO_OPTIONS = ReasoningOptions()
 
 
 class TokenizerLike(Protocol):
@@ -68,13 +76,36 @@ class Prepared:
 
 
 def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: TemplateLike,
-                output: OutputPlan) -> list[int]:
+                output: OutputPlan, reasoning: ReasoningOptions) -> list[int]:
+    """The rendered chat prompt's ids; sets how the reply's thinking is split and adds the
+    thinking budget to the request's mask."""
+    opts = request_reasoning(req, reasoning)
     messages = template_messages(req.messages)
     try:
-        text = template.render(messages, add_generation_prompt=True, tools=output.tools)
+        text = template.render(messages, add_generation_prompt=True, tools=output.tools,
+                               **opts.template_vars())
     except MinferError as exc:
-        raise from_minfer_error(exc, param="messages") from None
+        param = "chat_template_kwargs" if req.chat_template_kwargs else "messages"
+        raise from_minfer_error(exc, param=param) from None
+    in_reasoning = prompt_opens_reasoning(text)
+    if opts.fmt != "none":
+        output.reasoning = ReasoningSplit(opts.fmt, in_reasoning)
+    budget = opts.budget_mask(lambda s: tok.encode(s, special=True, add_bos=False),
+                              in_reasoning=in_reasoning)
+    output.logit_mask = chain(output.logit_mask, budget)
     return tok.encode_prompt(text)
+
+
+def request_reasoning(req: ChatCompletionRequest, defaults: ReasoningOptions) -> ReasoningOptions:
+    """The server's reasoning options with the request's own fields over them."""
+    if req.reasoning_format is not None and req.reasoning_format not in FORMATS:
+        raise bad_request(f"unknown reasoning_format {req.reasoning_format!r} (use one of "
+                          f"{', '.join(FORMATS)})", param="reasoning_format", code="invalid_value")
+    if req.reasoning_budget is not None and req.reasoning_budget < -1:
+        raise bad_request(f"reasoning_budget must be -1 (unlimited) or more, got "
+                          f"{req.reasoning_budget}", param="reasoning_budget", code="invalid_value")
+    return defaults.override(fmt=req.reasoning_format, budget=req.reasoning_budget,
+                             template_kwargs=req.chat_template_kwargs)
 
 
 def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits) -> list[int]:
@@ -160,14 +191,16 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
 
 def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest, tok: TokenizerLike,
             template: TemplateLike, limits: Limits, *,
-            grammar_vocab: GrammarVocab | None = None) -> Prepared:
+            grammar_vocab: GrammarVocab | None = None,
+            reasoning: ReasoningOptions = NO_OPTIONS) -> Prepared:
     """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot.
-    grammar_vocab: the model's vocabulary view for structured output (None: refused)."""
+    grammar_vocab: the model's vocabulary view for structured output (None: refused);
+    reasoning: the server's reasoning options (a chat request's fields override them)."""
     output = plan_output(req, tok.n_vocab, grammar_vocab)
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs = true", param="top_logprobs")
-        prompt = chat_prompt(req, tok, template, output)
+        prompt = chat_prompt(req, tok, template, output, reasoning)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None

@@ -3,9 +3,9 @@ not) and `GET /v1/models` (each also answers without the `/v1` prefix).
 
 A request is validated (schemas.py), turned into a GenRequest (prepare.py, on a worker thread
 since tokenizing can take a while), queued on the engine thread (minfer.server.worker), and its
-events are relayed as one JSON body or as SSE chunks (responses.py); when tools were offered, the
-text goes through the tool-call parser (structured.py) first. A client that goes away cancels its
-request, which frees its slot at the engine's next step.
+events are relayed as one JSON body or as SSE chunks (responses.py); a chat reply's text goes
+through the reasoning split and, when tools were offered, the tool-call parser (structured.py).
+A client that goes away cancels its request, which frees its slot at the engine's next step.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def _complete(state: ServerState, request: Request,
                     body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
     lm = state.model()
     prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
-                                       grammar_vocab=lm.grammar_vocab)
+                                       grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
     handle = submit(state, lm, prepared.gen)
     env = Envelope(kind, lm.name)
     if body.stream:
@@ -92,31 +92,31 @@ async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prep
                   include_usage: bool) -> AsyncIterator[str]:
     to_logprobs = _logprobs_fn(lm, env.kind)
     want_lps = prepared.gen.logprobs is not None
-    tools = prepared.output.tool_stream() if env.kind == "chat" else None
+    reply = prepared.output.reply_stream() if env.kind == "chat" else None
     offset = 0
     try:
-        if env.kind == "chat":
-            role_fields = {"content": None} if tools is not None else None
+        if reply is not None:
+            role_fields = {"content": None} if reply.tools is not None else None
             yield _sse(env.chunk(role=True, with_usage=include_usage, fields=role_fields))
         while True:
             event: Event = await handle.events.get()
             if isinstance(event, Delta):
                 lp = to_logprobs(event.logprobs, offset) if want_lps else None
                 offset += len(event.text)
-                if tools is None:
+                if reply is None:
                     yield _sse(env.chunk(text=event.text, logprobs=lp, with_usage=include_usage))
                     continue
-                for chunk in _tool_chunks(env, tools.push(event.text), lp, include_usage):
+                for chunk in _delta_chunks(env, reply.push(event.text), lp, include_usage):
                     yield _sse(chunk)
             elif isinstance(event, Failed):
                 yield _sse(APIError(event.status, event.message).body())
                 break
             elif isinstance(event, Done):
                 finish = event.finish_reason
-                if tools is not None:
-                    for chunk in _tool_chunks(env, tools.finish(), None, include_usage):
+                if reply is not None:
+                    for chunk in _delta_chunks(env, reply.finish(), None, include_usage):
                         yield _sse(chunk)
-                    if tools.tool_calls and finish == "stop":
+                    if reply.tool_calls and finish == "stop":
                         finish = "tool_calls"
                 yield _sse(env.chunk(finish=finish, with_usage=include_usage))
                 if include_usage:
@@ -127,10 +127,10 @@ async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prep
         lm.worker.cancel(handle)  # the client left (or we are done): free the slot now
 
 
-def _tool_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[str, Any] | None,
-                 include_usage: bool) -> list[dict[str, Any]]:
-    """Chunks for ToolCallStream deltas; a step's logprobs ride on its first chunk (on an empty
-    delta when the parser held all of its text back)."""
+def _delta_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[str, Any] | None,
+                  include_usage: bool) -> list[dict[str, Any]]:
+    """Chunks for ReplyStream deltas; a step's logprobs ride on its first chunk (on an empty
+    delta when the parsers held all of its text back)."""
     if not deltas and logprobs is not None:
         deltas = [{}]
     chunks = []

@@ -71,6 +71,7 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier reply's thinking (the template decides)
 
     def text(self) -> str | None:
         if isinstance(self.content, list):
@@ -81,7 +82,7 @@ class ChatMessage(_Strict):
         """The message as chat templates expect it (developer is the newer name of system)."""
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                "content": self.text()}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -97,6 +98,11 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # reasoning models (llama-server's fields): how the thinking is returned, the variables the
+    # chat template renders with (Qwen3's enable_thinking), thinking tokens before it is closed
+    reasoning_format: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
 
 
 PromptIds = Annotated[list[TokenId], Field(min_length=1)]

@@ -8,8 +8,9 @@
   schema, grammar or tool list is a 400 naming the problem, before anything is queued.
 - `OutputPlan.constraint` is that mask: the generation loop asks `is_stopped()` and ends the
   request with "stop" on a valid prefix when no token may follow (minfer.engine.core.request).
-- `tools` are rendered by the chat template (not with `tool_choice: "none"`); the finished text
-  is parsed into OpenAI `tool_calls` (`finalize`), or streamed through a `ToolCallStream`.
+- A chat reply's thinking is split into `reasoning_content` first (minfer.chat.reasoning); `tools`
+  are rendered by the chat template (not with `tool_choice: "none"`) and the rest of the text is
+  parsed into OpenAI `tool_calls` (`finalize`), or streamed through a `ReplyStream`.
 - `template_messages` turns request messages into what chat templates expect (assistant
   `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`).
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from minfer.chat.reasoning import ReasoningStream, split_reasoning
 from minfer.errors import GrammarError
 from minfer.sampling.grammar import (
     GrammarMask,
@@ -30,7 +32,7 @@ from minfer.sampling.grammar import (
     gbnf_grammar,
     response_format_to_grammar,
 )
-from minfer.sampling.mask import LogitMask
+from minfer.sampling.mask import LogitMask, chain
 from minfer.sampling.tool_calls import (
     ToolCallStream,
     parse_tool_calls,
@@ -59,23 +61,12 @@ class LogitBias:
         pass
 
 
-class ChainedMask:
-    """Several masks applied in order (e.g. a grammar, then logit_bias)."""
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """How a chat reply's thinking is split off (minfer.chat.reasoning)."""
 
-    def __init__(self, masks: Sequence[LogitMask]) -> None:
-        self.masks = list(masks)
-
-    def apply(self, logits: np.ndarray) -> None:
-        for m in self.masks:
-            m.apply(logits)
-
-    def accept(self, token_id: int) -> None:
-        for m in self.masks:
-            m.accept(token_id)
-
-    def reset(self) -> None:
-        for m in self.masks:
-            m.reset()
+    fmt: str
+    in_reasoning: bool  # the rendered prompt opened <think>
 
 
 @dataclass
@@ -83,20 +74,61 @@ class OutputPlan:
     logit_mask: LogitMask | None = None  # everything the sampler applies first
     constraint: GrammarMask | None = None  # the grammar part of it (ends the generation)
     tools: list[dict[str, Any]] | None = None  # rendered into the prompt; output parsed
+    reasoning: ReasoningSplit | None = None  # chat replies: the thinking split from the content
 
     def finalize(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
-        """The assistant message's fields for the generated text, and the finish reason."""
+        """The assistant message's fields for the generated text, and the finish reason;
+        the thinking goes to `reasoning_content`, tool calls are parsed from the content."""
+        thought: dict[str, Any] = {}
+        if self.reasoning is not None:
+            split = split_reasoning(text, fmt=self.reasoning.fmt,
+                                    in_reasoning=self.reasoning.in_reasoning)
+            text = split.content
+            if split.reasoning is not None:
+                thought["reasoning_content"] = split.reasoning
         if self.tools is None:
-            return {"content": text}, finish
+            return {"content": text, **thought}, finish
         content, calls = parse_tool_calls(text)
         if not calls:
-            return {"content": content}, finish
-        fields = {"content": content or None, "tool_calls": calls}
+            return {"content": content, **thought}, finish
+        fields = {"content": content or None, **thought, "tool_calls": calls}
         return fields, "tool_calls" if finish == "stop" else finish
 
-    def tool_stream(self) -> ToolCallStream | None:
-        """A parser for streamed tool calls (None when no tools were offered)."""
-        return ToolCallStream() if self.tools is not None else None
+    def reply_stream(self) -> ReplyStream:
+        """The streamed counterpart of `finalize`."""
+        return ReplyStream(self)
+
+
+class ReplyStream:
+    """A chat reply's deltas as its text streams: `reasoning_content` pieces, then `content`
+    (or `tool_calls`) pieces; they concatenate to `OutputPlan.finalize`'s fields."""
+
+    def __init__(self, plan: OutputPlan) -> None:
+        r = plan.reasoning
+        self.reasoning = None if r is None else ReasoningStream(fmt=r.fmt,
+                                                                in_reasoning=r.in_reasoning)
+        self.tools = ToolCallStream() if plan.tools is not None else None
+
+    @property
+    def tool_calls(self) -> bool:
+        return self.tools is not None and bool(self.tools.tool_calls)
+
+    def push(self, text: str) -> list[dict[str, Any]]:
+        if self.reasoning is None:
+            return self._content(text)
+        return self._deltas(*self.reasoning.push(text))
+
+    def finish(self) -> list[dict[str, Any]]:
+        deltas = [] if self.reasoning is None else self._deltas(*self.reasoning.finish())
+        return deltas + (self.tools.finish() if self.tools is not None else [])
+
+    def _deltas(self, content: str, thought: str) -> list[dict[str, Any]]:
+        return ([{"reasoning_content": thought}] if thought else []) + self._content(content)
+
+    def _content(self, text: str) -> list[dict[str, Any]]:
+        if self.tools is not None:
+            return self.tools.push(text)
+        return [{"content": text}] if text else []
 
 
 def plan_output(req: SamplingFields, n_vocab: int,
@@ -117,8 +149,7 @@ def plan_output(req: SamplingFields, n_vocab: int,
         masks.append(plan.constraint)
     if req.logit_bias:
         masks.append(LogitBias(_bias_ids(req.logit_bias, n_vocab)))
-    if masks:
-        plan.logit_mask = masks[0] if len(masks) == 1 else ChainedMask(masks)
+    plan.logit_mask = chain(*masks)
     return plan
 
 
