@@ -9,12 +9,13 @@ that needs more makes a new Engine (a new session), never a silent truncation.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minfer import env
+from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
 from minfer.engine.config import EngineConfig, usable_cores
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Constraint, Finished, Piece, generate
@@ -155,9 +156,21 @@ class Model:
     # -- generation ---------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> str:
+                    add_generation_prompt: bool = True, **template_vars: Any) -> str:
+        """The prompt text; template_vars reach the jinja template (Qwen3's enable_thinking)."""
         return self.chat_template.render(messages, tools=tools,
-                                         add_generation_prompt=add_generation_prompt)
+                                         add_generation_prompt=add_generation_prompt,
+                                         **template_vars)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    reasoning: ReasoningOptions | None = None) -> tuple[list[int], ReplyPlan]:
+        """The rendered conversation's ids and the reply's plan: where its thinking starts,
+        how it is split off, the mask that holds it to the budget."""
+        opts = reasoning or ReasoningOptions()
+        text = self.render_chat(messages, tools=tools, **opts.template_vars())
+        plan = opts.plan(text, lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
+        return self.tokenizer.encode_prompt(text), plan
 
     def stream(
         self,
@@ -170,11 +183,13 @@ class Model:
         sampling: SamplerParams | None = None,
         logit_mask: LogitMask | None = None,
         speculator: Speculator | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[Piece | Finished]:
         """Events of one generation from a fresh context: Pieces, then one Finished.
 
         logit_mask: a constraint run first in the sampler chain, e.g. `self.grammar_mask(g)`;
-        a mask with `is_stopped()` ends the generation (reason "grammar") when nothing may follow.
+        a mask with `is_stopped()` ends the generation (reason "grammar") when nothing may follow
+        (constraint: that grammar, when logit_mask chains it with others).
         speculator: verify proposals in batches (`self.speculator(...)`); Finished.speculation
         then counts drafted and accepted tokens.
         """
@@ -188,7 +203,8 @@ class Model:
         sampler.reset(prompt_ids)  # each stage keeps the history it needs
         yield from generate(engine, self.tokenizer, sampler, prompt_ids, max_tokens=max_tokens,
                             stops=stop, batch_size=self.batch_size, top_logits=top_logits,
-                            constraint=logit_mask if isinstance(logit_mask, Constraint) else None,
+                            constraint=constraint or (logit_mask if isinstance(
+                                logit_mask, Constraint) else None),
                             speculator=speculator)
 
     def speculator(self, config: SpecConfig | None = None, *, draft: str | Path | None = None,
@@ -247,6 +263,22 @@ class Model:
         yield from self.generate(self.infill_ids(prefix, suffix, extra=extra),
                                  max_tokens=max_tokens, stop=stop, seed=seed, **sampling)
 
+    def respond(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
+                stop: Sequence[str] = (), seed: int | None = None,
+                tools: Sequence[Mapping[str, Any]] | None = None,
+                reasoning: ReasoningOptions | None = None, **sampling: Any) -> ChatReply:
+        """The whole reply to a conversation, its thinking split from its content as the
+        server splits it (reasoning: format, budget, template variables; default auto)."""
+        ids, plan = self.chat_prompt(messages, tools=tools, reasoning=reasoning)
+        finished: Finished | None = None
+        for event in self.stream(ids, max_tokens=max_tokens, stop=stop, seed=seed,
+                                 sampling=SamplerParams(**sampling), logit_mask=plan.budget):
+            if isinstance(event, Finished):
+                finished = event
+        assert finished is not None
+        split = plan.split(finished.text)
+        return ChatReply(split.content, split.reasoning, finished.reason, finished.text)
+
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
              stop: Sequence[str] = (), seed: int | None = None,
              tools: Sequence[Mapping[str, Any]] | None = None, **sampling: Any) -> Iterator[str]:
@@ -254,6 +286,14 @@ class Model:
         prompt = self.render_chat(messages, tools=tools)
         yield from self.generate(self.tokenizer.encode(prompt), max_tokens=max_tokens, stop=stop,
                                  seed=seed, **sampling)
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    content: str
+    reasoning_content: str | None  # the thinking, when the reply had any
+    finish_reason: str
+    text: str  # the reply as generated
 
 
 def default_threads() -> int:

@@ -17,8 +17,9 @@ reply; `ReasoningStream` splits it piece by piece, holding back only what may st
 (whitespace, a partial tag), so its pieces concatenate to `split_reasoning`'s values.
 
 `ReasoningOptions` is what a surface asks for (format, thinking budget, template variables such
-as Qwen3's `enable_thinking`); `ReasoningOptions.budget_mask` turns the budget into the logit mask
-that closes the thinking (minfer.sampling.reasoning_budget).
+as Qwen3's `enable_thinking`); once the prompt is rendered, `ReasoningOptions.plan` gives the
+reply's `ReplyPlan`: whether it starts inside the thinking, how it is split, and the logit mask
+that closes the thinking at the budget (minfer.sampling.reasoning_budget).
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ class ReasoningOptions:
             out.setdefault("enable_thinking", False)
         return out
 
+    def plan(self, prompt: str, encode: Callable[[str], list[int]]) -> ReplyPlan:
+        """The plan for a reply to the rendered `prompt`. encode: text to ids with special
+        tokens parsed (for the budget's tags)."""
+        inside = prompt_opens_reasoning(prompt)
+        return ReplyPlan(self.fmt, inside, self.budget_mask(encode, in_reasoning=inside))
+
     def budget_mask(self, encode: Callable[[str], list[int]], *,
                     in_reasoning: bool) -> ReasoningBudget | None:
         """The mask that closes the thinking after `budget` tokens (None when unlimited).
@@ -82,6 +89,21 @@ class ReasoningOptions:
             return None
         return ReasoningBudget(budget=self.budget, start=encode(OPEN), end=encode(CLOSE),
                                forced=encode(FORCED_CLOSE), inside=in_reasoning)
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """How one reply's thinking is split (whole or streamed) and held to its budget."""
+
+    fmt: str
+    in_reasoning: bool  # the rendered prompt opened <think>
+    budget: ReasoningBudget | None = None  # the logit mask that closes the thinking
+
+    def split(self, text: str) -> Split:
+        return split_reasoning(text, fmt=self.fmt, in_reasoning=self.in_reasoning)
+
+    def stream(self) -> ReasoningStream:
+        return ReasoningStream(fmt=self.fmt, in_reasoning=self.in_reasoning)
 
 
 def check_budget(budget: int) -> int:

@@ -103,13 +103,14 @@ class ReplyWriter:
     """Writes replies (reasoning dimmed when colour is on) and notices."""
 
     def __init__(self, *, color: bool, interactive: bool, out: IO[str] | None = None,
-                 err: IO[str] | None = None) -> None:
+                 err: IO[str] | None = None, hide_reasoning: bool = False) -> None:
         from rich.console import Console
 
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.color = color
         self.interactive = interactive
+        self.hide_reasoning = hide_reasoning
         self._console = Console(file=self.out, force_terminal=color, no_color=not color,
                                 highlight=False, markup=False, emoji=False, soft_wrap=True)
         self._think = ThinkSplitter()
@@ -138,6 +139,8 @@ class ReplyWriter:
 
     def _write(self, segments: list[tuple[str, bool]]) -> None:
         for text, thinking in segments:
+            if thinking and self.hide_reasoning:
+                continue
             if self.interactive:
                 text = CONTROL_CHARS.sub("\ufffd", text)
             if self.color:

@@ -17,9 +17,11 @@ from typing import Any
 
 from minfer.cli.common import (
     add_model_args,
+    add_reasoning_args,
     add_sampling_args,
     add_speculative_args,
     load_announcing_cold_start,
+    reasoning_from_args,
     sampling_from_args,
     speculator_from_args,
     split_positionals,
@@ -46,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="per-turn prefill counts on stderr")
     add_model_args(p)
     add_sampling_args(p)
+    add_reasoning_args(p, split=False)
     add_speculative_args(p)
     p.set_defaults(func=run)
 
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
                           first_prompt=prompt, interactive=interactive)
     reader = (PromptReader(multiline=multiline) if interactive
               else PipeReader(sys.stdin, multiline=multiline))
-    writer = ReplyWriter(color=color, interactive=interactive)
+    writer = ReplyWriter(color=color, interactive=interactive,
+                         hide_reasoning=bool(getattr(args, "hide_reasoning", False)))
 
     def save(s: Any) -> None:
         if session_path is not None:
@@ -109,7 +113,8 @@ def make_session(model: Any, args: argparse.Namespace) -> Any:
     sampler = model.sampler(params, args.seed, engine.n_ctx)
     config = ChatConfig(max_tokens=args.n_predict, stops=tuple(args.stop),
                         batch_size=args.batch_size)
-    return ChatSession(engine, model.tokenizer, model.chat_template, sampler,
+    template = BoundTemplate(model.chat_template, reasoning_from_args(args).template_vars())
+    return ChatSession(engine, model.tokenizer, template, sampler,
                        system=args.system, config=config,
                        speculator=speculator_from_args(model, args))
 
@@ -120,3 +125,16 @@ def _color(choice: str) -> bool:
     if choice == "off":
         return False
     return sys.stdout.isatty()
+
+
+class BoundTemplate:
+    """The chat template with the session's template variables (`--reasoning`,
+    `--chat-template-kwargs`) bound."""
+
+    def __init__(self, template: Any, variables: dict[str, Any]) -> None:
+        self.template = template
+        self.variables = variables
+
+    def render(self, messages: Any, *, add_generation_prompt: bool = True) -> str:
+        return str(self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                        **self.variables))

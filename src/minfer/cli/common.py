@@ -188,15 +188,22 @@ def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
     return model.speculator(config, draft=args.model_draft, temp=args.temp, seed=args.seed)
 
 
-def add_reasoning_args(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's reasoning flags (thinking models: Qwen3, DeepSeek-R1 distills)."""
+def add_reasoning_args(p: argparse.ArgumentParser, *, split: bool = True,
+                       show: bool = True) -> None:
+    """llama.cpp's reasoning flags (thinking models: Qwen3, DeepSeek-R1 distills); split: also
+    how the reply is split and its budget (the REPL shows the thinking as it comes); show: the
+    flag that hides the thinking on a terminal."""
     g = p.add_argument_group("reasoning models")
-    g.add_argument("--reasoning-format", choices=FORMATS, default="auto",
-                   help="none: thinking left in the text; deepseek (auto): split into "
-                        "reasoning_content; deepseek-legacy: both (default auto)")
-    g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
-                   help="thinking tokens before the thinking is closed (-1 unlimited, 0 no "
-                        "thinking; default -1)")
+    if split:
+        g.add_argument("--reasoning-format", choices=FORMATS, default="auto",
+                       help="none: thinking left in the text; deepseek (auto): split into "
+                            "reasoning_content; deepseek-legacy: both (default auto)")
+        g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                       help="thinking tokens before the thinking is closed (-1 unlimited, 0 "
+                            "no thinking; default -1)")
+    if show:
+        g.add_argument("--hide-reasoning", action="store_true",
+                       help="do not show a reasoning model's thinking")
     g.add_argument("--reasoning", choices=SWITCHES, default="auto",
                    help="switch thinking on or off in the chat template (enable_thinking); "
                         "auto: the template's default")
@@ -215,7 +222,8 @@ def reasoning_from_args(args: argparse.Namespace) -> ReasoningOptions:
         if not isinstance(kwargs, dict):
             raise MinferError("--chat-template-kwargs must be a JSON object")
     try:
-        return ReasoningOptions.build(fmt=args.reasoning_format, budget=args.reasoning_budget,
+        return ReasoningOptions.build(fmt=getattr(args, "reasoning_format", "auto"),
+                                      budget=getattr(args, "reasoning_budget", -1),
                                       switch=args.reasoning, template_kwargs=kwargs)
     except ValueError as exc:
         raise MinferError(f"--reasoning-budget: {exc}") from None

@@ -4,6 +4,10 @@ The chat template is applied unless `--raw`; text streams to stdout while the Pr
 Total rates go to stderr. `--json` prints one object instead. `--dump-graph(-json) FILE` exports
 the graph the prompt would run and exits. `--grammar(-file)`, `-j/--json-schema`, `-jf/
 --json-schema-file` and `--json-object` constrain the output (checked before the model loads).
+A reasoning model's thinking (`<think>` … `</think>`) is shown dimmed on a terminal, sent to
+stderr when stdout is piped, dropped with `--hide-reasoning`; `--json` carries `content` and
+`reasoning_content` beside `text` (`--reasoning-format`, `--reasoning-budget`, `--reasoning`,
+`--chat-template-kwargs` as for serve).
 """
 
 from __future__ import annotations
@@ -15,17 +19,21 @@ import time
 from typing import Any
 
 from minfer import env
+from minfer.chat.reasoning import ReplyPlan
 from minfer.cli.common import (
     add_model_args,
+    add_reasoning_args,
     add_sampling_args,
     add_speculative_args,
     load_announcing_cold_start,
     read_stdin_prompt,
+    reasoning_from_args,
     sampling_from_args,
     speculator_from_args,
     split_positionals,
 )
 from minfer.errors import MinferError
+from minfer.sampling.mask import chain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampling_args(p)
     add_grammar_args(p)
     add_speculative_args(p)
+    add_reasoning_args(p)
     p.set_defaults(func=run)
 
 
@@ -108,18 +117,18 @@ def run(args: argparse.Namespace) -> int:
         return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args))
     if prompt is None:
         prompt = read_stdin_prompt()
+    plan = None
     if args.raw:
-        text = prompt
+        prompt_ids = model.tokenizer.encode(prompt, special=not args.no_special)
     else:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
-        text = model.render_chat(messages)
-    prompt_ids = model.tokenizer.encode(text, special=not args.no_special)
+        prompt_ids, plan = model.chat_prompt(messages, reasoning=reasoning_from_args(args))
     if args.dump_graph or args.dump_graph_json:
         return dump_graphs(model, args, len(prompt_ids))
     if progress is not None:
         model.warm_up(len(prompt_ids), progress)
-    return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args))
+    return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args), plan)
 
 
 def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
@@ -142,7 +151,8 @@ def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
 
 
 def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[int],
-                       speculator: Any = None) -> int:
+                       speculator: Any = None, plan: ReplyPlan | None = None) -> int:
+    """Generate and print; plan: a chat reply's reasoning split and budget (None: raw)."""
     from minfer.engine.generate import Finished, Piece
 
     if args.n_predict < 0:
@@ -153,12 +163,13 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
     finished: Finished | None = None
     events = model.stream(prompt_ids, max_tokens=args.n_predict, stop=args.stop, seed=args.seed,
                           top_logits=args.top_logits, sampling=sampling_from_args(args),
-                          logit_mask=mask, speculator=speculator)
+                          logit_mask=chain(mask, plan.budget if plan else None),
+                          speculator=speculator, constraint=mask)
+    out_text = ReplyPrinter(plan, hide=getattr(args, "hide_reasoning", False))
     for event in events:
         if isinstance(event, Piece):
             if not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+                out_text.push(event.text)
         else:
             finished = event
     total = time.perf_counter() - t0
@@ -171,12 +182,16 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
             "finish_reason": finished.reason,
             "timings": finished.timings.as_dict(),
         }
+        if plan is not None:
+            split = plan.split(finished.text)
+            out["content"], out["reasoning_content"] = split.content, split.reasoning
         if finished.speculation is not None:
             out["speculative"] = finished.speculation.as_dict()
         if args.top_logits:
             out["top_logits"] = [[[i, v] for i, v in step] for step in finished.top_logits]
         print(json.dumps(out, ensure_ascii=False))
     else:
+        out_text.finish()
         print()
     if finished.reason == "grammar" and mask is not None:
         print(f"Grammar:   {mask.stop_reason}", file=sys.stderr)
@@ -203,3 +218,43 @@ def print_rates(finished: Any, total_s: float) -> None:
                      f"sampling {t.sample_s:.3f} s "
                      f"({1000 * t.sample_s / max(1, n_gen):.2f} ms/token)")
     print("\n".join(lines), file=sys.stderr)
+
+
+class ReplyPrinter:
+    """Streamed reply text to stdout; a reasoning model's thinking dimmed before it on a
+    terminal, to stderr when stdout is piped, or nowhere (hide)."""
+
+    def __init__(self, plan: ReplyPlan | None, *, hide: bool = False) -> None:
+        self.split = plan.stream() if plan is not None else None
+        self.hide = hide
+        self.tty = sys.stdout.isatty()
+        self.thought = False  # some thinking was shown on stdout
+
+    def push(self, text: str) -> None:
+        if self.split is None:
+            self._content(text)
+        else:
+            self._pieces(*self.split.push(text))
+
+    def finish(self) -> None:
+        if self.split is not None:
+            self._pieces(*self.split.finish())
+
+    def _pieces(self, content: str, thought: str) -> None:
+        if thought and not self.hide:
+            if self.tty:
+                sys.stdout.write(f"\x1b[2m{thought}\x1b[0m")
+                self.thought = True
+            else:
+                sys.stderr.write(thought)
+                sys.stderr.flush()
+        self._content(content)
+
+    def _content(self, text: str) -> None:
+        if not text:
+            return
+        if self.thought:  # a blank line between the dimmed thinking and the answer
+            sys.stdout.write("\n\n")
+            self.thought = False
+        sys.stdout.write(text)
+        sys.stdout.flush()

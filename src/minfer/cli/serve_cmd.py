@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="Ray cluster to join (ray://HOST:PORT or auto; default: start a "
                           "local one)")
     add_speculative_args(p)  # per slot here
-    add_reasoning_args(p)
+    add_reasoning_args(p, show=False)
     p.set_defaults(func=run)
 
 

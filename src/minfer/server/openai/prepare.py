@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from minfer.chat.reasoning import FORMATS, ReasoningOptions, prompt_opens_reasoning
+from minfer.chat.reasoning import FORMATS, ReasoningOptions
 from minfer.engine.core.request import GenRequest
 from minfer.errors import MinferError
 from minfer.sampling.grammar import GrammarVocab
@@ -25,12 +25,7 @@ from minfer.server.openai.schemas import (
     InfillRequest,
     SamplingFields,
 )
-from minfer.server.openai.structured import (
-    OutputPlan,
-    ReasoningSplit,
-    plan_output,
-    template_messages,
-)
+from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
 from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
 from minfer.tokenizer.infill import infill_prompt as fim_layout
 from minfer.tokenizer.vocab import FimTokens
@@ -87,12 +82,8 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     except MinferError as exc:
         param = "chat_template_kwargs" if req.chat_template_kwargs else "messages"
         raise from_minfer_error(exc, param=param) from None
-    in_reasoning = prompt_opens_reasoning(text)
-    if opts.fmt != "none":
-        output.reasoning = ReasoningSplit(opts.fmt, in_reasoning)
-    budget = opts.budget_mask(lambda s: tok.encode(s, special=True, add_bos=False),
-                              in_reasoning=in_reasoning)
-    output.logit_mask = chain(output.logit_mask, budget)
+    output.reasoning = opts.plan(text, lambda s: tok.encode(s, special=True, add_bos=False))
+    output.logit_mask = chain(output.logit_mask, output.reasoning.budget)
     return tok.encode_prompt(text)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from minfer.chat.reasoning import ReasoningStream, split_reasoning
+from minfer.chat.reasoning import ReplyPlan
 from minfer.errors import GrammarError
 from minfer.sampling.grammar import (
     GrammarMask,
@@ -61,28 +61,19 @@ class LogitBias:
         pass
 
 
-@dataclass(frozen=True)
-class ReasoningSplit:
-    """How a chat reply's thinking is split off (minfer.chat.reasoning)."""
-
-    fmt: str
-    in_reasoning: bool  # the rendered prompt opened <think>
-
-
 @dataclass
 class OutputPlan:
     logit_mask: LogitMask | None = None  # everything the sampler applies first
     constraint: GrammarMask | None = None  # the grammar part of it (ends the generation)
     tools: list[dict[str, Any]] | None = None  # rendered into the prompt; output parsed
-    reasoning: ReasoningSplit | None = None  # chat replies: the thinking split from the content
+    reasoning: ReplyPlan | None = None  # chat replies: the thinking split from the content
 
     def finalize(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message's fields for the generated text, and the finish reason;
         the thinking goes to `reasoning_content`, tool calls are parsed from the content."""
         thought: dict[str, Any] = {}
         if self.reasoning is not None:
-            split = split_reasoning(text, fmt=self.reasoning.fmt,
-                                    in_reasoning=self.reasoning.in_reasoning)
+            split = self.reasoning.split(text)
             text = split.content
             if split.reasoning is not None:
                 thought["reasoning_content"] = split.reasoning
@@ -104,9 +95,7 @@ class ReplyStream:
     (or `tool_calls`) pieces; they concatenate to `OutputPlan.finalize`'s fields."""
 
     def __init__(self, plan: OutputPlan) -> None:
-        r = plan.reasoning
-        self.reasoning = None if r is None else ReasoningStream(fmt=r.fmt,
-                                                                in_reasoning=r.in_reasoning)
+        self.reasoning = None if plan.reasoning is None else plan.reasoning.stream()
         self.tools = ToolCallStream() if plan.tools is not None else None
 
     @property
