@@ -58,3 +58,24 @@ def test_batched_greedy_streams_equal_their_solo_runs(real_server: Server) -> No
         return list(texts)
 
     assert asyncio.run(main()) == solo
+
+
+def test_anthropic_messages_equal_the_openai_reply(real_server: Server) -> None:
+    import anthropic
+
+    msgs = [{"role": "user", "content": "Name one prime number greater than 10."}]
+    ref = real_server.client().chat.completions.create(
+        model="qwen", messages=msgs, max_tokens=24, **GREEDY)  # type: ignore[arg-type]
+    c = anthropic.Anthropic(base_url=f"http://127.0.0.1:{real_server.port}", api_key="unused",
+                            max_retries=0)
+    msg = c.messages.create(model="qwen", max_tokens=24, messages=msgs,  # type: ignore[arg-type]
+                            extra_body=GREEDY)
+    text = "".join(b.text for b in msg.content if b.type == "text")
+    assert text == ref.choices[0].message.content
+    assert msg.usage.input_tokens == ref.usage.prompt_tokens  # type: ignore[union-attr]
+    assert msg.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[
+        ref.choices[0].finish_reason]
+    with c.messages.stream(model="qwen", max_tokens=24, messages=msgs,  # type: ignore[arg-type]
+                           extra_body=GREEDY) as stream:
+        streamed = "".join(stream.text_stream)
+    assert streamed == text

@@ -1,20 +1,19 @@
 """Gemma 3 270M's vocabulary (SPM 'llama', 262,144 tokens, no space prefix, BOS added) against
 ids llama.cpp 0.3.36 gave for the same texts (`Llama(path, vocab_only=True).tokenize`).
 
-The GGUF is the one `benchmarks/tokenizer_vs_llamacpp.py` checks on ~2,200 texts; here a few
-cases pin it cheaply. Skipped when ~/.cache/minfer/gemma-3-270m-it-Q4_K_M.gguf is not there.
+The GGUF is the catalogue's `gemma-3-270m` (pulled on first use, as tests/test_gemma3_real.py
+pulls it), the file `benchmarks/tokenizer_vs_llamacpp.py` checks on ~2,200 texts; here a few cases
+pin it cheaply.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from minfer.gguf.reader import GGUFFile
 from minfer.tokenizer import Tokenizer
 
-GGUF = Path.home() / ".cache" / "minfer" / "gemma-3-270m-it-Q4_K_M.gguf"
+pytestmark = pytest.mark.real_model
 
 # (text, ids with BOS and special tokens parsed, ids without BOS and with special=False)
 CASES = [
@@ -40,10 +39,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    if not GGUF.is_file():
-        pytest.skip(f"{GGUF} is not there (fetched by the Gemma 3 model work or "
-                    "benchmarks; see README)")
-    return Tokenizer.from_gguf(GGUFFile.open(GGUF))
+    from minfer.store.download import pull
+
+    return Tokenizer.from_gguf(GGUFFile.open(pull("gemma-3-270m", progress=False)))
 
 
 def test_metadata(tok: Tokenizer) -> None:

@@ -2,7 +2,8 @@
 
 Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, the lifespan (the
 model loads in the background) and the middleware. The OpenAI-compatible routes are
-`openai/routes.py`'s, llama.cpp's `/infill` is `infill.py`'s.
+`openai/routes.py`'s, Anthropic's Messages `anthropic/routes.py`'s, llama.cpp's `/infill` is
+`infill.py`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
+from minfer.server.anthropic.routes import anthropic_routes
 from minfer.server.errors import bad_request, install_handlers
 from minfer.server.infill import infill_routes
 from minfer.server.middleware import RequestGuard
@@ -44,6 +46,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     app.add_middleware(RequestGuard, state=state)
     _routes(app, state)
     openai_routes(app, state)
+    anthropic_routes(app, state)
     infill_routes(app, state)
     return app
 

@@ -1,7 +1,8 @@
-"""OpenAI-style errors: one exception type, one body shape, and the handlers that enforce them.
+"""API errors: one exception type, the body shape of each API, and the handlers that enforce them.
 
 Every failure a client can cause ends as `{"error": {"message", "type", "param", "code"}}` with a
-4xx status; a full queue or a model still loading is a 503 with `Retry-After`. Validation errors
+4xx status (on Anthropic's `/v1/messages` routes as `{"type": "error", "error": {"type",
+"message"}}`); a full queue or a model still loading is a 503 with `Retry-After`. Validation errors
 (malformed JSON, wrong types, out-of-range values) are 400 as OpenAI answers them, not FastAPI's
 422. Anything else escaping a handler is a bug: it is logged and answered with a 500 in the same
 shape, never a traceback.
@@ -54,16 +55,42 @@ class APIError(Exception):
                                         else "server_error")
         self.headers = headers or {}
 
-    def body(self) -> dict[str, Any]:
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error in the shape of the API that path belongs to (OpenAI's unless it is
+        Anthropic's `/v1/messages`)."""
+        if is_anthropic(path):
+            return anthropic_error_body(self.status, self.message)
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        return JSONResponse(self.body(path), status_code=self.status, headers=self.headers)
 
 
 def error_body(message: str, *, type_: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_anthropic(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object: `{"type": "error", "error": {"type", "message"}}`."""
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
@@ -101,24 +128,27 @@ def install_handlers(app: FastAPI) -> None:
     """Route every exception to an OpenAI-shaped body."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return bad_request(message, param=param, code="invalid_value").response()
+        return bad_request(message, param=param, code="invalid_value").response(
+            request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
-        return APIError(exc.status_code, detail, headers=dict(exc.headers or {})).response()
+        return APIError(exc.status_code, detail, headers=dict(exc.headers or {})).response(
+            request.url.path)
 
     @app.exception_handler(MinferError)
-    async def _minfer(_: Request, exc: MinferError) -> JSONResponse:
-        return from_minfer_error(exc).response()
+    async def _minfer(request: Request, exc: MinferError) -> JSONResponse:
+        return from_minfer_error(exc).response(request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in a request handler", exc_info=exc)
-        return APIError(500, "internal server error", type_="server_error").response()
+        return APIError(500, "internal server error", type_="server_error").response(
+            request.url.path)

@@ -3,7 +3,8 @@
 Pure ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass through
 untouched. Requests are counted by endpoint (unknown paths collapse to "other", so a scanner
 cannot blow up the label set) and final status; a client that leaves before the response starts
-counts as 499. With an API key, every path except /health needs `Authorization: Bearer KEY`.
+counts as 499. With an API key, every path except /health needs `Authorization: Bearer KEY` (or
+Anthropic's `x-api-key: KEY`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ ENDPOINTS = {
     "/metrics": "/metrics",
     "/tokenize": "/tokenize",
     "/detokenize": "/detokenize",
+    "/infill": "/infill",
+    "/v1/messages": "/v1/messages",
+    "/v1/messages/count_tokens": "/v1/messages/count_tokens",
 }
 OPEN_PATHS = frozenset({"/health"})
 
@@ -56,7 +60,7 @@ class RequestGuard:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
-                await refusal.response()(scope, receive, send_status)
+                await refusal.response(scope["path"])(scope, receive, send_status)
             else:
                 await self.app(scope, self._capped(receive), send_status)
         except BaseException:
@@ -70,9 +74,11 @@ class RequestGuard:
         headers = dict(scope.get("headers") or [])
         if self._expected is not None and scope["path"] not in OPEN_PATHS:
             given = headers.get(b"authorization", b"")
+            if b"x-api-key" in headers:  # Anthropic's clients send the key this way
+                given = b"Bearer " + headers[b"x-api-key"]
             if not secrets.compare_digest(given, self._expected):
                 return APIError(401, "invalid or missing API key (send Authorization: Bearer "
-                                "<key>)", code="invalid_api_key")
+                                "<key> or x-api-key: <key>)", code="invalid_api_key")
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit()
                                    or int(length) > self.state.config.max_body_bytes):

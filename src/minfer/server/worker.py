@@ -58,6 +58,7 @@ class Usage:
 class Done:
     finish_reason: str  # "stop" | "length"
     usage: Usage
+    stop_sequence: str | None = None  # the stop string that ended the request
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,7 @@ class Worker:
         usage = Usage(len(state.req.prompt), state.n_generated, state.n_cached)
         m.prompt_tokens.inc(usage.prompt_tokens)
         m.cached_tokens.inc(usage.cached_tokens)
-        handle.post(Done(finish_reason(out.finish), usage))
+        handle.post(Done(finish_reason(out.finish), usage, state.stepper.matcher.matched))
 
     def _fail(self, seq_id: int, failure: Failed) -> None:
         """End a request now with `failure` (lock held)."""

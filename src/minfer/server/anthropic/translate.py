@@ -1,0 +1,247 @@
+"""Anthropic Messages ⇄ the OpenAI chat request the core's request path takes.
+
+`chat_request` turns a Messages body into a `ChatCompletionRequest` (system → a system message,
+`tool_result` blocks → tool messages, `tool_use` → assistant tool calls, `thinking` → the
+assistant's reasoning_content, tools / tool_choice / stop_sequences / thinking mapped), so both
+APIs share prepare, sampling, stops, tools and the reasoning split. `message_body` and
+`BlockEvents` shape the result as a `message` object or as the streamed event sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from minfer.server.anthropic.schemas import (
+    CountTokensRequest,
+    ImageBlock,
+    Message,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from minfer.server.errors import bad_request
+from minfer.server.openai.schemas import ChatCompletionRequest
+from minfer.server.worker import Usage
+
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def chat_request(body: CountTokensRequest, *, n_ctx: int) -> ChatCompletionRequest:
+    """The OpenAI chat request that generates this Messages request's reply. Anthropic's
+    clients ask for large `max_tokens` as a matter of course: it is capped at the slot's
+    context (n_ctx) instead of refused."""
+    messages: list[dict[str, Any]] = []
+    if body.system:
+        system = body.system if isinstance(body.system, str) else \
+            "\n".join(b.text for b in body.system)
+        messages.append({"role": "system", "content": system})
+    for i, message in enumerate(body.messages):
+        messages.extend(_messages(message, f"messages.{i}"))
+    out: dict[str, Any] = {"messages": messages}
+    if body.tools:
+        for i, tool in enumerate(body.tools):
+            if tool.type not in (None, "custom"):
+                raise bad_request(f"tools.{i}: server tools ({tool.type}) are not supported",
+                                  param=f"tools.{i}.type")
+        out["tools"] = [{"type": "function", "function": {
+            "name": t.name, "description": t.description or "", "parameters": t.input_schema}}
+            for t in body.tools]
+    choice = body.tool_choice
+    if choice is not None:
+        if choice.type == "tool" and not choice.name:
+            raise bad_request("tool_choice: type tool needs a name", param="tool_choice.name")
+        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
+            choice.type) or {"type": "function", "function": {"name": choice.name}}
+        if choice.disable_parallel_tool_use:
+            out["parallel_tool_calls"] = False
+    thinking = body.thinking
+    if thinking is not None and thinking.type != "adaptive":  # adaptive: the template decides
+        on = thinking.type != "disabled"
+        out["chat_template_kwargs"] = {"enable_thinking": on}
+        if on and thinking.budget_tokens is not None:
+            out["reasoning_budget"] = thinking.budget_tokens
+    if isinstance(body, MessagesRequest):
+        out["max_tokens"] = min(body.max_tokens, n_ctx)
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(body, name) is not None:
+                out[name] = getattr(body, name)
+        if body.stop_sequences:
+            out["stop"] = body.stop_sequences
+        fmt = body.output_config.format if body.output_config else None
+        if fmt is not None:
+            out["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": fmt.schema_}}
+    try:
+        return ChatCompletionRequest.model_validate(out)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise bad_request(f"{where}: {first.get('msg', 'invalid value')}") from None
+
+
+def _messages(message: Message, where: str) -> list[dict[str, Any]]:
+    """One Anthropic message as OpenAI chat messages (a user turn's tool results become tool
+    messages, in order around its text)."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    thinking: list[str] = []
+    for j, block in enumerate(message.content):
+        at = f"{where}.content.{j}"
+        if isinstance(block, ImageBlock):
+            raise bad_request(f"{at}: {block.type} blocks are not supported (this server runs "
+                              "text-only models)", param=at)
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            if message.role != "assistant":
+                raise bad_request(f"{at}: tool_use blocks belong to assistant turns", param=at)
+            calls.append({"id": block.id, "type": "function", "function": {
+                "name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
+        elif isinstance(block, ToolResultBlock):
+            if message.role != "user":
+                raise bad_request(f"{at}: tool_result blocks belong to user turns", param=at)
+            if text:
+                out.append({"role": "user", "content": "\n".join(text)})
+                text = []
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "content": _result_text(block, at)})
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+    if message.role == "assistant":
+        turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(text)}
+        if calls:
+            turn["tool_calls"] = calls
+        if thinking:
+            turn["reasoning_content"] = "\n".join(thinking)
+        return [turn]
+    if text or not out:
+        out.append({"role": "user", "content": "\n".join(text)})
+    return out
+
+
+def _result_text(block: ToolResultBlock, at: str) -> str:
+    if block.content is None or isinstance(block.content, str):
+        return block.content or ""
+    parts = []
+    for k, part in enumerate(block.content):
+        if isinstance(part, ImageBlock):
+            raise bad_request(f"{at}.content.{k}: {part.type} blocks are not supported",
+                              param=f"{at}.content.{k}")
+        parts.append(part.text)
+    return "\n".join(parts)
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def stop_reason(finish: str, stop_sequence: str | None) -> str:
+    if finish == "stop" and stop_sequence is not None:
+        return "stop_sequence"
+    return STOP_REASONS.get(finish, "end_turn")
+
+
+def usage_body(usage: Usage, output_tokens: int | None = None) -> dict[str, int]:
+    return {"input_tokens": usage.prompt_tokens,
+            "output_tokens": usage.completion_tokens if output_tokens is None else output_tokens}
+
+
+def content_blocks(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reply's blocks from the chat message fields: thinking, text, tool uses."""
+    blocks: list[dict[str, Any]] = []
+    if fields.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": fields["reasoning_content"],
+                       "signature": ""})
+    if fields.get("content"):
+        blocks.append({"type": "text", "text": fields["content"]})
+    for call in fields.get("tool_calls") or ():
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": _input(call["function"]["arguments"])})
+    return blocks
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return {"_raw": arguments}
+
+
+def message_body(msg_id: str, model: str, fields: dict[str, Any], finish: str,
+                 stop_sequence: str | None, usage: Usage) -> dict[str, Any]:
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
+            "content": content_blocks(fields), "stop_reason": stop_reason(finish, stop_sequence),
+            "stop_sequence": stop_sequence, "usage": usage_body(usage)}
+
+
+Event = tuple[str, dict[str, Any]]
+
+
+class BlockEvents:
+    """The reply's content blocks as stream events, from the chat deltas of a `ReplyStream`:
+    `content_block_start`, `content_block_delta` (thinking_delta / text_delta /
+    input_json_delta) and `content_block_stop`, one block at a time."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # "thinking" | "text" | "tool_use"
+
+    def push(self, deltas: Sequence[dict[str, Any]]) -> list[Event]:
+        events: list[Event] = []
+        for d in deltas:
+            if d.get("reasoning_content"):
+                events += self._ensure("thinking", {"type": "thinking", "thinking": "",
+                                                    "signature": ""})
+                events.append(self._delta({"type": "thinking_delta",
+                                           "thinking": d["reasoning_content"]}))
+            if d.get("content"):
+                events += self._ensure("text", {"type": "text", "text": ""})
+                events.append(self._delta({"type": "text_delta", "text": d["content"]}))
+            for call in d.get("tool_calls") or ():
+                fn = call.get("function", {})
+                if "id" in call:  # a new call opens a new block
+                    events += self._close()
+                    events += self._ensure("tool_use", {"type": "tool_use", "id": call["id"],
+                                                        "name": fn.get("name", ""), "input": {}})
+                if fn.get("arguments"):
+                    events.append(self._delta({"type": "input_json_delta",
+                                               "partial_json": fn["arguments"]}))
+        return events
+
+    def finish(self) -> list[Event]:
+        return self._close()
+
+    def _ensure(self, kind: str, block: dict[str, Any]) -> list[Event]:
+        if self.open == kind:
+            return []
+        events = self._close()
+        self.index += 1
+        self.open = kind
+        events.append(("content_block_start", {"type": "content_block_start",
+                                               "index": self.index, "content_block": block}))
+        return events
+
+    def _delta(self, delta: dict[str, Any]) -> Event:
+        return ("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                        "delta": delta})
+
+    def _close(self) -> list[Event]:
+        if self.open is None:
+            return []
+        events: list[Event] = []
+        if self.open == "thinking":
+            events.append(self._delta({"type": "signature_delta", "signature": ""}))
+        self.open = None
+        events.append(("content_block_stop", {"type": "content_block_stop",
+                                              "index": self.index}))
+        return events

@@ -1,0 +1,190 @@
+"""Anthropic's Messages API through the official `anthropic` client, in-process (ASGI) on the
+tiny model's tokenizer and the fake engine.
+
+The reply equals the OpenAI chat endpoint's for the same conversation (greedy), whole and
+streamed (the stream's text deltas join to the whole text; every SSE frame names its event);
+usage and stop reasons map (`end_turn`, `max_tokens`, `stop_sequence`, `tool_use`);
+count_tokens equals the prompt; a forced tool comes back as a `tool_use` block with an input
+object, and the round trip (`tool_use` → `tool_result`) is accepted; a reasoning model's
+thinking is a `thinking` block; bad bodies are Anthropic error objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anthropic
+import httpx2
+import pytest
+
+from minfer.server.app import create_app
+from minfer.server.state import ServerState
+from minfer.tools.synth import build_tiny_vocab, write_tiny_model
+from tests.test_server_app import CHAT, call, make_state
+
+T = TypeVar("T")
+MSG = [{"role": "user", "content": "Say hello"}]
+WEATHER = {"name": "get_weather", "description": "Weather in a city", "input_schema": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+    "required": ["city"], "additionalProperties": False}}
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+
+
+@pytest.fixture(scope="module")
+def state(tiny_qwen2: Path) -> Iterator[ServerState]:
+    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
+    st.start()
+    assert st.wait_ready(30)
+    yield st
+    st.stop()
+
+
+def with_client(state: ServerState, fn: Callable[[anthropic.AsyncAnthropic], Awaitable[T]],
+                **client: Any) -> T:
+    async def go() -> T:
+        # the SDK speaks through httpx2 (httpx's successor), which has the same ASGI transport
+        transport = httpx2.ASGITransport(app=create_app(state, own_state=False))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as http:
+            c = anthropic.AsyncAnthropic(base_url="http://test", http_client=http,
+                                         api_key=client.pop("api_key", "unused"), max_retries=0)
+            return await fn(c)
+
+    return asyncio.run(go())
+
+
+def openai_text(state: ServerState, **body: Any) -> dict[str, Any]:
+    r = call(state, "POST", CHAT, json={"messages": MSG, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_create_equals_the_openai_reply(state: ServerState) -> None:
+    msg = with_client(state, lambda c: c.messages.create(
+        model="qwen2", max_tokens=12, messages=MSG, extra_body={"temperature": 0}))  # type: ignore[arg-type]
+    ref = openai_text(state, max_tokens=12)
+    assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_")
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == ref["choices"][0]["message"]["content"]  # type: ignore[union-attr]
+    assert msg.stop_reason == "max_tokens" and msg.stop_sequence is None
+    assert msg.usage.input_tokens == ref["usage"]["prompt_tokens"]
+    assert msg.usage.output_tokens == ref["usage"]["completion_tokens"] == 12
+
+
+def test_stream_events_join_to_the_whole_reply(state: ServerState) -> None:
+    async def go(c: anthropic.AsyncAnthropic) -> tuple[list[str], str, Any]:
+        kinds, text = [], ""
+        async with c.messages.stream(model="qwen2", max_tokens=12, messages=MSG,  # type: ignore[arg-type]
+                                     extra_body={"temperature": 0}) as stream:
+            async for event in stream:
+                kinds.append(event.type)
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    text += event.delta.text
+            final = await stream.get_final_message()
+        return kinds, text, final
+
+    kinds, text, final = with_client(state, go)
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "content_block_stop" in kinds
+    assert "message_delta" in kinds
+    whole = openai_text(state, max_tokens=12)["choices"][0]["message"]["content"]
+    assert text == whole == final.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+    r = call(state, "POST", "/v1/messages", json={"model": "m", "max_tokens": 4, "messages": MSG,
+                                                  "stream": True})
+    frames = [f for f in r.text.split("\n\n") if f.strip()]
+    assert frames and all(f.startswith("event: ") and "\ndata: " in f for f in frames)
+
+
+def test_stop_sequence_and_count_tokens(state: ServerState) -> None:
+    whole = openai_text(state, max_tokens=12)["choices"][0]["message"]["content"]
+    stop = whole[3:6]
+    msg = with_client(state, lambda c: c.messages.create(
+        model="m", max_tokens=12, messages=MSG, extra_body={"temperature": 0},  # type: ignore[arg-type]
+        stop_sequences=[stop]))
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == stop
+    assert msg.content[0].text == whole[:whole.index(stop)]  # type: ignore[union-attr]
+    count = with_client(state, lambda c: c.messages.count_tokens(
+        model="m", messages=MSG, system="Be brief."))  # type: ignore[arg-type]
+    ref = openai_text(state, max_tokens=1, messages=[{"role": "system", "content": "Be brief."},
+                                                     *MSG])
+    assert count.input_tokens == ref["usage"]["prompt_tokens"]
+
+
+def test_forced_tool_use_and_the_round_trip(state: ServerState) -> None:
+    msg = with_client(state, lambda c: c.messages.create(
+        model="m", max_tokens=300, messages=MSG, extra_body={"temperature": 0},  # type: ignore[arg-type]
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}))
+    assert msg.stop_reason == "tool_use"
+    (block,) = [b for b in msg.content if b.type == "tool_use"]
+    assert block.name == "get_weather" and block.input in ({"city": "Paris"}, {"city": "Rome"})
+    follow = [*MSG, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id,
+                                            "content": "22 degrees"}]}]
+    again = with_client(state, lambda c: c.messages.create(
+        model="m", max_tokens=4, messages=follow, tools=[WEATHER]))  # type: ignore[arg-type,list-item]
+    assert again.stop_reason == "max_tokens" and again.content[0].type == "text"
+
+
+def test_thinking_is_a_thinking_block(tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = write_tiny_model(tmp_path_factory.mktemp("r1") / "r1.gguf", arch="qwen3", n_embd=64,
+                            n_ff=128, head_dim=16,
+                            chat_template=(TEMPLATES / "r1-distill-qwen.jinja").read_text(),
+                            vocab=build_tiny_vocab(extra_tokens=("<think>", "</think>")))
+    st = make_state(path, n_ctx=512, slots=1)
+    st.start()
+    try:
+        assert st.wait_ready(30)
+        msg = with_client(st, lambda c: c.messages.create(
+            model="m", max_tokens=12, messages=MSG, extra_body={"temperature": 0},  # type: ignore[arg-type]
+            thinking={"type": "enabled", "budget_tokens": 3}))
+        ref = openai_text(st, max_tokens=12, reasoning_budget=3)["choices"][0]["message"]
+        kinds = [b.type for b in msg.content]
+        assert kinds[0] == "thinking" and msg.content[0].thinking == ref["reasoning_content"]  # type: ignore[union-attr]
+        assert "".join(b.text for b in msg.content if b.type == "text") == ref["content"]  # type: ignore[union-attr]
+    finally:
+        st.stop()
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"model": "m", "messages": MSG}, "max_tokens"),
+    ({"model": "m", "max_tokens": 4, "messages": []}, "messages"),
+    ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
+     "not supported"),
+    ({"model": "m", "max_tokens": 4, "messages": MSG, "temperature": 1.5}, "temperature"),
+    ({"model": "m", "max_tokens": 4, "messages": MSG, "tool_choice": {"type": "tool"}},
+     "tool_choice"),
+])
+def test_bad_bodies_are_anthropic_errors(state: ServerState, body: dict[str, Any],
+                                         fragment: str) -> None:
+    r = call(state, "POST", "/v1/messages", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert fragment in err["error"]["message"]
+
+
+def test_the_client_sees_its_error_type(state: ServerState) -> None:
+    with pytest.raises(anthropic.BadRequestError) as info:
+        with_client(state, lambda c: c.messages.create(
+            model="m", max_tokens=4, messages=[]))
+    assert info.value.status_code == 400
+
+
+def test_x_api_key_is_the_key(tiny_qwen2: Path) -> None:
+    st = make_state(tiny_qwen2, api_key="sesame")
+    st.start()
+    try:
+        assert st.wait_ready(30)
+        msg = with_client(st, lambda c: c.messages.create(
+            model="m", max_tokens=2, messages=MSG), api_key="sesame")  # type: ignore[arg-type]
+        assert msg.usage.output_tokens == 2
+        with pytest.raises(anthropic.AuthenticationError):
+            with_client(st, lambda c: c.messages.create(
+                model="m", max_tokens=2, messages=MSG), api_key="wrong")  # type: ignore[arg-type]
+    finally:
+        st.stop()
