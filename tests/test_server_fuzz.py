@@ -2,9 +2,9 @@
 
 In-process (ASGI) against a tiny synthetic model on the real engine, 2 slots of 64 tokens and
 at most 4 generated tokens per request, so the run stays bounded. Every answer must be below 500,
-arrive within the per-request timeout, and a 4xx must carry its API's error body (OpenAI's, or
-Anthropic's on /v1/messages); afterwards no slot is busy, nothing waits, the engine thread is
-alive, and over 1,000 requests were made.
+arrive within the per-request timeout, and a 4xx must carry its API's error body (OpenAI's,
+Anthropic's on /v1/messages, Ollama's on /api/); afterwards no slot is busy, nothing waits, the
+engine thread is alive, and over 1,000 requests were made.
 
 MINFER_FUZZ_ENGINE=fake runs the same test on the fake engine (no compiled kernels needed).
 """
@@ -72,6 +72,8 @@ def test_no_input_gets_a_5xx_or_hangs(case: schemathesis.Case) -> None:
         if case.path.startswith("/v1/messages"):  # Anthropic's error object
             assert body["type"] == "error", body
             assert set(body["error"]) == {"type", "message"}, body
+        elif case.path.startswith("/api/"):  # Ollama's
+            assert set(body) == {"error"} and isinstance(body["error"], str), body
         else:
             assert set(body["error"]) == {"message", "type", "param", "code"}, body
 

@@ -2,8 +2,8 @@
 
 Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, the lifespan (the
 model loads in the background) and the middleware. The OpenAI-compatible routes are
-`openai/routes.py`'s, Anthropic's Messages `anthropic/routes.py`'s, llama.cpp's `/infill` is
-`infill.py`'s.
+`openai/routes.py`'s, Anthropic's Messages `anthropic/routes.py`'s, Ollama's `ollama/routes.py`'s,
+llama.cpp's `/infill` is `infill.py`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from minfer.server.anthropic.routes import anthropic_routes
 from minfer.server.errors import bad_request, install_handlers
 from minfer.server.infill import infill_routes
 from minfer.server.middleware import RequestGuard
+from minfer.server.ollama.routes import ollama_routes
 from minfer.server.openai.routes import openai_routes
 from minfer.server.openai.schemas import DetokenizeRequest, TokenizeRequest
 from minfer.server.state import ServerState
@@ -47,6 +48,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     _routes(app, state)
     openai_routes(app, state)
     anthropic_routes(app, state)
+    ollama_routes(app, state)
     infill_routes(app, state)
     return app
 

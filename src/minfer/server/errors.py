@@ -2,10 +2,10 @@
 
 Every failure a client can cause ends as `{"error": {"message", "type", "param", "code"}}` with a
 4xx status (on Anthropic's `/v1/messages` routes as `{"type": "error", "error": {"type",
-"message"}}`); a full queue or a model still loading is a 503 with `Retry-After`. Validation errors
-(malformed JSON, wrong types, out-of-range values) are 400 as OpenAI answers them, not FastAPI's
-422. Anything else escaping a handler is a bug: it is logged and answered with a 500 in the same
-shape, never a traceback.
+"message"}}`, on Ollama's `/api/` routes as `{"error": "..."}`); a full queue or a model still
+loading is a 503 with `Retry-After`. Validation errors (malformed JSON, wrong types, out-of-range
+values) are 400 as OpenAI answers them, not FastAPI's 422. Anything else escaping a handler is a
+bug: it is logged and answered with a 500 in the same shape, never a traceback.
 """
 
 from __future__ import annotations
@@ -57,9 +57,11 @@ class APIError(Exception):
 
     def body(self, path: str = "") -> dict[str, Any]:
         """The error in the shape of the API that path belongs to (OpenAI's unless it is
-        Anthropic's `/v1/messages`)."""
+        Anthropic's `/v1/messages` or Ollama's `/api/`)."""
         if is_anthropic(path):
             return anthropic_error_body(self.status, self.message)
+        if path.startswith("/api/"):  # Ollama's: {"error": "..."}
+            return {"error": self.message}
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
 
     def response(self, path: str = "") -> JSONResponse:

@@ -33,6 +33,8 @@ ENDPOINTS = {
     "/infill": "/infill",
     "/v1/messages": "/v1/messages",
     "/v1/messages/count_tokens": "/v1/messages/count_tokens",
+    **{f"/api/{name}": f"/api/{name}" for name in ("chat", "generate", "tags", "show", "ps",
+                                                   "version", "embed")},
 }
 OPEN_PATHS = frozenset({"/health"})
 

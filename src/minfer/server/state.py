@@ -11,6 +11,7 @@ before the engine thread starts, so a mismatch is such a load failure.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from minfer.server.errors import unavailable
 from minfer.server.metrics import Metrics
 from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
 from minfer.server.worker import EngineFactory, Worker
+from minfer.store.models import model_quantization
 from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
 
@@ -57,6 +59,25 @@ class ServerConfig:
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the listing routes say of the loaded model (`/v1/models`, Ollama's tags and show)."""
+
+    architecture: str
+    quantization: str
+    size: int  # bytes on disk
+    n_params: int
+    modified: float  # the file's mtime
+    metadata: dict[str, Any]  # scalar metadata keys (no token arrays)
+
+    @classmethod
+    def of(cls, f: GGUFFile, path: Path) -> ModelFacts:
+        scalars = {k: v for k, v in f.metadata.items() if isinstance(v, str | int | float | bool)}
+        n_params = sum(math.prod(t.shape) for t in f.tensors.values())
+        return cls(f.architecture or "?", model_quantization(f), f.file_size, n_params,
+                   path.stat().st_mtime, scalars)
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -66,6 +87,7 @@ class LoadedModel:
     worker: Worker
     grammar_vocab: GrammarVocab | None = None  # for structured output; built once at load
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)
+    facts: ModelFacts | None = None
 
 
 def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
@@ -206,7 +228,7 @@ class ServerState:
             raise worker.error
         return LoadedModel(model_name(cfg.model_path), tokenizer, template,
                            Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab,
-                           cfg.reasoning)
+                           cfg.reasoning, ModelFacts.of(f, cfg.model_path))
 
     def _register_gauges(self, worker: Worker) -> None:
         s = worker.scheduler

@@ -88,7 +88,9 @@ def model_quantization(f: GGUFFile) -> str:
     return census.most_common(1)[0][0] if census else "?"
 
 
-def _describe(path: Path, name: str | None = None) -> CachedModel:
+def describe_model(path: Path, name: str | None = None) -> CachedModel:
+    """A model file's name (the file name without `.gguf` and split suffix), size, architecture
+    and quantization; a file that does not parse is described by its error."""
     name = name or _FIRST_SPLIT_PART.sub("", path.name).removesuffix(".gguf")
     try:
         with GGUFFile.open(path) as f:
@@ -102,8 +104,8 @@ def list_models() -> list[CachedModel]:
     """Every model file in the cache (first parts of split sets only), by name, then the
     Hugging Face Hub models in its cache (named `hf:ORG/REPO:FILE`)."""
     home = minfer_home()
-    hub = [_describe(path, name) for name, path in list_hub_models()]
+    hub = [describe_model(path, name) for name, path in list_hub_models()]
     if not home.is_dir():
         return hub
     files = [p for p in home.glob("*.gguf") if p.is_file() and not _LATER_SPLIT_PART.search(p.name)]
-    return sorted((_describe(p) for p in files), key=lambda m: m.name) + hub
+    return sorted((describe_model(p) for p in files), key=lambda m: m.name) + hub

@@ -1,0 +1,1 @@
+"""Ollama's API (`/api/tags`, `/api/show`, `/api/chat`, `/api/generate`, `/api/ps`, …)."""

@@ -1,0 +1,189 @@
+"""Ollama's API: `GET /`, `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`,
+`POST /api/chat`, `POST /api/generate`, `POST /api/embed`.
+
+Chat and generate are translated onto the chat / completion request path (translate.py) and
+answered as one object or as NDJSON (`application/x-ndjson`), a line per piece and a final line
+with `done: true`, `done_reason` and the counts and durations. A request names its model:
+the loaded model's name with or without `:latest`; another name is a 404. Errors are Ollama's
+`{"error": "..."}`. An empty prompt (or no messages) only loads the model (`done_reason: load`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+import minfer
+from minfer.server.errors import APIError
+from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, ShowRequest
+from minfer.server.ollama.translate import (
+    Clock,
+    chat_request,
+    details,
+    generate_request,
+    listing,
+    message_fields,
+    names,
+    now,
+    tool_calls,
+)
+from minfer.server.openai.prepare import Prepared, prepare
+from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from minfer.server.relay import ClientGone, collect, submit
+from minfer.server.state import LoadedModel, ServerState
+from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+
+NDJSON = "application/x-ndjson"
+
+
+def ollama_routes(app: FastAPI, state: ServerState) -> None:
+    """Add Ollama's routes to app."""
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> PlainTextResponse:
+        return PlainTextResponse("minfer is running")
+
+    @app.get("/api/version")
+    async def version() -> dict[str, str]:
+        return {"version": minfer.__version__}
+
+    @app.get("/api/tags")
+    async def tags() -> dict[str, Any]:
+        return {"models": [listing(state.model())]}
+
+    @app.get("/api/ps")
+    async def ps() -> dict[str, Any]:
+        entry = listing(state.model())
+        return {"models": [{**entry, "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0}]}
+
+    @app.post("/api/show")
+    async def show(body: ShowRequest) -> dict[str, Any]:
+        lm = _model(state, body.model)
+        facts = lm.facts
+        info = dict(facts.metadata) if facts else {}
+        if facts:
+            info["general.parameter_count"] = facts.n_params
+        capabilities = ["completion"]
+        if not lm.tokenizer.fim.missing():
+            capabilities.append("insert")
+        return {"modelfile": "", "parameters": "", "template": "", "details": details(facts),
+                "model_info": info, "capabilities": capabilities,
+                "modified_at": listing(lm)["modified_at"]}
+
+    @app.post("/api/chat")
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        lm = _model(state, body.model)
+        if not body.messages:
+            return _loaded(lm, {"message": {"role": "assistant", "content": ""}})
+        req = chat_request(body, lm.limits.n_ctx_slot)
+        return await _run(state, lm, req, request, body.stream, chat=True)
+
+    @app.post("/api/generate")
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        lm = _model(state, body.model)
+        if not body.prompt and body.suffix is None:
+            return _loaded(lm, {"response": ""})
+        req = generate_request(body, lm.limits.n_ctx_slot)
+        return await _run(state, lm, req, request, body.stream, chat=False)
+
+    @app.post("/api/embed")
+    async def embed(body: dict[str, Any]) -> Response:
+        _model(state, str(body.get("model", "")))
+        raise APIError(400, "this model does not support embeddings")
+
+
+def _model(state: ServerState, name: str) -> LoadedModel:
+    lm = state.model()
+    if name not in names(lm):
+        raise APIError(404, f"model '{name}' not found (this server has {names(lm)[0]})")
+    return lm
+
+
+def _loaded(lm: LoadedModel, text: dict[str, Any]) -> JSONResponse:
+    return JSONResponse({"model": names(lm)[0], "created_at": now(), **text, "done": True,
+                         "done_reason": "load"})
+
+
+async def _run(state: ServerState, lm: LoadedModel,
+               req: ChatCompletionRequest | CompletionRequest, request: Request, stream: bool,
+               *, chat: bool) -> Response:
+    prepared = await run_in_threadpool(prepare, req, lm.tokenizer, lm.template, lm.limits,
+                                       grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
+    clock = Clock()
+    handle = submit(state, lm, prepared.gen)
+    name = names(lm)[0]
+    if stream:
+        return StreamingResponse(_ndjson(lm, handle, prepared, clock, name, chat=chat),
+                                 media_type=NDJSON)
+    try:
+        got = await collect(handle, request)
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        lm.worker.cancel(handle)
+    clock.token()
+    if isinstance(req, ChatCompletionRequest):
+        fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)
+    else:
+        fields = {"content": got.text}
+    return JSONResponse({**_text(fields, chat), **clock.final(name, got.done.usage,
+                                                               got.done.finish_reason)})
+
+
+def _text(fields: dict[str, Any], chat: bool) -> dict[str, Any]:
+    if chat:
+        return {"message": message_fields(fields)}
+    out: dict[str, Any] = {"response": fields.get("content") or ""}
+    if fields.get("reasoning_content"):
+        out["thinking"] = fields["reasoning_content"]
+    return out
+
+
+def _line(body: dict[str, Any]) -> str:
+    return json.dumps(body, ensure_ascii=False) + "\n"
+
+
+async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Clock, name: str,
+                  *, chat: bool) -> AsyncIterator[str]:
+    reply = prepared.output.reply_stream() if prepared.output.reasoning is not None else None
+    usage = Usage(len(prepared.gen.prompt), 0, 0)
+
+    def pieces(deltas: list[dict[str, Any]]) -> list[str]:
+        out = []
+        for d in deltas:
+            fields = {k: d[k] for k in ("content", "reasoning_content") if d.get(k)}
+            if fields:
+                out.append(_line({"model": name, "created_at": now(), **_text(fields, chat),
+                                  "done": False}))
+        return out
+
+    try:
+        while True:
+            event = await handle.events.get()
+            if isinstance(event, Delta):
+                clock.token()
+                for line in pieces(reply.push(event.text) if reply else
+                                   [{"content": event.text}]):
+                    yield line
+            elif isinstance(event, Failed):
+                yield _line({"error": event.message})
+                break
+            elif isinstance(event, Done):
+                if reply is not None:
+                    for line in pieces(reply.finish()):
+                        yield line
+                    if reply.tools is not None and reply.tools.tool_calls:
+                        msg = {"role": "assistant", "content": "",
+                               "tool_calls": tool_calls(reply.tools.tool_calls)}
+                        yield _line({"model": name, "created_at": now(), "message": msg,
+                                     "done": False})
+                final = clock.final(name, event.usage or usage, event.finish_reason)
+                yield _line({**_text({}, chat), **final})
+                break
+    finally:
+        lm.worker.cancel(handle)

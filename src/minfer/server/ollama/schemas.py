@@ -1,0 +1,76 @@
+"""Request bodies of Ollama's API as pydantic models.
+
+`options` carries the sampling and context settings (`num_predict`, `temperature`, `top_k`,
+`top_p`, `min_p`, `repeat_penalty`, `seed`, `stop`, `num_ctx`, `num_thread`; others are
+accepted and ignored, as Ollama ignores what a runner does not use). `format` is `"json"` or a
+JSON schema; `think` switches a reasoning model's thinking; `keep_alive` is accepted (one
+model stays loaded). Types are strict, unknown fields ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from minfer.server.openai.schemas import INT64_MAX, INT64_MIN, _Strict
+
+
+class Options(_Strict):
+    num_predict: int | None = Field(None, ge=-2, le=INT64_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, ge=0.01, le=100.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: list[str] | None = Field(None, max_length=16)
+    num_ctx: int | None = Field(None, ge=1, le=INT64_MAX)
+    num_thread: int | None = Field(None, ge=0, le=INT64_MAX)
+
+
+class ToolFunction(_Strict):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolCall(_Strict):
+    function: ToolFunction
+
+
+class Message(_Strict):
+    role: str = Field(pattern="^(system|user|assistant|tool)$")
+    content: str = ""
+    thinking: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+
+
+class _Request(_Strict):
+    model: str = Field(min_length=1, max_length=512)
+    format: str | dict[str, Any] | None = None
+    options: Options | None = None
+    stream: bool = True  # Ollama streams unless told not to
+    keep_alive: str | int | float | None = None
+    think: bool | str | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateRequest(_Request):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    raw: bool = False
+    images: list[str] | None = None
+
+
+class ShowRequest(_Strict):
+    model: str = Field(min_length=1, max_length=512)
+    verbose: bool | None = None

@@ -1,0 +1,181 @@
+"""Ollama requests ⇄ the OpenAI requests the core's request path takes, and Ollama's bodies.
+
+`/api/chat` becomes a chat completion, `/api/generate` a chat completion of one user turn (its
+`system` first), a raw completion with `raw`, or a fill-in-the-middle completion with `suffix`.
+`options` map onto the sampling fields, `format` onto `response_format`, `think` onto the chat
+template's `enable_thinking`. Replies carry `message` (chat) or `response` (generate), the
+thinking as `thinking`, tool calls with their arguments as objects, and the final object's
+`done_reason` and durations in nanoseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from minfer.server.errors import bad_request
+from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
+from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from minfer.server.state import LoadedModel, ModelFacts
+from minfer.server.worker import Usage
+
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+            "frequency_penalty", "seed", "stop")
+
+
+def names(lm: LoadedModel) -> tuple[str, str]:
+    """The loaded model's Ollama name (with its tag) and its bare name (`/v1/models`'s id)."""
+    return f"{lm.name}:latest", lm.name
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _common(body: ChatRequest | GenerateRequest, n_ctx: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    opts = body.options
+    if opts is not None:
+        for name in SAMPLING:
+            value = getattr(opts, name)
+            if value is not None:
+                out[name] = value
+        if opts.num_predict is not None and opts.num_predict >= 0:
+            out["max_tokens"] = min(max(opts.num_predict, 1), n_ctx)
+    fmt = body.format
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise bad_request(f"format must be \"json\" or a JSON schema, got {fmt!r}",
+                          param="format")
+    return out
+
+
+def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
+    if body.think is None:
+        return {}
+    on = body.think is not False and body.think != "false"
+    return {"chat_template_kwargs": {"enable_thinking": on}}
+
+
+def _validate(model: type[ChatCompletionRequest] | type[CompletionRequest],
+              out: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(out)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise bad_request(f"{where}: {first.get('msg', 'invalid value')}") from None
+
+
+def chat_request(body: ChatRequest, n_ctx: int) -> ChatCompletionRequest:
+    messages = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+    out = {"messages": messages, **_common(body, n_ctx), **_thinking(body)}
+    if body.tools:
+        out["tools"] = body.tools
+    return _validate(ChatCompletionRequest, out)
+
+
+def _message(m: Message, where: str) -> dict[str, Any]:
+    if m.images:
+        raise bad_request(f"{where}.images: images are not supported (this server runs "
+                          "text-only models)", param=f"{where}.images")
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.thinking:
+        out["reasoning_content"] = m.thinking
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": f"call_{j}", "type": "function", "function": {
+            "name": c.function.name, "arguments": json.dumps(c.function.arguments)}}
+            for j, c in enumerate(m.tool_calls)]
+    if m.tool_name:
+        out["name"] = m.tool_name
+    return out
+
+
+def generate_request(body: GenerateRequest,
+                     n_ctx: int) -> ChatCompletionRequest | CompletionRequest:
+    if body.images:
+        raise bad_request("images are not supported (this server runs text-only models)",
+                          param="images")
+    common = _common(body, n_ctx)
+    common.setdefault("max_tokens", n_ctx)
+    if body.suffix is not None:  # fill in the middle: the prompt is the text before the gap
+        return _validate(CompletionRequest, {"prompt": body.prompt, "suffix": body.suffix,
+                                             **common})
+    if body.raw:
+        return _validate(CompletionRequest, {"prompt": body.prompt, **common})
+    messages = [{"role": "system", "content": body.system}] if body.system else []
+    messages.append({"role": "user", "content": body.prompt})
+    return _validate(ChatCompletionRequest, {"messages": messages, **common, **_thinking(body)})
+
+
+def message_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message in Ollama's shape from the chat fields."""
+    msg: dict[str, Any] = {"role": "assistant", "content": fields.get("content") or ""}
+    if fields.get("reasoning_content"):
+        msg["thinking"] = fields["reasoning_content"]
+    if fields.get("tool_calls"):
+        msg["tool_calls"] = tool_calls(fields["tool_calls"])
+    return msg
+
+
+def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for call in calls:
+        args = call["function"].get("arguments") or "{}"
+        try:
+            value = json.loads(args)
+        except json.JSONDecodeError:
+            value = {"_raw": args}
+        out.append({"function": {"name": call["function"]["name"], "arguments": value}})
+    return out
+
+
+class Clock:
+    """A request's durations as Ollama reports them (nanoseconds)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter_ns()
+        self.t_first: int | None = None
+
+    def token(self) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter_ns()
+
+    def final(self, model: str, usage: Usage, reason: str) -> dict[str, Any]:
+        end = time.perf_counter_ns()
+        first = self.t_first or end
+        return {"model": model, "created_at": now(), "done": True,
+                "done_reason": "length" if reason == "length" else "stop",
+                "total_duration": end - self.t0, "load_duration": 0,
+                "prompt_eval_count": usage.prompt_tokens,
+                "prompt_eval_duration": first - self.t0,
+                "eval_count": usage.completion_tokens, "eval_duration": end - first}
+
+
+def details(facts: ModelFacts | None) -> dict[str, Any]:
+    arch = facts.architecture if facts else "?"
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": _size(facts.n_params) if facts else "",
+            "quantization_level": facts.quantization if facts else ""}
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def listing(lm: LoadedModel) -> dict[str, Any]:
+    """One entry of `/api/tags` and `/api/ps`."""
+    name, _ = names(lm)
+    facts = lm.facts
+    modified = datetime.fromtimestamp(facts.modified, UTC) if facts else datetime.now(UTC)
+    return {"name": name, "model": name,
+            "modified_at": modified.isoformat().replace("+00:00", "Z"),
+            "size": facts.size if facts else 0, "digest": "", "details": details(facts)}
