@@ -79,3 +79,21 @@ def test_anthropic_messages_equal_the_openai_reply(real_server: Server) -> None:
                            extra_body=GREEDY) as stream:
         streamed = "".join(stream.text_stream)
     assert streamed == text
+
+
+def test_ollama_chat_and_generate_equal_the_openai_reply(real_server: Server) -> None:
+    import ollama
+
+    msgs = [{"role": "user", "content": "Name one prime number greater than 10."}]
+    ref = real_server.client().chat.completions.create(
+        model="qwen", messages=msgs, max_tokens=24, **GREEDY)  # type: ignore[arg-type]
+    c = ollama.Client(host=real_server.base)
+    name = c.list().models[0].model
+    opts = {"temperature": 0, "num_predict": 24}
+    assert c.chat(name, messages=msgs, options=opts).message.content == \
+        ref.choices[0].message.content
+    streamed = "".join(p.message.content or "" for p in c.chat(name, messages=msgs,
+                                                                 options=opts, stream=True))
+    assert streamed == ref.choices[0].message.content
+    gen = c.generate(name, prompt=msgs[0]["content"], options=opts)
+    assert gen.response == ref.choices[0].message.content
