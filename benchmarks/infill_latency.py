@@ -11,7 +11,9 @@ llama.cpp: `llama_cpp.server` has no `/infill`, so the identical token prompt (l
 llama.cpp's `format_prompt_infill`, checked token for token by tests/test_infill_real.py) is fed
 to llama-cpp-python's `Llama.generate`, which reuses the longest common token prefix of its
 previous prompt (its own prompt cache) and evaluates the rest, then decodes greedily; TTFT is
-the time to its first token. The engines run one after the other, alternating per `--rounds`.
+the time to its first token. With `--llama-server PATH` llama.cpp's own server answers the same
+`/infill` requests instead (its layout, its prompt cache, n_batch 2048). The engines run one
+after the other, alternating per `--rounds`. `--chunk N`: minfer serve's prompt tokens per step.
 
     .venv/bin/python benchmarks/infill_latency.py --ref-python /tmp/refvenv2/bin/python -t 2
 """
@@ -99,7 +101,20 @@ def run_minfer(args: argparse.Namespace, requests: list[tuple[str, str]]) -> lis
     port = free_port()
     cmd = [sys.executable, "-m", "minfer.cli.main", "serve", args.model, "--host", HOST,
            "--port", str(port), "-t", str(args.threads), "--slots", "1", "--n-ctx",
-           str(args.n_ctx)]
+           str(args.n_ctx), "--chunk", str(args.chunk)]
+    return run_server(cmd, port, requests)
+
+
+def run_llama_server(args: argparse.Namespace, requests: list[tuple[str, str]]) -> list[dict]:
+    """llama.cpp's own server and `/infill` (its prompt cache, its layout, n_batch 2048)."""
+    port = free_port()
+    cmd = [args.llama_server, "-m", args.model, "--host", HOST, "--port", str(port), "-t",
+           str(args.threads), "-np", "1", "-c", str(args.n_ctx), "--no-webui"]
+    return run_server(cmd, port, requests)
+
+
+def run_server(cmd: list[str], port: int, requests: list[tuple[str, str]]) -> list[dict]:
+    """Send the requests to a server's streaming /infill one after the other."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://{HOST}:{port}"
     out = []
@@ -108,7 +123,7 @@ def run_minfer(args: argparse.Namespace, requests: list[tuple[str, str]]) -> lis
         with httpx.Client(base_url=base, timeout=120) as client:
             for prefix, suffix in requests:
                 body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": N_GEN,
-                        "temperature": 0.0, "stream": True}
+                        "temperature": 0.0, "top_k": 1, "stream": True}
                 t0 = time.perf_counter()
                 ttft, final = None, {}
                 with client.stream("POST", "/infill", json=body) as r:
@@ -124,7 +139,8 @@ def run_minfer(args: argparse.Namespace, requests: list[tuple[str, str]]) -> lis
                 out.append({"ttft": ttft if ttft is not None else total, "total": total,
                             "tokens": final.get("tokens_predicted", 0),
                             "prompt": final.get("tokens_evaluated", 0),
-                            "cached": final.get("tokens_cached", 0)})
+                            "cached": final.get("tokens_cached", 0),
+                            "prompt_ms": final.get("timings", {}).get("prompt_ms")})
     finally:
         stop(proc)
     return out
@@ -148,6 +164,11 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--file-tokens", type=int, default=1500)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--chunk", type=int, default=128,
+                    help="minfer serve's prompt tokens per step (-b; default 128, its default)")
+    ap.add_argument("--llama-server", default=None, metavar="PATH",
+                    help="llama.cpp's llama-server binary: time its own /infill instead of "
+                         "llama-cpp-python's eval of the same tokens")
     args = ap.parse_args()
     import minfer
     from minfer.tokenizer.infill import Budget, infill_prompt
@@ -163,7 +184,12 @@ def main() -> int:
     for rnd in range(args.rounds):
         order = ["minfer", "llama.cpp"] if rnd % 2 == 0 else ["llama.cpp", "minfer"]
         for engine in order:
-            run = run_minfer(args, requests) if engine == "minfer" else run_llama(args, prompts)
+            if engine == "minfer":
+                run = run_minfer(args, requests)
+            elif args.llama_server:
+                run = run_llama_server(args, requests)
+            else:
+                run = run_llama(args, prompts)
             results[engine].append(run)
     print(f"\nmodel {args.model}, {len(tok.encode(text, add_bos=False))}-token file, cursor at "
           f"80%, {args.requests} requests of {N_GEN} tokens, {args.threads} threads, "
@@ -178,6 +204,13 @@ def main() -> int:
         print(f"| {engine} | {med[engine]:.0f} | {ttft[int(0.9 * (len(ttft) - 1))]:.0f} | "
               f"{statistics.median(total):.0f} |")
     print(f"\nTTFT ratio (llama.cpp / minfer, median): {med['llama.cpp'] / med['minfer']:.2f}x")
+    for engine, runs in results.items():
+        own = [r for r in runs[-1][1:] if r.get("prompt_ms") is not None]
+        if own:  # the server's own prompt time: TTFT minus this is the overhead around it
+            over = statistics.median(r["ttft"] * 1e3 - r["prompt_ms"] for r in own)
+            print(f"{engine}: the server's own prompt eval median "
+                  f"{statistics.median(r['prompt_ms'] for r in own):.0f} ms, TTFT beyond it "
+                  f"{over:.0f} ms")
     last = results["minfer"][-1]
     uncached = [r["prompt"] - r["cached"] for r in last[1:]]
     print(f"minfer: prompt tokens not in the cache per request: median "

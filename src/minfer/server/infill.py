@@ -58,7 +58,19 @@ def _final(lm: LoadedModel, content: str, done: Done) -> dict[str, Any]:
     return {"index": 0, "content": content, "tokens": [], "model": lm.name, "stop": True,
             "stop_type": STOP_TYPES.get(done.finish_reason, "none"),
             "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens,
-            "tokens_cached": usage.cached_tokens, "truncated": False}
+            "tokens_cached": usage.cached_tokens, "truncated": False,
+            "timings": timings(done)}
+
+
+def timings(done: Done) -> dict[str, float]:
+    """llama-server's `timings`: the prompt (its uncached part) and the decode, in ms."""
+    u = done.usage
+    n_prompt = u.prompt_tokens - u.cached_tokens
+    return {"prompt_n": n_prompt, "prompt_ms": done.prompt_ms,
+            "prompt_per_second": n_prompt / done.prompt_ms * 1e3 if done.prompt_ms else 0.0,
+            "predicted_n": u.completion_tokens, "predicted_ms": done.predicted_ms,
+            "predicted_per_second": (u.completion_tokens / done.predicted_ms * 1e3
+                                     if done.predicted_ms else 0.0)}
 
 
 async def _stream(lm: LoadedModel, handle: Handle) -> AsyncIterator[str]:

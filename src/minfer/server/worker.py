@@ -59,6 +59,8 @@ class Done:
     finish_reason: str  # "stop" | "length"
     usage: Usage
     stop_sequence: str | None = None  # the stop string that ended the request
+    prompt_ms: float = 0.0  # the engine's time on the request's (uncached) prompt
+    predicted_ms: float = 0.0  # and on its decode steps
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,9 @@ class Worker:
         usage = Usage(len(state.req.prompt), state.n_generated, state.n_cached)
         m.prompt_tokens.inc(usage.prompt_tokens)
         m.cached_tokens.inc(usage.cached_tokens)
-        handle.post(Done(finish_reason(out.finish), usage, state.stepper.matcher.matched))
+        t = state.timings
+        handle.post(Done(finish_reason(out.finish), usage, state.stepper.matcher.matched,
+                         t.prefill_s * 1e3, t.decode_s * 1e3))
 
     def _fail(self, seq_id: int, failure: Failed) -> None:
         """End a request now with `failure` (lock held)."""
