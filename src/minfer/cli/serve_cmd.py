@@ -6,7 +6,9 @@ slots × n-ctx KV cells. SIGINT / SIGTERM stop accepting connections, let in-fli
 for up to `--drain-timeout` seconds, cut what is left, and exit 0 (a second SIGINT forces it).
 `--lookup-ngram N` or `-md DRAFT` add speculative decoding per slot (output unchanged).
 `--ray` serves replicas of the same app as a Ray Serve deployment (server/ray/deploy.py); only
-then is Ray imported.
+then is Ray imported. Several models (`-m A -m B`, `--models-dir DIR`, or with no model every
+model in the cache): the first loads at start and stays; the others load on their first request
+and unload after `--keep-alive` idle seconds or beyond `--models-max`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
                        description="Serve a model over an OpenAI-compatible HTTP API.")
     p.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
-    p.add_argument("-m", "--model", dest="model_opt", help="model path or cached name")
+    p.add_argument("-m", "--model", dest="model_opt", action="append", default=[],
+                   help="model path or cached name; repeat it to serve several models (the "
+                        "first stays loaded, the others load on their first request)")
+    p.add_argument("--models-dir", metavar="DIR", default=None,
+                   help="also serve every .gguf in DIR (each loads on its first request)")
+    p.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
+                   help="idle seconds before a model other than the first unloads (default "
+                        "300; -1: never)")
+    p.add_argument("--models-max", type=int, default=3, metavar="N",
+                   help="models in memory at once; the least recently used idle one unloads "
+                        "(default 3)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("-c", "--n-ctx", type=int, default=4096,
@@ -81,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from minfer.server.state import ServerConfig, speculation_config
     from minfer.store import resolve_model
 
-    if args.model and args.model_opt:
-        raise MinferError("model given twice")
+    primary, extra = served_models(args)
     for name in ("n_ctx", "slots", "chunk"):
         if getattr(args, name) < 1:
             raise MinferError(f"--{name.replace('_', '-')} must be positive")
@@ -91,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.ray and (args.replicas is not None or args.autoscale or args.address):
         raise MinferError("--replicas, --autoscale and --address need --ray")
     config = ServerConfig(
-        model_path=resolve_model(args.model or args.model_opt), n_ctx=args.n_ctx,
+        model_path=primary, extra_models=tuple(extra), keep_alive=args.keep_alive,
+        models_max=args.models_max, n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
         chunk=args.chunk, n_predict=args.n_predict, k_type=kv_types(args)[0],
         v_type=kv_types(args)[1], fuse=not args.no_fuse,
@@ -109,6 +122,27 @@ def run(args: argparse.Namespace) -> int:
         return _serve_on_ray(args, config)
     return serve(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                  verbose=args.verbose)
+
+
+def served_models(args: argparse.Namespace) -> tuple[Path, list[Path]]:
+    """The first model and the others: those named (positional, then each -m) and those in
+    --models-dir; with none named, the default model and every other model in the cache."""
+    from minfer.store import resolve_model
+    from minfer.store.models import list_models, model_files
+
+    names = ([args.model] if args.model else []) + list(args.model_opt)
+    paths = [resolve_model(n) for n in names]
+    if args.models_dir:
+        folder = Path(args.models_dir).expanduser()
+        if not folder.is_dir():
+            raise MinferError(f"--models-dir {folder} is not a folder")
+        paths += model_files(folder)
+    if not paths:
+        paths = [resolve_model(None)] + [m.path for m in list_models() if m.error is None]
+    if args.models_max < 1:
+        raise MinferError("--models-max must be at least 1")
+    unique = list(dict.fromkeys(p.resolve() for p in paths))
+    return unique[0], unique[1:]
 
 
 def _serve_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:

@@ -34,7 +34,7 @@ def infill_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/infill")
     async def infill(body: InfillRequest, request: Request) -> Response:
-        lm = state.model()
+        lm = await state.acquire(body.model)
         prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
                                            grammar_vocab=lm.grammar_vocab)
         n_prompt = len(prepared.gen.prompt)

@@ -6,6 +6,11 @@ Until then `/health` answers 503 `loading`; routes that need the model answer 50
 `Retry-After`. A load failure is kept and reported (`/health` → 503 `error`), and `minfer serve`
 exits with it. A draft model (`-md`) is opened and its vocabulary checked against the target's
 before the engine thread starts, so a mismatch is such a load failure.
+
+More models (`extra_models`) load on their first request (`acquire`, by the name a request
+gives) while the others keep serving, each with its own engine thread; one idle past its
+keep_alive, or the least recently used idle one beyond `models_max`, is unloaded (`reap`, on a
+background thread). The model the server started with stays loaded.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from starlette.concurrency import run_in_threadpool
 
 from minfer.chat.reasoning import ReasoningOptions
 from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
@@ -24,7 +32,7 @@ from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.grammar import GrammarVocab
-from minfer.server.errors import unavailable
+from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import Metrics
 from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
 from minfer.server.worker import EngineFactory, Worker
@@ -32,6 +40,7 @@ from minfer.store.models import model_quantization
 from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
 
+REAP_INTERVAL_S = 0.5
 log = logging.getLogger("minfer.server")
 
 
@@ -57,6 +66,10 @@ class ServerConfig:
     draft_p_min: float = 0.3
     draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
+    # more models, each loaded on its first request (model_path stays loaded)
+    extra_models: tuple[Path, ...] = ()
+    keep_alive: float = 300.0  # idle seconds before an extra model unloads; < 0: never
+    models_max: int = 3  # models loaded at once (the least recently used idle one unloads)
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,19 @@ def _grammar_vocab(tokenizer: Tokenizer, n_vocab: int) -> GrammarVocab | None:
     return vocab
 
 
+@dataclass
+class Entry:
+    """A model the server can serve: loaded (`lm`), loading (`ready` not set) or on disk."""
+
+    name: str
+    path: Path
+    lm: LoadedModel | None = None
+    ready: threading.Event | None = None  # set when a load (started at first use) ended
+    error: str | None = None
+    last_used: float = 0.0  # time.monotonic() of the last request (or busy check)
+    keep_alive: float = 0.0  # idle seconds before it unloads (< 0: never)
+
+
 class ServerState:
     def __init__(self, config: ServerConfig, *, engine_factory: EngineFactory | None = None,
                  draft_engine_factory: EngineFactory | None = None,
@@ -153,6 +179,15 @@ class ServerState:
         self._lock = threading.Lock()
         self.error: str | None = None
         self.draining = False
+        primary = model_name(config.model_path)
+        self.extra: dict[str, Entry] = {}  # the other models, by name
+        for path in config.extra_models:
+            name = model_name(path)
+            if name != primary and name not in self.extra:
+                self.extra[name] = Entry(name, path, keep_alive=config.keep_alive)
+        self._facts: dict[str, ModelFacts] = {}
+        self._stopped = threading.Event()
+        self._register_gauges()
 
     @property
     def status(self) -> str:
@@ -170,6 +205,8 @@ class ServerState:
                 return
             self._started = True
         threading.Thread(target=self._load, name="minfer-loader", daemon=True).start()
+        if self.extra:
+            threading.Thread(target=self._reaper, name="minfer-reaper", daemon=True).start()
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -186,14 +223,123 @@ class ServerState:
             raise unavailable("the server is shutting down", code="shutting_down")
         return self._model
 
+    # -- several models ------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Every model this server serves, the one it started with first."""
+        return [model_name(self.config.model_path), *self.extra]
+
+    def resolve(self, name: str | None) -> str:
+        """The served model a request's name means (with or without `:latest`); with one model,
+        any name means it (OpenAI clients send their own); else a 404 listing the models."""
+        names = self.names()
+        if len(names) == 1 or not name:
+            return names[0]
+        bare = name.removesuffix(":latest")
+        if bare in names:
+            return bare
+        raise APIError(404, f"model '{name}' is not served here (models: {', '.join(names)})",
+                       code="model_not_found")
+
+    async def acquire(self, name: str | None, *, keep_alive: float | None = None) -> LoadedModel:
+        """The model a request names, loading it first when it is not (other models keep
+        serving meanwhile); keep_alive: this request's idle time before it unloads."""
+        key = self.resolve(name)
+        entry = self.extra.get(key)
+        if entry is None:
+            return self.model()
+        if self.draining:
+            raise unavailable("the server is shutting down", code="shutting_down")
+        with self._lock:
+            entry.last_used = time.monotonic()
+            if keep_alive is not None:
+                entry.keep_alive = keep_alive
+            if entry.lm is None and (entry.ready is None or entry.ready.is_set()):
+                entry.ready, entry.error = threading.Event(), None
+                threading.Thread(target=self._load_extra, args=(entry,), daemon=True,
+                                 name=f"minfer-loader-{key}").start()
+            ready = entry.ready
+        if entry.lm is None and ready is not None:
+            await run_in_threadpool(ready.wait)
+        if entry.lm is None:
+            raise unavailable(f"the model {key} failed to load: {entry.error}", retry_after=5,
+                              code="model_not_ready")
+        entry.last_used = time.monotonic()
+        return entry.lm
+
+    def loaded(self) -> list[LoadedModel]:
+        """The models in memory now, the one the server started with first."""
+        extra = [e.lm for e in self.extra.values() if e.lm is not None]
+        return ([self._model] if self._model is not None else []) + extra
+
+    def facts(self, name: str) -> ModelFacts:
+        """A served model's facts, loaded or not (read from its file once)."""
+        for lm in self.loaded():
+            if lm.name == name and lm.facts is not None:
+                return lm.facts
+        if name not in self._facts:
+            path = self.extra[name].path if name in self.extra else self.config.model_path
+            with GGUFFile.open(path) as f:
+                self._facts[name] = ModelFacts.of(f, path)
+        return self._facts[name]
+
+    def expiry(self, name: str) -> float | None:
+        """Seconds until a loaded extra model unloads when idle (None: it stays)."""
+        entry = self.extra.get(name)
+        if entry is None or entry.keep_alive < 0:
+            return None
+        return max(0.0, entry.last_used + entry.keep_alive - time.monotonic())
+
+    def reap(self) -> list[str]:
+        """Unload the extra models idle past their keep_alive, and the least recently used idle
+        ones beyond models_max; the names unloaded."""
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            live = [e for e in self.extra.values() if e.lm is not None]
+            for e in live:
+                if e.lm is not None and e.lm.worker.busy():
+                    e.last_used = now
+            idle = sorted((e for e in live if now - e.last_used >= 1.0), key=lambda e: e.last_used)
+            over = len(self.loaded()) - max(1, self.config.models_max)
+            for e in idle:
+                if over > 0 or (e.keep_alive >= 0 and now - e.last_used >= e.keep_alive):
+                    over -= 1
+                    out.append(e)
+            for e in out:
+                lm, e.lm, e.ready = e.lm, None, None
+                assert lm is not None
+                lm.worker.stop()
+                log.info("unloaded %s (idle)", e.name)
+        return [e.name for e in out]
+
+    def _load_extra(self, entry: Entry) -> None:
+        try:
+            entry.lm = self._open(entry.path, primary=False)
+            entry.last_used = time.monotonic()  # its idle time starts now, not at the request
+        except Exception as exc:
+            log.exception("loading %s failed", entry.name)
+            entry.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            assert entry.ready is not None
+            entry.ready.set()
+        self.reap()  # over models_max now: the least recently used idle model goes
+
+    def _reaper(self) -> None:
+        while not self._stopped.wait(REAP_INTERVAL_S):
+            try:
+                self.reap()
+            except Exception:  # never let the reaper die: the next tick tries again
+                log.exception("unloading idle models failed")
+
     def abort_all(self) -> None:
         """Cut whatever is still in flight (end of the drain period)."""
-        if self._model is not None:
-            self._model.worker.abort_all("the server is shutting down")
+        for lm in self.loaded():
+            lm.worker.abort_all("the server is shutting down")
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self._model is not None:
-            self._model.worker.stop(timeout)
+        self._stopped.set()
+        for lm in self.loaded():
+            lm.worker.stop(timeout)
 
     def _load(self) -> None:
         try:
@@ -202,16 +348,19 @@ class ServerState:
             log.exception("loading the model failed")
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def _open(self) -> LoadedModel:
+    def _open(self, path: Path | None = None, *, primary: bool = True) -> LoadedModel:
+        """Load a model: the one the server started with (its draft model too), or another
+        one (same settings, no draft)."""
         cfg = self.config
-        f = GGUFFile.open(cfg.model_path)
+        path = path or cfg.model_path
+        f = GGUFFile.open(path)
         hparams = HParams.from_gguf(f)
         tokenizer = Tokenizer.from_gguf(f)
         tokenizer.prepare()  # long prompts come: the BPE library model is built before serving
         template = ChatTemplate.from_gguf(f, tokenizer)
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
         factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
-        draft = (None if cfg.draft_model is None else
+        draft = (None if cfg.draft_model is None or not primary else
                  open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab))
         draft_factory = None
         if draft is not None:
@@ -219,23 +368,29 @@ class ServerState:
                 *draft, cfg, vocab_limit=cfg.draft_vocab)
         worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
                         chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
-                        speculation=speculation_config(cfg), make_draft=draft_factory)
-        self._register_gauges(worker)
+                        speculation=speculation_config(cfg) if primary or not cfg.draft_model
+                        else None, make_draft=draft_factory)
         worker.start()
         grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms up
         worker.ready.wait()
         if worker.error is not None:
             raise worker.error
-        return LoadedModel(model_name(cfg.model_path), tokenizer, template,
+        return LoadedModel(model_name(path), tokenizer, template,
                            Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab,
-                           cfg.reasoning, ModelFacts.of(f, cfg.model_path))
+                           cfg.reasoning, ModelFacts.of(f, path))
 
-    def _register_gauges(self, worker: Worker) -> None:
-        s = worker.scheduler
+    def _register_gauges(self) -> None:
+        """Gauges summed over the loaded models."""
         m = self.metrics
-        m.gauge("minfer_queue_depth", "Requests waiting for a slot", lambda: s.n_waiting)
-        m.gauge("minfer_slots_busy", "Slots running a request", lambda: s.n_busy)
-        m.gauge("minfer_slots_total", "Slots", lambda: len(s.slots))
+
+        def total(of: Callable[[Any], int]) -> Callable[[], int]:
+            return lambda: sum(of(lm.worker.scheduler) for lm in self.loaded())
+
+        m.gauge("minfer_queue_depth", "Requests waiting for a slot", total(lambda s: s.n_waiting))
+        m.gauge("minfer_slots_busy", "Slots running a request", total(lambda s: s.n_busy))
+        m.gauge("minfer_slots_total", "Slots", total(lambda s: len(s.slots)))
         m.gauge("minfer_kv_cells_used", "KV cells holding tokens (running and cached)",
-                lambda: s.kv_cells_used)
-        m.gauge("minfer_kv_cells_total", "KV cells", lambda: len(s.slots) * s.n_ctx_slot)
+                total(lambda s: s.kv_cells_used))
+        m.gauge("minfer_kv_cells_total", "KV cells",
+                total(lambda s: len(s.slots) * s.n_ctx_slot))
+        m.gauge("minfer_models_loaded", "Models in memory", lambda: len(self.loaded()))

@@ -107,5 +107,10 @@ def list_models() -> list[CachedModel]:
     hub = [describe_model(path, name) for name, path in list_hub_models()]
     if not home.is_dir():
         return hub
-    files = [p for p in home.glob("*.gguf") if p.is_file() and not _LATER_SPLIT_PART.search(p.name)]
-    return sorted((describe_model(p) for p in files), key=lambda m: m.name) + hub
+    return sorted((describe_model(p) for p in model_files(home)), key=lambda m: m.name) + hub
+
+
+def model_files(folder: Path) -> list[Path]:
+    """The model files in a folder: its .gguf files, of a split set only the first part."""
+    return sorted(p for p in folder.glob("*.gguf")
+                  if p.is_file() and not _LATER_SPLIT_PART.search(p.name))

@@ -41,7 +41,7 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Response:
-        lm = state.model()
+        lm = await state.acquire(body.model)
         prepared = await _prepare(lm, body)
         handle = submit(state, lm, prepared.gen)
         msg_id = new_id("msg_")
@@ -62,7 +62,7 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
-        prepared = await _prepare(state.model(), body)
+        prepared = await _prepare(await state.acquire(body.model), body)
         return {"input_tokens": len(prepared.gen.prompt)}
 
 

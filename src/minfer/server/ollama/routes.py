@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,6 +27,7 @@ from minfer.server.ollama.translate import (
     chat_request,
     details,
     generate_request,
+    keep_alive_seconds,
     listing,
     message_fields,
     names,
@@ -54,30 +56,35 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/api/tags")
     async def tags() -> dict[str, Any]:
-        return {"models": [listing(state.model())]}
+        return {"models": [listing(name, state.facts(name)) for name in state.names()]}
 
     @app.get("/api/ps")
     async def ps() -> dict[str, Any]:
-        entry = listing(state.model())
-        return {"models": [{**entry, "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0}]}
+        out = []
+        for lm in state.loaded():
+            left = state.expiry(lm.name)
+            until = (datetime.now(UTC) + timedelta(seconds=left) if left is not None
+                     else datetime(2318, 1, 1, tzinfo=UTC))  # Ollama's "forever"
+            out.append({**listing(lm.name, state.facts(lm.name)),
+                        "expires_at": until.isoformat().replace("+00:00", "Z"),
+                        "size_vram": 0})
+        return {"models": out}
 
     @app.post("/api/show")
     async def show(body: ShowRequest) -> dict[str, Any]:
-        lm = _model(state, body.model)
-        facts = lm.facts
-        info = dict(facts.metadata) if facts else {}
-        if facts:
-            info["general.parameter_count"] = facts.n_params
+        lm = await _model(state, body.model, None)
+        facts = state.facts(lm.name)
+        info = {**facts.metadata, "general.parameter_count": facts.n_params}
         capabilities = ["completion"]
         if not lm.tokenizer.fim.missing():
             capabilities.append("insert")
         return {"modelfile": "", "parameters": "", "template": "", "details": details(facts),
                 "model_info": info, "capabilities": capabilities,
-                "modified_at": listing(lm)["modified_at"]}
+                "modified_at": listing(lm.name, facts)["modified_at"]}
 
     @app.post("/api/chat")
     async def chat(body: ChatRequest, request: Request) -> Response:
-        lm = _model(state, body.model)
+        lm = await _model(state, body.model, body.keep_alive)
         if not body.messages:
             return _loaded(lm, {"message": {"role": "assistant", "content": ""}})
         req = chat_request(body, lm.limits.n_ctx_slot)
@@ -85,7 +92,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
-        lm = _model(state, body.model)
+        lm = await _model(state, body.model, body.keep_alive)
         if not body.prompt and body.suffix is None:
             return _loaded(lm, {"response": ""})
         req = generate_request(body, lm.limits.n_ctx_slot)
@@ -93,15 +100,19 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/api/embed")
     async def embed(body: dict[str, Any]) -> Response:
-        _model(state, str(body.get("model", "")))
+        await _model(state, str(body.get("model", "")), None)
         raise APIError(400, "this model does not support embeddings")
 
 
-def _model(state: ServerState, name: str) -> LoadedModel:
-    lm = state.model()
-    if name not in names(lm):
-        raise APIError(404, f"model '{name}' not found (this server has {names(lm)[0]})")
-    return lm
+async def _model(state: ServerState, name: str, keep_alive: str | float | None) -> LoadedModel:
+    """The model a request names, as `/api/tags` lists it (with or without `:latest`);
+    another name is a 404, as Ollama answers it."""
+    served = state.names()
+    bare = name.removesuffix(":latest")
+    if bare not in served:
+        raise APIError(404, f"model '{name}' not found (models: "
+                       f"{', '.join(n + ':latest' for n in served)})")
+    return await state.acquire(bare, keep_alive=keep_alive_seconds(keep_alive))
 
 
 def _loaded(lm: LoadedModel, text: dict[str, Any]) -> JSONResponse:

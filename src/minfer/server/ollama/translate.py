@@ -171,11 +171,30 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def listing(lm: LoadedModel) -> dict[str, Any]:
-    """One entry of `/api/tags` and `/api/ps`."""
-    name, _ = names(lm)
-    facts = lm.facts
-    modified = datetime.fromtimestamp(facts.modified, UTC) if facts else datetime.now(UTC)
-    return {"name": name, "model": name,
+def listing(name: str, facts: ModelFacts) -> dict[str, Any]:
+    """One entry of `/api/tags` and `/api/ps` (name: as `/v1/models` lists it)."""
+    modified = datetime.fromtimestamp(facts.modified, UTC)
+    return {"name": f"{name}:latest", "model": f"{name}:latest",
             "modified_at": modified.isoformat().replace("+00:00", "Z"),
-            "size": facts.size if facts else 0, "digest": "", "details": details(facts)}
+            "size": facts.size, "digest": "", "details": details(facts)}
+
+
+def keep_alive_seconds(value: str | float | None) -> float | None:
+    """Ollama's keep_alive ("5m", "30s", "1h", seconds as a number; negative: forever) in
+    seconds; None when not given."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in ("ms", "s", "m", "h"):
+        if value.endswith(unit):
+            number = value[:-len(unit)]
+            break
+    else:
+        number, unit = value, "s"
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise bad_request(f"keep_alive: cannot read {value!r} as a duration (e.g. \"5m\")",
+                          param="keep_alive") from None

@@ -24,20 +24,19 @@ from minfer.server.openai.prepare import Prepared, prepare
 from minfer.server.openai.responses import Envelope, chat_logprobs, completion_logprobs
 from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
 from minfer.server.relay import ClientGone, collect, submit
-from minfer.server.state import LoadedModel, ServerState, model_name
+from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Event, Failed, Handle
 
 
 def openai_routes(app: FastAPI, state: ServerState) -> None:
     """Add the OpenAI routes to app."""
-    name = model_name(state.config.model_path)
-    created = int(state.config.model_path.stat().st_mtime)
 
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "minfer"}]}
+            {"id": name, "object": "model", "created": int(state.facts(name).modified),
+             "owned_by": "minfer"} for name in state.names()]}
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
@@ -52,7 +51,7 @@ def openai_routes(app: FastAPI, state: ServerState) -> None:
 
 async def _complete(state: ServerState, request: Request,
                     body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
-    lm = state.model()
+    lm = await state.acquire(body.model)
     prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
                                        grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
     handle = submit(state, lm, prepared.gen)
