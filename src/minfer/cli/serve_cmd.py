@@ -76,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on shutdown (default 30)")
     p.add_argument("--verbose", action="store_true", help="log every request")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let a browser page from ORIGIN call the API (repeatable; * for any; "
+                        "default: none)")
     ray = p.add_argument_group("replicas on Ray Serve (needs minfer[ray])")
     ray.add_argument("--ray", action="store_true",
                      help="serve replicas of the engine as a Ray Serve deployment")
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
         draft_model=resolve_model(args.model_draft) if args.model_draft else None,
         draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
-        reasoning=reasoning_from_args(args),
+        reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
     )
     if args.lookup_ngram and args.model_draft:
         raise MinferError("give --lookup-ngram or --model-draft, not both")

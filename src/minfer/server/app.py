@@ -1,7 +1,8 @@
 """The FastAPI app: the API surfaces' routes over the engine thread, plus llama-server extras.
 
-Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, the lifespan (the
-model loads in the background) and the middleware. The OpenAI-compatible routes are
+Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /props`,
+`POST /apply-template`, the lifespan (the model loads in the background) and the middleware
+(CORS only with `--cors-origin`). The OpenAI-compatible routes are
 `openai/routes.py`'s, Anthropic's Messages `anthropic/routes.py`'s, Ollama's `ollama/routes.py`'s,
 llama.cpp's `/infill` is `infill.py`'s.
 """
@@ -13,16 +14,26 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
+import minfer
+from minfer.errors import MinferError
 from minfer.server.anthropic.routes import anthropic_routes
-from minfer.server.errors import bad_request, install_handlers
+from minfer.server.errors import bad_request, from_minfer_error, install_handlers
 from minfer.server.infill import infill_routes
 from minfer.server.middleware import RequestGuard
 from minfer.server.ollama.routes import ollama_routes
+from minfer.server.openai.prepare import request_reasoning
 from minfer.server.openai.routes import openai_routes
-from minfer.server.openai.schemas import DetokenizeRequest, TokenizeRequest
+from minfer.server.openai.schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from minfer.server.openai.structured import plan_output, template_messages
 from minfer.server.state import ServerState
 
 
@@ -45,6 +56,9 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     app.state.minfer = state
     install_handlers(app)
     app.add_middleware(RequestGuard, state=state)
+    if state.config.cors_origins:  # outermost: preflight requests need no API key
+        app.add_middleware(CORSMiddleware, allow_origins=list(state.config.cors_origins),
+                           allow_methods=["*"], allow_headers=["*"])
     _routes(app, state)
     openai_routes(app, state)
     anthropic_routes(app, state)
@@ -88,3 +102,29 @@ def _routes(app: FastAPI, state: ServerState) -> None:
                               f"(0..{tok.n_vocab - 1})", param="tokens", code="invalid_token_id")
         raw = b"".join(tok.token_bytes(t) for t in body.tokens)
         return {"content": raw.decode("utf-8", errors="replace")}
+
+    @app.get("/props")
+    async def props() -> dict[str, Any]:
+        """llama-server's server properties (the parts a client reads)."""
+        lm = state.model()
+        cfg = state.config
+        return {"default_generation_settings": {"n_ctx": lm.limits.n_ctx_slot,
+                                                "n_predict": cfg.n_predict},
+                "total_slots": cfg.slots, "model_path": str(cfg.model_path),
+                "chat_template": getattr(lm.template, "source", ""),
+                "modalities": {"vision": False, "audio": False},
+                "build_info": f"minfer {minfer.__version__}"}
+
+    @app.post("/apply-template")
+    async def apply_template(body: ApplyTemplateRequest) -> dict[str, Any]:
+        """llama-server's: the chat template applied to messages, not generated from."""
+        lm = await state.acquire(body.model)
+        chat = ChatCompletionRequest.model_validate(body.model_dump(exclude_none=True))
+        plan = plan_output(chat, lm.tokenizer.n_vocab, lm.grammar_vocab)
+        try:
+            text = lm.template.render(template_messages(chat.messages), add_generation_prompt=True,
+                                      tools=plan.tools,
+                                      **request_reasoning(chat, lm.reasoning).template_vars())
+        except MinferError as exc:
+            raise from_minfer_error(exc, param="messages") from None
+        return {"prompt": text}

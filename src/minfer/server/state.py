@@ -70,6 +70,7 @@ class ServerConfig:
     extra_models: tuple[Path, ...] = ()
     keep_alive: float = 300.0  # idle seconds before an extra model unloads; < 0: never
     models_max: int = 3  # models loaded at once (the least recently used idle one unloads)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: no CORS)
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,17 @@ class InfillRequest(SamplingFields):
     t_max_predict_ms: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
+class ApplyTemplateRequest(_Strict):
+    """llama-server's `/apply-template`: the fields a chat request renders with."""
+
+    model: str | None = Field(None, max_length=512)
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = Field(None, ge=-1, le=INT64_MAX)
+
+
 class TokenizeRequest(_Strict):
     content: str
     add_special: bool = False
