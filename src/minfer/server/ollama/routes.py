@@ -1,5 +1,7 @@
 """Ollama's API: `GET /`, `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`,
-`POST /api/chat`, `POST /api/generate`, `POST /api/embed`.
+`POST /api/chat`, `POST /api/generate`, `POST /api/embed`, `POST /api/pull` (catalogue and
+`hf:` names, progress as NDJSON; the pulled model is served too), `DELETE /api/delete` (a
+served model other than the first is unloaded; only files in the model cache are deleted).
 
 Chat and generate are translated onto the chat / completion request path (translate.py) and
 answered as one object or as NDJSON (`application/x-ndjson`), a line per piece and a final line
@@ -10,7 +12,9 @@ the loaded model's name with or without `:latest`; another name is a 404. Errors
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,8 +24,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 import minfer
+from minfer.errors import MinferError
 from minfer.server.errors import APIError
-from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, ShowRequest
+from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, PullRequest, ShowRequest
 from minfer.server.ollama.translate import (
     Clock,
     chat_request,
@@ -39,6 +44,8 @@ from minfer.server.openai.schemas import ChatCompletionRequest, CompletionReques
 from minfer.server.relay import ClientGone, collect, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+from minfer.store import download, resolve_model
+from minfer.store.catalog import load_catalog, minfer_home
 
 NDJSON = "application/x-ndjson"
 
@@ -97,6 +104,38 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
             return _loaded(lm, {"response": ""})
         req = generate_request(body, lm.limits.n_ctx_slot)
         return await _run(state, lm, req, request, body.stream, chat=False)
+
+    @app.post("/api/pull")
+    async def pull(body: PullRequest) -> Response:
+        name = body.model.removesuffix(":latest")
+        try:
+            entry = load_catalog().entry(name)
+        except MinferError:
+            if not name.startswith("hf:"):
+                raise APIError(404, f"pull model manifest: '{body.model}' is neither in the "
+                               "model catalogue nor a Hugging Face name (hf:ORG/REPO:FILE)"
+                               ) from None
+            entry = None
+        events = _pull_events(state, name, entry)
+        if body.stream:
+            return StreamingResponse((_line(e) async for e in events), media_type=NDJSON)
+        last: dict[str, Any] = {}
+        async for event in events:
+            last = event
+        return JSONResponse(last, status_code=500 if "error" in last else 200)
+
+    @app.delete("/api/delete")
+    async def delete(body: ShowRequest) -> Response:
+        name = body.model.removesuffix(":latest")
+        served = name in state.names()
+        path = state.remove_model(name) if served else minfer_home() / f"{name}.gguf"
+        if not path.is_file():
+            raise APIError(404, f"model '{body.model}' not found")
+        if path.resolve().parent != minfer_home().resolve():  # a file of the user's own
+            return Response(status_code=200)
+        path.unlink()
+        path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+        return Response(status_code=200)
 
     @app.post("/api/embed")
     async def embed(body: dict[str, Any]) -> Response:
@@ -198,3 +237,38 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                 break
     finally:
         lm.worker.cancel(handle)
+
+
+async def _pull_events(state: ServerState, name: str,
+                       entry: Any) -> AsyncIterator[dict[str, Any]]:
+    """Ollama's pull progress for a catalogue (or Hub) model: the download runs on a thread;
+    when it is in place the server serves it too."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    digest = f"sha256:{entry.sha256}" if entry is not None else ""
+
+    def report(status: str, done: int, total: int) -> None:
+        event: dict[str, Any] = {"status": {"downloading": f"pulling {name}",
+                                            "verifying": "verifying sha256 digest"}.get(
+                                                status, status)}
+        if status == "downloading":
+            event.update(digest=digest, total=total, completed=done)
+        if status != "success":
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def work() -> None:
+        try:
+            path = (download.pull(name, progress=False, report=report) if entry is not None
+                    else resolve_model(name))
+            state.add_model(path)
+            loop.call_soon_threadsafe(queue.put_nowait, {"status": "success"})
+        except Exception as exc:  # reported in the stream, as Ollama does
+            loop.call_soon_threadsafe(queue.put_nowait, {"error": str(exc)})
+
+    yield {"status": "pulling manifest"}
+    threading.Thread(target=work, name=f"minfer-pull-{name}", daemon=True).start()
+    while True:
+        event = await queue.get()
+        yield event
+        if "error" in event or event.get("status") == "success":
+            return

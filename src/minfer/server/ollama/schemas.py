@@ -74,3 +74,9 @@ class GenerateRequest(_Request):
 class ShowRequest(_Strict):
     model: str = Field(min_length=1, max_length=512)
     verbose: bool | None = None
+
+
+class PullRequest(_Strict):
+    model: str = Field(min_length=1, max_length=512)
+    stream: bool = True
+    insecure: bool | None = None
