@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,15 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 @pytest.fixture(scope="module", autouse=True)
 def _loaded() -> None:
     assert STATE.wait_ready(120), STATE.error
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sandboxed_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """/api/pull and /api/delete act on the model cache: an empty one here, no Hub access."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINFER_HOME", str(tmp_path_factory.mktemp("home")))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield
 
 
 @schema.parametrize()

@@ -46,6 +46,7 @@ from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle, Usage
 from minfer.store import download, resolve_model
 from minfer.store.catalog import load_catalog, minfer_home
+from minfer.store.models import list_models
 
 NDJSON = "application/x-ndjson"
 
@@ -127,14 +128,15 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
     @app.delete("/api/delete")
     async def delete(body: ShowRequest) -> Response:
         name = body.model.removesuffix(":latest")
-        served = name in state.names()
-        path = state.remove_model(name) if served else minfer_home() / f"{name}.gguf"
-        if not path.is_file():
+        cached = {m.name: m.path for m in await run_in_threadpool(list_models)}
+        if name not in state.names() and name not in cached:
             raise APIError(404, f"model '{body.model}' not found")
-        if path.resolve().parent != minfer_home().resolve():  # a file of the user's own
-            return Response(status_code=200)
-        path.unlink()
-        path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+        if name in state.names():
+            state.remove_model(name)
+        path = cached.get(name)
+        if path is not None and path.parent.resolve() == minfer_home().resolve():
+            path.unlink(missing_ok=True)  # only the cache's own files, never a user's file
+            path.with_name(path.name + ".sha256").unlink(missing_ok=True)
         return Response(status_code=200)
 
     @app.post("/api/embed")
