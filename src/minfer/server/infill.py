@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from minfer.server.errors import APIError
 from minfer.server.openai.prepare import prepare
 from minfer.server.openai.schemas import InfillRequest
-from minfer.server.relay import ClientGone, collect, submit
+from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle, Usage
 
@@ -44,12 +44,9 @@ def infill_routes(app: FastAPI, state: ServerState) -> None:
         if body.stream:
             return StreamingResponse(_stream(lm, handle), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        try:
-            got = await collect(handle, request)
-        except ClientGone:
+        got = await collect_or_gone(lm, handle, request)
+        if got is None:  # the client left
             return Response(status_code=499)
-        finally:
-            lm.worker.cancel(handle)  # a no-op once the request is done
         return JSONResponse(_final(lm, got.text, got.done))
 
 

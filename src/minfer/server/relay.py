@@ -3,7 +3,8 @@
 Every API surface (OpenAI's, llama.cpp's `/infill`, …) submits its `GenRequest` here and relays
 the events back in its own shape. `submit` answers 503 when the queue is full or the server is
 draining; `collect` reads a whole reply, checking while it waits that the client is still there
-(`ClientGone` when it left, so the route can give the slot back at once).
+(`ClientGone` when it left, so the route can give the slot back at once; `collect_or_gone`
+does that for it).
 """
 
 from __future__ import annotations
@@ -64,3 +65,13 @@ async def collect(handle: Handle, request: Request) -> Collected:
             raise APIError(event.status, event.message)
         else:
             return Collected("".join(texts), event, lps)
+
+
+async def collect_or_gone(lm: LoadedModel, handle: Handle, request: Request) -> Collected | None:
+    """The whole reply, or None when the client left (its slot is given back either way)."""
+    try:
+        return await collect(handle, request)
+    except ClientGone:
+        return None
+    finally:
+        lm.worker.cancel(handle)  # a no-op once the request is done

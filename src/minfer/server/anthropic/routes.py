@@ -31,7 +31,7 @@ from minfer.server.anthropic.translate import (
 )
 from minfer.server.errors import anthropic_error_body
 from minfer.server.openai.prepare import Prepared, prepare
-from minfer.server.relay import ClientGone, collect, submit
+from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle, Usage
 
@@ -50,12 +50,9 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        try:
-            got = await collect(handle, request)
-        except ClientGone:
+        got = await collect_or_gone(lm, handle, request)
+        if got is None:  # the client left
             return Response(status_code=499)
-        finally:
-            lm.worker.cancel(handle)
         fields, finish = prepared.output.finalize(got.text, got.done.finish_reason)
         return JSONResponse(message_body(msg_id, body.model, fields, finish,
                                          got.done.stop_sequence, got.done.usage))

@@ -14,8 +14,6 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from minfer.server.anthropic.schemas import (
     CountTokensRequest,
     ImageBlock,
@@ -27,7 +25,7 @@ from minfer.server.anthropic.schemas import (
     ToolUseBlock,
 )
 from minfer.server.errors import bad_request
-from minfer.server.openai.schemas import ChatCompletionRequest
+from minfer.server.openai.schemas import ChatCompletionRequest, translated
 from minfer.server.worker import Usage
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -78,12 +76,7 @@ def chat_request(body: CountTokensRequest, *, n_ctx: int) -> ChatCompletionReque
         if fmt is not None:
             out["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "output", "schema": fmt.schema_}}
-    try:
-        return ChatCompletionRequest.model_validate(out)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise bad_request(f"{where}: {first.get('msg', 'invalid value')}") from None
+    return translated(ChatCompletionRequest, out)
 
 
 def _messages(message: Message, where: str) -> list[dict[str, Any]]:

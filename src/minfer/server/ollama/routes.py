@@ -41,7 +41,7 @@ from minfer.server.ollama.translate import (
 )
 from minfer.server.openai.prepare import Prepared, prepare
 from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
-from minfer.server.relay import ClientGone, collect, submit
+from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle, Usage
 from minfer.store import download, resolve_model
@@ -172,12 +172,9 @@ async def _run(state: ServerState, lm: LoadedModel,
     if stream:
         return StreamingResponse(_ndjson(lm, handle, prepared, clock, name, chat=chat),
                                  media_type=NDJSON)
-    try:
-        got = await collect(handle, request)
-    except ClientGone:
+    got = await collect_or_gone(lm, handle, request)
+    if got is None:  # the client left
         return Response(status_code=499)
-    finally:
-        lm.worker.cancel(handle)
     clock.token()
     if isinstance(req, ChatCompletionRequest):
         fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)

@@ -15,11 +15,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from minfer.server.errors import bad_request
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
-from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from minfer.server.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    translated,
+)
 from minfer.server.state import LoadedModel, ModelFacts
 from minfer.server.worker import Usage
 
@@ -65,22 +67,12 @@ def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": on}}
 
 
-def _validate(model: type[ChatCompletionRequest] | type[CompletionRequest],
-              out: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(out)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise bad_request(f"{where}: {first.get('msg', 'invalid value')}") from None
-
-
 def chat_request(body: ChatRequest, n_ctx: int) -> ChatCompletionRequest:
     messages = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
     out = {"messages": messages, **_common(body, n_ctx), **_thinking(body)}
     if body.tools:
         out["tools"] = body.tools
-    return _validate(ChatCompletionRequest, out)
+    return translated(ChatCompletionRequest, out)
 
 
 def _message(m: Message, where: str) -> dict[str, Any]:
@@ -107,13 +99,13 @@ def generate_request(body: GenerateRequest,
     common = _common(body, n_ctx)
     common.setdefault("max_tokens", n_ctx)
     if body.suffix is not None:  # fill in the middle: the prompt is the text before the gap
-        return _validate(CompletionRequest, {"prompt": body.prompt, "suffix": body.suffix,
+        return translated(CompletionRequest, {"prompt": body.prompt, "suffix": body.suffix,
                                              **common})
     if body.raw:
-        return _validate(CompletionRequest, {"prompt": body.prompt, **common})
+        return translated(CompletionRequest, {"prompt": body.prompt, **common})
     messages = [{"role": "system", "content": body.system}] if body.system else []
     messages.append({"role": "user", "content": body.prompt})
-    return _validate(ChatCompletionRequest, {"messages": messages, **common, **_thinking(body)})
+    return translated(ChatCompletionRequest, {"messages": messages, **common, **_thinking(body)})
 
 
 def message_fields(fields: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from minfer.server.errors import APIError
 from minfer.server.openai.prepare import Prepared, prepare
 from minfer.server.openai.responses import Envelope, chat_logprobs, completion_logprobs
 from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
-from minfer.server.relay import ClientGone, collect, submit
+from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Event, Failed, Handle
 
@@ -61,12 +61,9 @@ async def _complete(state: ServerState, request: Request,
         stream = _stream(lm, handle, env, prepared, include_usage)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        got = await collect(handle, request)
-    except ClientGone:
+    got = await collect_or_gone(lm, handle, request)
+    if got is None:  # the client left
         return Response(status_code=499)
-    finally:
-        lm.worker.cancel(handle)  # a no-op once the request is done
     logprobs = None
     if prepared.gen.logprobs is not None:
         logprobs = _logprobs_fn(lm, env.kind)(got.logprobs, 0)

@@ -12,10 +12,13 @@ loaded model (context length, vocabulary) are checked later, in `requests.py`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from minfer.server.errors import APIError
+
+T = TypeVar("T", bound=BaseModel)
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 MAX_STOPS = 16
@@ -150,6 +153,18 @@ class ApplyTemplateRequest(_Strict):
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_budget: int | None = Field(None, ge=-1, le=INT64_MAX)
+
+
+def translated(model: type[T], body: dict[str, Any]) -> T:
+    """Another API's request, translated into one of these bodies and validated; a 400 naming
+    the field when the translation does not hold (e.g. an out-of-range value it carried)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise APIError(400, f"{where}: {first.get('msg', 'invalid value')}",
+                       param=where or None) from None
 
 
 class TokenizeRequest(_Strict):
