@@ -8,6 +8,7 @@ text (the server's engine is batch-invariant).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,24 @@ def test_anthropic_messages_equal_the_openai_reply(real_server: Server) -> None:
                            extra_body=GREEDY) as stream:
         streamed = "".join(stream.text_stream)
     assert streamed == text
+    assert c.messages.count_tokens(model="qwen", messages=msgs).input_tokens == \
+        msg.usage.input_tokens  # type: ignore[arg-type]
+    tool = {"name": "add", "description": "Add two integers", "input_schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}
+    ask = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
+    called = c.messages.create(model="qwen", max_tokens=64, messages=ask, tools=[tool],  # type: ignore[arg-type,list-item]
+                               tool_choice={"type": "any"}, extra_body=GREEDY)
+    (use,) = [b for b in called.content if b.type == "tool_use"]
+    assert called.stop_reason == "tool_use" and use.name == "add" and set(use.input) == {"a", "b"}
+    turn = {"role": "assistant", "content": [b.model_dump() for b in called.content]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                           "content": "5"}]}
+    done = c.messages.create(model="qwen", max_tokens=24, tools=[tool],  # type: ignore[arg-type,list-item]
+                             messages=[*ask, turn, result], extra_body=GREEDY)  # type: ignore[list-item]
+    assert "5" in "".join(b.text for b in done.content if b.type == "text")
+    with pytest.raises(anthropic.BadRequestError):
+        c.messages.create(model="qwen", max_tokens=8, messages=[])
 
 
 def test_ollama_chat_and_generate_equal_the_openai_reply(real_server: Server) -> None:
@@ -97,3 +116,15 @@ def test_ollama_chat_and_generate_equal_the_openai_reply(real_server: Server) ->
     assert streamed == ref.choices[0].message.content
     gen = c.generate(name, prompt=msgs[0]["content"], options=opts)
     assert gen.response == ref.choices[0].message.content
+    raw_ref = real_server.client().completions.create(model="qwen", prompt="def fib(n):",
+                                                      max_tokens=16, temperature=0.0)
+    raw = c.generate(name, prompt="def fib(n):", raw=True,
+                     options={"temperature": 0, "num_predict": 16})
+    assert raw.response == raw_ref.choices[0].text
+    shown = c.show(name)
+    assert shown.details.family == "qwen2" and shown.modelinfo["general.architecture"] == "qwen2"
+    assert [m.model for m in c.ps().models] == [name]
+    as_json = c.chat(name, messages=[{"role": "user", "content": "Give a JSON object with a "
+                                      "key named n holding the number 7."}],
+                     format="json", options={"temperature": 0, "num_predict": 32})
+    assert isinstance(json.loads(as_json.message.content), dict)
