@@ -120,7 +120,10 @@ def run_server(cmd: list[str], port: int, requests: list[tuple[str, str]]) -> li
     out = []
     try:
         wait_ready(proc, base, "/health", 600)
-        with httpx.Client(base_url=base, timeout=120) as client:
+        # a new connection per request: llama-server's HTTP layer closes a kept-alive one
+        # after five requests, which a pooled client only finds out by losing a request
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=base, timeout=120, limits=no_reuse) as client:
             for prefix, suffix in requests:
                 body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": N_GEN,
                         "temperature": 0.0, "top_k": 1, "stream": True}
