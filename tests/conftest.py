@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from minfer.tools.synth import write_tiny_model
+from minfer.tools.synth import build_tiny_vocab, write_tiny_model
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +38,21 @@ def real_model_path() -> Path:
     from minfer.store import resolve_model
 
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def think_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """make(name, template=None): a tiny qwen3 with `<think>` / `</think>` tokens and the chat
+    template tests/fixtures/templates/<name>.jinja (or the given text), made once per name."""
+    made: dict[str, Path] = {}
+
+    def make(name: str, template: str | None = None) -> Path:
+        if name not in made:
+            text = template if template is not None else (TEMPLATES / f"{name}.jinja").read_text()
+            made[name] = write_tiny_model(
+                tmp_path_factory.mktemp("think") / f"{name}.gguf", arch="qwen3", n_embd=64,
+                n_ff=128, head_dim=16, chat_template=text,
+                vocab=build_tiny_vocab(extra_tokens=("<think>", "</think>")))
+        return made[name]
+
+    return make

@@ -10,6 +10,7 @@ in `Model.respond`; `--reasoning off` renders Qwen3's empty thinking block into 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +19,19 @@ import pytest
 import minfer
 from minfer.chat.reasoning import FORCED_CLOSE, ReasoningOptions
 from minfer.cli.main import main
-from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 FORCED = 'root ::= "<think>\\nTwo and two.\\n</think>\\n\\nIt is 4."'
 
 
-def _model(tmp: pytest.TempPathFactory, name: str) -> Path:
-    return write_tiny_model(tmp.mktemp("think") / f"{name}.gguf", arch="qwen3", n_embd=64,
-                            n_ff=128, head_dim=16,
-                            chat_template=(TEMPLATES / f"{name}.jinja").read_text(),
-                            vocab=build_tiny_vocab(extra_tokens=("<think>", "</think>")))
+@pytest.fixture(scope="module")
+def qwen3(think_model: Callable[..., Path]) -> Path:
+    return think_model("qwen3")
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _model(tmp_path_factory, "qwen3")
-
-
-@pytest.fixture(scope="module")
-def r1(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _model(tmp_path_factory, "r1-distill-qwen")
+def r1(think_model: Callable[..., Path]) -> Path:
+    return think_model("r1-distill-qwen")
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

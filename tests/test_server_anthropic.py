@@ -22,7 +22,6 @@ import pytest
 
 from minfer.server.app import create_app
 from minfer.server.state import ServerState
-from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 from tests.test_server_app import CHAT, call, make_state
 
 T = TypeVar("T")
@@ -129,11 +128,8 @@ def test_forced_tool_use_and_the_round_trip(state: ServerState) -> None:
     assert again.stop_reason == "max_tokens" and again.content[0].type == "text"
 
 
-def test_thinking_is_a_thinking_block(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = write_tiny_model(tmp_path_factory.mktemp("r1") / "r1.gguf", arch="qwen3", n_embd=64,
-                            n_ff=128, head_dim=16,
-                            chat_template=(TEMPLATES / "r1-distill-qwen.jinja").read_text(),
-                            vocab=build_tiny_vocab(extra_tokens=("<think>", "</think>")))
+def test_thinking_is_a_thinking_block(think_model: Callable[..., Path]) -> None:
+    path = think_model("r1-distill-qwen")
     st = make_state(path, n_ctx=512, slots=1)
     st.start()
     try:

@@ -23,7 +23,7 @@ import pytest
 
 from minfer.server.app import create_app
 from minfer.server.state import ServerState
-from minfer.tools.synth import build_tiny_vocab, write_tiny_model
+from minfer.tools.synth import write_tiny_model
 from tests.test_server_app import CHAT, COMP, call, make_state
 
 T = TypeVar("T")
@@ -138,21 +138,19 @@ def test_tool_calls_have_object_arguments(state: ServerState) -> None:
     assert out.done and isinstance(out.message.content, str)
 
 
-def test_think_and_the_thinking_field(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = write_tiny_model(tmp_path_factory.mktemp("r1") / "r1.gguf", arch="qwen3", n_embd=64,
-                            n_ff=128, head_dim=16,
-                            chat_template=(TEMPLATES / "r1-distill-qwen.jinja").read_text(),
-                            vocab=build_tiny_vocab(extra_tokens=("<think>", "</think>")))
+def test_think_and_the_thinking_field(think_model: Callable[..., Path]) -> None:
+    path = think_model("r1-distill-qwen")
     st = make_state(path, n_ctx=512, slots=1)
     st.start()
     try:
         assert st.wait_ready(30)
         ref = openai_chat(st, reasoning_budget=-1)["message"]
-        out = with_client(st, lambda c: c.chat("r1", messages=MSG, think=True, options=GREEDY))
+        out = with_client(st, lambda c: c.chat("r1-distill-qwen", messages=MSG, think=True,
+                                                options=GREEDY))
         assert out.message.thinking == ref["reasoning_content"] and out.message.content == ""
 
         async def stream(c: ollama.AsyncClient) -> list[Any]:
-            return [p async for p in await c.chat("r1", messages=MSG, think=True,
+            return [p async for p in await c.chat("r1-distill-qwen", messages=MSG, think=True,
                                                    options=GREEDY, stream=True)]
 
         parts = with_client(st, stream)

@@ -11,7 +11,7 @@ end-of-thinking tokens, then the answer. Bad fields are 400s naming the field.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ from minfer.chat.reasoning import FORCED_CLOSE
 from minfer.gguf.reader import GGUFFile
 from minfer.server.state import ServerState
 from minfer.tokenizer.tokenizer import Tokenizer
-from minfer.tools.synth import build_tiny_vocab, write_tiny_model
 from tests.test_server_app import CHAT, call, make_state, sse
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
@@ -31,10 +30,7 @@ FAILING = ("{% if fail_on is defined %}{{ raise_exception('cannot render ' ~ fai
            "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
 
 
-def _state(tmp: pytest.TempPathFactory, name: str, template: str) -> Iterator[ServerState]:
-    path = write_tiny_model(tmp.mktemp("think") / f"{name}.gguf", arch="qwen3", n_embd=64,
-                            n_ff=128, head_dim=16, chat_template=template,
-                            vocab=build_tiny_vocab(extra_tokens=THINK))
+def _state(path: Path) -> Iterator[ServerState]:
     st = make_state(path, n_ctx=512, slots=2)
     st.start()
     assert st.wait_ready(30)
@@ -43,14 +39,14 @@ def _state(tmp: pytest.TempPathFactory, name: str, template: str) -> Iterator[Se
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerState]:
-    yield from _state(tmp_path_factory, "qwen3", (TEMPLATES / "qwen3.jinja").read_text())
+def qwen3(think_model: Callable[..., Path]) -> Iterator[ServerState]:
+    yield from _state(think_model("qwen3"))
 
 
 @pytest.fixture(scope="module")
-def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerState]:
+def r1(think_model: Callable[..., Path]) -> Iterator[ServerState]:
     """The R1-distill template opens `<think>` in its generation prompt."""
-    yield from _state(tmp_path_factory, "r1", (TEMPLATES / "r1-distill-qwen.jinja").read_text())
+    yield from _state(think_model("r1-distill-qwen"))
 
 
 def gbnf(text: str) -> str:
@@ -168,9 +164,8 @@ def test_bad_reasoning_fields_are_400(qwen3: ServerState, extra: dict[str, Any],
     assert r.json()["error"]["param"] == param
 
 
-def test_a_template_failing_on_a_variable_is_400(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
-    for st in _state(tmp_path_factory, "failing", FAILING):
+def test_a_template_failing_on_a_variable_is_400(think_model: Callable[..., Path]) -> None:
+    for st in _state(think_model("failing", FAILING)):
         r = call(st, "POST", CHAT, json={"messages": ASK, "max_tokens": 2,
                                           "chat_template_kwargs": {"fail_on": "purpose"}})
         assert r.status_code == 400, r.text
