@@ -43,7 +43,7 @@ from minfer.server.openai.prepare import Prepared, prepare
 from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
 from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
-from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+from minfer.server.worker import Delta, Done, Failed, Handle
 from minfer.store import download, resolve_model
 from minfer.store.catalog import load_catalog, minfer_home
 from minfer.store.models import list_models
@@ -200,7 +200,6 @@ def _line(body: dict[str, Any]) -> str:
 async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Clock, name: str,
                   *, chat: bool) -> AsyncIterator[str]:
     reply = prepared.output.reply_stream() if prepared.output.reasoning is not None else None
-    usage = Usage(len(prepared.gen.prompt), 0, 0)
 
     def pieces(deltas: list[dict[str, Any]]) -> list[str]:
         out = []
@@ -231,7 +230,7 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                                "tool_calls": tool_calls(reply.tools.tool_calls)}
                         yield _line({"model": name, "created_at": now(), "message": msg,
                                      "done": False})
-                final = clock.final(name, event.usage or usage, event.finish_reason)
+                final = clock.final(name, event.usage, event.finish_reason)
                 yield _line({**_text({}, chat), **final})
                 break
     finally:
