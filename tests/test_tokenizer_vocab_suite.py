@@ -133,6 +133,24 @@ def test_fetched_vocabulary(name: str, merge: str, fetched_vocab_dir: Path,
 
 
 
+def test_wordpiece_vocabulary(fetched_vocab_dir: Path) -> None:
+    """BERT's WordPiece (bge's uncased vocabulary, no normaliser keys: llama.cpp lowercases and
+    strips accents by default): every case id for id. Decoding is lossy there (case, accents,
+    spacing around punctuation), so only encoding is compared; with special tokens added the
+    ids are wrapped in [CLS] ... [SEP]."""
+    f = GGUFFile.open(fetched_vocab_dir / "ggml-vocab-bert-bge.gguf")
+    tok = Tokenizer.from_gguf(f)
+    assert tok.kind == "wpm" and tok.vocab.lowercase and tok.vocab.strip_accents
+    cases = read_cases(fetched_vocab_dir / "ggml-vocab-bert-bge.gguf")
+    assert len(cases) > 40
+    wrong = [(text, ids, got) for text, ids in cases
+             if (got := tok.encode(text, special=False, add_bos=False)) != ids]
+    assert not wrong, (f"{len(wrong)}/{len(cases)} cases differ from llama.cpp; first: "
+                       f"{wrong[0][0]!r}: expected {wrong[0][1]}, got {wrong[0][2]}")
+    assert tok.encode("Hello world") == [101, 7592, 2088, 102]
+    assert tok.encode("[CLS] x [SEP]", add_bos=False) == [101, 1060, 102]
+
+
 @pytest.mark.parametrize(("text", "ids"), [
     # llama.cpp 0.3.36, special tokens parsed: Phi-3's special tokens (but `<s>`) eat the
     # whitespace after them; SPM's space prefix comes back after each one

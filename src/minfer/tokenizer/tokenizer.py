@@ -9,7 +9,8 @@ Encoding runs as llama.cpp's `llama_vocab::tokenize` does:
      `tokenizer.ggml.pre` (`pretok`);
    - 'llama': SentencePiece-style merges by score (`spm.SpmModel`) on the fragment with spaces
      turned into `▁`; with `add_space_prefix` a space is put first when the fragment starts
-     the text or follows a special token.
+     the text or follows a special token;
+   - 'bert': WordPiece (`wpm.WpmModel`); adding special tokens puts [CLS] first and [SEP] last.
 
 Decoding concatenates each token's bytes: a byte-level token's string mapped back to bytes, an
 SPM / Gemma 4 token's text with `▁` as a space, a `<0xNN>` byte token as that byte, a control
@@ -28,7 +29,9 @@ from minfer.errors import TokenizerError
 from minfer.tokenizer.bpe import BpeModel
 from minfer.tokenizer.pretok import PreTokenizer, pre_tokenizer
 from minfer.tokenizer.spm import SpmModel
+from minfer.tokenizer.wpm import WpmModel
 from minfer.tokenizer.vocab import (
+    WPM_MODEL,
     BYTE,
     CONTROL,
     NORMAL,
@@ -62,12 +65,18 @@ class Tokenizer:
         self.fim = vocab.fim  # fill-in-the-middle token ids (minfer.tokenizer.infill)
         self._types = vocab.types.tolist()
         self._ids = dict(zip(vocab.tokens, range(self.n_vocab), strict=True))
-        self.pre: PreTokenizer | None = None  # the BPE pre-tokenizer; None for SPM
+        self.pre: PreTokenizer | None = None  # the BPE pre-tokenizer; None for SPM, WordPiece
         self._spm: SpmModel | None = None
         self._bpe: BpeModel | None = None
+        self._wpm: WpmModel | None = None
+        self.sep_id: int | None = vocab.sep_id
         if vocab.model == SPM_MODEL:
             self._spm = SpmModel(self._ids, vocab.scores, vocab.unk_id)
             self.kind = "spm"
+        elif vocab.model == WPM_MODEL:
+            self._wpm = WpmModel(self._ids, vocab.unk_id, lowercase=vocab.lowercase,
+                                 strip_accents=vocab.strip_accents)
+            self.kind = "wpm"
         else:
             self.pre = pre_tokenizer(vocab.pre)
             self._bpe = BpeModel(self._ids, vocab.merges, self.pre)
@@ -111,15 +120,19 @@ class Tokenizer:
         """Token ids of `text`. `special`: parse control-token texts such as `<|im_start|>`.
 
         `add_bos=None` follows `tokenizer.ggml.add_bos_token`; a model without a BOS id adds none.
+        A WordPiece vocabulary adds [SEP] at the end whenever it adds [CLS] (its BOS) first.
         """
         ids: list[int] = []
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
-            ids.append(self.bos_id)
+        bos = (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None
+        if bos:
+            ids.append(self.bos_id)  # type: ignore[arg-type]
         after_special = True
         for frag in self._partition(text, special):
             if isinstance(frag, int):
                 ids.append(frag)
                 after_special = True
+            elif self._wpm is not None:
+                ids += self._wpm.encode(frag)
             elif self._spm is not None:
                 if self._space_prefix and after_special:
                     frag = " " + frag
@@ -128,6 +141,8 @@ class Tokenizer:
             else:
                 assert self._bpe is not None
                 ids += self._bpe.encode(frag)
+        if bos and self._wpm is not None and self.sep_id is not None:
+            ids.append(self.sep_id)
         return ids
 
     def encode_prompt(self, text: str) -> list[int]:

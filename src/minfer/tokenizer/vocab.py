@@ -1,9 +1,11 @@
 """The vocabulary a GGUF file declares under `tokenizer.ggml.*`, read once into plain values.
 
 `read_vocab(f)` is the only place that touches GGUF metadata for the tokenizer; everything else
-works on the `Vocab` it returns. Three model kinds (`tokenizer.ggml.model`) are read:
+works on the `Vocab` it returns. Four model kinds (`tokenizer.ggml.model`) are read:
 'gpt2' (byte-level BPE), 'llama' (SentencePiece-style: merges by score, `<0xNN>` byte
-fallback) and 'gemma4' (BPE over raw UTF-8 with `▁` for spaces). Defaults follow llama.cpp's
+fallback), 'gemma4' (BPE over raw UTF-8 with `▁` for spaces) and 'bert' (WordPiece in
+llama.cpp's phantom-space form, with its normaliser flags; [CLS] 101 / [SEP] 102 / [UNK] 100
+unless the file names others, and a vocabulary holding neither is refused). Defaults follow llama.cpp's
 `llama_vocab::load`: an SPM vocabulary without the keys has bos 1, eos 2, unk 0, adds BOS and a
 space prefix; `tokenizer.ggml.add_bos_token` / `add_space_prefix` override them.
 Special-token rules follow llama.cpp too: token types come from `tokenizer.ggml.token_type`,
@@ -28,8 +30,8 @@ from minfer.gguf.parse import StringArray
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # tokenizer.ggml.model values minfer reads.
-BPE_MODEL, SPM_MODEL, GEMMA4_MODEL = "gpt2", "llama", "gemma4"
-MODELS = (BPE_MODEL, SPM_MODEL, GEMMA4_MODEL)
+BPE_MODEL, SPM_MODEL, GEMMA4_MODEL, WPM_MODEL = "gpt2", "llama", "gemma4", "bert"
+MODELS = (BPE_MODEL, SPM_MODEL, GEMMA4_MODEL, WPM_MODEL)
 
 # Token texts llama.cpp treats as end-of-generation whatever the metadata says.
 EOG_TEXTS = frozenset({
@@ -91,6 +93,9 @@ class Vocab:
     rstrip_ids: frozenset[int]  # special tokens that eat the whitespace after them (Phi-3)
     chat_template: str | None
     fim: FimTokens = field(default_factory=lambda: FimTokens())
+    sep_id: int | None = None  # WordPiece: [SEP], appended after the text with add_bos's [CLS]
+    lowercase: bool = True  # WordPiece normaliser: lowercase the text (llama.cpp: by default)
+    strip_accents: bool = False  # WordPiece normaliser: drop accents (defaults to lowercase)
 
 
     @property
@@ -173,8 +178,18 @@ def read_vocab(f: HasMetadata) -> Vocab:
                                  f"{n_vocab} tokens")
     if model == GEMMA4_MODEL and not merges:
         raise TokenizerError("tokenizer.ggml.merges is missing (a gemma4 vocabulary is BPE)")
-    spm = model == SPM_MODEL
+    spm, wpm = model == SPM_MODEL, model == WPM_MODEL
     eos_id = _token_id(meta, "tokenizer.ggml.eos_token_id", n_vocab, 2 if spm else None)
+    # llama.cpp's WordPiece defaults: [CLS] 101 (as BOS), [SEP] 102, [UNK] 100
+    bos_default = 1 if spm else 101 if wpm else None
+    unk_default = 0 if spm else 100 if wpm else None
+    bos_id = _token_id(meta, "tokenizer.ggml.bos_token_id", n_vocab, bos_default)
+    sep_id = _token_id(meta, "tokenizer.ggml.seperator_token_id", n_vocab, 102 if wpm else None)
+    if wpm and (bos_id is None or sep_id is None):
+        raise TokenizerError(f"this WordPiece vocabulary of {n_vocab} tokens has no "
+                             f"{'[CLS]' if bos_id is None else '[SEP]'} token (neither the "
+                             "metadata's id nor llama.cpp's default id is in it)")
+    lowercase = _flag(meta, "tokenizer.ggml.normalizer.lowercase", True)
     eot_ids = _end_of_generation(meta, tokens, types)
     if eos_id is not None:
         eot_ids |= {eos_id}
@@ -185,16 +200,19 @@ def read_vocab(f: HasMetadata) -> Vocab:
         types=types,
         merges=merges,
         scores=scores,
-        bos_id=_token_id(meta, "tokenizer.ggml.bos_token_id", n_vocab, 1 if spm else None),
+        bos_id=bos_id,
         eos_id=eos_id,
         pad_id=_token_id(meta, "tokenizer.ggml.padding_token_id", n_vocab),
-        unk_id=_token_id(meta, "tokenizer.ggml.unknown_token_id", n_vocab, 0 if spm else None),
+        unk_id=_token_id(meta, "tokenizer.ggml.unknown_token_id", n_vocab, unk_default),
         eot_ids=eot_ids,
         add_bos=_add_bos(meta, model),
         add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", spm),
         rstrip_ids=_rstrip_ids(meta, tokens, types),
         chat_template=read_chat_template(f),
         fim=_fim_tokens(meta, tokens, types),
+        sep_id=sep_id,
+        lowercase=lowercase,
+        strip_accents=_flag(meta, "tokenizer.ggml.normalizer.strip_accents", lowercase),
     )
 
 
@@ -243,9 +261,10 @@ def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
 
 
 def _add_bos(meta: Mapping[str, Any], model: str) -> bool:
-    """llama.cpp's add_bos: SPM and Llama-3-style BPE default to true, gemma4 always adds it."""
+    """llama.cpp's add_bos: SPM, WordPiece ([CLS]) and Llama-3-style BPE default to true,
+    gemma4 always adds it."""
     pre = str(meta.get("tokenizer.ggml.pre", ""))
-    default = model == SPM_MODEL or (model == BPE_MODEL and pre in _PRE_ADDING_BOS)
+    default = model in (SPM_MODEL, WPM_MODEL) or (model == BPE_MODEL and pre in _PRE_ADDING_BOS)
     return _flag(meta, "tokenizer.ggml.add_bos_token", default) or model == GEMMA4_MODEL
 
 
