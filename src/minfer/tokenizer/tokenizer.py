@@ -29,20 +29,20 @@ from minfer.errors import TokenizerError
 from minfer.tokenizer.bpe import BpeModel
 from minfer.tokenizer.pretok import PreTokenizer, pre_tokenizer
 from minfer.tokenizer.spm import SpmModel
-from minfer.tokenizer.wpm import WpmModel
 from minfer.tokenizer.vocab import (
-    WPM_MODEL,
     BYTE,
     CONTROL,
     NORMAL,
     SPM_MODEL,
     UNKNOWN,
     USER_DEFINED,
+    WPM_MODEL,
     HasMetadata,
     Vocab,
     byte_level_decode,
     read_vocab,
 )
+from minfer.tokenizer.wpm import WpmModel
 
 _BYTE_TOKEN = re.compile("<0x[0-9A-Fa-f]{2}>")
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace strips next to an rstrip token

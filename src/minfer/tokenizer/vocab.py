@@ -5,9 +5,9 @@ works on the `Vocab` it returns. Four model kinds (`tokenizer.ggml.model`) are r
 'gpt2' (byte-level BPE), 'llama' (SentencePiece-style: merges by score, `<0xNN>` byte
 fallback), 'gemma4' (BPE over raw UTF-8 with `▁` for spaces) and 'bert' (WordPiece in
 llama.cpp's phantom-space form, with its normaliser flags; [CLS] 101 / [SEP] 102 / [UNK] 100
-unless the file names others, and a vocabulary holding neither is refused). Defaults follow llama.cpp's
-`llama_vocab::load`: an SPM vocabulary without the keys has bos 1, eos 2, unk 0, adds BOS and a
-space prefix; `tokenizer.ggml.add_bos_token` / `add_space_prefix` override them.
+unless the file names others, and a vocabulary holding neither is refused). Defaults follow
+llama.cpp's `llama_vocab::load`: an SPM vocabulary without the keys has bos 1, eos 2, unk 0,
+adds BOS and a space prefix; `tokenizer.ggml.add_bos_token` / `add_space_prefix` override them.
 Special-token rules follow llama.cpp too: token types come from `tokenizer.ggml.token_type`,
 tokens whose text llama.cpp recognises as end-of-generation (or FIM pad / repo /
 file-separator) are promoted to control tokens, and the end-of-generation set is
