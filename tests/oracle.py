@@ -150,3 +150,71 @@ class OracleQwen:
 
 
 Oracle = OracleQwen  # every family; the old name stays for the Qwen tests
+
+
+class OracleBert:
+    """BERT in float64 with textbook formulas: one input at a time, bidirectional attention,
+    post-norm LayerNorms, exact (erf) GELU; `pool` as sentence-transformers / llama.cpp."""
+
+    def __init__(self, path: str) -> None:
+        reader = gguf.GGUFReader(path)
+        self.w: dict[str, np.ndarray] = {}
+        for t in reader.tensors:
+            arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            self.w[t.name] = arr.reshape(shape)
+
+        def field(key: str) -> float:
+            return float(reader.fields[f"bert.{key}"].parts[-1][0])
+
+        self.n_layer = int(field("block_count"))
+        self.n_head = int(field("attention.head_count"))
+        self.eps = field("attention.layer_norm_epsilon")
+
+    def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + self.eps) * self.w[name + ".weight"] + \
+            self.w[name + ".bias"]
+
+    def _lin(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = x @ self.w[name + ".weight"].T
+        return y + self.w[name + ".bias"] if name + ".bias" in self.w else y
+
+    def hidden(self, ids: list[int], types: list[int] | None = None) -> np.ndarray:
+        from math import erf
+        n = len(ids)
+        w = self.w
+        x = w["token_embd.weight"][ids] + w["position_embd.weight"][np.arange(n)]
+        if "token_types.weight" in w:
+            x = x + w["token_types.weight"][types if types is not None else [0] * n]
+        x = self._ln(x, "token_embd_norm")
+        nh = self.n_head
+        hd = x.shape[1] // nh
+        gelu = np.vectorize(lambda v: 0.5 * v * (1.0 + erf(v / np.sqrt(2.0))))
+        for il in range(self.n_layer):
+            b = f"blk.{il}."
+            q, k, v = (self._lin(x, b + f"attn_{p}").reshape(n, nh, hd) for p in "qkv")
+            s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+            p = np.exp(s - s.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
+            a = np.einsum("hts,shd->thd", p, v).reshape(n, nh * hd)
+            x = self._ln(x + self._lin(a, b + "attn_output"), b + "attn_output_norm")
+            f = self._lin(gelu(self._lin(x, b + "ffn_up")), b + "ffn_down")
+            x = self._ln(x + f, b + "layer_output_norm")
+        return x
+
+    def pool(self, ids: list[int], kind: str, types: list[int] | None = None) -> np.ndarray:
+        h = self.hidden(ids, types)
+        if kind == "mean":
+            return h.mean(axis=0)
+        if kind == "cls":
+            return h[0]
+        if kind == "last":
+            return h[-1]
+        if kind == "rank":
+            x = h[0]
+            if "cls.weight" in self.w:
+                x = np.tanh(self._lin(x, "cls"))
+            return self._lin(x, "cls.output")
+        return h

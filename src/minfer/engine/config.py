@@ -13,7 +13,10 @@ environment (`minfer.env`), so a default is the same wherever an engine is made.
 - n_threads: threads for prefill and the most a decode step may take; adaptive_threads: decode
   steps pick their count by measurement (when the user gave none);
 - batch_invariant: every row's arithmetic independent of the batch around it (the server);
-- vocab_limit: score only the first N token ids (a draft model's head).
+- vocab_limit: score only the first N token ids (a draft model's head);
+- pooling: None for the model's own output (a decoder's logits, an encoder's embeddings pooled
+  as its file says); "none" / "mean" / "cls" / "last" / "rank" for embeddings pooled so (a
+  decoder then returns its final hidden states, `--embeddings --pooling`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class EngineConfig:
     adaptive_threads: bool = False
     batch_invariant: bool = False
     vocab_limit: int = 0
+    pooling: str | None = None
 
     @classmethod
     def build(cls, *, n_ctx: int = 4096, kv_type: str = "f16", k_type: str | None = None,

@@ -53,10 +53,55 @@ class Batch:
     kv_start: np.ndarray  # [nt] first readable cell per token
     kv_end: np.ndarray  # [nt] one past the last readable cell per token
     out_rows: np.ndarray  # [n_out] rows whose logits are returned (ascending)
+    # Several whole inputs packed together (`Batch.sequences`): each token's sequence bounds in
+    # the batch (an encoder's attention), its token type, and the rows pooled per output row.
+    seq_start: np.ndarray | None = None
+    seq_end: np.ndarray | None = None
+    token_types: np.ndarray | None = None
+    out_start: np.ndarray | None = None
+    out_end: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+    @classmethod
+    def sequences(cls, seqs: Sequence[Sequence[int]], *, pooling: str,
+                  types: Sequence[Sequence[int]] | None = None) -> Batch:
+        """Whole inputs packed one after another, each from position 0 in the cells of its
+        rows, reading only itself (causally through the KV cache in a decoder; all of itself
+        in an encoder). The output rows are one per input (its first row for cls pooling, its
+        last for last / rank... as `out_rows`, its whole range as out_start / out_end), or every
+        row for pooling "none"."""
+        if not seqs or any(len(s) == 0 for s in seqs):
+            raise MinferError("every packed input needs at least one token")
+        lens = np.array([len(s) for s in seqs], np.int32)
+        ends = np.cumsum(lens, dtype=np.int32)
+        starts = ends - lens
+        nt = int(ends[-1])
+        rows = np.arange(nt, dtype=np.int32)
+        seq_start = np.repeat(starts, lens)
+        seq_end = np.repeat(ends, lens)
+        if pooling == "none":
+            out_rows = rows.copy()
+        elif pooling in ("cls", "rank"):
+            out_rows = starts.copy()
+        else:  # last, and mean (whose graph keeps every row; out_rows only sizes the output)
+            out_rows = ends - 1
+        return cls(
+            tokens=np.concatenate([np.asarray(s, np.int32) for s in seqs]),
+            positions=rows - seq_start,
+            cells=rows.copy(),
+            kv_start=seq_start.copy(),
+            kv_end=rows + 1,
+            out_rows=out_rows,
+            seq_start=seq_start,
+            seq_end=seq_end,
+            token_types=(np.concatenate([np.asarray(t, np.int32) for t in types])
+                         if types is not None else np.zeros(nt, np.int32)),
+            out_start=starts,
+            out_end=ends,
+        )
 
     @classmethod
     def single(cls, tokens: Sequence[int], start_pos: int, n_out: int = 1) -> Batch:
@@ -89,6 +134,7 @@ class Engine:
         n_ctx, k_type, v_type = config.n_ctx, config.k_type, config.v_type
         self._backends = list(backends) if backends else [CpuBackend()]
         host = kv_host(self._backends)
+        self.encoder = not hparams.causal  # no KV cache: each forward reads only itself
         host.check_kv_types(k_type, v_type, hparams.head_dim)
         if hparams.attn_softcap and (host.kv_quantized(k_type) or host.kv_quantized(v_type)):
             raise MinferError("this model soft-caps its attention scores, which the quantized "
@@ -109,8 +155,10 @@ class Engine:
             # whole groups of 16 output rows: the unit of the CPU backend's interleaved weights
             vocab_limit=limit if 0 < (limit := -(-vocab_limit // 16) * 16) < hparams.n_vocab
             else 0,
+            pooling=(hparams.pooling if self.encoder else "") if config.pooling is None
+            else config.pooling,
         )
-        self.kv = KVRegions(n_layer=hparams.n_layer, n_ctx=n_ctx,
+        self.kv = KVRegions(n_layer=0 if self.encoder else hparams.n_layer, n_ctx=n_ctx,
                             n_kv_embd=hparams.n_head_kv * hparams.head_dim,
                             new_cache=host.new_kv_cache, k_type=k_type, v_type=v_type)
         self.allocator = Allocator(self.kv)
@@ -132,6 +180,11 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self.ctx_params.n_ctx
+
+    @property
+    def pooling(self) -> str:
+        """"" when the forward returns logits; else how its embeddings are pooled."""
+        return self.ctx_params.pooling
 
     def params_for(self, n_tokens: int, n_out: int) -> GraphParams:
         return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version)
@@ -274,11 +327,20 @@ class Engine:
             InputKind.KV_START: batch.kv_start,
             InputKind.KV_END: batch.kv_end,
             InputKind.TAIL_IDS: batch.out_rows,
+            InputKind.TOKEN_TYPES: batch.token_types,
+            InputKind.SEQ_START: batch.seq_start,
+            InputKind.SEQ_END: batch.seq_end,
+            InputKind.OUT_START: batch.out_start,
+            InputKind.OUT_END: batch.out_end,
         }
         for kind, node_id in prepared.graph.inputs.items():
             buf = buffers[node_id]
             assert buf is not None
-            buf[:] = fills[kind]
+            data = fills[kind]
+            if data is None:
+                raise MinferError(f"this graph reads {kind.value}, which only a batch of whole "
+                                  "inputs has (Batch.sequences)")
+            buf[:] = data
 
     def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
         cached = prepared.scratch.get("buffers")
@@ -292,6 +354,9 @@ class Engine:
         nt, n_ctx = b.n_tokens, self.n_ctx
         if nt == 0:
             raise MinferError("empty batch")
+        if self.encoder:
+            self._check_encoder(b)
+            return
         for name in ("positions", "cells", "kv_start", "kv_end"):
             if getattr(b, name).shape != (nt,):
                 raise MinferError(f"batch field {name} must have {nt} entries")
@@ -310,6 +375,23 @@ class Engine:
             raise MinferError("output rows must index the batch")
         if len(rows) == nt and not np.array_equal(rows, np.arange(nt)):
             raise MinferError("a batch returning every row returns them in order")
+
+    def _check_encoder(self, b: Batch) -> None:
+        """An encoder's batch: whole inputs, each within the learned positions."""
+        if b.seq_start is None or b.out_start is None:
+            raise MinferError("an encoder runs whole inputs (Batch.sequences)")
+        limit = min(self.n_ctx, self.hparams.n_ctx_train)
+        if int(b.positions.max()) >= limit or int(b.positions.min()) < 0:
+            raise ContextOverflowError(
+                f"an input of {int(b.positions.max()) + 1} tokens is longer than this model's "
+                f"context ({limit} tokens)")
+        ids = b.tokens
+        if int(ids.min()) < 0 or int(ids.max()) >= self.hparams.n_vocab:
+            raise MinferError("a token id is outside the vocabulary")
+        types = b.token_types
+        if self.hparams.n_token_types and types is not None and (
+                int(types.min()) < 0 or int(types.max()) >= self.hparams.n_token_types):
+            raise MinferError(f"token types must be below {self.hparams.n_token_types}")
 
 
 def kv_host(backends: Sequence[Backend]) -> KVHost:

@@ -16,7 +16,11 @@ from typing import Any
 from minfer.errors import GGUFError, ModelError
 from minfer.gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen3")
+# `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
+# Encoders: bidirectional attention without a KV cache, LayerNorm, learned positions
+ENCODER_ARCHS = ("bert",)
 DEFAULT_ROPE_BASE = 10000.0
 # Gemma 3: every 6th layer attends globally, the others through a sliding window, with their
 # own rope base (llama.cpp's defaults when the file names neither).
@@ -39,7 +43,7 @@ class HParams:
     n_ff: int
     n_vocab: int
     n_ctx_train: int
-    rms_eps: float
+    rms_eps: float  # the epsilon of the model's norms (RMSNorm; LayerNorm in an encoder)
     rope_base: float
     rope_dim: int
     tie_embeddings: bool
@@ -54,6 +58,11 @@ class HParams:
     sliding_window: int = 0  # window of the sliding-window layers (0: none)
     swa_layers: tuple[bool, ...] = ()  # per layer: whether it uses the sliding window
     rope_base_swa: float = DEFAULT_ROPE_BASE  # rope base of the sliding-window layers
+    causal: bool = True  # False: an encoder (bidirectional attention within each input)
+    pooling: str = "none"  # the file's `pooling_type` (POOLING_TYPES), for embeddings
+    n_token_types: int = 0  # rows of an encoder's token-type embedding (0: none)
+    n_cls_out: int = 0  # outputs of a classifier head (`cls.output`; rank pooling); 0: none
+    has_cls_dense: bool = False  # the head's dense + tanh layer (`cls.weight`) before it
 
     @property
     def kq_scale(self) -> float:
@@ -82,6 +91,10 @@ class HParams:
             raise ModelError(f"{f.path}: architecture {arch!r} is not supported "
                              f"(minfer runs {', '.join(SUPPORTED_ARCHS)})")
         keys = _Keys(f, arch)
+        if arch in ENCODER_ARCHS:
+            hp = _encoder(f, keys)
+            hp.check_tensors(f)
+            return hp
         n_embd = keys.get_int("embedding_length")
         n_head = keys.get_int("attention.head_count")
         n_head_kv = keys.get_int("attention.head_count_kv", n_head)
@@ -122,6 +135,7 @@ class HParams:
             has_rope_freqs="rope_freqs.weight" in f.tensors,
             attn_softcap=keys.get_float("attn_logit_softcapping", 0.0, allow_zero=True),
             final_softcap=keys.get_float("final_logit_softcapping", 0.0, allow_zero=True),
+            pooling=_pooling(keys),
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
@@ -132,6 +146,9 @@ class HParams:
         """(name, GGUF ne shape) of every tensor the forward pass reads."""
         q_dim = self.n_head * self.head_dim
         kv_dim = self.n_head_kv * self.head_dim
+        if not self.causal:
+            yield from self._encoder_shapes(q_dim, kv_dim)
+            return
         yield "token_embd.weight", (self.n_embd, self.n_vocab)
         yield "output_norm.weight", (self.n_embd,)
         if self.has_rope_freqs:
@@ -159,6 +176,37 @@ class HParams:
             yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
+
+    def _encoder_shapes(self, q_dim: int, kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """BERT's tensors as llama.cpp names them (every projection with its bias, post-norm
+        LayerNorms with theirs)."""
+        n_embd = self.n_embd
+        yield "token_embd.weight", (n_embd, self.n_vocab)
+        yield "position_embd.weight", (n_embd, self.n_ctx_train)
+        if self.n_token_types:
+            yield "token_types.weight", (n_embd, self.n_token_types)
+        yield "token_embd_norm.weight", (n_embd,)
+        yield "token_embd_norm.bias", (n_embd,)
+        for i in range(self.n_layer):
+            blk = f"blk.{i}"
+            for name, n_out in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+                yield f"{blk}.{name}.weight", (n_embd, n_out)
+                yield f"{blk}.{name}.bias", (n_out,)
+            yield f"{blk}.attn_output.weight", (q_dim, n_embd)
+            yield f"{blk}.attn_output.bias", (n_embd,)
+            yield f"{blk}.attn_output_norm.weight", (n_embd,)
+            yield f"{blk}.attn_output_norm.bias", (n_embd,)
+            yield f"{blk}.ffn_up.weight", (n_embd, self.n_ff)
+            yield f"{blk}.ffn_up.bias", (self.n_ff,)
+            yield f"{blk}.ffn_down.weight", (self.n_ff, n_embd)
+            yield f"{blk}.ffn_down.bias", (n_embd,)
+            yield f"{blk}.layer_output_norm.weight", (n_embd,)
+            yield f"{blk}.layer_output_norm.bias", (n_embd,)
+        if self.has_cls_dense:
+            yield "cls.weight", (n_embd, n_embd)
+            yield "cls.bias", (n_embd,)
+        if self.n_cls_out:
+            yield "cls.output.weight", (n_embd, self.n_cls_out)
 
     def check_tensors(self, f: GGUFFile) -> None:
         """Raise GGUFError naming the first required tensor that is missing or misshapen."""
@@ -209,6 +257,63 @@ class _Keys:
         if not isinstance(value, str):
             raise GGUFError(self.f.path, f"{self.arch}.{key}={value!r} is not a string")
         return value
+
+
+def _pooling(keys: _Keys) -> str:
+    """The file's `pooling_type` by name (none when absent, as llama.cpp)."""
+    value = keys.get_int("pooling_type", 0, allow_zero=True)
+    if value >= len(POOLING_TYPES):
+        raise GGUFError(keys.f.path, f"{keys.arch}.pooling_type={value} is not one of "
+                                     f"0..{len(POOLING_TYPES) - 1} ({', '.join(POOLING_TYPES)})")
+    return POOLING_TYPES[value]
+
+
+def _encoder(f: GGUFFile, keys: _Keys) -> HParams:
+    """A BERT encoder's hyper-parameters, as llama.cpp's `llama_model_bert` reads them: sizes,
+    the LayerNorm epsilon, learned positions (`position_embd` has context_length rows),
+    optional token-type embeddings and classifier head (rank pooling)."""
+    n_embd = keys.get_int("embedding_length")
+    n_head = keys.get_int("attention.head_count")
+    n_head_kv = keys.get_int("attention.head_count_kv", n_head)
+    if n_embd % n_head or n_head % n_head_kv:
+        raise GGUFError(f.path, f"embedding_length={n_embd} does not split into {n_head} heads "
+                                f"over {n_head_kv} K/V heads")
+    if f.metadata.get(f"{keys.arch}.attention.causal", False) is True:
+        raise ModelError(f"{f.path}: a causal {keys.arch} is not supported (minfer runs "
+                         f"{keys.arch} as a bidirectional encoder)")
+    embd = f.tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2:
+        raise GGUFError(f.path, "missing 2-D tensor 'token_embd.weight'")
+    pos = f.tensors.get("position_embd.weight")
+    if pos is None:
+        raise GGUFError(f.path, "missing tensor 'position_embd.weight' (BERT's learned "
+                                "positions)")
+    types = f.tensors.get("token_types.weight")
+    cls_out = f.tensors.get("cls.output.weight")
+    if cls_out is not None and len(cls_out.shape) != 2:
+        raise GGUFError(f.path, "tensor 'cls.output.weight' is not 2-D")
+    return HParams(
+        arch=keys.arch,
+        n_layer=keys.get_int("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=n_embd // n_head,
+        n_ff=keys.get_int("feed_forward_length"),
+        n_vocab=embd.shape[1],
+        n_ctx_train=keys.get_int("context_length"),
+        rms_eps=keys.get_float("attention.layer_norm_epsilon"),
+        rope_base=DEFAULT_ROPE_BASE,
+        rope_dim=n_embd // n_head,
+        tie_embeddings=True,
+        has_qkv_bias=True,
+        has_qk_norm=False,
+        causal=False,
+        pooling=_pooling(keys),
+        n_token_types=types.shape[1] if types is not None and len(types.shape) == 2 else 0,
+        n_cls_out=cls_out.shape[1] if cls_out is not None else 0,
+        has_cls_dense="cls.weight" in f.tensors,
+    )
 
 
 def _rope_freq_scale(keys: _Keys) -> float:

@@ -71,6 +71,12 @@ class GraphBuilder:
         return self._append("token_embd", ir.GetRows(), (ids,), (self.shape(ids)[0], n_embd),
                             meta=meta)
 
+    def weight_rows(self, name: str, weight: str, ids: int) -> int:
+        """Rows `ids` of a weight table (position or token-type embeddings)."""
+        n_embd = self._weight(weight)[0]
+        meta = NodeMeta(role=name, weights=(weight,))
+        return self._append(name, ir.GetRows(), (ids,), (self.shape(ids)[0], n_embd), meta=meta)
+
     def get_rows(self, name: str, x: int, ids: int, *, layer: int = -1) -> int:
         shape = (self.shape(ids)[0], *self.shape(x)[1:])
         return self._append(name, ir.GetRows(), (x, ids), shape,
@@ -81,6 +87,14 @@ class GraphBuilder:
             raise GraphError(f"{name}: norm weight {weight} does not match width {self.shape(x)}")
         meta = NodeMeta(role=name, layer=layer, weights=(weight,))
         return self._append(name, ir.RmsNorm(eps), (x,), self.shape(x), meta=meta)
+
+    def layer_norm(self, name: str, x: int, weight: str, bias: str, eps: float, *,
+                   layer: int = -1) -> int:
+        width = (self.shape(x)[-1],)
+        if self._weight(weight) != width or self._weight(bias) != width:
+            raise GraphError(f"{name}: norm {weight} / {bias} do not match width {width[0]}")
+        meta = NodeMeta(role=name, layer=layer, weights=(weight, bias))
+        return self._append(name, ir.LayerNorm(eps), (x,), self.shape(x), meta=meta)
 
     def matmul(self, name: str, x: int, weight: str, *, bias: str | None = None,
                layer: int = -1, rows: int = 0) -> int:
@@ -124,6 +138,34 @@ class GraphBuilder:
     def gelu(self, name: str, x: int, *, layer: int = -1) -> int:
         return self._append(name, ir.Gelu(), (x,), self.shape(x),
                             meta=NodeMeta(role=name, layer=layer))
+
+    def gelu_erf(self, name: str, x: int, *, layer: int = -1) -> int:
+        return self._append(name, ir.GeluErf(), (x,), self.shape(x),
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def tanh(self, name: str, x: int) -> int:
+        return self._append(name, ir.Tanh(), (x,), self.shape(x), meta=NodeMeta(role=name))
+
+    def pool(self, name: str, x: int, start: int, end: int, kind: str) -> int:
+        if kind not in ("mean", "cls", "last"):
+            raise GraphError(f"{name}: unknown pooling {kind!r}")
+        if self.shape(start) != self.shape(end):
+            raise GraphError(f"{name}: pooling bounds differ in length")
+        shape = (self.shape(start)[0], self.shape(x)[-1])
+        return self._append(name, ir.Pool(kind), (x, start, end), shape,
+                            meta=NodeMeta(role=name))
+
+    def seq_attn(self, q: int, k: int, v: int, start: int, end: int, op: ir.SeqAttn) -> int:
+        if self.shape(q)[-1] != op.n_head * op.head_dim:
+            raise GraphError(f"attn.{op.layer}: q width does not match the heads")
+        kv_width = op.n_head_kv * op.head_dim
+        if self.shape(k)[-1] != kv_width or self.shape(v) != self.shape(k):
+            raise GraphError(f"attn.{op.layer}: K/V width does not match the heads")
+        if op.n_head % op.n_head_kv:
+            raise GraphError(f"attn.{op.layer}: {op.n_head} heads do not group over "
+                             f"{op.n_head_kv} K/V heads")
+        return self._append(f"attn.{op.layer}", op, (q, k, v, start, end), self.shape(q),
+                            meta=NodeMeta(role="attn", layer=op.layer))
 
     def scale(self, name: str, x: int, factor: float, *, layer: int = -1) -> int:
         return self._append(name, ir.Scale(factor), (x,), self.shape(x),

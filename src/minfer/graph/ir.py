@@ -30,6 +30,11 @@ class InputKind(StrEnum):
     KV_START = "kv_start"  # [nt] first KV cell the token's query may read
     KV_END = "kv_end"  # [nt] one past the last KV cell the token's query may read
     TAIL_IDS = "tail_ids"  # [n_out] rows kept after the last attention projection
+    TOKEN_TYPES = "token_types"  # [nt] BERT's segment of each token (0: sentence A, 1: B)
+    SEQ_START = "seq_start"  # [nt] first batch row of the token's sequence (encoder attention)
+    SEQ_END = "seq_end"  # [nt] one past the last batch row of the token's sequence
+    OUT_START = "out_start"  # [n_out] first batch row pooled into each output row
+    OUT_END = "out_end"  # [n_out] one past the last batch row pooled into each output row
 
 
 class Op:
@@ -55,6 +60,14 @@ class GetRows(Op):
 
 @dataclass(frozen=True)
 class RmsNorm(Op):
+    eps: float
+
+
+@dataclass(frozen=True)
+class LayerNorm(Op):
+    """(x - mean) / sqrt(var + eps) * weight + bias over each row (BERT); weight and bias named
+    in the node's meta."""
+
     eps: float
 
 
@@ -89,6 +102,16 @@ class SwiGLU(Op):
 @dataclass(frozen=True)
 class Gelu(Op):
     """GELU, tanh approximation (Gemma's FFN gate)."""
+
+
+@dataclass(frozen=True)
+class GeluErf(Op):
+    """GELU as 0.5x(1 + erf(x / sqrt 2)), the exact form (BERT's FFN)."""
+
+
+@dataclass(frozen=True)
+class Tanh(Op):
+    """tanh (a BERT classifier head's activation)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +184,27 @@ class Attn(Op):
     scale: float
     window: int = 0
     softcap: float = 0.0
+
+
+@dataclass(frozen=True)
+class SeqAttn(Op):
+    """Attention without a KV cache (an encoder's): query t reads the keys and values of batch
+    rows [seq_start[t], seq_end[t]), its whole sequence; the bounds are data, so packing inputs
+    together changes no topology. Sources: q, k, v, seq_start, seq_end."""
+
+    layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    scale: float
+
+
+@dataclass(frozen=True)
+class Pool(Op):
+    """One row per sequence from batch rows [out_start[i], out_end[i]): their mean, the first
+    ([CLS]) or the last. Sources: x, out_start, out_end."""
+
+    mode: str  # "mean" | "cls" | "last"
 
 
 @dataclass(frozen=True)

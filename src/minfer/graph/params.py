@@ -30,6 +30,9 @@ class ContextParams:
     backends: tuple[str, ...] = ("cpu",)  # backends allowed to take nodes, in preference order
     window: str = "per_token"  # KV window inputs: kv_start/kv_end per query token
     vocab_limit: int = 0  # logits of the first ids only (a draft model's head); 0: all
+    # "": the LM head's logits. Else the final hidden states (embeddings): "none" every row,
+    # "mean" / "cls" / "last" one pooled row per sequence, "rank" the classifier head's scores
+    pooling: str = ""
 
     @property
     def kv_type(self) -> str:

@@ -13,6 +13,7 @@ from minfer.errors import ModelError
 from minfer.gguf.hparams import HParams
 from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
+from minfer.models.bert import build_bert
 from minfer.models.gemma3 import build_gemma3
 from minfer.models.llama import build_llama
 from minfer.models.qwen import build_qwen
@@ -20,6 +21,7 @@ from minfer.models.qwen import build_qwen
 GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], ComputeGraph]
 
 ARCHITECTURES: dict[str, GraphBuildFn] = {
+    "bert": build_bert,
     "gemma3": build_gemma3,
     "llama": build_llama,
     "qwen2": build_qwen,

@@ -3,12 +3,14 @@
 `build_decoder` lays out the graph inputs, the token embedding (optionally scaled), one block per
 layer (the family's `LayerFn`) and the output head (final norm, projection tied to the
 embedding when `output.weight` is absent, optional logit soft-capping). The pieces a block is
-made of live here too: `attention` (q/k/v projections with optional biases, optional per-head
-q/k norms, RoPE with the layer's base / scaling / frequency factors, KV store and load,
-attention with the layer's sliding window and soft-cap, output projection), `gated_ffn`
-(gate/up, SiLU or GELU gate, down) and `keep_tail` (a prefill keeps only its last `n_out` rows
-after the last layer's attention). Which of the optional parts a model has is read from its
-HParams, never guessed from the architecture name here.
+made of live here too. With the context's `pooling` set the graph ends at the final norm's
+hidden states instead of the logits (every row, their mean per sequence, or the cls / last
+rows kept as the tail): a decoder's embeddings. The pieces: `attention` (q/k/v projections
+with optional biases, optional per-head q/k norms, RoPE with the layer's base / scaling /
+frequency factors, KV store and load, attention with the layer's sliding window and soft-cap,
+output projection), `gated_ffn` (gate/up, SiLU or GELU gate, down) and `keep_tail` (a prefill
+keeps only its last `n_out` rows after the last layer's attention). Which of the optional parts
+a model has is read from its HParams, never guessed from the architecture name here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from minfer.errors import GraphError
 from minfer.gguf.hparams import HParams
 from minfer.graph import ir
 from minfer.graph.builder import GraphBuilder
@@ -33,11 +36,12 @@ class Layer:
     cells: int
     start: int
     end: int
-    tail: int  # -1 in decode graphs
+    tail: int  # -1 where every row is kept to the end (decode graphs, mean / no pooling)
 
     @property
     def prefill(self) -> bool:
-        return self.params.gtype is GraphType.PREFILL
+        """Whether the last layer keeps only the tail rows."""
+        return self.tail >= 0
 
 
 LayerFn = Callable[[GraphBuilder, Layer, int, int], int]  # (b, ctx, layer, h) -> h
@@ -47,7 +51,14 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
                   *, layer: LayerFn, embd_scale: float = 1.0) -> ComputeGraph:
     b = GraphBuilder(weight_shapes)
     nt = params.n_tokens
-    prefill = params.gtype is GraphType.PREFILL
+    pooling = params.ctx.pooling
+    if pooling not in ("", "none", "mean", "cls", "last"):
+        raise GraphError(f"{hp.arch}: pooling {pooling!r} is not supported for a decoder "
+                         "(none, mean, cls, last)")
+    if pooling == "none" and params.n_out != nt:
+        raise GraphError(f"unpooled embeddings return every row: n_out={params.n_out} for {nt}")
+    # mean pooling reads every row; cls / last keep the pooled rows as the tail
+    prefill = params.gtype is GraphType.PREFILL and pooling != "mean"
     # Inputs first (even tail_ids, read only at the last layer): one leaf block, one split.
     ids = b.input(InputKind.TOKEN_IDS, nt)
     ctx = Layer(
@@ -58,12 +69,18 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         end=b.input(InputKind.KV_END, nt),
         tail=b.input(InputKind.TAIL_IDS, params.n_out) if prefill else -1,
     )
+    if pooling == "mean":
+        out_start = b.input(InputKind.OUT_START, params.n_out)
+        out_end = b.input(InputKind.OUT_END, params.n_out)
     h = b.embedding("token_embd.weight", ids)  # [nt, n_embd]
     if embd_scale != 1.0:
         h = b.scale("inp_scaled", h, embd_scale)
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
     x = b.rms_norm("output_norm", h, "output_norm.weight", hp.rms_eps)
+    if pooling:  # embeddings: the normed hidden states, pooled (cls / last rows are the tail)
+        b.output(b.pool("pooled", x, out_start, out_end, "mean") if pooling == "mean" else x)
+        return b.graph
     out_weight = "token_embd.weight" if hp.tie_embeddings else "output.weight"
     # [n_out, n_vocab], or the first vocab_limit ids only (0: all; the Engine clears a limit
     # at or above n_vocab)

@@ -254,6 +254,29 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
                             softcap=op.softcap)
 
 
+def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
+                   ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.SeqAttn)
+    q, k, v, start, end = srcs
+    return [K.bind_sequence_attention(q, k, v, start, end, n_head=op.n_head,
+                                      n_head_kv=op.n_head_kv, head_dim=op.head_dim,
+                                      scale=op.scale, out=out)]
+
+
+def _bind_layer_norm(node: Node, srcs: Srcs, out: np.ndarray,
+                     ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.LayerNorm)
+    w, b = (ctx.weights.vector(name) for name in node.meta.weights)
+    return [K.bind_layer_norm(srcs[0], w, b, node.op.eps, out)]
+
+
+def _bind_pool(node: Node, srcs: Srcs, out: np.ndarray,
+               ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.Pool)
+    return [K.bind_pool(srcs[0], srcs[1], srcs[2], node.op.mode, out)]
+
+
 def _bind_scale(node: Node, srcs: Srcs, out: np.ndarray,
                 ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.Scale)
@@ -298,6 +321,11 @@ _BINDERS: dict[type, Binder] = {
     ir.Attn: _bind_attn,
     ir.Gelu: _bind_call(K.gelu),
     ir.GeGLU: _bind_call(K.geglu),
+    ir.GeluErf: _bind_call(K.gelu_erf),
+    ir.Tanh: _bind_call(K.tanh),
+    ir.LayerNorm: _bind_layer_norm,
+    ir.SeqAttn: _bind_seq_attn,
+    ir.Pool: _bind_pool,
     ir.Scale: _bind_scale,
     ir.Softcap: _bind_softcap,
 }

@@ -11,8 +11,11 @@ Public API (see docs/interfaces.md):
   quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in, n_out), repack_weight(w_raw, qtype),
   bind_prequant(w_raw, qtype) -> run(xq, out) -- `linear.dispatch`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
-- rms_norm, head_rms_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu, scale,
-  softcap -- `elementwise`
+- rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
+  gelu_erf, tanh, scale, softcap, bind_pool (mean / cls / last rows of each sequence) --
+  `elementwise`
+- sequence_attention (an encoder's: within each sequence of the batch, no cache) --
+  `attn.sequences`
 - attention (blocked=True: the sgemm kernel of `attn.blocked`, used from
   ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attn.attend`
 - bind_*(same arguments) -> a no-argument call: the kernel over fixed arrays, checked once (the
@@ -32,6 +35,10 @@ import minfer.jit_cache  # noqa: F401
 from minfer.backends.cpu.kernels.attn.attend import attention, bind_attention, kv_store
 from minfer.backends.cpu.kernels.attn.blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv
+from minfer.backends.cpu.kernels.attn.sequences import (
+    bind_sequence_attention,
+    sequence_attention,
+)
 from minfer.backends.cpu.kernels.elementwise.arith import (
     add,
     bind_add,
@@ -42,13 +49,23 @@ from minfer.backends.cpu.kernels.elementwise.arith import (
     silu,
     swiglu,
 )
-from minfer.backends.cpu.kernels.elementwise.gelu import geglu, gelu, scale, softcap
+from minfer.backends.cpu.kernels.elementwise.gelu import (
+    geglu,
+    gelu,
+    gelu_erf,
+    scale,
+    softcap,
+    tanh,
+)
 from minfer.backends.cpu.kernels.elementwise.norm import (
     bind_head_rms_norm,
+    bind_layer_norm,
     bind_rms_norm,
     head_rms_norm,
+    layer_norm,
     rms_norm,
 )
+from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
 from minfer.backends.cpu.kernels.linear.dispatch import (
     PREFILL_MIN_TOKENS,
@@ -95,12 +112,15 @@ __all__ = [
     "bind_attention",
     "bind_get_rows",
     "bind_head_rms_norm",
+    "bind_layer_norm",
     "bind_mul",
+    "bind_pool",
     "bind_prequant",
     "bind_prequant_into",
     "bind_quantize",
     "bind_rms_norm",
     "bind_rope",
+    "bind_sequence_attention",
     "bind_silu",
     "bind_store_kv",
     "bind_swiglu",
@@ -108,10 +128,12 @@ __all__ = [
     "dequantize_into",
     "geglu",
     "gelu",
+    "gelu_erf",
     "get_rows",
     "head_rms_norm",
     "integer_weight",
     "kv_store",
+    "layer_norm",
     "matmul",
     "matmul_prequant",
     "matmul_sgemm",
@@ -128,7 +150,9 @@ __all__ = [
     "rope_neox",
     "row_bytes",
     "scale",
+    "sequence_attention",
     "silu",
     "softcap",
     "swiglu",
+    "tanh",
 ]

@@ -1,5 +1,6 @@
-"""Gemma's element-wise ops: GELU (tanh approximation) and its gated form, the scalar `scale`
-and the logit `softcap`.
+"""Element-wise activations: Gemma's GELU (tanh approximation) and its gated form, the scalar
+`scale` and the logit `softcap`; BERT's exact GELU (`gelu_erf`, 0.5x(1 + erf(x/sqrt 2)) in f32,
+as PyTorch's `gelu`) and `tanh` (its classifier head).
 
 GELU follows ggml's CPU path (built with GGML_GELU_FP16): for -10 < x < 10 the input is rounded
 to f16 and looked up in a 65,536-entry table of f16(gelu_f32(x)); from 10 on it is x, at -10 and
@@ -9,6 +10,8 @@ interact: every output element depends on its own input alone (batch invariant).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -68,6 +71,22 @@ def _softcap(x, inv_cap, cap, out):
         out[i] = np.tanh(x[i] * inv_cap) * cap
 
 
+@njit(cache=True, error_model="numpy")
+def _gelu_erf(x, out):
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * _INV_SQRT2)))
+
+
+@njit(cache=True, error_model="numpy")
+def _tanh(x, out):
+    for i in range(x.shape[0]):
+        out[i] = np.tanh(x[i])
+
+
+_INV_SQRT2 = np.float32(0.70710678118654752440)
+
+
 def _flat(*arrs: np.ndarray) -> list[np.ndarray]:
     if len({a.shape for a in arrs}) != 1:
         raise ValueError(f"shape mismatch {[a.shape for a in arrs]}")
@@ -87,6 +106,18 @@ def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     """out = gelu_tanh(gate) * up (ggml's `geglu` on split gate/up); out may alias either."""
     fg, fu, fo = _flat(gate, up, out)
     _geglu(fg, fu, GELU_TABLE, fo)
+
+
+def gelu_erf(x: np.ndarray, out: np.ndarray) -> None:
+    """out = 0.5 x (1 + erf(x / sqrt(2))), the exact GELU; out may be x."""
+    fx, fo = _flat(x, out)
+    _gelu_erf(fx, fo)
+
+
+def tanh(x: np.ndarray, out: np.ndarray) -> None:
+    """out = tanh(x); out may be x."""
+    fx, fo = _flat(x, out)
+    _tanh(fx, fo)
 
 
 def scale(x: np.ndarray, factor: float, out: np.ndarray) -> None:

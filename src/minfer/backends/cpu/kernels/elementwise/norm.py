@@ -1,4 +1,5 @@
-"""RMSNorm over rows (`rms_norm`) and over each head of a row (`head_rms_norm`, Qwen3's q/k norm).
+"""RMSNorm over rows (`rms_norm`) and over each head of a row (`head_rms_norm`, Qwen3's q/k norm);
+LayerNorm with weight and bias over rows (`layer_norm`, BERT's), its sums made the same way.
 
 As ggml's `rms_norm` followed by the weight `mul`: the f32 squares are summed in f64 (ggml's
 `ggml_float`), scale = 1/sqrtf(mean + eps) in f32, y = (x * scale) * w with two f32 roundings.
@@ -99,3 +100,78 @@ def bind_head_rms_norm(x: np.ndarray, w: np.ndarray, *, n_head: int, head_dim: i
     _check(x, out, head_dim, w)
     return partial(_rows_kernel(x), x, np.asarray(w, np.float32), np.float32(eps), out, n_head,
                    head_dim)
+
+
+@njit(inline="always", error_model="numpy")
+def _layer_row(x, w, b, eps, out, t):
+    """ggml's `norm` then `* w + b`: the f32 values summed in f64 (the mean), the centred row's
+    squares summed in f64 (the variance), scale = 1/sqrtf(var + eps) in f32; each sum in eight
+    lanes combined in a fixed order."""
+    n = x.shape[1]
+    n8 = n - n % _LANES
+    xr, yr = x[t], out[t]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for j in range(0, n8, _LANES):
+        a0 += np.float64(xr[j])
+        a1 += np.float64(xr[j + 1])
+        a2 += np.float64(xr[j + 2])
+        a3 += np.float64(xr[j + 3])
+        a4 += np.float64(xr[j + 4])
+        a5 += np.float64(xr[j + 5])
+        a6 += np.float64(xr[j + 6])
+        a7 += np.float64(xr[j + 7])
+    total = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    for j in range(n8, n):
+        total += np.float64(xr[j])
+    mean = np.float32(total / n)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for j in range(0, n8, _LANES):
+        d0, d1 = xr[j] - mean, xr[j + 1] - mean
+        d2, d3 = xr[j + 2] - mean, xr[j + 3] - mean
+        d4, d5 = xr[j + 4] - mean, xr[j + 5] - mean
+        d6, d7 = xr[j + 6] - mean, xr[j + 7] - mean
+        a0 += np.float64(d0 * d0)
+        a1 += np.float64(d1 * d1)
+        a2 += np.float64(d2 * d2)
+        a3 += np.float64(d3 * d3)
+        a4 += np.float64(d4 * d4)
+        a5 += np.float64(d5 * d5)
+        a6 += np.float64(d6 * d6)
+        a7 += np.float64(d7 * d7)
+    ssum = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    for j in range(n8, n):
+        d = xr[j] - mean
+        ssum += np.float64(d * d)
+    var = np.float32(ssum / n)
+    scale = np.float32(1.0) / np.sqrt(var + eps)
+    for j in range(n):
+        yr[j] = ((xr[j] - mean) * scale) * w[j] + b[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _layer_rows(x, w, b, eps, out):
+    for t in range(x.shape[0]):
+        _layer_row(x, w, b, eps, out, t)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _layer_rows_par(x, w, b, eps, out):
+    for t in prange(x.shape[0]):
+        _layer_row(x, w, b, eps, out, t)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out[t] = (x[t] - mean) / sqrt(var + eps) * w + b, per row (BERT's LayerNorm); out may
+    be x."""
+    bind_layer_norm(x, w, b, eps, out)()
+
+
+def bind_layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
+                    out: np.ndarray) -> Callable[[], None]:
+    """`layer_norm` over fixed arrays: checked once, then the kernel alone (the op tape)."""
+    _check(x, out, x.shape[1], w)
+    if b.shape != w.shape:
+        raise ValueError(f"norm bias of shape {b.shape}, expected {w.shape}")
+    kernel = _layer_rows_par if x.shape[0] >= PARALLEL_MIN_ROWS else _layer_rows
+    return partial(kernel, x, np.asarray(w, np.float32), np.asarray(b, np.float32),
+                   np.float32(eps), out)
