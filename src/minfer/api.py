@@ -1,4 +1,5 @@
-"""The public Python API: `minfer.load(model)` → a `Model` that can generate and chat.
+"""The public Python API: `minfer.load(model)` → a `Model` that can generate and chat, or embed
+and rerank (`embed`, `rerank`: an encoder as its file says, a decoder's pooled hidden states).
 
 A Model bundles what one GGUF file gives (metadata, hyper-parameters, tokenizer, chat template)
 with an Engine created on first use. The session's n_ctx is max(requested n_ctx, prompt length),
@@ -14,9 +15,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from minfer import env
 from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
 from minfer.engine.config import EngineConfig, usable_cores
+from minfer.engine.embed import Embedder
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Constraint, Finished, Piece, generate
 from minfer.errors import ContextOverflowError, MinferError
@@ -68,6 +72,7 @@ class Model:
         self.backend = backend
         self.fuse = fuse
         self._engine: Engine | None = None
+        self._embedders: dict[str | None, Embedder] = {}
         self._grammar_vocab: GrammarVocab | None = None
 
     @cached_property
@@ -117,6 +122,38 @@ class Model:
             if tracer is not None and tracer.token_text is None:
                 tracer.token_text = self.token_piece
         return self._engine
+
+    # -- embeddings -------------------------------------------------------------------------
+    def embedder(self, pooling: str | None = None) -> Embedder:
+        """The Embedder for this pooling (None: the file's; a decoder without one pools its
+        last token), made once. Batch-invariant: a text's vector does not depend on the
+        texts it is packed with."""
+        embedder = self._embedders.get(pooling)
+        if embedder is None:
+            pool = pooling or self.hparams.pooling
+            if self.hparams.causal and pool == "none" and pooling is None:
+                pool = "last"
+            n_ctx = self.hparams.n_ctx_train if not self.hparams.causal else \
+                min(self.n_ctx, self.hparams.n_ctx_train)
+            engine = Engine(self.file, self.hparams,
+                            replace(self.config, n_ctx=n_ctx, batch_invariant=True,
+                                    pooling=pool))
+            embedder = self._embedders[pooling] = Embedder(engine, self.tokenizer)
+        return embedder
+
+    def embed(self, texts: str | Sequence[str], *, normalize: int = 2, pooling: str | None = None,
+              truncate: bool = False) -> np.ndarray:
+        """Each text's embedding, `[len(texts), n_embd]` (one text: `[n_embd]`); normalised as
+        llama.cpp's `--embd-normalize` (2: unit length; -1: as pooled)."""
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        vecs = self.embedder(pooling).embed(batch, norm=normalize, truncate=truncate)
+        return vecs[0] if isinstance(texts, str) else np.stack(vecs)
+
+    def rerank(self, query: str, documents: Sequence[str], *,
+               truncate: bool = False) -> list[float]:
+        """Each document's relevance score for the query (a cross-encoder with rank pooling)."""
+        return self.embedder("rank" if self.hparams.n_cls_out else None).rerank(
+            query, documents, truncate=truncate)
 
     def token_piece(self, token_id: int) -> str:
         """One token's text as it would print; a token that is part of a UTF-8 character

@@ -29,6 +29,9 @@ class ExecContext:
     # Every row's arithmetic independent of the batch around it (the server's guarantee that a
     # greedy request yields the same ids whatever else runs): integer-dot matmuls at any size.
     batch_invariant: bool = False
+    # Matmuls on f32 copies of the weights through the batch-invariant f32 GEMM (small models
+    # whose f32 weights fit: encoders), f32 activations: precision and prefill speed at once.
+    dense_f32: bool = False
 
 
 class Backend(Protocol):

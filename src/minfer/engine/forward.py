@@ -286,7 +286,7 @@ class Engine:
                 assert buf is not None
                 buf[:] = 1 if kind is InputKind.KV_END else 0
             ctx = ExecContext(weights=self.weights, kv=self.kv,
-                              batch_invariant=self.batch_invariant)
+                              batch_invariant=self.batch_invariant, dense_f32=self.encoder)
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
 
@@ -310,7 +310,8 @@ class Engine:
         key = "tape-invariant" if batch_invariant else "tape"
         cached = prepared.scratch.get(key)
         if cached is None or cached[0] is not buffers:
-            ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant)
+            ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant,
+                              dense_f32=self.encoder)
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
                                         ctx)
             prepared.scratch[key] = cached = (buffers, tape)

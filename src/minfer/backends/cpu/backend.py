@@ -131,6 +131,19 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
     return p
 
 
+def _dense_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.DenseWeight:
+    """The weight (its first `rows` outputs when rows > 0) dequantized to f32 in `K.gemm`'s
+    layout, made once per model weights."""
+    key = ("cpu-dense-f32", w_name, rows)
+    dw = ctx.weights.state.get(key)
+    if dw is None:
+        raw, qtype = ctx.weights.matrix(w_name)
+        w = K.dequantize(raw[:rows] if rows else raw, qtype, n_in)
+        dw = ctx.weights.state[key] = K.dense_weight(w)
+    assert isinstance(dw, K.DenseWeight)
+    return dw
+
+
 def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
     """`ModelWeights.derived`'s maker for the repacked layout."""
     return int(K.repack_weight(rows, qtype, out)[1])
@@ -140,6 +153,8 @@ def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
                   ctx: ExecContext, rows: int = 0) -> list[Callable[[], None]]:
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
     its arrays, and the activation's quantization where this is the first reader of x."""
+    if ctx.dense_f32:
+        return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], rows), out)]
     p = _projection(ctx, w_name, x.shape[1], rows)
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
         return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]

@@ -10,6 +10,8 @@ Public API (see docs/interfaces.md):
 - matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
   quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in, n_out), repack_weight(w_raw, qtype),
   bind_prequant(w_raw, qtype) -> run(xq, out) -- `linear.dispatch`
+- gemm(x, dense_weight(w), out): the batch-invariant f32 GEMM over an f32 copy of a weight in
+  column tiles (encoders) -- `linear.dense`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
   gelu_erf, tanh, scale, softcap, bind_pool (mean / cls / last rows of each sequence) --
@@ -67,6 +69,7 @@ from minfer.backends.cpu.kernels.elementwise.norm import (
 )
 from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
+from minfer.backends.cpu.kernels.linear.dense import DenseWeight, bind_gemm, dense_weight, gemm
 from minfer.backends.cpu.kernels.linear.dispatch import (
     PREFILL_MIN_TOKENS,
     PrequantKernel,
@@ -101,6 +104,7 @@ from minfer.backends.cpu.kernels.quant.types import QType, row_bytes
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
     "PREFILL_MIN_TOKENS",
+    "DenseWeight",
     "PrequantKernel",
     "Q8Blocks",
     "Q8KBlocks",
@@ -110,6 +114,7 @@ __all__ = [
     "attention",
     "bind_add",
     "bind_attention",
+    "bind_gemm",
     "bind_get_rows",
     "bind_head_rms_norm",
     "bind_layer_norm",
@@ -124,11 +129,13 @@ __all__ = [
     "bind_silu",
     "bind_store_kv",
     "bind_swiglu",
+    "dense_weight",
     "dequantize",
     "dequantize_into",
     "geglu",
     "gelu",
     "gelu_erf",
+    "gemm",
     "get_rows",
     "head_rms_norm",
     "integer_weight",

@@ -1,0 +1,166 @@
+"""A batch-invariant f32 GEMM: `out = x @ W.T` over an f32 copy of W laid out in column tiles.
+
+For models whose weights fit as f32 (small encoders: all-MiniLM's are 90 MB), where the integer
+path's quantized activations cost accuracy and its per-row drivers cost speed, and BLAS sgemm is
+fast but rounds a row differently depending on where the batch puts it (measured: OpenBLAS on
+AMD EPYC Zen 3 from 16 rows a call on).
+
+Here every output element is one chain of fused multiply-adds over the input columns in order,
+starting from zero: `acc = fma(x[t, k], W[j, k], acc)` for k = 0 .. K-1. A tile of `ROWS` rows
+x `COLS` columns keeps its accumulators in vector registers (LLVM vector IR, `tile`), loading
+each weight segment once for the tile's rows; the weight is stored tile by tile (`dense_weight`)
+and each group of ROWS activation rows packed k-major, so a step reads two consecutive lines.
+Leftover rows run the same chain one row at a time, leftover columns as numba scalars with the
+same fused steps. Whatever rows surround a row, its values are bitwise the same. Threads split
+the column tiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from minfer.backends.cpu.kernels.simd.blocks import _F32, _I8, _fma, _ld, _phi_loop, _splat, _vec
+
+LANES = 8  # f32 lanes per vector (one ymm)
+COLS = 2 * LANES  # output columns per tile
+ROWS = 6  # rows per tile: 12 accumulators, 2 weight loads and 6 broadcasts per input column
+GROUP_BLOCK = 8  # row groups walked over all of a thread's column tiles before the next ones
+_ROW = _vec(_F32, LANES)
+
+
+def _tile(typingctx: Any, x: Any, xi: Any, wt: Any, out: Any, oi: Any, j0: Any, m: Any) -> Any:
+    """out[oi+r, j0:j0+COLS] = x[xi+r] @ wt[:, :COLS] for r < m (a literal <= ROWS); x is
+    read through its strides (a packed block's transposed view, or the activation itself)."""
+    if not isinstance(m, types.IntegerLiteral):
+        return None
+    n_rows = m.literal_value
+    sig = types.void(x, xi, wt, out, oi, j0, m)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        x_t, xi_t, wt_t, out_t, oi_t, j_t, _ = signature.args
+        xa = context.make_array(x_t)(context, builder, args[0])
+        wa = context.make_array(wt_t)(context, builder, args[2])
+        oa = context.make_array(out_t)(context, builder, args[3])
+        xi_v = context.cast(builder, args[1], xi_t, types.intp)
+        oi_v = context.cast(builder, args[4], oi_t, types.intp)
+        j_v = context.cast(builder, args[5], j_t, types.intp)
+        intp = xi_v.type
+        n_k = builder.extract_value(xa.shape, 1)
+        x_row = builder.extract_value(xa.strides, 0)  # bytes
+        x_col = builder.extract_value(xa.strides, 1)
+        w_row = builder.extract_value(wa.strides, 0)
+        o_row = builder.extract_value(oa.strides, 0)
+        i8p = _I8.as_pointer()
+        x_ptr, w_ptr, o_ptr = (builder.bitcast(a.data, i8p) for a in (xa, wa, oa))
+
+        def k(value: int) -> Any:
+            return ir.Constant(intp, value)
+
+        col = builder.mul(j_v, k(4))
+        x_rows = [builder.mul(builder.add(xi_v, k(r)), x_row) for r in range(n_rows)]
+
+        def step(kk: Any, accs: list[Any]) -> list[Any]:
+            w_off = builder.mul(kk, w_row)
+            ws = [_ld(builder, w_ptr, builder.add(w_off, k(4 * LANES * h)), _ROW)
+                  for h in range(2)]
+            x_off = builder.mul(kk, x_col)
+            out = []
+            for r in range(n_rows):
+                xv = _splat(builder, _ld(builder, x_ptr, builder.add(x_rows[r], x_off), _F32),
+                            LANES)
+                out += [_fma(builder, xv, ws[h], accs[2 * r + h]) for h in range(2)]
+            return out
+
+        zero = ir.Constant(_ROW, [0.0] * LANES)
+        accs = _phi_loop(builder, n_k, [zero] * (2 * n_rows), step)
+        for r in range(n_rows):
+            base = builder.add(builder.mul(builder.add(oi_v, k(r)), o_row), col)
+            for h in range(2):
+                dst = builder.gep(o_ptr, [builder.add(base, k(4 * LANES * h))])
+                builder.store(accs[2 * r + h], builder.bitcast(dst, _ROW.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+tile: Any = intrinsic(_tile)
+
+
+@njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
+def _gemm(x, wp, wr, xp, out, n_parts):
+    nt, n_in = x.shape
+    n_tiles = wp.shape[0]
+    n_groups = nt // ROWS
+    for g in prange(n_groups):  # whole groups of ROWS rows packed k-major: one line per step
+        for kk in range(n_in):
+            for r in range(ROWS):
+                xp[g, kk, r] = x[g * ROWS + r, kk]
+    for part in prange(n_parts):  # each thread its share of the column tiles
+        t_lo = part * n_tiles // n_parts
+        t_hi = (part + 1) * n_tiles // n_parts
+        for g0 in range(0, n_groups, GROUP_BLOCK):  # row groups that stay in L2 over the tiles
+            for jb in range(t_lo, t_hi):
+                w = wp[jb]
+                for g in range(g0, min(n_groups, g0 + GROUP_BLOCK)):
+                    tile(xp[g].T, 0, w, out, g * ROWS, jb * COLS, ROWS)
+        for jb in range(t_lo, t_hi):
+            for i in range(n_groups * ROWS, nt):  # the last rows one at a time, the same chains
+                tile(x, i, wp[jb], out, i, jb * COLS, 1)
+    j0 = n_tiles * COLS
+    for i in range(nt):  # the columns past the last whole tile, one fused chain each
+        for j in range(wr.shape[1]):
+            acc = np.float32(0.0)
+            for kk in range(n_in):
+                acc += x[i, kk] * wr[kk, j]
+            out[i, j0 + j] = acc
+
+
+@dataclass(frozen=True)
+class DenseWeight:
+    """A weight laid out for `gemm`: whole tiles `[n_tiles, K, COLS]` (each tile's K rows of
+    COLS columns contiguous) and the leftover columns `[K, N % COLS]`."""
+
+    tiles: np.ndarray
+    rest: np.ndarray
+
+    @property
+    def n_out(self) -> int:
+        return self.tiles.shape[0] * COLS + self.rest.shape[1]
+
+
+def dense_weight(w: np.ndarray) -> DenseWeight:
+    """The `gemm` layout of an f32 `[N, K]` weight."""
+    w = np.asarray(w, np.float32)
+    n_out, n_in = w.shape
+    n_tiles = n_out // COLS
+    tiles = np.ascontiguousarray(
+        w[: n_tiles * COLS].reshape(n_tiles, COLS, n_in).transpose(0, 2, 1))
+    rest = np.ascontiguousarray(w[n_tiles * COLS:].T)
+    return DenseWeight(tiles, rest)
+
+
+def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray) -> Callable[[], None]:
+    """`out[nt, N] = x[nt, K] @ W.T` over fixed arrays (checked once)."""
+    n_in = w.tiles.shape[1] if w.tiles.shape[0] else w.rest.shape[0]
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"x {x.shape} does not match the weight's {n_in} inputs")
+    for a in (x, out):
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("gemm takes C-contiguous f32 arrays")
+    if out.shape != (x.shape[0], w.n_out):
+        raise ValueError(f"out must be {(x.shape[0], w.n_out)}, got {out.shape}")
+    xp = np.empty((max(1, x.shape[0] // ROWS), n_in, ROWS), np.float32)  # the tape's scratch
+    return partial(_gemm, x, w.tiles, w.rest, xp, out, max(1, numba.get_num_threads()))
+
+
+def gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray) -> None:
+    bind_gemm(x, w, out)()
