@@ -19,10 +19,10 @@ from minfer.errors import MinferError
 # Commands that end with every file they wrote closed: the console script exits from them
 # without tearing the interpreter down (module by module, LLVM's JIT state, numba's thread
 # pool: 0.3 s after a `minfer run`), once the output is flushed and the exit handlers ran.
-QUICK_EXIT = frozenset({"run", "chat", "info", "list", "tokenize"})
+QUICK_EXIT = frozenset({"run", "chat", "embed", "info", "list", "tokenize"})
 
 # Sub-command modules, in the order `minfer --help` lists them.
-COMMANDS = ("run", "chat", "serve", "bench", "info", "list", "pull", "tokenize", "viz",
+COMMANDS = ("run", "chat", "serve", "embed", "bench", "info", "list", "pull", "tokenize", "viz",
             "quantize", "split", "merge", "convert")
 
 

@@ -34,6 +34,7 @@ from minfer.cli.common import (
     reasoning_from_args,
 )
 from minfer.errors import MinferError
+from minfer.gguf.hparams import POOLING_TYPES
 
 if TYPE_CHECKING:
     from minfer.server.state import ServerConfig
@@ -76,6 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on shutdown (default 30)")
     p.add_argument("--verbose", action="store_true", help="log every request")
+    p.add_argument("--embeddings", action="store_true",
+                   help="serve /v1/embeddings from a generative model too (an embedding "
+                        "model serves them without it)")
+    p.add_argument("--pooling", choices=POOLING_TYPES, default=None,
+                   help="embeddings' pooling (default: the model file's; a generative "
+                        "model's last token)")
+    p.add_argument("--reranking", "--rerank", action="store_true",
+                   help="serve /v1/rerank (rank pooling: a cross-encoder's classifier head)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let a browser page from ORIGIN call the API (repeatable; * for any; "
                         "default: none)")
@@ -95,6 +104,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from minfer.server.state import ServerConfig, speculation_config
+
+    if args.reranking and args.pooling not in (None, "rank"):
+        raise MinferError("--reranking is rank pooling; it cannot take --pooling "
+                          f"{args.pooling}")
     from minfer.store import resolve_model
 
     primary, extra = served_models(args)
@@ -115,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
         draft_model=resolve_model(args.model_draft) if args.model_draft else None,
         draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
+        embeddings=args.embeddings or args.reranking or args.pooling is not None,
+        pooling="rank" if args.reranking else args.pooling,
     )
     if args.lookup_ngram and args.model_draft:
         raise MinferError("give --lookup-ngram or --model-draft, not both")

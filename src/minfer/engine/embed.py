@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minfer.engine.forward import Batch, Engine
 from minfer.errors import MinferError
-from minfer.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the server imports this module before any engine is made
+    from minfer.engine.forward import Engine
+    from minfer.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_BATCH_TOKENS = 2048
 
@@ -138,6 +141,8 @@ class Embedder:
     def run(self, inputs: Sequence[Encoded], *, norm: int = 2) -> list[np.ndarray]:
         """Each (checked) input's vector (`[n_embd]` pooled, `[n_tokens, n_embd]` unpooled,
         `[n_cls_out]` rank scores), in order."""
+        from minfer.engine.forward import Batch
+
         out: list[np.ndarray] = []
         for group in self._groups(inputs):
             seqs = [e.ids for e in group]

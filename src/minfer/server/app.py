@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 import minfer
 from minfer.errors import MinferError
 from minfer.server.anthropic.routes import anthropic_routes
+from minfer.server.embeddings import embedding_routes
 from minfer.server.errors import bad_request, from_minfer_error, install_handlers
 from minfer.server.infill import infill_routes
 from minfer.server.middleware import RequestGuard
@@ -64,6 +65,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     anthropic_routes(app, state)
     ollama_routes(app, state)
     infill_routes(app, state)
+    embedding_routes(app, state)
     return app
 
 

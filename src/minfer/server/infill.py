@@ -83,7 +83,7 @@ async def _stream(lm: LoadedModel, handle: Handle) -> AsyncIterator[str]:
                 yield _sse(_final(lm, "", event))
                 break
     finally:
-        lm.worker.cancel(handle)  # the client left (or we are done): free the slot now
+        lm.generator.cancel(handle)  # the client left (or we are done): free the slot now
 
 
 def _sse(data: dict[str, Any]) -> str:

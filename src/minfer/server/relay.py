@@ -38,7 +38,7 @@ def submit(state: ServerState, lm: LoadedModel, gen: GenRequest) -> Handle:
     """Queue gen on the model's engine thread; its events arrive on the returned handle."""
     handle = Handle(asyncio.get_running_loop())
     try:
-        lm.worker.submit(gen, handle)
+        lm.generator.submit(gen, handle)
     except QueueFullError as exc:
         state.metrics.rejected.inc()
         raise unavailable(str(exc), retry_after=1, code="queue_full") from None
@@ -74,4 +74,4 @@ async def collect_or_gone(lm: LoadedModel, handle: Handle, request: Request) -> 
     except ClientGone:
         return None
     finally:
-        lm.worker.cancel(handle)  # a no-op once the request is done
+        lm.generator.cancel(handle)  # a no-op once the request is done

@@ -27,11 +27,13 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from minfer.chat.reasoning import ReasoningOptions
+from minfer.engine.embed import Embedder
 from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.grammar import GrammarVocab
+from minfer.server.embed_worker import EmbedWorker
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import Metrics
 from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
@@ -71,6 +73,9 @@ class ServerConfig:
     keep_alive: float = 300.0  # idle seconds before an extra model unloads; < 0: never
     models_max: int = 3  # models loaded at once (the least recently used idle one unloads)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: no CORS)
+    # embeddings from a generative model too (`--embeddings`); an encoder serves them always
+    embeddings: bool = False
+    pooling: str | None = None  # None: the model file's (a generative model: its last token)
 
 
 @dataclass(frozen=True)
@@ -98,10 +103,40 @@ class LoadedModel:
     tokenizer: TokenizerLike
     template: TemplateLike
     limits: Limits
-    worker: Worker
+    worker: Worker | None  # None: an embedding model, which generates nothing
     grammar_vocab: GrammarVocab | None = None  # for structured output; built once at load
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)
     facts: ModelFacts | None = None
+    embed: EmbedWorker | None = None  # served for embeddings (an encoder, or `--embeddings`)
+
+    @property
+    def generator(self) -> Worker:
+        """The engine thread that generates; a 400 for an embedding model."""
+        if self.worker is None:
+            raise APIError(400, f"model '{self.name}' is an embedding model: it does not "
+                           "generate text (use /v1/embeddings or /v1/rerank)",
+                           code="model_not_generative")
+        return self.worker
+
+    def embedder(self, *, rerank: bool = False) -> EmbedWorker:
+        """The embedding thread; a 400 naming the flag when the model is not served so (or,
+        for `rerank`, does not pool for ranking)."""
+        if self.embed is None:
+            raise APIError(400, f"model '{self.name}' is not served for embeddings: start the "
+                           "server with --embeddings (and --pooling)", code="embeddings_off")
+        embedder = self.embed.embedder
+        if embedder is not None and rerank and embedder.pooling != "rank":
+            raise APIError(400, f"model '{self.name}' is not a reranker (it pools "
+                           f"'{embedder.pooling}'; reranking needs rank pooling and a "
+                           "classifier head: --pooling rank / --reranking)",
+                           code="rerank_unsupported")
+        if embedder is not None and not rerank and embedder.pooling == "rank":
+            raise APIError(400, f"model '{self.name}' is a reranker: use /v1/rerank",
+                           code="embeddings_unsupported")
+        return self.embed
+
+    def workers(self) -> list[Worker | EmbedWorker]:
+        return [w for w in (self.worker, self.embed) if w is not None]
 
 
 def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
@@ -168,10 +203,12 @@ class Entry:
 class ServerState:
     def __init__(self, config: ServerConfig, *, engine_factory: EngineFactory | None = None,
                  draft_engine_factory: EngineFactory | None = None,
+                 embedder: Callable[[GGUFFile, HParams, Tokenizer], Embedder] | None = None,
                  metrics: Metrics | None = None) -> None:
-        """engine_factory / draft_engine_factory: engines for the model and the draft model
-        (tests pass fakes); by default, Engines over their files."""
+        """engine_factory / draft_engine_factory / embedder: engines for the model, the draft
+        model and embeddings (tests pass fakes); by default, Engines over their files."""
         self.config = config
+        self._embedder = embedder
         self.metrics = metrics or Metrics()
         self._engine_factory = engine_factory
         self._draft_engine_factory = draft_engine_factory
@@ -196,7 +233,7 @@ class ServerState:
             return "error"
         if self._model is None:
             return "loading"
-        if self._model.worker.error is not None:  # the engine thread died
+        if any(w.error is not None for w in self._model.workers()):  # an engine thread died
             return "error"
         return "draining" if self.draining else "ok"
 
@@ -288,7 +325,8 @@ class ServerState:
         if entry is None:
             raise APIError(404, f"model '{name}' not found", code="model_not_found")
         if entry.lm is not None:
-            entry.lm.worker.stop()
+            for w in entry.lm.workers():
+                w.stop()
         self._facts.pop(name, None)
         return entry.path
 
@@ -323,7 +361,7 @@ class ServerState:
         with self._lock:
             live = [e for e in self.extra.values() if e.lm is not None]
             for e in live:
-                if e.lm is not None and e.lm.worker.busy():
+                if e.lm is not None and any(w.busy() for w in e.lm.workers()):
                     e.last_used = now
             idle = sorted((e for e in live if now - e.last_used >= 1.0), key=lambda e: e.last_used)
             over = len(self.loaded()) - max(1, self.config.models_max)
@@ -334,7 +372,8 @@ class ServerState:
             for e in out:
                 lm, e.lm, e.ready = e.lm, None, None
                 assert lm is not None
-                lm.worker.stop()
+                for w in lm.workers():
+                    w.stop()
                 log.info("unloaded %s (idle)", e.name)
         return [e.name for e in out]
 
@@ -360,12 +399,14 @@ class ServerState:
     def abort_all(self) -> None:
         """Cut whatever is still in flight (end of the drain period)."""
         for lm in self.loaded():
-            lm.worker.abort_all("the server is shutting down")
+            if lm.worker is not None:
+                lm.worker.abort_all("the server is shutting down")
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopped.set()
         for lm in self.loaded():
-            lm.worker.stop(timeout)
+            for w in lm.workers():
+                w.stop(timeout)
 
     def _load(self) -> None:
         try:
@@ -376,7 +417,8 @@ class ServerState:
 
     def _open(self, path: Path | None = None, *, primary: bool = True) -> LoadedModel:
         """Load a model: the one the server started with (its draft model too), or another
-        one (same settings, no draft)."""
+        one (same settings, no draft). An encoder is served for embeddings only; a generative
+        model also for embeddings with `embeddings` on."""
         cfg = self.config
         path = path or cfg.model_path
         f = GGUFFile.open(path)
@@ -385,32 +427,72 @@ class ServerState:
         tokenizer.prepare()  # long prompts come: the BPE library model is built before serving
         template = ChatTemplate.from_gguf(f, tokenizer)
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
-        factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
-        draft = (None if cfg.draft_model is None or not primary else
-                 open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab))
-        draft_factory = None
-        if draft is not None:
-            draft_factory = self._draft_engine_factory or default_engine_factory(
-                *draft, cfg, vocab_limit=cfg.draft_vocab)
-        worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
-                        chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
-                        speculation=speculation_config(cfg) if primary or not cfg.draft_model
-                        else None, make_draft=draft_factory)
-        worker.start()
-        grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms up
-        worker.ready.wait()
-        if worker.error is not None:
-            raise worker.error
+        embed = None
+        if not hparams.causal or cfg.embeddings:
+            embed = EmbedWorker(self._embedder_factory(f, hparams, tokenizer),
+                                max_waiting=cfg.queue)
+            embed.start()
+        worker = None
+        grammar_vocab = None
+        if hparams.causal:
+            factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
+            draft = (None if cfg.draft_model is None or not primary else
+                     open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab))
+            draft_factory = None
+            if draft is not None:
+                draft_factory = self._draft_engine_factory or default_engine_factory(
+                    *draft, cfg, vocab_limit=cfg.draft_vocab)
+            worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
+                            chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
+                            speculation=speculation_config(cfg) if primary or not cfg.draft_model
+                            else None, make_draft=draft_factory)
+            worker.start()
+            grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms
+            worker.ready.wait()
+            if worker.error is not None:
+                raise worker.error
+        if embed is not None:
+            embed.ready.wait()
+            if embed.error is not None:
+                if worker is not None:
+                    worker.stop()
+                raise embed.error
         return LoadedModel(model_name(path), tokenizer, template,
                            Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab,
-                           cfg.reasoning, ModelFacts.of(f, path))
+                           cfg.reasoning, ModelFacts.of(f, path), embed)
+
+    def _embedder_factory(self, f: GGUFFile, hparams: HParams,
+                          tokenizer: Tokenizer) -> Callable[[], Embedder]:
+        """The embedding engine, made on its thread: batch-invariant, pooling as configured
+        (the file's; a generative model's last token unless --pooling says otherwise)."""
+        if self._embedder is not None:
+            return lambda: self._embedder(f, hparams, tokenizer)  # type: ignore[misc]
+        cfg = self.config
+
+        def make() -> Embedder:
+            from minfer.engine.config import EngineConfig
+            from minfer.engine.forward import Engine, set_threads
+
+            pooling = cfg.pooling or hparams.pooling
+            if hparams.causal and pooling == "none" and cfg.pooling is None:
+                pooling = "last"
+            n_ctx = hparams.n_ctx_train if not hparams.causal else min(cfg.n_ctx,
+                                                                       hparams.n_ctx_train)
+            config = EngineConfig.build(n_ctx=n_ctx, threads=cfg.threads, fuse=cfg.fuse,
+                                        batch_invariant=True)
+            set_threads(config.n_threads or 1)
+            engine = Engine(f, hparams, replace(config, pooling=pooling))
+            return Embedder(engine, tokenizer)
+
+        return make
 
     def _register_gauges(self) -> None:
         """Gauges summed over the loaded models."""
         m = self.metrics
 
         def total(of: Callable[[Any], int]) -> Callable[[], int]:
-            return lambda: sum(of(lm.worker.scheduler) for lm in self.loaded())
+            return lambda: sum(of(lm.worker.scheduler) for lm in self.loaded()
+                               if lm.worker is not None)
 
         m.gauge("minfer_queue_depth", "Requests waiting for a slot", total(lambda s: s.n_waiting))
         m.gauge("minfer_slots_busy", "Slots running a request", total(lambda s: s.n_busy))

@@ -105,4 +105,4 @@ async def _stream(lm: LoadedModel, handle: Handle, prepared: Prepared, msg_id: s
                 yield _sse(("message_stop", {"type": "message_stop"}))
                 break
     finally:
-        lm.worker.cancel(handle)
+        lm.generator.cancel(handle)

@@ -1,5 +1,6 @@
 """Ollama's API: `GET /`, `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`,
-`POST /api/chat`, `POST /api/generate`, `POST /api/embed`, `POST /api/pull` (catalogue and
+`POST /api/chat`, `POST /api/generate`, `POST /api/embed` (and the older `/api/embeddings`),
+`POST /api/pull` (catalogue and
 `hf:` names, progress as NDJSON; the pulled model is served too), `DELETE /api/delete` (a
 served model other than the first is unloaded; only files in the model cache are deleted).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,9 +26,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 import minfer
+from minfer.engine.embed import normalize
 from minfer.errors import MinferError
+from minfer.server.embeddings import encode_inputs, run_embeddings
 from minfer.server.errors import APIError
-from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, PullRequest, ShowRequest
+from minfer.server.ollama.schemas import (
+    ChatRequest,
+    EmbedRequest,
+    GenerateRequest,
+    LegacyEmbedRequest,
+    PullRequest,
+    ShowRequest,
+)
 from minfer.server.ollama.translate import (
     Clock,
     chat_request,
@@ -140,9 +151,36 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         return Response(status_code=200)
 
     @app.post("/api/embed")
-    async def embed(body: dict[str, Any]) -> Response:
-        await _model(state, str(body.get("model", "")), None)
-        raise APIError(400, "this model does not support embeddings")
+    async def embed(body: EmbedRequest) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        lm = await _model(state, body.model, body.keep_alive)
+        t_load = time.perf_counter()
+        vectors, inputs = await _embed(lm, body.input, truncate=body.truncate, norm=2)
+        if body.dimensions is not None and body.dimensions < len(vectors[0]):
+            vectors = [normalize(v[:body.dimensions]) for v in vectors]  # as Ollama: cut, renorm
+        t1 = time.perf_counter()
+        return {"model": names(lm)[0], "embeddings": [v.tolist() for v in vectors],
+                "total_duration": int((t1 - t0) * 1e9), "load_duration": int((t_load - t0) * 1e9),
+                "prompt_eval_count": sum(len(e.ids) for e in inputs)}
+
+    @app.post("/api/embeddings")
+    async def embeddings(body: LegacyEmbedRequest) -> dict[str, Any]:
+        lm = await _model(state, body.model, body.keep_alive)
+        if not body.prompt:
+            return {"embedding": []}
+        vectors, _ = await _embed(lm, body.prompt, truncate=True, norm=-1)
+        return {"embedding": vectors[0].tolist()}
+
+
+async def _embed(lm: LoadedModel, raw: str | list[str], *, truncate: bool,
+                 norm: int) -> tuple[list[Any], list[Any]]:
+    worker = lm.embedder()
+    embedder = worker.embedder
+    if embedder is None or embedder.pooling == "none":
+        raise APIError(400, f"model '{lm.name}' does not pool its embeddings (start the "
+                       "server with --pooling mean, cls or last)")
+    inputs = await run_in_threadpool(encode_inputs, embedder, raw, truncate=truncate)
+    return await run_embeddings(worker, inputs, norm), inputs
 
 
 async def _model(state: ServerState, name: str, keep_alive: str | float | None) -> LoadedModel:
@@ -234,7 +272,7 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                 yield _line({**_text({}, chat), **final})
                 break
     finally:
-        lm.worker.cancel(handle)
+        lm.generator.cancel(handle)
 
 
 async def _pull_events(state: ServerState, name: str,

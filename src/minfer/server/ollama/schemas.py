@@ -80,3 +80,19 @@ class PullRequest(_Strict):
     model: str = Field(min_length=1, max_length=512)
     stream: bool = True
     insecure: bool | None = None
+
+
+class EmbedRequest(_Strict):
+    model: str
+    input: str | list[str]
+    truncate: bool = True  # Ollama cuts long inputs unless told not to
+    options: Options | None = None
+    keep_alive: str | float | None = None
+    dimensions: int | None = Field(None, ge=1)
+
+
+class LegacyEmbedRequest(_Strict):
+    model: str
+    prompt: str = ""
+    options: Options | None = None
+    keep_alive: str | float | None = None

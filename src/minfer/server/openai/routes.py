@@ -120,7 +120,7 @@ async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prep
                 break
         yield _sse("[DONE]")
     finally:
-        lm.worker.cancel(handle)  # the client left (or we are done): free the slot now
+        lm.generator.cancel(handle)  # the client left (or we are done): free the slot now
 
 
 def _delta_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[str, Any] | None,
