@@ -57,8 +57,10 @@ class Planned:
         return math.prod(self.shape) // block * size
 
 
-def _out_type(name: str, shape: tuple[int, ...], want: QType) -> QType:
-    if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+def _out_type(name: str, shape: tuple[int, ...], want: QType,
+              keep_f32: tuple[str, ...] = ()) -> QType:
+    if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") \
+            or name in keep_f32:
         return QType.F32
     if want == QType.Q8_0 and shape[-1] % 32:
         return QType.F16
@@ -73,7 +75,42 @@ def load_config(model_dir: Path) -> tuple[Family, Config]:
         raise CheckpointError(f"{path}: cannot read the model config ({exc})") from None
     family = family_for(raw)
     cfg = {**family.defaults, **{k: v for k, v in raw.items() if v is not None}}
+    pooling = sentence_pooling(model_dir)
+    if pooling is not None:
+        cfg["_pooling_type"] = pooling
     return family, cfg
+
+
+_POOLING_MODES = {"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS,
+                  "lasttoken": gguf.PoolingType.LAST}
+
+
+def sentence_pooling(model_dir: Path) -> gguf.PoolingType | None:
+    """A sentence-transformers folder's pooling (its Pooling module's config), as llama.cpp
+    reads it; None without one."""
+    modules = model_dir / "modules.json"
+    if not modules.is_file():
+        return None
+    try:
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+        path = next((m["path"] for m in entries if str(m.get("type", "")).endswith("Pooling")),
+                    None)
+        if path is None:
+            return None
+        conf = json.loads((model_dir / path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{model_dir}: cannot read the sentence-transformers pooling "
+                              f"({exc})") from None
+    if conf.get("pooling_mode_mean_tokens"):
+        return gguf.PoolingType.MEAN
+    if conf.get("pooling_mode_cls_token"):
+        return gguf.PoolingType.CLS
+    if conf.get("pooling_mode_lasttoken"):
+        return gguf.PoolingType.LAST
+    if (mode := conf.get("pooling_mode")) in _POOLING_MODES:
+        return _POOLING_MODES[mode]
+    raise CheckpointError(f"{model_dir / path}: only mean, cls and last-token pooling are "
+                          "converted")
 
 
 def plan_tensors(family: Family, cfg: Config, tensors: list[SafeTensor], vocab: Vocab,
@@ -83,15 +120,17 @@ def plan_tensors(family: Family, cfg: Config, tensors: list[SafeTensor], vocab: 
     plan = [Planned(name, arr.shape, QType.F32, generated=arr)
             for name, arr in family.extra_tensors(cfg)]
     for t in tensors:
-        if t.name.endswith(_SKIP):
+        hf_name = family.rename(t.name, cfg)
+        if t.name.endswith(_SKIP) or hf_name is None:
             continue
-        name = names.get_name(t.name, try_suffixes=(".weight", ".bias"))
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise CheckpointError(f"tensor {t.name!r} has no {family.name} GGUF name")
         shape = t.shape
         if family.trims_embedding and name == "token_embd.weight":
             shape = (min(shape[0], vocab.n_tokens), *shape[1:])
-        plan.append(Planned(name, shape, _out_type(name, shape, want), source=t))
+        plan.append(Planned(name, shape, _out_type(name, shape, want, family.keep_f32),
+                            source=t))
     return plan
 
 
@@ -101,7 +140,8 @@ def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: Llama
     w.add_embedding_length(int(cfg["hidden_size"]))
     w.add_feed_forward_length(int(cfg["intermediate_size"]))
     w.add_head_count(int(cfg["num_attention_heads"]))
-    w.add_head_count_kv(int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]))
+    if cfg.get("num_key_value_heads"):
+        w.add_head_count_kv(int(cfg["num_key_value_heads"]))
     full, swa = rope_params(cfg)
     kind, factor = full.get("rope_type"), full.get("factor")
     if kind == "linear" and factor is not None:
@@ -119,7 +159,10 @@ def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: Llama
         w.add_rope_freq_base(theta)
     if (theta_swa := swa.get("rope_theta")) is not None:
         w.add_rope_freq_base_swa(theta_swa)
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    if "rms_norm_eps" in cfg:
+        w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    if "layer_norm_eps" in cfg:
+        w.add_layer_norm_eps(float(cfg["layer_norm_eps"]))
     if "head_dim" in cfg:
         w.add_key_length(int(cfg["head_dim"]))
         w.add_value_length(int(cfg["head_dim"]))
@@ -195,7 +238,10 @@ def convert_hf(model_dir: str | Path, out: str | Path, *, outtype: str = "f16",
         raise CheckpointError(f"{out} already exists; not overwriting it")
     want, ftype = OUTTYPES[outtype]
     family, cfg = load_config(model_dir)
-    vocab = load_vocab(model_dir, cfg.get("vocab_size"), tokenizer_pre)
+    wordpiece_types = int(cfg.get("type_vocab_size", 1)) if family.arch == gguf.MODEL_ARCH.BERT \
+        else 0
+    vocab = load_vocab(model_dir, cfg.get("vocab_size"), tokenizer_pre,
+                       wordpiece_types=wordpiece_types)
     plan = plan_tensors(family, cfg, checkpoint_tensors(model_dir), vocab, want)
     with _partial(out) as partial:
         w = gguf.GGUFWriter(partial, family.name)

@@ -1,5 +1,10 @@
 """The architecture families `minfer convert` knows: names, hyper-parameters, tensor fixes.
 
+BERT (`BertModel` and its masked-LM / sequence-classification heads: sentence-transformers
+folders) is converted as llama.cpp's `BertModel` does: `bert.` prefixes dropped, the MLM / NSP
+heads and the pooler left out, a labelled classifier as `cls.output`, not causal, the pooling
+from the folder's `modules.json` / `1_Pooling/config.json`, positions and token types kept f32.
+
 One `Family` per llama.cpp architecture: which Hugging Face `architectures` map to it, the
 family-specific metadata written after the common keys, and the per-tensor fix-ups llama.cpp's
 converter applies — Llama's Q/K row permutation (HF stores rotary halves; GGUF wants interleaved
@@ -110,6 +115,47 @@ def _no_extra(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
     return iter(())
 
 
+def _keep_name(name: str, cfg: Config) -> str | None:
+    return name
+
+
+# BERT: what llama.cpp's converter drops (the MLM / NSP heads, the pooler it does not run)
+_BERT_DROPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
+_BERT_DROPPED_PREFIXES = ("cls.predictions", "cls.seq_relationship")
+
+
+def bert_labels(cfg: Config) -> list[str] | None:
+    """A sequence classifier's output labels (None for AutoConfig's two dummy ones)."""
+    labels = cfg.get("id2label")
+    if not labels or (len(labels) == 2 and labels.get("0", labels.get(0)) == "LABEL_0"):
+        return None
+    return [v for _, v in sorted(labels.items(), key=lambda kv: int(kv[0]))]
+
+
+def _bert_name(name: str, cfg: Config) -> str | None:
+    """llama.cpp's renames: no `bert.` prefix, gamma/beta as weight/bias, the classifier of a
+    labelled model as the head's output projection; dropped tensors are None."""
+    name = name.removeprefix("bert.")
+    if name.endswith(".gamma"):
+        name = name[:-6] + ".weight"
+    if name.endswith(".beta"):
+        name = name[:-5] + ".bias"
+    if name in _BERT_DROPPED or name.startswith(_BERT_DROPPED_PREFIXES):
+        return None
+    if bert_labels(cfg) and name in ("classifier.weight", "classifier.bias"):
+        name = "classifier.out_proj." + name.rsplit(".", 1)[1]
+    return name
+
+
+def _bert_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    w.add_causal_attention(False)
+    pooling = cfg.get("_pooling_type")
+    if pooling is not None:
+        w.add_pooling_type(pooling)
+    if labels := bert_labels(cfg):
+        w.add_classifier_output_labels(labels)
+
+
 @dataclass(frozen=True)
 class Family:
     arch: gguf.MODEL_ARCH
@@ -121,6 +167,9 @@ class Family:
     trims_embedding: bool = False
     # HF names whose fix mixes rows (so it needs the whole tensor, not row chunks)
     whole_tensor: tuple[str, ...] = ()
+    # a checkpoint tensor's name before the GGUF name map (None: not converted)
+    rename: Callable[[str, Config], str | None] = _keep_name
+    keep_f32: tuple[str, ...] = ()  # GGUF tensors kept f32 whatever the output type
 
     @property
     def name(self) -> str:
@@ -137,6 +186,10 @@ FAMILIES = (
            extra_kv=_gemma3_kv, trims_embedding=True,
            defaults={"max_position_embeddings": 131072, "num_attention_heads": 8,
                      "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "head_dim": 256}),
+    Family(gguf.MODEL_ARCH.BERT, ("BertModel", "BertForMaskedLM",
+                                  "BertForSequenceClassification"),
+           extra_kv=_bert_kv, rename=_bert_name,
+           keep_f32=("position_embd.weight", "token_types.weight")),
 )
 
 

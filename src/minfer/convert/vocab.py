@@ -1,6 +1,7 @@
 """A checkpoint's tokenizer as GGUF metadata, written the way llama.cpp's converter writes it.
 
-Two sources: a byte-level BPE `tokenizer.json` (`tokenizer.ggml.model = gpt2`, tokens padded to
+Three sources: a BERT's WordPiece `tokenizer.json` (`bert` model in llama.cpp's phantom-space
+form), a byte-level BPE `tokenizer.json` (`tokenizer.ggml.model = gpt2`, tokens padded to
 the config's vocab_size with `[PADi]`, merges, and `tokenizer.ggml.pre` named from the split
 regex) or a SentencePiece `tokenizer.model` read with `sentencepiece` (`llama` model, scores
 and token types, added tokens from `added_tokens.json` / `tokenizer_config.json`). Special
@@ -31,7 +32,7 @@ _KNOWN_SPLITS = {QWEN2: "qwen2", LLAMA3: "llama-bpe"}
 class Vocab:
     """The tokenizer's KVs are written by `write`; `n_tokens` sizes Gemma's embedding trim."""
 
-    kind: str  # "bpe" | "spm"
+    kind: str  # "bpe" | "spm" | "wpm"
     tokens: list[str]
     types: list[int]
     scores: list[float] | None
@@ -42,8 +43,12 @@ class Vocab:
     def n_tokens(self) -> int:
         return len(self.tokens)
 
+    n_token_types: int = 0  # WordPiece: BERT's token-type count (written first)
+
     def write(self, w: gguf.GGUFWriter) -> None:
-        w.add_tokenizer_model("gpt2" if self.kind == "bpe" else "llama")
+        if self.kind == "wpm":
+            w.add_token_type_count(self.n_token_types)
+        w.add_tokenizer_model({"bpe": "gpt2", "spm": "llama", "wpm": "bert"}[self.kind])
         w.add_tokenizer_pre(self.pre)
         w.add_token_list(self.tokens)
         if self.scores is not None:
@@ -54,6 +59,38 @@ class Vocab:
         else:
             special = gguf.SpecialVocab(self.model_dir, n_vocab=self.n_tokens)
         special.add_to_gguf(w, quiet=True)
+        if self.kind == "wpm" and not hasattr(special, "normalizer_lowercase"):
+            # a `gguf` release older than the one llama.cpp's converter ships: its flags here
+            lowercase, strip = normalizer_flags(self.model_dir)
+            if lowercase is not None:
+                w.add_bool("tokenizer.ggml.normalizer.lowercase", lowercase)
+            if strip is not None:
+                w.add_bool("tokenizer.ggml.normalizer.strip_accents", strip)
+
+
+def normalizer_flags(model_dir: Path) -> tuple[bool | None, bool | None]:
+    """(lowercase, strip_accents) of a tokenizer.json's normalizer, None where it does not say:
+    `Lowercase` / `StripAccents` steps, a `BertNormalizer`'s fields, `Sequence`s of them."""
+    path = model_dir / "tokenizer.json"
+    found: dict[str, bool | None] = {"lowercase": None, "strip_accents": None}
+
+    def walk(norm: dict[str, Any]) -> None:
+        kind = norm.get("type")
+        if kind == "Lowercase":
+            found["lowercase"] = True
+        elif kind == "StripAccents":
+            found["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            for key in found:
+                if key in norm:
+                    found[key] = norm[key]
+        elif kind == "Sequence":
+            for step in norm.get("normalizers", []):
+                walk(step)
+
+    if path.is_file():
+        walk(json.loads(path.read_text(encoding="utf-8")).get("normalizer") or {})
+    return found["lowercase"], found["strip_accents"]
 
 
 def looks_special(token: str) -> bool:
@@ -91,6 +128,31 @@ def bpe_vocab(model_dir: Path, vocab_size: int | None, pre: str | None) -> Vocab
         kind = "SentencePiece-style BPE" if model.get("byte_fallback") else model.get("type")
         raise CheckpointError(f"{path}: a {kind} tokenizer.json without tokenizer.model is not "
                               "converted (minfer reads byte-level BPE or tokenizer.model)")
+    tokens, types = _token_table(tok, path, vocab_size)
+    return Vocab("bpe", tokens, types, None, pre or bpe_pre_name(tok, path), model_dir)
+
+
+def wordpiece_vocab(model_dir: Path, vocab_size: int | None, pre: str | None,
+                    n_token_types: int) -> Vocab:
+    """BERT's WordPiece in llama.cpp's phantom-space form: a word-initial piece gets `▁`, a
+    `##` continuation loses its `##`, control tokens stay. `tokenizer.ggml.pre` does not change
+    how llama.cpp (or minfer) runs WordPiece; llama.cpp's converter names it from a hash of the
+    tokenizer's output, which is not reproduced here: "default" unless `pre` names it."""
+    path = model_dir / "tokenizer.json"
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    if tok.get("model", {}).get("type") != "WordPiece":
+        raise CheckpointError(f"{path}: a BERT checkpoint needs a WordPiece tokenizer.json")
+    tokens, types = _token_table(tok, path, vocab_size)
+    tokens = [t if ty == TokenType.CONTROL else t[2:] if t.startswith("##") else "\u2581" + t
+              for t, ty in zip(tokens, types, strict=True)]
+    return Vocab("wpm", tokens, types, None, pre or "default", model_dir, n_token_types)
+
+
+def _token_table(tok: dict[str, Any], path: Path,
+                 vocab_size: int | None) -> tuple[list[str], list[int]]:
+    """(tokens, types) by id, as llama.cpp's `get_vocab_base`: added tokens special (or
+    looking special) are control tokens, other added ones user-defined, gaps `[PADi]`."""
+    model = tok.get("model", {})
     by_id = {int(i): t for t, i in model["vocab"].items()}
     added = {int(a["id"]): a for a in tok.get("added_tokens", [])}
     by_id |= {i: a["content"] for i, a in added.items()}
@@ -113,8 +175,7 @@ def bpe_vocab(model_dir: Path, vocab_size: int | None, pre: str | None) -> Vocab
         else:
             tokens.append(by_id[i])
             types.append(TokenType.NORMAL)
-    return Vocab("bpe", tokens, [int(t) for t in types], None,
-                 pre or bpe_pre_name(tok, path), model_dir)
+    return tokens, [int(t) for t in types]
 
 
 def _spm_added(model_dir: Path, tokens: list[str], scores: list[float],
@@ -169,8 +230,12 @@ def spm_vocab(model_dir: Path, vocab_size: int | None) -> Vocab:
     return Vocab("spm", tokens, types, scores, "default", model_dir)
 
 
-def load_vocab(model_dir: Path, vocab_size: int | None, pre: str | None = None) -> Vocab:
-    """The checkpoint's tokenizer: tokenizer.model first, as llama.cpp does for these families."""
+def load_vocab(model_dir: Path, vocab_size: int | None, pre: str | None = None, *,
+               wordpiece_types: int = 0) -> Vocab:
+    """The checkpoint's tokenizer: tokenizer.model first, as llama.cpp does for these families;
+    `wordpiece_types` > 0: a BERT's WordPiece with that many token types."""
+    if wordpiece_types:
+        return wordpiece_vocab(model_dir, vocab_size, pre, wordpiece_types)
     if (model_dir / "tokenizer.model").is_file():
         return spm_vocab(model_dir, vocab_size)
     if (model_dir / "tokenizer.json").is_file():
