@@ -291,6 +291,8 @@ def _value_type(value: Any) -> tuple[gguf.GGUFValueType, gguf.GGUFValueType | No
     """(type, element type, packable value) for a metadata value as GGUFFile returns it."""
     if isinstance(value, StringArray):
         return gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING, value.tolist()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING, value
     if isinstance(value, np.ndarray):
         return gguf.GGUFValueType.ARRAY, _ARRAY_TYPES[value.dtype.kind], value.tolist()
     if isinstance(value, bool):
@@ -384,8 +386,8 @@ def write_tiny_bert(
     w.add_head_count(n_head)
     w.add_layer_norm_eps(eps)
     w.add_causal_attention(False)
-    if pooling is not None:
-        w.add_pooling_type(gguf.PoolingType(pooling))
+    if pooling is not None:  # any value: a bad one makes a malformed file for the tests
+        w.add_uint32("bert.pooling_type", pooling)
     w.add_tokenizer_model("bert")
     w.add_tokenizer_pre("default")
     w.add_token_type_count(n_token_types)
