@@ -126,3 +126,65 @@ def hf_logits(ckpt: Path, ids: list[int]) -> Any:
     model = tf.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0, -1].numpy()
+
+
+def write_bert_checkpoint(out: Path, *, classifier: bool = False, seed: int = 0) -> Path:
+    """A random BERT as a sentence-transformers folder (WordPiece tokenizer.json trained here,
+    uncased; modules.json with mean pooling), or with `classifier` a one-label cross-encoder
+    (`BertForSequenceClassification`, no pooling module); returns out."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers
+
+    out.mkdir(parents=True, exist_ok=True)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator([_TEXT], trainers.WordPieceTrainer(
+        vocab_size=300, special_tokens=specials, show_progress=False))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "unk_token": "[UNK]",
+              "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+              "mask_token": "[MASK]", "model_max_length": 128}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    cfg = tf.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=128,
+                        max_position_embeddings=128, type_vocab_size=2, num_labels=1)
+    torch.manual_seed(seed)
+    model = (tf.BertForSequenceClassification if classifier else tf.BertModel)(cfg).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    if not classifier:
+        modules = [{"idx": 0, "name": "0", "path": "", "type":
+                    "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type":
+                    "sentence_transformers.models.Pooling"}]
+        (out / "modules.json").write_text(json.dumps(modules))
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        (out / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True}))
+    return out
+
+
+def hf_mean_embeddings(ckpt: Path, texts: list[str]) -> tuple[Any, list[list[int]]]:
+    """transformers' float32 BertModel, mean-pooled over each text's tokens (what
+    sentence-transformers computes), with the ids its tokenizer gave."""
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(ckpt)
+    model = tf.BertModel.from_pretrained(ckpt).eval()
+    out, ids = [], []
+    with torch.no_grad():
+        for text in texts:
+            enc = tok(text, return_tensors="pt")
+            ids.append(enc["input_ids"][0].tolist())
+            out.append(model(**enc).last_hidden_state[0].mean(0).numpy())
+    return np.stack(out), ids
