@@ -134,8 +134,15 @@ def write_bert_checkpoint(out: Path, *, classifier: bool = False, seed: int = 0)
     (`BertForSequenceClassification`, no pooling module); returns out."""
     import torch
     import transformers as tf
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
