@@ -26,6 +26,10 @@ COMMANDS = ("run", "chat", "serve", "embed", "bench", "info", "list", "pull", "t
             "quantize", "split", "merge", "convert")
 
 
+# Commands whose parser another command's module registers (a pair of inverse commands).
+MODULE_OF = {"merge": "split"}
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or with `only` (a sub-command's name) just that sub-command's
     parser: the others' modules are not imported, which a warm start would pay for."""
@@ -34,7 +38,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.set_defaults(subparsers=sub.choices)
-    for name in COMMANDS if only not in COMMANDS else (only,):
+    names = COMMANDS if only not in COMMANDS else (only,)
+    for name in dict.fromkeys(MODULE_OF.get(n, n) for n in names):
         try:
             module = importlib.import_module(f"minfer.cli.{name}_cmd")
         except ModuleNotFoundError as exc:

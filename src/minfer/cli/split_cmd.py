@@ -1,14 +1,21 @@
-"""`minfer split IN.gguf OUT_PREFIX`: llama-gguf-split's split (same names, keys and layout)."""
+"""`minfer split IN.gguf OUT_PREFIX`: llama-gguf-split's split (same names, keys and layout);
+`minfer merge FIRST_PART OUT.gguf`: join a split set back into one GGUF (split keys dropped)."""
 
 from __future__ import annotations
 
 import argparse
 
 from minfer.cli.info_cmd import human_bytes
-from minfer.tools.split import parse_size, split_gguf
+from minfer.tools.split import merge_gguf, parse_size, split_gguf
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Both commands: `split` and its inverse `merge`."""
+    m = subparsers.add_parser("merge", help="merge a split GGUF set back into one file")
+    m.add_argument("input", help="the first part, <name>-00001-of-0000N.gguf")
+    m.add_argument("output", help="the merged .gguf to write (must not exist)")
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(func=run_merge)
     p = subparsers.add_parser(
         "split", help="split a GGUF into parts llama.cpp and minfer load (gguf-split)")
     p.add_argument("input", help="the GGUF to split (a file, or the first part of a set)")
@@ -33,4 +40,9 @@ def run(args: argparse.Namespace) -> int:
                        progress=not args.quiet)
     for path, part in parts:
         print(f"{path}  {len(part.tensors)} tensors  {human_bytes(part.size(3))}")
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    print(merge_gguf(args.input, args.output, progress=not args.quiet))
     return 0
