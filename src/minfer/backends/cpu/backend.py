@@ -131,6 +131,18 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
     return p
 
 
+def _shared_scratch(ctx: ExecContext, kind: str, size: int) -> np.ndarray:
+    """A scratch buffer of at least `size` f32 values that every node of this kind shares, in
+    every graph of the engine (one forward runs at a time): kept with the model's weights,
+    replaced by a larger one when a node needs more (tapes bound earlier keep theirs)."""
+    key = ("cpu-scratch", kind)
+    buf = ctx.weights.state.get(key)
+    if buf is None or buf.size < size:
+        buf = ctx.weights.state[key] = np.empty(size, np.float32)
+    assert isinstance(buf, np.ndarray)
+    return buf
+
+
 def _dense_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.DenseWeight:
     """The weight (its first `rows` outputs when rows > 0) dequantized to f32 in `K.gemm`'s
     layout, made once per model weights."""
@@ -154,7 +166,8 @@ def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
     its arrays, and the activation's quantization where this is the first reader of x."""
     if ctx.dense_f32:
-        return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], rows), out)]
+        scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
+        return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], rows), out, scratch)]
     p = _projection(ctx, w_name, x.shape[1], rows)
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
         return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
@@ -276,7 +289,8 @@ def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
     q, k, v, start, end = srcs
     return [K.bind_sequence_attention(q, k, v, start, end, n_head=op.n_head,
                                       n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                                      scale=op.scale, out=out)]
+                                      scale=op.scale, out=out,
+                                      scratch=_shared_scratch(ctx, "attn", k.size))]
 
 
 def _bind_layer_norm(node: Node, srcs: Srcs, out: np.ndarray,

@@ -69,7 +69,13 @@ from minfer.backends.cpu.kernels.elementwise.norm import (
 )
 from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
-from minfer.backends.cpu.kernels.linear.dense import DenseWeight, bind_gemm, dense_weight, gemm
+from minfer.backends.cpu.kernels.linear.dense import (
+    DenseWeight,
+    bind_gemm,
+    dense_weight,
+    gemm,
+)
+from minfer.backends.cpu.kernels.linear.dense import scratch_size as gemm_scratch_size
 from minfer.backends.cpu.kernels.linear.dispatch import (
     PREFILL_MIN_TOKENS,
     PrequantKernel,
@@ -136,6 +142,7 @@ __all__ = [
     "gelu",
     "gelu_erf",
     "gemm",
+    "gemm_scratch_size",
     "get_rows",
     "head_rms_norm",
     "integer_weight",

@@ -2,21 +2,23 @@
 
 Row t's query reads the keys and values of rows [seq_start[t], seq_end[t]) of the same batch:
 the whole of its own sequence (bidirectional) when those bounds are its sequence's, so packing
-several inputs into one forward changes only the bounds, which are data. Scores are
-scale * q.k in f32 (K transposed first, so a row's dots run with the keys in the vector lanes,
-each one fused multiply-add chain over the columns in order), soft-maxed with the row maximum
-subtracted, and the values mixed in f32 key by key. Each row runs the same loops in the same
-order whatever rows surround it, so a sequence's result is bitwise the same alone or packed
-with others (only contraction into fused multiply-adds is allowed: nothing is reassociated).
+several inputs into one forward changes only the bounds, which are data. Rows sharing their
+bounds (a sequence) run together, each sequence and head on its own thread: the scores
+scale * q.k are register tiles of the dense GEMM (`linear.dense.tile`) over K transposed, each
+one fused multiply-add chain over the columns in order; they are soft-maxed with the row
+maximum subtracted, and the values mixed the same way, one chain per column over the keys in
+order, then divided by the row's sum. Which tile, thread or neighbour computes an element never
+changes its chain, so a sequence's result is bitwise the same alone or packed with others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 from numba import njit, prange
+
+from minfer.backends.cpu.kernels.linear.dense import COLS, ROWS, tile
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -27,59 +29,87 @@ def _transpose(k, kt):
 
 
 @njit(cache=True, error_model="numpy", parallel=True, fastmath={"contract"})
-def _attend_rows(q, kt, v, seq_start, seq_end, n_head, n_head_kv, head_dim, scale, out):
+def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
+    """Each (segment, head) on its own: query rows seg[g, 0]:seg[g, 1] read keys
+    seg[g, 2]:seg[g, 3]; scores and the value mix as register tiles (`tile`)."""
     group = n_head // n_head_kv
-    for t in prange(q.shape[0]):
-        s, e = seq_start[t], seq_end[t]
-        n = e - s
-        scores = np.empty(n, np.float32)
-        acc = np.empty(head_dim, np.float32)
-        for h in range(n_head):
-            qo = h * head_dim
-            ko = (h // group) * head_dim
-            # q . k for every key at once, the keys in the lanes: one chain per key over the
-            # columns in order (K transposed, so the key loop is contiguous)
-            scores[:] = 0.0
-            for c in range(head_dim):
-                qc = q[t, qo + c]
-                kr = kt[ko + c, s:e]
-                for j in range(n):
-                    scores[j] += qc * kr[j]
+    n_pairs = seg.shape[0] * n_head
+    n_vt = head_dim // COLS
+    for w in prange(n_pairs):
+        g, h = w // n_head, w % n_head
+        t0, t1, s, e = seg[g, 0], seg[g, 1], seg[g, 2], seg[g, 3]
+        nq, n = t1 - t0, e - s
+        qo, ko = h * head_dim, (h // group) * head_dim
+        full = nq - nq % ROWS
+        qv = q[t0:t1, qo:qo + head_dim]
+        sc = np.empty((nq, n), np.float32)
+        n_kt = n // COLS
+        for jb in range(n_kt):  # scores, 16 keys a tile: one chain per key over the columns
+            wt = kt[ko:ko + head_dim, s + jb * COLS:s + (jb + 1) * COLS]
+            for i in range(0, full, ROWS):
+                tile(qv, i, wt, sc, i, jb * COLS, ROWS)
+            for i in range(full, nq):
+                tile(qv, i, wt, sc, i, jb * COLS, 1)
+        for i in range(nq):
+            for j in range(n_kt * COLS, n):
+                d = np.float32(0.0)
+                for c in range(head_dim):
+                    d += qv[i, c] * kt[ko + c, s + j]
+                sc[i, j] = d
+        inv = np.empty(nq, np.float32)
+        for i in range(nq):  # soft-max of each row, left unnormalised until the end
             top = np.float32(-np.inf)
             for j in range(n):
-                scores[j] *= scale
-                top = max(top, scores[j])
+                sc[i, j] *= scale
+                top = max(top, sc[i, j])
             total = np.float32(0.0)
             for j in range(n):
-                p = np.exp(scores[j] - top)
-                scores[j] = p
+                p = np.exp(sc[i, j] - top)
+                sc[i, j] = p
                 total += p
-            acc[:] = 0.0
-            for j in range(n):
-                p = scores[j]
-                vr = v[s + j, ko:ko + head_dim]
-                for c in range(head_dim):
-                    acc[c] += p * vr[c]
-            inv = np.float32(1.0) / total
+            inv[i] = np.float32(1.0) / total
+        for cb in range(n_vt):  # the value mix, 16 columns a tile: one chain per column
+            wt = v[s:e, ko + cb * COLS:ko + (cb + 1) * COLS]
+            for i in range(0, full, ROWS):
+                tile(sc, i, wt, out, t0 + i, qo + cb * COLS, ROWS)
+            for i in range(full, nq):
+                tile(sc, i, wt, out, t0 + i, qo + cb * COLS, 1)
+        for i in range(nq):
+            for c in range(n_vt * COLS, head_dim):
+                acc = np.float32(0.0)
+                for j in range(n):
+                    acc += sc[i, j] * v[s + j, ko + c]
+                out[t0 + i, qo + c] = acc
             for c in range(head_dim):
-                out[t, qo + c] = acc[c] * inv
+                out[t0 + i, qo + c] *= inv[i]
+
+
+def segments(seq_start: np.ndarray, seq_end: np.ndarray) -> np.ndarray:
+    """`[n_seg, 4]` (first row, end row, first key, end key) of each run of rows that share
+    their bounds."""
+    change = np.flatnonzero((np.diff(seq_start) != 0) | (np.diff(seq_end) != 0)) + 1
+    first = np.concatenate([[0], change])
+    last = np.concatenate([change, [len(seq_start)]])
+    return np.stack([first, last, seq_start[first], seq_end[first]], axis=1).astype(np.int64)
 
 
 def bind_sequence_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_start: np.ndarray,
                             seq_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
-                            scale: float, out: np.ndarray) -> Callable[[], None]:
+                            scale: float, out: np.ndarray,
+                            scratch: np.ndarray | None = None) -> Callable[[], None]:
     """out[t] = softmax(scale * q[t].k[s:e].T) @ v[s:e] per head, s:e = seq_start[t]:seq_end[t]
     (grouped-query: head h reads K/V head h // (n_head / n_head_kv)). The bounds are checked
-    on every call: they are data."""
+    on every call: they are data. `scratch`: at least k.size f32 values for K transposed, which
+    calls that never run at the same time may share."""
     nt = q.shape[0]
     if q.shape != (nt, n_head * head_dim) or out.shape != q.shape:
         raise ValueError(f"q / out must be [{nt}, {n_head}*{head_dim}], got {q.shape} / "
                          f"{out.shape}")
     if k.shape != (nt, n_head_kv * head_dim) or v.shape != k.shape or n_head % n_head_kv:
         raise ValueError(f"k / v must be [{nt}, {n_head_kv}*{head_dim}], got {k.shape}")
-    kt = np.empty((k.shape[1], nt), np.float32)  # the tape's own scratch
-    run = partial(_attend_rows, q, kt, v, seq_start, seq_end, n_head, n_head_kv, head_dim,
-                  np.float32(scale), out)
+    if scratch is None:
+        scratch = np.empty(k.size, np.float32)
+    kt = scratch[:k.size].reshape(k.shape[1], nt)
     rows = np.arange(nt)
 
     def call() -> None:
@@ -87,7 +117,8 @@ def bind_sequence_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_sta
                 or np.any(seq_end <= rows):
             raise ValueError("each row's sequence bounds must lie in the batch and hold the row")
         _transpose(k, kt)
-        run()
+        _attend_segments(q, kt, v, segments(seq_start, seq_end), n_head, n_head_kv, head_dim,
+                         np.float32(scale), out)
 
     return call
 

@@ -148,8 +148,16 @@ def dense_weight(w: np.ndarray) -> DenseWeight:
     return DenseWeight(tiles, rest)
 
 
-def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray) -> Callable[[], None]:
-    """`out[nt, N] = x[nt, K] @ W.T` over fixed arrays (checked once)."""
+def scratch_size(nt: int, n_in: int) -> int:
+    """f32 values of the packed-activation scratch `bind_gemm` needs for x `[nt, n_in]`."""
+    return max(1, nt // ROWS) * n_in * ROWS
+
+
+def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray,
+              scratch: np.ndarray | None = None) -> Callable[[], None]:
+    """`out[nt, N] = x[nt, K] @ W.T` over fixed arrays (checked once). `scratch`: at least
+    `scratch_size(nt, K)` f32 values for the packed rows, which gemm calls that never run at
+    the same time may share (one is allocated otherwise)."""
     n_in = w.tiles.shape[1] if w.tiles.shape[0] else w.rest.shape[0]
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x {x.shape} does not match the weight's {n_in} inputs")
@@ -158,7 +166,10 @@ def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray) -> Callable[[], No
             raise ValueError("gemm takes C-contiguous f32 arrays")
     if out.shape != (x.shape[0], w.n_out):
         raise ValueError(f"out must be {(x.shape[0], w.n_out)}, got {out.shape}")
-    xp = np.empty((max(1, x.shape[0] // ROWS), n_in, ROWS), np.float32)  # the tape's scratch
+    size = scratch_size(x.shape[0], n_in)
+    if scratch is None:
+        scratch = np.empty(size, np.float32)
+    xp = scratch[:size].reshape(max(1, x.shape[0] // ROWS), n_in, ROWS)
     return partial(_gemm, x, w.tiles, w.rest, xp, out, max(1, numba.get_num_threads()))
 
 
