@@ -166,8 +166,7 @@ def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
     its arrays, and the activation's quantization where this is the first reader of x."""
     if ctx.dense_f32:
-        scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
-        return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], rows), out, scratch)]
+        raise GraphError("a dense-f32 context runs its projections as MatMul nodes only")
     p = _projection(ctx, w_name, x.shape[1], rows)
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
         return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
@@ -210,6 +209,12 @@ Binder = Callable[[Node, Srcs, np.ndarray, ExecContext], list[Callable[[], None]
 def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
                  ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.MatMul)
+    if ctx.dense_f32:  # the bias added tile by tile
+        x, w_name = srcs[0], node.meta.weights[0]
+        scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
+        bias = ctx.weights.vector(node.meta.weights[1]) if len(node.meta.weights) > 1 else None
+        return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
+                            scratch, bias)]
     steps = _bind_project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx, node.op.rows)
     if len(node.meta.weights) > 1:
         steps.append(K.bind_add(out, ctx.weights.vector(node.meta.weights[1]), out))

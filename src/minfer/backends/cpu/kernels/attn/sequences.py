@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from minfer.backends.cpu.kernels.linear.dense import COLS, ROWS, tile
+from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -26,6 +27,31 @@ def _transpose(k, kt):
     for c in prange(k.shape[1]):
         for j in range(k.shape[0]):
             kt[c, j] = k[j, c]
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_E = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                   4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+
+
+@njit(inline="always", error_model="numpy", fastmath={"contract"})
+def exp_f32(x):
+    """e^x for x <= 0 (a soft-max's shifted scores) in f32, to an ulp or two: 2^n times a
+    degree-6 polynomial of the remainder (the Cephes form); branch-free, so it vectorises.
+    Below -87 it flushes to about 1e-38 where the true value is smaller still."""
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * _LOG2E + np.float32(0.5))
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = _E[0]
+    p = p * r + _E[1]
+    p = p * r + _E[2]
+    p = p * r + _E[3]
+    p = p * r + _E[4]
+    p = p * r + _E[5]
+    p = p * r * r + r + np.float32(1.0)
+    return p * bits_to_f32(np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
 
 @njit(cache=True, error_model="numpy", parallel=True, fastmath={"contract"})
@@ -64,9 +90,9 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
                 top = max(top, sc[i, j])
             total = np.float32(0.0)
             for j in range(n):
-                p = np.exp(sc[i, j] - top)
-                sc[i, j] = p
-                total += p
+                sc[i, j] = exp_f32(sc[i, j] - top)
+            for j in range(n):
+                total += sc[i, j]
             inv[i] = np.float32(1.0) / total
         for cb in range(n_vt):  # the value mix, 16 columns a tile: one chain per column
             wt = v[s:e, ko + cb * COLS:ko + (cb + 1) * COLS]

@@ -95,8 +95,18 @@ def _tile(typingctx: Any, x: Any, xi: Any, wt: Any, out: Any, oi: Any, j0: Any, 
 tile: Any = intrinsic(_tile)
 
 
+@njit(inline="always")
+def _add_bias(out, i0, i1, j0, j1, bias):
+    """The bias onto a tile just written (still in L1): the same single rounding as a
+    separate add after the product."""
+    if bias.shape[0]:
+        for i in range(i0, i1):
+            for j in range(j0, j1):
+                out[i, j] += bias[j]
+
+
 @njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
-def _gemm(x, wp, wr, xp, out, n_parts):
+def _gemm(x, wp, wr, xp, out, bias, n_parts):
     nt, n_in = x.shape
     n_tiles = wp.shape[0]
     n_groups = nt // ROWS
@@ -110,11 +120,14 @@ def _gemm(x, wp, wr, xp, out, n_parts):
         for g0 in range(0, n_groups, GROUP_BLOCK):  # row groups that stay in L2 over the tiles
             for jb in range(t_lo, t_hi):
                 w = wp[jb]
+                j0 = jb * COLS
                 for g in range(g0, min(n_groups, g0 + GROUP_BLOCK)):
-                    tile(xp[g].T, 0, w, out, g * ROWS, jb * COLS, ROWS)
+                    tile(xp[g].T, 0, w, out, g * ROWS, j0, ROWS)
+                    _add_bias(out, g * ROWS, (g + 1) * ROWS, j0, j0 + COLS, bias)
         for jb in range(t_lo, t_hi):
             for i in range(n_groups * ROWS, nt):  # the last rows one at a time, the same chains
                 tile(x, i, wp[jb], out, i, jb * COLS, 1)
+                _add_bias(out, i, i + 1, jb * COLS, (jb + 1) * COLS, bias)
     j0 = n_tiles * COLS
     for i in range(nt):  # the columns past the last whole tile, one fused chain each
         for j in range(wr.shape[1]):
@@ -122,6 +135,7 @@ def _gemm(x, wp, wr, xp, out, n_parts):
             for kk in range(n_in):
                 acc += x[i, kk] * wr[kk, j]
             out[i, j0 + j] = acc
+        _add_bias(out, i, i + 1, j0, j0 + wr.shape[1], bias)
 
 
 @dataclass(frozen=True)
@@ -154,10 +168,11 @@ def scratch_size(nt: int, n_in: int) -> int:
 
 
 def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray,
-              scratch: np.ndarray | None = None) -> Callable[[], None]:
-    """`out[nt, N] = x[nt, K] @ W.T` over fixed arrays (checked once). `scratch`: at least
-    `scratch_size(nt, K)` f32 values for the packed rows, which gemm calls that never run at
-    the same time may share (one is allocated otherwise)."""
+              scratch: np.ndarray | None = None,
+              bias: np.ndarray | None = None) -> Callable[[], None]:
+    """`out[nt, N] = x[nt, K] @ W.T (+ bias[N])` over fixed arrays (checked once). `scratch`:
+    at least `scratch_size(nt, K)` f32 values for the packed rows, which gemm calls that never
+    run at the same time may share (one is allocated otherwise)."""
     n_in = w.tiles.shape[1] if w.tiles.shape[0] else w.rest.shape[0]
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x {x.shape} does not match the weight's {n_in} inputs")
@@ -170,7 +185,10 @@ def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray,
     if scratch is None:
         scratch = np.empty(size, np.float32)
     xp = scratch[:size].reshape(max(1, x.shape[0] // ROWS), n_in, ROWS)
-    return partial(_gemm, x, w.tiles, w.rest, xp, out, max(1, numba.get_num_threads()))
+    b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+    if bias is not None and b.shape != (w.n_out,):
+        raise ValueError(f"bias of shape {b.shape}, expected ({w.n_out},)")
+    return partial(_gemm, x, w.tiles, w.rest, xp, out, b, max(1, numba.get_num_threads()))
 
 
 def gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray) -> None:
