@@ -49,6 +49,8 @@ def _kv_table(title: str, rows: list[tuple[str, object]]) -> Table:
 
 
 def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
+    if not hp.causal:
+        return _encoder_rows(f, hp)
     return [
         ("file", f.path), ("file size", f"{human_bytes(f.file_size)} ({f.file_size:,} bytes)"),
         ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
@@ -62,6 +64,24 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("q/k/v bias", hp.has_qkv_bias), ("q/k norm", hp.has_qk_norm),
         *_attention_rows(hp),
         ("KV cache per token", _kv_per_token(hp)),
+    ]
+
+
+def _encoder_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
+    """An encoder (embeddings, reranking): no RoPE, no KV cache; its pooling and head."""
+    head = f"dense + tanh, {hp.n_cls_out} outputs" if hp.has_cls_dense else \
+        f"{hp.n_cls_out} outputs" if hp.n_cls_out else "none"
+    return [
+        ("file", f.path), ("file size", f"{human_bytes(f.file_size)} ({f.file_size:,} bytes)"),
+        ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
+        ("architecture", f"{hp.arch} (encoder: embeddings / reranking)"),
+        ("quantization", model_quantization(f)),
+        ("layers", hp.n_layer), ("embedding", hp.n_embd),
+        ("heads", hp.n_head), ("head dim", hp.head_dim),
+        ("feed-forward", hp.n_ff), ("vocabulary", hp.n_vocab),
+        ("positions (max input tokens)", hp.n_ctx_train), ("token types", hp.n_token_types),
+        ("layer norm eps", f"{hp.rms_eps:g}"), ("pooling", hp.pooling),
+        ("classifier head", head),
     ]
 
 
