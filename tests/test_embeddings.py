@@ -210,3 +210,20 @@ def test_a_causal_bert_is_refused(tmp_path: Path) -> None:
     bad = copy_gguf(src, tmp_path / "causal.gguf", metadata={"bert.attention.causal": True})
     with pytest.raises(ModelError, match="causal"):
         HParams.from_gguf(GGUFFile.open(bad))
+
+
+def test_an_embedding_decoder_closes_its_input_with_eos(tiny_qwen2: Path, tmp_path: Path) -> None:
+    """Qwen3-Embedding's files set add_eos_token: the last-token pooling reads that EOS."""
+    from minfer.tools.synth import copy_gguf
+
+    path = copy_gguf(tiny_qwen2, tmp_path / "emb.gguf",
+                     metadata={"tokenizer.ggml.add_eos_token": True, "qwen2.pooling_type": 3})
+    f = GGUFFile.open(path)
+    hp = HParams.from_gguf(f)
+    assert hp.pooling == "last"
+    tok = Tokenizer.from_gguf(f)
+    emb = Embedder(Engine(f, hp, n_ctx=64, batch_invariant=True, pooling=hp.pooling), tok)
+    enc = emb.encode_text("hello world")
+    assert enc.ids == [*tok.encode("hello world"), tok.eos_id]
+    plain = Embedder(*_engine(tiny_qwen2, "last"))
+    assert plain.encode_text("hello world").ids == tok.encode("hello world")

@@ -92,8 +92,13 @@ class Embedder:
     # -- inputs --------------------------------------------------------------------------------
     def encode_text(self, text: str) -> Encoded:
         """A text as the model embeds it: the vocabulary's special tokens added ([CLS] ... [SEP]
-        for WordPiece), special-token texts parsed."""
-        return Encoded(self.tokenizer.encode(text, special=True))
+        for WordPiece; BOS, and EOS where the file's `add_eos_token` asks, as an embedding
+        decoder such as Qwen3-Embedding pools its closing EOS), special-token texts parsed."""
+        tok = self.tokenizer
+        ids = tok.encode(text, special=True)
+        if tok.vocab.add_eos and tok.eos_id is not None and tok.sep_id is None:
+            ids.append(tok.eos_id)
+        return Encoded(ids)
 
     def encode_pair(self, query: str, document: str) -> Encoded:
         """A rerank input: query and document as one sequence (see the module docstring)."""

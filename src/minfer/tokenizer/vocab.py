@@ -96,6 +96,7 @@ class Vocab:
     sep_id: int | None = None  # WordPiece: [SEP], appended after the text with add_bos's [CLS]
     lowercase: bool = True  # WordPiece normaliser: lowercase the text (llama.cpp: by default)
     strip_accents: bool = False  # WordPiece normaliser: drop accents (defaults to lowercase)
+    add_eos: bool = False  # `tokenizer.ggml.add_eos_token` (an embedding model's closing EOS)
 
 
     @property
@@ -213,6 +214,7 @@ def read_vocab(f: HasMetadata) -> Vocab:
         sep_id=sep_id,
         lowercase=lowercase,
         strip_accents=_flag(meta, "tokenizer.ggml.normalizer.strip_accents", lowercase),
+        add_eos=_flag(meta, "tokenizer.ggml.add_eos_token", False),
     )
 
 
