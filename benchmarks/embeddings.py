@@ -19,12 +19,13 @@ import statistics
 import subprocess
 import sys
 
-WORDS = ("the model runs on a local machine and answers every question about code data text "
+_WORD_TEXT = ("the model runs on a local machine and answers every question about code data text "
          "search index vector query document retrieval small fast embedding sentence token "
          "python engine server client request memory cache layer weight quantized float "
          "batch thread core laptop user file folder network browser editor completion "
          "function class method return value error test build release version update "
-         "morning evening coffee tea book garden river mountain city train music").split()
+         "morning evening coffee tea book garden river mountain city train music")
+WORDS = _WORD_TEXT.split()
 
 CHILD = r"""
 import json, resource, sys, time

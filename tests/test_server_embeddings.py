@@ -203,3 +203,28 @@ def test_a_generative_model_embeds_when_asked(tiny_qwen2: Path) -> None:
         assert chat.status_code == 200  # it still generates
     finally:
         on.stop()
+
+
+def test_llama_servers_own_embeddings_route(bert: ServerState, tmp_path: Path) -> None:
+    """`/embedding(s)`: `content` or `input`, each input's vectors in a list; per token when
+    the model does not pool."""
+    oai = call(bert, "POST", EMB, json={"input": ["hello world", "x"]}).json()
+    native = call(bert, "POST", "/embeddings", json={"content": ["hello world", "x"]})
+    assert native.status_code == 200
+    body = native.json()
+    assert [b["index"] for b in body] == [0, 1]
+    assert [b["embedding"][0] for b in body] == [d["embedding"] for d in oai["data"]]
+    assert call(bert, "POST", "/embedding", json={"input": "x"}).json()[0]["embedding"] == \
+        [oai["data"][1]["embedding"]]
+    r = call(bert, "POST", "/embeddings", json={"model": "minilm"})
+    assert r.status_code == 400 and "content" in r.json()["error"]["message"]
+    flat = write_tiny_bert(tmp_path / "flat.gguf", pooling=0)
+    st = _started(ServerState(ServerConfig(model_path=flat)))
+    try:
+        ids = Tokenizer.from_gguf(GGUFFile.open(flat)).encode("hello world")
+        rows = call(st, "POST", "/embeddings", json={"content": "hello world"}).json()
+        assert np.array(rows[0]["embedding"]).shape == (len(ids), 64)
+        r = call(st, "POST", EMB, json={"input": "hello world"})
+        assert r.status_code == 400 and "not OpenAI-compatible" in r.json()["error"]["message"]
+    finally:
+        st.stop()

@@ -1,6 +1,7 @@
-"""Embeddings and reranking over HTTP: OpenAI's `POST /v1/embeddings` and llama-server's
-`POST /v1/rerank` (each also without `/v1`; `/reranking` as llama-server spells it too), and
-the shared checks Ollama's `/api/embed` uses.
+"""Embeddings and reranking over HTTP: OpenAI's `POST /v1/embeddings`, llama-server's own
+`POST /embeddings` (and `/embedding`: `content` or `input`, a list of vectors per input, one
+per token with pooling none) and its `POST /v1/rerank` (also `/rerank`, `/reranking`), and the
+shared checks Ollama's `/api/embed` uses.
 
 An embeddings `input` is a string, a list of strings, a list of token ids or a list of such
 lists; each becomes one input (special tokens added to texts as the vocabulary does). A rerank
@@ -36,6 +37,16 @@ class EmbeddingRequest(_Strict):
     encoding_format: str = Field("float", pattern="^(float|base64)$")
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+    truncate: bool = False
+    embd_normalize: int = Field(2, ge=-1)
+
+
+class NativeEmbeddingRequest(_Strict):
+    """llama-server's `/embedding(s)`: `content` (or `input`), any pooling."""
+
+    content: Input | None = None
+    input: Input | None = None
+    model: str | None = None
     truncate: bool = False
     embd_normalize: int = Field(2, ge=-1)
 
@@ -93,8 +104,23 @@ def _ready(worker: EmbedWorker) -> Embedder:
 def embedding_routes(app: FastAPI, state: ServerState) -> None:
     """Add the embeddings and rerank routes to app."""
 
+    @app.post("/embeddings")
+    @app.post("/embedding", include_in_schema=False)
+    async def native(body: NativeEmbeddingRequest) -> list[dict[str, Any]]:
+        """llama-server's own shape: `[{"index", "embedding": [vector, ...]}]`, one vector
+        per input when pooled, one per token with pooling none."""
+        raw = body.content if body.content is not None else body.input
+        if raw is None:
+            raise APIError(400, '"input" or "content" must be provided', param="input")
+        lm = await state.acquire(body.model)
+        worker = lm.embedder()
+        embedder = _ready(worker)
+        inputs = await run_in_threadpool(encode_inputs, embedder, raw, truncate=body.truncate)
+        vectors = await run_embeddings(worker, inputs, body.embd_normalize)
+        return [{"index": i, "embedding": (v if v.ndim == 2 else v[None]).tolist()}
+                for i, v in enumerate(vectors)]
+
     @app.post("/v1/embeddings")
-    @app.post("/embeddings", include_in_schema=False)
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
         lm = await state.acquire(body.model)
         worker = lm.embedder()
