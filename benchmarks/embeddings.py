@@ -29,7 +29,7 @@ WORDS = _WORD_TEXT.split()
 
 CHILD = r"""
 import json, resource, sys, time
-texts, kind, target, threads = json.loads(sys.argv[1])
+texts, kind, target, threads = json.loads(sys.stdin.read())
 if kind == "st":
     import torch
     torch.set_num_threads(threads)
@@ -61,7 +61,7 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
 
 def run_child(python: str, texts: list[str], kind: str, target: str,
               threads: int) -> dict[str, float]:
-    proc = subprocess.run([python, "-c", CHILD, json.dumps([texts, kind, target, threads])],
+    proc = subprocess.run([python, "-c", CHILD], input=json.dumps([texts, kind, target, threads]),
                           capture_output=True, text=True, check=False)
     if proc.returncode:
         raise SystemExit(f"{kind} {target} failed:\n{proc.stderr[-2000:]}")
