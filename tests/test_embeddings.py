@@ -227,3 +227,12 @@ def test_an_embedding_decoder_closes_its_input_with_eos(tiny_qwen2: Path, tmp_pa
     assert enc.ids == [*tok.encode("hello world"), tok.eos_id]
     plain = Embedder(*_engine(tiny_qwen2, "last"))
     assert plain.encode_text("hello world").ids == tok.encode("hello world")
+
+
+def test_generation_surfaces_refuse_an_encoder(bert: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.cli.main import main
+
+    for argv in (["run", str(bert), "hello"], ["bench", str(bert), "-p", "8", "-n", "2"]):
+        assert main(argv) == 2
+        assert "embedding model" in capsys.readouterr().err

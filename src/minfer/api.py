@@ -23,7 +23,7 @@ from minfer.engine.config import EngineConfig, usable_cores
 from minfer.engine.embed import Embedder
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Constraint, Finished, Piece, generate
-from minfer.errors import ContextOverflowError, MinferError
+from minfer.errors import ContextOverflowError, MinferError, ModelError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
@@ -110,6 +110,10 @@ class Model:
 
     def engine(self, n_prompt: int = 0) -> Engine:
         """The current Engine, or a new one when it cannot hold n_prompt tokens."""
+        if not self.hparams.causal:
+            raise ModelError(f"{self.name} is an embedding model ({self.hparams.arch} encoder): "
+                             "it does not generate text (use `minfer embed`, model.embed, or "
+                             "/v1/embeddings)")
         n_ctx = self.session_n_ctx(n_prompt)
         if self._engine is None or self._engine.n_ctx < n_ctx:
             from minfer.backends.select import select_backends
