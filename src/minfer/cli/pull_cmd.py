@@ -1,10 +1,12 @@
 """`minfer pull [NAME | hf:ORG/REPO[:QUANT|:FILE]]`: fetch a catalogue model into the cache, or
-a GGUF from the Hugging Face Hub into its cache (idempotent, resumable)."""
+a GGUF from the Hugging Face Hub into its cache (idempotent, resumable). A catalogue entry
+shipped as a checkpoint (all-minilm-l6-v2) is converted to GGUF once downloaded."""
 
 from __future__ import annotations
 
 import argparse
 
+from minfer.convert.convert import convert_checkpoint
 from minfer.store import pull
 from minfer.store.catalog import default_model_name
 from minfer.store.hub import pull_hub
@@ -24,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name and is_hub_ref(args.name):
         path = pull_hub(args.name, progress=not args.quiet)
     else:
-        path = pull(args.name or default_model_name(), progress=not args.quiet)
+        path = pull(args.name or default_model_name(), progress=not args.quiet,
+                    converter=convert_checkpoint)
     print(path)
     return 0

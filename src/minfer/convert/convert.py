@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -263,3 +264,16 @@ def convert_hf(model_dir: str | Path, out: str | Path, *, outtype: str = "f16",
 def describe(plan: list[Planned]) -> list[dict[str, Any]]:
     """The plan as plain rows (name, GGUF ne shape, type) for --dry-run style listings."""
     return [{"name": p.name, "ne": list(p.shape[::-1]), "type": p.qtype.name} for p in plan]
+
+
+def convert_checkpoint(folder: Path, out: Path, outtype: str, tokenizer_pre: str | None) -> Path:
+    """`convert_hf` without a progress bar: the store's converter for catalogue entries shipped
+    as checkpoints (`minfer pull all-minilm-l6-v2`), quiet but for errors."""
+    gguf_log = logging.getLogger("gguf")
+    level = gguf_log.level
+    gguf_log.setLevel(logging.ERROR)  # the writer's notes on tokens it has no key for
+    try:
+        return convert_hf(folder, out, outtype=outtype, tokenizer_pre=tokenizer_pre,
+                          progress=False)
+    finally:
+        gguf_log.setLevel(level)

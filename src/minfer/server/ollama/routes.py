@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 import minfer
+from minfer.convert.convert import convert_checkpoint
 from minfer.engine.embed import normalize
 from minfer.errors import MinferError
 from minfer.server.embeddings import encode_inputs, run_embeddings
@@ -294,7 +295,8 @@ async def _pull_events(state: ServerState, name: str,
 
     def work() -> None:
         try:
-            path = (download.pull(name, progress=False, report=report) if entry is not None
+            path = (download.pull(name, progress=False, report=report,
+                                  converter=convert_checkpoint) if entry is not None
                     else resolve_model(name))
             state.add_model(path)
             loop.call_soon_threadsafe(queue.put_nowait, {"status": "success"})
