@@ -10,6 +10,7 @@ that fails). One test per vocabulary, so the report names each.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -160,3 +161,15 @@ def test_wordpiece_vocabulary(fetched_vocab_dir: Path) -> None:
 def test_phi3_special_tokens_strip_whitespace(text: str, ids: list[int]) -> None:
     tok = Tokenizer.from_gguf(GGUFFile.open(FIXTURES / "ggml-vocab-phi-3.gguf"))
     assert tok.encode(text, add_bos=False) == ids
+
+
+def test_wordpiece_on_more_scripts(fetched_vocab_dir: Path) -> None:
+    """Accents, Greek, Cyrillic, CJK, Hangul (llama.cpp keeps a syllable's first code point of its
+    decomposition: not Hugging Face's ids), emoji, zero-width and soft-hyphen characters,
+    full-width forms, Turkish dotted I, code: llama.cpp's ids with [CLS] ... [SEP]
+    (tests/fixtures/wordpiece_llamacpp.json)."""
+    tok = Tokenizer.from_gguf(GGUFFile.open(fetched_vocab_dir / "ggml-vocab-bert-bge.gguf"))
+    ref = json.loads((Path(__file__).parent / "fixtures" / "wordpiece_llamacpp.json")
+                     .read_text(encoding="utf-8"))
+    wrong = [c for c in ref["cases"] if tok.encode(c["text"], special=False) != c["ids"]]
+    assert len(ref["cases"]) >= 20 and not wrong, wrong[:2]
