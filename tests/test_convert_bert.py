@@ -101,3 +101,25 @@ def test_cli_embed_writes_json_lines(folders: dict[str, Path], tmp_path: Path,
     assert "rank pooling" in capsys.readouterr().err
     assert main(["embed", str(path)]) == 2
     assert "nothing to embed" in capsys.readouterr().err
+
+
+def test_a_qwen3_embedding_folder_keeps_its_pooling(tmp_path: Path) -> None:
+    """A Qwen3 checkpoint with a sentence-transformers last-token Pooling module (Qwen3-Embedding's
+    layout): `qwen3.pooling_type` = last, as llama.cpp's converter writes it (same bytes), and
+    the model embeds through its last token with no --pooling."""
+    from tests.hf_tiny import write_checkpoint
+
+    folder = write_checkpoint(tmp_path / "qwen3emb", "qwen3")
+    (folder / "modules.json").write_text(json.dumps(
+        [{"idx": 1, "name": "1", "path": "1_Pooling",
+          "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True}))
+    ref = tmp_path / "ref.gguf"
+    reference_convert([(folder, ref, "f32", "qwen2")])
+    ours = convert_hf(folder, tmp_path / "ours.gguf", outtype="f32", progress=False)
+    assert ours.read_bytes() == ref.read_bytes()
+    model = minfer.load(ours)
+    assert model.hparams.pooling == "last"
+    assert model.embed(["hello", "world"]).shape == (2, 64)

@@ -147,11 +147,16 @@ def _bert_name(name: str, cfg: Config) -> str | None:
     return name
 
 
-def _bert_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
-    w.add_causal_attention(False)
+def _pooling_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    """A sentence-transformers folder's pooling (Qwen2/Qwen3 embedding models write it too)."""
     pooling = cfg.get("_pooling_type")
     if pooling is not None:
         w.add_pooling_type(pooling)
+
+
+def _bert_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    w.add_causal_attention(False)
+    _pooling_kv(w, cfg)
     if labels := bert_labels(cfg):
         w.add_classifier_output_labels(labels)
 
@@ -177,8 +182,8 @@ class Family:
 
 
 FAMILIES = (
-    Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",)),
-    Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",)),
+    Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",), extra_kv=_pooling_kv),
+    Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",), extra_kv=_pooling_kv),
     Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM"), fix=_llama_fix,
            extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs,
            whole_tensor=("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")),
