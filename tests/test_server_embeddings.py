@@ -228,3 +228,16 @@ def test_llama_servers_own_embeddings_route(bert: ServerState, tmp_path: Path) -
         assert r.status_code == 400 and "not OpenAI-compatible" in r.json()["error"]["message"]
     finally:
         st.stop()
+
+
+def test_the_servers_default_norm(bert_path: Path) -> None:
+    """`--embd-normalize` sets what a request without `embd_normalize` gets."""
+    st = _started(ServerState(ServerConfig(model_path=bert_path, embd_normalize=-1)))
+    try:
+        raw = call(st, "POST", EMB, json={"input": "hello world"}).json()["data"][0]["embedding"]
+        unit = call(st, "POST", EMB, json={"input": "hello world", "embd_normalize": 2}).json()
+        assert np.linalg.norm(raw) > 1.5
+        np.testing.assert_allclose(unit["data"][0]["embedding"],
+                                   np.array(raw) / np.linalg.norm(raw), atol=1e-6)
+    finally:
+        st.stop()

@@ -83,6 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pooling", choices=POOLING_TYPES, default=None,
                    help="embeddings' pooling (default: the model file's; a generative "
                         "model's last token)")
+    p.add_argument("--embd-normalize", type=int, default=2, metavar="N",
+                   help="pooled embeddings' norm when a request names none: -1 none, 0 max-abs "
+                        "(int16), 1 taxicab, 2 euclidean (default), p > 2 p-norm")
     p.add_argument("--reranking", "--rerank", action="store_true",
                    help="serve /v1/rerank (rank pooling: a cross-encoder's classifier head)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -105,6 +108,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from minfer.server.state import ServerConfig, speculation_config
 
+    if args.embd_normalize < -1:
+        raise MinferError("--embd-normalize must be -1 or more")
     if args.reranking and args.pooling not in (None, "rank"):
         raise MinferError("--reranking is rank pooling; it cannot take --pooling "
                           f"{args.pooling}")
@@ -130,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
         embeddings=args.embeddings or args.reranking or args.pooling is not None,
         pooling="rank" if args.reranking else args.pooling,
+        embd_normalize=args.embd_normalize,
     )
     if args.lookup_ngram and args.model_draft:
         raise MinferError("give --lookup-ngram or --model-draft, not both")

@@ -38,7 +38,7 @@ class EmbeddingRequest(_Strict):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
     truncate: bool = False
-    embd_normalize: int = Field(2, ge=-1)
+    embd_normalize: int | None = Field(None, ge=-1)  # None: the server's --embd-normalize
 
 
 class NativeEmbeddingRequest(_Strict):
@@ -48,7 +48,7 @@ class NativeEmbeddingRequest(_Strict):
     input: Input | None = None
     model: str | None = None
     truncate: bool = False
-    embd_normalize: int = Field(2, ge=-1)
+    embd_normalize: int | None = Field(None, ge=-1)  # None: the server's --embd-normalize
 
 
 class RerankDocument(_Strict):
@@ -116,7 +116,7 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
         worker = lm.embedder()
         embedder = _ready(worker)
         inputs = await run_in_threadpool(encode_inputs, embedder, raw, truncate=body.truncate)
-        vectors = await run_embeddings(worker, inputs, body.embd_normalize)
+        vectors = await run_embeddings(worker, inputs, _norm(state, body.embd_normalize))
         return [{"index": i, "embedding": (v if v.ndim == 2 else v[None]).tolist()}
                 for i, v in enumerate(vectors)]
 
@@ -133,7 +133,7 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
                            f"it cannot return {body.dimensions}", param="dimensions")
         inputs = await run_in_threadpool(encode_inputs, embedder, body.input,
                                          truncate=body.truncate)
-        vectors = await run_embeddings(worker, inputs, body.embd_normalize)
+        vectors = await run_embeddings(worker, inputs, _norm(state, body.embd_normalize))
         n_tokens = sum(len(e.ids) for e in inputs)
         return {
             "object": "list",
@@ -176,6 +176,10 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
         n_tokens = sum(len(e.ids) for e in inputs)
         return {"model": lm.name, "object": "list", "results": results,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def _norm(state: ServerState, asked: int | None) -> int:
+    return state.config.embd_normalize if asked is None else asked
 
 
 def _encoded(v: np.ndarray, fmt: str) -> list[float] | str:

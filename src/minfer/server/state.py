@@ -76,6 +76,7 @@ class ServerConfig:
     # embeddings from a generative model too (`--embeddings`); an encoder serves them always
     embeddings: bool = False
     pooling: str | None = None  # None: the model file's (a generative model: its last token)
+    embd_normalize: int = 2  # pooled vectors' norm when a request names none (llama.cpp's)
 
 
 @dataclass(frozen=True)
