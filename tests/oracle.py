@@ -21,6 +21,15 @@ def round_bf16(a: np.ndarray) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
+def load_weights(reader: gguf.GGUFReader) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF dequantized to float64, in numpy (row-major) shape."""
+    w: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
+        w[t.name] = arr.reshape(tuple(int(x) for x in reversed(t.shape.tolist())))
+    return w
+
+
 class OracleQwen:
     """`bf16=True` models a bf16 GEMM: each weight product rounds its operands and its result
     to bfloat16 (the torch backend's arithmetic); all else stays float64."""
@@ -28,11 +37,7 @@ class OracleQwen:
     def __init__(self, path: str, *, bf16: bool = False) -> None:
         self.bf16 = bf16
         reader = gguf.GGUFReader(path)
-        self.w: dict[str, np.ndarray] = {}
-        for t in reader.tensors:
-            arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-            self.w[t.name] = arr.reshape(shape)
+        self.w = load_weights(reader)
         arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
 
         def field(key: str, default: float | None = None) -> float:
@@ -158,11 +163,7 @@ class OracleBert:
 
     def __init__(self, path: str) -> None:
         reader = gguf.GGUFReader(path)
-        self.w: dict[str, np.ndarray] = {}
-        for t in reader.tensors:
-            arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-            self.w[t.name] = arr.reshape(shape)
+        self.w = load_weights(reader)
 
         def field(key: str) -> float:
             return float(reader.fields[f"bert.{key}"].parts[-1][0])

