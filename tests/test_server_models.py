@@ -195,6 +195,9 @@ def test_real_models_alternate_and_an_idle_one_gives_its_memory_back(
         while srv.gauge("minfer_models_loaded") > 1 and time.monotonic() < deadline:
             time.sleep(0.25)
         assert srv.gauge("minfer_models_loaded") == 1
+        deadline = time.monotonic() + 15  # the engine's arrays go back as its thread ends
+        while rss_mb(srv.proc.pid) >= loaded - 30 and time.monotonic() < deadline:
+            time.sleep(0.25)
         unloaded = rss_mb(srv.proc.pid)
         print(f"server RSS with both models {loaded:.0f} MB, after Gemma unloaded "
               f"{unloaded:.0f} MB")

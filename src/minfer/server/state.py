@@ -15,6 +15,7 @@ background thread). The model the server started with stays loaded.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import threading
@@ -328,6 +329,8 @@ class ServerState:
         if entry.lm is not None:
             for w in entry.lm.workers():
                 w.stop()
+            entry.lm = None
+            gc.collect()  # its engine's arrays, held in reference cycles
         self._facts.pop(name, None)
         return entry.path
 
@@ -376,6 +379,8 @@ class ServerState:
                 for w in lm.workers():
                     w.stop()
                 log.info("unloaded %s (idle)", e.name)
+        if out:  # an engine's arrays sit in reference cycles: give them back now, not whenever
+            gc.collect()  # the collector next runs in an idle server
         return [e.name for e in out]
 
     def _load_extra(self, entry: Entry) -> None:
