@@ -254,7 +254,13 @@ def _exit_on_load_error(state: Any, server: Any) -> None:
     if state.error:
         server.should_exit = True
     else:
-        print("minfer: model loaded, ready", file=sys.stderr, flush=True)
+        lm = state.loaded()[0] if state.loaded() else None
+        what = ""
+        if lm is not None and lm.embed is not None and lm.embed.embedder is not None:
+            route = "/v1/rerank" if lm.embed.embedder.pooling == "rank" else "/v1/embeddings"
+            what = f" (an embedding model: {route})" if lm.worker is None \
+                else f" (generation, and embeddings on {route})"
+        print(f"minfer: model loaded, ready{what}", file=sys.stderr, flush=True)
 
 
 def _is_loopback(host: str) -> bool:
