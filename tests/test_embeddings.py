@@ -236,3 +236,15 @@ def test_generation_surfaces_refuse_an_encoder(bert: Path,
     for argv in (["run", str(bert), "hello"], ["bench", str(bert), "-p", "8", "-n", "2"]):
         assert main(argv) == 2
         assert "embedding model" in capsys.readouterr().err
+
+
+def test_rerank_on_a_model_with_one_token_type(tmp_path: Path) -> None:
+    """An XLM-R-style cross-encoder has one token type: the pair reads type 0 throughout."""
+    path = write_tiny_bert(tmp_path / "one.gguf", cls_head=1, n_token_types=1)
+    engine, tok = _engine(path, "rank")
+    emb = Embedder(engine, tok)
+    pair = emb.encode_pair("hello", "world")
+    assert pair.types is not None and set(pair.types) == {0}
+    (score,) = emb.rerank("hello", ["world"])
+    ref = OracleBert(str(path)).pool(pair.ids, "rank", pair.types)
+    assert score == pytest.approx(float(ref[0]), abs=2e-5)

@@ -9,7 +9,8 @@ none, 0 max-abs to the int16 range, 1 taxicab, 2 euclidean (the default), p > 2 
 unpooled ("none") rows and rank scores are returned as they are.
 
 Rerank inputs are the query and one document as one input: BERT's pair layout
-`[CLS] query [SEP] document [SEP]` with token types 0 then 1; a vocabulary without [SEP]
+`[CLS] query [SEP] document [SEP]` with token types 0 then 1 (all 0 for a model with one token
+type); a vocabulary without [SEP]
 (a decoder reranker) puts its end-of-sequence token between and after them.
 """
 
@@ -110,7 +111,9 @@ class Embedder:
         mid = [sep] if sep is not None else []
         first = head + q + mid
         second = d + mid
-        return Encoded(first + second, [0] * len(first) + [1] * len(second))
+        # the document is BERT's sentence B where the model has a second token type
+        second_type = 1 if self.engine.hparams.n_token_types > 1 else 0
+        return Encoded(first + second, [0] * len(first) + [second_type] * len(second))
 
     def check(self, inputs: Sequence[Encoded], *, truncate: bool = False) -> list[Encoded]:
         """Each input checked (InputError naming the first bad one): not empty, ids inside the
