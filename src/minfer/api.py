@@ -20,7 +20,7 @@ import numpy as np
 from minfer import env
 from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
 from minfer.engine.config import EngineConfig, usable_cores
-from minfer.engine.embed import Embedder
+from minfer.engine.embed import Embedder, embedding_config
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Constraint, Finished, Piece, generate
 from minfer.errors import ContextOverflowError, MinferError, ModelError
@@ -134,15 +134,9 @@ class Model:
         texts it is packed with."""
         embedder = self._embedders.get(pooling)
         if embedder is None:
-            pool = pooling or self.hparams.pooling
-            if self.hparams.causal and pool == "none" and pooling is None:
-                pool = "last"
-            n_ctx = self.hparams.n_ctx_train if not self.hparams.causal else \
-                min(self.n_ctx, self.hparams.n_ctx_train)
-            engine = Engine(self.file, self.hparams,
-                            replace(self.config, n_ctx=n_ctx, batch_invariant=True,
-                                    pooling=pool))
-            embedder = self._embedders[pooling] = Embedder(engine, self.tokenizer)
+            config = embedding_config(self.hparams, self.config, pooling)
+            embedder = self._embedders[pooling] = Embedder(
+                Engine(self.file, self.hparams, config), self.tokenizer)
         return embedder
 
     def embed(self, texts: str | Sequence[str], *, normalize: int = 2, pooling: str | None = None,

@@ -25,7 +25,9 @@ import numpy as np
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:  # the server imports this module before any engine is made
+    from minfer.engine.config import EngineConfig
     from minfer.engine.forward import Engine
+    from minfer.gguf.hparams import HParams
     from minfer.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_BATCH_TOKENS = 2048
@@ -46,6 +48,19 @@ class Encoded:
     ids: list[int]
     types: list[int] | None = None  # token types (BERT's sentence A / B); None: all 0
     truncated: bool = False
+
+
+def embedding_config(hp: HParams, config: EngineConfig, pooling: str | None) -> EngineConfig:
+    """An embedding engine's config from a surface's: batch-invariant; pooling as asked, else
+    the file's (a generative model without one: its last token); the context an encoder's
+    learned positions, a decoder's n_ctx capped at its training context."""
+    from dataclasses import replace
+
+    pool = pooling or hp.pooling
+    if hp.causal and pool == "none" and pooling is None:
+        pool = "last"
+    n_ctx = min(config.n_ctx, hp.n_ctx_train) if hp.causal else hp.n_ctx_train
+    return replace(config, n_ctx=n_ctx, batch_invariant=True, pooling=pool)
 
 
 def normalize(v: np.ndarray, norm: int = 2) -> np.ndarray:
@@ -74,7 +89,9 @@ class Embedder:
         hp = engine.hparams
         # the longest input: the learned positions of an encoder, the KV cells of a decoder
         self.max_tokens = min(engine.n_ctx, hp.n_ctx_train) if engine.encoder else engine.n_ctx
-        self.max_batch_tokens = max(self.max_tokens, min(max_batch_tokens, self.batch_limit()))
+        # a decoder's packed inputs each take KV cells; an encoder's rows are not bounded
+        limit = engine.n_ctx if not engine.encoder else max_batch_tokens
+        self.max_batch_tokens = max(self.max_tokens, min(max_batch_tokens, limit))
 
     @property
     def pooling(self) -> str:
@@ -84,11 +101,6 @@ class Embedder:
     def n_embd(self) -> int:
         hp = self.engine.hparams
         return hp.n_cls_out if self.pooling == "rank" else hp.n_embd
-
-    def batch_limit(self) -> int:
-        """The most rows one forward may hold: any number in an encoder; a decoder's packed
-        inputs each take KV cells."""
-        return 1 << 30 if self.engine.encoder else self.engine.n_ctx
 
     # -- inputs --------------------------------------------------------------------------------
     def encode_text(self, text: str) -> Encoded:
@@ -114,6 +126,14 @@ class Embedder:
         # the document is BERT's sentence B where the model has a second token type
         second_type = 1 if self.engine.hparams.n_token_types > 1 else 0
         return Encoded(first + second, [0] * len(first) + [second_type] * len(second))
+
+    def rerank_inputs(self, query: str, documents: Sequence[str], *,
+                      truncate: bool = False) -> list[Encoded]:
+        """Each document paired with the query, checked (InputError names the document)."""
+        if self.pooling != "rank":
+            raise MinferError("reranking needs rank pooling and a classifier head "
+                              f"(this model pools {self.pooling!r})")
+        return self.check([self.encode_pair(query, d) for d in documents], truncate=truncate)
 
     def check(self, inputs: Sequence[Encoded], *, truncate: bool = False) -> list[Encoded]:
         """Each input checked (InputError naming the first bad one): not empty, ids inside the
@@ -187,8 +207,5 @@ class Embedder:
     def rerank(self, query: str, documents: Sequence[str], *,
                truncate: bool = False) -> list[float]:
         """Each document's relevance score for the query (the classifier's first output)."""
-        if self.pooling != "rank":
-            raise MinferError("reranking needs rank pooling and a classifier head "
-                              f"(this model pools {self.pooling!r})")
-        pairs = self.check([self.encode_pair(query, d) for d in documents], truncate=truncate)
-        return [float(v[0]) for v in self.run(pairs)]
+        return [float(v[0])
+                for v in self.run(self.rerank_inputs(query, documents, truncate=truncate))]

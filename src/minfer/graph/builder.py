@@ -66,10 +66,7 @@ class GraphBuilder:
 
     # -- ops --------------------------------------------------------------------------------
     def embedding(self, weight: str, ids: int) -> int:
-        n_embd = self._weight(weight)[0]
-        meta = NodeMeta(role="token_embd", weights=(weight,))
-        return self._append("token_embd", ir.GetRows(), (ids,), (self.shape(ids)[0], n_embd),
-                            meta=meta)
+        return self.weight_rows("token_embd", weight, ids)
 
     def weight_rows(self, name: str, weight: str, ids: int) -> int:
         """Rows `ids` of a weight table (position or token-type embeddings)."""

@@ -1,6 +1,6 @@
 """The embedding thread: the only code that touches an embedding Engine; requests batched.
 
-Requests (`submit`: checked inputs and a norm) queue; the thread takes every request waiting
+Requests (`embed`: checked inputs and a norm) queue; the thread takes every request waiting
 when it wakes and runs their inputs together, packed into forwards (`engine.embed.Embedder`),
 so concurrent clients share forwards as generation requests share decode steps. The engine is
 batch-invariant, so an input's vector does not depend on what it was packed with. Pooled
@@ -66,10 +66,6 @@ class EmbedWorker:
     def busy(self) -> bool:
         with self._cond:
             return self._busy or bool(self._jobs)
-
-    @property
-    def n_waiting(self) -> int:
-        return len(self._jobs)
 
     async def embed(self, inputs: list[Encoded], norm: int) -> list[np.ndarray]:
         """The inputs' vectors (pooled ones normalised with `norm`), computed on the thread."""

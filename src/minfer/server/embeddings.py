@@ -157,9 +157,8 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
 
         def encode() -> list[Encoded]:
-            pairs = [embedder.encode_pair(body.query, t) for t in texts]
             try:
-                return embedder.check(pairs, truncate=body.truncate)
+                return embedder.rerank_inputs(body.query, texts, truncate=body.truncate)
             except InputError as exc:
                 raise APIError(400, f"document {exc.index} with the query: {exc}",
                                param=f"documents[{exc.index}]") from None

@@ -477,18 +477,13 @@ class ServerState:
 
         def make() -> Embedder:
             from minfer.engine.config import EngineConfig
+            from minfer.engine.embed import embedding_config
             from minfer.engine.forward import Engine, set_threads
 
-            pooling = cfg.pooling or hparams.pooling
-            if hparams.causal and pooling == "none" and cfg.pooling is None:
-                pooling = "last"
-            n_ctx = hparams.n_ctx_train if not hparams.causal else min(cfg.n_ctx,
-                                                                       hparams.n_ctx_train)
-            config = EngineConfig.build(n_ctx=n_ctx, threads=cfg.threads, fuse=cfg.fuse,
-                                        batch_invariant=True)
+            config = embedding_config(hparams, EngineConfig.build(
+                n_ctx=cfg.n_ctx, threads=cfg.threads, fuse=cfg.fuse), cfg.pooling)
             set_threads(config.n_threads or 1)
-            engine = Engine(f, hparams, replace(config, pooling=pooling))
-            return Embedder(engine, tokenizer)
+            return Embedder(Engine(f, hparams, config), tokenizer)
 
         return make
 
