@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit, prange
 
-from minfer.backends.cpu.kernels.linear.dense import COLS, ROWS, tile
+from minfer.backends.cpu.kernels.linear.dense import COLS, tile_rows
 from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32
 
 
@@ -66,16 +66,12 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
         t0, t1, s, e = seg[g, 0], seg[g, 1], seg[g, 2], seg[g, 3]
         nq, n = t1 - t0, e - s
         qo, ko = h * head_dim, (h // group) * head_dim
-        full = nq - nq % ROWS
         qv = q[t0:t1, qo:qo + head_dim]
         sc = np.empty((nq, n), np.float32)
         n_kt = n // COLS
         for jb in range(n_kt):  # scores, 16 keys a tile: one chain per key over the columns
             wt = kt[ko:ko + head_dim, s + jb * COLS:s + (jb + 1) * COLS]
-            for i in range(0, full, ROWS):
-                tile(qv, i, wt, sc, i, jb * COLS, ROWS)
-            for i in range(full, nq):
-                tile(qv, i, wt, sc, i, jb * COLS, 1)
+            tile_rows(qv, 0, nq, wt, sc, 0, jb * COLS)
         for i in range(nq):
             for j in range(n_kt * COLS, n):
                 d = np.float32(0.0)
@@ -96,10 +92,7 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
             inv[i] = np.float32(1.0) / total
         for cb in range(n_vt):  # the value mix, 16 columns a tile: one chain per column
             wt = v[s:e, ko + cb * COLS:ko + (cb + 1) * COLS]
-            for i in range(0, full, ROWS):
-                tile(sc, i, wt, out, t0 + i, qo + cb * COLS, ROWS)
-            for i in range(full, nq):
-                tile(sc, i, wt, out, t0 + i, qo + cb * COLS, 1)
+            tile_rows(sc, 0, nq, wt, out, t0, qo + cb * COLS)
         for i in range(nq):
             for c in range(n_vt * COLS, head_dim):
                 acc = np.float32(0.0)

@@ -96,6 +96,17 @@ tile: Any = intrinsic(_tile)
 
 
 @njit(inline="always")
+def tile_rows(x, x0, x1, wt, out, o0, j0):
+    """`tile` over rows x0..x1 of x into out rows o0.., ROWS at a time, then the rest one by one
+    (the same chains either way)."""
+    full = x1 - (x1 - x0) % ROWS
+    for i in range(x0, full, ROWS):
+        tile(x, i, wt, out, o0 + i - x0, j0, ROWS)
+    for i in range(full, x1):
+        tile(x, i, wt, out, o0 + i - x0, j0, 1)
+
+
+@njit(inline="always")
 def _add_bias(out, i0, i1, j0, j1, bias):
     """The bias onto a tile just written (still in L1): the same single rounding as a
     separate add after the product."""
@@ -124,10 +135,9 @@ def _gemm(x, wp, wr, xp, out, bias, n_parts):
                 for g in range(g0, min(n_groups, g0 + GROUP_BLOCK)):
                     tile(xp[g].T, 0, w, out, g * ROWS, j0, ROWS)
                     _add_bias(out, g * ROWS, (g + 1) * ROWS, j0, j0 + COLS, bias)
-        for jb in range(t_lo, t_hi):
-            for i in range(n_groups * ROWS, nt):  # the last rows one at a time, the same chains
-                tile(x, i, wp[jb], out, i, jb * COLS, 1)
-                _add_bias(out, i, i + 1, jb * COLS, (jb + 1) * COLS, bias)
+        for jb in range(t_lo, t_hi):  # the last rows (fewer than ROWS) one at a time
+            tile_rows(x, n_groups * ROWS, nt, wp[jb], out, n_groups * ROWS, jb * COLS)
+            _add_bias(out, n_groups * ROWS, nt, jb * COLS, (jb + 1) * COLS, bias)
     j0 = n_tiles * COLS
     for i in range(nt):  # the columns past the last whole tile, one fused chain each
         for j in range(wr.shape[1]):
