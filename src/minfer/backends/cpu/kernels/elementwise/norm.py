@@ -24,25 +24,43 @@ PARALLEL_MIN_ROWS = 64
 
 
 @njit(inline="always", error_model="numpy")
+def _lane_sum(xr, lo, hi, shift, square):
+    """Sum over xr[lo:hi] of f64(d * d) (`square`) or f64(d), d = xr[j] - shift in f32 (ggml's
+    f32 value or square, summed as `ggml_float`): lane k takes elements lo + k, lo + k + 8, ...,
+    the lanes are combined in a fixed order, then the tail is added in order. `shift` and
+    `square` are constants at each call, so the compiled loop is the plain one."""
+    n8 = (hi - lo) - (hi - lo) % _LANES
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for j in range(lo, lo + n8, _LANES):
+        d0, d1 = xr[j] - shift, xr[j + 1] - shift
+        d2, d3 = xr[j + 2] - shift, xr[j + 3] - shift
+        d4, d5 = xr[j + 4] - shift, xr[j + 5] - shift
+        d6, d7 = xr[j + 6] - shift, xr[j + 7] - shift
+        if square:
+            d0, d1, d2, d3 = d0 * d0, d1 * d1, d2 * d2, d3 * d3
+            d4, d5, d6, d7 = d4 * d4, d5 * d5, d6 * d6, d7 * d7
+        a0 += np.float64(d0)
+        a1 += np.float64(d1)
+        a2 += np.float64(d2)
+        a3 += np.float64(d3)
+        a4 += np.float64(d4)
+        a5 += np.float64(d5)
+        a6 += np.float64(d6)
+        a7 += np.float64(d7)
+    total = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    for j in range(lo + n8, hi):
+        d = xr[j] - shift
+        total += np.float64(d * d if square else d)
+    return total
+
+
+@njit(inline="always", error_model="numpy")
 def _rms_row(x, w, eps, out, t, n_seg, seg):
     """Row t, its n_seg segments of `seg` values each normalised with weight w[seg]."""
-    n8 = seg - seg % _LANES
     xr, yr = x[t], out[t]
     for h in range(n_seg):
         base = h * seg
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-        for j in range(base, base + n8, _LANES):
-            a0 += np.float64(xr[j] * xr[j])  # f32 square, f64 sum: as ggml
-            a1 += np.float64(xr[j + 1] * xr[j + 1])
-            a2 += np.float64(xr[j + 2] * xr[j + 2])
-            a3 += np.float64(xr[j + 3] * xr[j + 3])
-            a4 += np.float64(xr[j + 4] * xr[j + 4])
-            a5 += np.float64(xr[j + 5] * xr[j + 5])
-            a6 += np.float64(xr[j + 6] * xr[j + 6])
-            a7 += np.float64(xr[j + 7] * xr[j + 7])
-        ssum = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
-        for j in range(base + n8, base + seg):
-            ssum += np.float64(xr[j] * xr[j])
+        ssum = _lane_sum(xr, base, base + seg, np.float32(0.0), True)
         mean = np.float32(ssum / seg)
         scale = np.float32(1.0) / np.sqrt(mean + eps)
         for j in range(seg):
@@ -105,44 +123,11 @@ def bind_head_rms_norm(x: np.ndarray, w: np.ndarray, *, n_head: int, head_dim: i
 @njit(inline="always", error_model="numpy")
 def _layer_row(x, w, b, eps, out, t):
     """ggml's `norm` then `* w + b`: the f32 values summed in f64 (the mean), the centred row's
-    squares summed in f64 (the variance), scale = 1/sqrtf(var + eps) in f32; each sum in eight
-    lanes combined in a fixed order."""
+    squares summed in f64 (the variance), scale = 1/sqrtf(var + eps) in f32."""
     n = x.shape[1]
-    n8 = n - n % _LANES
     xr, yr = x[t], out[t]
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    for j in range(0, n8, _LANES):
-        a0 += np.float64(xr[j])
-        a1 += np.float64(xr[j + 1])
-        a2 += np.float64(xr[j + 2])
-        a3 += np.float64(xr[j + 3])
-        a4 += np.float64(xr[j + 4])
-        a5 += np.float64(xr[j + 5])
-        a6 += np.float64(xr[j + 6])
-        a7 += np.float64(xr[j + 7])
-    total = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
-    for j in range(n8, n):
-        total += np.float64(xr[j])
-    mean = np.float32(total / n)
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    for j in range(0, n8, _LANES):
-        d0, d1 = xr[j] - mean, xr[j + 1] - mean
-        d2, d3 = xr[j + 2] - mean, xr[j + 3] - mean
-        d4, d5 = xr[j + 4] - mean, xr[j + 5] - mean
-        d6, d7 = xr[j + 6] - mean, xr[j + 7] - mean
-        a0 += np.float64(d0 * d0)
-        a1 += np.float64(d1 * d1)
-        a2 += np.float64(d2 * d2)
-        a3 += np.float64(d3 * d3)
-        a4 += np.float64(d4 * d4)
-        a5 += np.float64(d5 * d5)
-        a6 += np.float64(d6 * d6)
-        a7 += np.float64(d7 * d7)
-    ssum = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
-    for j in range(n8, n):
-        d = xr[j] - mean
-        ssum += np.float64(d * d)
-    var = np.float32(ssum / n)
+    mean = np.float32(_lane_sum(xr, 0, n, np.float32(0.0), False) / n)
+    var = np.float32(_lane_sum(xr, 0, n, mean, True) / n)
     scale = np.float32(1.0) / np.sqrt(var + eps)
     for j in range(n):
         yr[j] = ((xr[j] - mean) * scale) * w[j] + b[j]
