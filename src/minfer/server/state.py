@@ -140,6 +140,11 @@ class LoadedModel:
     def workers(self) -> list[Worker | EmbedWorker]:
         return [w for w in (self.worker, self.embed) if w is not None]
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop its engine threads (generation and embeddings)."""
+        for w in self.workers():
+            w.stop(timeout)
+
 
 def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
     """The per-slot speculation the config asks for (refused when a value is bad)."""
@@ -327,8 +332,7 @@ class ServerState:
         if entry is None:
             raise APIError(404, f"model '{name}' not found", code="model_not_found")
         if entry.lm is not None:
-            for w in entry.lm.workers():
-                w.stop()
+            entry.lm.stop()
             entry.lm = None
             gc.collect()  # its engine's arrays, held in reference cycles
         self._facts.pop(name, None)
@@ -376,11 +380,11 @@ class ServerState:
             for e in out:
                 lm, e.lm, e.ready = e.lm, None, None
                 assert lm is not None
-                for w in lm.workers():
-                    w.stop()
+                lm.stop()
                 log.info("unloaded %s (idle)", e.name)
         if out:  # an engine's arrays sit in reference cycles: give them back now, not whenever
-            gc.collect()  # the collector next runs in an idle server
+            del lm  # the collector next runs in an idle server (nothing here holds the last one)
+            gc.collect()
         return [e.name for e in out]
 
     def _load_extra(self, entry: Entry) -> None:
@@ -411,8 +415,7 @@ class ServerState:
     def stop(self, timeout: float = 5.0) -> None:
         self._stopped.set()
         for lm in self.loaded():
-            for w in lm.workers():
-                w.stop(timeout)
+            lm.stop(timeout)
 
     def _load(self) -> None:
         try:
