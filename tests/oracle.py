@@ -62,6 +62,9 @@ class OracleQwen:
         self.head_dim = int(field("attention.key_length", self.n_embd // self.n_head))
         self.eps = field("attention.layer_norm_rms_epsilon")
         self.base = field("rope.freq_base", 10000.0)
+        self.n_used = int(field("expert_used_count", 0))
+        norm = reader.fields.get(f"{arch}.expert_weights_norm")
+        self.expert_norm = bool(norm.parts[-1][0]) if norm is not None else arch == "qwen3moe"
 
     def _mm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """x @ w.T for a weight w."""
@@ -91,6 +94,33 @@ class OracleQwen:
             return out.reshape(len(pos), -1)
         a, b = x[..., :half], x[..., half:]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(len(pos), -1)
+
+    def _swiglu_ffn(self, x: np.ndarray, gate: np.ndarray, up: np.ndarray,
+                    down: np.ndarray) -> np.ndarray:
+        g, u = self._mm(x, gate), self._mm(x, up)
+        return self._mm(g / (1.0 + np.exp(-g)) * u, down)
+
+    def _moe(self, x: np.ndarray, p: str) -> np.ndarray:
+        """Soft-max routing to the top n_used experts (ties: the lower id), renormalised where
+        the model does it, plus Qwen2-MoE's sigmoid-gated shared expert."""
+        w = self.w
+        logits = self._mm(x, w[p + "ffn_gate_inp.weight"])
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        out = np.zeros_like(x)
+        for t in range(len(x)):
+            top = np.argsort(-probs[t], kind="stable")[:self.n_used]
+            wts = probs[t, top] / (probs[t, top].sum() if self.expert_norm else 1.0)
+            for e, wt in zip(top, wts, strict=True):
+                out[t] += wt * self._swiglu_ffn(x[t:t + 1], w[p + "ffn_gate_exps.weight"][e],
+                                                w[p + "ffn_up_exps.weight"][e],
+                                                w[p + "ffn_down_exps.weight"][e])[0]
+        if p + "ffn_gate_inp_shexp.weight" in w and self.arch == "qwen2moe":
+            gate = 1.0 / (1.0 + np.exp(-(x @ w[p + "ffn_gate_inp_shexp.weight"])))
+            out += gate[:, None] * self._swiglu_ffn(x, w[p + "ffn_gate_shexp.weight"],
+                                                    w[p + "ffn_up_shexp.weight"],
+                                                    w[p + "ffn_down_shexp.weight"])
+        return out
 
     def _gelu(self, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
@@ -139,10 +169,13 @@ class OracleQwen:
                 o = self._norm(o, w[p + "post_attention_norm.weight"])
             h = h + o
             x = self._norm(h, w[p + "ffn_norm.weight"])
-            g = self._mm(x, w[p + "ffn_gate.weight"])
-            u = self._mm(x, w[p + "ffn_up.weight"])
-            act = self._gelu(g) if gemma else g / (1.0 + np.exp(-g))
-            d = self._mm(act * u, w[p + "ffn_down.weight"])
+            if p + "ffn_gate_inp.weight" in w:
+                d = self._moe(x, p)
+            else:
+                g = self._mm(x, w[p + "ffn_gate.weight"])
+                u = self._mm(x, w[p + "ffn_up.weight"])
+                act = self._gelu(g) if gemma else g / (1.0 + np.exp(-g))
+                d = self._mm(act * u, w[p + "ffn_down.weight"])
             if gemma:
                 d = self._norm(d, w[p + "post_ffw_norm.weight"])
             h = h + d

@@ -16,7 +16,12 @@ from typing import Any
 from minfer.errors import GGUFError, ModelError
 from minfer.gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
+# Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
+# with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
+# renormalised to sum to 1 where llama.cpp does it (qwen3moe) unless the file says otherwise
+MOE_ARCHS = ("qwen2moe", "qwen3moe")
+_MOE_NORM_DEFAULT = {"qwen2moe": False, "qwen3moe": True}
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # Encoders: bidirectional attention without a KV cache, LayerNorm, learned positions
@@ -63,6 +68,11 @@ class HParams:
     n_token_types: int = 0  # rows of an encoder's token-type embedding (0: none)
     n_cls_out: int = 0  # outputs of a classifier head (`cls.output`; rank pooling); 0: none
     has_cls_dense: bool = False  # the head's dense + tanh layer (`cls.weight`) before it
+    n_expert: int = 0  # experts per MoE block (0: a dense FFN)
+    n_expert_used: int = 0  # experts each token is routed to (top-k)
+    expert_norm: bool = False  # renormalise the top-k soft-max weights to sum to 1
+    n_ff_shexp: int = 0  # width of the shared expert (0: none)
+    # (n_ff: in a MoE model, the width of each expert)
 
     @property
     def kq_scale(self) -> float:
@@ -121,7 +131,8 @@ class HParams:
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_ff=keys.get_int("feed_forward_length"),
+            n_ff=keys.get_int("feed_forward_length", 0 if arch in MOE_ARCHS else None,
+                              allow_zero=arch in MOE_ARCHS),
             n_vocab=embd.shape[1],
             n_ctx_train=keys.get_int("context_length"),
             rms_eps=keys.get_float("attention.layer_norm_rms_epsilon"),
@@ -139,6 +150,8 @@ class HParams:
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
+        if arch in MOE_ARCHS:
+            hp = _moe(hp, keys)
         hp.check_tensors(f)
         return hp
 
@@ -173,9 +186,36 @@ class HParams:
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
             yield f"{blk}.ffn_norm.weight", (self.n_embd,)
+            if self.n_expert:
+                yield from self._expert_shapes(blk)
+                continue
             yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
+
+    def _expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """A MoE block's FFN tensors as llama.cpp names them: the router, the experts' gate /
+        up / down stacked in 3-D tensors, and the shared expert with its gate."""
+        n_embd, n_ff, n_exp = self.n_embd, self.n_ff, self.n_expert
+        yield f"{blk}.ffn_gate_inp.weight", (n_embd, n_exp)
+        yield f"{blk}.ffn_gate_exps.weight", (n_embd, n_ff, n_exp)
+        yield f"{blk}.ffn_up_exps.weight", (n_embd, n_ff, n_exp)
+        yield f"{blk}.ffn_down_exps.weight", (n_ff, n_embd, n_exp)
+        if self.n_ff_shexp:
+            yield f"{blk}.ffn_gate_inp_shexp.weight", (n_embd,)
+            yield f"{blk}.ffn_gate_shexp.weight", (n_embd, self.n_ff_shexp)
+            yield f"{blk}.ffn_up_shexp.weight", (n_embd, self.n_ff_shexp)
+            yield f"{blk}.ffn_down_shexp.weight", (self.n_ff_shexp, n_embd)
+
+    def n_params(self) -> tuple[int, int]:
+        """(total, active per token) parameter counts of the tensors the forward pass reads:
+        a MoE block counts all its experts in the total and `n_expert_used` in the active."""
+        total = active = 0
+        for name, shape in self.expected_shapes():
+            n = math.prod(shape)
+            total += n
+            active += n * self.n_expert_used // self.n_expert if "_exps." in name else n
+        return total, active
 
     def _encoder_shapes(self, q_dim: int, kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
         """BERT's tensors as llama.cpp names them (every projection with its bias, post-norm
@@ -314,6 +354,27 @@ def _encoder(f: GGUFFile, keys: _Keys) -> HParams:
         n_cls_out=cls_out.shape[1] if cls_out is not None else 0,
         has_cls_dense="cls.weight" in f.tensors,
     )
+
+
+def _moe(hp: HParams, keys: _Keys) -> HParams:
+    """A mixture of experts' counts, as llama.cpp reads them; the expert tensors' shapes are
+    checked against them with the rest (`check_tensors`)."""
+    n_expert = keys.get_int("expert_count")
+    n_used = keys.get_int("expert_used_count")
+    if n_used > n_expert:
+        raise GGUFError(keys.f.path, f"{keys.arch}.expert_used_count={n_used} exceeds "
+                                     f"expert_count={n_expert}")
+    norm = keys.f.metadata.get(f"{keys.arch}.expert_weights_norm",
+                               _MOE_NORM_DEFAULT[keys.arch])
+    if not isinstance(norm, bool):
+        raise GGUFError(keys.f.path, f"{keys.arch}.expert_weights_norm={norm!r} is not a bool")
+    # llama.cpp's fallbacks: an expert n_ff / n_used wide, a shared expert n_ff wide
+    n_ff_exp = keys.get_int("expert_feed_forward_length", hp.n_ff // n_used or None)
+    shexp = 0
+    if keys.arch == "qwen2moe" and "blk.0.ffn_gate_inp_shexp.weight" in keys.f.tensors:
+        shexp = keys.get_int("expert_shared_feed_forward_length", hp.n_ff or None)
+    return replace(hp, n_ff=n_ff_exp, n_expert=n_expert, n_expert_used=n_used,
+                   expert_norm=norm, n_ff_shexp=shexp)
 
 
 def _rope_freq_scale(keys: _Keys) -> float:

@@ -120,6 +120,33 @@ class GraphBuilder:
         return self._append(name, ir.FusedGateUp(act), (x,), (self.shape(x)[0], n_ff),
                             meta=meta)
 
+    def moe(self, name: str, x: int, logits: int, weights: tuple[str, str, str],
+            op: ir.Moe) -> int:
+        """The experts of `op` on x routed by `logits`; weights: the stacked gate, up and down
+        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert])."""
+        n_embd = self.shape(x)[-1]
+        if self.shape(logits) != (self.shape(x)[0], op.n_expert):
+            raise GraphError(f"{name}: router logits {self.shape(logits)} are not "
+                             f"[rows, {op.n_expert}]")
+        if not 0 < op.n_used <= op.n_expert:
+            raise GraphError(f"{name}: {op.n_used} experts used of {op.n_expert}")
+        if op.act not in ("silu", "gelu"):
+            raise GraphError(f"{name}: unknown gate activation {op.act!r}")
+        gate, up, down = (self._weight(w) for w in weights)
+        n_ff = gate[1] if len(gate) == 3 else -1
+        if gate != (n_embd, n_ff, op.n_expert) or up != gate or \
+                down != (n_ff, n_embd, op.n_expert):
+            raise GraphError(f"{name}: expert weights {gate}, {up}, {down} do not match "
+                             f"{op.n_expert} experts over width {n_embd}")
+        meta = NodeMeta(role=name, layer=op.layer, weights=weights)
+        return self._append(name, op, (x, logits), self.shape(x), meta=meta)
+
+    def sigmoid_gate(self, name: str, x: int, h: int, weight: str, *, layer: int) -> int:
+        if self.shape(x)[0] != self.shape(h)[0] or self._weight(weight) != (self.shape(h)[-1],):
+            raise GraphError(f"{name}: gate {weight} does not match its input")
+        meta = NodeMeta(role=name, layer=layer, weights=(weight,))
+        return self._append(name, ir.SigmoidGate(), (x, h), self.shape(x), meta=meta)
+
     def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, a, b)
         return self._append(name, ir.Add(), (a, b), shape, meta=NodeMeta(role=name, layer=layer))

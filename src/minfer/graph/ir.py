@@ -215,6 +215,28 @@ class FusedGateUp(Op):
 
 
 @dataclass(frozen=True)
+class Moe(Op):
+    """A mixture-of-experts FFN (llama.cpp's `build_moe_ffn` with soft-max gating): each row's
+    router logits are soft-maxed, its `n_used` most probable experts chosen (ties: the lower
+    expert id), their probabilities renormalised to sum 1 when `norm`, and the row's output is
+    sum_s p_s * down_e(act(gate_e(x)) * up_e(x)) over its experts e in that order. Sources: x,
+    the router logits; the experts' stacked gate / up / down weights named in the meta. A row's
+    routing and result depend on that row alone."""
+
+    layer: int
+    n_expert: int
+    n_used: int
+    norm: bool
+    act: str = "silu"
+
+
+@dataclass(frozen=True)
+class SigmoidGate(Op):
+    """x * sigmoid(h . w) per row: a shared expert's output gated by its input h (Qwen2-MoE);
+    the gate's weight vector w named in the meta. Sources: x, h."""
+
+
+@dataclass(frozen=True)
 class NodeMeta:
     """Where a node sits in the model, and which GGUF tensors it reads (by name)."""
 

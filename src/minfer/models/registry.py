@@ -25,7 +25,9 @@ ARCHITECTURES: dict[str, GraphBuildFn] = {
     "gemma3": build_gemma3,
     "llama": build_llama,
     "qwen2": build_qwen,
+    "qwen2moe": build_qwen,
     "qwen3": build_qwen,
+    "qwen3moe": build_qwen,
 }
 
 

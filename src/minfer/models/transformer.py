@@ -8,7 +8,8 @@ hidden states instead of the logits (every row, their mean per sequence, or the 
 rows kept as the tail): a decoder's embeddings. The pieces: `attention` (q/k/v projections
 with optional biases, optional per-head q/k norms, RoPE with the layer's base / scaling /
 frequency factors, KV store and load, attention with the layer's sliding window and soft-cap,
-output projection), `gated_ffn` (gate/up, SiLU or GELU gate, down) and `keep_tail` (a prefill
+output projection), `gated_ffn` (gate/up, SiLU or GELU gate, down), `moe_ffn` (router logits,
+routed experts, optional gated shared expert: Qwen2/3-MoE) and `keep_tail` (a prefill
 keeps only its last `n_out` rows after the last layer's attention). Which of the optional parts
 a model has is read from its HParams, never guessed from the architecture name here.
 """
@@ -92,14 +93,15 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
 
 
 def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
-    """h + attn(norm(h)), then + ffn(norm(.)): Qwen's and Llama's block (SiLU gate)."""
+    """h + attn(norm(h)), then + ffn(norm(.)): Qwen's and Llama's block (SiLU gate; the FFN a
+    mixture of experts where the model has them)."""
     hp, blk = ctx.hp, f"blk.{il}."
     x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
     o = attention(b, ctx, il, x)  # [nt, n_embd]
     o, h = keep_tail(b, ctx, il, o, h)
     h = b.add("attn_resid", h, o, layer=il)
     x = b.rms_norm("ffn_norm", h, blk + "ffn_norm.weight", hp.rms_eps, layer=il)
-    d = gated_ffn(b, ctx, il, x, act="silu")
+    d = moe_ffn(b, ctx, il, x) if hp.n_expert else gated_ffn(b, ctx, il, x, act="silu")
     return b.add("ffn_resid", h, d, layer=il)
 
 
@@ -135,20 +137,38 @@ def keep_tail(b: GraphBuilder, ctx: Layer, il: int, o: int, h: int) -> tuple[int
     return o, h
 
 
-def gated_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int, *, act: str) -> int:
-    """down(act(gate(x)) * up(x)); act "silu" (SwiGLU) or "gelu" (GeGLU, tanh GELU)."""
+def gated_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int, *, act: str,
+              kind: str = "") -> int:
+    """down(act(gate(x)) * up(x)); act "silu" (SwiGLU) or "gelu" (GeGLU, tanh GELU); kind
+    "_shexp": a MoE block's shared expert (`ffn_gate_shexp` ...)."""
     blk = f"blk.{il}."
-    gate_w, up_w = blk + "ffn_gate.weight", blk + "ffn_up.weight"
+    gate_w, up_w = f"{blk}ffn_gate{kind}.weight", f"{blk}ffn_up{kind}.weight"
     if ctx.params.ctx.fuse_gate_up and ctx.params.gtype is GraphType.DECODE:
-        f = b.fused_gate_up("ffn_gate_up", x, gate_w, up_w, layer=il, act=act)
+        f = b.fused_gate_up(f"ffn_gate_up{kind}", x, gate_w, up_w, layer=il, act=act)
     else:
-        gate = b.matmul("ffn_gate", x, gate_w, layer=il)
-        up = b.matmul("ffn_up", x, up_w, layer=il)
+        gate = b.matmul(f"ffn_gate{kind}", x, gate_w, layer=il)
+        up = b.matmul(f"ffn_up{kind}", x, up_w, layer=il)
         # Written unfused; the fusion pass rewrites Mul(act(gate), up) when enabled.
-        g = b.silu("ffn_silu", gate, layer=il) if act == "silu" else \
-            b.gelu("ffn_gelu", gate, layer=il)
-        f = b.mul("ffn_act", g, up, layer=il)
-    return b.matmul("ffn_down", f, blk + "ffn_down.weight", layer=il)
+        g = b.silu(f"ffn_silu{kind}", gate, layer=il) if act == "silu" else \
+            b.gelu(f"ffn_gelu{kind}", gate, layer=il)
+        f = b.mul(f"ffn_act{kind}", g, up, layer=il)
+    return b.matmul(f"ffn_down{kind}", f, f"{blk}ffn_down{kind}.weight", layer=il)
+
+
+def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
+    """A mixture-of-experts FFN on the normed input x: the router's logits, the routed experts
+    (`ir.Moe`), plus the shared expert gated by sigmoid(x . w) where the model has one."""
+    hp, blk = ctx.hp, f"blk.{il}."
+    logits = b.matmul("ffn_moe_logits", x, blk + "ffn_gate_inp.weight", layer=il)
+    op = ir.Moe(il, hp.n_expert, hp.n_expert_used, hp.expert_norm)
+    weights = (f"{blk}ffn_gate_exps.weight", f"{blk}ffn_up_exps.weight",
+               f"{blk}ffn_down_exps.weight")
+    y = b.moe("ffn_moe", x, logits, weights, op)
+    if not hp.n_ff_shexp:
+        return y
+    s = gated_ffn(b, ctx, il, x, act="silu", kind="_shexp")
+    s = b.sigmoid_gate("ffn_shexp_gated", s, x, blk + "ffn_gate_inp_shexp.weight", layer=il)
+    return b.add("ffn_moe_out", y, s, layer=il)
 
 
 def _rope(hp: HParams, il: int, n_head: int) -> ir.Rope:

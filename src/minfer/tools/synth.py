@@ -171,6 +171,10 @@ def write_tiny_model(
     sliding_window: int = 0,
     rope_freqs: bool = False,
     softcaps: tuple[float, float] = (0.0, 0.0),
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_shexp: int = 0,
+    router_std: float = 1.0,
 ) -> Path:
     """Write a random-weight qwen2/qwen3/llama/gemma3 GGUF with a working tokenizer; return its
     path.
@@ -180,10 +184,15 @@ def write_tiny_model(
     qwen2 gets q/k/v biases; qwen3 and gemma3 get attn_q_norm / attn_k_norm and no biases;
     gemma3 also its post-attention / post-FFN norms, `sliding_window` (every 6th layer global)
     and `softcaps` = (attention, final logits; 0 = none); llama with `rope_freqs` gets a
-    `rope_freqs.weight` of per-pair divisors (Llama 3.1 style).
+    `rope_freqs.weight` of per-pair divisors (Llama 3.1 style). qwen2moe / qwen3moe (the
+    attention of qwen2 / qwen3) get `n_expert` experts `n_ff` wide per block, `n_expert_used`
+    of them routed per token by an F32 router of std `router_std`, and (qwen2moe, n_ff_shexp >
+    0) a shared expert with its sigmoid gate; the experts take the ffn_* roles' types.
     """
-    if arch not in ("qwen2", "qwen3", "llama", "gemma3"):
-        raise ValueError(f"write_tiny_model writes qwen2, qwen3, llama or gemma3, not {arch!r}")
+    archs = ("qwen2", "qwen3", "llama", "gemma3", "qwen2moe", "qwen3moe")
+    if arch not in archs:
+        raise ValueError(f"write_tiny_model writes {', '.join(archs)}, not {arch!r}")
+    moe = arch.endswith("moe")
     path = Path(path)
     types = weight_type if weight_type is not None else weight_types
     vocab = vocab or build_tiny_vocab(extra_tokens=extra_tokens)
@@ -195,9 +204,15 @@ def write_tiny_model(
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
+    if moe:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(n_ff)
+        if n_ff_shexp and arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(n_ff_shexp)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    if head_dim is not None or arch in ("qwen3", "gemma3"):
+    if head_dim is not None or arch in ("qwen3", "gemma3", "qwen3moe"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_rope_freq_base(rope_base)
@@ -218,6 +233,28 @@ def write_tiny_model(
     def vector(name: str, n: int, *, mean: float, std: float) -> None:
         w.add_tensor(name, (mean + std * rng.standard_normal(n)).astype(np.float32))
 
+    def experts(name: str, role: str, n_out: int, n_in: int) -> None:
+        data, raw_dtype = _random_matrix(rng, n_expert * n_out, n_in, std=0.05,
+                                         qtype=_type_for(types, role), name=name)
+        w.add_tensor(name, data.reshape(n_expert, n_out, -1), raw_dtype=raw_dtype)
+
+    def ffn(blk: str) -> None:
+        if not moe:
+            matrix(f"{blk}.ffn_gate.weight", "ffn_gate", n_ff, n_embd)
+            matrix(f"{blk}.ffn_up.weight", "ffn_up", n_ff, n_embd)
+            matrix(f"{blk}.ffn_down.weight", "ffn_down", n_embd, n_ff)
+            return
+        w.add_tensor(f"{blk}.ffn_gate_inp.weight",
+                     (router_std * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
+        experts(f"{blk}.ffn_gate_exps.weight", "ffn_gate", n_ff, n_embd)
+        experts(f"{blk}.ffn_up_exps.weight", "ffn_up", n_ff, n_embd)
+        experts(f"{blk}.ffn_down_exps.weight", "ffn_down", n_embd, n_ff)
+        if n_ff_shexp and arch == "qwen2moe":
+            vector(f"{blk}.ffn_gate_inp_shexp.weight", n_embd, mean=0.0, std=0.3)
+            matrix(f"{blk}.ffn_gate_shexp.weight", "ffn_gate", n_ff_shexp, n_embd)
+            matrix(f"{blk}.ffn_up_shexp.weight", "ffn_up", n_ff_shexp, n_embd)
+            matrix(f"{blk}.ffn_down_shexp.weight", "ffn_down", n_embd, n_ff_shexp)
+
     n_vocab = len(vocab.tokens)
     matrix("token_embd.weight", "token_embd", n_vocab, n_embd, std=0.1)
     for i in range(n_layer):
@@ -225,9 +262,9 @@ def write_tiny_model(
         vector(f"{blk}.attn_norm.weight", n_embd, mean=1.0, std=0.05)
         for proj, n_out in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
             matrix(f"{blk}.attn_{proj}.weight", f"attn_{proj}", n_out, n_embd)
-            if arch == "qwen2":
+            if arch in ("qwen2", "qwen2moe"):
                 vector(f"{blk}.attn_{proj}.bias", n_out, mean=0.0, std=0.02)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             vector(f"{blk}.attn_q_norm.weight", hd, mean=1.0, std=0.05)
             vector(f"{blk}.attn_k_norm.weight", hd, mean=1.0, std=0.05)
         matrix(f"{blk}.attn_output.weight", "attn_output", n_embd, n_head * hd)
@@ -235,9 +272,7 @@ def write_tiny_model(
             vector(f"{blk}.post_attention_norm.weight", n_embd, mean=1.0, std=0.05)
             vector(f"{blk}.post_ffw_norm.weight", n_embd, mean=1.0, std=0.05)
         vector(f"{blk}.ffn_norm.weight", n_embd, mean=1.0, std=0.05)
-        matrix(f"{blk}.ffn_gate.weight", "ffn_gate", n_ff, n_embd)
-        matrix(f"{blk}.ffn_up.weight", "ffn_up", n_ff, n_embd)
-        matrix(f"{blk}.ffn_down.weight", "ffn_down", n_embd, n_ff)
+        ffn(blk)
     vector("output_norm.weight", n_embd, mean=1.0, std=0.05)
     if rope_freqs:  # divisors growing from 1 to 8 over the pairs, as Llama 3.1's low frequencies
         w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))

@@ -156,6 +156,25 @@ def _dense_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.
     return dw
 
 
+def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
+    """A stacked expert tensor ([n_expert, n_out, ...] in numpy order) as the expert drivers
+    read it: repacked 16 rows at a time where the dense weight would be (each expert's rows a
+    multiple of 16, so the flat repack is every expert's), widened where `integer_weight`
+    widens; made once per model weights."""
+    key = ("cpu-experts", w_name)
+    ew = ctx.weights.state.get(key)
+    if ew is None:
+        n_in, n_out, n_expert = ctx.weights.file.tensors[w_name].shape
+        raw, qtype = ctx.weights.matrix(w_name)
+        w, qt = raw.reshape(n_expert * n_out, -1), qtype
+        if K.packable(qtype, n_in, n_out):
+            w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
+        w, qt = K.integer_weight(w, qt)
+        ew = ctx.weights.state[key] = K.ExpertWeight(w.reshape(n_expert, n_out, -1), qt)
+    assert isinstance(ew, K.ExpertWeight)
+    return ew
+
+
 def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
     """`ModelWeights.derived`'s maker for the repacked layout."""
     return int(K.repack_weight(rows, qtype, out)[1])
@@ -298,6 +317,40 @@ def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
                                       scratch=_shared_scratch(ctx, "attn", k.size))]
 
 
+def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,
+              ctx: ExecContext) -> list[Callable[[], None]]:
+    """The routed experts over buffers every MoE node of the engine shares (one forward runs at
+    a time; 512 prefill rows x 8 experts of a 2048-wide model need ~100 MB)."""
+    op = node.op
+    assert isinstance(op, ir.Moe)
+    if ctx.dense_f32:
+        raise GraphError("a dense-f32 context has no mixture-of-experts kernels")
+
+    def scratch(kind: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        buf = _shared_scratch(ctx, kind, (n + 3) // 4)
+        return buf.view(np.uint8)[:n].view(dtype).reshape(shape)
+
+    def activation(kind: str, x: np.ndarray, qtype: int) -> K.Q8Blocks | K.Q8KBlocks | None:
+        empty = K.new_activation(x.shape[0], x.shape[1], qtype)
+        if empty is None:
+            return None
+        form = type(empty).__name__
+        parts = {name: scratch(f"{kind}-{form}-{name}", arr.shape, arr.dtype.type)
+                 for name, arr in vars(empty).items()}
+        return type(empty)(**parts)
+
+    gate, up, down = (_expert_weight(ctx, name) for name in node.meta.weights)
+    return K.bind_moe(srcs[0], srcs[1], gate, up, down, n_used=op.n_used, norm=op.norm,
+                      act=op.act, out=out, scratch=scratch, activation=activation)
+
+
+def _bind_sigmoid_gate(node: Node, srcs: Srcs, out: np.ndarray,
+                       ctx: ExecContext) -> list[Callable[[], None]]:
+    w = ctx.weights.vector(node.meta.weights[0])
+    return [partial(K.sigmoid_gate, srcs[0], srcs[1], w, out)]
+
+
 def _bind_layer_norm(node: Node, srcs: Srcs, out: np.ndarray,
                      ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.LayerNorm)
@@ -360,6 +413,8 @@ _BINDERS: dict[type, Binder] = {
     ir.LayerNorm: _bind_layer_norm,
     ir.SeqAttn: _bind_seq_attn,
     ir.Pool: _bind_pool,
+    ir.Moe: _bind_moe,
+    ir.SigmoidGate: _bind_sigmoid_gate,
     ir.Scale: _bind_scale,
     ir.Softcap: _bind_softcap,
 }

@@ -10,11 +10,14 @@ Public API (see docs/interfaces.md):
 - matmul(w_raw, qtype, x, out), quantize_activation(x, qtype), matmul_prequant(w, qtype, xq, out),
   quantize_q8_0(x), quantize_q8_k(x), packable(qtype, n_in, n_out), repack_weight(w_raw, qtype),
   bind_prequant(w_raw, qtype) -> run(xq, out) -- `linear.dispatch`
+- bind_moe(x, logits, gate, up, down, ...): a mixture-of-experts FFN (routing, rows grouped by
+  expert, the row drivers' expert forms) -- `linear.experts`
 - gemm(x, dense_weight(w), out): the batch-invariant f32 GEMM over an f32 copy of a weight in
   column tiles (encoders) -- `linear.dense`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
-  gelu_erf, tanh, scale, softcap, bind_pool (mean / cls / last rows of each sequence) --
+  gelu_erf, tanh, scale, softcap, sigmoid_gate, bind_pool (mean / cls / last rows of each
+  sequence) --
   `elementwise`
 - sequence_attention (an encoder's: within each sequence of the batch, no cache) --
   `attn.sequences`
@@ -48,6 +51,7 @@ from minfer.backends.cpu.kernels.elementwise.arith import (
     bind_silu,
     bind_swiglu,
     mul,
+    sigmoid_gate,
     silu,
     swiglu,
 )
@@ -93,6 +97,7 @@ from minfer.backends.cpu.kernels.linear.dispatch import (
     quantize_activation,
     repack_weight,
 )
+from minfer.backends.cpu.kernels.linear.experts import ExpertWeight, bind_moe
 from minfer.backends.cpu.kernels.quant.activations import (
     Q8Blocks,
     Q8KBlocks,
@@ -111,6 +116,7 @@ __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
     "PREFILL_MIN_TOKENS",
     "DenseWeight",
+    "ExpertWeight",
     "PrequantKernel",
     "Q8Blocks",
     "Q8KBlocks",
@@ -124,6 +130,7 @@ __all__ = [
     "bind_get_rows",
     "bind_head_rms_norm",
     "bind_layer_norm",
+    "bind_moe",
     "bind_mul",
     "bind_pool",
     "bind_prequant",
@@ -165,6 +172,7 @@ __all__ = [
     "row_bytes",
     "scale",
     "sequence_attention",
+    "sigmoid_gate",
     "silu",
     "softcap",
     "swiglu",

@@ -1,4 +1,4 @@
-"""Element-wise activations and arithmetic: `silu`, `swiglu`, `add`, `mul`.
+"""Element-wise activations and arithmetic: `silu`, `swiglu`, `add`, `mul`, `sigmoid_gate`.
 
 silu(x) = x / (1 + exp(-x)) in f32, as ggml's `ggml_silu_f32`. Like ggml's SIMD path, exp is a
 polynomial (`fast_exp`, within a few ulp of expf) that LLVM vectorises -- a libm call per element
@@ -200,3 +200,16 @@ def bind_silu(x: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         raise ValueError(f"shape mismatch {x.shape} vs {out.shape}")
     flat = _flat(x, out)
     return partial(_by_size(_silu, _silu_chunks, flat), *flat)
+
+
+@njit(cache=True, error_model="numpy")
+def sigmoid_gate(x: np.ndarray, h: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = x[t] * sigmoid(h[t] . w): a shared expert's gate (Qwen2-MoE); the dot in f64,
+    the sigmoid in f32 as ggml's; out may be x."""
+    for t in range(x.shape[0]):
+        acc = 0.0
+        for j in range(h.shape[1]):
+            acc += np.float64(h[t, j]) * w[j]
+        g = np.float32(1.0) / (np.float32(1.0) + np.exp(-np.float32(acc)))
+        for j in range(x.shape[1]):
+            out[t, j] = x[t, j] * g

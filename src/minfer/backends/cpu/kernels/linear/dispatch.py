@@ -36,6 +36,7 @@ import numpy as np
 from minfer.backends.cpu.kernels.linear.dots_q2k import mv_q2_k
 from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16, round_to_f16
 from minfer.backends.cpu.kernels.linear.row_drivers import (
+    expert_form,
     mv_bf16,
     mv_f16,
     mv_f32,
@@ -249,6 +250,35 @@ def bind_prequant_into(w_raw: np.ndarray, qtype: int, xq: Q8Blocks | Q8KBlocks,
                              xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
 
 
+def bind_experts_into(w3: np.ndarray, qtype: int, groups: np.ndarray, n_groups: np.ndarray,
+                      xq: Q8Blocks | Q8KBlocks | None, x: np.ndarray,
+                      out: np.ndarray) -> Callable[[], None]:
+    """`out[i] = x[i] @ W_e.T` for the activation rows i of each expert group (the row drivers'
+    `_x` forms: `groups[g] = (e, i0, i1)` for g < n_groups[0], filled when it runs) over the
+    stacked experts `w3[n_expert, n_out, ...]` as `integer_weight` / `repack_weight` leave
+    them; xq: x in the weight type's quantized form (None for a float weight: x is rounded to
+    it per call)."""
+    qt = qtype_of(qtype)
+    fn, want, label = _kernel_for(qt)
+    fn_x = expert_form(fn)
+    n_in = weight_view(w3[0], qt)[1]
+    if qt in _FLOAT:
+        if xq is not None:
+            raise TypeError(f"{qt.name} experts read a float activation")
+        _check_widths(x, out, n_in, w3.shape[1])
+        w = weight_view(w3.reshape(-1, w3.shape[-1]), qt)[0].reshape(w3.shape[0], w3.shape[1],
+                                                                     -1)
+        if qt is QType.F32:
+            return functools.partial(fn_x, w, groups, n_groups, x, out)
+        rounding = round_to_f16 if qt is QType.F16 else round_to_bf16
+        return lambda: fn_x(w, groups, n_groups, rounding(x), out)
+    if not isinstance(xq, want) or xq is None:
+        raise TypeError(f"{qt.name} needs {label} activation")
+    _check_widths(xq.qs, out, n_in, w3.shape[1])
+    return functools.partial(fn_x, w3, groups, n_groups, xq.qs, xq.d,
+                             xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
+
+
 def _check_widths(x_rows: np.ndarray, out: np.ndarray, n_in: int, n_out: int) -> None:
     if x_rows.ndim != 2 or x_rows.shape[1] != n_in:
         raise ValueError(f"activation has shape {x_rows.shape}, weight rows {n_in} values")
@@ -296,6 +326,7 @@ __all__ = [
     "PREFILL_MIN_TOKENS",
     "PrequantKernel",
     "QuantizedActivation",
+    "bind_experts_into",
     "bind_prequant",
     "bind_prequant_into",
     "bind_quantize",

@@ -13,6 +13,10 @@ call (`linear.dots32.lane_corr` / `block_corr` / `block_transpose`). The weights
 at a time (Q4_0 / Q5_0 / Q8_0: `*p`, `simd.interleaved`; Q4_K / Q6_K: `*kr`, `simd.interleaved_k`)
 have a
 third skeleton: threads split the row groups, and each group runs the same token passes.
+Every driver also comes in an expert form, `<name>_x` (llama.cpp's mul_mat_id): the weights of
+all experts stacked in one array, groups of activation rows each dotted with one expert's rows;
+its token passes are the dense driver's own snippet, so a row's result is the same bits whichever
+form, group or batch computes it.
 
 numba caches a compiled function on disk only when it lives in a real source file and its
 callees are module globals: a factory closing over the intrinsics would recompile them on
@@ -46,44 +50,59 @@ _PF = 512  # float rows: prefetch distance, in elements of the weight row
 '''
 
 # The integer drivers: {rd} is the intrinsics' suffix, {args} what they read between the weight
-# row and the token index, {prologue} the activation preparation.
+# row and the token index, {prologue} the activation preparation. The token passes over rows
+# [r0, r1) of `w` and activation rows [t0, t1) are one snippet, shared by the dense driver (one
+# weight, every row) and its expert form (`name_x`: stacked experts, groups of activation rows
+# each dotted with its own expert's rows: llama.cpp's mul_mat_id).
+_INTEGER_PASSES = """\
+        m = t1 - t0
+        n8 = t0 + (m - m % MAX_TOKENS if wide else 0)
+        n4 = n8 + (t1 - n8) // 4 * 4
+        for t in range(t0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
+            for r in range(r0, r1):
+                rowdot8_{rd}(w[r], {args}, t, out, r)
+        for t in range(n8, n4, 4):
+            for r in range(r0, r1):
+                rowdot4_{rd}(w[r], {args}, t, out, r)
+        if t1 - n4 >= 2:
+            for r in range(r0, r1):
+                rowdot2_{rd}(w[r], {args}, n4, out, r)
+        if (t1 - n4) % 2:
+            for r in range(r0, r1):
+                rowdot_{rd}(w[r], {args}, t1 - 1, out, r)
+"""
 _INTEGER = '''
 
 @njit(parallel=True, cache=True)
 def {name}(w, xq, xd, {aux}, out):
     """{doc}"""
     n_out, nt = w.shape[0], xq.shape[0]
-{prologue}    n8 = nt - nt % MAX_TOKENS if xq.shape[1] <= ROWS8_MAX_IN else 0
-    n4 = n8 + (nt - n8) // 4 * 4
+{prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
+    t0, t1 = 0, nt
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r1 = min(n_out, c * _CHUNK + _CHUNK)
-        for t in range(0, n8, MAX_TOKENS):  # the chunk's rows stay in cache across tokens
-            for r in range(c * _CHUNK, r1):
-                rowdot8_{rd}(w[r], {args}, t, out, r)
-        for t in range(n8, n4, 4):
-            for r in range(c * _CHUNK, r1):
-                rowdot4_{rd}(w[r], {args}, t, out, r)
-        if nt - n4 >= 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot2_{rd}(w[r], {args}, n4, out, r)
-        if (nt - n4) % 2:
-            for r in range(c * _CHUNK, r1):
-                rowdot_{rd}(w[r], {args}, nt - 1, out, r)
-'''
+        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}
+
+@njit(parallel=True, cache=True)
+def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
+    """{name} over stacked experts w3 [n_expert, n_out, ...]: activation rows
+    [groups[g, 1], groups[g, 2]) times expert groups[g, 0], for the first n_groups[0] groups."""
+    n_out, nt = w3.shape[1], xq.shape[0]
+{prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
+    ng = n_groups[0]
+    for job in prange((n_out + _CHUNK - 1) // _CHUNK * ng):  # every thread: all groups
+        g, c = job % ng, job // ng
+        w = w3[groups[g, 0]]
+        t0, t1 = groups[g, 1], groups[g, 2]
+        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}'''
 
 # The float drivers: {value_*} is a weight element as f32 (the activation is already
 # rounded to the weight's type by the caller; see `linear.float_rows`).
-_FLOAT = '''
-
-@njit(parallel=True, fastmath=True, cache=True)
-def {name}(w, x, out):
-    """{doc}"""
-    n_out, nt, n = w.shape[0], x.shape[0], x.shape[1]
-    n64 = U(n - n % 64)
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        for r in range(c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)):
+_FLOAT_PASSES = """\
+        for r in range(r0, r1):
             row = w[r]
-            for t in range(nt):
+            for t in range(t0, t1):
                 xr = x[t]
                 acc = np.float32(0.0)
                 for j0 in range(U(0), n64, U(64)):
@@ -93,7 +112,31 @@ def {name}(w, x, out):
                 for j0 in range(n64, U(n)):
                     acc += {value_j0} * xr[j0]
                 out[t, r] = acc
-'''
+"""
+_FLOAT = '''
+
+@njit(parallel=True, fastmath=True, cache=True)
+def {name}(w, x, out):
+    """{doc}"""
+    n_out, nt, n = w.shape[0], x.shape[0], x.shape[1]
+    n64 = U(n - n % 64)
+    t0, t1 = 0, nt
+    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
+        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}
+
+@njit(parallel=True, fastmath=True, cache=True)
+def {name}_x(w3, groups, n_groups, x, out):
+    """{name} over stacked experts (see the integer drivers' `_x` form)."""
+    n_out, n = w3.shape[1], x.shape[1]
+    n64 = U(n - n % 64)
+    ng = n_groups[0]
+    for job in prange((n_out + _CHUNK - 1) // _CHUNK * ng):
+        g, c = job % ng, job // ng
+        w = w3[groups[g, 0]]
+        t0, t1 = groups[g, 1], groups[g, 2]
+        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}'''
 
 
 def _pass_imports(module: str, prefix: str, suffix: str, *extra: str) -> str:
@@ -119,8 +162,9 @@ class IntegerDriver:
         return _pass_imports(self.module, "rowdot", self.rd)
 
     def source(self) -> str:
-        return _INTEGER.format(name=self.name, aux=self.aux, rd=self.rd, args=self.args,
-                               doc=self.doc, prologue="".join(f"    {s}\n" for s in self.prologue))
+        passes = _INTEGER_PASSES.format(rd=self.rd, args=self.args)
+        return _INTEGER.format(name=self.name, aux=self.aux, doc=self.doc, passes=passes,
+                               prologue="".join(f"    {s}\n" for s in self.prologue))
 
 
 # The drivers of the row-interleaved weights (`simd.interleaved`, `simd.interleaved_k`): threads
@@ -129,6 +173,19 @@ class IntegerDriver:
 # the intrinsics read besides the activation's codes and scales, made once per call. A pass
 # holds only one block column of its 8 tokens' activations, so 8-token passes run at any width
 # (0.5B ffn_down, 4864 inputs, 16 and 64 tokens: faster than the 4-token passes they replace).
+_ROWS_PASSES = """\
+        m = t1 - t0
+        n8 = t0 + m - m % MAX_TOKENS
+        n4 = n8 + (t1 - n8) // 4 * 4
+        for t in range(t0, n8, MAX_TOKENS):
+            rowsdot8_{qt}(w, xq, xd, aux, t, out, g)
+        for t in range(n8, n4, 4):
+            rowsdot4_{qt}(w, xq, xd, aux, t, out, g)
+        if t1 - n4 >= 2:
+            rowsdot2_{qt}(w, xq, xd, aux, n4, out, g)
+        if (t1 - n4) % 2:
+            rowsdot_{qt}(w, xq, xd, aux, t1 - 1, out, g)
+"""
 _ROWS = '''
 
 @njit(parallel=True, cache=True)
@@ -136,18 +193,20 @@ def {name}(w, xq, xd, {fourth}, out):
     """{doc}"""
     n_out, nt = w.shape[0], xq.shape[0]
     aux = {aux}
-    n8 = nt - nt % MAX_TOKENS
-    n4 = n8 + (nt - n8) // 4 * 4
+    t0, t1 = 0, nt
     for g in prange(n_out // ROWS):
-        for t in range(0, n8, MAX_TOKENS):
-            rowsdot8_{qt}(w, xq, xd, aux, t, out, g)
-        for t in range(n8, n4, 4):
-            rowsdot4_{qt}(w, xq, xd, aux, t, out, g)
-        if nt - n4 >= 2:
-            rowsdot2_{qt}(w, xq, xd, aux, n4, out, g)
-        if (nt - n4) % 2:
-            rowsdot_{qt}(w, xq, xd, aux, nt - 1, out, g)
-'''
+{passes}
+
+@njit(parallel=True, cache=True)
+def {name}_x(w3, groups, n_groups, xq, xd, {fourth}, out):
+    """{name} over stacked experts (see the integer drivers' `_x` form)."""
+    aux = {aux}
+    ng = n_groups[0]
+    for job in prange(w3.shape[1] // ROWS * ng):
+        e, g = job % ng, job // ng
+        w = w3[groups[e, 0]]
+        t0, t1 = groups[e, 1], groups[e, 2]
+{passes}'''
 
 
 @dataclass(frozen=True)
@@ -166,8 +225,8 @@ class RowsDriver:
         return _pass_imports(self.module, "rowsdot", self.qt, "ROWS")
 
     def source(self) -> str:
-        return _ROWS.format(name=self.name, qt=self.qt, fourth=self.fourth, aux=self.aux,
-                            doc=self.doc)
+        return _ROWS.format(name=self.name, fourth=self.fourth, aux=self.aux, doc=self.doc,
+                            passes=_ROWS_PASSES.format(qt=self.qt))
 
 
 @dataclass(frozen=True)
@@ -182,9 +241,9 @@ class FloatDriver:
         return ""
 
     def source(self) -> str:
-        return _FLOAT.format(name=self.name, doc=self.doc,
-                             value_j0_j=self.value.format(i="j0 + j"),
-                             value_j0=self.value.format(i="j0"))
+        passes = _FLOAT_PASSES.format(value_j0_j=self.value.format(i="j0 + j"),
+                                      value_j0=self.value.format(i="j0"))
+        return _FLOAT.format(name=self.name, doc=self.doc, passes=passes)
 
 
 _Q8 = "xq, xt, xd, xs, xc, cb"  # what the 32-value block rows read (Q8_0 unpacked: no xt, cb)
@@ -265,3 +324,27 @@ mv_q6_kr: Any = _M.mv_q6_kr
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16
+mv_q4_0_x: Any = _M.mv_q4_0_x
+mv_q4_1_x: Any = _M.mv_q4_1_x
+mv_q5_0_x: Any = _M.mv_q5_0_x
+mv_q5_1_x: Any = _M.mv_q5_1_x
+mv_q8_0_x: Any = _M.mv_q8_0_x
+mv_q4_0p_x: Any = _M.mv_q4_0p_x
+mv_q5_0p_x: Any = _M.mv_q5_0p_x
+mv_q8_0p_x: Any = _M.mv_q8_0p_x
+mv_q4_k_x: Any = _M.mv_q4_k_x
+mv_q5_k_x: Any = _M.mv_q5_k_x
+mv_q6_k_x: Any = _M.mv_q6_k_x
+mv_q4_kr_x: Any = _M.mv_q4_kr_x
+mv_q6_kr_x: Any = _M.mv_q6_kr_x
+mv_f32_x: Any = _M.mv_f32_x
+mv_f16_x: Any = _M.mv_f16_x
+mv_bf16_x: Any = _M.mv_bf16_x
+
+
+def expert_form(driver: Any) -> Any:
+    """The `_x` (stacked experts) form of a dense driver."""
+    form = getattr(_M, f"{driver.py_func.__name__}_x", None)
+    if form is None:
+        raise ValueError(f"{driver.py_func.__name__} has no expert form")
+    return form

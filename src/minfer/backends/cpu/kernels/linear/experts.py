@@ -1,0 +1,199 @@
+"""A mixture-of-experts FFN on the CPU: routing, grouping rows by expert, the expert matmuls.
+
+llama.cpp's `build_moe_ffn` (soft-max gating) as one bound sequence of compiled calls:
+
+1. `route_and_group`: per row, the router logits soft-maxed (f32 exp, f64 sum, as ggml), the
+   `n_used` most probable experts (ties: the lower id; a NaN row still picks valid ids), their
+   probabilities renormalised when asked (the sum clamped below at 2^-14, as llama.cpp); then
+   the (row, slot) pairs counted into groups by expert (a counting sort: within a group by row,
+   then slot) and the input rows gathered in that order;
+2. per expert group, the gate / up / down projections of the expert's own rows (the row
+   drivers' `_x` forms, `dispatch.bind_experts_into`): each expert's weights stream once per
+   batch, and a decode step touches only its `n_used` experts' bytes;
+3. `combine`: each row's output = sum over its slots, in slot order, of p_s * y_s.
+
+Every step is row-wise: a row's routing, its projections (the integer dots give a row the same
+bits in any batch) and its weighted sum never read another row, so the result is batch
+invariant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+from numba import njit, prange
+
+from minfer.backends.cpu.kernels.elementwise.arith import bind_swiglu
+from minfer.backends.cpu.kernels.elementwise.gelu import geglu
+from minfer.backends.cpu.kernels.linear.dispatch import bind_experts_into, bind_quantize
+from minfer.backends.cpu.kernels.quant.activations import Q8Blocks, Q8KBlocks
+
+_WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)  # llama.cpp's clamp of the top-k weights' sum
+
+
+@njit(cache=True)
+def _route(logits: np.ndarray, n_used: int, norm: bool, ids: np.ndarray,
+           wts: np.ndarray) -> None:
+    nt, ne = logits.shape
+    p = np.empty(ne, np.float32)
+    taken = np.empty(ne, np.bool_)
+    for t in range(nt):
+        mx = logits[t, 0]
+        for e in range(1, ne):
+            mx = max(mx, logits[t, e])
+        s = 0.0
+        for e in range(ne):
+            p[e] = np.exp(logits[t, e] - mx)
+            s += p[e]
+        inv = np.float32(1.0 / s)
+        for e in range(ne):
+            p[e] *= inv
+            taken[e] = False
+        total = np.float32(0.0)
+        for k in range(n_used):
+            best = -1
+            for e in range(ne):  # strictly greater: the lower id wins a tie
+                if not taken[e] and (best < 0 or p[e] > p[best]):
+                    best = e
+            taken[best] = True
+            ids[t, k] = best
+            wts[t, k] = p[best]
+            total += p[best]
+        if norm:
+            total = max(total, _WEIGHTS_SUM_MIN)
+            for k in range(n_used):
+                wts[t, k] = wts[t, k] / total
+
+
+@njit(cache=True)
+def _group(ids: np.ndarray, n_expert: int, groups: np.ndarray, n_groups: np.ndarray,
+           order: np.ndarray, pos: np.ndarray) -> None:
+    nt, k = ids.shape
+    start = np.zeros(n_expert + 1, np.int64)
+    for t in range(nt):
+        for s in range(k):
+            start[ids[t, s] + 1] += 1
+    ng = 0
+    for e in range(n_expert):
+        if start[e + 1]:
+            groups[ng, 0] = e
+            groups[ng, 1] = start[e]
+            groups[ng, 2] = start[e] + start[e + 1]
+            ng += 1
+        start[e + 1] += start[e]
+    n_groups[0] = ng
+    for t in range(nt):
+        for s in range(k):
+            e = ids[t, s]
+            i = start[e]
+            start[e] += 1
+            order[i] = t
+            pos[t * k + s] = i
+
+
+@njit(parallel=True, cache=True)
+def _gather(x: np.ndarray, order: np.ndarray, xs: np.ndarray) -> None:
+    for i in prange(order.shape[0]):
+        xs[i] = x[order[i]]
+
+
+@njit(cache=True)
+def _route_and_group_small(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
+                           ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
+                           n_groups: np.ndarray, order: np.ndarray, pos: np.ndarray,
+                           xs: np.ndarray) -> None:
+    _route(logits, n_used, norm, ids, wts)
+    _group(ids, logits.shape[1], groups, n_groups, order, pos)
+    for i in range(order.shape[0]):
+        xs[i] = x[order[i]]
+
+
+def route_and_group(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
+                    ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
+                    n_groups: np.ndarray, order: np.ndarray, pos: np.ndarray,
+                    xs: np.ndarray) -> None:
+    """Routing and grouping of every row (see the module's docstring), in one call."""
+    _route(logits, n_used, norm, ids, wts)
+    _group(ids, logits.shape[1], groups, n_groups, order, pos)
+    _gather(x, order, xs)
+
+
+_SERIAL_MAX_PAIRS = 64  # up to this many (row, slot) pairs, one serial call does it all
+
+
+@njit(parallel=True, cache=True)
+def combine(ys: np.ndarray, pos: np.ndarray, wts: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = sum over slots s in order of wts[t, s] * ys[pos[t * k + s]]."""
+    nt, k = wts.shape
+    for t in prange(nt):
+        y0 = ys[pos[t * k]]
+        w0 = wts[t, 0]
+        for j in range(out.shape[1]):
+            out[t, j] = w0 * y0[j]
+        for s in range(1, k):
+            y = ys[pos[t * k + s]]
+            w = wts[t, s]
+            for j in range(out.shape[1]):
+                out[t, j] += w * y[j]
+
+
+@dataclass(frozen=True)
+class ExpertWeight:
+    """One stacked expert tensor as the integer / float drivers read it: `w3[n_expert, n_out,
+    ...]` (a repacked copy, or the file's blocks) and its type."""
+
+    w3: np.ndarray
+    qtype: int
+
+
+Activation = Q8Blocks | Q8KBlocks | None
+# scratch(kind, shape, dtype) -> a buffer the caller may share between MoE nodes
+Scratch = Callable[[str, tuple[int, ...], type], np.ndarray]
+# activation(kind, x, qtype) -> a quantized buffer for x's rows in qtype's form (None: a float
+# weight's, rounded per call)
+ActivationBuffer = Callable[[str, np.ndarray, int], Activation]
+
+
+def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWeight,
+             down: ExpertWeight, *, n_used: int, norm: bool, act: str, out: np.ndarray,
+             scratch: Scratch, activation: ActivationBuffer) -> list[Callable[[], None]]:
+    """The calls of one MoE node over fixed buffers: x [nt, n_embd], logits [nt, n_expert],
+    out [nt, n_embd]; the gate / up / down experts' stacked weights."""
+    nt, n_embd = x.shape
+    n_expert = logits.shape[1]
+    n_ff = gate.w3.shape[1]
+    pairs = nt * n_used
+    ids = scratch("moe-ids", (nt, n_used), np.int32)
+    wts = scratch("moe-wts", (nt, n_used), np.float32)
+    groups = scratch("moe-groups", (n_expert, 3), np.int64)
+    n_groups = scratch("moe-ngroups", (1,), np.int64)
+    order = scratch("moe-order", (pairs,), np.int64)
+    pos = scratch("moe-pos", (pairs,), np.int64)
+    xs = scratch("moe-xs", (pairs, n_embd), np.float32)
+    g = scratch("moe-gate", (pairs, n_ff), np.float32)
+    u = scratch("moe-up", (pairs, n_ff), np.float32)
+    a = scratch("moe-act", (pairs, n_ff), np.float32)
+    ys = scratch("moe-ys", (pairs, n_embd), np.float32)
+    route = _route_and_group_small if pairs <= _SERIAL_MAX_PAIRS else route_and_group
+    steps: list[Callable[[], None]] = [
+        partial(route, logits, x, n_used, norm, ids, wts, groups, n_groups, order, pos, xs)]
+    quantized: dict[type, Activation] = {}  # gate and up read one quantization of xs
+    for w, y in ((gate, g), (up, u)):
+        xq = activation("moe-xs-q", xs, w.qtype)
+        if xq is not None:
+            if type(xq) in quantized:
+                xq = quantized[type(xq)]
+            else:
+                quantized[type(xq)] = xq
+                steps.append(bind_quantize(xs, xq))
+        steps.append(bind_experts_into(w.w3, w.qtype, groups, n_groups, xq, xs, y))
+    steps.append(bind_swiglu(g, u, a) if act == "silu" else partial(geglu, g, u, a))
+    aq = activation("moe-act-q", a, down.qtype)
+    if aq is not None:
+        steps.append(bind_quantize(a, aq))
+    steps.append(bind_experts_into(down.w3, down.qtype, groups, n_groups, aq, a, ys))
+    steps.append(partial(combine, ys, pos, wts, out))
+    return steps
