@@ -46,9 +46,13 @@ class BenchRow:
 
 
 def weight_bytes_per_token(engine: Engine) -> int:
-    """Bytes of weights one decode step reads: every matrix once, one embedding row."""
+    """Bytes of weights one decode step reads: every matrix once, one embedding row; of a
+    mixture of experts' stacked expert tensors only the `n_expert_used` experts a token reads
+    (its active bytes)."""
     tensors = engine.weights.file.tensors
-    total = sum(t.nbytes for t in tensors.values())
+    hp = engine.hparams
+    total = sum(t.nbytes * hp.n_expert_used // hp.n_expert if "_exps." in name else t.nbytes
+                for name, t in tensors.items())
     embd = tensors["token_embd.weight"]
     row = embd.nbytes // embd.shape[1]
     if engine.hparams.tie_embeddings:

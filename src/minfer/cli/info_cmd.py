@@ -57,7 +57,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("architecture", hp.arch), ("quantization", model_quantization(f)),
         ("layers", hp.n_layer), ("embedding", hp.n_embd),
         ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", hp.head_dim),
-        ("feed-forward", hp.n_ff), ("vocabulary", hp.n_vocab),
+        *_ffn_rows(hp), ("vocabulary", hp.n_vocab),
         ("context length (trained)", hp.n_ctx_train),
         ("rope", _rope_text(hp)),
         ("rms eps", f"{hp.rms_eps:g}"), ("tied embeddings", hp.tie_embeddings),
@@ -117,6 +117,25 @@ def _rope_text(hp: HParams) -> str:
     if hp.sliding_window:
         text += f" (sliding-window layers: base {hp.rope_base_swa:g})"
     return text
+
+
+def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
+    """The FFN's width; for a mixture of experts its experts and the parameters a token reads."""
+    if not hp.n_expert:
+        return [("feed-forward", hp.n_ff)]
+    total, active = hp.n_params()
+    rows: list[tuple[str, object]] = [
+        ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each {hp.n_ff} wide"
+                    f"{' (weights renormalised)' if hp.expert_norm else ''}")]
+    if hp.n_ff_shexp:
+        rows.append(("shared expert", f"{hp.n_ff_shexp} wide, sigmoid-gated"))
+    rows.append(("parameters (total / active)",
+                 f"{_count(total)} / {_count(active)} per token"))
+    return rows
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
 def _attention_rows(hp: HParams) -> list[tuple[str, object]]:

@@ -318,6 +318,28 @@ def write_model_like_qwen25_05b(path: str | Path, *, weight_type: WeightTypes = 
     )
 
 
+# Qwen3-30B-A3B's block scaled down (half the width, half the experts, 512-wide experts): 48
+# layers x 64 experts, 8 routed per token, Q4_K_M-like types (~2.9 GB, ~0.55 GB read per token)
+QWEN3_MOE_BENCH_TYPES: Mapping[str, QType] = {
+    "token_embd": QType.Q4_K, "output": QType.Q6_K, "attn_v": QType.Q6_K,
+    "ffn_down": QType.Q6_K, "default": QType.Q4_K,
+}
+
+
+def write_moe_like_qwen3_a3b(path: str | Path, *, n_layer: int = 48, n_expert: int = 64,
+                             weight_type: WeightTypes = QWEN3_MOE_BENCH_TYPES,
+                             seed: int = 0) -> Path:
+    """Random weights shaped like a scaled-down Qwen3-30B-A3B (qwen3moe: 1024 wide, 16 / 4
+    heads of 128, experts 512 wide, 8 of `n_expert` per token, vocabulary 151,936): the speed
+    benchmark's mixture of experts."""
+    return write_tiny_model(
+        path, arch="qwen3moe", n_layer=n_layer, n_embd=1024, n_head=16, n_head_kv=4,
+        head_dim=128, n_ff=512, n_expert=n_expert, n_expert_used=8,
+        vocab=build_tiny_vocab(vocab_size=151936), weight_types=weight_type, tied=False,
+        seed=seed, n_ctx_train=32768, rope_base=1000000.0, router_std=0.05,
+    )
+
+
 _ARRAY_TYPES = {"b": gguf.GGUFValueType.BOOL, "i": gguf.GGUFValueType.INT32,
                 "u": gguf.GGUFValueType.UINT32, "f": gguf.GGUFValueType.FLOAT32}
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
-from minfer.backends.cpu.kernels.linear.dots_q2k import mv_q2_k
+from minfer.backends.cpu.kernels.linear.dots_q2k import mv_q2_k, mv_q2_k_x
 from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16, round_to_f16
 from minfer.backends.cpu.kernels.linear.row_drivers import (
     expert_form,
@@ -260,7 +260,7 @@ def bind_experts_into(w3: np.ndarray, qtype: int, groups: np.ndarray, n_groups: 
     it per call)."""
     qt = qtype_of(qtype)
     fn, want, label = _kernel_for(qt)
-    fn_x = expert_form(fn)
+    fn_x: Any = mv_q2_k_x if fn is mv_q2_k else expert_form(fn)
     n_in = weight_view(w3[0], qt)[1]
     if qt in _FLOAT:
         if xq is not None:

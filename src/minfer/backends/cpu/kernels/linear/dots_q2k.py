@@ -57,3 +57,16 @@ def mv_q2_k(w, xq, xd, bsums, out):
         for t in range(nt):  # the chunk's rows stay in cache across tokens
             for r in range(c * _CHUNK, r1):
                 out[t, r] = _dot_q2_k(w[r], xq, xd, bsums, t)
+
+
+@njit(parallel=True, cache=True)
+def mv_q2_k_x(w3, groups, n_groups, xq, xd, bsums, out):
+    """mv_q2_k over stacked experts (the row drivers' `_x` form)."""
+    n_out, ng = w3.shape[1], n_groups[0]
+    for job in prange((n_out + _CHUNK - 1) // _CHUNK * ng):
+        g, c = job % ng, job // ng
+        w = w3[groups[g, 0]]
+        r1 = min(n_out, c * _CHUNK + _CHUNK)
+        for t in range(groups[g, 1], groups[g, 2]):
+            for r in range(c * _CHUNK, r1):
+                out[t, r] = _dot_q2_k(w[r], xq, xd, bsums, t)
