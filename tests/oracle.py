@@ -116,7 +116,7 @@ class OracleQwen:
                                                 w[p + "ffn_up_exps.weight"][e],
                                                 w[p + "ffn_down_exps.weight"][e])[0]
         if p + "ffn_gate_inp_shexp.weight" in w and self.arch == "qwen2moe":
-            gate = 1.0 / (1.0 + np.exp(-(x @ w[p + "ffn_gate_inp_shexp.weight"])))
+            gate = 1.0 / (1.0 + np.exp(-(x @ w[p + "ffn_gate_inp_shexp.weight"].reshape(-1))))
             out += gate[:, None] * self._swiglu_ffn(x, w[p + "ffn_gate_shexp.weight"],
                                                     w[p + "ffn_up_shexp.weight"],
                                                     w[p + "ffn_down_shexp.weight"])

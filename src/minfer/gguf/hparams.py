@@ -254,9 +254,17 @@ class HParams:
             t = f.tensors.get(name)
             if t is None:
                 raise GGUFError(f.path, f"missing tensor {name!r}")
-            if t.shape != shape:
+            if _squeezed(t.shape) != _squeezed(shape):  # ggml pads ne with ones: [n, 1] is [n]
                 raise GGUFError(f.path, f"tensor {name!r} has shape {list(t.shape)}, "
                                         f"expected {list(shape)}")
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A GGUF ne shape without its trailing ones."""
+    n = len(shape)
+    while n > 1 and shape[n - 1] == 1:
+        n -= 1
+    return shape[:n]
 
 
 class _Keys:

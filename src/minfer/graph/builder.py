@@ -142,7 +142,9 @@ class GraphBuilder:
         return self._append(name, op, (x, logits), self.shape(x), meta=meta)
 
     def sigmoid_gate(self, name: str, x: int, h: int, weight: str, *, layer: int) -> int:
-        if self.shape(x)[0] != self.shape(h)[0] or self._weight(weight) != (self.shape(h)[-1],):
+        # a vector; llama.cpp's converter writes it as ne [n_embd, 1]
+        if self.shape(x)[0] != self.shape(h)[0] or \
+                self._weight(weight) not in ((self.shape(h)[-1],), (self.shape(h)[-1], 1)):
             raise GraphError(f"{name}: gate {weight} does not match its input")
         meta = NodeMeta(role=name, layer=layer, weights=(weight,))
         return self._append(name, ir.SigmoidGate(), (x, h), self.shape(x), meta=meta)

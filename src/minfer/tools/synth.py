@@ -250,7 +250,9 @@ def write_tiny_model(
         experts(f"{blk}.ffn_up_exps.weight", "ffn_up", n_ff, n_embd)
         experts(f"{blk}.ffn_down_exps.weight", "ffn_down", n_embd, n_ff)
         if n_ff_shexp and arch == "qwen2moe":
-            vector(f"{blk}.ffn_gate_inp_shexp.weight", n_embd, mean=0.0, std=0.3)
+            # ne [n_embd, 1], as llama.cpp's converter writes it
+            w.add_tensor(f"{blk}.ffn_gate_inp_shexp.weight",
+                         (0.3 * rng.standard_normal((1, n_embd))).astype(np.float32))
             matrix(f"{blk}.ffn_gate_shexp.weight", "ffn_gate", n_ff_shexp, n_embd)
             matrix(f"{blk}.ffn_up_shexp.weight", "ffn_up", n_ff_shexp, n_embd)
             matrix(f"{blk}.ffn_down_shexp.weight", "ffn_down", n_embd, n_ff_shexp)

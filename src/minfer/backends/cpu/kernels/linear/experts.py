@@ -124,20 +124,32 @@ def route_and_group(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
 _SERIAL_MAX_PAIRS = 64  # up to this many (row, slot) pairs, one serial call does it all
 
 
+@njit(inline="always")
+def _combine_row(ys: np.ndarray, pos: np.ndarray, wts: np.ndarray, out: np.ndarray,
+                 t: int) -> None:
+    k = wts.shape[1]
+    y0 = ys[pos[t * k]]
+    w0 = wts[t, 0]
+    for j in range(out.shape[1]):
+        out[t, j] = w0 * y0[j]
+    for s in range(1, k):
+        y = ys[pos[t * k + s]]
+        w = wts[t, s]
+        for j in range(out.shape[1]):
+            out[t, j] += w * y[j]
+
+
 @njit(parallel=True, cache=True)
 def combine(ys: np.ndarray, pos: np.ndarray, wts: np.ndarray, out: np.ndarray) -> None:
     """out[t] = sum over slots s in order of wts[t, s] * ys[pos[t * k + s]]."""
-    nt, k = wts.shape
-    for t in prange(nt):
-        y0 = ys[pos[t * k]]
-        w0 = wts[t, 0]
-        for j in range(out.shape[1]):
-            out[t, j] = w0 * y0[j]
-        for s in range(1, k):
-            y = ys[pos[t * k + s]]
-            w = wts[t, s]
-            for j in range(out.shape[1]):
-                out[t, j] += w * y[j]
+    for t in prange(wts.shape[0]):
+        _combine_row(ys, pos, wts, out, t)
+
+
+@njit(cache=True)
+def _combine_small(ys: np.ndarray, pos: np.ndarray, wts: np.ndarray, out: np.ndarray) -> None:
+    for t in range(wts.shape[0]):
+        _combine_row(ys, pos, wts, out, t)
 
 
 @dataclass(frozen=True)
@@ -177,7 +189,8 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
     u = scratch("moe-up", (pairs, n_ff), np.float32)
     a = scratch("moe-act", (pairs, n_ff), np.float32)
     ys = scratch("moe-ys", (pairs, n_embd), np.float32)
-    route = _route_and_group_small if pairs <= _SERIAL_MAX_PAIRS else route_and_group
+    small = pairs <= _SERIAL_MAX_PAIRS
+    route = _route_and_group_small if small else route_and_group
     steps: list[Callable[[], None]] = [
         partial(route, logits, x, n_used, norm, ids, wts, groups, n_groups, order, pos, xs)]
     quantized: dict[type, Activation] = {}  # gate and up read one quantization of xs
@@ -195,5 +208,5 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
     if aq is not None:
         steps.append(bind_quantize(a, aq))
     steps.append(bind_experts_into(down.w3, down.qtype, groups, n_groups, aq, a, ys))
-    steps.append(partial(combine, ys, pos, wts, out))
+    steps.append(partial(_combine_small if small else combine, ys, pos, wts, out))
     return steps
