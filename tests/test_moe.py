@@ -195,3 +195,26 @@ def test_bad_moe_files_are_refused(change: dict[str, object], message: str,
     path = _bad(tmp_path, **change)
     with pytest.raises(GGUFError, match=message):
         HParams.from_gguf(GGUFFile.open(path))
+
+
+def test_torch_backend_leaves_the_experts_to_the_cpu(tmp_path: Path) -> None:
+    """With the torch backend claiming every op it has, the Moe and SigmoidGate nodes stay on
+    the CPU kernels (measured: its claim sets hold dense ops only) and the logits stay within
+    its bf16 rounding of the CPU's."""
+    pytest.importorskip("torch")
+    from minfer.backends.cpu.backend import CpuBackend
+    from minfer.backends.torch_backend.backend import TorchBackend
+
+    path = _moe_model(tmp_path, "qwen2moe", QType.F32)
+    ref = _engine(path).forward(TOKENS, 0, n_out=len(TOKENS))
+    f = GGUFFile.open(path)
+    e = Engine(f, HParams.from_gguf(f), backends=[TorchBackend(min_rows=2, claim="all"),
+                                                  CpuBackend()],
+               n_ctx=64)
+    got = e.forward(TOKENS, 0, n_out=len(TOKENS))
+    graph = e.cache.get(e.params_for(len(TOKENS), len(TOKENS))).graph
+    on = {n.name: n.backend for n in graph.nodes}
+    assert on["ffn_moe"] == "cpu" and on["ffn_shexp_gated"] == "cpu"
+    assert "torch" in on.values()
+    assert _rel_err(got, ref) < 0.05
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
