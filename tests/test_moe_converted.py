@@ -52,15 +52,19 @@ def test_greedy_continuation_equals_llamacpps(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize(("ftype", "atol"), [("Q8_0", 0.05), ("Q4_K_M", 0.3)])
-def test_quantized_logits_match_llamacpp(name: str, ftype: str, atol: float,
-                                         tmp_path: Path) -> None:
+@pytest.mark.parametrize(("ftype", "pure", "key", "atol"), [
+    ("Q8_0", False, "q8_0", 0.01), ("Q4_K_M", False, "q4_k_m", 0.1),
+    ("Q4_K_M", True, "q4_k", 0.1)])
+def test_quantized_logits_match_llamacpp(name: str, ftype: str, pure: bool, key: str,
+                                         atol: float, tmp_path: Path) -> None:
     """`minfer quantize` of the f32 file against llama.cpp's logits on its own quantization of
     it: the same bytes, so what differs is the engines' arithmetic (both quantize activations
-    to 8 bits per block); the bounds are the dense models' (`test_quantize_llamacpp.py`)."""
-    out = tmp_path / f"{name}-{ftype}.gguf"
-    quantize_model(FIXTURES / f"{name}.gguf", out, MixOptions(parse_ftype(ftype)))
+    to 8 bits per block, the same way). Measured: Q8_0 within 5e-4 on both models, Q4_K_M
+    0.039 / <5e-4, pure Q4_K <5e-4 / 0.052 (Qwen3-MoE / Qwen2-MoE), every argmax equal; a
+    float64 run on the same weights is 0.1-0.4 away (the fixture script's measurement)."""
+    out = tmp_path / f"{name}-{key}.gguf"
+    quantize_model(FIXTURES / f"{name}.gguf", out, MixOptions(parse_ftype(ftype), pure=pure))
     got = _engine(out).forward(IDS, 0, n_out=len(IDS))
-    ref = REF[f"{name}.{ftype.lower()}.llamacpp"]
+    ref = REF[f"{name}.{key}.llamacpp"]
     assert float(np.abs(got - ref).max()) < atol
-    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+    assert np.array_equal(got.argmax(-1), ref.argmax(-1))
