@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from minfer.backends.cpu.kernels.linear.dots32 import _CHUNK, load_f16
+from minfer.backends.cpu.kernels.linear.dots32 import _CHUNK, even_groups, load_f16
 
 
 @njit(inline="always")
@@ -63,8 +63,10 @@ def mv_q2_k(w, xq, xd, bsums, out):
 def mv_q2_k_x(w3, groups, n_groups, xq, xd, bsums, out):
     """mv_q2_k over stacked experts (the row drivers' `_x` form)."""
     n_out, ng = w3.shape[1], n_groups[0]
-    for job in prange((n_out + _CHUNK - 1) // _CHUNK * ng):
-        g, c = job % ng, job // ng
+    n_chunk = (n_out + _CHUNK - 1) // _CHUNK
+    even = even_groups(groups, ng)
+    for job in prange(n_chunk * ng):
+        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
         w = w3[groups[g, 0]]
         r1 = min(n_out, c * _CHUNK + _CHUNK)
         for t in range(groups[g, 1], groups[g, 2]):

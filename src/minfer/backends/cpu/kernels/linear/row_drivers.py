@@ -42,11 +42,12 @@ from numba import njit, prange
 
 from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32, f16_to_f32, prefetch
 from minfer.backends.cpu.kernels.linear.dots32 import (
-    _CHUNK, U, block_corr, block_transpose, lane_corr)
+    _CHUNK, U, block_corr, block_transpose, even_groups, lane_corr)
 from minfer.backends.cpu.kernels.linear.dots_k import k6_corr, kmins_pairs
 from minfer.backends.cpu.kernels.simd.blocks import MAX_TOKENS, ROWS8_MAX_IN
 {imports}
 _PF = 512  # float rows: prefetch distance, in elements of the weight row
+
 '''
 
 # The integer drivers: {rd} is the intrinsics' suffix, {args} what they read between the weight
@@ -89,9 +90,10 @@ def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
     [groups[g, 1], groups[g, 2]) times expert groups[g, 0], for the first n_groups[0] groups."""
     n_out, nt = w3.shape[1], xq.shape[0]
 {prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
-    ng = n_groups[0]
-    for job in prange((n_out + _CHUNK - 1) // _CHUNK * ng):  # every thread: all groups
-        g, c = job % ng, job // ng
+    ng, n_chunk = n_groups[0], (n_out + _CHUNK - 1) // _CHUNK
+    even = even_groups(groups, ng)
+    for job in prange(n_chunk * ng):
+        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
         w = w3[groups[g, 0]]
         t0, t1 = groups[g, 1], groups[g, 2]
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
@@ -130,9 +132,10 @@ def {name}_x(w3, groups, n_groups, x, out):
     """{name} over stacked experts (see the integer drivers' `_x` form)."""
     n_out, n = w3.shape[1], x.shape[1]
     n64 = U(n - n % 64)
-    ng = n_groups[0]
-    for job in prange((n_out + _CHUNK - 1) // _CHUNK * ng):
-        g, c = job % ng, job // ng
+    ng, n_chunk = n_groups[0], (n_out + _CHUNK - 1) // _CHUNK
+    even = even_groups(groups, ng)
+    for job in prange(n_chunk * ng):
+        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
         w = w3[groups[g, 0]]
         t0, t1 = groups[g, 1], groups[g, 2]
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
@@ -201,9 +204,10 @@ def {name}(w, xq, xd, {fourth}, out):
 def {name}_x(w3, groups, n_groups, xq, xd, {fourth}, out):
     """{name} over stacked experts (see the integer drivers' `_x` form)."""
     aux = {aux}
-    ng = n_groups[0]
-    for job in prange(w3.shape[1] // ROWS * ng):
-        e, g = job % ng, job // ng
+    ng, n_grp = n_groups[0], w3.shape[1] // ROWS
+    even = even_groups(groups, ng)
+    for job in prange(n_grp * ng):
+        e, g = (job // n_grp, job % n_grp) if even else (job % ng, job // ng)
         w = w3[groups[e, 0]]
         t0, t1 = groups[e, 1], groups[e, 2]
 {passes}'''
