@@ -22,6 +22,17 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """qwen3moe, 2 layers, n_embd 256, 8 experts 256 wide of which 2 per token; Q4_K / Q6_K
+    experts (repacked), Q8_0 elsewhere, untied output."""
+    types = {"ffn_gate": QType.Q4_K, "ffn_up": QType.Q4_K, "ffn_down": QType.Q6_K,
+             "output": QType.Q6_K, "default": QType.Q8_0}
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen3moe.gguf", arch="qwen3moe",
+                            n_embd=256, n_ff=256, head_dim=32, n_expert=8, n_expert_used=2,
+                            weight_types=types, tied=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """qwen3, 2 layers, n_embd 256, head_dim 32 (≠ n_embd/n_head), q/k norms, untied output;
     K-quants (Q4_K/Q5_K/Q6_K) on the FFN, Q5_0/Q8_0 elsewhere."""

@@ -46,7 +46,7 @@ def _prefill(runner: Runner, slot: int, tokens: list[int], chunk: int) -> np.nda
     return out
 
 
-@pytest.fixture(params=["tiny_qwen2", "tiny_qwen3"])
+@pytest.fixture(params=["tiny_qwen2", "tiny_qwen3", "tiny_qwen3moe"])
 def model(request: pytest.FixtureRequest) -> Path:
     return Path(request.getfixturevalue(request.param))
 

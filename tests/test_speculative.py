@@ -97,6 +97,14 @@ def near_draft_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def near_draft_qwen3moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_qwen3moe's weights quantized differently (Q4_0): a MoE draft that mostly agrees."""
+    return write_tiny_model(tmp_path_factory.mktemp("draft") / "near-moe.gguf", arch="qwen3moe",
+                            n_embd=256, n_ff=256, head_dim=32, n_expert=8, n_expert_used=2,
+                            weight_types=QType.Q4_0, tied=False)
+
+
+@pytest.fixture(scope="module")
 def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same vocabulary as the tiny models, other weights: its drafts are often rejected."""
     return write_tiny_model(tmp_path_factory.mktemp("draft") / "draft.gguf", seed=7)
@@ -162,19 +170,20 @@ def test_config_and_vocab_checks_are_loud() -> None:
 
 
 # -- greedy identity and rollback ---------------------------------------------------------------
-@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_qwen3"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_qwen3", "tiny_qwen3moe"])
 @pytest.mark.parametrize("proposer", ["lookup", "draft"])
 def test_greedy_output_and_kv_equal_plain_decoding(fixture: str, proposer: str, other_draft: Path,
                                                    request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(fixture)
     # settings where proposals are sometimes right and sometimes wrong (lookup needs repeats)
-    penalty = {"repeat_penalty": 1.0 if (fixture, proposer) == ("tiny_qwen3", "lookup") else 1.3}
+    penalty = {"repeat_penalty": 1.0 if fixture != "tiny_qwen2" and proposer == "lookup"
+               else 1.3}
     plain, plain_engine = _run(path, PROMPT, None, **penalty)
     if proposer == "lookup":
         spec = Speculator(LookupProposer(3), SpecConfig(adaptive=False))
     else:
-        draft = request.getfixturevalue("near_draft_qwen3") if fixture == "tiny_qwen3" \
-            else other_draft
+        near = {"tiny_qwen3": "near_draft_qwen3", "tiny_qwen3moe": "near_draft_qwen3moe"}
+        draft = request.getfixturevalue(near[fixture]) if fixture in near else other_draft
         spec = Speculator(_drafter(_engine(draft), p_min=0.0), SpecConfig(adaptive=False))
     got, engine = _run(path, PROMPT, spec, **penalty)
     assert got.ids == plain.ids and got.reason == plain.reason
