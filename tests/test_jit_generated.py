@@ -57,11 +57,13 @@ def test_unwritable_cache_folder_warns_and_still_runs(tmp_path: Path,
 
 
 def test_generated_drivers_are_cached_dispatchers() -> None:
-    """Every matmul driver and quantizer row driver comes from its generated file, with numba's
-    disk cache on (the point of generating files rather than closures)."""
+    """Every matmul driver (dense and its stacked-expert `_x` form) and quantizer row driver
+    comes from its generated file, with numba's disk cache on (the point of generating files
+    rather than closures)."""
     drivers = [getattr(row_drivers, n) for n in dir(row_drivers) if n.startswith("mv_")]
+    assert sum(n.endswith("_x") for n in dir(row_drivers) if n.startswith("mv_")) == 16
     drivers += list(rows._DRIVERS.values())
-    assert len(drivers) == 16 + 13
+    assert len(drivers) == 2 * 16 + 13
     for d in drivers:
         assert d.py_func.__code__.co_filename.endswith(".py")
         assert Path(d.py_func.__code__.co_filename).parent.name == "generated"
