@@ -215,5 +215,10 @@ def test_pull_a_catalogue_model_already_cached_and_delete(
     assert call(state, "DELETE", "/api/delete", json={"model": name}).status_code == 404
     r = call(state, "POST", "/api/pull", json={"model": "no-such-model", "stream": False})
     assert r.status_code == 404 and "catalogue" in r.json()["error"]
+    r = call(state, "POST", "/api/pull", json={"model": "hf:", "stream": False})
+    assert r.status_code == 400 and "hf:ORG/REPO" in r.json()["error"]  # a malformed Hub name
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a Hub model that cannot be had from here
+    r = call(state, "POST", "/api/pull", json={"model": "hf:no-org/no-repo", "stream": False})
+    assert r.status_code == 404 and "no-org/no-repo" in r.json()["error"]
     r = call(state, "DELETE", "/api/delete", json={"model": "coder"})
     assert r.status_code == 400  # the model the server started with

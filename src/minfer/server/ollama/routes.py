@@ -58,6 +58,7 @@ from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle
 from minfer.store import download, resolve_model
 from minfer.store.catalog import load_catalog, minfer_home
+from minfer.store.hub_select import is_hub_ref, parse_hub_ref
 from minfer.store.models import list_models
 
 NDJSON = "application/x-ndjson"
@@ -124,18 +125,23 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         try:
             entry = load_catalog().entry(name)
         except MinferError:
-            if not name.startswith("hf:"):
+            if not is_hub_ref(name):
                 raise APIError(404, f"pull model manifest: '{body.model}' is neither in the "
                                "model catalogue nor a Hugging Face name (hf:ORG/REPO:FILE)"
                                ) from None
+            try:
+                parse_hub_ref(name)
+            except MinferError as exc:
+                raise APIError(400, f"pull model manifest: {exc}") from None
             entry = None
-        events = _pull_events(state, name, entry)
+        failures: list[int] = []  # the status of a failed pull (not part of Ollama's events)
+        events = _pull_events(state, name, entry, failures)
         if body.stream:
             return StreamingResponse((_line(e) async for e in events), media_type=NDJSON)
         last: dict[str, Any] = {}
         async for event in events:
             last = event
-        return JSONResponse(last, status_code=500 if "error" in last else 200)
+        return JSONResponse(last, status_code=failures[0] if failures else 200)
 
     @app.delete("/api/delete")
     async def delete(body: ShowRequest) -> Response:
@@ -276,10 +282,12 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
         lm.generator.cancel(handle)
 
 
-async def _pull_events(state: ServerState, name: str,
-                       entry: Any) -> AsyncIterator[dict[str, Any]]:
+async def _pull_events(state: ServerState, name: str, entry: Any,
+                       failures: list[int]) -> AsyncIterator[dict[str, Any]]:
     """Ollama's pull progress for a catalogue (or Hub) model: the download runs on a thread;
-    when it is in place the server serves it too."""
+    when it is in place the server serves it too. A failure appends its HTTP status to
+    `failures`: 404 when the model cannot be had from here (not on the Hub, unreachable,
+    offline, not a model minfer runs), 500 for anything else."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     digest = f"sha256:{entry.sha256}" if entry is not None else ""
@@ -301,6 +309,7 @@ async def _pull_events(state: ServerState, name: str,
             state.add_model(path)
             loop.call_soon_threadsafe(queue.put_nowait, {"status": "success"})
         except Exception as exc:  # reported in the stream, as Ollama does
+            failures.append(404 if isinstance(exc, MinferError) else 500)
             loop.call_soon_threadsafe(queue.put_nowait, {"error": str(exc)})
 
     yield {"status": "pulling manifest"}
