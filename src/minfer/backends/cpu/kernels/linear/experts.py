@@ -101,12 +101,20 @@ def _gather(x: np.ndarray, order: np.ndarray, xs: np.ndarray) -> None:
 
 
 @njit(cache=True)
+def _route_group(logits: np.ndarray, n_used: int, norm: bool, ids: np.ndarray,
+                 wts: np.ndarray, groups: np.ndarray, n_groups: np.ndarray, order: np.ndarray,
+                 pos: np.ndarray) -> None:
+    _route(logits, n_used, norm, ids, wts)
+    _group(ids, logits.shape[1], groups, n_groups, order, pos)
+
+
+@njit(cache=True)
 def _route_and_group_small(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
                            ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
                            n_groups: np.ndarray, order: np.ndarray, pos: np.ndarray,
                            xs: np.ndarray) -> None:
-    _route(logits, n_used, norm, ids, wts)
-    _group(ids, logits.shape[1], groups, n_groups, order, pos)
+    """`route_and_group` in one serial call (a decode step's few rows)."""
+    _route_group(logits, n_used, norm, ids, wts, groups, n_groups, order, pos)
     for i in range(order.shape[0]):
         xs[i] = x[order[i]]
 
@@ -115,9 +123,9 @@ def route_and_group(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
                     ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
                     n_groups: np.ndarray, order: np.ndarray, pos: np.ndarray,
                     xs: np.ndarray) -> None:
-    """Routing and grouping of every row (see the module's docstring), in one call."""
-    _route(logits, n_used, norm, ids, wts)
-    _group(ids, logits.shape[1], groups, n_groups, order, pos)
+    """Routing and grouping of every row (see the module's docstring), the rows gathered by
+    the threads."""
+    _route_group(logits, n_used, norm, ids, wts, groups, n_groups, order, pos)
     _gather(x, order, xs)
 
 

@@ -72,6 +72,16 @@ _INTEGER_PASSES = """\
             for r in range(r0, r1):
                 rowdot_{rd}(w[r], {args}, t1 - 1, out, r)
 """
+# An expert form's jobs: (expert group g, chunk c of `unit` rows) with the group's expert `w`
+# and activation rows [t0, t1); see `linear.dots32.even_groups` for the two orders.
+_EXPERT_JOBS = """\
+    ng, n_chunk = n_groups[0], (n_out + {unit} - 1) // {unit}
+    even = even_groups(groups, ng)
+    for job in prange(n_chunk * ng):
+        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
+        w = w3[groups[g, 0]]
+        t0, t1 = groups[g, 1], groups[g, 2]
+"""
 _INTEGER = '''
 
 @njit(parallel=True, cache=True)
@@ -90,13 +100,7 @@ def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
     [groups[g, 1], groups[g, 2]) times expert groups[g, 0], for the first n_groups[0] groups."""
     n_out, nt = w3.shape[1], xq.shape[0]
 {prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
-    ng, n_chunk = n_groups[0], (n_out + _CHUNK - 1) // _CHUNK
-    even = even_groups(groups, ng)
-    for job in prange(n_chunk * ng):
-        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
-        w = w3[groups[g, 0]]
-        t0, t1 = groups[g, 1], groups[g, 2]
-        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{jobs}        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}'''
 
 # The float drivers: {value_*} is a weight element as f32 (the activation is already
@@ -132,13 +136,7 @@ def {name}_x(w3, groups, n_groups, x, out):
     """{name} over stacked experts (see the integer drivers' `_x` form)."""
     n_out, n = w3.shape[1], x.shape[1]
     n64 = U(n - n % 64)
-    ng, n_chunk = n_groups[0], (n_out + _CHUNK - 1) // _CHUNK
-    even = even_groups(groups, ng)
-    for job in prange(n_chunk * ng):
-        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
-        w = w3[groups[g, 0]]
-        t0, t1 = groups[g, 1], groups[g, 2]
-        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{jobs}        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}'''
 
 
@@ -167,6 +165,7 @@ class IntegerDriver:
     def source(self) -> str:
         passes = _INTEGER_PASSES.format(rd=self.rd, args=self.args)
         return _INTEGER.format(name=self.name, aux=self.aux, doc=self.doc, passes=passes,
+                               jobs=_EXPERT_JOBS.format(unit="_CHUNK"),
                                prologue="".join(f"    {s}\n" for s in self.prologue))
 
 
@@ -181,13 +180,13 @@ _ROWS_PASSES = """\
         n8 = t0 + m - m % MAX_TOKENS
         n4 = n8 + (t1 - n8) // 4 * 4
         for t in range(t0, n8, MAX_TOKENS):
-            rowsdot8_{qt}(w, xq, xd, aux, t, out, g)
+            rowsdot8_{qt}(w, xq, xd, aux, t, out, c)
         for t in range(n8, n4, 4):
-            rowsdot4_{qt}(w, xq, xd, aux, t, out, g)
+            rowsdot4_{qt}(w, xq, xd, aux, t, out, c)
         if t1 - n4 >= 2:
-            rowsdot2_{qt}(w, xq, xd, aux, n4, out, g)
+            rowsdot2_{qt}(w, xq, xd, aux, n4, out, c)
         if (t1 - n4) % 2:
-            rowsdot_{qt}(w, xq, xd, aux, t1 - 1, out, g)
+            rowsdot_{qt}(w, xq, xd, aux, t1 - 1, out, c)
 """
 _ROWS = '''
 
@@ -197,20 +196,15 @@ def {name}(w, xq, xd, {fourth}, out):
     n_out, nt = w.shape[0], xq.shape[0]
     aux = {aux}
     t0, t1 = 0, nt
-    for g in prange(n_out // ROWS):
+    for c in prange(n_out // ROWS):
 {passes}
 
 @njit(parallel=True, cache=True)
 def {name}_x(w3, groups, n_groups, xq, xd, {fourth}, out):
     """{name} over stacked experts (see the integer drivers' `_x` form)."""
     aux = {aux}
-    ng, n_grp = n_groups[0], w3.shape[1] // ROWS
-    even = even_groups(groups, ng)
-    for job in prange(n_grp * ng):
-        e, g = (job // n_grp, job % n_grp) if even else (job % ng, job // ng)
-        w = w3[groups[e, 0]]
-        t0, t1 = groups[e, 1], groups[e, 2]
-{passes}'''
+    n_out = w3.shape[1]
+{jobs}{passes}'''
 
 
 @dataclass(frozen=True)
@@ -230,7 +224,8 @@ class RowsDriver:
 
     def source(self) -> str:
         return _ROWS.format(name=self.name, fourth=self.fourth, aux=self.aux, doc=self.doc,
-                            passes=_ROWS_PASSES.format(qt=self.qt))
+                            passes=_ROWS_PASSES.format(qt=self.qt),
+                            jobs=_EXPERT_JOBS.format(unit="ROWS"))
 
 
 @dataclass(frozen=True)
@@ -247,7 +242,8 @@ class FloatDriver:
     def source(self) -> str:
         passes = _FLOAT_PASSES.format(value_j0_j=self.value.format(i="j0 + j"),
                                       value_j0=self.value.format(i="j0"))
-        return _FLOAT.format(name=self.name, doc=self.doc, passes=passes)
+        return _FLOAT.format(name=self.name, doc=self.doc, passes=passes,
+                             jobs=_EXPERT_JOBS.format(unit="_CHUNK"))
 
 
 _Q8 = "xq, xt, xd, xs, xc, cb"  # what the 32-value block rows read (Q8_0 unpacked: no xt, cb)
