@@ -218,3 +218,29 @@ def test_torch_backend_leaves_the_experts_to_the_cpu(tmp_path: Path) -> None:
     assert "torch" in on.values()
     assert _rel_err(got, ref) < 0.05
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+def test_metadata_fallbacks_and_the_norm_override(tmp_path: Path) -> None:
+    """llama.cpp's fallbacks: an expert n_ff / n_used wide without `expert_feed_forward_length`,
+    a shared expert n_ff wide without its own length; a file's `expert_weights_norm` overrides
+    the architecture's default (and the forward follows it: the oracle reads the same key)."""
+    src = _moe_model(tmp_path, "qwen2moe", QType.F32)  # experts 96 wide, 3 used; shexp 128
+
+    def hparams(name: str, **meta: object) -> HParams:
+        path = copy_gguf(src, tmp_path / name, metadata={f"qwen2moe.{k}": v
+                                                         for k, v in meta.items()})
+        return HParams.from_gguf(GGUFFile.open(path))
+
+    hp = hparams("a.gguf", expert_feed_forward_length=None, feed_forward_length=3 * 96)
+    assert (hp.n_ff, hp.n_ff_shexp) == (96, 128)
+    hp = hparams("b.gguf", expert_shared_feed_forward_length=None, feed_forward_length=128)
+    assert (hp.n_ff, hp.n_ff_shexp) == (96, 128)
+    with pytest.raises(GGUFError, match=r"ffn_gate_exps\.weight' has shape"):
+        hparams("c.gguf", expert_feed_forward_length=None, feed_forward_length=128)
+    path = copy_gguf(src, tmp_path / "norm.gguf", metadata={"qwen2moe.expert_weights_norm": True})
+    assert HParams.from_gguf(GGUFFile.open(path)).expert_norm
+    ref = OracleQwen(str(path)).logits(TOKENS)
+    got = _engine(path, kv_type="f32").forward(TOKENS, 0, n_out=len(TOKENS))
+    assert _rel_err(got, ref) < 1e-4
+    plain = _engine(src, kv_type="f32").forward(TOKENS, 0, n_out=len(TOKENS))
+    assert _rel_err(got, plain) > 1e-3  # the renormalisation changed the result
