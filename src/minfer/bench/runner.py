@@ -50,9 +50,7 @@ def weight_bytes_per_token(engine: Engine) -> int:
     mixture of experts' stacked expert tensors only the `n_expert_used` experts a token reads
     (its active bytes)."""
     tensors = engine.weights.file.tensors
-    hp = engine.hparams
-    total = sum(t.nbytes * hp.n_expert_used // hp.n_expert if "_exps." in name else t.nbytes
-                for name, t in tensors.items())
+    total = sum(engine.hparams.active_share(name, t.nbytes) for name, t in tensors.items())
     embd = tensors["token_embd.weight"]
     row = embd.nbytes // embd.shape[1]
     if engine.hparams.tie_embeddings:

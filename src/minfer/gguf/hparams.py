@@ -207,15 +207,16 @@ class HParams:
             yield f"{blk}.ffn_up_shexp.weight", (n_embd, self.n_ff_shexp)
             yield f"{blk}.ffn_down_shexp.weight", (self.n_ff_shexp, n_embd)
 
+    def active_share(self, name: str, n: int) -> int:
+        """Of the n parameters (or bytes) of tensor `name`, those one token reads: a stacked
+        expert tensor's `n_expert_used` experts, every other tensor whole."""
+        return n * self.n_expert_used // self.n_expert if "_exps." in name else n
+
     def n_params(self) -> tuple[int, int]:
-        """(total, active per token) parameter counts of the tensors the forward pass reads:
-        a MoE block counts all its experts in the total and `n_expert_used` in the active."""
-        total = active = 0
-        for name, shape in self.expected_shapes():
-            n = math.prod(shape)
-            total += n
-            active += n * self.n_expert_used // self.n_expert if "_exps." in name else n
-        return total, active
+        """(total, active per token) parameter counts of the tensors the forward pass reads."""
+        sizes = [(name, math.prod(shape)) for name, shape in self.expected_shapes()]
+        return (sum(n for _, n in sizes),
+                sum(self.active_share(name, n) for name, n in sizes))
 
     def _encoder_shapes(self, q_dim: int, kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
         """BERT's tensors as llama.cpp names them (every projection with its bias, post-norm
