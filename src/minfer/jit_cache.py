@@ -32,11 +32,12 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
+import numpy as np
 from numba import typeof
 from numba.core import config
 from numba.core.dispatcher import Dispatcher
@@ -70,11 +71,43 @@ def prime() -> None:
     """Build numba's typing and target contexts now. The first kernel a process loads from the
     cache builds them otherwise: 0.2 s of imports and registrations under the GIL, on whatever
     path that kernel sits (a warm start's first prefill, when the repacked weights are mapped
-    rather than made)."""
+    rather than made). After `skip_numba_blas`, without scipy's BLAS."""
     from numba.core.registry import cpu_target
 
-    cpu_target.target_context.refresh()
-    cpu_target.typing_context.refresh()
+    with _blas_hidden() if _skip_blas else contextlib.nullcontext():
+        cpu_target.target_context.refresh()
+        cpu_target.typing_context.refresh()
+
+
+_skip_blas = False
+_BLAS_MODULES = ("scipy.linalg.cython_blas", "scipy.linalg.cython_lapack")
+
+
+def skip_numba_blas() -> None:
+    """For a process that runs only minfer's kernels (the console script): `prime` then builds
+    numba's array registry as if scipy were absent. Where scipy is installed numba imports its
+    BLAS there, for `np.dot` and `np.linalg` in compiled code, which no minfer kernel calls:
+    0.2 s of a warm start (AMD EPYC). Other compiled code of that process would find no BLAS,
+    so a library (`minfer.api`) leaves this off."""
+    global _skip_blas
+    _skip_blas = True
+
+
+@contextlib.contextmanager
+def _blas_hidden() -> Iterator[None]:
+    """scipy's BLAS modules unimportable for the duration (an import raises ImportError, as
+    numba expects without scipy), then importable again; nothing when one is loaded already."""
+    if any(name in sys.modules for name in _BLAS_MODULES):
+        yield
+        return
+    for name in _BLAS_MODULES:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in _BLAS_MODULES:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def direct(call: Callable[[], _T]) -> Callable[[], _T]:
@@ -83,12 +116,34 @@ def direct(call: Callable[[], _T]) -> Callable[[], _T]:
     per-call type lookup is done once (a five-array call: 0.89 µs through the dispatcher,
     0.42 µs direct, on an AMD EPYC; a 0.5B decode step makes ~550 calls). Valid only while
     every argument keeps its type, as an op tape's fixed buffers do. Calls of any other form
-    are returned as they are."""
+    are returned as they are. Binding a tape makes ~600 such calls over a few dozen distinct
+    (function, types) pairs: each pair's machine code is looked up once per process."""
     if not (isinstance(call, functools.partial) and isinstance(call.func, Dispatcher)
             and not call.keywords):
         return call
-    entry = call.func.compile(tuple(typeof(a) for a in call.args))
+    sig = tuple(_numba_type(a) for a in call.args)
+    entry = _entries.get((call.func, sig))
+    if entry is None:
+        entry = _entries[(call.func, sig)] = call.func.compile(sig)
     return cast(Callable[[], _T], functools.partial(entry, *call.args))
+
+
+_entries: dict[tuple[Dispatcher, tuple[Any, ...]], Callable[..., Any]] = {}
+_array_types: dict[tuple[Any, ...], Any] = {}
+
+
+def _numba_type(a: object) -> Any:
+    """numba's type of an argument: `typeof`, memoised for arrays on what it reads of them
+    (class, dtype, rank, layout, writability, alignment)."""
+    if not isinstance(a, np.ndarray):
+        return typeof(a)
+    flags = a.flags
+    key = (type(a), a.dtype, a.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable,
+           flags.aligned)
+    t = _array_types.get(key)
+    if t is None:
+        t = _array_types[key] = typeof(a)
+    return t
 
 
 def install_stamp() -> str:
