@@ -154,3 +154,55 @@ def test_direct_keeps_the_result_and_leaves_other_calls_alone() -> None:
     assert direct(with_kw) is with_kw
     plain = partial(print, "x")
     assert direct(plain) is plain
+
+
+def test_direct_tells_array_kinds_apart() -> None:
+    """The per-process memo of machine code keys on what numba's type reads of an array: a
+    read-only or strided array of the same dtype gets its own (correct) machine code."""
+    from functools import partial
+
+    from numba import njit, typeof
+
+    from minfer.jit_cache import _numba_type, direct
+
+    @njit
+    def total(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+        out[0] = x.sum()
+
+    out = np.zeros(1)
+    base = np.arange(8, dtype=np.float64)
+    frozen = base.copy()
+    frozen.flags.writeable = False
+    kinds = [base, frozen, base[::2], base.reshape(2, 4).T]
+    for x in kinds:
+        assert _numba_type(x) == typeof(x)
+        direct(partial(total, x, out))()
+        assert out[0] == x.sum()
+    assert len({_numba_type(x) for x in kinds}) == len(kinds)
+    assert _numba_type(3) == typeof(3) and _numba_type(2**63) == typeof(2**63)
+
+
+def test_skipping_numba_blas_is_scoped_to_building_its_registry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`skip_numba_blas` makes scipy's BLAS unimportable only while `prime` runs, then leaves
+    the import system as it found it."""
+    import sys
+
+    from minfer import jit_cache
+
+    seen: list[object] = []
+
+    class Probe:
+        def refresh(self) -> None:
+            seen.append(sys.modules.get("scipy.linalg.cython_blas", "absent"))
+
+    from numba.core.registry import cpu_target
+
+    monkeypatch.setattr(jit_cache, "_skip_blas", True)
+    for name in jit_cache._BLAS_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(type(cpu_target), "target_context", property(lambda self: Probe()))
+    monkeypatch.setattr(type(cpu_target), "typing_context", property(lambda self: Probe()))
+    jit_cache.prime()
+    assert seen == [None, None]  # hidden: `import` raises ImportError, as without scipy
+    assert all(name not in sys.modules for name in jit_cache._BLAS_MODULES)

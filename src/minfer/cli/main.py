@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The console script: `main`, then for QUICK_EXIT commands a quick exit. Its process runs
-    no compiled code but minfer's: numba loads without scipy's BLAS (`jit_cache.skip_numba_blas`)."""
+    no compiled code but minfer's: numba loads without scipy's BLAS
+    (`jit_cache.skip_numba_blas`)."""
     from minfer import jit_cache
 
     jit_cache.skip_numba_blas()

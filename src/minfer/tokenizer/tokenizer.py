@@ -64,7 +64,7 @@ class Tokenizer:
         self.add_bos: bool = vocab.add_bos and vocab.bos_id is not None
         self.fim = vocab.fim  # fill-in-the-middle token ids (minfer.tokenizer.infill)
         self._types = vocab.types.tolist()
-        self._ids = dict(zip(vocab.tokens, range(self.n_vocab), strict=True))
+        self._ids = vocab.ids or dict(zip(vocab.tokens, range(self.n_vocab), strict=True))
         self.pre: PreTokenizer | None = None  # the BPE pre-tokenizer; None for SPM, WordPiece
         self._spm: SpmModel | None = None
         self._bpe: BpeModel | None = None

@@ -97,6 +97,8 @@ class Vocab:
     lowercase: bool = True  # WordPiece normaliser: lowercase the text (llama.cpp: by default)
     strip_accents: bool = False  # WordPiece normaliser: drop accents (defaults to lowercase)
     add_eos: bool = False  # `tokenizer.ggml.add_eos_token` (an embedding model's closing EOS)
+    # each text's id, a later duplicate winning as in llama.cpp's map (made when not given)
+    ids: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
 
     @property
@@ -191,7 +193,8 @@ def read_vocab(f: HasMetadata) -> Vocab:
                              f"{'[CLS]' if bos_id is None else '[SEP]'} token (neither the "
                              "metadata's id nor llama.cpp's default id is in it)")
     lowercase = _flag(meta, "tokenizer.ggml.normalizer.lowercase", True)
-    eot_ids = _end_of_generation(meta, tokens, types)
+    ids = dict(zip(tokens, range(n_vocab), strict=True))  # a later duplicate wins, as llama.cpp
+    eot_ids = _end_of_generation(meta, tokens, ids, types)
     if eos_id is not None:
         eot_ids |= {eos_id}
     return Vocab(
@@ -210,24 +213,26 @@ def read_vocab(f: HasMetadata) -> Vocab:
         add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", spm),
         rstrip_ids=_rstrip_ids(meta, tokens, types),
         chat_template=read_chat_template(f),
-        fim=_fim_tokens(meta, tokens, types),
+        fim=_fim_tokens(meta, ids, types),
         sep_id=sep_id,
         lowercase=lowercase,
         strip_accents=_flag(meta, "tokenizer.ggml.normalizer.strip_accents", lowercase),
         add_eos=_flag(meta, "tokenizer.ggml.add_eos_token", False),
+        ids=ids,
     )
 
 
-def _fim_tokens(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray) -> FimTokens:
+def _fim_tokens(meta: Mapping[str, Any], index: Mapping[str, int],
+                types: np.ndarray) -> FimTokens:
     """Each FIM role's id: `tokenizer.ggml.fim_<role>_token_id` (or its deprecated
     `<prefix|suffix|middle>_token_id`), else the first of llama.cpp's texts the vocabulary has,
-    promoted to a control token as llama.cpp does."""
-    index = {t: i for i, t in enumerate(tokens)}
+    promoted to a control token as llama.cpp does. index: each text's id."""
+    n_vocab = len(types)
     found: dict[str, int | None] = {}
     for role, (old_name, texts) in FIM_ROLES.items():
-        tid = _token_id(meta, f"tokenizer.ggml.fim_{role}_token_id", len(tokens))
+        tid = _token_id(meta, f"tokenizer.ggml.fim_{role}_token_id", n_vocab)
         if tid is None and old_name is not None:
-            tid = _token_id(meta, f"tokenizer.ggml.{old_name}_token_id", len(tokens))
+            tid = _token_id(meta, f"tokenizer.ggml.{old_name}_token_id", n_vocab)
         if tid is None:
             tid = next((index[t] for t in texts if t in index), None)
             if tid is not None:
@@ -276,13 +281,15 @@ def read_chat_template(f: HasMetadata) -> str | None:
     return template if isinstance(template, str) and template.strip() else None
 
 
-def _end_of_generation(meta: Mapping[str, Any], tokens: Sequence[str],
+def _end_of_generation(meta: Mapping[str, Any], tokens: Sequence[str], ids: Mapping[str, int],
                        types: np.ndarray) -> frozenset[int]:
-    """Every end-of-generation id; promotes the ones found by text to CONTROL in `types`."""
-    index = {t: i for i, t in enumerate(tokens) if t in _EOG_CANDIDATES}
+    """Every end-of-generation id; promotes the ones found by text to CONTROL in `types`.
+    ids: each text's id (llama.cpp's token_to_id, which these rules read)."""
+    n_vocab = len(tokens)
+    index = {t: ids[t] for t in _EOG_CANDIDATES if t in ids}
     eog: set[int] = set()
     for key, texts in FIM_EOG_TEXTS.items():
-        tid = _token_id(meta, key, len(tokens))
+        tid = _token_id(meta, key, n_vocab)
         if tid is None:
             tid = next((index[t] for t in texts if t in index), None)
         if tid is not None:
@@ -292,11 +299,10 @@ def _end_of_generation(meta: Mapping[str, Any], tokens: Sequence[str],
         if text in EOG_TEXTS:
             eog.add(tid)
             types[tid] = CONTROL
-    for tid, text in enumerate(tokens):
-        if text in _ALWAYS_USER_DEFINED:
-            types[tid] = USER_DEFINED
+    for text in _ALWAYS_USER_DEFINED & ids.keys():
+        types[ids[text]] = USER_DEFINED
     for key in _EOG_ID_KEYS:
-        tid = _token_id(meta, key, len(tokens))
+        tid = _token_id(meta, key, n_vocab)
         if tid is not None:
             eog.add(tid)
     eog_ids = {tokens[i]: i for i in eog}
