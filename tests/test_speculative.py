@@ -27,6 +27,7 @@ from minfer.engine.speculative import (
     bucket_floor,
     check_same_vocab,
     fills_bucket,
+    follow,
     lookup,
 )
 from minfer.engine.stepper import TokenStepper
@@ -118,6 +119,76 @@ def test_lookup_continues_the_longest_ngram_match() -> None:
     assert lookup(seq, 3, 20) == [5, 9, 2, 3, 4, 7, 8, 2, 3, 4]  # none has 20: the earliest
     assert lookup(np.array([1, 2, 3, 9]), 3, 4) == []  # 9 never occurred before
     assert lookup(np.array([6, 1, 2, 6]), 2, 3) == [1, 2, 6]  # falls back to the 1-gram
+
+
+def _copy_steps(source: list[int], output: list[int], *, k: int = 8,
+                use_follow: bool = True) -> int:
+    """Greedy speculative steps to write `output` after `source` (+ a separator) with prompt
+    lookup as the proposer: each step keeps the matching prefix of the proposal plus the
+    target's own next token, as the verifier does."""
+    seq, i, steps, cursor = [*source, 999], 0, 0, None
+    while i < len(output):
+        arr = np.array(seq, dtype=np.int64)
+        if use_follow:
+            proposal, cursor = follow(arr, cursor, 3, k)
+        else:
+            proposal = lookup(arr, 3, k)
+        n = 0
+        while n < len(proposal) and i + n < len(output) and proposal[n] == output[i + n]:
+            n += 1
+        take = min(n + 1, len(output) - i)
+        seq += output[i:i + take]
+        i, steps = i + take, steps + 1
+    return steps
+
+
+def _lines(n: int, seed: int = 0) -> list[list[int]]:
+    """n code-like lines: an indent token, a variable (50), distinct tokens, a newline (10)."""
+    rng = np.random.default_rng(seed)
+    return [[7, 50, *rng.integers(100, 900, 6).tolist(), 10] for _ in range(n)]
+
+
+def test_follow_learns_a_rename_and_applies_it_to_every_later_line() -> None:
+    lines = _lines(30)
+    source = [t for line in lines for t in line]
+    renamed = [t for line in lines for t in ([51, 52] if t == 50 else [t] for t in line)
+               for t in t]  # 50 -> the two tokens 51 52 on every line
+    plain, followed = _copy_steps(source, renamed, use_follow=False), _copy_steps(source, renamed)
+    # the plain lookup loses its place at every renamed token (70 steps); the cursor learns
+    # the edit at its first line or two (45: 300 tokens at most 9 a step take 34)
+    assert followed <= 0.7 * plain
+
+
+def test_follow_resyncs_after_deleted_and_inserted_lines() -> None:
+    lines = _lines(30, seed=1)
+    source = [t for line in lines for t in line]
+    edited = [t for n, line in enumerate(lines) if n % 7 != 3 for t in line]  # lines dropped
+    edited[40:40] = [5, 6, 7, 8]  # and a few new tokens
+    assert _copy_steps(source, edited) <= len(edited) / 8 + 6  # 33: 238 tokens, 7 edits
+
+
+def test_follow_forgets_an_edit_the_output_stops_making_and_keeps_lookup_otherwise() -> None:
+    lines = _lines(24, seed=2)
+    source = [t for line in lines for t in line]
+    half = len(source) // 2  # renamed in the first half only
+    output = [u for t in source[:half] for u in ([51] if t == 50 else [t])] + source[half:]
+    assert _copy_steps(source, output) < _copy_steps(source, output, use_follow=False)  # 35, 40
+    seq = np.array([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4])
+    assert follow(seq, None, 3, 2)[0] == lookup(seq, 3, 2)  # no cursor: the plain lookup
+    assert follow(np.array([1, 2, 3, 9]), None, 3, 4) == ([], None)
+
+
+def test_lookup_proposer_keeps_one_cursor_per_sequence() -> None:
+    prop = LookupProposer(3)
+    seq = tuple(t for line in _lines(4) for t in line)
+    out = prop.propose([DraftAsk(1, 0, (*seq, *seq[:3]), 4), DraftAsk(2, 1, (1, 2), 4)])
+    assert out[1].tokens == list(seq[3:7]) and out[2].tokens == []
+    assert set(prop.cursors) == {1}
+    prop.MAX_CURSORS = 1
+    prop.propose([DraftAsk(3, 0, (*seq, *seq[:2]), 4)])
+    assert set(prop.cursors) == {3}
+    prop.forget()
+    assert not prop.cursors
 
 
 def test_draft_length_follows_cost_and_acceptance() -> None:

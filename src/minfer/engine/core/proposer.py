@@ -6,8 +6,9 @@ it in the step's forward (`core.py`). A `Speculator` is what `minfer run`, chat 
 API hand to `generate()`: a proposer, its flags, a `DraftLength` and counts that outlive one
 generation (a chat's turns share them).
 
-- `LookupProposer` (`--lookup-ngram N`, prompt lookup): continue the latest earlier occurrence of
-  the sequence's last n-gram (minfer.engine.speculative.lookup). Free to make.
+- `LookupProposer` (`--lookup-ngram N`, prompt lookup): continue the copy of an earlier part of
+  the sequence, through the edits a rewrite makes to it (minfer.engine.speculative.follow);
+  else the latest earlier occurrence of the sequence's last n-gram. Free to make.
 - `SlotDrafter` (`-md FILE` / `--model-draft FILE`): a draft model, one draft sequence per slot.
 
 The draft runs its own engine and KV with the target's slot layout (slot s: cells
@@ -42,6 +43,7 @@ import numpy as np
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import Plan, Work, common_prefix
 from minfer.engine.speculative import (
+    CopyCursor,
     DraftLength,
     Proposal,
     SpecConfig,
@@ -49,7 +51,7 @@ from minfer.engine.speculative import (
     SpeculativeError,
     confident_top,
     fills_bucket,
-    lookup,
+    follow,
     softmax,
 )
 
@@ -100,22 +102,34 @@ class Speculator:
 
 
 class LookupProposer:
-    """Prompt lookup for every ask (no model, nothing to keep)."""
+    """Prompt lookup for every ask, following each sequence's copy through edits
+    (`speculative.follow`: one `CopyCursor` per sequence, the latest MAX_CURSORS kept)."""
+
+    MAX_CURSORS = 1024
 
     def __init__(self, n: int) -> None:
         if n < 1:
             raise SpeculativeError(f"--lookup-ngram must be >= 1, got {n}")
         self.n = n
+        self.cursors: dict[int, CopyCursor] = {}
 
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
-        return {a.seq_id: Proposal(lookup(np.asarray(a.tokens, dtype=np.int64), self.n, a.k))
-                for a in asks}
+        out: dict[int, Proposal] = {}
+        for a in asks:
+            tokens, cursor = follow(np.asarray(a.tokens, dtype=np.int64),
+                                    self.cursors.pop(a.seq_id, None), self.n, a.k)
+            if cursor is not None:
+                self.cursors[a.seq_id] = cursor
+            out[a.seq_id] = Proposal(tokens)
+        while len(self.cursors) > self.MAX_CURSORS:  # finished sequences: the oldest go
+            del self.cursors[next(iter(self.cursors))]
+        return out
 
     def warm_up(self) -> None:
         return None
 
     def forget(self) -> None:
-        return None
+        self.cursors.clear()
 
 
 class SlotDrafter:
