@@ -156,8 +156,8 @@ def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
     latest match of the last N tokens anywhere (the copy was placed wrong); failing those, the
     difference is taken for a substitution of that one source token and the source after it
     is proposed; once the copy goes on after it, the substitution is learnt as an edit. A
-    learnt edit the output does not make again is forgotten. Without a cursor, or when the copy is lost, the plain
-    `lookup` (latest occurrence of the longest n-gram)."""
+    learnt edit the output does not make again is forgotten. Without a cursor, or when the
+    copy is lost, the plain `lookup` (latest occurrence of the longest n-gram)."""
     size = seq.shape[0]
     edits = cursor.edits if cursor is not None else {}
     if cursor is not None and cursor.source < cursor.length < size:
