@@ -204,7 +204,7 @@ def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
 def _copy(seq: np.ndarray, p: int, j: int, k: int, edits: dict[int, tuple[int, ...]],
           origin: int | None = None, since: int = 0) -> tuple[list[int], CopyCursor]:
     """Up to k tokens of the source from position p (token j of its edit), edits applied."""
-    size, out = seq.shape[0], []
+    size, out = seq.shape[0], list[int]()
     q, skip = p, j
     while len(out) < k and q < size:
         expected = edits.get(int(seq[q]), (int(seq[q]),))
