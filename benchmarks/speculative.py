@@ -1,7 +1,9 @@
 """Speculative decoding, side by side in one run: tokens/s with and without each proposer.
 
 Not part of the test suite. Three greedy tasks on one target model:
-  (a) edit: rewrite a given 40-line function with one change (the output copies the prompt),
+  (a) edit: rewrite a given 40-line function with one change (the output copies the prompt);
+      edit2..edit4: other edits (a multi-token rename in a class, quotes changed on every
+      line, type hints inserted into every signature),
   (b) code: free generation of code,
   (c) prose: free generation of prose;
 each with minfer plain, minfer prompt lookup (--lookup-ngram), minfer with a draft model
@@ -73,10 +75,56 @@ FUNCTION = '''def summarize_orders(orders, currency="EUR", min_total=0.0):
     return result
 '''
 
+CLASS = '''class InventoryQueue:
+    """A bounded queue of stock movements, flushed to a ledger in batches."""
+
+    def __init__(self, ledger, capacity=64, flush_every=16):
+        self.ledger = ledger
+        self.capacity = capacity
+        self.flush_every = flush_every
+        self.items = []
+        self.flushed = 0
+
+    def push(self, sku, quantity, warehouse="main"):
+        if quantity == 0:
+            raise ValueError("quantity must not be zero")
+        if len(self.items) >= self.capacity:
+            self.flush()
+        self.items.append({"sku": sku, "quantity": quantity, "warehouse": warehouse})
+        if len(self.items) % self.flush_every == 0:
+            self.flush()
+
+    def flush(self):
+        if not self.items:
+            return 0
+        count = len(self.items)
+        for item in self.items:
+            self.ledger.record(item["sku"], item["quantity"], item["warehouse"])
+        self.items = []
+        self.flushed += count
+        return count
+
+    def pending(self, sku=None):
+        if sku is None:
+            return len(self.items)
+        return sum(1 for item in self.items if item["sku"] == sku)
+'''
+
 TASKS = {
     "edit": ("Rewrite this Python function with one change: rename the variable `stats` to "
              "`summary` everywhere. Output only the complete new function in a code block.\n\n"
              f"```python\n{FUNCTION}```"),
+    # further edits of other shapes: a rename of multi-token names, quotes changed on every
+    # line, new text inserted into each signature
+    "edit2": ("Rewrite this Python class with one change: rename the attribute `items` to "
+              "`pending_moves` everywhere. Output only the complete new class in a code block."
+              f"\n\n```python\n{CLASS}```"),
+    "edit3": ("Rewrite this Python function using single quotes instead of double quotes for "
+              "every string. Output only the complete new function in a code block.\n\n"
+              f"```python\n{FUNCTION}```"),
+    "edit4": ("Add type hints to every method signature of this Python class (parameters and "
+              "return types); change nothing else. Output only the complete new class in a "
+              f"code block.\n\n```python\n{CLASS}```"),
     "code": ("Write a Python module implementing a small LRU cache class with get, put, "
              "delete and resize methods, with docstrings and type hints."),
     "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -178,6 +226,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2,
                     help="rounds of every mode, interleaved (ratios: median over rounds)")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--no-draft", action="store_true", help="skip the draft-model modes")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
 
@@ -189,7 +238,7 @@ def main() -> int:
     lookup = model.speculator(SpecConfig(lookup_ngram=args.lookup_ngram))
     drafts = {("minfer draft" if v == DRAFT_VOCAB else f"minfer draft v{v}"):
               model.speculator(SpecConfig(draft_vocab=v), draft=args.draft)
-              for v in (int(x) for x in args.draft_vocab.split(","))}
+              for v in (int(x) for x in args.draft_vocab.split(","))} if not args.no_draft else {}
     warm = model.tokenizer.encode(model.render_chat([{"role": "user", "content": "hi"}]))
     for spec in (None, lookup, *drafts.values()):  # compile kernels and build graphs, untimed
         minfer_run(model, warm, 24, spec)

@@ -184,3 +184,18 @@ def test_row_blocked_kernel_is_bitwise_the_per_row_kernel(n_head: int, n_kv: int
         got = np.full_like(q, np.nan)
         mod._attention_rows(q, k, v, start, end, *args, got, rows, tile, 2)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (rows, tile)
+
+
+def test_row_blocking_serves_rows_that_share_cells_only() -> None:
+    """The batch-invariant path takes the row-blocked kernel for rows reading common cells (a
+    prefill's causal rows) and the per-row kernel for a server's decode rows, one per sequence
+    in its own slot (blocking them would walk the cells between the slots); either way the
+    same bits (test above)."""
+    from minfer.backends.cpu.kernels.attn.attend import ROWS, _windows_shared
+
+    slots = np.arange(32, dtype=np.int64) * 512
+    assert not _windows_shared(slots, slots + 301, ROWS)  # decode rows of 32 sequences
+    causal = np.arange(64, dtype=np.int64)
+    assert _windows_shared(np.zeros(64, np.int64), causal + 1, ROWS)  # one prompt, causal
+    assert _windows_shared(np.full(64, 100, np.int64), 200 + causal, ROWS)  # after a past
+    assert not _windows_shared(np.zeros(16, np.int64), np.zeros(16, np.int64), ROWS)  # empty

@@ -196,12 +196,37 @@ def test_interleaved_rows_match_the_plain_rows_and_are_batch_invariant(qt: QType
     its result alone, for each pass size (8, 4, 2, 1 tokens)."""
     n_in = 32 * n_blocks
     if not packable(qt, n_in, 48):
-        pytest.skip("no repacked layout on this CPU (needs AVX2; Q8_0: VNNI)")
+        pytest.skip("no repacked layout on this CPU (needs AVX2)")
     w = make_weight(qt, 48, n_in, seed=n_blocks)
     wp, pqt = _check_repacked(w, qt, n_in, 15, range(15), 2e-6)
     assert wp.shape == w.shape and wp.dtype == np.uint8 and not np.array_equal(wp, w)
     with pytest.raises(ValueError, match="integer path"):
         matmul_sgemm(wp, pqt, _x(2, n_in), np.empty((2, 48), np.float32))
+
+
+def test_interleaved_q8_0_is_exact_at_the_extreme_codes() -> None:
+    """Q8_0 codes -128 and 127 against activation codes of +-127 (the pairs that saturate
+    AVX2's pmaddubsw in u8 form; the sign trick keeps them below 2^15): the interleaved rows
+    give the exact block sums, as the plain rows do."""
+    n_in, n_out, nt = 32 * 6, 32, 9
+    if not packable(QType.Q8_0, n_in, n_out):
+        pytest.skip("no repacked layout on this CPU (needs AVX2)")
+    rng = np.random.default_rng(5)
+    codes = rng.choice(np.array([-128, 127, -127, 1], np.int8), size=(n_out, n_in))
+    blocks = np.zeros((n_out, n_in // 32, 34), np.uint8)
+    blocks[:, :, :2] = np.array([0.5], np.float16).view(np.uint8)  # d = 0.5, every block
+    blocks[:, :, 2:] = codes.reshape(n_out, n_in // 32, 32).view(np.uint8)
+    w = blocks.reshape(n_out, -1)
+    x = np.where(rng.random((nt, n_in)) < 0.5, -1.0, 1.0).astype(np.float32)  # codes +-127
+    xq = quantize_activation(x, QType.Q8_0)
+    wp, pqt = repack_weight(w, QType.Q8_0)
+    packed = np.empty((nt, n_out), np.float32)
+    matmul_prequant(wp, pqt, xq, packed)
+    assert np.abs(xq.qs).min() == 127
+    sums = np.einsum("tbi,rbi->trb", xq.qs.reshape(nt, -1, 32).astype(np.int64),
+                     codes.reshape(n_out, -1, 32).astype(np.int64))  # exact block sums
+    exact = (0.5 * xq.d.astype(np.float64)[:, None, :] * sums).sum(axis=2)
+    np.testing.assert_allclose(packed, exact, rtol=1e-6, atol=2e-4)  # f32 folds; saturation: 1e2
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
@@ -213,7 +238,7 @@ def test_interleaved_kquant_rows_match_the_plain_rows_and_are_batch_invariant(
     alone, for each pass size (8, 4, 2, 1 tokens)."""
     n_in = 256 * n_super
     if not packable(qt, n_in, 48):
-        pytest.skip("no repacked layout on this CPU (needs AVX2; Q8_0: VNNI)")
+        pytest.skip("no repacked layout on this CPU (needs AVX2)")
     w = make_weight(qt, 48, n_in, seed=n_super)
     wp, pqt = _check_repacked(w, qt, n_in, 15, range(15), 1e-5)
     assert wp.shape == w.shape and not np.array_equal(wp, w)
@@ -225,10 +250,12 @@ def test_only_some_types_of_whole_groups_are_packable() -> None:
     assert not packable(QType.Q4_1, 4864, 64) and not packable(QType.Q5_K, 4864, 64)
     from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI
 
-    # AVX2 and up interleave; Q8_0's u8 codes need VNNI (AVX2's pmaddubsw pairs saturate)
-    assert packable(QType.Q5_0, 4864, 64) == DOT4
-    assert packable(QType.Q8_0, 4864, 64) == (DOT4 and HAS_VNNI)
-    for qt in (QType.Q5_0, QType.Q4_K, QType.Q6_K):  # rows interleave 16 at a time
+    # AVX2 and up interleave (Q8_0 without VNNI through the sign trick, for batched engines:
+    # one row alone reads the file's rows faster there)
+    assert packable(QType.Q5_0, 4864, 64) == DOT4 == packable(QType.Q5_0, 4864, 64, False)
+    assert packable(QType.Q8_0, 4864, 64) == DOT4
+    assert packable(QType.Q8_0, 4864, 64, batched=False) == (DOT4 and HAS_VNNI)
+    for qt in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K):  # rows interleave 16 at a time
         assert not packable(qt, 1024, 37)
     with pytest.raises(ValueError, match="no repacked layout"):
         repack_weight(make_weight(QType.Q6_K, 4, 512), QType.Q6_K)

@@ -32,6 +32,10 @@ class ExecContext:
     # Matmuls on f32 copies of the weights through the batch-invariant f32 GEMM (small models
     # whose f32 weights fit: encoders), f32 activations: precision and prefill speed at once.
     dense_f32: bool = False
+    # The engine's steps usually carry many rows (the server's continuous batching): weights
+    # take the layout fastest for many rows even where one row alone would read another
+    # faster (`kernels.packable`). Fixed per engine, so every tape of it reads one layout.
+    batched: bool = False
 
 
 class Backend(Protocol):

@@ -286,7 +286,8 @@ class Engine:
                 assert buf is not None
                 buf[:] = 1 if kind is InputKind.KV_END else 0
             ctx = ExecContext(weights=self.weights, kv=self.kv,
-                              batch_invariant=self.batch_invariant, dense_f32=self.encoder)
+                              batch_invariant=self.batch_invariant, dense_f32=self.encoder,
+                              batched=self.batch_invariant)
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
 
@@ -311,7 +312,7 @@ class Engine:
         cached = prepared.scratch.get(key)
         if cached is None or cached[0] is not buffers:
             ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant,
-                              dense_f32=self.encoder)
+                              dense_f32=self.encoder, batched=self.batch_invariant)
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
                                         ctx)
             prepared.scratch[key] = cached = (buffers, tape)

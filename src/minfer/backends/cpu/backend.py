@@ -108,7 +108,7 @@ class _Projection:
 def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Projection:
     """The weight as run, or (rows > 0) its first `rows` output rows: views of the same
     arrays, with the kernel bound to the slice."""
-    key = ("cpu-projection", w_name, rows)
+    key = ("cpu-projection", w_name, rows, ctx.batched)
     p = ctx.weights.state.get(key)
     if p is None and rows:
         whole = _projection(ctx, w_name, n_in)
@@ -118,7 +118,7 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
     if p is None:
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw, qtype
-        packed = K.packable(qtype, n_in, raw.shape[0])
+        packed = K.packable(qtype, n_in, raw.shape[0], ctx.batched)
         if packed:
             w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
         w, qt = K.integer_weight(w, qt)  # IQ4_NL / Q3_K: widened once, shared by both paths
@@ -161,13 +161,13 @@ def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
     read it: repacked 16 rows at a time where the dense weight would be (each expert's rows a
     multiple of 16, so the flat repack is every expert's), widened where `integer_weight`
     widens; made once per model weights."""
-    key = ("cpu-experts", w_name)
+    key = ("cpu-experts", w_name, ctx.batched)
     ew = ctx.weights.state.get(key)
     if ew is None:
         n_in, n_out, n_expert = ctx.weights.file.tensors[w_name].shape
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw.reshape(n_expert * n_out, -1), qtype
-        if K.packable(qtype, n_in, n_out):
+        if K.packable(qtype, n_in, n_out, ctx.batched):
             w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
         w, qt = K.integer_weight(w, qt)
         ew = ctx.weights.state[key] = K.ExpertWeight(w.reshape(n_expert, n_out, -1), qt)

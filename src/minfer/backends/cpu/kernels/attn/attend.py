@@ -186,11 +186,29 @@ def _rows_apply(nt: int, head_dim: int) -> bool:
             and head_dim <= MAX_HEAD_DIM)
 
 
+@njit(cache=True)
+def _windows_shared(lo, hi, rows):  # pragma: no cover - compiled
+    """Whether blocks of `rows` consecutive query rows share their KV cells: their windows
+    add up to more than twice the cells they span (a prefill's causal rows: about `rows`
+    times). A server's decode rows, one per sequence, each read their own slot's cells: the
+    row-blocked kernel would only walk the gaps between them."""
+    total, span = 0, 0
+    for b0 in range(0, lo.shape[0], rows):
+        a, e = hi[b0], lo[b0]
+        for t in range(b0, min(lo.shape[0], b0 + rows)):
+            if hi[t] > lo[t]:
+                total += hi[t] - lo[t]
+                a, e = min(a, lo[t]), max(e, hi[t])
+        span += max(e - a, 0)
+    return total > 2 * span
+
+
 def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                n_head: int, n_head_kv: int, head_dim: int, scale: np.float32,
                softcap: np.float32, out: np.ndarray) -> None:
-    """The batch-invariant kernel: row-blocked for many rows, per row otherwise (same bits)."""
-    if _rows_apply(q.shape[0], head_dim):
+    """The batch-invariant kernel: row-blocked for many rows reading shared cells, per row
+    otherwise (the same bits either way)."""
+    if _rows_apply(q.shape[0], head_dim) and _windows_shared(lo, hi, ROWS):
         _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out,
                         ROWS, CELL_TILE, get_num_threads())
     else:

@@ -15,8 +15,9 @@ form the block sums with transposed vpdpbusd, so at 512 tokens they run at 280-4
 threads against 180-245 for dequantized tiles through BLAS sgemm (benchmarks/kernels_bench.py
 --crossover, re-measured per type at nt 16..512). They are also bitwise batch-invariant and use
 llama.cpp's arithmetic (Q8 activations), so prefill and decode agree exactly. On AVX2 (with or
-without AVX-VNNI) the interleaved rows (`repack_weight`: Q4_0 / Q5_0 / Q4_K / Q6_K, and Q8_0
-with VNNI) run as two ymm halves and are likewise the fastest path at every batch size: measured
+without AVX-VNNI) the interleaved rows (`repack_weight`: Q4_0 / Q5_0 / Q4_K / Q6_K, and Q8_0:
+with VNNI, or for a batched engine, see `packable`) run as two ymm halves and are likewise the
+fastest path at every batch size: measured
 on AMD EPYC (Zen 4) compiled for Haswell, 2 threads, against the sgemm path at 512 tokens Q5_0
 23.1 vs 23.9 ms (4864 x 896), Q4_K 58 vs 76 (8960 x 1536), Q6_K 60 vs 124 (1536 x 8960), and
 1.3-2x faster than the plain integer rows at 4-64 tokens. Float weights, and other quantized
@@ -75,8 +76,8 @@ from minfer.backends.cpu.kernels.quant.types import (
     qtype_of,
     weight_view,
 )
-from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI, HAS_VNNI512
-from minfer.backends.cpu.kernels.simd.interleaved import ROWS
+from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI512
+from minfer.backends.cpu.kernels.simd.interleaved import ROWS, SIGN_TRICK
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
@@ -125,14 +126,17 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
 
 
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
-def packable(qtype: int, n_in: int, n_out: int) -> bool:
-    """Whether `repack_weight` has a faster layout for this weight: Q4_0 / Q5_0 / Q4_K / Q6_K
-    with a multiple of 16 rows (interleaved 16 at a time) on a CPU with AVX2 at least, and Q8_0
-    where the dots are VNNI (its u8 codes would saturate AVX2's pmaddubsw pairs)."""
+def packable(qtype: int, n_in: int, n_out: int, batched: bool = True) -> bool:
+    """Whether `repack_weight` has a faster layout for this weight: Q4_0 / Q5_0 / Q8_0 / Q4_K /
+    Q6_K with a multiple of 16 rows (interleaved 16 at a time) on a CPU with AVX2 at least.
+    Q8_0 without VNNI (the sign trick, `simd.interleaved.SIGN_TRICK`) only where the weight
+    is `batched` (read by many rows at a time): its interleaved rows are 1.7-2x faster from two
+    rows on, but one row alone reads the file's rows 10-25% faster (AMD EPYC Zen 3, 2 threads,
+    151936 x 896), and a single-stream decode is all one row."""
     qt = qtype_of(qtype)
     if qt not in PACKED_TYPES or n_out % ROWS or not DOT4:
         return False
-    return HAS_VNNI or qt is not QType.Q8_0
+    return batched or not (qt is QType.Q8_0 and SIGN_TRICK)
 
 
 def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None

@@ -38,13 +38,17 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _I8,
     _I16,
     _I32,
+    HAS_VNNI,
+    _concat,
     _fma,
+    _half,
     _ld,
     _phi_loop,
     _prefetch_span,
     _splat,
     _vec,
     _vpdpbusd,
+    _x86,
     define_passes,
 )
 from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float
@@ -63,6 +67,12 @@ _U64 = ir.IntType(64)
 
 # name: (block bytes, qh offset or None, code offset, signed codes)
 LAYOUTS = {"q4_0": (18, None, 8, False), "q5_0": (22, 2, 16, False), "q8_0": (34, None, 128, True)}
+# Q8_0 without VNNI: AVX2's pmaddubsw would saturate on the u8 form of its codes (255 x -128
+# pairs), so the codes go back to int8 and each product takes the sign trick of ggml's AVX2
+# dots: |w| . sign(x, w), pairs at most 2 x 128 x 127. Exact sums, no offset correction
+# (`Q8_ROWS_OFFSET`: the driver's `block_corr` offset, 0 here).
+SIGN_TRICK = not HAS_VNNI
+Q8_ROWS_OFFSET = 0 if SIGN_TRICK else 128
 
 
 def _data(context: Any, builder: Any, aryty: Any, ary: Any) -> Any:
@@ -145,8 +155,11 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple
     n = 4 * ROWS  # bytes per code vector
     dw = halves(builder, w, base)
     if signed:
-        return [_ld(builder, w, builder.add(base, _c(2 * ROWS + n * j)), _vec(_I8, n))
-                for j in range(8)], dw
+        codes = [_ld(builder, w, builder.add(base, _c(2 * ROWS + n * j)), _vec(_I8, n))
+                 for j in range(8)]
+        if SIGN_TRICK:  # back to int8 codes (see SIGN_TRICK)
+            codes = [builder.xor(v, _splat(builder, 0x80, n)) for v in codes]
+        return codes, dw
     qs = 2 * ROWS + (n if has_qh else 0)
     wt: list[Any] = [None] * 8
     for j in range(4):
@@ -159,6 +172,15 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple
             bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
             wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
     return wt, dw
+
+
+def _psign(builder: Any, a: Any, b: Any) -> Any:
+    """a with each byte's sign taken from b's (negated where b < 0, zero where b == 0):
+    AVX2's psignb, a <64 x i8> as two ymm halves."""
+    if a.type.count == 64:
+        return _concat(builder, [_psign(builder, _half(builder, a, k), _half(builder, b, k))
+                                 for k in (0, 1)])
+    return _x86(builder, "llvm.x86.avx2.psign.b", a.type, [a, b])
 
 
 def _fold(builder: Any, front: _Front, tok: tuple[Any, Any, Any], b: Any, isum: Any, dw: Any,
@@ -201,19 +223,25 @@ def rows_dot(name: str, ntok: int) -> Any:
             toks = [f.token(builder, j) for j in range(ntok)]
             zero = ir.Constant(_vec(_F32, ROWS), [0.0] * ROWS)
 
+            trick = signed and SIGN_TRICK
+
             def body(b: Any, pair: list[Any]) -> list[Any]:
                 acc = pair[:ntok]  # this block's accumulators; the other set waits a block
                 base = f.group(builder, b, size)
                 prefetch_span(builder, f.w, builder.add(base, _c(ROWS_PREFETCH)), ROWS * size)
                 wt, dw = _group(builder, f.w, base, qh is not None, signed)
+                mags = [_psign(builder, v, v) for v in wt] if trick else wt  # |w|, once
                 new = []
                 for tok, a in zip(toks, acc, strict=True):
                     xo = builder.add(tok[0], builder.mul(b, _c(32)))
-                    sums = [_corr(builder, f, tok, b), ir.Constant(_vec(_I32, ROWS), None)]
+                    zero = ir.Constant(_vec(_I32, ROWS), None)
+                    sums = [zero if trick else _corr(builder, f, tok, b), zero]
                     for k in range(8):
                         xw = _ld(builder, f.x, builder.add(xo, _c(4 * k)), _I32)
                         xv = builder.bitcast(_splat(builder, xw, ROWS), _vec(_I8, 4 * ROWS))
-                        sums[k % 2] = _vpdpbusd(builder, wt[k], xv, sums[k % 2])
+                        if trick:
+                            xv = _psign(builder, xv, wt[k])
+                        sums[k % 2] = _vpdpbusd(builder, mags[k], xv, sums[k % 2])
                     new.append(_fold(builder, f, tok, b, builder.add(sums[0], sums[1]), dw, a))
                 return pair[ntok:] + new  # even and odd blocks alternate
 
