@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import socket
 import statistics
@@ -49,11 +50,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_minfer(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
+def start_minfer(args: argparse.Namespace, port: int,
+                 tree: str | None = None) -> subprocess.Popen[bytes]:
+    """This checkout's server, or (tree) another checkout's sources run by this interpreter:
+    a before/after in one run (each tree keeps its own kernel cache folder)."""
     cmd = [sys.executable, "-m", "minfer.cli.main", "serve", args.model, "--host", HOST,
            "--port", str(port), "-t", str(args.threads), "--slots", str(max(args.levels)),
            "--n-ctx", str(args.n_ctx)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src")) if tree else None
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
 def start_llama(args: argparse.Namespace, port: int,
@@ -181,6 +186,9 @@ def main() -> int:
     p.add_argument("--load-timeout", type=float, default=600)
     p.add_argument("--ref-python", default=None, help="interpreter with llama-cpp-python[server]")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--minfer-tree", action="append", default=[], metavar="DIR",
+                   help="also serve another checkout (e.g. a git worktree of the previous "
+                        "commit), alternating with this one")
     args = p.parse_args()
 
     procs: list[subprocess.Popen[bytes]] = []
@@ -190,6 +198,12 @@ def main() -> int:
         procs.append(start_minfer(args, port))
         servers["minfer"] = (f"http://{HOST}:{port}", procs[-1].pid)
         wait_ready(procs[-1], servers["minfer"][0], "/health", args.load_timeout)
+        for tree in args.minfer_tree:
+            port = free_port()
+            procs.append(start_minfer(args, port, tree))
+            name = f"minfer@{os.path.basename(os.path.normpath(tree))}"
+            servers[name] = (f"http://{HOST}:{port}", procs[-1].pid)
+            wait_ready(procs[-1], servers[name][0], "/health", args.load_timeout)
         if args.ref_python:
             port = free_port()
             # logits_all False: llama_cpp.server's default computes every prompt row's logits,

@@ -99,3 +99,42 @@ def test_the_slot_context_ends_a_request() -> None:
     state = core.add(1, _request(list(range(1, 61)), max_tokens=50))
     _drain(core)
     assert state.finish == "context" and state.n_generated == N_CTX_SLOT - 60 + 1
+
+
+def test_step_cost_fits_the_fixed_and_per_row_parts_and_caps_proposals() -> None:
+    """`StepCost` recovers T(R) = fixed + per_row * R from the steps it sees (the first step of
+    each row count, a graph's build, left out); memory-bound steps (a row is cheap) leave
+    proposals uncapped, compute-bound ones (16 streams, a row ~ a quarter of the fixed part
+    each) allow none unless nearly every proposal is kept."""
+    from minfer.engine.speculative import DRAFT_MAX_LIMIT, StepCost
+
+    cost = StepCost()
+    assert cost.draft_cap(16, 0.9) == DRAFT_MAX_LIMIT  # nothing seen yet: no cap
+    rng = random.Random(0)
+    cost.record(17, 5.0)  # a warm-up outlier: not counted
+    for _ in range(60):
+        rows = rng.choice([1, 2, 4, 8, 16, 17, 20, 32])
+        cost.record(rows, 0.020 + 0.005 * rows)
+    assert abs(cost.fixed - 0.020) < 1e-6 and abs(cost.per_row - 0.005) < 1e-7
+    assert cost.share(1) == pytest.approx(0.2)
+    assert cost.draft_cap(1, 0.7) == 4  # 0.7 ** 4 > 0.2 > 0.7 ** 5
+    assert cost.share(16) == pytest.approx(0.8)
+    assert cost.draft_cap(16, 0.7) == 0 and cost.draft_cap(16, 0.95) == 4
+
+
+def test_a_compute_bound_batch_asks_for_no_proposals() -> None:
+    """Beside other streams the core caps each sequence's proposal by the batch's row price
+    (`EngineCore._asks`); alone, the sequence's DraftLength decides."""
+    from minfer.engine.speculative import StepCost
+
+    core = _core(4, lookup=2)
+    for i, p in enumerate(_prompts(4)):
+        core.add(i, _request([*p, *p]))
+    for _ in range(12):  # prompts in, every sequence decoding
+        core.step()
+    plan = core.scheduler.schedule()
+    core.step_cost = StepCost()
+    assert len(core._asks(plan)) == 4  # rows cost nothing known: every sequence proposes
+    expensive = StepCost(fixed=0.01, per_row=0.05, steps=StepCost.MIN_STEPS)
+    core.step_cost = expensive
+    assert core._asks(plan) == []

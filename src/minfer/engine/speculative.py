@@ -415,6 +415,65 @@ class DraftLength:
             self.accept_rate = self.accepted_avg / self.trials_avg
 
 
+@dataclass
+class StepCost:
+    """What a forward of R rows costs the whole batch: T(R) = fixed + per_row * R, fitted by
+    least squares over recent steps (weights decaying by `decay` a step). A server's decode
+    step streams the weights once (the fixed part) and computes every row (the per-row part):
+    with one stream it is memory-bound and a verify row costs little; with 16 it is
+    compute-bound and each extra row costs every stream about a row's time.
+
+    `draft_cap` turns that into the batch's limit on a sequence's proposal: a proposed token
+    whose chance of being kept is p gains p tokens and costs every stream per_row seconds,
+    i.e. (tokens per second) x per_row tokens. With n streams decoding plainly, that price is
+    share = per_row * n / T(n), the compute share of a plain step: the j-th token pays only
+    while accept_rate ** j > share (`DraftLength` then weighs the request's own costs below
+    that cap). Until the fit has seen rows vary (`MIN_STEPS` steps) there is no cap."""
+
+    decay: float = 0.97
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wR, wT, wRR, wRT
+    steps: int = 0
+    fixed: float = 0.0
+    per_row: float = 0.0
+    seen: set[int] = field(default_factory=set)  # row counts timed once (a warm-up) already
+
+    MIN_STEPS = 8
+
+    def record(self, rows: int, seconds: float) -> None:
+        """A step of `rows` rows took `seconds`; the first of each row count is not counted
+        (it builds that shape's graph, and may compile)."""
+        if rows not in self.seen:
+            self.seen.add(rows)
+            return
+        d = self.decay
+        w, wr, wt, wrr, wrt = (d * v for v in self.sums)
+        self.sums = [w + 1.0, wr + rows, wt + seconds, wrr + rows * rows, wrt + rows * seconds]
+        self.steps += 1
+        w, wr, wt, wrr, wrt = self.sums
+        det = w * wrr - wr * wr
+        if det > 1e-9 * w * w:  # rows varied: both parts identifiable
+            self.per_row = max(0.0, (w * wrt - wr * wt) / det)
+            self.fixed = max(0.0, (wt - self.per_row * wr) / w)
+
+    def share(self, n_streams: int) -> float:
+        """The compute share of a plain step of n_streams rows (0: unknown)."""
+        if self.steps < self.MIN_STEPS or not self.per_row:
+            return 0.0
+        rows_time = self.per_row * n_streams
+        return rows_time / (self.fixed + rows_time)
+
+    def draft_cap(self, n_streams: int, accept_rate: float) -> int:
+        """The most tokens a sequence should propose beside n_streams - 1 others (at most
+        DRAFT_MAX_LIMIT: no cap)."""
+        share = self.share(n_streams)
+        if share <= 0.0:
+            return DRAFT_MAX_LIMIT
+        a = min(max(accept_rate, 1e-6), 0.999)
+        if share >= 1.0 or a <= share:
+            return 0
+        return min(DRAFT_MAX_LIMIT, int(np.log(share) / np.log(a)))
+
+
 def _ema(old: float, new: float, alpha: float) -> float:
     """Exponential moving average; one sample counts for at most 3x the average (a stall of
     the machine, a graph rebuild) so it cannot lock a length out for long."""

@@ -30,7 +30,7 @@ from minfer.engine.core.proposer import DraftAsk, Proposer
 from minfer.engine.core.request import Emitted, GenRequest, Request, Vocab
 from minfer.engine.core.runner import StepRunner
 from minfer.engine.core.scheduler import Plan, Scheduler, Sequence
-from minfer.engine.speculative import DraftLength, Proposal, SpecConfig, bucket_floor
+from minfer.engine.speculative import DraftLength, Proposal, SpecConfig, StepCost, bucket_floor
 
 log = logging.getLogger("minfer.engine")
 
@@ -80,6 +80,7 @@ class EngineCore:
         self.proposer = proposer
         self.speculation = (speculation or SpecConfig()) if proposer is not None else None
         self.requests: dict[int, Request] = {}
+        self.step_cost = StepCost()  # the batch's price of a row (caps proposals: `_asks`)
 
     # -- requests in and out -------------------------------------------------------------------
     def add(self, seq_id: int, req: GenRequest, *, length: DraftLength | None = None) -> Request:
@@ -221,14 +222,19 @@ class EngineCore:
 
     # -- speculation ---------------------------------------------------------------------------
     def _asks(self, plan: Plan) -> list[DraftAsk]:
-        """What to ask the proposer for the plan's decoding sequences."""
+        """What to ask the proposer for the plan's decoding sequences: each one's DraftLength,
+        capped by what a row costs the batch (`StepCost.draft_cap`: beside many streams a
+        compute-bound step makes every proposed row cost them all)."""
         asks = []
+        n_streams = sum(1 for w in plan.works if w.logits)
         for w in plan.works:
             seq = self.scheduler.running.get(w.seq_id)
             if seq is None or not w.logits or not seq.decoding or seq.n_pending != 1:
                 continue
             state = self.requests.get(w.seq_id)
             k = self._draft_length(state, self.n_ctx_slot - seq.n_computed - 1)
+            if k and state is not None and state.length is not None and n_streams > 1:
+                k = min(k, self.step_cost.draft_cap(n_streams, state.length.accept_rate))
             if k and state is not None:
                 greedy = state.verifier is None or state.verifier.greedy
                 asks.append(DraftAsk(w.seq_id, w.slot, tuple(seq.tokens), k, greedy))
@@ -279,8 +285,10 @@ class EngineCore:
                 state.length.record_proposal(ask.k, seconds)
 
     def _record_forward(self, plan: Plan, seconds: float) -> None:
-        """A step's cost: the timings of each request in it, and for the DraftLength of each
-        decoding one, a plain step or a verify of 1 + k rows (neighbours included)."""
+        """A step's cost: the batch's (`StepCost`), the timings of each request in it, and for
+        the DraftLength of each decoding one, a plain step or a verify of 1 + k rows
+        (neighbours included)."""
+        self.step_cost.record(sum(len(w.tokens) + len(w.draft) for w in plan.works), seconds)
         for w in plan.works:
             state = self.requests.get(w.seq_id)
             if state is None:
