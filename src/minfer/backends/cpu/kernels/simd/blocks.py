@@ -135,6 +135,35 @@ def _vpdpbusd(builder: Any, u: Any, x: Any, acc: Any = None) -> Any:
     return builder.call(fn, [acc, builder.bitcast(u, vn), builder.bitcast(x, vn)])
 
 
+# Without VNNI a dot of u8 codes and s8 activations is pmaddubsw (adjacent pairs -> int16),
+# then pmaddwd against ones (-> int32). Activation codes are at most 127 in magnitude, so the
+# int16 pairs of codes below `code_max` stay within 2 * code_max * 127, and that many of them
+# add up in int16 before one pmaddwd without overflow: Q4_0 / Q4_K codes (15) eight, Q5_0 (31)
+# four, Q6_K (63) two. The same exact sums with fewer multiplies (the AVX2 limit: two a cycle).
+def pairs16_group(code_max: int) -> int:
+    """How many pmaddubsw results of codes <= code_max may be summed in int16."""
+    return max(1, 32767 // (2 * code_max * 127))
+
+
+def _dots_pairs16(builder: Any, codes: list[Any], xs: list[Any], acc: Any, code_max: int) -> Any:
+    """acc + the exact int32 lane sums of vpdpbusd(codes[k], xs[k]) over k (<64 x i8> vectors
+    -> <16 x i32>, on ymm halves), without VNNI: int16 pairs summed in groups of
+    `pairs16_group(code_max)` before each pmaddwd. u8 codes <= code_max, s8 |xs| <= 127."""
+    group = pairs16_group(code_max)
+    ones = ir.Constant(_vec(_I16, 16), [1] * 16)
+    out = []
+    for h in (0, 1):
+        total = _half(builder, acc, h)
+        for g0 in range(0, len(codes), group):
+            pairs = None
+            for k in range(g0, min(len(codes), g0 + group)):
+                p = _pmaddubsw(builder, _half(builder, codes[k], h), _half(builder, xs[k], h))
+                pairs = p if pairs is None else builder.add(pairs, p)
+            total = builder.add(total, _pmaddwd(builder, pairs, ones))
+        out.append(total)
+    return _concat(builder, out)
+
+
 def _lane_sums(builder: Any, codes: Any, x: Any, offset: int, signed: bool,
                corr: Any = None) -> Any:
     """Exact int32 lane sums of (code - offset) * x over 32 values: <8 x i32> of 4-sums with

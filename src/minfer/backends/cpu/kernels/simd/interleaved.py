@@ -39,7 +39,9 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _I16,
     _I32,
     HAS_VNNI,
+    HAS_VNNI512,
     _concat,
+    _dots_pairs16,
     _fma,
     _half,
     _ld,
@@ -73,6 +75,10 @@ LAYOUTS = {"q4_0": (18, None, 8, False), "q5_0": (22, 2, 16, False), "q8_0": (34
 # (`Q8_ROWS_OFFSET`: the driver's `block_corr` offset, 0 here).
 SIGN_TRICK = not HAS_VNNI
 Q8_ROWS_OFFSET = 0 if SIGN_TRICK else 128
+# Without VNNI, Q4_0 / Q5_0 codes (<= 15 / 31) take `simd.blocks._dots_pairs16`: int16 pair
+# sums added eight / four code vectors at a time before each pmaddwd (Q8_0's signed codes
+# cannot: their pairs reach 2^15 alone).
+PAIRS16 = not HAS_VNNI and not HAS_VNNI512
 
 
 def _data(context: Any, builder: Any, aryty: Any, ary: Any) -> Any:
@@ -212,7 +218,7 @@ def rows_dot(name: str, ntok: int) -> Any:
     activation codes x (int8 [nt, n]), their scales xd (f32 [nt, n/32]) and cb (int32
     [nt, n/32], -offset * block sums, `linear.dots32.block_corr`). vpdpbusd against broadcast
     activation dwords; each block's codes unpacked once for the ntok tokens."""
-    size, qh, _, signed = LAYOUTS[name]
+    size, qh, offset, signed = LAYOUTS[name]
 
     def typer(typingctx: Any, w: Any, x: Any, xd: Any, cb: Any, t: Any, out: Any, g: Any
               ) -> Any:
@@ -224,6 +230,8 @@ def rows_dot(name: str, ntok: int) -> Any:
             zero = ir.Constant(_vec(_F32, ROWS), [0.0] * ROWS)
 
             trick = signed and SIGN_TRICK
+            pairs16 = PAIRS16 and not signed  # small codes only (not Q8_0's)
+            code_max = 2 * offset - 1  # Q4_0: 15, Q5_0: 31
 
             def body(b: Any, pair: list[Any]) -> list[Any]:
                 acc = pair[:ntok]  # this block's accumulators; the other set waits a block
@@ -234,15 +242,21 @@ def rows_dot(name: str, ntok: int) -> Any:
                 new = []
                 for tok, a in zip(toks, acc, strict=True):
                     xo = builder.add(tok[0], builder.mul(b, _c(32)))
-                    zero = ir.Constant(_vec(_I32, ROWS), None)
-                    sums = [zero if trick else _corr(builder, f, tok, b), zero]
+                    xs = []
                     for k in range(8):
                         xw = _ld(builder, f.x, builder.add(xo, _c(4 * k)), _I32)
                         xv = builder.bitcast(_splat(builder, xw, ROWS), _vec(_I8, 4 * ROWS))
-                        if trick:
-                            xv = _psign(builder, xv, wt[k])
-                        sums[k % 2] = _vpdpbusd(builder, mags[k], xv, sums[k % 2])
-                    new.append(_fold(builder, f, tok, b, builder.add(sums[0], sums[1]), dw, a))
+                        xs.append(_psign(builder, xv, wt[k]) if trick else xv)
+                    zero = ir.Constant(_vec(_I32, ROWS), None)
+                    if pairs16:
+                        isum = _dots_pairs16(builder, wt, xs, _corr(builder, f, tok, b),
+                                             code_max)
+                    else:
+                        sums = [zero if trick else _corr(builder, f, tok, b), zero]
+                        for k in range(8):
+                            sums[k % 2] = _vpdpbusd(builder, mags[k], xs[k], sums[k % 2])
+                        isum = builder.add(sums[0], sums[1])
+                    new.append(_fold(builder, f, tok, b, isum, dw, a))
                 return pair[ntok:] + new  # even and odd blocks alternate
 
             pair = _phi_loop(builder, f.nb, [zero] * (2 * ntok), body)

@@ -49,6 +49,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _I8,
     _I16,
     _I32,
+    _dots_pairs16,
     _fma,
     _ld,
     _phi_loop,
@@ -57,7 +58,14 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _vpdpbusd,
     define_passes,
 )
-from minfer.backends.cpu.kernels.simd.interleaved import ROWS, _c, _store, halves, prefetch_span
+from minfer.backends.cpu.kernels.simd.interleaved import (
+    PAIRS16,
+    ROWS,
+    _c,
+    _store,
+    halves,
+    prefetch_span,
+)
 from minfer.backends.cpu.kernels.simd.interleaved import _Front as _Front32
 from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
 
@@ -143,11 +151,15 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
         for n, tok in enumerate(toks):
             xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
                                                  builder.mul(sub, _c(32))))
-            part: list[Any] = [None, None]  # two chains (one measured slower at 8 tokens)
-            for j in range(8):  # codes 4j.. (j < 4), 16 + 4(j - 4).. (j >= 4)
-                xv = _as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j))))
-                part[j % 2] = _vpdpbusd(builder, codes[j], xv, part[j % 2])
-            isum = builder.add(part[0], part[1])
+            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j))))
+                  for j in range(8)]  # codes 4j.. (j < 4), 16 + 4(j - 4).. (j >= 4)
+            if PAIRS16:  # AVX2: one pmaddwd for the eight (codes <= 15)
+                isum = _dots_pairs16(builder, codes, xs, _ivec(0), 15)
+            else:
+                part: list[Any] = [None, None]  # two chains (one measured slower at 8 tokens)
+                for j in range(8):
+                    part[j % 2] = _vpdpbusd(builder, codes[j], xs[j], part[j % 2])
+                isum = builder.add(part[0], part[1])
             new.append(_fma(builder, dsc, builder.sitofp(isum, _vec(_F32, ROWS)), sums[n]))
         return new
 
@@ -205,9 +217,13 @@ def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any])
                                                  builder.mul(k, _c(16))))
             co = builder.add(tok[3], builder.add(builder.mul(s, _c(64)), builder.mul(k, _c(4))))
             part = _bcast(builder, f.aux, co)
-            for m in range(4):
-                xv = _as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m))))
-                part = _vpdpbusd(builder, codes[m], xv, part)
+            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m))))
+                  for m in range(4)]
+            if PAIRS16:  # AVX2: one pmaddwd per two (codes <= 63)
+                part = _dots_pairs16(builder, codes, xs, part, 63)
+            else:
+                for m in range(4):
+                    part = _vpdpbusd(builder, codes[m], xs[m], part)
             new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, ROWS)), sums[n]))
         return new
 
