@@ -15,6 +15,16 @@ from a float64 forward pass of the same weights, as far from it as from each oth
 Q5_0 / Q8_0 rows' blocks in another order (rows interleaved 16 at a time, `simd_rows`; as
 accurate against float64 within 1.1-1.6x) moved the top-10 gaps from 0.32-0.55 to 0.18-0.71,
 and the whole vocabulary's logits by up to 1.7.
+
+Op by op against llama.cpp's intermediate tensors (its eval callback; each minfer kernel fed
+llama.cpp's inputs) every op agrees to f32 rounding (1e-7 relative) but two: the GELU table
+(234 entries an f16 ulp off; now ggml's exactly) and the attention's value mix, which ggml runs
+on probabilities rounded to f16 (`mul_mat(V, softmax)` over an f16 V converts them) where minfer
+keeps f32 (1.6e-4 per attention output). Neither moves the gap: over these six prompts and
+twelve chat / prose ones, against llama.cpp's AVX2 build (AMD EPYC Zen 3), the top-10 gap was
+0.16-0.80 before and after the GELU fix, 0.21-0.86 with f16 probabilities too; one f32 ulp up
+or down on the embedding scale moves minfer's own top-10 logits by 0.18-1.34 on the same
+prompts (f16 K/V and Q8 activations turn ulp-level differences into whole rounding steps).
 """
 
 from __future__ import annotations

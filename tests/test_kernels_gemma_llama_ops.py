@@ -67,6 +67,23 @@ def test_scale_and_softcap() -> None:
     assert np.abs(out).max() < 30
 
 
+# Entries of ggml's GELU table (f16 input bits -> f16 output bits) as llama.cpp's x86 build fills
+# it (libm's tanhf; 1 + a*x*x contracted to a fused multiply-add), read out of its
+# `ggml_table_gelu_f16`. Built with numpy's f32 tanh, 234 entries (all for x in (-10, -1.8))
+# came out one to three f16 ulps off, these among them; 0xbfff (x = -1.999) is the one entry
+# the fused multiply-add decides.
+GGML_GELU_ENTRIES = {0xBF45: 0xAC06, 0xBFFF: 0xA9D3, 0xC37F: 0x8B3F, 0xC3D1: 0x8715,
+                     0xC41F: 0x828D, 0xC4C9: 0x8011, 0xC50F: 0x8003, 0xC549: 0x8000}
+
+
+def test_gelu_table_entries_are_ggmls() -> None:
+    x = np.array(list(GGML_GELU_ENTRIES), np.uint16).view(np.float16).astype(np.float32)
+    out = np.empty_like(x)
+    gelu(x, out)
+    got = out.astype(np.float16).view(np.uint16)
+    assert [int(b) for b in got] == list(GGML_GELU_ENTRIES.values())
+
+
 @pytest.mark.parametrize("blocked", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_attention_sliding_window_and_softcap(blocked: bool, dtype: type) -> None:
