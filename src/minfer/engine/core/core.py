@@ -285,10 +285,12 @@ class EngineCore:
                 state.length.record_proposal(ask.k, seconds)
 
     def _record_forward(self, plan: Plan, seconds: float) -> None:
-        """A step's cost: the batch's (`StepCost`), the timings of each request in it, and for
-        the DraftLength of each decoding one, a plain step or a verify of 1 + k rows
-        (neighbours included)."""
-        self.step_cost.record(sum(len(w.tokens) + len(w.draft) for w in plan.works), seconds)
+        """A step's cost: the batch's (`StepCost`, from steps of decode and verify rows: a
+        prompt chunk's rows cost otherwise), the timings of each request in it, and for the
+        DraftLength of each decoding one, a plain step or a verify of 1 + k rows (neighbours
+        included)."""
+        if all(len(w.tokens) == 1 for w in plan.works):  # decode and verify rows only
+            self.step_cost.record(sum(1 + len(w.draft) for w in plan.works), seconds)
         for w in plan.works:
             state = self.requests.get(w.seq_id)
             if state is None:
