@@ -50,13 +50,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_minfer(args: argparse.Namespace, port: int,
-                 tree: str | None = None) -> subprocess.Popen[bytes]:
+def start_minfer(args: argparse.Namespace, port: int, tree: str | None = None,
+                 extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """This checkout's server, or (tree) another checkout's sources run by this interpreter:
-    a before/after in one run (each tree keeps its own kernel cache folder)."""
+    a before/after in one run (each tree keeps its own kernel cache folder); extra: more
+    `minfer serve` arguments (a variant, e.g. `-md DRAFT`)."""
     cmd = [sys.executable, "-m", "minfer.cli.main", "serve", args.model, "--host", HOST,
            "--port", str(port), "-t", str(args.threads), "--slots", str(max(args.levels)),
-           "--n-ctx", str(args.n_ctx)]
+           "--n-ctx", str(args.n_ctx), *extra]
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src")) if tree else None
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
@@ -189,6 +190,9 @@ def main() -> int:
     p.add_argument("--minfer-tree", action="append", default=[], metavar="DIR",
                    help="also serve another checkout (e.g. a git worktree of the previous "
                         "commit), alternating with this one")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                   help="also serve this checkout with more `minfer serve` arguments, e.g. "
+                        "'md=-md qwen2.5-coder-0.5b-instruct'")
     args = p.parse_args()
 
     procs: list[subprocess.Popen[bytes]] = []
@@ -198,6 +202,12 @@ def main() -> int:
         procs.append(start_minfer(args, port))
         servers["minfer"] = (f"http://{HOST}:{port}", procs[-1].pid)
         wait_ready(procs[-1], servers["minfer"][0], "/health", args.load_timeout)
+        for variant in args.variant:
+            name, _, extra = variant.partition("=")
+            port = free_port()
+            procs.append(start_minfer(args, port, None, extra.split()))
+            servers[f"minfer {name}"] = (f"http://{HOST}:{port}", procs[-1].pid)
+            wait_ready(procs[-1], servers[f"minfer {name}"][0], "/health", args.load_timeout)
         for tree in args.minfer_tree:
             port = free_port()
             procs.append(start_minfer(args, port, tree))
