@@ -90,7 +90,8 @@ def test_end_of_turn_is_end_of_generation(engine: Engine) -> None:
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = np.array(meta["tokenizer.ggml.token_type"], dtype=np.int32)
     assert tokens[106] == "<end_of_turn>"
-    assert {1, 106} <= _end_of_generation(meta, tokens, types)
+    ids = dict(zip(tokens, range(len(tokens)), strict=True))
+    assert {1, 106} <= _end_of_generation(meta, tokens, ids, types)
 
 
 def test_text_prompts_tokenize_to_llama_cpps_ids(engine: Engine) -> None:

@@ -110,7 +110,11 @@ def test_gemma3_prefill_equals_decode_batch_invariant(tmp_path: Path) -> None:
     decode = np.stack([e.forward([t], i)[0] for i, t in enumerate(PROMPT)])
     np.testing.assert_array_equal(prefill, decode)
     fast = _all_rows(_engine(path), PROMPT)  # blocked attention and sgemm where they pay
-    np.testing.assert_allclose(fast, prefill, rtol=0, atol=2e-3 * np.abs(prefill).max())
+    # against the invariant rows on the same weight layouts (a server's engine may interleave
+    # Q8_0 where a lone run's does not: another summation order, which the 8-bit activations
+    # of later layers can turn into whole rounding steps)
+    same = _all_rows(_engine(path, batch_invariant=True, batched=False), PROMPT)
+    np.testing.assert_allclose(fast, same, rtol=0, atol=2e-3 * np.abs(same).max())
 
 
 def test_gemma3_rows_do_not_depend_on_the_batch(tiny_gemma: Path) -> None:

@@ -13,6 +13,8 @@ environment (`minfer.env`), so a default is the same wherever an engine is made.
 - n_threads: threads for prefill and the most a decode step may take; adaptive_threads: decode
   steps pick their count by measurement (when the user gave none);
 - batch_invariant: every row's arithmetic independent of the batch around it (the server);
+- batched: the weights take the layouts fastest for many rows (`ExecContext.batched`); None:
+  as batch_invariant (the server's steps carry many rows, a lone run's decode one);
 - vocab_limit: score only the first N token ids (a draft model's head);
 - pooling: None for the model's own output (a decoder's logits, an encoder's embeddings pooled
   as its file says); "none" / "mean" / "cls" / "last" / "rank" for embeddings pooled so (a
@@ -37,6 +39,7 @@ class EngineConfig:
     n_threads: int | None = None
     adaptive_threads: bool = False
     batch_invariant: bool = False
+    batched: bool | None = None
     vocab_limit: int = 0
     pooling: str | None = None
 

@@ -143,6 +143,7 @@ class Engine:
             raise MinferError(f"n_ctx must be positive, got {n_ctx}")
         self.hparams = hparams
         self.batch_invariant = config.batch_invariant
+        self.batched = config.batch_invariant if config.batched is None else config.batched
         self.weights = ModelWeights(gguf_file)
         vocab_limit = config.vocab_limit
         self.ctx_params = ContextParams(
@@ -287,7 +288,7 @@ class Engine:
                 buf[:] = 1 if kind is InputKind.KV_END else 0
             ctx = ExecContext(weights=self.weights, kv=self.kv,
                               batch_invariant=self.batch_invariant, dense_f32=self.encoder,
-                              batched=self.batch_invariant)
+                              batched=self.batched)
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
 
@@ -312,7 +313,7 @@ class Engine:
         cached = prepared.scratch.get(key)
         if cached is None or cached[0] is not buffers:
             ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant,
-                              dense_f32=self.encoder, batched=self.batch_invariant)
+                              dense_f32=self.encoder, batched=self.batched)
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
                                         ctx)
             prepared.scratch[key] = cached = (buffers, tape)
