@@ -93,7 +93,7 @@ def test_builder_only_references_existing_nodes() -> None:
 def test_ops_compare_by_payload() -> None:
     assert ir.RmsNorm(1e-6) == ir.RmsNorm(1e-6)
     assert ir.RmsNorm(1e-6) != ir.RmsNorm(1e-5)
-    assert ir.KvcacheStore(3) != ir.KvcacheStore(4)
+    assert ir.KvcacheStore(3, 64) != ir.KvcacheStore(4, 64)
     rope = ir.Rope("neox", 1e6, 14, 64, 64)
     assert rope == dataclasses.replace(rope) and rope != dataclasses.replace(rope, base=1e4)
     assert rope.payload()["base"] == 1e6

@@ -112,10 +112,10 @@ def test_attention_row_is_the_same_alone_and_in_a_batch(k_type: str, v_type: str
     nt, n_head, n_kv, hd, n_ctx = 24, 4, 2, 64, 48
     rows = rng.standard_normal((2, n_ctx, n_kv * hd)).astype(np.float32)
     k, v = new_cache(k_type, n_ctx, n_kv * hd), new_cache(v_type, n_ctx, n_kv * hd)
-    kv_store(rows[0], rows[1], k, v, np.arange(n_ctx))  # one batch of 48 rows
+    kv_store(rows[0], rows[1], k, v, np.arange(n_ctx), head_dim=hd)  # one batch of 48 rows
     k1, v1 = new_cache(k_type, n_ctx, n_kv * hd), new_cache(v_type, n_ctx, n_kv * hd)
     for c in range(n_ctx):  # one row at a time
-        kv_store(rows[0, c:c + 1], rows[1, c:c + 1], k1, v1, np.array([c]))
+        kv_store(rows[0, c:c + 1], rows[1, c:c + 1], k1, v1, np.array([c]), head_dim=hd)
     assert np.array_equal(k, k1) and np.array_equal(v, v1)
     q = rng.standard_normal((nt, n_head * hd)).astype(np.float32)
     start = np.arange(nt, dtype=np.int32) // 3

@@ -1,5 +1,6 @@
-"""Quantized KV caches (q8_0 / q4_0): the ggml block writes, reading back, and attention over
-them (per-token and blocked) against attention over the dequantized cache."""
+"""Quantized KV caches (q8_0 / q4_0): llama.cpp's Hadamard rotation, the ggml block writes,
+reading back, and attention over them (per-token and blocked) against attention over the
+dequantized cache."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     KV_TYPES,
     bytes_per_value,
     dequantize_rows,
+    k_rotation,
     new_cache,
-    rotate_blocks,
+    rotate,
     row_width,
+    store_rows,
+    v_rotation,
 )
 from minfer.backends.cpu.kernels.reference import ref_attention
 
@@ -46,65 +50,116 @@ def ref_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _f16(d), q
 
 
-def ref_rotate(x: np.ndarray) -> np.ndarray:
-    """Each 32-block times the orthonormal Hadamard matrix, by the kernel's butterflies."""
-    b = x.astype(np.float32).reshape(-1, 32).copy()
+def ggml_gen_hadamard(n: int) -> np.ndarray:
+    """llama.cpp's rotation matrix (llama-kv-cache.cpp ggml_gen_hadamard), its loop as written."""
+    data = np.zeros((n, n), np.float32)
+    data[0, 0] = np.float32(1.0) / np.sqrt(np.float32(n))
+    s = 1
+    while s < n:
+        for i in range(s):
+            for j in range(s):
+                val = data[i, j]
+                data[i + s, j] = val
+                data[i, j + s] = val
+                data[i + s, j + s] = -val
+        s *= 2
+    return data
+
+
+def ref_rotate(x: np.ndarray, n: int) -> np.ndarray:
+    """Each n-chunk of each row times that matrix, as ggml-cpu computes the Hadamard-hinted
+    mul_mat (ops.cpp ggml_compute_forward_fwht_impl): scale by 1/sqrtf(n), then butterflies
+    at strides 1, 2, ..., n/2, in f32."""
+    if not n:
+        return x.astype(np.float32)
+    b = x.astype(np.float32).reshape(-1, n) * (np.float32(1.0) / np.sqrt(np.float32(n)))
     h = 1
-    while h < 32:
-        v = b.reshape(-1, 32 // (2 * h), 2, h)
+    while h < n:
+        v = b.reshape(-1, n // (2 * h), 2, h)
         lo, hi = v[:, :, 0, :].copy(), v[:, :, 1, :].copy()
         v[:, :, 0, :], v[:, :, 1, :] = lo + hi, lo - hi
         h *= 2
-    return (b * np.float32(1.0 / np.sqrt(32.0))).reshape(x.shape)
+    return b.reshape(x.shape)
 
 
-def test_the_rotation_is_the_hadamard_matrix_and_its_own_inverse() -> None:
-    x = RNG.standard_normal((3, 64)).astype(np.float32)
-    h = np.array([[1.0]])
-    while h.shape[0] < 32:
-        h = np.block([[h, h], [h, -h]])
-    want = (x.reshape(-1, 32).astype(np.float64) @ (h / np.sqrt(32)).T).reshape(x.shape)
-    np.testing.assert_allclose(ref_rotate(x), want, atol=1e-5)
+@pytest.mark.parametrize(("head_dim", "k_rot", "v_rot"),
+                         [(32, 0, 0), (64, 64, 64), (96, 0, 0), (128, 128, 64),
+                          (192, 64, 64), (256, 256, 64)])
+def test_rotation_chunks_are_llamacpp_choice(head_dim: int, k_rot: int, v_rot: int) -> None:
+    """Only a quantized cache, and only heads of a multiple of 64; K by the largest power of two
+    from 64 up dividing head_dim, V by 64."""
+    for kv_type in ("q8_0", "q4_0"):
+        assert (k_rotation(kv_type, head_dim), v_rotation(kv_type, head_dim)) == (k_rot, v_rot)
+    for kv_type in ("f16", "f32"):
+        assert k_rotation(kv_type, head_dim) == v_rotation(kv_type, head_dim) == 0
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_the_rotation_is_llamacpp_hadamard_matrix_and_its_own_inverse(n: int) -> None:
+    h = ggml_gen_hadamard(n)
+    np.testing.assert_allclose(h.astype(np.float64) @ h.T, np.eye(n), atol=1e-6)  # orthonormal
+    np.testing.assert_array_equal(h, h.T)
+    x = RNG.standard_normal((20, 2 * n)).astype(np.float32)  # 20 rows: the parallel path
+    # ggml_mul_mat(rot, x): out[i] = sum_k rot[i, k] x[k] per chunk
+    want = (x.reshape(-1, n).astype(np.float64) @ h.T.astype(np.float64)).reshape(x.shape)
+    for rows in (x, x[:3].copy()):
+        y = rows.copy()
+        rotate(y, n)
+        np.testing.assert_array_equal(y, ref_rotate(rows, n))  # ggml-cpu's rounding, bit for bit
+        np.testing.assert_allclose(y, want[: rows.shape[0]], rtol=0, atol=1e-5)
+        rotate(y, n)
+        np.testing.assert_allclose(y, rows, rtol=0, atol=1e-5)
     y = x.copy()
-    rotate_blocks(y)
-    np.testing.assert_array_equal(y, ref_rotate(x))
-    rotate_blocks(y)
-    np.testing.assert_allclose(y, x, atol=1e-5)
+    rotate(y, 0)
+    np.testing.assert_array_equal(y, x)
+    with pytest.raises(ValueError, match="power of two"):
+        rotate(x[:, :96].copy(), 96)
 
 
-def ref_dequant(kv_type: str, x: np.ndarray) -> np.ndarray:
-    """What a row of x reads back as after a store into a kv_type cache (quantized: rotated,
-    quantized, dequantized, rotated back)."""
+def ref_dequant(kv_type: str, x: np.ndarray, rot: int = 0) -> np.ndarray:
+    """What a row of x reads back as after a store into a kv_type cache (quantized: rotated by
+    rot-chunks, quantized, dequantized, rotated back)."""
     if kv_type == "f32":
         return x.astype(np.float32)
     if kv_type == "f16":
         return _f16(x)
-    d, q = (ref_q8_0 if kv_type == "q8_0" else ref_q4_0)(ref_rotate(x))
+    d, q = (ref_q8_0 if kv_type == "q8_0" else ref_q4_0)(ref_rotate(x, rot))
     off = 0 if kv_type == "q8_0" else 8
     return ref_rotate(((q.astype(np.float32) - off) * d[:, None]).astype(np.float32)
-                      .reshape(x.shape))
+                      .reshape(x.shape), rot)
 
 
+@pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("kv_type", KV_TYPES)
-def test_store_then_read_back_matches_ggml_rounding(kv_type: str) -> None:
-    n, n_ctx = 128, 40
+def test_store_then_read_back_matches_ggml_rounding(kv_type: str, head_dim: int) -> None:
+    """Rows of 256 values: 8 heads of 32 (not rotated) or 2 of 128 (K rotated by 128-chunks,
+    V by 64-chunks), stored as llama.cpp stores them."""
+    n, n_ctx = 256, 40
+    rk, rv = k_rotation(kv_type, head_dim), v_rotation(kv_type, head_dim)
     x = RNG.standard_normal((24, n)).astype(np.float32) * 3
-    x[0, :32] = 0  # an all-zero block: d = 0
+    x[0, :128] = 0  # all-zero blocks: d = 0
     x[1, 5] = -50.0  # the signed max of q4_0's block
     cells = RNG.permutation(n_ctx)[:24]
     k, v = new_cache(kv_type, n_ctx, n), new_cache(kv_type, n_ctx, n)
-    kv_store(x, -x, k, v, cells)  # 24 rows: the parallel store path
-    np.testing.assert_array_equal(dequantize_rows(k[cells], n), ref_dequant(kv_type, x))
-    np.testing.assert_array_equal(dequantize_rows(v[cells], n), ref_dequant(kv_type, -x))
-    kv_store(x[:2], x[:2], k, v, np.array([0, 1]))  # 2 rows: the serial path
-    np.testing.assert_array_equal(dequantize_rows(k[:2], n), ref_dequant(kv_type, x[:2]))
+    kv_store(x, -x, k, v, cells, head_dim=head_dim)  # 24 rows: the parallel store path
+    np.testing.assert_array_equal(dequantize_rows(k[cells], n, rot=rk),
+                                  ref_dequant(kv_type, x, rk))
+    np.testing.assert_array_equal(dequantize_rows(v[cells], n, rot=rv),
+                                  ref_dequant(kv_type, -x, rv))
+    # store_rows (the context shift's write) stores the same bytes as the K of kv_store
+    k2 = new_cache(kv_type, n_ctx, n)
+    store_rows(x, k2, cells, rot=rk)
+    np.testing.assert_array_equal(k2, k)
+    kv_store(x[:2], x[:2], k, v, np.array([0, 1]), head_dim=head_dim)  # 2 rows: serial path
+    np.testing.assert_array_equal(dequantize_rows(k[:2], n, rot=rk),
+                                  ref_dequant(kv_type, x[:2], rk))
     assert k.nbytes == n_ctx * n * bytes_per_value(kv_type)
 
 
 def test_block_bytes_are_ggml_layout() -> None:
     x = np.linspace(-1, 2, 32, dtype=np.float32)[None]
     q8, q4 = new_cache("q8_0", 1, 32), new_cache("q4_0", 1, 32)
-    kv_store(ref_rotate(x), ref_rotate(x), q8, q4, np.array([0]))  # rotated twice: x itself
+    kv_store(x, x, q8, q4, np.array([0]), head_dim=32)  # heads of 32: not rotated
     d8, qs8 = ref_q8_0(x)
     assert q8.view(np.uint8)[0, :2].view(np.float16)[0] == d8[0]
     np.testing.assert_array_equal(q8[0, 2:], qs8[0])
@@ -121,14 +176,21 @@ def test_bad_shapes_are_refused() -> None:
     cache = new_cache("q4_0", 4, 64)
     with pytest.raises(ValueError, match="do not fit"):
         kv_store(np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32), cache, cache,
-                 np.array([0]))
+                 np.array([0]), head_dim=32)
+    row = np.zeros((1, 64), np.float32)
+    with pytest.raises(ValueError, match="needs the head_dim"):  # it sets the rotation
+        kv_store(row, row, cache, cache, np.array([0]))
+    with pytest.raises(ValueError, match="does not divide"):
+        store_rows(row, cache, np.array([0]), rot=128)
 
 
-def _filled(k_type: str, v_type: str, n_ctx: int, n: int) -> tuple[np.ndarray, ...]:
+def _filled(k_type: str, v_type: str, n_ctx: int, n: int, hd: int) -> tuple[np.ndarray, ...]:
+    """K and V caches of random rows, and their values read back (the rotation undone)."""
     x = RNG.standard_normal((2, n_ctx, n)).astype(np.float32)
     k, v = new_cache(k_type, n_ctx, n), new_cache(v_type, n_ctx, n)
-    kv_store(x[0], x[1], k, v, np.arange(n_ctx))
-    return k, v, dequantize_rows(k, n), dequantize_rows(v, n)
+    kv_store(x[0], x[1], k, v, np.arange(n_ctx), head_dim=hd)
+    return (k, v, dequantize_rows(k, n, rot=k_rotation(k_type, hd)),
+            dequantize_rows(v, n, rot=v_rotation(v_type, hd)))
 
 
 PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "q4_0"), ("f16", "q8_0")]
@@ -136,12 +198,16 @@ PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "q4_0"), (
 
 @pytest.mark.parametrize(("k_type", "v_type"), PAIRS)
 @pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 96])
 def test_attention_equals_attention_on_dequantized_cache(k_type: str, v_type: str,
-                                                         blocked: bool) -> None:
+                                                         blocked: bool, hd: int) -> None:
+    """The stored rows are rotated (head_dim 64: K and V by 64-chunks; 128: K by 128, V by 64;
+    96: not at all), the query and the output rotated to match: the result is attention over
+    the values read back, unrotated."""
     if blocked and not blocked_available():
         pytest.skip("no BLAS sgemm for the blocked kernel")
-    nt, n_head, n_kv, hd, n_ctx = 40, 4, 2, 64, 72
-    k, v, kf, vf = _filled(k_type, v_type, n_ctx, n_kv * hd)
+    nt, n_head, n_kv, n_ctx = 40, 4, 2, 72
+    k, v, kf, vf = _filled(k_type, v_type, n_ctx, n_kv * hd, hd)
     q = RNG.standard_normal((nt, n_head * hd)).astype(np.float32)
     start = np.zeros(nt, np.int32)
     end = np.arange(n_ctx - nt + 1, n_ctx + 1, dtype=np.int32)

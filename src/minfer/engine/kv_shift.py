@@ -15,8 +15,9 @@ multiplication by theta_scale from the position, see backends/cpu/kernels/rope.p
 difference and the rotation are computed in f64 and the result is written back in the cache's
 dtype: a shifted row equals a fresh computation at the new position up to the kernel's own f32
 rounding (plus one more f16 rounding with an f16 cache). A quantized K cache (q8_0/q4_0) is
-dequantized, rotated and quantized again: each shift adds one more quantization of the keys
-(ggml requantizes the same way when llama.cpp shifts such a cache). V rows, whatever their
+dequantized, its Hadamard rotation undone (`kv_formats.k_rotation`), RoPE-rotated, Hadamard-rotated
+again and quantized: each shift adds one more quantization of the keys (llama.cpp's
+build_rope_shift does the same steps when it shifts such a cache). V rows, whatever their
 format, are copied byte for byte.
 """
 
@@ -28,7 +29,13 @@ import numpy as np
 from numba import njit
 
 import minfer.jit_cache  # noqa: F401  (before any njit: where compiled code is cached)
-from minfer.backends.cpu.kernels.attn.kv_formats import dequantize_rows, is_quant, store_rows
+from minfer.backends.cpu.kernels.attn.kv_formats import (
+    cache_type,
+    dequantize_rows,
+    is_quant,
+    k_rotation,
+    store_rows,
+)
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -104,13 +111,15 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
     n_kv_embd = hp.n_head_kv * hp.head_dim
     for il, (k, v) in enumerate(zip(engine.kv.k, engine.kv.v, strict=True)):
         quant = is_quant(k)
-        src = dequantize_rows(k[src_start:src_end], n_kv_embd) if quant else k[src_start:src_end]
+        rot = k_rotation(cache_type(k), hp.head_dim)
+        src = (dequantize_rows(k[src_start:src_end], n_kv_embd, rot=rot) if quant
+               else k[src_start:src_end])
         rows = rerotate(src, src_pos, dst_pos, n_head=hp.n_head_kv,
                         head_dim=hp.head_dim, rope_dim=hp.rope_dim,
                         base=hp.layer_rope_base(il), style=hp.rope_style,
                         freq_scale=hp.layer_rope_freq_scale(il), factors=factors)
         if quant:
-            store_rows(rows.astype(np.float32), k, np.arange(dst_start, dst_start + n))
+            store_rows(rows.astype(np.float32), k, np.arange(dst_start, dst_start + n), rot=rot)
         else:
             k[dst_start:dst_start + n] = rows.astype(k.dtype)
         v[dst_start:dst_start + n] = v[src_start:src_end].copy()  # the ranges may overlap

@@ -228,10 +228,12 @@ class GraphBuilder:
         meta = NodeMeta(role=name, layer=layer, weights=(weight,))
         return self._append(name, op, (x,), self.shape(x), meta=meta)
 
-    def kv_store(self, layer: int, k: int, v: int, cells: int) -> int:
+    def kv_store(self, layer: int, k: int, v: int, cells: int, *, head_dim: int) -> int:
         self._same_shape(f"kv_store.{layer}", k, v)
-        return self._append(f"kv_store.{layer}", ir.KvcacheStore(layer), (k, v, cells), (),
-                            meta=NodeMeta(role="kv_store", layer=layer))
+        if head_dim < 1 or self.shape(k)[-1] % head_dim:
+            raise GraphError(f"kv_store.{layer}: rows are not whole heads of {head_dim}")
+        return self._append(f"kv_store.{layer}", ir.KvcacheStore(layer, head_dim), (k, v, cells),
+                            (), meta=NodeMeta(role="kv_store", layer=layer))
 
     def kv_load(self, layer: int, store: int, *, n_ctx: int, n_kv_embd: int) -> int:
         return self._append(f"kv_load.{layer}", ir.KvcacheLoad(layer), (store,),

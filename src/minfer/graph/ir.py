@@ -158,9 +158,11 @@ class QkNorm(Op):
 
 @dataclass(frozen=True)
 class KvcacheStore(Op):
-    """Writes K and V rows into the layer's persistent KV region at the cells input."""
+    """Writes K and V rows into the layer's persistent KV region at the cells input (head_dim
+    sets how a quantized region rotates its rows, as llama.cpp does)."""
 
     layer: int
+    head_dim: int
 
 
 @dataclass(frozen=True)

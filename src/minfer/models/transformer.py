@@ -119,7 +119,7 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     factors = "rope_freqs.weight" if hp.has_rope_freqs else None
     q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
     k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, hp.n_head_kv), layer=il, factors=factors)
-    store = b.kv_store(il, k, v, ctx.cells)
+    store = b.kv_store(il, k, v, ctx.cells, head_dim=hp.head_dim)
     kv = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx, n_kv_embd=hp.n_head_kv * hp.head_dim)
     op = ir.Attn(il, hp.n_head, hp.n_head_kv, hp.head_dim, hp.kq_scale,
                  window=hp.layer_window(il), softcap=hp.attn_softcap)

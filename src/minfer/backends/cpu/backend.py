@@ -292,7 +292,8 @@ def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.KvcacheStore)
     layer = node.op.layer
-    return [K.bind_store_kv(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2])]
+    return [K.bind_store_kv(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2],
+                            head_dim=node.op.head_dim)]
 
 
 def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,

@@ -343,12 +343,12 @@ def _prepare(q, qr, round_f16, kv_start, kv_end, window, lo, hi):  # pragma: no 
 
 
 def kv_store(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-             cells: np.ndarray) -> None:
+             cells: np.ndarray, *, head_dim: int = 0) -> None:
     """Write rows k[t], v[t] (f32 `[nt, n_head_kv*head_dim]`) into cache cells[t] (f16 rounding
     to nearest even when the cache is f16, as ggml's f32->f16 copy; q8_0/q4_0 caches get ggml
-    blocks, see `attn.kv_formats`). A cell outside the cache is refused before anything is
-    written."""
+    blocks, rotated as llama.cpp rotates them, which needs `head_dim`: see `attn.kv_formats`). A
+    cell outside the cache is refused before anything is written."""
     cells = np.asarray(cells, dtype=np.int64).reshape(-1)
     k = np.ascontiguousarray(k, dtype=np.float32)
     v = np.ascontiguousarray(v, dtype=np.float32)
-    bind_store_kv(k, v, k_cache, v_cache, cells)()
+    bind_store_kv(k, v, k_cache, v_cache, cells, head_dim=head_dim)()

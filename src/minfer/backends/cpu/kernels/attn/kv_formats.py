@@ -15,16 +15,22 @@ stored as f16, q = round-half-even(x * 127/amax), the same rule as the activatio
 `quantize_row_q4_0_ref` (the block's first value of largest magnitude `max` gives d = max/-8,
 q = min(15, trunc(x/d + 8.5))).
 
-Rotation: as llama.cpp does for quantized caches (it multiplies Q and K, and V with the inverse
-on the attention output, by a Hadamard matrix before the cache stores them), each 32-value block
-is multiplied by the orthonormal Hadamard matrix H before it is quantized. That spreads an
-outlier dimension over its block, so the block's scale no longer flattens its neighbours (on
-Qwen2.5-0.5B, whose layer-0 keys reach |k| ~ 145, it halved the mean q8_0 logit error). q.k is
-unchanged when q is rotated the same way, and the value mix comes out rotated, so
-`attn.quantized_kv`
-rotates the query before and the output after (H = H^-1). llama.cpp rotates 64-value chunks
-with a matrix product; here the rotation is the 32-value block (it never straddles a head,
-whatever the head_dim), by butterflies, so the stored blocks are not llama.cpp's byte for byte.
+Rotation, as llama.cpp 0.3.36 does it (llama-kv-cache.cpp, llama-graph.cpp): a quantized cache
+stores its rows multiplied by an orthonormal Walsh-Hadamard matrix, chunk by chunk, which spreads
+an outlier dimension over its chunk so that a block's scale no longer flattens its neighbours
+(Qwen2.5-0.5B's layer-0 keys reach |k| ~ 145). It applies only to a quantized cache whose heads
+are a multiple of 64 values; otherwise the rows are stored as they are. K's chunk is the largest
+power of two from 64 up that divides head_dim (64 for head_dim 64 or 192, 128 for 128, 256 for
+256: `k_rotation`); V's is always 64 (`v_rotation`). Chunks are consecutive values of a row, so
+they never straddle a head. The matrix is Sylvester's, H[i, j] = (-1)^popcount(i & j) /
+sqrt(n), symmetric and its own inverse; ggml-cpu applies it (its `fwht` for the Hadamard-hinted
+mul_mat) as a scale by 1/sqrtf(n) followed by butterflies (a + b, a - b) at strides 1, 2, ...,
+n/2, in f32, and `rotate` does exactly that, so the stored blocks are llama.cpp's for the same
+input rows (layer 0's q8_0 / q4_0 blocks on Qwen2.5-0.5B and Gemma 3 270M: all of them). The
+keys are rotated after RoPE, as stored; `attn.quantized_kv` rotates the (roped) query by K's
+matrix (q.k is kept) and the attention output by V's (the value mix comes out rotated).
+llama.cpp's switch LLAMA_ATTN_ROT_DISABLE=1 turns its rotation off; minfer always rotates as
+llama.cpp does by default.
 
 `load_head(row, e0, n, dst)` (compiled code only) writes f32 values [e0, e0+n) of one cache row
 into dst for any of the four formats (chosen by the row's dtype at compile time; quantized rows
@@ -114,51 +120,81 @@ def kernel_view(cache: np.ndarray) -> np.ndarray:
     return cache.view(np.uint16) if cache.dtype == np.float16 else cache
 
 
-# -- the block rotation ------------------------------------------------------------------------
-_RSQRT32 = np.float32(1.0 / np.sqrt(32.0))
+# -- the rotation ------------------------------------------------------------------------------
+ROT_MIN = 64  # llama.cpp rotates a quantized cache only when head_dim is a multiple of this
 
 
-@njit(inline="always", fastmath=_FM, error_model="numpy")
-def _fwht32(x):  # pragma: no cover - compiled
-    """x[:32] = H x in place, H the orthonormal 32x32 Sylvester-Hadamard matrix (H = H^T = H^-1):
-    the butterflies a+b, a-b in stride order 1, 2, 4, 8, 16, then a scale by 1/sqrt(32)."""
+def k_rotation(kv_type: str, head_dim: int) -> int:
+    """The chunk a K cache of kv_type rotates its rows by (0: not rotated): the largest power of
+    two from 64 up dividing head_dim, as llama.cpp's build_input_k_rot loop finds it."""
+    if kv_type not in QUANT_TYPES or head_dim % ROT_MIN:
+        return 0
+    n = ROT_MIN
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def v_rotation(kv_type: str, head_dim: int) -> int:
+    """The chunk a V cache of kv_type rotates its rows by (0: not rotated): 64 (llama.cpp found
+    the small matrix better for V)."""
+    return ROT_MIN if kv_type in QUANT_TYPES and head_dim % ROT_MIN == 0 else 0
+
+
+@njit(error_model="numpy")
+def _fwht(x, n):  # pragma: no cover - compiled
+    """x[:n] = H x in place, H the orthonormal n x n Walsh-Hadamard matrix, as ggml-cpu's fwht:
+    every value times 1/sqrtf(n) first, then the butterflies a + b, a - b at strides 1, 2, ...,
+    n/2 (strict f32: each step rounds once, as ggml's)."""
+    scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(n)))
+    for j in range(n):
+        x[j] = x[j] * scale
     h = 1
-    while h < 32:
-        for i in range(0, 32, 2 * h):
+    while h < n:
+        for i in range(0, n, 2 * h):
             for j in range(i, i + h):
                 a = x[j]
                 b = x[j + h]
                 x[j] = a + b
                 x[j + h] = a - b
         h *= 2
-    for j in range(32):
-        x[j] = x[j] * _RSQRT32
+
+
+@njit(error_model="numpy")  # a call (LLVM may inline it): numba's inliner trips on the loops
+def _rotate_row(row, n):  # pragma: no cover - compiled
+    # the usual chunk as a constant: LLVM unrolls and vectorises those butterflies (2.5x)
+    if n == 64:
+        for c in range(row.shape[0] // 64):
+            _fwht(row[c * 64 : c * 64 + 64], 64)
+    else:
+        for c in range(row.shape[0] // n):
+            _fwht(row[c * n : c * n + n], n)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _rotate_rows(x):  # pragma: no cover - compiled
+def _rotate_rows(x, n):  # pragma: no cover - compiled
     for t in prange(x.shape[0]):
-        row = x[t]
-        for b in range(row.shape[0] // 32):
-            _fwht32(row[b * 32 : b * 32 + 32])
+        _rotate_row(x[t], n)
 
 
 @njit(cache=True, error_model="numpy")
-def _rotate_rows_serial(x):  # pragma: no cover - compiled
+def _rotate_rows_serial(x, n):  # pragma: no cover - compiled
     for t in range(x.shape[0]):
-        row = x[t]
-        for b in range(row.shape[0] // 32):
-            _fwht32(row[b * 32 : b * 32 + 32])
+        _rotate_row(x[t], n)
 
 
-def rotate_blocks(x: np.ndarray) -> None:
-    """Every 32-value block of every row of x (f32, C-contiguous `[rows, n]`) times H, in place:
-    the rotation a quantized cache stores its rows in (its own inverse). Per row, so batch
-    invariant; blocks never straddle heads (head_dim is a multiple of 32)."""
-    if x.ndim != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or x.shape[1] % QK:
-        raise ValueError(f"rotate_blocks needs C-contiguous f32 [rows, k*32], got {x.shape}")
+def rotate(x: np.ndarray, n: int) -> None:
+    """Every n-value chunk of every row of x (f32, C-contiguous `[rows, width]`) times the
+    orthonormal Hadamard matrix, in place (its own inverse); n = 0 leaves x alone. Per row, so
+    batch invariant."""
+    if not n:
+        return
+    if n & (n - 1) or x.ndim != 2 or x.dtype != np.float32 or not x.flags.c_contiguous \
+            or x.shape[1] % n:
+        raise ValueError(f"rotate needs C-contiguous f32 [rows, k*{n}] (n a power of two), "
+                         f"got {x.dtype} {x.shape}")
     # a decode step's few rows stay on the calling thread (a parallel region costs more)
-    (_rotate_rows if x.shape[0] >= PARALLEL_MIN_ROWS else _rotate_rows_serial)(x)
+    (_rotate_rows if x.shape[0] >= PARALLEL_MIN_ROWS else _rotate_rows_serial)(x, n)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -221,13 +257,12 @@ def _dequantize(cache, n, out):  # pragma: no cover - compiled
         load_head(cache[c], 0, n, out[c])
 
 
-def dequantize_rows(cache: np.ndarray, n: int) -> np.ndarray:
+def dequantize_rows(cache: np.ndarray, n: int, *, rot: int) -> np.ndarray:
     """Rows of a cache (any format) as f32 `[rows, n]`: the values written, up to rounding
-    (a quantized cache's rotation undone)."""
+    (a quantized cache's rotation by `rot`-value chunks undone; `k_rotation` / `v_rotation`)."""
     out = np.empty((cache.shape[0], n), np.float32)
     _dequantize(kernel_view(np.ascontiguousarray(cache)), n, out)
-    if is_quant(cache):
-        rotate_blocks(out)
+    rotate(out, rot if is_quant(cache) else 0)
     return out
 
 
@@ -296,31 +331,32 @@ def _store_row_impl(x, dst):  # unannotated: numba matches it against the functi
 
 
 @njit(inline="always", error_model="numpy")
-def _store_rotated(x, dst):  # pragma: no cover - compiled
+def _store_rotated(x, dst, rot):  # pragma: no cover - compiled
     r = x.copy()
-    for b in range(r.shape[0] // 32):
-        _fwht32(r[b * 32 : b * 32 + 32])
-    _store_row(r, dst)
+    if rot:
+        _rotate_row(r, rot)
+    _store_row(r, dst)  # one call site: numba's inliner trips on two
 
 
-def _put_row(x: Any, dst: Any) -> Any:
-    """One f32 row into a cache row of any format (compiled code only)."""
+def _put_row(x: Any, dst: Any, rot: Any) -> Any:
+    """One f32 row into a cache row of any format, a quantized one rotated by rot-value chunks
+    first (0: not rotated) (compiled code only)."""
     raise NotImplementedError("only callable from compiled code")
 
 
 @overload(_put_row, inline="always")
-def _put_row_impl(x, dst):  # unannotated: numba matches it against the functions below
+def _put_row_impl(x, dst, rot):  # unannotated: numba matches it against the functions below
     if dst.dtype == types.uint16:  # f16 bits, rounded to nearest even as numpy's astype
-        def put_f16(x, dst):
+        def put_f16(x, dst, rot):
             for j in range(x.shape[0]):
                 dst[j] = f32_to_f16(x[j])
         return put_f16
     if dst.dtype == types.float32:
-        def put_f32(x, dst):
+        def put_f32(x, dst, rot):
             for j in range(x.shape[0]):
                 dst[j] = x[j]
         return put_f32
-    return lambda x, dst: _store_rotated(x, dst)
+    return lambda x, dst, rot: _store_rotated(x, dst, rot)
 
 
 @njit(inline="always")
@@ -331,33 +367,33 @@ def _check_cells(cells, n_ctx):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _store_rows(x, cache, cells):  # pragma: no cover - compiled
+def _store_rows(x, cache, cells, rot):  # pragma: no cover - compiled
     _check_cells(cells, cache.shape[0])
     for t in prange(x.shape[0]):
-        _put_row(x[t], cache[cells[t]])
+        _put_row(x[t], cache[cells[t]], rot)
 
 
 @njit(cache=True, error_model="numpy")
-def _store_rows_serial(x, cache, cells):  # pragma: no cover - compiled
+def _store_rows_serial(x, cache, cells, rot):  # pragma: no cover - compiled
     _check_cells(cells, cache.shape[0])
     for t in range(x.shape[0]):
-        _put_row(x[t], cache[cells[t]])
+        _put_row(x[t], cache[cells[t]], rot)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _store_kv(k, v, k_cache, v_cache, cells):  # pragma: no cover - compiled
+def _store_kv(k, v, k_cache, v_cache, cells, rot_k, rot_v):  # pragma: no cover - compiled
     _check_cells(cells, k_cache.shape[0])
     for t in prange(k.shape[0]):
-        _put_row(k[t], k_cache[cells[t]])
-        _put_row(v[t], v_cache[cells[t]])
+        _put_row(k[t], k_cache[cells[t]], rot_k)
+        _put_row(v[t], v_cache[cells[t]], rot_v)
 
 
 @njit(cache=True, error_model="numpy")
-def _store_kv_serial(k, v, k_cache, v_cache, cells):  # pragma: no cover - compiled
+def _store_kv_serial(k, v, k_cache, v_cache, cells, rot_k, rot_v):  # pragma: no cover
     _check_cells(cells, k_cache.shape[0])
     for t in range(k.shape[0]):
-        _put_row(k[t], k_cache[cells[t]])
-        _put_row(v[t], v_cache[cells[t]])
+        _put_row(k[t], k_cache[cells[t]], rot_k)
+        _put_row(v[t], v_cache[cells[t]], rot_v)
 
 
 def _check_rows(x: np.ndarray, cache: np.ndarray) -> None:
@@ -367,27 +403,42 @@ def _check_rows(x: np.ndarray, cache: np.ndarray) -> None:
                          f"{cache.shape}")
 
 
-def store_rows(x: np.ndarray, cache: np.ndarray, cells: np.ndarray) -> None:
-    """cache[cells[t]] = x[t] for every row, in the cache's format (a cell outside the cache is
-    refused before anything is written)."""
+def _check_rot(rot: int, width: int) -> int:
+    if rot < 0 or rot & (rot - 1) or (rot and width % rot):
+        raise ValueError(f"rotation chunk {rot} does not divide rows of {width} values")
+    return rot
+
+
+def store_rows(x: np.ndarray, cache: np.ndarray, cells: np.ndarray, *, rot: int) -> None:
+    """cache[cells[t]] = x[t] for every row, in the cache's format, a quantized cache's rows
+    rotated by `rot`-value chunks first (`k_rotation` / `v_rotation`; 0: not rotated). A cell
+    outside the cache is refused before anything is written."""
     xs = np.ascontiguousarray(x, dtype=np.float32)
     _check_rows(xs, cache)
+    rot = _check_rot(rot, xs.shape[1]) if is_quant(cache) else 0
     cells = np.asarray(cells, dtype=np.int64).reshape(-1)
     if cells.shape[0] != xs.shape[0]:
         raise ValueError(f"{xs.shape[0]} rows for {cells.shape[0]} cells")
     run = _store_rows if xs.shape[0] >= PARALLEL_MIN_ROWS else _store_rows_serial
-    run(xs, kernel_view(cache), cells)
+    run(xs, kernel_view(cache), cells, rot)
 
 
 def bind_store_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                  cells: np.ndarray) -> Callable[[], None]:
+                  cells: np.ndarray, *, head_dim: int = 0) -> Callable[[], None]:
     """K and V rows into their caches' cells (the op tape's KV store): shapes checked once, one
-    compiled call per step, the cells (data the batch fills in) checked in it."""
+    compiled call per step, the cells (data the batch fills in) checked in it. A quantized
+    cache needs `head_dim`, which sets its rotation (`k_rotation`, `v_rotation`)."""
     if k.shape != v.shape or k.dtype != np.float32 or v.dtype != np.float32:
         raise ValueError(f"k {k.shape} {k.dtype} / v {v.shape} {v.dtype}: f32 rows of one shape")
     for x, cache in ((k, k_cache), (v, v_cache)):
         _check_rows(x, cache)
     if cells.shape != (k.shape[0],) or cells.dtype.kind not in "iu":
         raise ValueError(f"cells {cells.shape} {cells.dtype}: one integer per row")
+    quant = is_quant(k_cache) or is_quant(v_cache)
+    if quant and (head_dim <= 0 or k.shape[1] % head_dim):
+        raise ValueError(f"a quantized KV cache needs the head_dim its rows are made of "
+                         f"(rows of {k.shape[1]}, head_dim {head_dim})")
+    rot_k = k_rotation(cache_type(k_cache), head_dim) if quant else 0
+    rot_v = v_rotation(cache_type(v_cache), head_dim) if quant else 0
     run = _store_kv if k.shape[0] >= PARALLEL_MIN_ROWS else _store_kv_serial
-    return partial(run, k, v, kernel_view(k_cache), kernel_view(v_cache), cells)
+    return partial(run, k, v, kernel_view(k_cache), kernel_view(v_cache), cells, rot_k, rot_v)

@@ -11,11 +11,17 @@ flash-attention path): the integer dot adds a second rounding (the query's) on t
 cache's, and it only pays off when the dot arithmetic dominates; at decode the kernel is bound by
 the bytes it reads, which the quantized cache already shrinks, and a 64-128 wide f32 dot per cell
 is cheap next to the dequantization it shares with the value mix. Keeping the query in f32 also
-keeps one exact reference (the dequantized cache) for the tests. With an f16 K cache (V
-quantized) the query is rounded to f16 as in the f16 kernel.
+keeps one exact reference (the dequantized cache) for the tests. It is also the one place left
+where minfer's quantized caches compute other numbers than llama.cpp's (the stored blocks are
+the same): tried on the development model, rounding the query through Q8_0 brought minfer's
+q4_0 logits closer to llama.cpp's q4_0 on the short public prompts (max |dlogit| 8.3 -> 4.9)
+but not on a 378-token prompt (14.4 either way, at positions where llama.cpp's own q4_0 is
+10-20 from its f16 cache). With an f16 K cache (V quantized) the query is rounded to f16 as
+in the f16 kernel.
 
-Quantized rows are stored rotated per 32-value block (see `attn.kv_formats`): the query is rotated
-before a quantized K is read, and the output after a quantized V was mixed.
+Quantized rows are stored Hadamard-rotated as llama.cpp stores them (see `attn.kv_formats`): the
+query is rotated by K's chunk before a rotated K is read, and the output by V's chunk after a
+rotated V was mixed.
 
 The blocked prefill kernel (`attn.blocked`) reads any format through the same `load_head`,
 dequantizing each block's K/V slice into its f32 scratch.
@@ -34,10 +40,12 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     cache_type,
     check_query_heads,
     is_quant,
+    k_rotation,
     kernel_view,
     load_head,
-    rotate_blocks,
+    rotate,
     row_width,
+    v_rotation,
 )
 from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
 
@@ -98,20 +106,25 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
     return kernel_view(k_cache), kernel_view(v_cache)
 
 
+def _rotations(k: np.ndarray, v: np.ndarray, head_dim: int) -> tuple[int, int]:
+    """The chunks the K and V caches are rotated by (0: not rotated)."""
+    return k_rotation(cache_type(k), head_dim), v_rotation(cache_type(v), head_dim)
+
+
 def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
          n_head: int, n_head_kv: int, head_dim: int, scale: float, out: np.ndarray,
-         blocked: bool) -> None:
-    if is_quant(k):  # the keys are stored rotated: rotate the query alike (q.k is kept)
+         blocked: bool, rot: tuple[int, int]) -> None:
+    rot_k, rot_v = rot
+    if rot_k:  # the keys are stored rotated: rotate the query alike (q.k is kept)
         q = np.array(q, dtype=np.float32, order="C")
-        rotate_blocks(q)
+        rotate(q, rot_k)
     if blocked and q.shape[0] and blocked_available():
         attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
     else:
         if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
             q = q.astype(np.float16).astype(np.float32)
         _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
-    if is_quant(v):  # so were the values: the mix comes out rotated
-        rotate_blocks(out)
+    rotate(out, rot_v)  # so were the values: the mix comes out rotated
 
 
 def _window_softcap(window: int, softcap: float) -> None:
@@ -139,7 +152,8 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
         raise ValueError(f"KV window outside the cache of {k.shape[0]} cells")
     if window:
         lo = np.maximum(lo, hi - window)
-    _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked)
+    _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked,
+         _rotations(k, v, head_dim))
 
 
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -153,11 +167,12 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
         raise ValueError("kv_start / kv_end need one entry per query row")
+    rot = _rotations(k, v, head_dim)
 
     def step() -> None:
         lo, hi = kv_start.astype(np.int64), kv_end.astype(np.int64)
         if window:
             lo = np.maximum(lo, hi - window)
-        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked)
+        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked, rot)
 
     return step
