@@ -163,7 +163,7 @@ def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
     if cursor is not None and cursor.source < cursor.length < size:
         p, j, i = cursor.source, cursor.offset, cursor.length
         while i < size:
-            expected = edits.get(int(seq[p]), (int(seq[p]),))
+            expected = _expected(seq, p, edits)
             if seq[i] == expected[j]:
                 i, j = i + 1, j + 1
                 if j == len(expected):
@@ -201,14 +201,19 @@ def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
     return _copy(seq, start, 0, k, edits)
 
 
+def _expected(seq: np.ndarray, p: int, edits: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """The tokens a copy of source position p puts out: the learnt edit of its token, or it."""
+    t = int(seq[p])
+    return edits.get(t, (t,))
+
+
 def _copy(seq: np.ndarray, p: int, j: int, k: int, edits: dict[int, tuple[int, ...]],
           origin: int | None = None, since: int = 0) -> tuple[list[int], CopyCursor]:
     """Up to k tokens of the source from position p (token j of its edit), edits applied."""
     size, out = seq.shape[0], list[int]()
     q, skip = p, j
     while len(out) < k and q < size:
-        expected = edits.get(int(seq[q]), (int(seq[q]),))
-        out.extend(expected[skip:skip + k - len(out)])
+        out.extend(_expected(seq, q, edits)[skip:skip + k - len(out)])
         q, skip = q + 1, 0
     return out, CopyCursor(size, p, origin, since, edits, offset=j)
 
