@@ -53,15 +53,20 @@ def test_greedy_continuation_equals_llamacpps(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize(("ftype", "pure", "key", "atol"), [
-    ("Q8_0", False, "q8_0", 0.01), ("Q4_K_M", False, "q4_k_m", 0.1),
+    ("Q8_0", False, "q8_0", 0.1), ("Q4_K_M", False, "q4_k_m", 0.1),
     ("Q4_K_M", True, "q4_k", 0.1)])
 def test_quantized_logits_match_llamacpp(name: str, ftype: str, pure: bool, key: str,
                                          atol: float, tmp_path: Path) -> None:
     """`minfer quantize` of the f32 file against llama.cpp's logits on its own quantization of
     it: the same bytes, so what differs is the engines' arithmetic (both quantize activations
-    to 8 bits per block, the same way). Measured: Q8_0 within 5e-4 on both models, Q4_K_M
-    0.039 / <5e-4, pure Q4_K <5e-4 / 0.052 (Qwen3-MoE / Qwen2-MoE), every argmax equal; a
-    float64 run on the same weights is 0.1-0.4 away (the fixture script's measurement)."""
+    to 8 bits per block, the same way). Measured against the fixture (llama.cpp's AVX2 build):
+    minfer's AVX2 kernels Q8_0 within 5e-4 on both models, Q4_K_M 0.039 / <5e-4, pure Q4_K
+    <5e-4 / 0.052 (Qwen3-MoE / Qwen2-MoE), every argmax equal; a float64 run on the same
+    weights is 0.1-0.4 away (the fixture script's measurement). The tolerance is one for every
+    CPU: on an AVX-512 host llama.cpp's own AVX-512 build departs from its AVX2 fixture by up
+    to 0.063 on Qwen3-MoE's Q8_0 (ulp-level differences in the float order flip 8-bit
+    activation roundings, which this tiny random model's routers amplify), minfer's AVX-512
+    kernels by 0.032 (measured on Intel Xeon, Sapphire Rapids)."""
     out = tmp_path / f"{name}-{key}.gguf"
     quantize_model(FIXTURES / f"{name}.gguf", out, MixOptions(parse_ftype(ftype), pure=pure))
     got = _engine(out).forward(IDS, 0, n_out=len(IDS))

@@ -29,8 +29,11 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from minfer.backends.cpu.kernels.simd.blocks import _F32, _I8, _fma, _ld, _phi_loop, _splat, _vec
+from minfer.backends.cpu.kernels.simd.llvm import target_has
 
-LANES = 8  # f32 lanes per vector (one ymm)
+# f32 lanes per vector: a zmm where the target has AVX-512, else a ymm. The width changes no
+# bits: every output element is the same FMA chain whichever lane it sits in.
+LANES = 16 if target_has("avx512f") else 8
 COLS = 2 * LANES  # output columns per tile
 ROWS = 6  # rows per tile: 12 accumulators, 2 weight loads and 6 broadcasts per input column
 GROUP_BLOCK = 8  # row groups walked over all of a thread's column tiles before the next ones
