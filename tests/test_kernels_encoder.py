@@ -1,5 +1,5 @@
 """The encoder's kernels against float64 numpy: the dense f32 GEMM (any row and column count,
-with and without bias), attention within each packed sequence, LayerNorm, the erf GELU and
+with and without bias), the bf16 GEMM on AMX tiles (on hosts that have them), attention within each packed sequence, LayerNorm, the erf GELU and
 pooling; and their batch invariance: a row's bits do not depend on the rows around it."""
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from minfer.backends.cpu.kernels import (
+    amx_usable,
+    amx_weight,
     bind_gemm,
+    bind_gemm_amx,
     bind_pool,
     dense_weight,
     gelu_erf,
@@ -44,6 +47,33 @@ def test_gemm_matches_float64_and_each_rows_bits_hold_in_any_batch(n_in: int,
     plain = np.empty_like(out)
     gemm(x, dw, plain)
     np.testing.assert_array_equal(plain + b, out)  # the bias is one add after the product
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """f32 rounded to bf16 (nearest even), as f64."""
+    b = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.skipif(not amx_usable(), reason="needs AMX tiles (amx_tile, amx_bf16) granted "
+                                             "by the kernel: Intel Xeon Sapphire Rapids on")
+@pytest.mark.parametrize(("n_in", "n_out"), [(384, 1536), (1536, 384), (40, 50), (64, 33)])
+def test_amx_gemm_is_the_bf16_product_and_each_rows_bits_hold_in_any_batch(
+        n_in: int, n_out: int) -> None:
+    """The operands rounded to bf16, products summed in f32: within f32 accumulation of the
+    exact product of the rounded operands; rows in blocks of 32 (tails and pads included), and
+    every row equal to its lone computation bitwise at every batch size and offset."""
+    x, w, b = _rand(70, n_in), _rand(n_out, n_in), _rand(n_out)
+    aw = amx_weight(w)
+    out = np.empty((70, n_out), np.float32)
+    bind_gemm_amx(x, aw, out, bias=b)()
+    ref = _bf16(x) @ _bf16(w).T + b
+    np.testing.assert_allclose(out, ref, atol=1e-6 * n_in, rtol=0)
+    for lo, hi in ((0, 1), (69, 70), (3, 36), (31, 64), (1, 70)):
+        part = np.empty((hi - lo, n_out), np.float32)
+        bind_gemm_amx(np.ascontiguousarray(x[lo:hi]), aw, part, bias=b)()
+        assert np.array_equal(part, out[lo:hi]), (lo, hi)
 
 
 def _ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bounds: list[tuple[int, int]],

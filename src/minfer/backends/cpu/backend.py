@@ -27,7 +27,7 @@ from typing import cast
 
 import numpy as np
 
-from minfer import jit_cache
+from minfer import env, jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels.attn.kv_formats import KV_TYPES, QK, QUANT_TYPES, new_cache
@@ -156,6 +156,23 @@ def _dense_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.
     return dw
 
 
+def _amx_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.AmxWeight | None:
+    """The weight in `K.bind_gemm_amx`'s bf16 layout where an encoder runs it on AMX tiles:
+    the process may use them and the file stores the weight below f32 (an f32 file keeps the
+    exact f32 GEMM; so does every file under MINFER_ENCODER_F32). None otherwise. Made once
+    per model weights."""
+    key = ("cpu-amx-bf16", w_name, rows)
+    if key not in ctx.weights.state:
+        raw, qtype = ctx.weights.matrix(w_name)
+        below_f32 = qtype != K.QType.F32 and not env.flag("MINFER_ENCODER_F32")
+        ctx.weights.state[key] = (
+            K.amx_weight(K.dequantize(raw[:rows] if rows else raw, qtype, n_in))
+            if below_f32 and K.amx_usable() else None)
+    aw = ctx.weights.state[key]
+    assert aw is None or isinstance(aw, K.AmxWeight)
+    return aw
+
+
 def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
     """A stacked expert tensor ([n_expert, n_out, ...] in numpy order) as the expert drivers
     read it: repacked 16 rows at a time where the dense weight would be (each expert's rows a
@@ -230,8 +247,13 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
     assert isinstance(node.op, ir.MatMul)
     if ctx.dense_f32:  # the bias added tile by tile
         x, w_name = srcs[0], node.meta.weights[0]
-        scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         bias = ctx.weights.vector(node.meta.weights[1]) if len(node.meta.weights) > 1 else None
+        aw = _amx_weight(ctx, w_name, x.shape[1], node.op.rows)
+        if aw is not None:
+            n = K.amx_scratch_size(x.shape[0], x.shape[1])
+            bf16 = _shared_scratch(ctx, "gemm-bf16", (n + 1) // 2).view(np.uint16)
+            return [K.bind_gemm_amx(x, aw, out, bf16, bias)]
+        scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]
     steps = _bind_project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx, node.op.rows)

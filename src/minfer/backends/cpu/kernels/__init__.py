@@ -14,6 +14,8 @@ Public API (see docs/interfaces.md):
   expert, the row drivers' expert forms) -- `linear.experts`
 - gemm(x, dense_weight(w), out): the batch-invariant f32 GEMM over an f32 copy of a weight in
   column tiles (encoders) -- `linear.dense`
+- bind_gemm_amx(x, amx_weight(w), out): the batch-invariant bf16 GEMM on AMX tiles (encoders
+  whose file stores weights below f32, where `amx_usable()`) -- `linear.amx`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
   gelu_erf, tanh, scale, softcap, sigmoid_gate, bind_pool (mean / cls / last rows of each
@@ -73,6 +75,9 @@ from minfer.backends.cpu.kernels.elementwise.norm import (
 )
 from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
+from minfer.backends.cpu.kernels.linear.amx import AmxWeight, amx_weight, bind_gemm_amx
+from minfer.backends.cpu.kernels.linear.amx import scratch_size as amx_scratch_size
+from minfer.backends.cpu.kernels.linear.amx import usable as amx_usable
 from minfer.backends.cpu.kernels.linear.dense import (
     DenseWeight,
     bind_gemm,
@@ -115,6 +120,7 @@ from minfer.backends.cpu.kernels.quant.types import QType, row_bytes
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
     "PREFILL_MIN_TOKENS",
+    "AmxWeight",
     "DenseWeight",
     "ExpertWeight",
     "PrequantKernel",
@@ -123,10 +129,14 @@ __all__ = [
     "QType",
     "QuantizedActivation",
     "add",
+    "amx_scratch_size",
+    "amx_usable",
+    "amx_weight",
     "attention",
     "bind_add",
     "bind_attention",
     "bind_gemm",
+    "bind_gemm_amx",
     "bind_get_rows",
     "bind_head_rms_norm",
     "bind_layer_norm",
