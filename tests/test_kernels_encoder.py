@@ -1,6 +1,7 @@
 """The encoder's kernels against float64 numpy: the dense f32 GEMM (any row and column count,
-with and without bias), the bf16 GEMM on AMX tiles (on hosts that have them), attention within each packed sequence, LayerNorm, the erf GELU and
-pooling; and their batch invariance: a row's bits do not depend on the rows around it."""
+with and without bias), the bf16 GEMM on AMX tiles (on hosts that have them), attention within
+each packed sequence, LayerNorm, the erf GELU and pooling; and their batch invariance: a row's
+bits do not depend on the rows around it."""
 
 from __future__ import annotations
 

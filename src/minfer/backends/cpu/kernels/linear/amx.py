@@ -83,8 +83,7 @@ def _byte_ptr(context: Any, builder: Any, ty: Any, arr: Any, off: Any, off_ty: A
                        [context.cast(builder, off, off_ty, types.intp)])
 
 
-@intrinsic
-def _tile_config(typingctx: Any, cfg: Any) -> Any:
+def _tile_config_typer(typingctx: Any, cfg: Any) -> Any:
     """Load the tile configuration (a 64-byte array) into this thread's tile state."""
     sig = types.void(cfg)
 
@@ -96,8 +95,10 @@ def _tile_config(typingctx: Any, cfg: Any) -> Any:
     return sig, codegen
 
 
-@intrinsic
-def _tile_release(typingctx: Any) -> Any:
+_tile_config: Any = intrinsic(_tile_config_typer)
+
+
+def _tile_release_typer(typingctx: Any) -> Any:
     sig = types.void()
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -107,8 +108,10 @@ def _tile_release(typingctx: Any) -> Any:
     return sig, codegen
 
 
-@intrinsic
-def _tile_zero(typingctx: Any, tile: Any) -> Any:
+_tile_release: Any = intrinsic(_tile_release_typer)
+
+
+def _tile_zero_typer(typingctx: Any, tile: Any) -> Any:
     if not isinstance(tile, types.IntegerLiteral):
         return None
     sig = types.void(tile)
@@ -118,6 +121,9 @@ def _tile_zero(typingctx: Any, tile: Any) -> Any:
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+_tile_zero: Any = intrinsic(_tile_zero_typer)
 
 
 def _tile_move(name: str) -> Callable[..., Any]:
@@ -139,12 +145,11 @@ def _tile_move(name: str) -> Callable[..., Any]:
     return typer
 
 
-_tile_load = intrinsic(_tile_move("llvm.x86.tileloadd64"))
-_tile_store = intrinsic(_tile_move("llvm.x86.tilestored64"))
+_tile_load: Any = intrinsic(_tile_move("llvm.x86.tileloadd64"))
+_tile_store: Any = intrinsic(_tile_move("llvm.x86.tilestored64"))
 
 
-@intrinsic
-def _tile_dot(typingctx: Any, c: Any, a: Any, b: Any) -> Any:
+def _tile_dot_typer(typingctx: Any, c: Any, a: Any, b: Any) -> Any:
     """Tile c += a . b over bf16 pairs (tdpbf16ps)."""
     if not all(isinstance(t, types.IntegerLiteral) for t in (c, a, b)):
         return None
@@ -156,6 +161,9 @@ def _tile_dot(typingctx: Any, c: Any, a: Any, b: Any) -> Any:
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+_tile_dot: Any = intrinsic(_tile_dot_typer)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
