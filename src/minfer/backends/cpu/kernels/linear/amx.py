@@ -216,12 +216,24 @@ def _gemm_amx(xb, wp, out, bias, cs, cfg, n_parts):
                 _tile_dot(1, 4, 7)
                 _tile_dot(2, 5, 6)
                 _tile_dot(3, 5, 7)
-            _tile_store(0, c, 0, BLOCK * 4)
+            i0 = rb * BLOCK
+            j0 = cb * BLOCK
+            if i0 + BLOCK <= nt and j0 + BLOCK <= n_out:  # a whole block: straight into out
+                o_row = n_out * 4
+                o0 = (i0 * n_out + j0) * 4
+                _tile_store(0, out, o0, o_row)
+                _tile_store(1, out, o0 + TILE_ROWS * 4, o_row)
+                _tile_store(2, out, o0 + TILE_ROWS * o_row, o_row)
+                _tile_store(3, out, o0 + TILE_ROWS * o_row + TILE_ROWS * 4, o_row)
+                if bias.shape[0]:
+                    for i in range(i0, i0 + BLOCK):
+                        for j in range(j0, j0 + BLOCK):
+                            out[i, j] += bias[j]
+                continue
+            _tile_store(0, c, 0, BLOCK * 4)  # an edge block: through the scratch
             _tile_store(1, c, TILE_ROWS * 4, BLOCK * 4)
             _tile_store(2, c, TILE_ROWS * BLOCK * 4, BLOCK * 4)
             _tile_store(3, c, TILE_ROWS * BLOCK * 4 + TILE_ROWS * 4, BLOCK * 4)
-            i0 = rb * BLOCK
-            j0 = cb * BLOCK
             for i in range(min(BLOCK, nt - i0)):
                 for j in range(min(BLOCK, n_out - j0)):
                     v = c[i, j]
