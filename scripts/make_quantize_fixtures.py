@@ -1,6 +1,6 @@
 """Regenerate tests/fixtures/quantize_llamacpp.json from llama.cpp's quantizer.
 
-    MINFER_LLAMA_PYTHON=/path/to/python-with-llama_cpp PYTHONPATH=src:. python \
+    MINFER_REF_PYTHON=/path/to/python-with-llama_cpp PYTHONPATH=src:. python \
         scripts/make_quantize_fixtures.py
 
 Records, for the synthetic sources and cases of tests/quantize_cases.py, what llama.cpp writes:

@@ -20,7 +20,7 @@ from minfer.gguf.reader import GGUFFile
 from minfer.tools.synth import write_tiny_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "quantize_llamacpp.json"
-LLAMA_PYTHON_ENV = "MINFER_LLAMA_PYTHON"
+LLAMA_PYTHON_ENV = "MINFER_REF_PYTHON"  # as every live llama.cpp comparison (refpython.py)
 
 # Small (about 1M weights) yet every rule shows: 8 layers for use_more_bits' pattern; rows of
 # 256 (K-quants), of 96 (ffn_down) and 64 (attn_output: head_dim 32 × 2 heads) where K-quant
@@ -71,7 +71,7 @@ def data_digest(path: Path) -> str:
 
 
 def llama_python() -> str | None:
-    """The interpreter that has llama_cpp, from $MINFER_LLAMA_PYTHON (None: not configured)."""
+    """The interpreter that has llama_cpp, from $MINFER_REF_PYTHON (None: not configured)."""
     exe = os.environ.get(LLAMA_PYTHON_ENV)
     if not exe:
         return None

@@ -2,7 +2,7 @@
 
 Two sources of truth. tests/fixtures/quantize_llamacpp.json holds what llama.cpp
 (llama-cpp-python 0.3.36, no importance matrix) wrote for deterministic synthetic inputs
-(scripts/make_quantize_fixtures.py): these tests always run. With $MINFER_LLAMA_PYTHON naming an
+(scripts/make_quantize_fixtures.py): these tests always run. With $MINFER_REF_PYTHON naming an
 interpreter that has llama_cpp, the same comparisons also run live against it.
 """
 
