@@ -62,9 +62,10 @@ def _bf16(a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize(("n_in", "n_out"), [(384, 1536), (1536, 384), (40, 50), (64, 33)])
 def test_amx_gemm_is_the_bf16_product_and_each_rows_bits_hold_in_any_batch(
         n_in: int, n_out: int) -> None:
-    """The operands rounded to bf16, products summed in f32: within f32 accumulation of the
-    exact product of the rounded operands; rows in blocks of 32 (tails and pads included), and
-    every row equal to its lone computation bitwise at every batch size and offset."""
+    """The operands rounded to bf16, products summed in f32 onto the bias: within f32
+    accumulation of the exact product of the rounded operands; rows in blocks of 32 (tails and
+    pads included), and every row equal to its lone computation bitwise at every batch size
+    and offset."""
     x, w, b = _rand(70, n_in), _rand(n_out, n_in), _rand(n_out)
     aw = amx_weight(w)
     out = np.empty((70, n_out), np.float32)

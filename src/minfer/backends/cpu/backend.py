@@ -250,9 +250,7 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
         bias = ctx.weights.vector(node.meta.weights[1]) if len(node.meta.weights) > 1 else None
         aw = _amx_weight(ctx, w_name, x.shape[1], node.op.rows)
         if aw is not None:
-            n = K.amx_scratch_size(x.shape[0], x.shape[1])
-            bf16 = _shared_scratch(ctx, "gemm-bf16", (n + 1) // 2).view(np.uint16)
-            return [K.bind_gemm_amx(x, aw, out, bf16, bias)]
+            return [K.bind_gemm_amx(x, aw, out, bias)]
         scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]
@@ -334,10 +332,10 @@ def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
     op = node.op
     assert isinstance(op, ir.SeqAttn)
     q, k, v, start, end = srcs
+    scratch = _shared_scratch(ctx, "attn", K.sequence_attention_scratch_size(*k.shape))
     return [K.bind_sequence_attention(q, k, v, start, end, n_head=op.n_head,
                                       n_head_kv=op.n_head_kv, head_dim=op.head_dim,
-                                      scale=op.scale, out=out,
-                                      scratch=_shared_scratch(ctx, "attn", k.size))]
+                                      scale=op.scale, out=out, scratch=scratch)]
 
 
 def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,

@@ -46,6 +46,9 @@ from minfer.backends.cpu.kernels.attn.sequences import (
     bind_sequence_attention,
     sequence_attention,
 )
+from minfer.backends.cpu.kernels.attn.sequences import (
+    scratch_size as sequence_attention_scratch_size,
+)
 from minfer.backends.cpu.kernels.elementwise.arith import (
     add,
     bind_add,
@@ -76,7 +79,6 @@ from minfer.backends.cpu.kernels.elementwise.norm import (
 from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
 from minfer.backends.cpu.kernels.linear.amx import AmxWeight, amx_weight, bind_gemm_amx
-from minfer.backends.cpu.kernels.linear.amx import scratch_size as amx_scratch_size
 from minfer.backends.cpu.kernels.linear.amx import usable as amx_usable
 from minfer.backends.cpu.kernels.linear.dense import (
     DenseWeight,
@@ -129,7 +131,6 @@ __all__ = [
     "QType",
     "QuantizedActivation",
     "add",
-    "amx_scratch_size",
     "amx_usable",
     "amx_weight",
     "attention",
@@ -182,6 +183,7 @@ __all__ = [
     "row_bytes",
     "scale",
     "sequence_attention",
+    "sequence_attention_scratch_size",
     "sigmoid_gate",
     "silu",
     "softcap",

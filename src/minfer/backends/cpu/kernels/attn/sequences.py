@@ -23,7 +23,7 @@ from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _transpose(k, kt):
+def _transpose(k, kt):  # kt[:, :nt] = k.T (kt's pad columns left as they are)
     for c in prange(k.shape[1]):
         for j in range(k.shape[0]):
             kt[c, j] = k[j, c]
@@ -67,17 +67,14 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
         nq, n = t1 - t0, e - s
         qo, ko = h * head_dim, (h // group) * head_dim
         qv = q[t0:t1, qo:qo + head_dim]
-        sc = np.empty((nq, n), np.float32)
-        n_kt = n // COLS
-        for jb in range(n_kt):  # scores, 16 keys a tile: one chain per key over the columns
+        n_kt = (n + COLS - 1) // COLS
+        sc = np.empty((nq, n_kt * COLS), np.float32)
+        # scores, COLS keys a tile: one chain per key over the columns. The last tile runs
+        # past the segment's keys into the next ones (or kt's pad columns): those scores are
+        # never read, and no key's chain depends on its neighbours
+        for jb in range(n_kt):
             wt = kt[ko:ko + head_dim, s + jb * COLS:s + (jb + 1) * COLS]
             tile_rows(qv, 0, nq, wt, sc, 0, jb * COLS)
-        for i in range(nq):
-            for j in range(n_kt * COLS, n):
-                d = np.float32(0.0)
-                for c in range(head_dim):
-                    d += qv[i, c] * kt[ko + c, s + j]
-                sc[i, j] = d
         inv = np.empty(nq, np.float32)
         for i in range(nq):  # soft-max of each row, left unnormalised until the end
             top = np.float32(-np.inf)
@@ -92,7 +89,7 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
             inv[i] = np.float32(1.0) / total
         for cb in range(n_vt):  # the value mix, 16 columns a tile: one chain per column
             wt = v[s:e, ko + cb * COLS:ko + (cb + 1) * COLS]
-            tile_rows(sc, 0, nq, wt, out, t0, qo + cb * COLS)
+            tile_rows(sc[:, :n], 0, nq, wt, out, t0, qo + cb * COLS)
         for i in range(nq):
             for c in range(n_vt * COLS, head_dim):
                 acc = np.float32(0.0)
@@ -101,6 +98,12 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
                 out[t0 + i, qo + c] = acc
             for c in range(head_dim):
                 out[t0 + i, qo + c] *= inv[i]
+
+
+def scratch_size(nt: int, kv_width: int) -> int:
+    """f32 values of the scratch `bind_sequence_attention` needs for nt rows of K (kv_width
+    columns): K transposed plus a tile's width of columns that the last score tile may read."""
+    return kv_width * (nt + COLS)
 
 
 def segments(seq_start: np.ndarray, seq_end: np.ndarray) -> np.ndarray:
@@ -118,17 +121,19 @@ def bind_sequence_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_sta
                             scratch: np.ndarray | None = None) -> Callable[[], None]:
     """out[t] = softmax(scale * q[t].k[s:e].T) @ v[s:e] per head, s:e = seq_start[t]:seq_end[t]
     (grouped-query: head h reads K/V head h // (n_head / n_head_kv)). The bounds are checked
-    on every call: they are data. `scratch`: at least k.size f32 values for K transposed, which
-    calls that never run at the same time may share."""
+    on every call: they are data. `scratch`: at least `scratch_size(nt, k.shape[1])` f32 values
+    for K transposed (and a tile's width of pad columns), which calls that never run at the
+    same time may share."""
     nt = q.shape[0]
     if q.shape != (nt, n_head * head_dim) or out.shape != q.shape:
         raise ValueError(f"q / out must be [{nt}, {n_head}*{head_dim}], got {q.shape} / "
                          f"{out.shape}")
     if k.shape != (nt, n_head_kv * head_dim) or v.shape != k.shape or n_head % n_head_kv:
         raise ValueError(f"k / v must be [{nt}, {n_head_kv}*{head_dim}], got {k.shape}")
+    size = scratch_size(nt, k.shape[1])
     if scratch is None:
-        scratch = np.empty(k.size, np.float32)
-    kt = scratch[:k.size].reshape(k.shape[1], nt)
+        scratch = np.empty(size, np.float32)
+    kt = scratch[:size].reshape(k.shape[1], nt + COLS)
     rows = np.arange(nt)
 
     def call() -> None:
