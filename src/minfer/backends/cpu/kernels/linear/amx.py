@@ -37,6 +37,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from minfer.backends.cpu.kernels.linear.dense import check_operands
 from minfer.backends.cpu.kernels.simd.llvm import target_has
 
 TILE_ROWS = 16  # rows of a tile (activation rows, k pairs, output rows)
@@ -274,13 +275,7 @@ def bind_gemm_amx(x: np.ndarray, w: AmxWeight, out: np.ndarray,
     """`out[nt, N] = x[nt, K] @ W.T (+ bias[N])` over fixed arrays (checked once)."""
     if not usable():
         raise RuntimeError("the AMX GEMM needs AMX tiles granted to this process")
-    if x.ndim != 2 or x.shape[1] != w.n_in:
-        raise ValueError(f"x {x.shape} does not match the weight's {w.n_in} inputs")
-    for arr in (x, out):
-        if arr.dtype != np.float32 or not arr.flags.c_contiguous:
-            raise ValueError("the AMX GEMM takes C-contiguous f32 arrays")
-    if out.shape != (x.shape[0], w.n_out):
-        raise ValueError(f"out must be {(x.shape[0], w.n_out)}, got {out.shape}")
+    check_operands(x, out, w.n_in, w.n_out)
     b = np.zeros(w.packed.shape[0] * TILE_ROWS, np.float32)  # padded to whole blocks
     if bias is not None:
         if np.shape(bias) != (w.n_out,):

@@ -180,6 +180,17 @@ def scratch_size(nt: int, n_in: int) -> int:
     return max(1, nt // ROWS) * n_in * ROWS
 
 
+def check_operands(x: np.ndarray, out: np.ndarray, n_in: int, n_out: int) -> None:
+    """A GEMM's x `[nt, n_in]` and out `[nt, n_out]`: C-contiguous f32, or a ValueError."""
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"x {x.shape} does not match the weight's {n_in} inputs")
+    for a in (x, out):
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("a GEMM takes C-contiguous f32 arrays")
+    if out.shape != (x.shape[0], n_out):
+        raise ValueError(f"out must be {(x.shape[0], n_out)}, got {out.shape}")
+
+
 def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray,
               scratch: np.ndarray | None = None,
               bias: np.ndarray | None = None) -> Callable[[], None]:
@@ -187,13 +198,7 @@ def bind_gemm(x: np.ndarray, w: DenseWeight, out: np.ndarray,
     at least `scratch_size(nt, K)` f32 values for the packed rows, which gemm calls that never
     run at the same time may share (one is allocated otherwise)."""
     n_in = w.tiles.shape[1] if w.tiles.shape[0] else w.rest.shape[0]
-    if x.ndim != 2 or x.shape[1] != n_in:
-        raise ValueError(f"x {x.shape} does not match the weight's {n_in} inputs")
-    for a in (x, out):
-        if a.dtype != np.float32 or not a.flags.c_contiguous:
-            raise ValueError("gemm takes C-contiguous f32 arrays")
-    if out.shape != (x.shape[0], w.n_out):
-        raise ValueError(f"out must be {(x.shape[0], w.n_out)}, got {out.shape}")
+    check_operands(x, out, n_in, w.n_out)
     size = scratch_size(x.shape[0], n_in)
     if scratch is None:
         scratch = np.empty(size, np.float32)
