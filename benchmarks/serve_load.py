@@ -97,13 +97,19 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def one_stream(client: httpx.AsyncClient, prompt: str,
-                     max_tokens: int) -> tuple[float, int]:
-    """(seconds to the first text chunk, tokens generated)."""
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}}
+                     max_tokens: int, chat: bool = False) -> tuple[float, int]:
+    """(seconds to the first text chunk, tokens generated). chat: the prompt as a user message
+    to /v1/chat/completions (the model's chat template), else a raw /v1/completions prompt."""
+    body: dict[str, object] = {"model": "m", "max_tokens": max_tokens, "temperature": 0.0,
+                               "stream": True, "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     t0 = time.perf_counter()
     ttft, chunks, usage = None, 0, None
-    async with client.stream("POST", "/v1/completions", json=body) as r:
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    async with client.stream("POST", route, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -112,7 +118,7 @@ async def one_stream(client: httpx.AsyncClient, prompt: str,
             if data.get("usage"):
                 usage = data["usage"]["completion_tokens"]
             for ch in data.get("choices", []):
-                if ch.get("text"):
+                if ch.get("text") or (ch.get("delta") or {}).get("content"):
                     chunks += 1
                     if ttft is None:
                         ttft = time.perf_counter() - t0
@@ -140,14 +146,27 @@ def cpu_seconds(pid: int) -> float:
     return float(t.user + t.system)
 
 
+TOPICS = ("binary search trees", "hash maps", "merge sort", "Dijkstra's algorithm",
+          "regular expressions", "Python generators", "TCP congestion control", "B-trees",
+          "garbage collection", "the CAP theorem", "Bloom filters", "dynamic programming",
+          "virtual memory", "consistent hashing", "SQL indexes", "async/await in Python")
+
+
 async def wave(base: str, pid: int, streams: int, tag: str, max_tokens: int, timeout: float,
-               tally: Tally) -> None:
-    """`streams` concurrent requests with distinct prompts, added to tally."""
-    prompts = [f"# Task {tag}-{i}: a Python function that computes item {i * 13} of a "
-               f"sequence.\ndef solve_{tag}_{i}(n):\n" for i in range(streams)]
+               tally: Tally, chat: bool = False) -> None:
+    """`streams` concurrent requests with distinct prompts, added to tally (chat: chat prompts
+    that ask for long answers, one topic per stream)."""
+    if chat:
+        prompts = [f"Explain {TOPICS[i % len(TOPICS)]} in depth for an engineer: how it works, "
+                   f"a worked example with Python code, pitfalls and variants. (request {tag}-{i})"
+                   for i in range(streams)]
+    else:
+        prompts = [f"# Task {tag}-{i}: a Python function that computes item {i * 13} of a "
+                   f"sequence.\ndef solve_{tag}_{i}(n):\n" for i in range(streams)]
     async with httpx.AsyncClient(base_url=base, timeout=timeout) as client:
         t0, c0 = time.perf_counter(), cpu_seconds(pid)
-        results = await asyncio.gather(*(one_stream(client, p, max_tokens) for p in prompts))
+        results = await asyncio.gather(*(one_stream(client, p, max_tokens, chat)
+                                         for p in prompts))
         tally.wall += time.perf_counter() - t0
         tally.cpu += cpu_seconds(pid) - c0
     tally.ttfts += [t for t, _ in results]
@@ -165,7 +184,7 @@ def run_all(servers: dict[str, tuple[str, int]],
         for r in range(args.rounds):
             for name, (base, pid) in servers.items():
                 asyncio.run(wave(base, pid, n, f"{n}_{r}", args.max_tokens, args.timeout,
-                                 tallies[name]))
+                                 tallies[name], args.chat))
         for name, tally in tallies.items():
             lv = tally.level(n)
             results[name].append(lv)
@@ -187,6 +206,9 @@ def main() -> int:
     p.add_argument("--load-timeout", type=float, default=600)
     p.add_argument("--ref-python", default=None, help="interpreter with llama-cpp-python[server]")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--chat", action="store_true",
+                   help="chat prompts asking for long answers (/v1/chat/completions) instead "
+                        "of raw code prompts, which often end before --max-tokens")
     p.add_argument("--minfer-tree", action="append", default=[], metavar="DIR",
                    help="also serve another checkout (e.g. a git worktree of the previous "
                         "commit), alternating with this one")
