@@ -141,6 +141,12 @@ def v_rotation(kv_type: str, head_dim: int) -> int:
     return ROT_MIN if kv_type in QUANT_TYPES and head_dim % ROT_MIN == 0 else 0
 
 
+def rotations(k_cache: np.ndarray, v_cache: np.ndarray, head_dim: int) -> tuple[int, int]:
+    """The chunks a K and a V cache (or their kernel views) rotate their rows by (0: not
+    rotated)."""
+    return k_rotation(cache_type(k_cache), head_dim), v_rotation(cache_type(v_cache), head_dim)
+
+
 @njit(error_model="numpy")
 def _fwht(x, n):  # pragma: no cover - compiled
     """x[:n] = H x in place, H the orthonormal n x n Walsh-Hadamard matrix, as ggml-cpu's fwht:
@@ -434,11 +440,9 @@ def bind_store_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np
         _check_rows(x, cache)
     if cells.shape != (k.shape[0],) or cells.dtype.kind not in "iu":
         raise ValueError(f"cells {cells.shape} {cells.dtype}: one integer per row")
-    quant = is_quant(k_cache) or is_quant(v_cache)
-    if quant and (head_dim <= 0 or k.shape[1] % head_dim):
+    if (is_quant(k_cache) or is_quant(v_cache)) and (head_dim <= 0 or k.shape[1] % head_dim):
         raise ValueError(f"a quantized KV cache needs the head_dim its rows are made of "
                          f"(rows of {k.shape[1]}, head_dim {head_dim})")
-    rot_k = k_rotation(cache_type(k_cache), head_dim) if quant else 0
-    rot_v = v_rotation(cache_type(v_cache), head_dim) if quant else 0
+    rot_k, rot_v = rotations(k_cache, v_cache, head_dim)
     run = _store_kv if k.shape[0] >= PARALLEL_MIN_ROWS else _store_kv_serial
     return partial(run, k, v, kernel_view(k_cache), kernel_view(v_cache), cells, rot_k, rot_v)

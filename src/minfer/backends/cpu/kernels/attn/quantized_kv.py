@@ -40,12 +40,11 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     cache_type,
     check_query_heads,
     is_quant,
-    k_rotation,
     kernel_view,
     load_head,
     rotate,
+    rotations,
     row_width,
-    v_rotation,
 )
 from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
 
@@ -106,11 +105,6 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
     return kernel_view(k_cache), kernel_view(v_cache)
 
 
-def _rotations(k: np.ndarray, v: np.ndarray, head_dim: int) -> tuple[int, int]:
-    """The chunks the K and V caches are rotated by (0: not rotated)."""
-    return k_rotation(cache_type(k), head_dim), v_rotation(cache_type(v), head_dim)
-
-
 def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
          n_head: int, n_head_kv: int, head_dim: int, scale: float, out: np.ndarray,
          blocked: bool, rot: tuple[int, int]) -> None:
@@ -153,7 +147,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     if window:
         lo = np.maximum(lo, hi - window)
     _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked,
-         _rotations(k, v, head_dim))
+         rotations(k, v, head_dim))
 
 
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -167,7 +161,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
         raise ValueError("kv_start / kv_end need one entry per query row")
-    rot = _rotations(k, v, head_dim)
+    rot = rotations(k, v, head_dim)
 
     def step() -> None:
         lo, hi = kv_start.astype(np.int64), kv_end.astype(np.int64)
