@@ -143,15 +143,19 @@ def _shared_scratch(ctx: ExecContext, kind: str, size: int) -> np.ndarray:
     return buf
 
 
+def _f32_rows(ctx: ExecContext, w_name: str, n_in: int, rows: int) -> np.ndarray:
+    """The weight (its first `rows` outputs when rows > 0) dequantized to f32."""
+    raw, qtype = ctx.weights.matrix(w_name)
+    return K.dequantize(raw[:rows] if rows else raw, qtype, n_in)
+
+
 def _dense_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.DenseWeight:
     """The weight (its first `rows` outputs when rows > 0) dequantized to f32 in `K.gemm`'s
     layout, made once per model weights."""
     key = ("cpu-dense-f32", w_name, rows)
     dw = ctx.weights.state.get(key)
     if dw is None:
-        raw, qtype = ctx.weights.matrix(w_name)
-        w = K.dequantize(raw[:rows] if rows else raw, qtype, n_in)
-        dw = ctx.weights.state[key] = K.dense_weight(w)
+        dw = ctx.weights.state[key] = K.dense_weight(_f32_rows(ctx, w_name, n_in, rows))
     assert isinstance(dw, K.DenseWeight)
     return dw
 
@@ -163,11 +167,10 @@ def _amx_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.Am
     per model weights."""
     key = ("cpu-amx-bf16", w_name, rows)
     if key not in ctx.weights.state:
-        raw, qtype = ctx.weights.matrix(w_name)
-        below_f32 = qtype != K.QType.F32 and not env.flag("MINFER_ENCODER_F32")
-        ctx.weights.state[key] = (
-            K.amx_weight(K.dequantize(raw[:rows] if rows else raw, qtype, n_in))
-            if below_f32 and K.amx_usable() else None)
+        below_f32 = (ctx.weights.matrix(w_name)[1] != K.QType.F32
+                     and not env.flag("MINFER_ENCODER_F32"))
+        ctx.weights.state[key] = (K.amx_weight(_f32_rows(ctx, w_name, n_in, rows))
+                                  if below_f32 and K.amx_usable() else None)
     aw = ctx.weights.state[key]
     assert aw is None or isinstance(aw, K.AmxWeight)
     return aw

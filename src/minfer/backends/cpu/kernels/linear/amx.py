@@ -39,6 +39,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from minfer.backends.cpu.kernels.linear.dense import check_operands
+from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16
+from minfer.backends.cpu.kernels.quant.dequant import bf16_bits
 from minfer.backends.cpu.kernels.simd.llvm import target_has
 
 TILE_ROWS = 16  # rows of a tile (activation rows, k pairs, output rows)
@@ -51,7 +53,6 @@ _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 _I8 = ir.IntType(8)
-_I64 = ir.IntType(64)
 _I8P = _I8.as_pointer()
 _VOID = ir.VoidType()
 
@@ -156,15 +157,14 @@ _tile_dot: Any = intrinsic(_tile_dot_typer)
 
 
 @njit(inline="always")
-def _round_block(xi, r0, ab):
-    """Rows r0 .. r0 + BLOCK of x (its f32 bits, xi) -> ab [BLOCK, Kp] bf16 bits (uint16),
-    rounded to nearest even; rows past x's and columns past K zero."""
-    nt, k = xi.shape
+def _round_block(x, r0, ab):
+    """Rows r0 .. r0 + BLOCK of x -> ab [BLOCK, Kp] bf16 bits (uint16), rounded to nearest
+    even; rows past x's and columns past K zero."""
+    nt, k = x.shape
     for i in range(BLOCK):
         if r0 + i < nt:
             for j in range(k):
-                b = xi[r0 + i, j]
-                ab[i, j] = np.uint16((b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) >> 16)
+                ab[i, j] = bf16_bits(x[r0 + i, j])
             for j in range(k, ab.shape[1]):
                 ab[i, j] = 0
         else:
@@ -175,7 +175,6 @@ def _round_block(xi, r0, ab):
 @njit(cache=True, parallel=True, error_model="numpy")
 def _gemm_amx(x, wp, out, bias, ab, cs, cfg, n_parts):
     nt, n_out = out.shape
-    xi = x.view(np.uint32)
     kp = ab.shape[2]
     n_k = kp // K_STEP
     x_stride = kp * 2  # bytes between activation rows
@@ -193,7 +192,7 @@ def _gemm_amx(x, wp, out, bias, ab, cs, cfg, n_parts):
             rb = task // n_cb
             cb = task % n_cb
             if rb != held:
-                _round_block(xi, rb * BLOCK, a)
+                _round_block(x, rb * BLOCK, a)
                 held = rb
             b0 = cb * BLOCK * 4  # the accumulators start from the bias: each row of it
             _tile_load(0, bias, b0, 0)
@@ -230,12 +229,6 @@ def _gemm_amx(x, wp, out, bias, ab, cs, cfg, n_parts):
         _tile_release()
 
 
-def _to_bf16_bits(w: np.ndarray) -> np.ndarray:
-    """f32 -> bf16 bits (uint16), rounded to nearest even, as `_round_block` does."""
-    b = np.ascontiguousarray(w, np.float32).view(np.uint32)
-    return ((b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-
-
 @dataclass(frozen=True)
 class AmxWeight:
     """A weight rounded to bf16 and packed for `_gemm_amx`: `[Np/16, Kp/32, 16, 16, 2]` (Np, Kp:
@@ -251,7 +244,7 @@ def amx_weight(w: np.ndarray) -> AmxWeight:
     n_out, n_in = w.shape
     np_, kp = -(-n_out // BLOCK) * BLOCK, -(-n_in // K_STEP) * K_STEP
     bits = np.zeros((np_, kp), np.uint16)
-    bits[:n_out, :n_in] = _to_bf16_bits(w)
+    bits[:n_out, :n_in] = round_to_bf16(w).view(np.uint32) >> 16
     packed = bits.reshape(np_ // TILE_ROWS, TILE_ROWS, kp // K_STEP, TILE_ROWS, 2)
     return AmxWeight(np.ascontiguousarray(packed.transpose(0, 2, 3, 1, 4)), n_out, n_in)
 
@@ -268,7 +261,6 @@ def bind_gemm_amx(x: np.ndarray, w: AmxWeight, out: np.ndarray,
             raise ValueError(f"bias of shape {np.shape(bias)}, expected ({w.n_out},)")
         b[:w.n_out] = bias
     n_parts = max(1, numba.get_num_threads())
-    kp = -(-w.n_in // K_STEP) * K_STEP
-    ab = np.empty((n_parts, BLOCK, kp), np.uint16)
+    ab = np.empty((n_parts, BLOCK, w.packed.shape[1] * K_STEP), np.uint16)
     cs = np.empty((n_parts, BLOCK, BLOCK), np.float32)
     return partial(_gemm_amx, x, w.packed, out, b, ab, cs, _CONFIG, n_parts)
