@@ -216,3 +216,23 @@ def _call_int_fn(typingctx: Any, fptr: Any, value: Any) -> Any:
 
 
 call_int_fn: Any = intrinsic(_call_int_fn)
+
+
+def _thread_count(typingctx: Any) -> Any:
+    """The calling thread's numba thread count (`numba.get_num_threads()`), read through the
+    threading layer's `get_num_threads` symbol as numba's own parallel launch reads it: a
+    function that calls numba's `get_num_threads()` keeps a ctypes pointer and cannot be cached
+    on disk; a call to the symbol by name can."""
+    from numba.np.ufunc.parallel import _launch_threads
+
+    _launch_threads()  # registers the threading layer's symbols with LLVM
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(cgutils.intp_t, [])
+        return builder.call(
+            cgutils.get_or_insert_function(builder.module, fnty, "get_num_threads"), [])
+
+    return types.intp(), codegen
+
+
+thread_count: Any = intrinsic(_thread_count)
