@@ -53,6 +53,30 @@ def test_decodes_run_every_step_while_a_long_prompt_prefills_in_chunks() -> None
     assert s.running[2].decoding and s.running[2].n_pending == 1
 
 
+def test_a_step_with_nothing_decoding_takes_the_idle_chunk() -> None:
+    """Nobody waits on a step without decodes: it prefills up to idle_chunk prompt tokens; as
+    soon as a sequence decodes, the prompts beside it get the chunk again."""
+    s = Scheduler(n_slots=2, n_ctx_slot=1024, chunk=64, idle_chunk=256)
+    s.add(_seq(1, list(range(300))))
+    plan = s.schedule()
+    assert [len(w.tokens) for w in plan.works] == [256]
+    _run_fake(s, plan)
+    plan = s.schedule()  # still nothing decodes: the rest of the prompt at once
+    assert [len(w.tokens) for w in plan.works] == [44] and plan.works[0].logits
+    _run_fake(s, plan)
+    s.add(_seq(2, list(range(300))))
+    plan = s.schedule()
+    assert sorted(len(w.tokens) for w in plan.works) == [1, 64]  # seq 1 decodes
+
+
+def test_idle_chunk_defaults_to_the_chunk_and_must_be_positive() -> None:
+    s = Scheduler(n_slots=1, n_ctx_slot=1024, chunk=32)
+    s.add(_seq(1, list(range(100))))
+    assert s.schedule().n_tokens == 32
+    with pytest.raises(MinferError):
+        Scheduler(n_slots=1, n_ctx_slot=64, chunk=8, idle_chunk=0)
+
+
 def test_only_the_chunk_that_ends_the_prompt_asks_for_logits() -> None:
     s = Scheduler(n_slots=1, n_ctx_slot=64, chunk=4)
     s.add(_seq(1, list(range(10))))

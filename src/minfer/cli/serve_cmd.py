@@ -33,6 +33,7 @@ from minfer.cli.common import (
     kv_types,
     reasoning_from_args,
 )
+from minfer.engine.core.scheduler import IDLE_CHUNK
 from minfer.errors import MinferError
 from minfer.gguf.hparams import POOLING_TYPES
 
@@ -68,8 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=env.get("MINFER_API_KEY") or None,
                    help="require Authorization: Bearer KEY (default: $MINFER_API_KEY)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
-    p.add_argument("-b", "--chunk", "--batch-size", dest="chunk", type=int, default=128,
-                   help="prompt tokens prefilled per step, beside the decodes (default 128)")
+    p.add_argument("-b", "--chunk", "--batch-size", dest="chunk", type=int, default=None,
+                   help="prompt tokens prefilled per step (default 128 beside decodes, "
+                        f"{IDLE_CHUNK} when nothing decodes; a value given applies to both)")
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="cap on tokens generated per request (default -1: the context)")
     add_kv_args(p)
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     primary, extra = served_models(args)
     for name in ("n_ctx", "slots", "chunk"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise MinferError(f"--{name.replace('_', '-')} must be positive")
     if args.queue < 0 or not 0 < args.port < 65536:
         raise MinferError("--queue must be >= 0 and --port in 1..65535")
@@ -127,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         model_path=primary, extra_models=tuple(extra), keep_alive=args.keep_alive,
         models_max=args.models_max, n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
-        chunk=args.chunk, n_predict=args.n_predict, k_type=kv_types(args)[0],
+        **({} if args.chunk is None else {"chunk": args.chunk, "idle_chunk": args.chunk}),
+        n_predict=args.n_predict, k_type=kv_types(args)[0],
         v_type=kv_types(args)[1], fuse=not args.no_fuse,
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
         draft_model=resolve_model(args.model_draft) if args.model_draft else None,

@@ -28,6 +28,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from minfer.chat.reasoning import ReasoningOptions
+from minfer.engine.core.scheduler import IDLE_CHUNK
 from minfer.engine.embed import Embedder
 from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
 from minfer.errors import MinferError
@@ -56,6 +57,7 @@ class ServerConfig:
     api_key: str | None = None
     threads: int | None = None
     chunk: int = 128  # prompt tokens per step
+    idle_chunk: int = IDLE_CHUNK  # ... per step in which nothing decodes
     n_predict: int = -1  # cap on max_tokens; -1 = the context
     kv_type: str = "f16"  # K and V cache type, unless k_type / v_type say otherwise
     k_type: str | None = None
@@ -452,7 +454,8 @@ class ServerState:
                 draft_factory = self._draft_engine_factory or default_engine_factory(
                     *draft, cfg, vocab_limit=cfg.draft_vocab)
             worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
-                            chunk=cfg.chunk, max_waiting=cfg.queue, metrics=self.metrics,
+                            chunk=cfg.chunk, idle_chunk=cfg.idle_chunk, max_waiting=cfg.queue,
+                            metrics=self.metrics,
                             speculation=speculation_config(cfg) if primary or not cfg.draft_model
                             else None, make_draft=draft_factory)
             worker.start()

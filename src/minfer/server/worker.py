@@ -105,6 +105,7 @@ class Worker:
         n_slots: int,
         n_ctx_slot: int,
         chunk: int = 128,
+        idle_chunk: int | None = None,
         max_waiting: int = 64,
         metrics: Metrics | None = None,
         speculation: SpecConfig | None = None,
@@ -138,7 +139,8 @@ class Worker:
         elif self.speculation is not None:
             proposer = _NoDraftYet()
         self.core = EngineCore(_NotReady(), vocab, n_slots=n_slots, n_ctx_slot=n_ctx_slot,
-                               chunk=chunk, max_waiting=max_waiting, proposer=proposer,
+                               chunk=chunk, idle_chunk=idle_chunk, max_waiting=max_waiting,
+                               proposer=proposer,
                                speculation=self.speculation)
 
     @property

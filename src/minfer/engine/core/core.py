@@ -71,12 +71,12 @@ class EngineCore:
 
     def __init__(self, runner: StepRunner, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  chunk: int = 128, max_waiting: int = 64, proposer: Proposer | None = None,
-                 speculation: SpecConfig | None = None) -> None:
+                 speculation: SpecConfig | None = None, idle_chunk: int | None = None) -> None:
         self.runner = runner
         self.vocab = vocab
         self.n_ctx_slot = n_ctx_slot
         self.scheduler = Scheduler(n_slots=n_slots, n_ctx_slot=n_ctx_slot, chunk=chunk,
-                                   max_waiting=max_waiting)
+                                   max_waiting=max_waiting, idle_chunk=idle_chunk)
         self.proposer = proposer
         self.speculation = (speculation or SpecConfig()) if proposer is not None else None
         self.requests: dict[int, Request] = {}

@@ -8,7 +8,11 @@ A sequence's progress is one counter: `n_computed` of its `tokens` (prompt, then
 token) have their KV in the slot. Each step feeds `tokens[n_computed:]`, capped by a token budget,
 so chunked prefill and decode are one mechanism: a decoding sequence simply has one token left.
 Running decodes are scheduled first (one token each, so streams never stall behind a long prompt);
-the rest of the step's budget goes to prompts in arrival order.
+the rest of the step's budget (`chunk` prompt tokens) goes to prompts in arrival order. While no
+sequence decodes, nobody waits on the step, and the budget is `idle_chunk`: a lone prompt (an
+editor's completion request after a keystroke) is prefilled in fewer, larger forwards, whose
+matmuls run faster per token (0.5B, 315 tokens at depth 1,200: ~5% less time in one forward of
+315 than in chunks of 128, Intel Xeon SPR, 2 threads).
 
 Slots own disjoint KV ranges (slot s: cells [s * n_ctx_slot, (s + 1) * n_ctx_slot)), positions
 restart at 0 in each slot. A slot remembers the tokens its cells hold after its sequence ends; a
@@ -31,6 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minfer.errors import MinferError
+
+# prompt tokens of a step in which nothing decodes, where the server's chunk is not set
+# (llama.cpp's server prefills up to its n_batch, 2048, a step)
+IDLE_CHUNK = 512
 
 
 class QueueFullError(MinferError):
@@ -99,11 +107,14 @@ def common_prefix(a: Tokens[int], b: Tokens[int]) -> int:
 
 class Scheduler:
     def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 128,
-                 max_waiting: int = 64) -> None:
-        if n_slots < 1 or n_ctx_slot < 1 or chunk < 1 or max_waiting < 0:
+                 max_waiting: int = 64, idle_chunk: int | None = None) -> None:
+        """idle_chunk: the prompt tokens of a step in which nothing decodes (None: chunk)."""
+        idle_chunk = chunk if idle_chunk is None else idle_chunk
+        if n_slots < 1 or n_ctx_slot < 1 or min(chunk, idle_chunk) < 1 or max_waiting < 0:
             raise MinferError("slots, context, chunk must be positive and the queue >= 0")
         self.n_ctx_slot = n_ctx_slot
         self.chunk = chunk
+        self.idle_chunk = idle_chunk
         self.max_waiting = max_waiting
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
@@ -147,7 +158,7 @@ class Scheduler:
                 prompts.append(seq)
             elif seq.n_pending > 0:
                 works.append(self._work(seq, 1))
-        budget = self.chunk
+        budget = self.chunk if works else self.idle_chunk
         for seq in prompts:
             if budget == 0:
                 break
