@@ -175,9 +175,9 @@ class IntegerDriver:
 # The drivers of the row-interleaved weights (`simd.interleaved`, `simd.interleaved_k`): each
 # thread takes one contiguous run of the groups of 16 rows and goes through it token tile by
 # token tile (ROWS_TOKEN_TILE tokens), each group running every pass of the tile while its rows
-# are in cache. The thread's weight rows stay in its L2 across tiles, and so do the outputs a
-# tile writes: taking all the tokens at once, a group's outputs went to as many rows as there
-# are tokens, past L2 from ~128 tokens on the 0.5B's 4864-row FFN weights. Cold Q5_0 weights,
+# are in cache: a tile's activation rows (32 x 896 bytes on the 0.5B) are read again for every
+# group from L1, and the thread's weight rows once per tile from L2, where taking all the tokens
+# at once per group read every token's activations again for every group. Cold Q5_0 weights,
 # 2 threads, Intel Xeon (Sapphire Rapids), 4864 x 896 at 16 / 64 / 128 / 315 / 512 tokens:
 # 0.275 / 1.11 / 2.49 / 6.44 / 11.95 ms -> 0.246 / 0.95 / 1.86 / 4.58 / 7.20 ms (tiles of 32;
 # 64 and 128 close, slower at 512). Runs of 4 groups as work items (more items than threads)
