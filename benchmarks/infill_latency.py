@@ -13,7 +13,8 @@ to llama-cpp-python's `Llama.generate`, which reuses the longest common token pr
 previous prompt (its own prompt cache) and evaluates the rest, then decodes greedily; TTFT is
 the time to its first token. With `--llama-server PATH` llama.cpp's own server answers the same
 `/infill` requests instead (its layout, its prompt cache, n_batch 2048). The engines run one
-after the other, alternating per `--rounds`. `--chunk N`: minfer serve's prompt tokens per step.
+after the other, alternating per `--rounds`. `--chunk N`: minfer serve's prompt tokens per step
+(default: the server's own, 512 while nothing else decodes).
 
     .venv/bin/python benchmarks/infill_latency.py --ref-python /tmp/refvenv2/bin/python -t 2
 """
@@ -101,7 +102,7 @@ def run_minfer(args: argparse.Namespace, requests: list[tuple[str, str]]) -> lis
     port = free_port()
     cmd = [sys.executable, "-m", "minfer.cli.main", "serve", args.model, "--host", HOST,
            "--port", str(port), "-t", str(args.threads), "--slots", "1", "--n-ctx",
-           str(args.n_ctx), "--chunk", str(args.chunk)]
+           str(args.n_ctx), *(["--chunk", str(args.chunk)] if args.chunk else [])]
     return run_server(cmd, port, requests)
 
 
@@ -167,8 +168,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--file-tokens", type=int, default=1500)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--chunk", type=int, default=128,
-                    help="minfer serve's prompt tokens per step (-b; default 128, its default)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="minfer serve's prompt tokens per step (-b; default: the server's)")
     ap.add_argument("--llama-server", default=None, metavar="PATH",
                     help="llama.cpp's llama-server binary: time its own /infill instead of "
                          "llama-cpp-python's eval of the same tokens")
