@@ -125,13 +125,27 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
             for j in range(head_dim):
                 qg[i, g, j] = q[t, qb + g * head_dim + j]
                 acc[i, g, j] = np.float32(0.0)
+    # (row, head) pairs as the rows of one matrix: a run of rows with the same cells in a tile
+    # (every row of a sequence's chunk but on the diagonal tile) is one `scores_from` call,
+    # whose passes of four pairs keep eight chains of fused multiply-adds going (7 heads alone:
+    # passes of 4, 2 and 1 heads, the last two short of independent chains)
+    qp = qg.reshape(qg.shape[0] * group, head_dim)
+    sp = sc.reshape(sc.shape[0] * group, sc.shape[2])
     for c0 in range(lo, hi, tile):
         c1 = min(hi, c0 + tile)
         k_columns(k, c0, c1 - c0, kb, kt)  # the tile's K rows as columns, once for every row
-        for i in range(nb):
-            a, e = _in_tile(kv_start[t0 + i], kv_end[t0 + i], c0, c1)
+        i = 0
+        while i < nb:
+            s0 = kv_start[t0 + i]
+            a, e = _in_tile(s0, kv_end[t0 + i], c0, c1)
+            j = i + 1
+            while j < nb and kv_start[t0 + j] == s0 and _in_tile(
+                    s0, kv_end[t0 + j], c0, c1) == (a, e):
+                j += 1
             if e > a:
-                scores_from(qg[i], kt, a - c0, e - a, scale, sc[i, :, a - kv_start[t0 + i] :])
+                scores_from(qp[i * group : j * group], kt, a - c0, e - a, scale,
+                            sp[i * group : j * group, a - s0 :])
+            i = j
     for i in range(nb):
         n = max(kv_end[t0 + i] - kv_start[t0 + i], 0)
         if softcap > 0:
