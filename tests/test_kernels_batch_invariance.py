@@ -44,6 +44,32 @@ def test_each_row_of_a_batch_equals_that_row_alone(qt: QType) -> None:
             assert np.array_equal(out, alone[start:start + nt]), (nt, start)
 
 
+@pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K],
+                         ids=lambda q: q.name)
+def test_interleaved_rows_batch_invariant_across_token_tiles(qt: QType) -> None:
+    """The row-interleaved drivers run batches in tiles of 32 tokens (and Q4_0 / Q5_0 whole
+    tiles through a Q8_0-form copy of each row group, `simd.interleaved.expand_rows`): every
+    row of batches across tile edges keeps the bits it gets alone, on the repacked weight."""
+    from minfer.backends.cpu.kernels.linear.dispatch import packable, repack_weight
+
+    n_in, n_out = (256 * 3 if qt in QUANT_K else 32 * 27), 48
+    if not packable(qt, n_in, n_out):
+        pytest.skip(f"{qt.name} has no interleaved layout on this CPU")
+    w, pq = repack_weight(make_weight(qt, n_out, n_in), qt)
+    x = np.random.default_rng(int(qt) + 7).standard_normal((70, n_in)).astype(np.float32)
+    x[40] *= 1e3
+    alone = np.empty((70, n_out), np.float32)
+    for t in range(70):
+        o = np.empty((1, n_out), np.float32)
+        matmul_prequant(w, pq, quantize_activation(x[t:t + 1], pq), o)
+        alone[t] = o[0]
+    for nt in (31, 32, 33, 45, 64, 70):
+        for start in sorted({0, 70 - nt, (70 - nt) // 2}):
+            out = np.empty((nt, n_out), np.float32)
+            matmul_prequant(w, pq, quantize_activation(x[start:start + nt], pq), out)
+            assert np.array_equal(out, alone[start:start + nt]), (nt, start)
+
+
 @pytest.mark.parametrize("qt", [QType.Q8_0, QType.Q4_K], ids=lambda q: q.name)
 def test_activation_quantization_is_per_row(qt: QType) -> None:
     x = np.random.default_rng(3).standard_normal((9, 1024)).astype(np.float32)

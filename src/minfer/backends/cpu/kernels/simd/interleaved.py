@@ -99,7 +99,8 @@ def _c(v: int) -> ir.Constant:
 
 
 class _Front:
-    """The intrinsics' arguments (w, x, xd, cb, t, out, g) as pointers and i64 values."""
+    """The intrinsics' arguments (w, x, xd, cb, t, out, g[, wg]) as pointers and i64 values: the
+    outputs are row group g's, the weight rows group wg's of w (g's without wg)."""
 
     def __init__(self, context: Any, builder: Any, sig: Any, args: Any) -> None:
         wt, xt, xdt, cbt, tt, outt, gt = sig.args[:7]
@@ -115,7 +116,8 @@ class _Front:
         self.n_out = _dim(context, builder, outt, out, 1)
         self.t = context.cast(builder, t, tt, types.int64)
         self.g = context.cast(builder, g, gt, types.int64)
-        self.slab = builder.mul(builder.mul(self.g, _c(ROWS)), self.row_bytes)
+        wg = self.g if len(args) < 8 else context.cast(builder, args[7], sig.args[7], types.int64)
+        self.slab = builder.mul(builder.mul(wg, _c(ROWS)), self.row_bytes)
 
     def token(self, builder: Any, j: int) -> tuple[Any, ...]:
         """Byte offsets of token t + j's rows in x, in xd / cb (4-byte items), and of its 16
@@ -212,17 +214,16 @@ def _store(builder: Any, front: _Front, toks: list[tuple[Any, ...]], acc: list[A
         builder.store(a, p, align=4)
 
 
-def rows_dot(name: str, ntok: int) -> Any:
+def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
     """An intrinsic (w, x, xd, cb, t, out, g) -> None: out[t + j, 16 g + i] for j < ntok and the
     16 rows i of row group g, from the interleaved weight w (uint8 [n_out, row bytes]), the Q8_0
     activation codes x (int8 [nt, n]), their scales xd (f32 [nt, n/32]) and cb (int32
     [nt, n/32], -offset * block sums, `linear.dots32.block_corr`). vpdpbusd against broadcast
-    activation dwords; each block's codes unpacked once for the ntok tokens."""
+    activation dwords; each block's codes unpacked once for the ntok tokens. `weight_group`:
+    an eighth argument wg, the row group of w to read (`expand_rows`' copy: 0)."""
     size, qh, offset, signed = LAYOUTS[name]
 
-    def typer(typingctx: Any, w: Any, x: Any, xd: Any, cb: Any, t: Any, out: Any, g: Any
-              ) -> Any:
-        sig = types.void(w, x, xd, cb, t, out, g)
+    def typed(sig: Any) -> Any:
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             f = _Front(context, builder, signature, args)
@@ -266,7 +267,68 @@ def rows_dot(name: str, ntok: int) -> Any:
 
         return sig, codegen
 
-    return intrinsic(typer)
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, cb: Any, t: Any, out: Any, g: Any
+              ) -> Any:
+        return typed(types.void(w, x, xd, cb, t, out, g))
+
+    def typer_wg(typingctx: Any, w: Any, x: Any, xd: Any, cb: Any, t: Any, out: Any, g: Any,
+                 wg: Any) -> Any:
+        return typed(types.void(w, x, xd, cb, t, out, g, wg))
+
+    return intrinsic(typer_wg if weight_group else typer)
 
 
 define_passes(globals(), "rowsdot", rows_dot, ("q4_0", "q5_0", "q8_0"))
+# Q8_0's passes over a row group held elsewhere (`expand_rows`' copy of a Q4_0 / Q5_0 group)
+define_passes(globals(), "rowsdotx", lambda qt, n: rows_dot(qt, n, True), ("q8_0",))
+
+
+def expand_rows(name: str) -> Any:
+    """An intrinsic (w, g, dst) -> None: row group g of the interleaved Q4_0 / Q5_0 weight w
+    written into dst (uint8 [16, n/32 * 34]) as an interleaved Q8_0 group, which
+    `rowsdotx*_q8_0(dst, x, xd, cb, t, out, g, 0)` reads with the Q4_0 / Q5_0 driver's own cb:
+    the same f16 scales, each code as it is (0..15 / 0..31: vpdpbusd's u8 operand, the offset
+    left to cb) or, with the sign trick, (code - offset) ^ 0x80 (what Q8_0's codes are stored
+    as; cb unread). The integer block sums are exact either way, so every output keeps the
+    bits of `rowsdot*_<name>` on w. Unpacked once for all the passes over a token tile, where
+    each pass of the Q4_0 / Q5_0 kernels unpacks every block again."""
+    size, qh, offset, _ = LAYOUTS[name]
+    q8_size = LAYOUTS["q8_0"][0]
+
+    def typer(typingctx: Any, w: Any, g: Any, dst: Any) -> Any:
+        sig = types.void(w, g, dst)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            wt, gt, dt = signature.args
+            wp = _data(context, builder, wt, args[0])
+            row_bytes = _dim(context, builder, wt, args[0], 1)
+            nb = builder.udiv(row_bytes, _c(size))
+            gv = context.cast(builder, args[1], gt, types.int64)
+            slab = builder.mul(builder.mul(gv, _c(ROWS)), row_bytes)
+            dp = _data(context, builder, dt, args[2])
+
+            def body(b: Any, vals: list[Any]) -> list[Any]:
+                base = builder.add(slab, builder.mul(b, _c(ROWS * size)))
+                to = builder.mul(b, _c(ROWS * q8_size))
+                codes, _ = _group(builder, wp, base, qh is not None, False)
+                scales = _ld(builder, wp, base, _vec(_I8, 2 * ROWS))
+                builder.store(scales, builder.bitcast(builder.gep(dp, [to]),
+                                                      scales.type.as_pointer()), align=1)
+                for j, v in enumerate(codes):
+                    if SIGN_TRICK:
+                        v = builder.xor(builder.sub(v, _splat(builder, offset, 4 * ROWS)),
+                                        _splat(builder, 0x80, 4 * ROWS))
+                    at = builder.gep(dp, [builder.add(to, _c(2 * ROWS + 4 * ROWS * j))])
+                    builder.store(v, builder.bitcast(at, v.type.as_pointer()), align=1)
+                return vals
+
+            _phi_loop(builder, nb, [], body)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+expand_q4_0: Any = expand_rows("q4_0")
+expand_q5_0: Any = expand_rows("q5_0")
