@@ -10,8 +10,9 @@ rounds interleaved (A B, then B A, ...) so machine drift hits both engines. Two 
   weights readied before the clock starts) and "whole command" (process spawned → first
   content, by the wall clock both processes share).
 - serve: `minfer serve` (its defaults: batch-invariant attention, prefill chunks of 512 tokens
-  while nothing else decodes) vs `python -m llama_cpp.server` (with `--logits_all False`: its default True computes every
-  prompt token's logits; `--llama-logits-all` keeps it), one streamed /v1/chat/completions
+  while nothing else decodes) vs `python -m llama_cpp.server` (with `--logits_all False`: its
+  default True computes every prompt token's logits; `--llama-logits-all` keeps it), one
+  streamed /v1/chat/completions
   request per round, send → first content chunk. Servers start and stop as in serve_load.py
   (loopback, stopped by pid).
 
