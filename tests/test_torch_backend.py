@@ -109,6 +109,19 @@ def test_decode_and_tail_rows_stay_on_cpu(tiny_qwen2: Path) -> None:
     assert prefill.by_name("attn_q").backend == "torch"
 
 
+def test_a_batch_invariant_forward_refuses_nodes_on_torch(tiny_qwen2: Path) -> None:
+    """Backends are chosen per graph, so a batch-invariant forward (a speculative verify) of
+    enough rows would reach torch's bf16 GEMMs, whose rows depend on the batch: a clear error,
+    not rows of other bits. Below the torch rows it runs, bitwise its decode rows."""
+    e = _engine(tiny_qwen2, TorchBackend(min_rows=4))
+    with pytest.raises(MinferError, match="batch-invariant forward of 8 rows would run nodes "
+                                          "on torch"):
+        e.forward(TOKENS[:8], 0, n_out=8, batch_invariant=True)
+    verify = e.forward(TOKENS[:3], 0, n_out=3, batch_invariant=True)
+    for t in range(3):
+        assert np.array_equal(e.forward([TOKENS[t]], t)[0], verify[t])
+
+
 def test_prefill_on_torch_then_decode_on_cpu_reads_the_same_kv(tiny_qwen3: Path) -> None:
     def run(torch_backend: TorchBackend | None) -> np.ndarray:
         e = _engine(tiny_qwen3, torch_backend)

@@ -118,6 +118,17 @@ class Batch:
         )
 
 
+def _check_invariant(prepared: PreparedGraph) -> None:
+    """A forward asked to be batch-invariant must run on the CPU kernels only: backends are
+    chosen per graph (by its row counts), and a backend such as torch's (bf16 GEMMs whose rows
+    depend on the batch) would give rows of other bits, silently."""
+    others = sorted({name for name, _ in prepared.splits if name != "cpu"})
+    if others:
+        raise MinferError(f"a batch-invariant forward of {prepared.params.n_tokens} rows would "
+                          f"run nodes on {', '.join(others)}; only the CPU kernels are "
+                          "batch-invariant")
+
+
 class Engine:
     def __init__(self, gguf_file: GGUFFile, hparams: HParams,
                  config: EngineConfig | None = None, *,
@@ -252,6 +263,8 @@ class Engine:
             set_threads(n_threads)
         t0 = time.perf_counter()
         prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
+        if batch_invariant or self.batch_invariant:
+            _check_invariant(prepared)
         buffers = self._buffers(prepared)
         graph = prepared.graph
         self._fill(prepared, buffers, batch)
