@@ -291,12 +291,14 @@ def expand_rows(name: str) -> Any:
     written into dst (uint8 [16, n/32 * 34]) as an interleaved Q8_0 group, which
     `rowsdotx*_q8_0(dst, x, xd, cb, t, out, g, 0)` reads with the Q4_0 / Q5_0 driver's own cb:
     the same f16 scales, each code as it is (0..15 / 0..31: vpdpbusd's u8 operand, the offset
-    left to cb) or, with the sign trick, (code - offset) ^ 0x80 (what Q8_0's codes are stored
-    as; cb unread). The integer block sums are exact either way, so every output keeps the
-    bits of `rowsdot*_<name>` on w. Unpacked once for all the passes over a token tile, where
-    each pass of the Q4_0 / Q5_0 kernels unpacks every block again."""
-    size, qh, offset, _ = LAYOUTS[name]
+    left to cb). The integer block sums are exact, so every output keeps the bits of
+    `rowsdot*_<name>` on w. Unpacked once for all the passes over a token tile, where each pass
+    of the Q4_0 / Q5_0 kernels unpacks every block again. VNNI targets only: with the sign
+    trick Q8_0's passes read signed codes and no cb (the drivers expand only without it)."""
+    size, qh, _, _ = LAYOUTS[name]
     q8_size = LAYOUTS["q8_0"][0]
+    if SIGN_TRICK:
+        raise RuntimeError("expand_rows feeds Q8_0's VNNI passes; this target has no VNNI")
 
     def typer(typingctx: Any, w: Any, g: Any, dst: Any) -> Any:
         sig = types.void(w, g, dst)
@@ -318,9 +320,6 @@ def expand_rows(name: str) -> Any:
                 builder.store(scales, builder.bitcast(builder.gep(dp, [to]),
                                                       scales.type.as_pointer()), align=1)
                 for j, v in enumerate(codes):
-                    if SIGN_TRICK:
-                        v = builder.xor(builder.sub(v, _splat(builder, offset, 4 * ROWS)),
-                                        _splat(builder, 0x80, 4 * ROWS))
                     at = builder.gep(dp, [builder.add(to, _c(2 * ROWS + 4 * ROWS * j))])
                     builder.store(v, builder.bitcast(at, v.type.as_pointer()), align=1)
                 return vals
@@ -333,5 +332,5 @@ def expand_rows(name: str) -> Any:
     return intrinsic(typer)
 
 
-expand_q4_0: Any = expand_rows("q4_0")
-expand_q5_0: Any = expand_rows("q5_0")
+expand_q4_0: Any = None if SIGN_TRICK else expand_rows("q4_0")
+expand_q5_0: Any = None if SIGN_TRICK else expand_rows("q5_0")
