@@ -109,15 +109,16 @@ def _in_tile(s0, e0, c0, c1):
 
 
 @njit(inline="always")
-def _same_cells(kv_start, kv_end, t0, i, nb, c0, c1):
-    """The end of the run of rows from i (< nb) whose windows hold the same cells of tile
-    [c0, c1) as row i's, from the same start."""
+def _row_run(kv_start, kv_end, t0, i, nb, c0, c1):
+    """(a, e, j): the cells [a, e) of tile [c0, c1) in row i's window (e <= a: none), and the
+    end j of the run of rows from i (< nb) whose windows hold those same cells from the same
+    start."""
     s0 = kv_start[t0 + i]
-    cells = _in_tile(s0, kv_end[t0 + i], c0, c1)
+    a, e = _in_tile(s0, kv_end[t0 + i], c0, c1)
     j = i + 1
-    while j < nb and kv_start[t0 + j] == s0 and _in_tile(s0, kv_end[t0 + j], c0, c1) == cells:
+    while j < nb and kv_start[t0 + j] == s0 and _in_tile(s0, kv_end[t0 + j], c0, c1) == (a, e):
         j += 1
-    return j
+    return a, e, j
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
@@ -153,12 +154,10 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
         k_columns(k, c0, c1 - c0, kb, kt)  # the tile's K rows as columns, once for every row
         i = 0
         while i < nb:
-            s0 = kv_start[t0 + i]
-            a, e = _in_tile(s0, kv_end[t0 + i], c0, c1)
-            j = _same_cells(kv_start, kv_end, t0, i, nb, c0, c1)
+            a, e, j = _row_run(kv_start, kv_end, t0, i, nb, c0, c1)
             if e > a:
                 scores_from(qp[i * group : j * group], kt, a - c0, e - a, scale,
-                            sp[i * group : j * group, a - s0 :])
+                            sp[i * group : j * group, a - kv_start[t0 + i] :])
             i = j
     for i in range(nb):
         n = max(kv_end[t0 + i] - kv_start[t0 + i], 0)
@@ -174,11 +173,9 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
         c1 = min(hi, c0 + tile)
         i = 0
         while i < nb:  # runs of rows as for the scores: four pairs' accumulators a pass
-            s0 = kv_start[t0 + i]
-            a, e = _in_tile(s0, kv_end[t0 + i], c0, c1)
-            j = _same_cells(kv_start, kv_end, t0, i, nb, c0, c1)
+            a, e, j = _row_run(kv_start, kv_end, t0, i, nb, c0, c1)
             if e > a:
-                value_mix_on(sp[i * group : j * group, a - s0 :], v, a, e - a, kb,
+                value_mix_on(sp[i * group : j * group, a - kv_start[t0 + i] :], v, a, e - a, kb,
                              ap[i * group : j * group])
             i = j
     for i in range(nb):
