@@ -263,8 +263,6 @@ class Engine:
             set_threads(n_threads)
         t0 = time.perf_counter()
         prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
-        if batch_invariant or self.batch_invariant:
-            _check_invariant(prepared)
         buffers = self._buffers(prepared)
         graph = prepared.graph
         self._fill(prepared, buffers, batch)
@@ -325,6 +323,8 @@ class Engine:
         key = "tape-invariant" if batch_invariant else "tape"
         cached = prepared.scratch.get(key)
         if cached is None or cached[0] is not buffers:
+            if batch_invariant:
+                _check_invariant(prepared)
             ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant,
                               dense_f32=self.encoder, batched=self.batched)
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
