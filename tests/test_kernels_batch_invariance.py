@@ -74,6 +74,31 @@ def test_interleaved_rows_batch_invariant_across_token_tiles(qt: QType) -> None:
     _assert_batches_match(w, pq, x, _alone(w, pq, x, n_out), (31, 32, 33, 45, 64, 70))
 
 
+@pytest.mark.parametrize("qt", [QType.F32, QType.F16, QType.BF16], ids=lambda q: q.name)
+def test_float_rows_batch_invariant(qt: QType) -> None:
+    """The float drivers (`simd.floats`: one spelled-out order of fused multiply-adds, a scalar
+    tail past the last 64 values) give every row of a batch the bits it gets alone, below the
+    token count from which `matmul` takes the sgemm path."""
+    from minfer.backends.cpu.kernels import matmul, prefill_min_tokens
+    from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16
+
+    n_in, n_out = 64 * 5 + 7, 23
+    w = make_weight(QType.F16 if qt is QType.F16 else QType.F32, n_out, n_in, seed=4)
+    if qt is QType.BF16:
+        w = (round_to_bf16(w).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    n = min(15, prefill_min_tokens(qt) - 1)
+    x = np.random.default_rng(11).standard_normal((n, n_in)).astype(np.float32)
+    x[2] *= 1e3
+    alone = np.empty((n, n_out), np.float32)
+    for t in range(n):
+        matmul(w, qt, x[t:t + 1], alone[t:t + 1])
+    for nt in range(2, n + 1):
+        for start in sorted({0, n - nt, (n - nt) // 2}):
+            out = np.empty((nt, n_out), np.float32)
+            matmul(w, qt, x[start:start + nt], out)
+            assert np.array_equal(out, alone[start:start + nt]), (nt, start)
+
+
 @pytest.mark.parametrize("qt", [QType.Q8_0, QType.Q4_K], ids=lambda q: q.name)
 def test_activation_quantization_is_per_row(qt: QType) -> None:
     x = np.random.default_rng(3).standard_normal((9, 1024)).astype(np.float32)

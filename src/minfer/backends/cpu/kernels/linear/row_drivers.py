@@ -42,13 +42,12 @@ _HEADER = '''\
 import numpy as np
 from numba import njit, prange
 
-from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32, f16_to_f32, prefetch, thread_count
+from minfer.backends.cpu.kernels.simd.llvm import thread_count
 from minfer.backends.cpu.kernels.linear.dots32 import (
-    _CHUNK, U, block_corr, block_transpose, even_groups, lane_corr)
+    _CHUNK, block_corr, block_transpose, even_groups, lane_corr)
 from minfer.backends.cpu.kernels.linear.dots_k import k6_corr, kmins_pairs
 from minfer.backends.cpu.kernels.simd.blocks import MAX_TOKENS, ROWS8_MAX_IN
 {imports}
-_PF = 512  # float rows: prefetch distance, in elements of the weight row
 ROWS_TOKEN_TILE = 32  # tokens per tile of the row-interleaved drivers (see `_ROWS_PASSES`)
 
 '''
@@ -106,39 +105,30 @@ def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
 {jobs}        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}'''
 
-# The float drivers: {value_*} is a weight element as f32 (the activation is already
-# rounded to the weight's type by the caller; see `linear.float_rows`).
+# The float drivers: {dot} is the row type's dot (`simd.floats`: one fixed order of fused
+# multiply-adds, so a row's value is the same bits in either form, any batch and any process;
+# the activation is already rounded to the weight's type by the caller, see `linear.float_rows`).
 _FLOAT_PASSES = """\
         for r in range(r0, r1):
             row = w[r]
             for t in range(t0, t1):
-                xr = x[t]
-                acc = np.float32(0.0)
-                for j0 in range(U(0), n64, U(64)):
-                    prefetch(row, j0 + U(_PF))
-                    for j in range(U(64)):
-                        acc += {value_j0_j} * xr[j0 + j]
-                for j0 in range(n64, U(n)):
-                    acc += {value_j0} * xr[j0]
-                out[t, r] = acc
+                out[t, r] = {dot}(row, x[t])
 """
 _FLOAT = '''
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def {name}(w, x, out):
     """{doc}"""
-    n_out, nt, n = w.shape[0], x.shape[0], x.shape[1]
-    n64 = U(n - n % 64)
+    n_out, nt = w.shape[0], x.shape[0]
     t0, t1 = 0, nt
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)
 def {name}_x(w3, groups, n_groups, x, out):
     """{name} over stacked experts (see the integer drivers' `_x` form)."""
-    n_out, n = w3.shape[1], x.shape[1]
-    n64 = U(n - n % 64)
+    n_out = w3.shape[1]
 {jobs}        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}'''
 
@@ -272,18 +262,17 @@ class RowsDriver:
 
 @dataclass(frozen=True)
 class FloatDriver:
-    """One float driver: `name(w, x, out)`; `value` the weight element `row[{i}]` as f32."""
+    """One float driver: `name(w, x, out)` over `simd.floats`' dot of its row type."""
 
     name: str
-    value: str  # an expression of the element index `{i}`
+    dot: str  # fdot_f32 / fdot_f16 / fdot_bf16
     doc: str
 
     def imports(self) -> str:
-        return ""
+        return f"from minfer.backends.cpu.kernels.simd.floats import {self.dot}\n"
 
     def source(self) -> str:
-        passes = _FLOAT_PASSES.format(value_j0_j=self.value.format(i="j0 + j"),
-                                      value_j0=self.value.format(i="j0"))
+        passes = _FLOAT_PASSES.format(dot=self.dot)
         return _FLOAT.format(name=self.name, doc=self.doc, passes=passes,
                              jobs=_EXPERT_JOBS.format(unit="_CHUNK"))
 
@@ -336,10 +325,10 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("q6_k"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "k6_corr(bsums)"),
-    FloatDriver("mv_f32", "row[{i}]", "F32 rows times an f32 activation (`linear.float_rows`)."),
-    FloatDriver("mv_f16", "f16_to_f32(row[{i}])",
+    FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
+    FloatDriver("mv_f16", "fdot_f16",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
-    FloatDriver("mv_bf16", "bits_to_f32(np.uint32(row[{i}]) << np.uint32(16))",
+    FloatDriver("mv_bf16", "fdot_bf16",
                 "w: uint16 bf16 bits [n_out, n]; x: f32 values already rounded to bf16."),
 )
 

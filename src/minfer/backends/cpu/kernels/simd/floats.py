@@ -1,0 +1,125 @@
+"""Float weight rows dotted with an f32 activation row, in LLVM vector IR of a fixed order.
+
+`fdot_f32` / `fdot_f16` / `fdot_bf16` (row, x) -> f32: the row's values widened to f32 (F16 by
+vcvtph2ps or exact integer ops, BF16 by a 16-bit shift), four accumulators of 16 lanes taking 64
+values a step by fused multiply-adds, folded as (a0 + a1) + (a2 + a3) then halves to one lane;
+the values past the last multiple of 64 go into one scalar chain added last. The float row
+drivers (`linear.row_drivers`' `mv_f32` / `mv_f16` / `mv_bf16`) call these: written as a
+loop of `acc += w * x` under fastmath, LLVM chose the reduction's lanes from the code around
+it, so the dense driver and its expert form, or one process's compile and the disk cache's,
+gave different bits for the same row (a few ulps). Here every operation is spelled out and
+carries no fastmath flag: a row's dot is the same bits in every driver, batch and process. The
+vectors are 16 lanes on every target (two ymm halves on AVX2), so the order, and the bits,
+follow only from whether the target has FMA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from minfer.backends.cpu.kernels.simd.blocks import (
+    _F32,
+    _I8,
+    _I16,
+    _I32,
+    _fma,
+    _hsum,
+    _ld,
+    _phi_loop,
+    _vec,
+)
+from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float
+
+LANES = 16
+STEP = 4 * LANES  # values per loop step
+PREFETCH = 512  # values ahead of the step the row's cache lines are asked for
+
+
+def _widen(builder: Any, ptr: Any, off: Any, kind: str, n: int) -> Any:
+    """<n x f32>: n row values of `kind` at byte offset `off`, exactly widened."""
+    if kind == "f32":
+        return _ld(builder, ptr, off, _vec(_F32, n))
+    bits = _ld(builder, ptr, off, _vec(_I16, n))
+    if kind == "bf16":
+        wide = builder.shl(builder.zext(bits, _vec(_I32, n)), ir.Constant(_vec(_I32, n), 16))
+        return builder.bitcast(wide, _vec(_F32, n))
+    if HAS_F16C:
+        return builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), n)), _vec(_F32, n))
+    out = ir.Constant(_vec(_F32, n), None)
+    for i in range(n):
+        lane = half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, i)))
+        out = builder.insert_element(out, lane, ir.Constant(_I32, i))
+    return out
+
+
+def _prefetch(builder: Any, ptr: Any, off: Any) -> None:
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
+        "llvm.prefetch.p0")
+    builder.call(fn, [builder.gep(ptr, [off]), ir.Constant(_I32, 0), ir.Constant(_I32, 3),
+                      ir.Constant(_I32, 1)])
+
+
+def _fdot(kind: str) -> Any:
+    width = 4 if kind == "f32" else 2
+    element = types.float32 if kind == "f32" else types.uint16
+
+    def typer(typingctx: Any, row: Any, x: Any) -> Any:
+        for arr, dtype in ((row, element), (x, types.float32)):
+            if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == dtype
+                    and arr.layout == "C"):
+                raise TypingError(f"fdot_{kind}: wants a contiguous 1-D {dtype} array, got {arr}")
+        sig = types.float32(row, x)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            ra = context.make_array(signature.args[0])(context, builder, args[0])
+            xa = context.make_array(signature.args[1])(context, builder, args[1])
+            n = builder.extract_value(xa.shape, 0)
+            intp = n.type
+            rp, xp = (builder.bitcast(a.data, _I8.as_pointer()) for a in (ra, xa))
+
+            def k(v: int) -> Any:
+                return ir.Constant(intp, v)
+
+            def step(i: Any, accs: list[Any]) -> list[Any]:
+                v0 = builder.mul(i, k(STEP))
+                _prefetch(builder, rp, builder.mul(builder.add(v0, k(PREFETCH)), k(width)))
+                out = []
+                for j, acc in enumerate(accs):
+                    v = builder.add(v0, k(j * LANES))
+                    w = _widen(builder, rp, builder.mul(v, k(width)), kind, LANES)
+                    out.append(_fma(builder, w, _ld(builder, xp, builder.mul(v, k(4)),
+                                                    _vec(_F32, LANES)), acc))
+                return out
+
+            zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
+            steps = builder.udiv(n, k(STEP))
+            a0, a1, a2, a3 = _phi_loop(builder, steps, [zero] * 4, step)
+            done = builder.mul(steps, k(STEP))
+
+            def tail(i: Any, acc: list[Any]) -> list[Any]:
+                v = builder.add(done, i)
+                w = _widen(builder, rp, builder.mul(v, k(width)), kind, 1)
+                xv = _ld(builder, xp, builder.mul(v, k(4)), _F32)
+                return [_fma(builder, builder.extract_element(w, ir.Constant(_I32, 0)), xv,
+                             acc[0])]
+
+            (rest,) = _phi_loop(builder, builder.sub(n, done), [ir.Constant(_F32, 0.0)], tail)
+            total = _hsum(builder, builder.fadd(builder.fadd(a0, a1), builder.fadd(a2, a3)))
+            return builder.fadd(total, rest)
+
+        return sig, codegen
+
+    typer.__name__ = f"_fdot_{kind}"
+    return intrinsic(typer)
+
+
+fdot_f32: Any = _fdot("f32")
+fdot_f16: Any = _fdot("f16")
+fdot_bf16: Any = _fdot("bf16")
