@@ -14,7 +14,15 @@ import pytest
 
 from minfer.engine.core.request import GenRequest
 from minfer.engine.core.runner import build_batch
-from minfer.engine.core.scheduler import Plan, QueueFullError, Scheduler, Sequence, Work
+from minfer.engine.core.scheduler import (
+    SHARE_MIN,
+    CellCopy,
+    Plan,
+    QueueFullError,
+    Scheduler,
+    Sequence,
+    Work,
+)
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
@@ -64,7 +72,7 @@ def test_a_step_with_nothing_decoding_takes_the_idle_chunk() -> None:
     plan = s.schedule()  # still nothing decodes: the rest of the prompt at once
     assert [len(w.tokens) for w in plan.works] == [44] and plan.works[0].logits
     _run_fake(s, plan)
-    s.add(_seq(2, list(range(300))))
+    s.add(_seq(2, list(range(1, 301))))  # nothing in common with seq 1's cells
     plan = s.schedule()
     assert sorted(len(w.tokens) for w in plan.works) == [1, 64]  # seq 1 decodes
 
@@ -106,6 +114,78 @@ def test_prompt_cache_picks_the_longest_prefix_and_recomputes_the_last_token() -
     s.add(_seq(5, [1, 2, 9, 9, 8, 8]))  # the whole prompt is cached: its last token is redone
     (w,) = s.schedule().works
     assert w.start_pos == 5 and w.tokens == (8,) and w.logits
+
+
+def test_a_prefix_another_slot_holds_is_copied_not_recomputed() -> None:
+    """A prompt takes over the longest prefix of it any other slot's cells hold (a running
+    sequence's computed tokens, not the ones still to come), copied from where its own cells
+    end, up to its last prompt token, which is always computed."""
+    s = Scheduler(n_slots=4, n_ctx_slot=64, chunk=3, idle_chunk=3)
+    s.add(_seq(1, [1, 2, 3, 4, 5, 6]))
+    _run_fake(s, s.schedule())  # sequence 1 (slot 0) has computed [1, 2, 3] of its prompt
+    s.add(_seq(2, [1, 2, 3, 4, 9]))
+    plan = s.schedule()  # the budget goes to sequence 1; sequence 2 copies what there is
+    assert plan.copies == (CellCopy(0, 1, 0, 3),)
+    assert [(w.slot, w.start_pos, w.tokens) for w in plan.works] == [(0, 3, (4, 5, 6))]
+    assert s.running[2].n_computed == s.running[2].n_cached == 3
+    _run_fake(s, plan)
+    plan = s.schedule()  # sequence 1 decodes; its cells now hold [1, 2, 3, 4] of prompt 2
+    assert plan.copies == (CellCopy(0, 1, 3, 1),)
+    assert [(w.slot, w.start_pos, w.tokens) for w in plan.works] == [(0, 6, (7,)), (1, 4, (9,))]
+    _run_fake(s, plan)
+    assert s.schedule().copies == ()
+
+
+def test_a_prompt_waits_a_step_for_the_prefix_an_earlier_prompt_computes() -> None:
+    """A burst of requests with one system prompt: the first computes it, the others wait a
+    step and copy it; a prompt sharing fewer than SHARE_MIN tokens does not wait."""
+    system = list(range(1, SHARE_MIN + 5))
+    s = Scheduler(n_slots=4, n_ctx_slot=64, chunk=64, idle_chunk=64)
+    s.add(_seq(1, [*system, 70, 71]))
+    s.add(_seq(2, [*system, 80]))
+    s.add(_seq(3, [*system[:SHARE_MIN - 1], 90]))
+    s.add(_seq(4, [50, 51]))
+    plan = s.schedule()
+    assert plan.copies == () and [w.seq_id for w in plan.works] == [1, 3, 4]
+    _run_fake(s, plan)
+    plan = s.schedule()
+    assert plan.copies == (CellCopy(0, 1, 0, len(system)),)
+    assert [(w.seq_id, w.start_pos, w.tokens) for w in plan.works if w.seq_id == 2] == \
+        [(2, len(system), (80,))]
+
+
+def test_copied_cells_give_the_texts_computed_cells_give() -> None:
+    """Requests sharing a long prefix, side by side on the fake engine: cells were copied
+    between slots and every text is the one the request gets alone."""
+    rng = random.Random(3)
+    system = [rng.randrange(1, N_VOCAB) for _ in range(30)]
+    prompts = [system + [rng.randrange(1, N_VOCAB) for _ in range(rng.randrange(1, 9))]
+               for _ in range(6)]
+    engines: list[HashEngine] = []
+
+    def engine(n: int) -> HashEngine:
+        engines.append(HashEngine(n, N_VOCAB, avoid=frozenset({0})))
+        return engines[-1]
+
+    async def together() -> list[str]:
+        w = Worker(engine, _Vocab(), n_slots=3, n_ctx_slot=96, chunk=16, max_waiting=64)
+        w.start()
+        assert w.ready.wait(5)
+        try:
+            return [t for t, _ in await asyncio.gather(*(_generate(w, p, 6) for p in prompts))]
+        finally:
+            w.stop()
+
+    async def solo(p: list[int]) -> str:
+        w = _worker(1, 1024)
+        try:
+            return (await _generate(w, p, 6))[0]
+        finally:
+            w.stop()
+
+    texts = asyncio.run(together())
+    assert engines[0].copies
+    assert texts == [asyncio.run(solo(p)) for p in prompts]
 
 
 def test_a_tie_goes_to_the_least_recently_used_slot() -> None:

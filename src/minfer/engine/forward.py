@@ -253,6 +253,11 @@ class Engine:
         return self.forward_batch(Batch.single(tokens, start_pos, n_out),
                                   batch_invariant=batch_invariant)
 
+    def copy_cells(self, src: int, dst: int, n: int) -> None:
+        """The KV of cells [src, src + n) into cells [dst, dst + n) (`KVRegions.copy_cells`):
+        the server's slots share a prompt prefix one of them computed."""
+        self.kv.copy_cells(src, dst, n)
+
     def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
         self._check(batch)
         self.wait_ready()

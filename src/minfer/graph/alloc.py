@@ -105,6 +105,15 @@ class KVRegions:
         """KV bytes one cell takes over all layers (K and V)."""
         return self.nbytes // self.n_ctx if self.n_ctx else 0
 
+    def copy_cells(self, src: int, dst: int, n: int) -> None:
+        """Cells [src, src + n) into cells [dst, dst + n) in every layer's K and V, as stored
+        (any cache format: a cell's row is self-contained). The ranges must not overlap."""
+        if n < 0 or min(src, dst) < 0 or max(src, dst) + n > self.n_ctx or abs(src - dst) < n:
+            raise ValueError(f"cannot copy {n} KV cells from {src} to {dst} "
+                             f"(context of {self.n_ctx} cells)")
+        for cache in (*self.k, *self.v):
+            cache[dst:dst + n] = cache[src:src + n]
+
 
 class Allocator:
     """Owns the KV regions and the slot pool; hands each plan its buffers."""

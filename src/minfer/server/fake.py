@@ -35,6 +35,7 @@ class HashEngine:
         self.scale = scale
         self.avoid = np.asarray(sorted(avoid), dtype=np.int64)
         self.calls: list[Batch] = []
+        self.copies: list[tuple[int, int, int]] = []
 
     @property
     def n_ctx(self) -> int:
@@ -53,6 +54,16 @@ class HashEngine:
                 raise MinferError("a row reads a KV cell nothing wrote")
             out[i] = self.row_logits(window, int(batch.positions[r]))
         return out
+
+    def copy_cells(self, src: int, dst: int, n: int) -> None:
+        """Cells [src, src + n) into [dst, dst + n), as `Engine.copy_cells` (checked as strictly:
+        in range, not overlapping, and only cells something wrote)."""
+        if n < 1 or min(src, dst) < 0 or max(src, dst) + n > self._n_ctx or abs(src - dst) < n:
+            raise MinferError(f"bad KV copy of {n} cells from {src} to {dst}")
+        if np.any(self.kv[src:src + n] < 0):
+            raise MinferError("a copy reads a KV cell nothing wrote")
+        self.kv[dst:dst + n] = self.kv[src:src + n]
+        self.copies.append((src, dst, n))
 
     def row_logits(self, window: np.ndarray, position: int) -> np.ndarray:
         digest = hashlib.blake2b(window.tobytes() + position.to_bytes(8, "little"),

@@ -272,7 +272,7 @@ class EngineCore:
                 if proposal.q is not None:
                     qs[w.seq_id] = proposal.q
             works.append(w)
-        return Plan(tuple(works)), qs
+        return replace(scheduled.plan, works=tuple(works)), qs
 
     def _record_proposals(self, asks: tuple[DraftAsk, ...], drafts: dict[int, Proposal],
                           seconds: float) -> None:

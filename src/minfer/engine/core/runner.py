@@ -34,6 +34,8 @@ class BatchEngine(Protocol):
 
     def forward_batch(self, batch: Batch) -> np.ndarray: ...
 
+    def copy_cells(self, src: int, dst: int, n: int) -> None: ...
+
 
 class SequenceEngine(Protocol):
     """What `SequenceRunner` needs: one sequence whose cells are its positions (an Engine, a
@@ -101,7 +103,11 @@ class Runner:
 
     def run(self, plan: Plan) -> dict[int, np.ndarray]:
         """Execute plan; the logits row [n_vocab] of every sequence that asked for one
-        (rows [1 + k, n_vocab] for a sequence whose work carries k proposals)."""
+        (rows [1 + k, n_vocab] for a sequence whose work carries k proposals). The plan's
+        cell copies (a prompt prefix another slot holds) go first."""
+        for c in plan.copies:
+            self.engine.copy_cells(c.src * self.n_ctx_slot + c.start,
+                                   c.dst * self.n_ctx_slot + c.start, c.n)
         batch, out_ids = build_batch(plan, self.n_ctx_slot)
         logits = self.engine.forward_batch(batch)
         out: dict[int, np.ndarray] = {}
@@ -123,6 +129,7 @@ class SequenceRunner:
 
     def run(self, plan: Plan) -> dict[int, np.ndarray]:
         """As `Runner.run`, for a plan of at most one work (slot 0)."""
+        assert not plan.copies, "one slot: no other slot to copy from"
         if not plan.works:
             return {}
         (w,) = plan.works

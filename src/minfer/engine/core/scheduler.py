@@ -39,6 +39,9 @@ from minfer.errors import MinferError
 # prompt tokens of a step in which nothing decodes, where the server's chunk is not set
 # (llama.cpp's server prefills up to its n_batch, 2048, a step)
 IDLE_CHUNK = 512
+# a prompt waits a step for an earlier prompt of the same step to compute its next tokens (then
+# copies them) when at least this many of them are shared
+SHARE_MIN = 16
 
 
 class QueueFullError(MinferError):
@@ -86,8 +89,22 @@ class Work:
 
 
 @dataclass(frozen=True)
+class CellCopy:
+    """Copy the KV of positions [start, start + n) of slot `src` to the same positions of slot
+    `dst`: a prompt prefix another slot already holds (the same tokens at the same positions,
+    so the same bits as computing them: a row's KV does not depend on its batch)."""
+
+    src: int
+    dst: int
+    start: int
+    n: int
+
+
+@dataclass(frozen=True)
 class Plan:
     works: tuple[Work, ...]
+    copies: tuple[CellCopy, ...] = ()  # run before the forward, in order (a plan that copies
+    # has work: the copying prompt's, or the earlier prompt's it waits for)
 
     @property
     def n_tokens(self) -> int:
@@ -148,7 +165,13 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> Plan:
-        """Admit what fits, then plan the next forward (empty when there is nothing to run)."""
+        """Admit what fits, then plan the next forward (empty when there is nothing to run).
+
+        A prompt first takes over the longest prefix of it that another slot's cells hold,
+        copied (`CellCopy`: a running sequence's computed tokens, a free slot's cache); a
+        system prompt every request repeats is computed once, not once per slot. A prompt
+        whose next `SHARE_MIN` or more tokens an earlier prompt computes in this very step
+        waits a step and copies them then (a burst of requests with one system prompt)."""
         if self.waiting:
             self._admit()
         works: list[Work] = []
@@ -159,15 +182,44 @@ class Scheduler:
             elif seq.n_pending > 0:
                 works.append(self._work(seq, 1))
         budget = self.chunk if works else self.idle_chunk
+        copies: list[CellCopy] = []
+        planned: list[list[int]] = []  # each planned prompt's tokens once this step is done
         for seq in prompts:
-            if budget == 0:
-                break
+            copy = self._take_prefix(seq)
+            if copy is not None:
+                copies.append(copy)
+            upto = seq.n_computed + SHARE_MIN
+            if budget == 0 or (upto < seq.n_prompt and any(
+                    common_prefix(done, seq.tokens[:upto]) == upto for done in planned)):
+                continue
             n = min(seq.n_pending, budget)
             works.append(self._work(seq, n))
+            planned.append(seq.tokens[: seq.n_computed + n])
             budget -= n
         if len(works) > 1:
             works.sort(key=lambda w: w.slot)
-        return Plan(tuple(works))
+        return Plan(tuple(works), tuple(copies))
+
+    def _take_prefix(self, seq: Sequence) -> CellCopy | None:
+        """Copy the rest of the longest prefix of seq's prompt another slot's cells hold (at
+        most up to its last prompt token, always computed: its logits are needed)."""
+        assert seq.slot is not None
+        best, length = -1, 0
+        for s in self.slots:
+            if s.index == seq.slot:
+                continue
+            other = None if s.seq_id is None else self.running.get(s.seq_id)
+            held = s.cached if other is None else other.tokens[: other.n_computed]
+            n = common_prefix(held, seq.tokens)
+            if n > length:
+                best, length = s.index, n
+        length = min(length, seq.n_prompt - 1)
+        if length <= seq.n_computed:
+            return None
+        copy = CellCopy(best, seq.slot, seq.n_computed, length - seq.n_computed)
+        seq.n_cached += copy.n
+        seq.n_computed = length
+        return copy
 
     def advance(self, plan: Plan) -> None:
         """The runner computed plan: the fed tokens now have KV in their slots."""
