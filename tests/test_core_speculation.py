@@ -3,18 +3,26 @@ core under 4 concurrent streams and in `generate()` (what `minfer run`, chat and
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as QType
 
 from minfer.engine.core.core import EngineCore
-from minfer.engine.core.proposer import LookupProposer, Proposer, SlotDrafter, Speculator
+from minfer.engine.core.proposer import (
+    DraftAsk,
+    LookupProposer,
+    Proposer,
+    SlotDrafter,
+    Speculator,
+)
 from minfer.engine.core.request import GenRequest
 from minfer.engine.core.runner import Runner
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
-from minfer.engine.speculative import SpecConfig
+from minfer.engine.speculative import Proposal, SpecConfig
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
@@ -112,3 +120,53 @@ def test_speculative_greedy_answers_equal_plain_decoding(tiny_qwen2: Path, draft
                           SpecConfig(draft_max=8, adaptive=False))
         done = _plain(tiny_qwen2, prompt, penalty, spec)
         assert done.ids == ids and done.speculation is not None
+
+
+class _Slow:
+    """A proposer that takes `seconds` per call on top of the one it wraps."""
+
+    def __init__(self, inner: Proposer, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        time.sleep(self.seconds)
+        return self.inner.propose(asks)
+
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
+    def forget(self) -> None:
+        self.inner.forget()
+
+
+def test_a_verify_is_priced_without_the_proposals(tiny_qwen2: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """DraftLength prices proposals apart (`record_proposal`), so the verify it records is the
+    forward alone: counted in both, a draft's cost was paid twice and drafting looked dearer
+    than it was (a 1.5B target with a 0.5B draft stayed at ~1.0x plain where it makes 1.5x)."""
+    from minfer.engine.speculative import DraftLength
+
+    verifies: list[float] = []
+    proposals: list[float] = []
+    record_verify, record_proposal = DraftLength.record_verify, DraftLength.record_proposal
+
+    def on_verify(self: DraftLength, n: int, seconds: float) -> None:
+        verifies.append(seconds)
+        record_verify(self, n, seconds)
+
+    def on_proposal(self: DraftLength, k: int, seconds: float) -> None:
+        proposals.append(seconds)
+        record_proposal(self, k, seconds)
+
+    monkeypatch.setattr(DraftLength, "record_verify", on_verify)
+    monkeypatch.setattr(DraftLength, "record_proposal", on_proposal)
+    engine = _engine(tiny_qwen2, N_CTX_SLOT)
+    prompt = PROMPTS[0]
+    core = EngineCore(Runner(engine, N_CTX_SLOT), Tokenizer.from_gguf(GGUFFile.open(tiny_qwen2)),
+                      n_slots=1, n_ctx_slot=N_CTX_SLOT, proposer=_Slow(LookupProposer(3), 0.2),
+                      speculation=SpecConfig(draft_max=4))
+    core.add(0, GenRequest(prompt, 12, _sampler(engine.hparams.n_vocab, prompt, 2.0)))
+    while core.busy:
+        core.step()
+    assert verifies and proposals
+    assert min(proposals) >= 0.2 > max(verifies)

@@ -142,9 +142,10 @@ class EngineCore:
         and draw every sequence that got logits."""
         t0 = time.perf_counter()
         plan, qs = self._with_proposals(scheduled) if scheduled.asks else (scheduled.plan, {})
+        t1 = time.perf_counter()
         rows = self.runner.run(plan)
-        seconds = time.perf_counter() - t0
-        self._record_forward(plan, seconds)
+        t2 = time.perf_counter()
+        self._record_forward(plan, t2 - t1, t2 - t0)
         done = Executed(plan, [], {}, {})
         drafts = {w.seq_id: w.draft for w in plan.works if w.draft} if scheduled.asks else {}
         for seq_id, row in rows.items():
@@ -284,13 +285,14 @@ class EngineCore:
             if state is not None and state.length is not None and proposal and proposal.tokens:
                 state.length.record_proposal(ask.k, seconds)
 
-    def _record_forward(self, plan: Plan, seconds: float) -> None:
-        """A step's cost: the batch's (`StepCost`, from steps of decode and verify rows: a
-        prompt chunk's rows cost otherwise), the timings of each request in it, and for the
-        DraftLength of each decoding one, a plain step or a verify of 1 + k rows (neighbours
-        included)."""
+    def _record_forward(self, plan: Plan, forward_s: float, seconds: float) -> None:
+        """A step's cost: the forward's (`StepCost`, from steps of decode and verify rows: a
+        prompt chunk's rows cost otherwise), the timings of each request in it (`seconds`, the
+        proposals included), and for the DraftLength of each decoding one, a plain step or a
+        verify of 1 + k rows (the forward alone, neighbours included: DraftLength prices the
+        proposals apart, `record_proposal`)."""
         if all(len(w.tokens) == 1 for w in plan.works):  # decode and verify rows only
-            self.step_cost.record(sum(1 + len(w.draft) for w in plan.works), seconds)
+            self.step_cost.record(sum(1 + len(w.draft) for w in plan.works), forward_s)
         for w in plan.works:
             state = self.requests.get(w.seq_id)
             if state is None:
@@ -303,6 +305,6 @@ class EngineCore:
             if state.length is None or not w.logits or len(w.tokens) != 1:
                 continue
             if w.draft:
-                state.length.record_verify(1 + len(w.draft), seconds)
+                state.length.record_verify(1 + len(w.draft), forward_s)
             else:
-                state.length.record_plain(seconds)
+                state.length.record_plain(forward_s)
