@@ -257,7 +257,7 @@ class Model:
         if draft is None:
             return Speculator(LookupProposer(config.lookup_ngram), config)
         f, hparams = open_draft(resolve_model(str(draft)), self.tokenizer.vocab.tokens,
-                                self.hparams.n_vocab)
+                                self.hparams.n_vocab, config.draft_quant)
         from minfer.backends.select import select_backends
 
         engine = Engine(f, hparams, replace(self.config, n_ctx=self.engine().n_ctx,

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minfer.engine.draft_file import QUANTS as DRAFT_QUANTS
+from minfer.engine.draft_file import draft_file
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -60,6 +62,9 @@ class SpecConfig:
     # 1.5B target, 0.5B draft, free code, 3 runs side by side with the whole vocabulary:
     # 1.28-1.82x plain against 1.08-1.61x (Intel SPR, 2 threads); a no-op below 65536 ids.
     draft_vocab: int = DRAFT_VOCAB
+    # the draft's weights narrowed to Q4_0 when its file's are wider ("keep": the file as it
+    # is): a cheaper draft step, the output unchanged (minfer.engine.draft_file)
+    draft_quant: str = "q4_0"
     adaptive: bool = True  # choose k by measured cost and acceptance (else always draft_max)
 
     def __post_init__(self) -> None:
@@ -70,6 +75,9 @@ class SpecConfig:
             raise SpeculativeError(f"--draft-min must be in 0..--draft-max, got {self.draft_min}")
         if self.draft_vocab < 0:
             raise SpeculativeError(f"--draft-vocab must be >= 0, got {self.draft_vocab}")
+        if self.draft_quant not in DRAFT_QUANTS:
+            raise SpeculativeError(f"--draft-quant must be one of {', '.join(DRAFT_QUANTS)}, "
+                                   f"got {self.draft_quant!r}")
         if not 0.0 <= self.p_min <= 1.0:
             raise SpeculativeError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
         if self.lookup_ngram < 0:
@@ -281,11 +289,11 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return out
 
 
-def open_draft(path: Path, target_tokens: Sequence[str], target_n_vocab: int
-               ) -> tuple[GGUFFile, HParams]:
-    """A draft model's file and hyper-parameters, refused unless its vocabulary is the
-    target's (`check_same_vocab`)."""
-    f = GGUFFile.open(path)
+def open_draft(path: Path, target_tokens: Sequence[str], target_n_vocab: int,
+               quant: str = "q4_0") -> tuple[GGUFFile, HParams]:
+    """A draft model's file (its weights narrowed to `quant` when wider: `draft_file`) and
+    hyper-parameters, refused unless its vocabulary is the target's (`check_same_vocab`)."""
+    f = GGUFFile.open(draft_file(path, quant))
     hparams = HParams.from_gguf(f)
     check_same_vocab(target_tokens, list(f.metadata.get("tokenizer.ggml.tokens") or ()),
                      target_n_vocab=target_n_vocab, draft_n_vocab=hparams.n_vocab)

@@ -70,6 +70,7 @@ class ServerConfig:
     draft_model: Path | None = None  # a draft model per slot (speculative decoding); None: off
     draft_p_min: float = 0.3
     draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
+    draft_quant: str = "q4_0"  # the draft's weights narrowed to Q4_0 when wider ("keep": as is)
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
     # more models, each loaded on its first request (model_path stays loaded)
     extra_models: tuple[Path, ...] = ()
@@ -153,7 +154,8 @@ def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
     if not cfg.lookup_ngram and cfg.draft_model is None:
         return None
     return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min, p_min=cfg.draft_p_min,
-                      lookup_ngram=cfg.lookup_ngram, draft_vocab=cfg.draft_vocab)
+                      lookup_ngram=cfg.lookup_ngram, draft_vocab=cfg.draft_vocab,
+                      draft_quant=cfg.draft_quant)
 
 
 def model_name(path: Path) -> str:
@@ -448,7 +450,8 @@ class ServerState:
         if hparams.causal:
             factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
             draft = (None if cfg.draft_model is None or not primary else
-                     open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab))
+                     open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab,
+                                cfg.draft_quant))
             draft_factory = None
             if draft is not None:
                 draft_factory = self._draft_engine_factory or default_engine_factory(

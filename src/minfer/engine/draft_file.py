@@ -1,0 +1,90 @@
+"""A draft model's weights at 4 bits: the file speculative decoding loads as its draft.
+
+A draft step is worth taking only while it costs a small part of a target step, and decode
+reads every weight once a token: the 0.5B coder in Q8_0 (491 MB) drafting for the 1.5B Q4_K_M
+(1.1 GB) costs ~0.45 of a target step, where the same draft in Q4_0 (355 MB) costs ~0.3. The
+draft's proposals are only guesses the target verifies, so its precision changes the speed and
+never the output. Measured side by side (Intel Xeon, Sapphire Rapids, 2 threads; 1.5B target,
+160-token greedy code): Q8_0 draft 1.00x plain (acceptance 0.81), Q4_0 draft 1.50x (0.78).
+
+`draft_file(path, quant)` returns the file to load: the given one when `quant` is "keep" or its
+matrix weights are already at most `NARROW_BITS` bits a value (a Q4_K_M draft stays as it is),
+else a Q4_0 copy (`minfer.tools.quantize`, pure Q4_0 with the token embedding and output too, as
+`minfer quantize --pure --allow-requantize` writes it), made once into `$MINFER_HOME/drafts/`
+under a name keyed by the source's path, size and modification time (~2.5 s for the 0.5B on
+2 cores); copies whose source is gone or changed are removed when a new one is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from minfer.gguf.reader import GGUFFile
+from minfer.store.catalog import minfer_home
+
+log = logging.getLogger(__name__)
+
+QUANTS = ("q4_0", "keep")  # --draft-quant's choices
+NARROW_BITS = 5.0  # a draft whose matrix weights average more bits a value is narrowed
+
+
+def weight_bits(f: GGUFFile) -> float:
+    """Bits a value of the file's matrix weights (2-D or more), averaged over their values."""
+    bits = values = 0
+    for t in f.tensors.values():
+        if len(t.shape) < 2:
+            continue
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+        n = t.n_rows * t.shape[0]
+        bits += n * size * 8 // block
+        values += n
+    return bits / values if values else 0.0
+
+
+def draft_file(path: Path, quant: str = "q4_0") -> Path:
+    """The draft file speculative decoding loads for `path` (see the module docstring)."""
+    if quant not in QUANTS:
+        raise ValueError(f"--draft-quant must be one of {', '.join(QUANTS)}, got {quant!r}")
+    if quant == "keep":
+        return path
+    with GGUFFile.open(path) as f:
+        if weight_bits(f) <= NARROW_BITS:
+            return path
+    folder = minfer_home() / "drafts"
+    dst = folder / f"{path.name.removesuffix('.gguf')}-{_key(path)}.{quant}.gguf"
+    if dst.is_file():
+        return dst
+    from minfer.tools.quantize import MixOptions, parse_ftype, parse_tensor_type, quantize_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    _prune(folder)
+    narrow = parse_tensor_type(quant)
+    report = quantize_model(path, dst, MixOptions(parse_ftype(quant), pure=True,
+                                                  output_tensor_type=narrow,
+                                                  token_embedding_type=narrow),
+                            allow_requantize=True)
+    dst.with_name(dst.name + ".source").write_text(str(path.resolve()))
+    log.info("draft model %s at %s: %s (%.1f s, once)", path.name, quant.upper(), dst,
+             report.seconds)
+    return dst
+
+
+def _key(path: Path) -> str:
+    """What names a source file's narrowed copy: its path, size and modification time."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
+                          ).hexdigest()[:12]
+
+
+def _prune(folder: Path) -> None:
+    """Remove the copies whose source is gone or changed (each copy's `.source` names it)."""
+    for note in folder.glob("*.gguf.source"):
+        copy = note.with_name(note.name.removesuffix(".source"))
+        source = Path(note.read_text())
+        if not source.is_file() or f"-{_key(source)}." not in copy.name:
+            copy.unlink(missing_ok=True)
+            note.unlink(missing_ok=True)
