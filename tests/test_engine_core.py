@@ -120,6 +120,13 @@ def test_step_cost_fits_the_fixed_and_per_row_parts_and_caps_proposals() -> None
     assert cost.draft_cap(1, 0.7) == 4  # 0.7 ** 4 > 0.2 > 0.7 ** 5
     assert cost.share(16) == pytest.approx(0.8)
     assert cost.draft_cap(16, 0.7) == 0 and cost.draft_cap(16, 0.95) == 4
+    # a draft model's batched step (every stream waits for it) is part of a token's price
+    cost.record_proposal(3, 0.030)  # proposals of up to 3 tokens took 30 ms: 10 ms a step
+    assert cost.draft_step_s == pytest.approx(0.010)
+    assert cost.share(4) == pytest.approx((0.020 + 0.010) / 0.040)
+    assert cost.draft_cap(4, 0.9) == 2  # 0.9 ** 2 > 0.75 > 0.9 ** 3
+    cost.record_proposal(0, 1.0)  # nothing proposed: nothing learnt
+    assert cost.draft_step_s == pytest.approx(0.010)
 
 
 def test_a_compute_bound_batch_asks_for_no_proposals() -> None:

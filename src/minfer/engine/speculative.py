@@ -436,18 +436,20 @@ class StepCost:
     with one stream it is memory-bound and a verify row costs little; with 16 it is
     compute-bound and each extra row costs every stream about a row's time.
 
-    `draft_cap` turns that into the batch's limit on a sequence's proposal: a proposed token
-    whose chance of being kept is p gains p tokens and costs every stream per_row seconds,
-    i.e. (tokens per second) x per_row tokens. With n streams decoding plainly, that price is
-    share = per_row * n / T(n), the compute share of a plain step: the j-th token pays only
-    while accept_rate ** j > share (`DraftLength` then weighs the request's own costs below
-    that cap). Until the fit has seen rows vary (`MIN_STEPS` steps) there is no cap."""
+    `draft_cap` turns that into the batch's limit on a sequence's proposal. With n streams
+    each proposing, the j-th proposed token of every stream costs the batch n verify rows
+    (n * per_row) and one batched draft step (`draft_step_s`, every stream waits for it), and
+    gains n * p tokens where p is a token's chance of being kept, each worth T(n) / n seconds
+    of a plain step: it pays only while accept_rate ** j > share = (n * per_row +
+    draft_step_s) / T(n) (`DraftLength` then weighs the request's own costs below that cap).
+    Until the fit has seen rows vary (`MIN_STEPS` steps) there is no cap."""
 
     decay: float = 0.97
     sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wR, wT, wRR, wRT
     steps: int = 0
     fixed: float = 0.0
     per_row: float = 0.0
+    draft_step_s: float = 0.0  # EMA of one batched draft step (0 for a free proposer)
     seen: set[int] = field(default_factory=set)  # row counts timed once (a warm-up) already
 
     MIN_STEPS = 8
@@ -468,12 +470,18 @@ class StepCost:
             self.per_row = max(0.0, (w * wrt - wr * wt) / det)
             self.fixed = max(0.0, (wt - self.per_row * wr) / w)
 
+    def record_proposal(self, draft_steps: int, seconds: float) -> None:
+        """The proposer took `seconds` for proposals of at most `draft_steps` tokens."""
+        if draft_steps > 0:
+            self.draft_step_s = _ema(self.draft_step_s, seconds / draft_steps, 0.2)
+
     def share(self, n_streams: int) -> float:
-        """The compute share of a plain step of n_streams rows (0: unknown)."""
+        """What one more proposed token for every stream costs the batch, as a share of a
+        plain step of n_streams rows (0: unknown)."""
         if self.steps < self.MIN_STEPS or not self.per_row:
             return 0.0
         rows_time = self.per_row * n_streams
-        return rows_time / (self.fixed + rows_time)
+        return (rows_time + self.draft_step_s) / (self.fixed + rows_time)
 
     def draft_cap(self, n_streams: int, accept_rate: float) -> int:
         """The most tokens a sequence should propose beside n_streams - 1 others (at most

@@ -284,6 +284,8 @@ class EngineCore:
             proposal = drafts.get(ask.seq_id)
             if state is not None and state.length is not None and proposal and proposal.tokens:
                 state.length.record_proposal(ask.k, seconds)
+        self.step_cost.record_proposal(max((len(p.tokens) for p in drafts.values()), default=0),
+                                       seconds)
 
     def _record_forward(self, plan: Plan, forward_s: float, seconds: float) -> None:
         """A step's cost: the forward's (`StepCost`, from steps of decode and verify rows: a
