@@ -19,7 +19,6 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
@@ -32,9 +31,10 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _hsum,
     _ld,
     _phi_loop,
+    _prefetch_ir,
     _vec,
 )
-from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float
+from minfer.backends.cpu.kernels.simd.llvm import halves_to_floats
 
 LANES = 16
 STEP = 4 * LANES  # values per loop step
@@ -46,24 +46,10 @@ def _widen(builder: Any, ptr: Any, off: Any, kind: str, n: int) -> Any:
     if kind == "f32":
         return _ld(builder, ptr, off, _vec(_F32, n))
     bits = _ld(builder, ptr, off, _vec(_I16, n))
-    if kind == "bf16":
-        wide = builder.shl(builder.zext(bits, _vec(_I32, n)), ir.Constant(_vec(_I32, n), 16))
-        return builder.bitcast(wide, _vec(_F32, n))
-    if HAS_F16C:
-        return builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), n)), _vec(_F32, n))
-    out = ir.Constant(_vec(_F32, n), None)
-    for i in range(n):
-        lane = half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, i)))
-        out = builder.insert_element(out, lane, ir.Constant(_I32, i))
-    return out
-
-
-def _prefetch(builder: Any, ptr: Any, off: Any) -> None:
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
-        "llvm.prefetch.p0")
-    builder.call(fn, [builder.gep(ptr, [off]), ir.Constant(_I32, 0), ir.Constant(_I32, 3),
-                      ir.Constant(_I32, 1)])
+    if kind == "f16":
+        return halves_to_floats(builder, bits)
+    wide = builder.shl(builder.zext(bits, _vec(_I32, n)), ir.Constant(_vec(_I32, n), 16))
+    return builder.bitcast(wide, _vec(_F32, n))
 
 
 def _fdot(kind: str) -> Any:
@@ -89,7 +75,8 @@ def _fdot(kind: str) -> Any:
 
             def step(i: Any, accs: list[Any]) -> list[Any]:
                 v0 = builder.mul(i, k(STEP))
-                _prefetch(builder, rp, builder.mul(builder.add(v0, k(PREFETCH)), k(width)))
+                _prefetch_ir(builder, builder.gep(rp, [builder.mul(builder.add(v0, k(PREFETCH)),
+                                                                   k(width))]))
                 out = []
                 for j, acc in enumerate(accs):
                     v = builder.add(v0, k(j * LANES))

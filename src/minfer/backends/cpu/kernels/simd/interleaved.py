@@ -56,7 +56,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _x86,
     define_passes,
 )
-from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float
+from minfer.backends.cpu.kernels.simd.llvm import halves_to_floats
 
 ROWS = 16  # weight rows per interleaved group (int32 lanes of a zmm)
 # Software prefetch of the weight stream: this many bytes ahead, into L2 (prefetcht1). A decode
@@ -143,14 +143,7 @@ def prefetch_span(builder: Any, w: Any, start: Any, n_bytes: int) -> None:
 
 def halves(builder: Any, w: Any, at: Any) -> Any:
     """The 16 rows' f16 scales at byte `at` of i8* `w`, as <16 x f32>."""
-    h = _ld(builder, w, at, _vec(_I16, ROWS))
-    if HAS_F16C:
-        return builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), ROWS)), _vec(_F32, ROWS))
-    v = ir.Constant(_vec(_F32, ROWS), None)
-    for k in range(ROWS):
-        f = half_to_float(builder, builder.extract_element(h, ir.Constant(_I32, k)))
-        v = builder.insert_element(v, f, ir.Constant(_I32, k))
-    return v
+    return halves_to_floats(builder, _ld(builder, w, at, _vec(_I16, ROWS)))
 
 
 def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple[list[Any], Any]:

@@ -66,6 +66,20 @@ def half_to_float(builder: Any, bits: Any) -> Any:
     return builder.bitcast(builder.or_(body, sign), ir.FloatType())
 
 
+def halves_to_floats(builder: Any, bits: Any) -> Any:
+    """IR: <n x i16> half bit patterns -> <n x f32>, exactly (one vcvtph2ps with F16C, else
+    `half_to_float` lane by lane)."""
+    n = bits.type.count
+    if HAS_F16C:
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), n)),
+                             ir.VectorType(ir.FloatType(), n))
+    out = ir.Constant(ir.VectorType(ir.FloatType(), n), None)
+    for i in range(n):
+        lane = half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, i)))
+        out = builder.insert_element(out, lane, ir.Constant(_I32, i))
+    return out
+
+
 def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
     """Prefetch the cache line holding `arr[idx]` (1-D contiguous array, no bounds check)."""
     sig = types.void(arr, idx)
