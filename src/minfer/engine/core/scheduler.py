@@ -204,12 +204,15 @@ class Scheduler:
         """Copy the rest of the longest prefix of seq's prompt another slot's cells hold (at
         most up to its last prompt token, always computed: its logits are needed)."""
         assert seq.slot is not None
-        best, length = -1, 0
+        best, length = -1, seq.n_computed
         for s in self.slots:
             if s.index == seq.slot:
                 continue
             other = None if s.seq_id is None else self.running.get(s.seq_id)
-            held = s.cached if other is None else other.tokens[: other.n_computed]
+            n_held = len(s.cached) if other is None else other.n_computed
+            if n_held <= length:  # cannot beat what is already there
+                continue
+            held = s.cached if other is None else other.tokens[:n_held]
             n = common_prefix(held, seq.tokens)
             if n > length:
                 best, length = s.index, n
