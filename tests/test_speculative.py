@@ -24,6 +24,7 @@ from minfer.engine.speculative import (
     Proposal,
     SpecConfig,
     SpeculativeError,
+    StepCost,
     bucket_floor,
     check_same_vocab,
     fills_bucket,
@@ -559,3 +560,17 @@ def test_draft_length_estimates_the_per_token_acceptance() -> None:
         length.record_outcome(3, int(np.argmin(passed)) if not passed.all() else 3)
         seen.append(length.accept_rate)
     assert abs(float(np.mean(seen)) - 0.8) < 0.02
+
+
+def test_kept_share_sees_drafts_that_are_wholly_right_or_wrong() -> None:
+    """Drafts of 15 either all kept or rejected at their first token (2 in 3 kept): the
+    per-token rate of the geometric model reads ~0.97, the share of proposed tokens kept (what
+    a batch's verify rows pay for, `StepCost.draft_cap`) 2/3."""
+    length = DraftLength(16)
+    for i in range(300):
+        length.record_outcome(15, 0 if i % 3 == 2 else 15)
+    assert length.accept_rate > 0.95
+    assert length.kept_share == pytest.approx(2 / 3, abs=0.1)
+    cost = StepCost(fixed=0.05, per_row=0.004, steps=StepCost.MIN_STEPS)  # share 0.56 at 16
+    assert cost.draft_cap(16, length.accept_rate) >= 10
+    assert cost.draft_cap(16, length.kept_share) <= 2

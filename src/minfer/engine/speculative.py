@@ -325,6 +325,7 @@ class DraftLength:
     accept_rate: float = 0.7  # P(a proposed token is accepted): see `record_outcome`
     accepted_avg: float = 0.7  # moving averages of accepted tokens and of trials per step
     trials_avg: float = 1.0
+    proposed_avg: float = 1.0  # moving average of tokens proposed per step (see `kept_share`)
     decode_s: float = 0.0  # EMA of a plain one-token forward
     verify_s: dict[int, float] = field(default_factory=dict)  # n_tokens -> EMA seconds
     draft_token_s: float = 0.0  # EMA of the proposer's cost per proposed token
@@ -425,7 +426,15 @@ class DraftLength:
             a = self.alpha
             self.accepted_avg = (1.0 - a) * self.accepted_avg + a * n_accepted
             self.trials_avg = (1.0 - a) * self.trials_avg + a * trials
+            self.proposed_avg = (1.0 - a) * self.proposed_avg + a * n_proposed
             self.accept_rate = self.accepted_avg / self.trials_avg
+
+    @property
+    def kept_share(self) -> float:
+        """The share of proposed tokens kept. Below `accept_rate` when drafts are wholly right
+        or wrong at their first token (a 15-token draft rejected at once is one failed trial
+        but 15 tokens of verify rows): what a batch's rows pay for (`StepCost.draft_cap`)."""
+        return self.accepted_avg / self.proposed_avg
 
 
 @dataclass
@@ -440,8 +449,9 @@ class StepCost:
     each proposing, the j-th proposed token of every stream costs the batch n verify rows
     (n * per_row) and one batched draft step (`draft_step_s`, every stream waits for it), and
     gains n * p tokens where p is a token's chance of being kept, each worth T(n) / n seconds
-    of a plain step: it pays only while accept_rate ** j > share = (n * per_row +
-    draft_step_s) / T(n) (`DraftLength` then weighs the request's own costs below that cap).
+    of a plain step: it pays only while kept ** j > share = (n * per_row + draft_step_s) / T(n),
+    kept being the share of proposed tokens kept (`DraftLength.kept_share`; `DraftLength`
+    then weighs the request's own costs below that cap).
     Until the fit has seen rows vary (`MIN_STEPS` steps) there is no cap."""
 
     decay: float = 0.97
@@ -483,13 +493,13 @@ class StepCost:
         rows_time = self.per_row * n_streams
         return (rows_time + self.draft_step_s) / (self.fixed + rows_time)
 
-    def draft_cap(self, n_streams: int, accept_rate: float) -> int:
+    def draft_cap(self, n_streams: int, kept: float) -> int:
         """The most tokens a sequence should propose beside n_streams - 1 others (at most
         DRAFT_MAX_LIMIT: no cap)."""
         share = self.share(n_streams)
         if share <= 0.0:
             return DRAFT_MAX_LIMIT
-        a = min(max(accept_rate, 1e-6), 0.999)
+        a = min(max(kept, 1e-6), 0.999)
         if share >= 1.0 or a <= share:
             return 0
         return min(DRAFT_MAX_LIMIT, int(np.log(share) / np.log(a)))

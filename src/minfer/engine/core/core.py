@@ -235,7 +235,7 @@ class EngineCore:
             state = self.requests.get(w.seq_id)
             k = self._draft_length(state, self.n_ctx_slot - seq.n_computed - 1)
             if k and state is not None and state.length is not None and n_streams > 1:
-                k = min(k, self.step_cost.draft_cap(n_streams, state.length.accept_rate))
+                k = min(k, self.step_cost.draft_cap(n_streams, state.length.kept_share))
             if k and state is not None:
                 greedy = state.verifier is None or state.verifier.greedy
                 asks.append(DraftAsk(w.seq_id, w.slot, tuple(seq.tokens), k, greedy))

@@ -198,6 +198,7 @@ class Scheduler:
             budget -= n
         if len(works) > 1:
             works.sort(key=lambda w: w.slot)
+        assert works or not copies, "copies ride on a forward: a plan without work is skipped"
         return Plan(tuple(works), tuple(copies))
 
     def _take_prefix(self, seq: Sequence) -> CellCopy | None:
