@@ -128,3 +128,36 @@ def test_ollama_chat_and_generate_equal_the_openai_reply(real_server: Server) ->
                                       "key named n holding the number 7."}],
                      format="json", options={"temperature": 0, "num_predict": 32})
     assert isinstance(json.loads(as_json.message.content), dict)
+
+
+def test_a_burst_sharing_a_system_prompt_gets_the_one_slot_answers(real_model_path: Path) -> None:
+    """Four chat requests at once with one long system prompt: the first computes it, the others
+    copy its KV cells from that slot (`Plan.copies`) and report them as cached; every answer
+    equals the one a one-slot server gives (no slot to copy from there)."""
+    system = ("You are a careful assistant for a Python team. Answer in one short sentence, "
+              "name the standard library module you would use, and never write code.")
+    questions = ["How do I read a CSV file?", "How do I parse JSON?",
+                 "How do I get today's date?", "How do I join file paths?"]
+
+    def messages(q: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": q}]
+
+    with serving(real_model_path, "--slots", "1", "--n-ctx", "1024", timeout=600) as one:
+        c = one.client()
+        alone = [c.chat.completions.create(model="q", messages=messages(q),  # type: ignore[arg-type]
+                                           max_tokens=12, **GREEDY).choices[0].message.content
+                 for q in questions]
+
+    async def burst(srv: Server) -> list[tuple[str | None, int]]:
+        client = srv.aclient()
+        rs = await asyncio.gather(*(client.chat.completions.create(
+            model="q", messages=messages(q), max_tokens=12, **GREEDY)  # type: ignore[arg-type]
+            for q in questions))
+        return [(r.choices[0].message.content,
+                 r.usage.prompt_tokens_details.cached_tokens)  # type: ignore[union-attr]
+                for r in rs]
+
+    with serving(real_model_path, "--slots", "4", "--n-ctx", "1024", timeout=600) as srv:
+        got = asyncio.run(burst(srv))
+    assert [text for text, _ in got] == alone
+    assert sum(1 for _, cached in got if cached >= 16) >= 3  # the system prompt was copied
