@@ -41,7 +41,7 @@ from typing import Protocol
 import numpy as np
 
 from minfer.engine.core.runner import BatchEngine, Runner
-from minfer.engine.core.scheduler import Plan, Work, common_prefix
+from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix
 from minfer.engine.speculative import (
     CopyCursor,
     DraftLength,
@@ -206,9 +206,15 @@ class SlotDrafter:
 
     def _catch_up(self, asks: Sequence[DraftAsk]) -> dict[int, np.ndarray]:
         """Feed the tokens each ask's slot lacks, fewest first, in one forward of at most
-        `chunk` tokens; the logits row after the last token of each ask caught up."""
-        lacking = sorted(((min(common_prefix(self.cached[a.slot], a.tokens), len(a.tokens) - 1),
-                           a) for a in asks), key=lambda sa: len(sa[1].tokens) - sa[0])
+        `chunk` tokens; the logits row after the last token of each ask caught up. A prefix
+        another slot's draft cells hold (a system prompt every request repeats) is copied
+        first, as the target's scheduler does (`CellCopy`)."""
+        copies: list[CellCopy] = []
+        lacking = []
+        for a in asks:
+            start = self._take_prefix(a, copies)
+            lacking.append((start, a))
+        lacking.sort(key=lambda sa: len(sa[1].tokens) - sa[0])
         works: list[Work] = []
         budget = self.chunk
         for start, a in lacking:
@@ -218,15 +224,35 @@ class SlotDrafter:
             works.append(Work(a.seq_id, a.slot, start, a.tokens[start:start + n],
                               start + n == len(a.tokens)))
             budget -= n
-        return self._forward(works) if works else {}
+        assert works or not copies  # the first ask lacks at least its last token
+        return self._forward(works, copies) if works else {}
 
-    def _forward(self, works: list[Work]) -> dict[int, np.ndarray]:
-        """One multi-sequence draft forward; each slot's record follows what it wrote."""
+    def _take_prefix(self, ask: DraftAsk, copies: list[CellCopy]) -> int:
+        """Where ask's catch-up starts: after the longest prefix of its tokens (all but the
+        last, whose logits are wanted) that its slot's cells or another slot's hold; another
+        slot's are copied (appended to `copies`, run before the forward in order)."""
+        last = len(ask.tokens) - 1
+        own = min(common_prefix(self.cached[ask.slot], ask.tokens), last)
+        best, length = -1, own
+        for slot, held in enumerate(self.cached):
+            if slot != ask.slot and len(held) > length:
+                n = min(common_prefix(held, ask.tokens), last)
+                if n > length:
+                    best, length = slot, n
+        if best >= 0:
+            copies.append(CellCopy(best, ask.slot, own, length - own))
+            self.cached[ask.slot][own:] = ask.tokens[own:length]
+        return length
+
+    def _forward(self, works: list[Work], copies: Sequence[CellCopy] = ()
+                 ) -> dict[int, np.ndarray]:
+        """One multi-sequence draft forward (after `copies`); each slot's record follows what
+        it wrote."""
         for w in works:
             held = self.cached[w.slot]
             del held[w.start_pos:]
             held.extend(w.tokens)
-        out = self.runner.run(Plan(tuple(works)))
+        out = self.runner.run(Plan(tuple(works), tuple(copies)))
         self.n_forwarded += sum(len(w.tokens) for w in works)
         self.n_forwards += 1
         return out
