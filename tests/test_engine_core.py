@@ -145,3 +145,22 @@ def test_a_compute_bound_batch_asks_for_no_proposals() -> None:
     expensive = StepCost(fixed=0.01, per_row=0.05, steps=StepCost.MIN_STEPS)
     core.step_cost = expensive
     assert core._asks(plan) == []
+
+
+def test_batch_payoff_turns_proposals_off_where_plain_steps_yield_more() -> None:
+    """Per stream-count class: drafting until both rates are measured (a plain probe every
+    `probe_every` steps), then whichever yields more tokens a second, the other as a probe."""
+    from minfer.engine.speculative import BatchPayoff
+
+    pay = BatchPayoff(probe_every=4)
+    assert [pay.kind(n) for n in (1, 2, 3, 4, 7, 8, 16, 40)] == [0, 2, 2, 4, 4, 8, 16, 16]
+    assert all(pay.propose(1) for _ in range(10))  # one stream: its DraftLength decides
+    choices = []
+    for _ in range(12):
+        drafting = pay.propose(16)
+        choices.append(drafting)
+        # drafting steps: 20 tokens in 0.25 s (80 tok/s); plain: 16 in 0.1 s (160 tok/s)
+        pay.record(16, drafting, 20 if drafting else 16, 0.25 if drafting else 0.1)
+    assert choices[:3] == [True] * 3 and choices[3] is False  # the first plain probe
+    assert choices[4:7] == [False] * 3 and choices[7] is True  # plain wins; a draft probe
+    assert pay.propose(4)  # another class is measured on its own

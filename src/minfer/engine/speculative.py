@@ -505,6 +505,51 @@ class StepCost:
         return min(DRAFT_MAX_LIMIT, int(np.log(share) / np.log(a)))
 
 
+@dataclass
+class BatchPayoff:
+    """Whether proposing pays for a batch of n decoding streams, as measured: the tokens a
+    step yields per second of the step (proposals included), in steps with proposals and in
+    plain ones, per stream-count class (2-3, 4-7, 8-15, 16 and more; one stream is its
+    DraftLength's to decide). Where both are known and the plain steps yield more, no stream
+    proposes, except one step in `probe_every` of that class, which drafts again to keep the
+    comparison fresh (and while drafting, one in `probe_every` is plain). The cost model
+    (`StepCost.draft_cap`) prices each proposal; this checks the result, so that a draft model
+    never lowers a busy server's throughput by what the model leaves out (catch-up forwards,
+    acceptance that is not geometric)."""
+
+    alpha: float = 0.2
+    probe_every: int = 16
+    draft_rate: dict[int, float] = field(default_factory=dict)
+    plain_rate: dict[int, float] = field(default_factory=dict)
+    steps: dict[int, int] = field(default_factory=dict)
+
+    @staticmethod
+    def kind(n_streams: int) -> int:
+        """The class of a stream count: 2, 4, 8 or 16 (0: one stream, not judged here)."""
+        return 0 if n_streams < 2 else min(16, 1 << (n_streams.bit_length() - 1))
+
+    def propose(self, n_streams: int) -> bool:
+        """Whether this step's streams may propose (counts the step)."""
+        k = self.kind(n_streams)
+        if not k:
+            return True
+        n = self.steps.get(k, 0) + 1
+        self.steps[k] = n
+        probe = n % self.probe_every == 0
+        d, p = self.draft_rate.get(k), self.plain_rate.get(k)
+        if d is None or p is None:  # not both measured: draft, with a plain step as a probe
+            return not (probe and p is None and d is not None)
+        return (d >= p) != probe
+
+    def record(self, n_streams: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A decode step of n_streams yielded `tokens` in `seconds` (proposals included)."""
+        k = self.kind(n_streams)
+        if not k or seconds <= 0.0:
+            return
+        rates = self.draft_rate if drafted else self.plain_rate
+        rates[k] = _ema(rates.get(k, 0.0), tokens / seconds, self.alpha)
+
+
 def _ema(old: float, new: float, alpha: float) -> float:
     """Exponential moving average; one sample counts for at most 3x the average (a stall of
     the machine, a graph rebuild) so it cannot lock a length out for long."""

@@ -30,7 +30,14 @@ from minfer.engine.core.proposer import DraftAsk, Proposer
 from minfer.engine.core.request import Emitted, GenRequest, Request, Vocab
 from minfer.engine.core.runner import StepRunner
 from minfer.engine.core.scheduler import Plan, Scheduler, Sequence
-from minfer.engine.speculative import DraftLength, Proposal, SpecConfig, StepCost, bucket_floor
+from minfer.engine.speculative import (
+    BatchPayoff,
+    DraftLength,
+    Proposal,
+    SpecConfig,
+    StepCost,
+    bucket_floor,
+)
 
 log = logging.getLogger("minfer.engine")
 
@@ -81,6 +88,7 @@ class EngineCore:
         self.speculation = (speculation or SpecConfig()) if proposer is not None else None
         self.requests: dict[int, Request] = {}
         self.step_cost = StepCost()  # the batch's price of a row (caps proposals: `_asks`)
+        self.payoff = BatchPayoff()  # whether proposing pays at a stream count (`_asks`)
 
     # -- requests in and out -------------------------------------------------------------------
     def add(self, seq_id: int, req: GenRequest, *, length: DraftLength | None = None) -> Request:
@@ -146,6 +154,7 @@ class EngineCore:
         rows = self.runner.run(plan)
         t2 = time.perf_counter()
         self._record_forward(plan, t2 - t1, t2 - t0)
+        decodes = [w for w in plan.works if w.logits]
         done = Executed(plan, [], {}, {})
         drafts = {w.seq_id: w.draft for w in plan.works if w.draft} if scheduled.asks else {}
         for seq_id, row in rows.items():
@@ -165,6 +174,9 @@ class EngineCore:
                 if token is not None and state.finish is None:
                     done.next_token[seq_id] = token
             done.outputs.append(out)
+        if self.proposer is not None and all(len(w.tokens) == 1 for w in plan.works):
+            tokens = sum(1 + len(done.kept.get(w.seq_id, ())) for w in decodes)
+            self.payoff.record(len(decodes), bool(scheduled.asks), tokens, t2 - t0)
         return done
 
     def update(self, done: Executed) -> list[Output]:
@@ -226,8 +238,10 @@ class EngineCore:
         """What to ask the proposer for the plan's decoding sequences: each one's DraftLength,
         capped by what a row costs the batch (`StepCost.draft_cap`: beside many streams a
         compute-bound step makes every proposed row cost them all)."""
-        asks = []
+        asks: list[DraftAsk] = []
         n_streams = sum(1 for w in plan.works if w.logits)
+        if not self.payoff.propose(n_streams):  # plain steps yield more at this stream count
+            return asks
         for w in plan.works:
             seq = self.scheduler.running.get(w.seq_id)
             if seq is None or not w.logits or not seq.decoding or seq.n_pending != 1:
