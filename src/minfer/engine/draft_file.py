@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -63,11 +64,15 @@ def draft_file(path: Path, quant: str = "q4_0") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     _prune(folder)
     narrow = parse_tensor_type(quant)
-    report = quantize_model(path, dst, MixOptions(parse_ftype(quant), pure=True,
-                                                  output_tensor_type=narrow,
-                                                  token_embedding_type=narrow),
+    # written under a name of this process's own, then renamed: server replicas starting
+    # together each make the copy without writing into one another's file
+    mine = dst.with_name(f"{dst.name}.{os.getpid()}")
+    report = quantize_model(path, mine, MixOptions(parse_ftype(quant), pure=True,
+                                                   output_tensor_type=narrow,
+                                                   token_embedding_type=narrow),
                             allow_requantize=True)
     dst.with_name(dst.name + ".source").write_text(str(path.resolve()))
+    os.replace(mine, dst)
     log.info("draft model %s at %s: %s (%.1f s, once)", path.name, quant.upper(), dst,
              report.seconds)
     return dst
