@@ -17,7 +17,9 @@ module holds what they share with the flags and the CLI:
 `DraftLength` adapts k to what pays: it keeps the per-token acceptance rate and the measured
 costs (plain decode, verify of n rows, one drafted token) and picks the k, from a few buckets
 (so the verify graphs stay in the graph cache), that maximises expected tokens per second; k = 0
-means plain decoding, probed again now and then.
+means plain decoding, probed again now and then. Beside other streams (the server) `StepCost`
+caps k by what a proposed token costs the whole batch, and `BatchPayoff` turns proposing off
+at a stream count where steps without proposals measure faster.
 """
 
 from __future__ import annotations
