@@ -43,5 +43,12 @@ def test_a_wide_draft_is_narrowed_once_and_stale_copies_go(
     other.unlink()
     draft_file(write_tiny_model(tmp_path / "third.gguf", seed=5))
     assert not other_copy.exists() and fresh.exists()
+    drafts = tmp_path / "home" / "drafts"
+    dead = drafts / f"x-000000000000.q4_0.gguf.{2**22 + 12345}"  # beyond Linux's pid_max
+    dead.write_bytes(b"partial")
+    live = drafts / f"x-000000000000.q4_0.gguf.{os.getpid()}.part"
+    live.write_bytes(b"partial")
+    draft_file(write_tiny_model(tmp_path / "fourth.gguf", seed=6))
+    assert not dead.exists() and live.exists()  # an unfinished copy of a live process stays
     with pytest.raises(ValueError, match="draft-quant"):
         draft_file(src, "q8_0")

@@ -86,10 +86,25 @@ def _key(path: Path) -> str:
 
 
 def _prune(folder: Path) -> None:
-    """Remove the copies whose source is gone or changed (each copy's `.source` names it)."""
+    """Remove the copies whose source is gone or changed (each copy's `.source` names it), and
+    the unfinished copies of processes that are gone (`<copy>.<pid>`, `<copy>.<pid>.part`)."""
+    for part in folder.glob("*.gguf.*"):
+        pid = part.name.split(".gguf.", 1)[1].removesuffix(".part")
+        if pid.isdigit() and not _alive(int(pid)):
+            part.unlink(missing_ok=True)
     for note in folder.glob("*.gguf.source"):
         copy = note.with_name(note.name.removesuffix(".source"))
         source = Path(note.read_text())
         if not source.is_file() or f"-{_key(source)}." not in copy.name:
             copy.unlink(missing_ok=True)
             note.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
