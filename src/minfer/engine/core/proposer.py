@@ -41,7 +41,7 @@ from typing import Protocol
 import numpy as np
 
 from minfer.engine.core.runner import BatchEngine, Runner
-from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix
+from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix, longest_held
 from minfer.engine.speculative import (
     CopyCursor,
     DraftLength,
@@ -210,11 +210,8 @@ class SlotDrafter:
         another slot's draft cells hold (a system prompt every request repeats) is copied
         first, as the target's scheduler does (`CellCopy`)."""
         copies: list[CellCopy] = []
-        lacking = []
-        for a in asks:
-            start = self._take_prefix(a, copies)
-            lacking.append((start, a))
-        lacking.sort(key=lambda sa: len(sa[1].tokens) - sa[0])
+        lacking = sorted(((self._take_prefix(a, copies), a) for a in asks),
+                         key=lambda sa: len(sa[1].tokens) - sa[0])
         works: list[Work] = []
         budget = self.chunk
         for start, a in lacking:
@@ -233,13 +230,11 @@ class SlotDrafter:
         slot's are copied (appended to `copies`, run before the forward in order)."""
         last = len(ask.tokens) - 1
         own = min(common_prefix(self.cached[ask.slot], ask.tokens), last)
-        best, length = -1, own
-        for slot, held in enumerate(self.cached):
-            if slot != ask.slot and len(held) > length:
-                n = min(common_prefix(held, ask.tokens), last)
-                if n > length:
-                    best, length = slot, n
-        if best >= 0:
+        best, length = longest_held(ask.tokens, ((slot, held, len(held)) for slot, held
+                                                 in enumerate(self.cached) if slot != ask.slot),
+                                    own)
+        length = min(length, last)
+        if length > own:
             copies.append(CellCopy(best, ask.slot, own, length - own))
             self.cached[ask.slot][own:] = ask.tokens[own:length]
         return length

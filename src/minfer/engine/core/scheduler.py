@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Iterable
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
@@ -109,6 +110,20 @@ class Plan:
     @property
     def n_tokens(self) -> int:
         return sum(len(w.tokens) + len(w.draft) for w in self.works)
+
+
+def longest_held(tokens: Tokens[int], held: Iterable[tuple[int, Tokens[int], int]],
+                 length: int) -> tuple[int, int]:
+    """(slot, n): of the slots `held` lists as (slot, its tokens, how many of them its cells
+    hold), the one whose cells hold the longest prefix of `tokens`, if longer than `length`
+    (else (-1, length)). A slot holding no more than the best so far is not compared."""
+    best = -1
+    for slot, cells, n_held in held:
+        if n_held > length:
+            n = min(common_prefix(cells, tokens), n_held)
+            if n > length:
+                best, length = slot, n
+    return best, length
 
 
 def common_prefix(a: Tokens[int], b: Tokens[int]) -> int:
@@ -205,18 +220,15 @@ class Scheduler:
         """Copy the rest of the longest prefix of seq's prompt another slot's cells hold (at
         most up to its last prompt token, always computed: its logits are needed)."""
         assert seq.slot is not None
-        best, length = -1, seq.n_computed
-        for s in self.slots:
-            if s.index == seq.slot:
-                continue
-            other = None if s.seq_id is None else self.running.get(s.seq_id)
-            n_held = len(s.cached) if other is None else other.n_computed
-            if n_held <= length:  # cannot beat what is already there
-                continue
-            held = s.cached if other is None else other.tokens[:n_held]
-            n = common_prefix(held, seq.tokens)
-            if n > length:
-                best, length = s.index, n
+
+        def held() -> Iterable[tuple[int, Tokens[int], int]]:
+            for s in self.slots:
+                if s.index != seq.slot:
+                    other = None if s.seq_id is None else self.running.get(s.seq_id)
+                    yield ((s.index, s.cached, len(s.cached)) if other is None
+                           else (s.index, other.tokens, other.n_computed))
+
+        best, length = longest_held(seq.tokens, held(), seq.n_computed)
         length = min(length, seq.n_prompt - 1)
         if length <= seq.n_computed:
             return None
