@@ -80,6 +80,14 @@ def plan_buffers(graph: ComputeGraph) -> BufferPlan:
     return BufferPlan(tuple(slot_of), tuple(sizes), live)
 
 
+def check_cell_copy(src: int, dst: int, n: int, n_ctx: int) -> None:
+    """Refuse a copy of n >= 1 cells [src, src + n) to [dst, dst + n) that leaves the context
+    or whose ranges overlap (ValueError)."""
+    if n < 1 or min(src, dst) < 0 or max(src, dst) + n > n_ctx or abs(src - dst) < n:
+        raise ValueError(f"cannot copy {n} KV cells from {src} to {dst} (context of {n_ctx} "
+                         "cells)")
+
+
 class KVRegions:
     """Per-layer K and V arrays, sized once from n_ctx; they outlive every graph.
 
@@ -107,10 +115,8 @@ class KVRegions:
 
     def copy_cells(self, src: int, dst: int, n: int) -> None:
         """Cells [src, src + n) into cells [dst, dst + n) in every layer's K and V, as stored
-        (any cache format: a cell's row is self-contained). The ranges must not overlap."""
-        if n < 0 or min(src, dst) < 0 or max(src, dst) + n > self.n_ctx or abs(src - dst) < n:
-            raise ValueError(f"cannot copy {n} KV cells from {src} to {dst} "
-                             f"(context of {self.n_ctx} cells)")
+        (any cache format: a cell's row is self-contained); `check_cell_copy` first."""
+        check_cell_copy(src, dst, n, self.n_ctx)
         for cache in (*self.k, *self.v):
             cache[dst:dst + n] = cache[src:src + n]
 

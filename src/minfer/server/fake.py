@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from minfer.errors import ContextOverflowError, MinferError
+from minfer.graph.alloc import check_cell_copy
 
 if TYPE_CHECKING:
     from minfer.engine.forward import Batch
@@ -58,8 +59,7 @@ class HashEngine:
     def copy_cells(self, src: int, dst: int, n: int) -> None:
         """Cells [src, src + n) into [dst, dst + n), as `Engine.copy_cells` (checked as strictly:
         in range, not overlapping, and only cells something wrote)."""
-        if n < 1 or min(src, dst) < 0 or max(src, dst) + n > self._n_ctx or abs(src - dst) < n:
-            raise MinferError(f"bad KV copy of {n} cells from {src} to {dst}")
+        check_cell_copy(src, dst, n, self._n_ctx)
         if np.any(self.kv[src:src + n] < 0):
             raise MinferError("a copy reads a KV cell nothing wrote")
         self.kv[dst:dst + n] = self.kv[src:src + n]
