@@ -56,7 +56,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _splat,
     _vec,
 )
-from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C
+from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, halves_to_floats
 
 COLUMNS = 64  # value-mix output columns per pass: four zmm
 LANES = 16  # f32 lanes of a zmm
@@ -97,8 +97,7 @@ def _widened(builder: Any, ptr: Any, off: Any, n: int, half: bool) -> Any:
     """<n x f32> at byte `off` of a cache row: f16 bits widened, or f32 as they are."""
     if not half:
         return _ld(builder, ptr, off, _vec(_F32, n))
-    return builder.fpext(builder.bitcast(_ld(builder, ptr, off, _vec(_I16, n)),
-                                         _vec(ir.HalfType(), n)), _vec(_F32, n))
+    return halves_to_floats(builder, _ld(builder, ptr, off, _vec(_I16, n)))
 
 
 def _mix(typingctx: Any, p: Any, v: Any, s0: Any, n: Any, col0: Any, acc: Any) -> Any:
