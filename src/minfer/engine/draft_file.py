@@ -22,8 +22,6 @@ import logging
 import os
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from minfer.gguf.reader import GGUFFile
 from minfer.store.catalog import minfer_home
 
@@ -35,15 +33,9 @@ NARROW_BITS = 5.0  # a draft whose matrix weights average more bits a value is n
 
 def weight_bits(f: GGUFFile) -> float:
     """Bits a value of the file's matrix weights (2-D or more), averaged over their values."""
-    bits = values = 0
-    for t in f.tensors.values():
-        if len(t.shape) < 2:
-            continue
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
-        n = t.n_rows * t.shape[0]
-        bits += n * size * 8 // block
-        values += n
-    return bits / values if values else 0.0
+    matrices = [t for t in f.tensors.values() if len(t.shape) >= 2]
+    values = sum(t.n_rows * t.shape[0] for t in matrices)
+    return 8 * sum(t.nbytes for t in matrices) / values if values else 0.0
 
 
 def draft_file(path: Path, quant: str = "q4_0") -> Path:
