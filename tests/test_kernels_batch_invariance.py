@@ -5,7 +5,7 @@ token's result equals its one-token result, for every batch size and position.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
@@ -27,23 +27,29 @@ def _n_in(qt: QType) -> int:
     return 256 * 5 if qt in QUANT_K else 32 * 45  # main steps plus tail blocks
 
 
-def _alone(w: np.ndarray, qt: QType, x: np.ndarray, n_out: int) -> np.ndarray:
+Run = Callable[[np.ndarray, np.ndarray], None]  # (activation rows, out rows): one kernel call
+
+
+def _prequant(w: np.ndarray, qt: QType) -> Run:
+    """The integer path: the rows quantized, then dotted with w."""
+    return lambda x, out: matmul_prequant(w, qt, quantize_activation(x, qt), out)
+
+
+def _alone(run: Run, x: np.ndarray, n_out: int) -> np.ndarray:
     """Each row of x through the kernel on its own (a one-token call)."""
     alone = np.empty((len(x), n_out), np.float32)
     for t in range(len(x)):
-        o = np.empty((1, n_out), np.float32)
-        matmul_prequant(w, qt, quantize_activation(x[t:t + 1], qt), o)
-        alone[t] = o[0]
+        run(x[t:t + 1], alone[t:t + 1])
     return alone
 
 
-def _assert_batches_match(w: np.ndarray, qt: QType, x: np.ndarray, alone: np.ndarray,
+def _assert_batches_match(run: Run, x: np.ndarray, alone: np.ndarray,
                           sizes: Iterable[int]) -> None:
     """Batches of each size at the start, middle and end of x give every row its bits alone."""
     for nt in sizes:
         for start in sorted({0, len(x) - nt, (len(x) - nt) // 2}):
             out = np.empty((nt, alone.shape[1]), np.float32)
-            matmul_prequant(w, qt, quantize_activation(x[start:start + nt], qt), out)
+            run(x[start:start + nt], out)
             assert np.array_equal(out, alone[start:start + nt]), (nt, start)
 
 
@@ -54,7 +60,8 @@ def test_each_row_of_a_batch_equals_that_row_alone(qt: QType) -> None:
     x = np.random.default_rng(int(qt)).standard_normal((20, n_in)).astype(np.float32)
     x[3] *= 1e3  # rows of very different magnitude side by side
     x[7] *= 1e-3
-    _assert_batches_match(w, qt, x, _alone(w, qt, x, n_out), range(1, 21))
+    run = _prequant(w, qt)
+    _assert_batches_match(run, x, _alone(run, x, n_out), range(1, 21))
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K],
@@ -71,7 +78,8 @@ def test_interleaved_rows_batch_invariant_across_token_tiles(qt: QType) -> None:
     w, pq = repack_weight(make_weight(qt, n_out, n_in), qt)
     x = np.random.default_rng(int(qt) + 7).standard_normal((70, n_in)).astype(np.float32)
     x[40] *= 1e3
-    _assert_batches_match(w, pq, x, _alone(w, pq, x, n_out), (31, 32, 33, 45, 64, 70))
+    run = _prequant(w, pq)
+    _assert_batches_match(run, x, _alone(run, x, n_out), (31, 32, 33, 45, 64, 70))
 
 
 @pytest.mark.parametrize("qt", [QType.F32, QType.F16, QType.BF16], ids=lambda q: q.name)
@@ -89,14 +97,10 @@ def test_float_rows_batch_invariant(qt: QType) -> None:
     n = min(15, prefill_min_tokens(qt) - 1)
     x = np.random.default_rng(11).standard_normal((n, n_in)).astype(np.float32)
     x[2] *= 1e3
-    alone = np.empty((n, n_out), np.float32)
-    for t in range(n):
-        matmul(w, qt, x[t:t + 1], alone[t:t + 1])
-    for nt in range(2, n + 1):
-        for start in sorted({0, n - nt, (n - nt) // 2}):
-            out = np.empty((nt, n_out), np.float32)
-            matmul(w, qt, x[start:start + nt], out)
-            assert np.array_equal(out, alone[start:start + nt]), (nt, start)
+    def run(xr: np.ndarray, out: np.ndarray) -> None:
+        matmul(w, qt, xr, out)
+
+    _assert_batches_match(run, x, _alone(run, x, n_out), range(2, n + 1))
 
 
 @pytest.mark.parametrize("qt", [QType.Q8_0, QType.Q4_K], ids=lambda q: q.name)
@@ -116,7 +120,7 @@ def test_wide_rows_batch_invariant(qt: QType) -> None:
     n_in, n_out = (256 * 9 if qt in QUANT_K else 32 * 70), 19
     w = make_weight(qt, n_out, n_in)
     x = np.random.default_rng(5).standard_normal((13, n_in)).astype(np.float32)
-    alone = _alone(w, qt, x, n_out)
+    alone = _alone(_prequant(w, qt), x, n_out)
     for nt in (2, 4, 5, 8, 9, 13):
         out = np.empty((nt, n_out), np.float32)
         matmul_prequant(w, qt, quantize_activation(x[:nt], qt), out)
