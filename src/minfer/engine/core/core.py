@@ -153,8 +153,8 @@ class EngineCore:
         t1 = time.perf_counter()
         rows = self.runner.run(plan)
         t2 = time.perf_counter()
-        self._record_forward(plan, t2 - t1, t2 - t0)
-        decodes = [w for w in plan.works if w.logits]
+        decode_only = all(len(w.tokens) == 1 for w in plan.works)  # decode and verify rows
+        self._record_forward(plan, decode_only, t2 - t1, t2 - t0)
         done = Executed(plan, [], {}, {})
         drafts = {w.seq_id: w.draft for w in plan.works if w.draft} if scheduled.asks else {}
         for seq_id, row in rows.items():
@@ -174,7 +174,8 @@ class EngineCore:
                 if token is not None and state.finish is None:
                     done.next_token[seq_id] = token
             done.outputs.append(out)
-        if self.proposer is not None and all(len(w.tokens) == 1 for w in plan.works):
+        if self.proposer is not None and decode_only:
+            decodes = [w for w in plan.works if w.logits]
             tokens = sum(1 + len(done.kept.get(w.seq_id, ())) for w in decodes)
             self.payoff.record(len(decodes), bool(scheduled.asks), tokens, t2 - t0)
         return done
@@ -301,13 +302,14 @@ class EngineCore:
         self.step_cost.record_proposal(max((len(p.tokens) for p in drafts.values()), default=0),
                                        seconds)
 
-    def _record_forward(self, plan: Plan, forward_s: float, seconds: float) -> None:
-        """A step's cost: the forward's (`StepCost`, from steps of decode and verify rows: a
-        prompt chunk's rows cost otherwise), the timings of each request in it (`seconds`, the
-        proposals included), and for the DraftLength of each decoding one, a plain step or a
-        verify of 1 + k rows (the forward alone, neighbours included: DraftLength prices the
-        proposals apart, `record_proposal`)."""
-        if all(len(w.tokens) == 1 for w in plan.works):  # decode and verify rows only
+    def _record_forward(self, plan: Plan, decode_only: bool, forward_s: float,
+                        seconds: float) -> None:
+        """A step's cost: the forward's (`StepCost`, from steps of decode and verify rows only,
+        `decode_only`: a prompt chunk's rows cost otherwise), the timings of each request in it
+        (`seconds`, the proposals included), and for the DraftLength of each decoding one, a
+        plain step or a verify of 1 + k rows (the forward alone, neighbours included:
+        DraftLength prices the proposals apart, `record_proposal`)."""
+        if decode_only:
             self.step_cost.record(sum(1 + len(w.draft) for w in plan.works), forward_s)
         for w in plan.works:
             state = self.requests.get(w.seq_id)
