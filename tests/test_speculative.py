@@ -184,12 +184,88 @@ def test_lookup_proposer_keeps_one_cursor_per_sequence() -> None:
     seq = tuple(t for line in _lines(4) for t in line)
     out = prop.propose([DraftAsk(1, 0, (*seq, *seq[:3]), 4), DraftAsk(2, 1, (1, 2), 4)])
     assert out[1].tokens == list(seq[3:7]) and out[2].tokens == []
-    assert set(prop.cursors) == {1}
-    prop.MAX_CURSORS = 1
+    assert set(prop.tracks) == {1, 2}
+    prop.MAX_TRACKS = 1
     prop.propose([DraftAsk(3, 0, (*seq, *seq[:2]), 4)])
-    assert set(prop.cursors) == {3}
+    assert set(prop.tracks) == {3}
     prop.forget()
-    assert not prop.cursors
+    assert not prop.tracks
+
+
+def _hinted(n: int, seed: int) -> tuple[list[int], list[int]]:
+    """A source of n code-like lines and an edit of it that inserts eight new tokens (type
+    hints) after the variable of every fourth line, copying the rest."""
+    rng = np.random.default_rng(seed)
+    lines = _lines(n, seed)
+    output = [t for i, line in enumerate(lines)
+              for t in (line[:2] + rng.integers(1000, 1100, 8).tolist() + line[2:]
+                        if i % 4 == 0 else line)]
+    return [t for line in lines for t in line], output
+
+
+def _lookup_cost(source: list[int], output: list[int], *, rated: bool) -> tuple[float, int]:
+    """(the cost of writing `output` after `source` with prompt lookup through a DraftLength
+    with measured costs: a plain step 1, a verify of n rows 1 + 0.12 (n - 1), the rows wasted
+    on rejected tokens); rated False drops the proposals' own rates (one rate for all)."""
+    length, prop = DraftLength(16), LookupProposer(3)
+    for _ in range(2):
+        length.record_plain(1.0)
+        for n in (2, 4, 8, 16):
+            length.record_verify(n, 1.0 + 0.12 * (n - 1))
+    seq, i, cost, wasted = [*source, 999], 0, 0.0, 0
+    while i < len(output):
+        k = length.choose(len(output) - i)
+        p = prop.propose([DraftAsk(1, 0, tuple(seq), k)])[1] if k else Proposal([])
+        if not rated:
+            p.rate = None
+        draft = p.tokens[:length.fit(p)]
+        n = 0
+        while n < len(draft) and i + n < len(output) and draft[n] == output[i + n]:
+            n += 1
+        if draft:
+            length.record_outcome(len(draft), n)
+        cost += 1.0 + 0.12 * len(draft)
+        wasted += len(draft) - n
+        seq += output[i:i + n + 1]
+        i += n + 1
+    return cost, wasted
+
+
+def test_lookup_rates_each_kind_of_guess_and_verifies_only_what_pays() -> None:
+    """An edit inserting new text into every fourth line: copies are right, guesses inside the
+    inserted text are not. Rated per kind, the copies are verified whole and the guesses
+    dropped (plain steps there); one rate for both pays for rows rejected at every hint."""
+    source, output = _hinted(40, seed=3)
+    prop = LookupProposer(3)
+    seq, i = [*source, 999], 0
+    while i < len(output):  # every step proposes; the target keeps what matches
+        p = prop.propose([DraftAsk(1, 0, tuple(seq), 15)])[1]
+        n = 0
+        while n < len(p.tokens) and i + n < len(output) and p.tokens[n] == output[i + n]:
+            n += 1
+        seq += output[i:i + n + 1]
+        i += n + 1
+    kinds = prop.tracks[1].kinds
+    assert kinds["copy"].rate > 0.8 and kinds["guess"].rate < 0.5
+    rated, unrated = _lookup_cost(source, output, rated=True), _lookup_cost(source, output,
+                                                                            rated=False)
+    assert rated[0] < 0.85 * unrated[0] and rated[1] < 0.5 * unrated[1]  # 179 / 242, 130 / 413
+
+
+def test_draft_length_fits_a_rated_proposal_to_what_pays() -> None:
+    length = DraftLength(16)
+    for _ in range(2):
+        length.record_plain(1.0)
+        for n in (2, 4, 8, 16):
+            length.record_verify(n, 1.0 + 0.12 * (n - 1))
+    tokens = list(range(15))
+    assert length.fit(Proposal(tokens)) == 15  # unrated: its length was chosen before
+    assert length.choose(100) in (1, 3, 7, 15) and not length.rated
+    assert length.fit(Proposal(tokens, rate=0.1)) == 0  # a plain step pays more
+    assert length.fit(Proposal(tokens, rate=0.97)) == 15
+    assert length.fit(Proposal(tokens[:5], rate=0.97)) == 3
+    assert length.rated and length.choose(100) == 15  # rated proposals: ask the most
+    assert DraftLength(16, adaptive=False).fit(Proposal(tokens, rate=0.1)) == 15
 
 
 def test_draft_length_follows_cost_and_acceptance() -> None:
@@ -218,7 +294,7 @@ def test_draft_length_prior_prices_unmeasured_rows() -> None:
     # nothing verified yet: more rows are priced above a plain step, so the first proposal is
     # a middle length, not the largest bucket (a free-rows prior picked 15)
     assert length.choose(100) == 3
-    length.accept_rate, length.draft_token_s = 0.9, 0.004
+    length.acceptance.accepted_avg, length.draft_token_s = 0.9, 0.004
     for _ in range(2):  # compute-bound: 4 rows cost 1.5 plain steps
         length.record_verify(4, 0.015)
     assert length._verify_cost(8, 0.010) == pytest.approx(0.015 * 1.25)

@@ -14,10 +14,11 @@ module holds what they share with the flags and the CLI:
 - a draft model's stopping rule (`confident_top`, llama.cpp's --draft-p-min; `fills_bucket`), and
   `open_draft` / `check_same_vocab`, which refuse a draft whose vocabulary is not the target's.
 
-`DraftLength` adapts k to what pays: it keeps the per-token acceptance rate and the measured
-costs (plain decode, verify of n rows, one drafted token) and picks the k, from a few buckets
-(so the verify graphs stay in the graph cache), that maximises expected tokens per second; k = 0
-means plain decoding, probed again now and then. Beside other streams (the server) `StepCost`
+`DraftLength` adapts k to what pays: it keeps the per-token acceptance rate (`Acceptance`) and
+the measured costs (plain decode, verify of n rows, one drafted token) and picks the k, from a
+few buckets (so the verify graphs stay in the graph cache), that maximises expected tokens per
+second; k = 0 means plain decoding, probed again now and then. A proposal that carries its own
+rate (prompt lookup rates each of its `COPY_KINDS`) is cut after it is made (`DraftLength.fit`). Beside other streams (the server) `StepCost`
 caps k by what a proposed token costs the whole batch, and `BatchPayoff` turns proposing off
 at a stream count where steps without proposals measure faster.
 """
@@ -92,9 +93,12 @@ class Proposal:
     # q for each token when it was drawn from a distribution (dense [n_vocab] probabilities);
     # None: each token is a point-mass guess (prompt lookup, a greedy draft)
     q: list[np.ndarray] | None = None
+    # the proposer's own per-token acceptance estimate for this proposal (prompt lookup: that of
+    # its kind of guess); None: the sequence's DraftLength rate applies (see DraftLength.fit)
+    rate: float | None = None
 
     def cut(self, n: int) -> Proposal:
-        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n])
+        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n], self.rate)
 
 
 @dataclass
@@ -131,6 +135,14 @@ RESYNC_NEAR = 16
 # The most new tokens an edit may put in place of one source token (a renamed identifier: one
 # to three) before the copy is given up for the plain lookup.
 SUBSTITUTION_MAX = 4
+# The situations `follow` proposes in (`CopyCursor.kind`), which are right at very different
+# rates, so prompt lookup measures each apart (minfer.engine.core.proposer): "copy" goes on
+# with a copy whose last tokens held; "guess" takes the token after an edit's first token for
+# a substitution; "resync" resumes a copy after an insertion or deletion; "lookup" is the
+# plain n-gram lookup. On a code edit that inserts type hints, copies are right at ~0.95 a
+# token and guesses inside the inserted text at ~0.1: one rate for both stops proposing
+# through whole copied lines after each signature, or verifies rows wasted on each hint.
+COPY_KINDS = ("copy", "guess", "resync", "lookup")
 
 
 @dataclass
@@ -148,6 +160,7 @@ class CopyCursor:
     since: int = 0
     edits: dict[int, tuple[int, ...]] = field(default_factory=dict)
     offset: int = 0  # the proposal began at token `offset` of source's edit
+    kind: str = "lookup"  # the last proposal's situation: one of COPY_KINDS
 
 
 def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
@@ -191,7 +204,7 @@ def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
                 edits[int(seq[cursor.origin])] = made
         if i == size:  # every new token copied the source: go on copying
             if p < size - 1:
-                return _copy(seq, p, j, k, edits)
+                return _copy(seq, p, j, k, edits, kind="copy")
         else:
             again = guessing and i == cursor.length
             origin = cursor.origin if again and cursor.origin is not None else p
@@ -200,11 +213,11 @@ def follow(seq: np.ndarray, cursor: CopyCursor | None, max_n: int,
             if found is None and not again:  # the copy's place was wrong: a whole n-gram's
                 found = _lookup_start(seq, max_n, k, min_n=max_n)  # match elsewhere
             if found is None and origin + 1 < size - 1 and size - since <= SUBSTITUTION_MAX:
-                return _copy(seq, origin + 1, 0, k, edits, origin, since)
+                return _copy(seq, origin + 1, 0, k, edits, origin, since, kind="guess")
             if found is None:
                 found = _resync(seq, origin, max_n, strong=False)
             if found is not None:
-                return _copy(seq, found, 0, k, edits)
+                return _copy(seq, found, 0, k, edits, kind="resync")
     start = _lookup_start(seq, max_n, k)
     if start is None:
         return [], CopyCursor(size, size, edits=edits) if edits else None
@@ -218,14 +231,15 @@ def _expected(seq: np.ndarray, p: int, edits: dict[int, tuple[int, ...]]) -> tup
 
 
 def _copy(seq: np.ndarray, p: int, j: int, k: int, edits: dict[int, tuple[int, ...]],
-          origin: int | None = None, since: int = 0) -> tuple[list[int], CopyCursor]:
+          origin: int | None = None, since: int = 0, *,
+          kind: str = "lookup") -> tuple[list[int], CopyCursor]:
     """Up to k tokens of the source from position p (token j of its edit), edits applied."""
     size, out = seq.shape[0], list[int]()
     q, skip = p, j
     while len(out) < k and q < size:
         out.extend(_expected(seq, q, edits)[skip:skip + k - len(out)])
         q, skip = q + 1, 0
-    return out, CopyCursor(size, p, origin, since, edits, offset=j)
+    return out, CopyCursor(size, p, origin, since, edits, offset=j, kind=kind)
 
 
 def _resync(seq: np.ndarray, origin: int, max_n: int, *, strong: bool) -> int | None:
@@ -319,15 +333,48 @@ def check_same_vocab(target: Sequence[str], draft: Sequence[str], *, target_n_vo
 
 # -- how many to propose -------------------------------------------------------------------------
 @dataclass
+class Acceptance:
+    """A moving estimate of how often proposed tokens are right. The model is geometric: each
+    token right with probability `rate` given those before it were."""
+
+    accepted_avg: float = 0.7  # moving averages of accepted tokens and of trials per record
+    trials_avg: float = 1.0
+    proposed_avg: float = 1.0  # moving average of tokens proposed per record (`kept_share`)
+    alpha: float = 0.2
+
+    @property
+    def rate(self) -> float:
+        return self.accepted_avg / self.trials_avg
+
+    def record(self, n_proposed: int, n_accepted: int) -> None:
+        """n_accepted successes, then one failure unless all n_proposed passed. The rate is the
+        ratio of the moving averages of successes and trials (for acceptance that is the same
+        at every token, their expected ratio is the rate; an average of per-step ratios is not:
+        0.68 for a rate of 0.8 at k = 3, each step counting alike whether it tried one token or
+        three). A proposal seen only in part (the tokens that followed it so far, all right)
+        is recorded as that many proposed: the estimate stays unbiased."""
+        if n_proposed:
+            trials = n_accepted + (n_accepted < n_proposed)
+            a = self.alpha
+            self.accepted_avg = (1.0 - a) * self.accepted_avg + a * n_accepted
+            self.trials_avg = (1.0 - a) * self.trials_avg + a * trials
+            self.proposed_avg = (1.0 - a) * self.proposed_avg + a * n_proposed
+
+    @property
+    def kept_share(self) -> float:
+        """The share of proposed tokens kept. Below `rate` when drafts are wholly right or wrong
+        at their first token (a 15-token draft rejected at once is one failed trial but 15
+        tokens of verify rows): what a batch's rows pay for (`StepCost.draft_cap`)."""
+        return self.accepted_avg / self.proposed_avg
+
+
+@dataclass
 class DraftLength:
     """Chooses k per step from measured costs and the acceptance rate (see module docstring)."""
 
     draft_max: int = 16
     adaptive: bool = True
-    accept_rate: float = 0.7  # P(a proposed token is accepted): see `record_outcome`
-    accepted_avg: float = 0.7  # moving averages of accepted tokens and of trials per step
-    trials_avg: float = 1.0
-    proposed_avg: float = 1.0  # moving average of tokens proposed per step (see `kept_share`)
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of the proposals verified
     decode_s: float = 0.0  # EMA of a plain one-token forward
     verify_s: dict[int, float] = field(default_factory=dict)  # n_tokens -> EMA seconds
     draft_token_s: float = 0.0  # EMA of the proposer's cost per proposed token
@@ -337,9 +384,16 @@ class DraftLength:
     n_steps: int = 0  # choices made
     alpha: float = 0.2
     seen: set[str] = field(default_factory=set)  # kinds of step timed once (a warm-up) already
+    rated: bool = False  # proposals carry their own rate: `fit` cuts them, `choose` asks the most
+
+    @property
+    def accept_rate(self) -> float:
+        """P(a proposed token is accepted), from the proposals verified (`record_outcome`)."""
+        return self.acceptance.rate
 
     def choose(self, room: int) -> int:
-        """k for the next step (0: plain decode); at most `room` and draft_max."""
+        """k for the next step (0: plain decode); at most `room` and draft_max. For a proposer
+        that rates its own proposals, the most (`fit` then cuts each by its rate)."""
         limit = min(room, self.draft_max)
         options = [b for b in BUCKETS if b <= limit]
         if not options:
@@ -349,6 +403,8 @@ class DraftLength:
         self.n_steps += 1
         if self._plain_due():
             return 0
+        if self.rated:
+            return options[-1]
         best_k, best_rate = 0, self._rate(0)
         for k in options:
             rate = self._rate(k)
@@ -373,9 +429,26 @@ class DraftLength:
             return self.n_steps >= 4
         return self.n_steps % self.plain_every == 0
 
-    def _rate(self, k: int) -> float:
-        """Expected tokens per second of a step proposing k (unknown costs: optimistic)."""
-        a = min(self.accept_rate, 0.999)
+    def fit(self, proposal: Proposal) -> int:
+        """How many of a proposal's tokens to verify: a bucket, or 0 (a plain step pays more).
+        A proposal with its own rate (prompt lookup's, per kind of guess) is cut to the length
+        that pays most at that rate; any other to the largest bucket in it (its length was
+        chosen, by `choose`, before it was made)."""
+        n = bucket_floor(len(proposal.tokens))
+        if proposal.rate is None or not self.adaptive:
+            return n
+        self.rated = True
+        best_k, best_rate = 0, self._rate(0)
+        for k in (b for b in BUCKETS if b <= n):
+            rate = self._rate(k, proposal.rate)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def _rate(self, k: int, accept: float | None = None) -> float:
+        """Expected tokens per second of a step proposing k at per-token acceptance `accept`
+        (None: the measured rate; unknown costs: optimistic)."""
+        a = min(self.accept_rate if accept is None else accept, 0.999)
         tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
         # a plain step, unmeasured yet, costs about the cheapest verify (decode is memory-bound)
         base = self.decode_s or min(self.verify_s.values(), default=1.0)
@@ -418,25 +491,13 @@ class DraftLength:
         return False
 
     def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
-        """Per-token acceptance: n_accepted successes, then one failure unless all passed. The
-        rate is the ratio of the moving averages of successes and trials (for acceptance that
-        is the same at every token, their expected ratio is the rate; an average of per-step
-        ratios is not: 0.68 for a rate of 0.8 at k = 3, each step counting alike whether it
-        tried one token or three)."""
-        if n_proposed:
-            trials = n_accepted + (n_accepted < n_proposed)
-            a = self.alpha
-            self.accepted_avg = (1.0 - a) * self.accepted_avg + a * n_accepted
-            self.trials_avg = (1.0 - a) * self.trials_avg + a * trials
-            self.proposed_avg = (1.0 - a) * self.proposed_avg + a * n_proposed
-            self.accept_rate = self.accepted_avg / self.trials_avg
+        """A verify of n_proposed tokens kept n_accepted (see `Acceptance.record`)."""
+        self.acceptance.record(n_proposed, n_accepted)
 
     @property
     def kept_share(self) -> float:
-        """The share of proposed tokens kept. Below `accept_rate` when drafts are wholly right
-        or wrong at their first token (a 15-token draft rejected at once is one failed trial
-        but 15 tokens of verify rows): what a batch's rows pay for (`StepCost.draft_cap`)."""
-        return self.accepted_avg / self.proposed_avg
+        """The share of proposed tokens kept (see `Acceptance.kept_share`)."""
+        return self.acceptance.kept_share
 
 
 @dataclass

@@ -35,7 +35,7 @@ guess, so the target's verifier stays exact for sampled requests too (the server
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -43,6 +43,7 @@ import numpy as np
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix, longest_held
 from minfer.engine.speculative import (
+    Acceptance,
     CopyCursor,
     DraftLength,
     Proposal,
@@ -101,35 +102,69 @@ class Speculator:
         self.stats.accepted += one.accepted
 
 
+@dataclass
+class _Track:
+    """Prompt lookup's record of one sequence: its copy cursor, its last proposal (the tokens,
+    the sequence's length when they were made, their kind) and each kind's acceptance."""
+
+    cursor: CopyCursor | None = None
+    last: tuple[list[int], int, str] | None = None
+    kinds: dict[str, Acceptance] = field(default_factory=dict)
+
+    def score(self, seq: np.ndarray, everyone: dict[str, Acceptance]) -> None:
+        """Count the last proposal against the tokens that followed it, verified or not: the
+        lookup is free to make, so every step measures it (a kind rated too low to verify
+        still learns when its guesses come right again). `everyone`: the same counts over all
+        sequences, where a new sequence's start."""
+        if self.last is None:
+            return
+        tokens, at, kind = self.last
+        seen = min(len(tokens), seq.shape[0] - at)
+        if seen > 0:
+            right = int(np.argmin(np.append(seq[at:at + seen] == tokens[:seen], False)))
+            for kinds in (self.kinds, everyone):
+                kinds.setdefault(kind, Acceptance()).record(min(right + 1, seen), right)
+        self.last = None
+
+
 class LookupProposer:
     """Prompt lookup for every ask, following each sequence's copy through edits
-    (`speculative.follow`: one `CopyCursor` per sequence, the latest MAX_CURSORS kept)."""
+    (`speculative.follow`: one `CopyCursor` per sequence, the latest MAX_TRACKS kept). Each
+    proposal carries the acceptance its kind (`COPY_KINDS`) has measured in that sequence
+    (starting from what it measured over the sequences before), so `DraftLength.fit` verifies
+    a copy's 15 tokens and skips a guess inside inserted text."""
 
-    MAX_CURSORS = 1024
+    MAX_TRACKS = 1024
 
     def __init__(self, n: int) -> None:
         if n < 1:
             raise SpeculativeError(f"--lookup-ngram must be >= 1, got {n}")
         self.n = n
-        self.cursors: dict[int, CopyCursor] = {}
+        self.tracks: dict[int, _Track] = {}
+        self.kinds: dict[str, Acceptance] = {}  # each kind's acceptance over every sequence
 
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
         out: dict[int, Proposal] = {}
         for a in asks:
-            tokens, cursor = follow(np.asarray(a.tokens, dtype=np.int64),
-                                    self.cursors.pop(a.seq_id, None), self.n, a.k)
-            if cursor is not None:
-                self.cursors[a.seq_id] = cursor
-            out[a.seq_id] = Proposal(tokens)
-        while len(self.cursors) > self.MAX_CURSORS:  # finished sequences: the oldest go
-            del self.cursors[next(iter(self.cursors))]
+            seq = np.asarray(a.tokens, dtype=np.int64)
+            track = self.tracks.pop(a.seq_id, None) or _Track(
+                kinds={kind: replace(rate) for kind, rate in self.kinds.items()})
+            track.score(seq, self.kinds)
+            tokens, track.cursor = follow(seq, track.cursor, self.n, a.k)
+            kind = track.cursor.kind if track.cursor is not None else "lookup"
+            if tokens:
+                track.last = (tokens, seq.shape[0], kind)
+            self.tracks[a.seq_id] = track  # the latest last
+            out[a.seq_id] = Proposal(tokens, rate=track.kinds.get(kind, Acceptance()).rate)
+        while len(self.tracks) > self.MAX_TRACKS:  # finished sequences: the oldest go
+            del self.tracks[next(iter(self.tracks))]
         return out
 
     def warm_up(self) -> None:
         return None
 
     def forget(self) -> None:
-        self.cursors.clear()
+        self.tracks.clear()
 
 
 class SlotDrafter:
