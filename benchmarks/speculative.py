@@ -2,8 +2,8 @@
 
 Not part of the test suite. Three greedy tasks on one target model:
   (a) edit: rewrite a given 40-line function with one change (the output copies the prompt);
-      edit2..edit4: other edits (a multi-token rename in a class, quotes changed on every
-      line, type hints inserted into every signature),
+      edit2..edit5: other edits (a multi-token rename in a class, quotes changed on every
+      line, type hints inserted into every signature of a class, and of a function),
   (b) code: free generation of code,
   (c) prose: free generation of prose;
 each with minfer plain, minfer prompt lookup (--lookup-ngram), minfer with a draft model
@@ -125,6 +125,9 @@ TASKS = {
     "edit4": ("Add type hints to every method signature of this Python class (parameters and "
               "return types); change nothing else. Output only the complete new class in a "
               f"code block.\n\n```python\n{CLASS}```"),
+    "edit5": ("Add type hints to every parameter and the return type of this Python function; "
+              "change nothing else. Output only the complete new function in a code block.\n\n"
+              f"```python\n{FUNCTION}```"),
     "code": ("Write a Python module implementing a small LRU cache class with get, put, "
              "delete and resize methods, with docstrings and type hints."),
     "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.",

@@ -18,9 +18,10 @@ module holds what they share with the flags and the CLI:
 the measured costs (plain decode, verify of n rows, one drafted token) and picks the k, from a
 few buckets (so the verify graphs stay in the graph cache), that maximises expected tokens per
 second; k = 0 means plain decoding, probed again now and then. A proposal that carries its own
-rate (prompt lookup rates each of its `COPY_KINDS`) is cut after it is made (`DraftLength.fit`). Beside other streams (the server) `StepCost`
-caps k by what a proposed token costs the whole batch, and `BatchPayoff` turns proposing off
-at a stream count where steps without proposals measure faster.
+rate (prompt lookup rates each of its `COPY_KINDS`) is cut after it is made (`DraftLength.fit`).
+Beside other streams (the server) `StepCost` caps k by what a proposed token costs the whole
+batch, and `BatchPayoff` turns proposing off at a stream count where steps without proposals
+measure faster.
 """
 
 from __future__ import annotations
@@ -139,9 +140,9 @@ SUBSTITUTION_MAX = 4
 # rates, so prompt lookup measures each apart (minfer.engine.core.proposer): "copy" goes on
 # with a copy whose last tokens held; "guess" takes the token after an edit's first token for
 # a substitution; "resync" resumes a copy after an insertion or deletion; "lookup" is the
-# plain n-gram lookup. On a code edit that inserts type hints, copies are right at ~0.95 a
-# token and guesses inside the inserted text at ~0.1: one rate for both stops proposing
-# through whole copied lines after each signature, or verifies rows wasted on each hint.
+# plain n-gram lookup. On a code edit that inserts type hints, copies are right at ~0.9 a
+# token and guesses inside the inserted text near 0: one rate for both stops proposing through
+# whole copied lines after each signature, or verifies rows wasted on each hint.
 COPY_KINDS = ("copy", "guess", "resync", "lookup")
 
 
