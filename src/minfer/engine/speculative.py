@@ -120,10 +120,11 @@ class SpecStats:
 
 
 # -- prompt lookup -------------------------------------------------------------------------------
-def lookup(seq: np.ndarray, max_n: int, k: int) -> list[int]:
+def lookup(seq: np.ndarray, max_n: int, k: int, min_n: int = 1) -> list[int]:
     """Up to k tokens that followed an earlier occurrence of seq's last n tokens, longest n
-    first: the latest occurrence with k tokens after it, else the earliest (the most after it)."""
-    start = _lookup_start(seq, max_n, k)
+    first (down to min_n): the latest occurrence with k tokens after it, else the earliest (the
+    most after it)."""
+    start = _lookup_start(seq, max_n, k, min_n)
     return [] if start is None else [int(t) for t in seq[start:start + k]]
 
 
@@ -140,10 +141,17 @@ SUBSTITUTION_MAX = 4
 # rates, so prompt lookup measures each apart (minfer.engine.core.proposer): "copy" goes on
 # with a copy whose last tokens held; "guess" takes the token after an edit's first token for
 # a substitution; "resync" resumes a copy after an insertion or deletion; "lookup" is the
-# plain n-gram lookup. On a code edit that inserts type hints, copies are right at ~0.9 a
-# token and guesses inside the inserted text near 0: one rate for both stops proposing through
-# whole copied lines after each signature, or verifies rows wasted on each hint.
-COPY_KINDS = ("copy", "guess", "resync", "lookup")
+# plain n-gram lookup; "repeat" is that lookup made across an edit (below). On a code edit
+# that inserts type hints, copies are right at ~0.9 a token and guesses inside the inserted
+# text near 0: one rate for both stops proposing through whole copied lines after each
+# signature, or verifies rows wasted on each hint.
+COPY_KINDS = ("copy", "guess", "resync", "lookup", "repeat")
+# Across an edit ("guess", "resync") the output may be writing new text it wrote before (a type
+# hint again, the same added argument): prompt lookup then also proposes what followed the
+# latest earlier occurrence of the last REPEAT_MIN_N or more tokens ("repeat"), and of the two
+# proposals makes the one whose kind is right more often. One-token matches are too loose here.
+REPEAT_KINDS = ("guess", "resync")
+REPEAT_MIN_N = 2
 
 
 @dataclass

@@ -43,6 +43,8 @@ import numpy as np
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix, longest_held
 from minfer.engine.speculative import (
+    REPEAT_KINDS,
+    REPEAT_MIN_N,
     Acceptance,
     CopyCursor,
     DraftLength,
@@ -53,6 +55,7 @@ from minfer.engine.speculative import (
     confident_top,
     fills_bucket,
     follow,
+    lookup,
     softmax,
 )
 
@@ -104,26 +107,31 @@ class Speculator:
 
 @dataclass
 class _Track:
-    """Prompt lookup's record of one sequence: its copy cursor, its last proposal (the tokens,
-    the sequence's length when they were made, their kind) and each kind's acceptance."""
+    """Prompt lookup's record of one sequence: its copy cursor, its last proposals (each one's
+    kind and tokens, and the sequence's length when they were made) and each kind's
+    acceptance."""
 
     cursor: CopyCursor | None = None
-    last: tuple[list[int], int, str] | None = None
+    last: tuple[int, list[tuple[str, list[int]]]] | None = None
     kinds: dict[str, Acceptance] = field(default_factory=dict)
 
+    def rate(self, kind: str) -> float:
+        return self.kinds.get(kind, Acceptance()).rate
+
     def score(self, seq: np.ndarray, everyone: dict[str, Acceptance]) -> None:
-        """Count the last proposal against the tokens that followed it, verified or not: the
-        lookup is free to make, so every step measures it (a kind rated too low to verify
-        still learns when its guesses come right again). `everyone`: the same counts over all
-        sequences, where a new sequence's start."""
+        """Count the last proposals against the tokens that followed them, verified or not:
+        the lookup is free to make, so every step measures each kind (one rated too low to
+        verify still learns when its guesses come right again). `everyone`: the same counts
+        over all sequences, where a new sequence's start."""
         if self.last is None:
             return
-        tokens, at, kind = self.last
-        seen = min(len(tokens), seq.shape[0] - at)
-        if seen > 0:
-            right = int(np.argmin(np.append(seq[at:at + seen] == tokens[:seen], False)))
-            for kinds in (self.kinds, everyone):
-                kinds.setdefault(kind, Acceptance()).record(min(right + 1, seen), right)
+        at, candidates = self.last
+        for kind, tokens in candidates:
+            seen = min(len(tokens), seq.shape[0] - at)
+            if seen > 0:
+                right = int(np.argmin(np.append(seq[at:at + seen] == tokens[:seen], False)))
+                for kinds in (self.kinds, everyone):
+                    kinds.setdefault(kind, Acceptance()).record(min(right + 1, seen), right)
         self.last = None
 
 
@@ -132,7 +140,8 @@ class LookupProposer:
     (`speculative.follow`: one `CopyCursor` per sequence, the latest MAX_TRACKS kept). Each
     proposal carries the acceptance its kind (`COPY_KINDS`) has measured in that sequence
     (starting from what it measured over the sequences before), so `DraftLength.fit` verifies
-    a copy's 15 tokens and skips a guess inside inserted text."""
+    a copy's 15 tokens and skips a guess inside inserted text. Across an edit the n-gram
+    lookup is a second candidate (`REPEAT_KINDS`): the better-rated kind is proposed."""
 
     MAX_TRACKS = 1024
 
@@ -152,10 +161,16 @@ class LookupProposer:
             track.score(seq, self.kinds)
             tokens, track.cursor = follow(seq, track.cursor, self.n, a.k)
             kind = track.cursor.kind if track.cursor is not None else "lookup"
-            if tokens:
-                track.last = (tokens, seq.shape[0], kind)
+            candidates = [(kind, tokens)] if tokens else []
+            if tokens and kind in REPEAT_KINDS:
+                again = lookup(seq, self.n, a.k, REPEAT_MIN_N)
+                if again and again[0] != tokens[0]:
+                    candidates.append(("repeat", again))
+            if candidates:
+                track.last = (seq.shape[0], candidates)
+                kind, tokens = max(candidates, key=lambda c: track.rate(c[0]))
             self.tracks[a.seq_id] = track  # the latest last
-            out[a.seq_id] = Proposal(tokens, rate=track.kinds.get(kind, Acceptance()).rate)
+            out[a.seq_id] = Proposal(tokens, rate=track.rate(kind))
         while len(self.tracks) > self.MAX_TRACKS:  # finished sequences: the oldest go
             del self.tracks[next(iter(self.tracks))]
         return out
