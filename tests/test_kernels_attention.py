@@ -199,3 +199,28 @@ def test_row_blocking_serves_rows_that_share_cells_only() -> None:
     assert _windows_shared(np.zeros(64, np.int64), causal + 1, ROWS)  # one prompt, causal
     assert _windows_shared(np.full(64, 100, np.int64), 200 + causal, ROWS)  # after a past
     assert not _windows_shared(np.zeros(16, np.int64), np.zeros(16, np.int64), ROWS)  # empty
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 40])
+def test_k_columns_writes_every_lane_of_its_blocks(n: int) -> None:
+    """The transposed K tile's blocks are written whole, lanes past the window repeating its
+    last cell: the score dots read both 16-cell halves of a block, and a half left as it was
+    (subnormal leftovers) made a window of 16 cells or fewer 40x slower."""
+    from numba import njit
+
+    from minfer.backends.cpu.kernels.attn.vector_ir import BLOCK, HAS_MIX, k_columns
+
+    if not HAS_MIX:
+        pytest.skip("no FMA/F16C on this target: attention keeps its loop")
+
+    @njit
+    def columns(k, s0, n, col0, kt):
+        k_columns(k, s0, n, col0, kt)
+
+    rng = np.random.default_rng(n)
+    k = rng.standard_normal((64, 128)).astype(np.float16)
+    width = -(-n // BLOCK) * BLOCK
+    kt = np.full((64, width), np.nan, np.float32)
+    columns(k.view(np.uint16), 3, n, 64, kt)
+    cells = np.minimum(np.arange(width), n - 1) + 3  # past n: the last cell again
+    np.testing.assert_array_equal(kt, k[cells, 64:].T.astype(np.float32))
