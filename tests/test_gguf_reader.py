@@ -148,3 +148,26 @@ def test_real_model_opens_fast_and_small(real_model_path: Path) -> None:
     elapsed, rss_mb = map(float, out.split())
     assert elapsed < 0.5, f"open took {elapsed:.3f} s"
     assert rss_mb < 100, f"open added {rss_mb:.1f} MB RSS"
+
+
+@pytest.mark.parametrize("strings", [
+    [b"a", "b\xc3\xa9".encode("latin-1"), b""],
+    [b"\xe2\x82", b"x\xff\xfey", b"\xf0\x9f\x98", b"ok", b"\xc3", b""],  # broken UTF-8
+    [b"a\x00b", b"c"],  # a NUL inside: decoded one by one
+    [], [b""], [b"", b""],
+])
+def test_string_array_tolist_decodes_each_element_as_alone(strings: list[bytes]) -> None:
+    import struct
+
+    buf = b"".join(struct.pack("<Q", len(s)) + s for s in strings)
+    ends = np.cumsum([8 + len(s) for s in strings], dtype=np.int64)
+    starts = np.concatenate([[8], ends[:-1] + 8]).astype(np.int64)[:len(strings)]
+    got = StringArray(buf, starts, ends).tolist()
+    assert got == [s.decode("utf-8", errors="replace") for s in strings]
+    rng = np.random.default_rng(len(strings))
+    many = [bytes(rng.integers(1, 256, rng.integers(0, 6)).tolist()) for _ in range(500)]
+    buf = b"".join(struct.pack("<Q", len(s)) + s for s in many)
+    ends = np.cumsum([8 + len(s) for s in many], dtype=np.int64)
+    starts = np.concatenate([[8], ends[:-1] + 8]).astype(np.int64)
+    assert StringArray(buf, starts, ends).tolist() == [s.decode("utf-8", errors="replace")
+                                                       for s in many]
