@@ -342,6 +342,21 @@ def check_same_vocab(target: Sequence[str], draft: Sequence[str], *, target_n_vo
 
 # -- how many to propose -------------------------------------------------------------------------
 @dataclass
+class Warmups:
+    """The kinds of step timed once already. The first step of a kind (a verify of n rows, a
+    batch of R rows) builds its graph and may compile: its time says nothing of later ones."""
+
+    seen: set[object] = field(default_factory=set)
+
+    def first(self, kind: object) -> bool:
+        """Whether this is the first time of `kind` (then it is seen from now on)."""
+        if kind in self.seen:
+            return False
+        self.seen.add(kind)
+        return True
+
+
+@dataclass
 class Acceptance:
     """A moving estimate of how often proposed tokens are right. The model is geometric: each
     token right with probability `rate` given those before it were."""
@@ -392,7 +407,7 @@ class DraftLength:
     plain_every: int = 64  # a plain step this often keeps its price current (`_plain_due`)
     n_steps: int = 0  # choices made
     alpha: float = 0.2
-    seen: set[str] = field(default_factory=set)  # kinds of step timed once (a warm-up) already
+    warmups: Warmups = field(default_factory=Warmups)  # kinds of step timed once
     rated: bool = False  # proposals carry their own rate: `fit` cuts them, `choose` asks the most
 
     @property
@@ -492,12 +507,8 @@ class DraftLength:
             self.draft_token_s = _ema(self.draft_token_s, seconds / k, self.alpha)
 
     def _warm(self, kind: str) -> bool:
-        """False the first time: a first step of a kind builds its graph (and may compile),
-        which says nothing about its cost later."""
-        if kind in self.seen:
-            return True
-        self.seen.add(kind)
-        return False
+        """False the first time of a kind (`Warmups`)."""
+        return not self.warmups.first(kind)
 
     def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
         """A verify of n_proposed tokens kept n_accepted (see `Acceptance.record`)."""
@@ -532,15 +543,14 @@ class StepCost:
     fixed: float = 0.0
     per_row: float = 0.0
     draft_step_s: float = 0.0  # EMA of one batched draft step (0 for a free proposer)
-    seen: set[int] = field(default_factory=set)  # row counts timed once (a warm-up) already
+    warmups: Warmups = field(default_factory=Warmups)  # row counts timed once
 
     MIN_STEPS = 8
 
     def record(self, rows: int, seconds: float) -> None:
         """A step of `rows` rows took `seconds`; the first of each row count is not counted
         (it builds that shape's graph, and may compile)."""
-        if rows not in self.seen:
-            self.seen.add(rows)
+        if self.warmups.first(rows):
             return
         d = self.decay
         w, wr, wt, wrr, wrt = (d * v for v in self.sums)
