@@ -205,7 +205,7 @@ def test_row_blocking_serves_rows_that_share_cells_only() -> None:
 def test_k_columns_writes_every_lane_of_its_blocks(n: int) -> None:
     """The transposed K tile's blocks are written whole, lanes past the window repeating its
     last cell: the score dots read both 16-cell halves of a block, and a half left as it was
-    (subnormal leftovers) made a window of 16 cells or fewer 40x slower."""
+    (leftovers, likely subnormal) made a window of 16 cells or fewer 40x slower."""
     from numba import njit
 
     from minfer.backends.cpu.kernels.attn.vector_ir import BLOCK, HAS_MIX, k_columns

@@ -240,9 +240,9 @@ def _emit_columns(builder: Any, k: _Cache, s0: Any, m: Any, chunks: Any, kt: Any
     (bytes kt_row apart) gets column j of the cells from element c_out on. Past m cells the
     block repeats the last one (lanes the readers of kt never store). Every lane of the block
     is written, even where none of a half's cells is in the window: the dots read both halves,
-    and a half left as it was (the stack's or a fresh tile's leftovers, often subnormal floats)
-    cost a microcode assist per multiply: a window of 16 cells or fewer took 18 us a head group
-    instead of 0.4 (7 heads, Intel SPR)."""
+    and with a half left as it was (the stack's or a fresh tile's leftovers) a window of 16
+    cells or fewer took 18 us a head group instead of 0.4 (7 heads, Intel SPR), the mark of
+    microcode assists on subnormal leftovers."""
     for sub in range(BLOCK // LANES):
         cells = [builder.add(s0, _min_i(builder, _k(LANES * sub + i), builder.sub(m, _k(1))))
                  for i in range(LANES)]
