@@ -170,3 +170,45 @@ def test_a_verify_is_priced_without_the_proposals(tiny_qwen2: Path,
         core.step()
     assert verifies and proposals
     assert min(proposals) >= 0.2 > max(verifies)
+
+
+class _Fixed:
+    """A proposer that proposes `n` tokens (ids 1..n) for every ask."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        return {a.seq_id: Proposal(list(range(1, self.n + 1))) for a in asks}
+
+    def warm_up(self) -> None:
+        return None
+
+    def forget(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("n", "rows"), [(6, 4), (4, 0), (15, 16)])
+def test_draft_min_drops_short_proposals_and_buckets_cut_the_rest(
+        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch, n: int, rows: int) -> None:
+    """--draft-min 5: a proposal of fewer tokens is not verified; one of 5 or more is cut to
+    its verify bucket (6 tokens: 3, four rows), as before proposals could carry rates."""
+    from minfer.engine.speculative import DraftLength
+
+    seen: list[int] = []
+    record_verify = DraftLength.record_verify
+
+    def on_verify(self: DraftLength, n_rows: int, seconds: float) -> None:
+        seen.append(n_rows)
+        record_verify(self, n_rows, seconds)
+
+    monkeypatch.setattr(DraftLength, "record_verify", on_verify)
+    engine = _engine(tiny_qwen2, N_CTX_SLOT)
+    prompt = PROMPTS[0]
+    core = EngineCore(Runner(engine, N_CTX_SLOT), Tokenizer.from_gguf(GGUFFile.open(tiny_qwen2)),
+                      n_slots=1, n_ctx_slot=N_CTX_SLOT, proposer=_Fixed(n),
+                      speculation=SpecConfig(draft_max=16, draft_min=5, adaptive=False))
+    core.add(0, GenRequest(prompt, 12, _sampler(engine.hparams.n_vocab, prompt, 2.0)))
+    while core.busy:
+        core.step()
+    assert set(seen) == ({rows} if rows else set())

@@ -282,15 +282,16 @@ class EngineCore:
         qs: dict[int, list[np.ndarray]] = {}
         for w in scheduled.plan.works:
             proposal = drafts.get(w.seq_id)
-            state = self.requests.get(w.seq_id)
-            length = state.length if state is not None else None
-            if proposal is not None:  # to a verify bucket, or none where a plain step pays
+            if proposal is not None and len(proposal.tokens) >= keep:
+                state = self.requests.get(w.seq_id)
+                length = state.length if state is not None else None
+                # to a verify bucket, or none where a plain step pays (`DraftLength.fit`)
                 proposal = proposal.cut(bucket_floor(len(proposal.tokens)) if length is None
                                         else length.fit(proposal))
-            if proposal is not None and len(proposal.tokens) >= keep:
-                w = replace(w, draft=tuple(proposal.tokens))
-                if proposal.q is not None:
-                    qs[w.seq_id] = proposal.q
+                if proposal.tokens:
+                    w = replace(w, draft=tuple(proposal.tokens))
+                    if proposal.q is not None:
+                        qs[w.seq_id] = proposal.q
             works.append(w)
         return replace(scheduled.plan, works=tuple(works)), qs
 
