@@ -429,11 +429,7 @@ class DraftLength:
             return 0
         if self.rated:
             return options[-1]
-        best_k, best_rate = 0, self._rate(0)
-        for k in options:
-            rate = self._rate(k)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k = self._best(options)
         if best_k == 0:
             self.idle_steps += 1
             if self.idle_steps >= self.probe_every:  # look again: the text may have changed
@@ -462,9 +458,14 @@ class DraftLength:
         if proposal.rate is None or not self.adaptive:
             return n
         self.rated = True
+        return self._best([b for b in BUCKETS if b <= n], proposal.rate)
+
+    def _best(self, options: list[int], accept: float | None = None) -> int:
+        """The k of `options` (or 0, a plain step) with the most expected tokens per second at
+        per-token acceptance `accept` (None: the measured rate); the shortest on a tie."""
         best_k, best_rate = 0, self._rate(0)
-        for k in (b for b in BUCKETS if b <= n):
-            rate = self._rate(k, proposal.rate)
+        for k in options:
+            rate = self._rate(k, accept)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
