@@ -249,10 +249,12 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
                         isum = _dots_pairs16(builder, wt, xs, _corr(builder, f, tok, b),
                                              code_max)
                     else:
-                        sums = [zero if trick else _corr(builder, f, tok, b), zero]
+                        # one chain per token (the tokens' chains run side by side): two, added
+                        # at the end, were 15-18% slower on 8 and 16 tokens (Q5_0 4864 x 896,
+                        # Intel SPR); the same integers, so the same bits
+                        isum = zero if trick else _corr(builder, f, tok, b)
                         for k in range(8):
-                            sums[k % 2] = _vpdpbusd(builder, mags[k], xs[k], sums[k % 2])
-                        isum = builder.add(sums[0], sums[1])
+                            isum = _vpdpbusd(builder, mags[k], xs[k], isum)
                     new.append(_fold(builder, f, tok, b, isum, dw, a))
                 return pair[ntok:] + new  # even and odd blocks alternate
 
