@@ -10,7 +10,8 @@ q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulat
 Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
 query-head group. Scores and value mix run as vector IR where they can (`attn.vector_ir`: scores
 summed sixteen cells at a time, the value mix's accumulators in registers). From
-`ROWS_MIN_TOKENS` rows on (a batch-invariant prefill) the same arithmetic runs row-blocked
+`ROWS_MIN_TOKENS` rows on (a batch-invariant prefill, a speculative verify) reading shared cells,
+with a work item for every thread, the same arithmetic runs row-blocked
 (`_attention_rows`): each tile of K/V cells serves ROWS (16) rows while it is in L1, and every
 value keeps its bits, so a row's result never depends on which kernel computed it. One layer of a
 4,096-row causal prefill on the development model's shapes: 1,176 ms with numba's softmax loops,
@@ -99,7 +100,10 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
 # 16 x group x window f32.
 ROWS = 16
 CELL_TILE = 64
-ROWS_MIN_TOKENS = 16
+# From 4 rows (was 16): a verify of 8 rows of one sequence at depth 500 (1.5B, 2 KV heads,
+# 2 threads, Intel SPR) took 7.0 ms of attention a step per row, 6.1 ms row-blocked; 4 rows
+# 4.5 / 4.3; at 2 rows the per-row kernel was as fast
+ROWS_MIN_TOKENS = 4
 
 
 @njit(inline="always")
@@ -240,7 +244,9 @@ def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: 
                softcap: np.float32, out: np.ndarray) -> None:
     """The batch-invariant kernel: row-blocked for many rows reading shared cells, per row
     otherwise (the same bits either way)."""
-    if _rows_apply(q.shape[0], head_dim) and _windows_shared(lo, hi, ROWS):
+    n_items = (q.shape[0] + ROWS - 1) // ROWS * n_head_kv
+    if (_rows_apply(q.shape[0], head_dim) and n_items >= get_num_threads()
+            and _windows_shared(lo, hi, ROWS)):
         _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out,
                         ROWS, CELL_TILE, get_num_threads())
     else:
