@@ -201,6 +201,24 @@ def test_row_blocking_serves_rows_that_share_cells_only() -> None:
     assert not _windows_shared(np.zeros(16, np.int64), np.zeros(16, np.int64), ROWS)  # empty
 
 
+def test_verify_rows_of_one_sequence_run_row_blocked() -> None:
+    """A speculative verify (4 or more rows of one sequence past its context) takes the
+    row-blocked kernel, which reads each cell once for all of them; 2-3 rows, a server's decode
+    rows of separate sequences, or fewer work items than threads keep the per-row kernel."""
+    from minfer.backends.cpu.kernels.attn.attend import takes_rows
+    from minfer.backends.cpu.kernels.attn.vector_ir import HAS_MIX
+
+    def verify(rows: int, depth: int = 500) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(rows, np.int64), depth + 1 + np.arange(rows, dtype=np.int64)
+
+    assert takes_rows(*verify(8), 2, 128, 2) == HAS_MIX
+    assert takes_rows(*verify(4), 2, 64, 2) == HAS_MIX
+    assert not takes_rows(*verify(3), 2, 128, 2)
+    assert not takes_rows(*verify(8), 1, 64, 2)  # one KV head: one item for two threads
+    slots = np.arange(8, dtype=np.int64) * 512
+    assert not takes_rows(slots, slots + 301, 2, 64, 2)  # decode rows of 8 sequences
+
+
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 40])
 def test_k_columns_writes_every_lane_of_its_blocks(n: int) -> None:
     """The transposed K tile's blocks are written whole, lanes past the window repeating its

@@ -239,14 +239,23 @@ def _windows_shared(lo, hi, rows):  # pragma: no cover - compiled
     return total > 2 * span
 
 
+def takes_rows(lo: np.ndarray, hi: np.ndarray, n_head_kv: int, head_dim: int,
+               n_threads: int) -> bool:
+    """Whether the batch-invariant path runs these windows row-blocked: `_rows_apply`'s rows
+    and head shape, a work item (ROWS rows of one KV head) for every thread, and rows that
+    share their cells (`_windows_shared`: a prefill chunk's or a verify's rows of one sequence,
+    not a server's decode rows of many)."""
+    nt = lo.shape[0]
+    return (_rows_apply(nt, head_dim) and (nt + ROWS - 1) // ROWS * n_head_kv >= n_threads
+            and bool(_windows_shared(lo, hi, ROWS)))
+
+
 def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                n_head: int, n_head_kv: int, head_dim: int, scale: np.float32,
                softcap: np.float32, out: np.ndarray) -> None:
     """The batch-invariant kernel: row-blocked for many rows reading shared cells, per row
     otherwise (the same bits either way)."""
-    n_items = (q.shape[0] + ROWS - 1) // ROWS * n_head_kv
-    if (_rows_apply(q.shape[0], head_dim) and n_items >= get_num_threads()
-            and _windows_shared(lo, hi, ROWS)):
+    if takes_rows(lo, hi, n_head_kv, head_dim, get_num_threads()):
         _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out,
                         ROWS, CELL_TILE, get_num_threads())
     else:
