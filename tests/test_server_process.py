@@ -192,9 +192,19 @@ def test_32_clients_x_5_requests_nothing_lost_or_crossed(server: Server,
     assert server.gauge("minfer_slots_busy") == 0 and server.gauge("minfer_queue_depth") == 0
 
 
-def test_a_client_that_disconnects_frees_its_slot(server: Server) -> None:
+def test_a_client_that_disconnects_frees_its_slot(server: Server, tiny_qwen2: Path) -> None:
+    from minfer.gguf.reader import GGUFFile
+    from minfer.tokenizer.tokenizer import Tokenizer
+
+    # every end-of-generation id banned, so the answer runs its 500 tokens (~0.2 s here; a
+    # gauge read ~0.02 s) and the slot is still busy when the gauge is read. Sampled freely,
+    # an answer could end within its first tokens and free the slot first (it failed so once
+    # in a CI run)
+    tok = Tokenizer.from_gguf(GGUFFile.open(tiny_qwen2))
+    no_end = {str(i): -100.0 for i in sorted(tok.eot_ids)}
     with httpx.stream("POST", server.base + "/v1/completions", timeout=30,
-                      json={"prompt": "go on", "max_tokens": 400, "stream": True}) as r:
+                      json={"prompt": "go on", "max_tokens": 500, "stream": True,
+                            "logit_bias": no_end}) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data:"))
         assert server.gauge("minfer_slots_busy") == 1
