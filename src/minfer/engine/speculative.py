@@ -495,21 +495,17 @@ class DraftLength:
         return min([prior, *(s for m, s in self.verify_s.items() if m > n)])
 
     def record_plain(self, seconds: float) -> None:
-        if self._warm("plain"):
+        if not self.warmups.first("plain"):
             self.decode_s = _ema(self.decode_s, seconds, self.alpha)
 
     def record_verify(self, n_tokens: int, seconds: float) -> None:
-        if self._warm(f"verify{n_tokens}"):
+        if not self.warmups.first(f"verify{n_tokens}"):
             self.verify_s[n_tokens] = _ema(self.verify_s.get(n_tokens, 0.0), seconds, self.alpha)
 
     def record_proposal(self, k: int, seconds: float) -> None:
         """The proposer took `seconds` when asked for k tokens (it may have given fewer)."""
-        if k and self._warm("propose"):
+        if k and not self.warmups.first("propose"):
             self.draft_token_s = _ema(self.draft_token_s, seconds / k, self.alpha)
-
-    def _warm(self, kind: str) -> bool:
-        """False the first time of a kind (`Warmups`)."""
-        return not self.warmups.first(kind)
 
     def record_outcome(self, n_proposed: int, n_accepted: int) -> None:
         """A verify of n_proposed tokens kept n_accepted (see `Acceptance.record`)."""

@@ -255,9 +255,10 @@ def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: 
                softcap: np.float32, out: np.ndarray) -> None:
     """The batch-invariant kernel: row-blocked for many rows reading shared cells, per row
     otherwise (the same bits either way)."""
-    if takes_rows(lo, hi, n_head_kv, head_dim, get_num_threads()):
+    n_threads = get_num_threads()
+    if takes_rows(lo, hi, n_head_kv, head_dim, n_threads):
         _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out,
-                        ROWS, CELL_TILE, get_num_threads())
+                        ROWS, CELL_TILE, n_threads)
     else:
         _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out)
 
