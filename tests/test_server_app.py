@@ -168,6 +168,67 @@ def test_a_repeated_prompt_is_served_from_the_prompt_cache(state: ServerState) -
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
 
 
+def test_n_choices_are_separate_draws_each_as_a_lone_request_draws_it(state: ServerState
+                                                                       ) -> None:
+    req = {"messages": HELLO, "max_tokens": 6, "temperature": 1.0, "seed": 7}
+    one = call(state, "POST", CHAT, json=req).json()
+    nxt = call(state, "POST", CHAT, json={**req, "seed": 8}).json()
+    body = call(state, "POST", CHAT, json={**req, "n": 3}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    texts = [c["message"]["content"] for c in body["choices"]]
+    # draw i samples with seed + i: the first is the lone request's, the next seed's second
+    assert texts[0] == one["choices"][0]["message"]["content"]
+    assert texts[1] == nxt["choices"][0]["message"]["content"]
+    assert len(set(texts)) > 1
+    u, u1 = body["usage"], one["usage"]
+    assert u["prompt_tokens"] == u1["prompt_tokens"]  # the prompt counts once
+    assert u["completion_tokens"] == 3 * u1["completion_tokens"]
+    assert all(c["finish_reason"] == "length" for c in body["choices"])
+
+
+def test_a_completion_prompt_list_gets_n_choices_per_prompt_in_order(state: ServerState
+                                                                      ) -> None:
+    req = {"max_tokens": 5, "temperature": 0}
+    a = call(state, "POST", COMP, json={**req, "prompt": "def f(x):"}).json()
+    ids = call(state, "POST", "/tokenize", json={"content": "class A:"}).json()["tokens"]
+    b = call(state, "POST", COMP, json={**req, "prompt": ids}).json()
+    texts = [a["choices"][0]["text"], b["choices"][0]["text"]]
+    both = call(state, "POST", COMP, json={**req, "prompt": ["def f(x):", "class A:"],
+                                           "n": 2}).json()
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in both["choices"]] == [texts[0], texts[0], texts[1], texts[1]]
+    assert both["usage"]["prompt_tokens"] == (a["usage"]["prompt_tokens"]
+                                              + b["usage"]["prompt_tokens"])
+    assert both["usage"]["completion_tokens"] == 4 * 5
+    as_ids = call(state, "POST", COMP, json={**req, "prompt": [ids, ids]}).json()
+    assert [c["text"] for c in as_ids["choices"]] == [texts[1], texts[1]]
+
+
+@pytest.mark.parametrize("path", [CHAT, COMP])
+def test_a_stream_of_n_choices_names_each_chunks_choice(state: ServerState, path: str) -> None:
+    req: dict[str, Any] = {"max_tokens": 7, "temperature": 0.9, "seed": 3, "n": 2}
+    req |= {"messages": HELLO} if path == CHAT else {"prompt": "def f(x):"}
+    whole = call(state, "POST", path, json=req).json()
+    chunks = sse(call(state, "POST", path, json={**req, "stream": True,
+                                                 "stream_options": {"include_usage": True}}))
+    assert len({c["id"] for c in chunks}) == 1
+    texts = ["", ""]
+    finishes: list[Any] = [None, None]
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        i = choice["index"]
+        assert finishes[i] is None  # nothing of a choice after its finish
+        part = choice["delta"].get("content") if path == CHAT else choice["text"]
+        texts[i] += part or ""
+        finishes[i] = choice["finish_reason"]
+    assert finishes == ["length", "length"]
+    key = "message" if path == CHAT else None
+    assert texts == [c[key]["content"] if key else c["text"] for c in whole["choices"]]
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["completion_tokens"] == 14
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]  # (the cached differ)
+
+
 BAD = [
     (CHAT, b"{not json", 400, None),
     (CHAT, {"messages": []}, 400, "messages"),
@@ -179,7 +240,12 @@ BAD = [
     (CHAT, {"messages": HELLO, "temperature": 2.5}, 400, "temperature"),
     (CHAT, {"messages": HELLO, "temperature": "hot"}, 400, "temperature"),
     (CHAT, {"messages": HELLO, "top_p": 1.5}, 400, "top_p"),
-    (CHAT, {"messages": HELLO, "n": 2}, 400, "n"),
+    (CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400,
+     "messages"),
+    (CHAT, {"messages": HELLO, "n": 0}, 400, "n"),
+    (CHAT, {"messages": HELLO, "n": 129}, 400, "n"),
     (CHAT, {"messages": HELLO, "stop": 5}, 400, None),
     (CHAT, {"messages": HELLO, "stop": [""]}, 400, None),
     (CHAT, {"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
@@ -191,7 +257,8 @@ BAD = [
     (COMP, {"prompt": [10**9]}, 400, "prompt"),
     (COMP, {"prompt": [-1]}, 400, None),
     (COMP, {"prompt": ""}, 400, "prompt"),
-    (COMP, {"prompt": ["a", "b"]}, 400, None),
+    (COMP, {"prompt": ["a", "b"] * 33, "n": 2}, 400, "n"),
+    (COMP, {"prompt": ["a", ""]}, 400, "prompt"),
     (COMP, {"prompt": "x", "echo": True}, 400, "echo"),
     (COMP, {"prompt": "x", "seed": "1"}, 400, "seed"),
     (COMP, {}, 400, "prompt"),

@@ -20,6 +20,7 @@ from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
 from minfer.server.openai.schemas import (
+    MAX_CHOICES,
     ChatCompletionRequest,
     CompletionRequest,
     InfillRequest,
@@ -100,11 +101,14 @@ def request_reasoning(req: ChatCompletionRequest, defaults: ReasoningOptions) ->
 
 
 def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits) -> list[int]:
+    """The ids of the request's prompt (one prompt: `choices` splits a batch into requests of
+    one prompt each)."""
     if req.echo:
         raise bad_request("echo is not supported", param="echo", code="unsupported_value")
-    prompt: Any = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one (the schema caps the list at one)
+    prompts = req.prompts()
+    if len(prompts) != 1:
+        raise bad_request("one prompt per request here (choices splits a batch)", param="prompt")
+    prompt: Any = prompts[0]
     if not isinstance(prompt, str):
         check_ids(prompt, tok, "prompt")
     if req.suffix is not None:  # fill-in-the-middle: the prompt is the text before the gap
@@ -217,6 +221,31 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest, tok:
     gen = GenRequest(prompt=prompt, max_tokens=n_max, sampler=sampler, stops=req.stops(),
                      logprobs=logprobs, constraint=output.constraint, t_max_predict_ms=t_limit)
     return Prepared(gen, output)
+
+
+def choices(req: ChatCompletionRequest | CompletionRequest
+            ) -> list[ChatCompletionRequest | CompletionRequest]:
+    """The request as one request per choice, in choice order: OpenAI's `index` = prompt number
+    x n + draw (a completion's prompt list; `n` draws of each). Each asks for one draw of one
+    prompt, so each gets its own sampler and output parsers from `prepare`. A seeded request's
+    draw i samples with seed + i: its choices differ, and each is reproducible."""
+    n = req.n or 1
+    prompts = req.prompts() if isinstance(req, CompletionRequest) else [None]
+    if len(prompts) * n > MAX_CHOICES:
+        raise bad_request(f"{len(prompts)} prompts x n = {n} asks for {len(prompts) * n} "
+                          f"choices; at most {MAX_CHOICES}", param="n", code="invalid_value")
+    if len(prompts) == 1 and n == 1:
+        return [req]
+    out: list[ChatCompletionRequest | CompletionRequest] = []
+    for prompt in prompts:
+        for i in range(n):
+            update: dict[str, Any] = {"n": 1}
+            if prompt is not None:
+                update["prompt"] = prompt
+            if req.seed is not None and req.seed != -1:
+                update["seed"] = ((req.seed + i) & SEED_MASK) if i else req.seed
+            out.append(req.model_copy(update=update))
+    return out
 
 
 def _infill_tokens(req: InfillRequest, limits: Limits, n_prompt: int) -> int | None:

@@ -6,6 +6,9 @@ streamed as `chat.completion.chunk`s whose first delta carries the role, then co
 `stream_options.include_usage`) one chunk with no choices and the usage. Every other chunk
 then carries `"usage": null`, as OpenAI sends.
 Completions: `text_completion` with `choices[{index, text, logprobs, finish_reason}]`.
+Several choices (`n`, a completion's prompt list): a whole response lists them by index; a
+stream interleaves their chunks as they come, each naming its index, and sends the usage (and
+`[DONE]`) once every choice has finished.
 """
 
 from __future__ import annotations
@@ -20,6 +23,16 @@ from minfer.engine.core.request import TokenLogprob
 from minfer.server.worker import Usage
 
 TokenBytes = Callable[[int], bytes]
+
+
+def total_usage(usages: list[Usage], n: int) -> Usage:
+    """The usage of a response of several choices, `n` per prompt in order: each prompt's
+    tokens (and the cached ones) counted once, from its first choice; every choice's completion
+    tokens."""
+    firsts = usages[::n]
+    return Usage(sum(u.prompt_tokens for u in firsts),
+                 sum(u.completion_tokens for u in usages),
+                 sum(u.cached_tokens for u in firsts))
 
 
 def usage_body(u: Usage) -> dict[str, Any]:
@@ -84,27 +97,29 @@ class Envelope:
                 "system_fingerprint": "minfer"}
 
     # -- whole responses -----------------------------------------------------------------------
-    def full(self, text_fields: dict[str, Any], finish: str, usage: Usage,
-             logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    def choice(self, index: int, text_fields: dict[str, Any], finish: str,
+               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        """One choice of a whole response."""
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", **text_fields,
-                                              "refusal": None},
-                      "logprobs": logprobs, "finish_reason": finish}
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": text_fields["content"], "logprobs": logprobs,
-                      "finish_reason": finish}
-            body = self._head("text_completion")
-        body["choices"] = [choice]
+            return {"index": index, "message": {"role": "assistant", **text_fields,
+                                                "refusal": None},
+                    "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text_fields["content"], "logprobs": logprobs,
+                "finish_reason": finish}
+
+    def full(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        body = self._head("chat.completion" if self.kind == "chat" else "text_completion")
+        body["choices"] = choices
         body["usage"] = usage_body(usage)
         return body
 
     # -- stream chunks -------------------------------------------------------------------------
     def chunk(self, *, text: str | None = None, role: bool = False, finish: str | None = None,
               logprobs: dict[str, Any] | None = None, with_usage: bool = False,
-              fields: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One chunk; for chat, `fields` are extra delta fields (`tool_calls`, or `content`
-        None next to the role when the reply may be tool calls only)."""
+              fields: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+        """One chunk of choice `index`; for chat, `fields` are extra delta fields
+        (`tool_calls`, or `content` None next to the role when the reply may be tool calls
+        only)."""
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -113,10 +128,11 @@ class Envelope:
             if text is not None:
                 delta["content"] = text
             delta.update(fields or {})
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish}
             body = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs,
+            choice = {"index": index, "text": text or "", "logprobs": logprobs,
                       "finish_reason": finish}
             body = self._head("text_completion")
         body["choices"] = [choice]

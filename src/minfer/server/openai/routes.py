@@ -3,13 +3,16 @@ not) and `GET /v1/models` (each also answers without the `/v1` prefix).
 
 A request is validated (schemas.py), turned into a GenRequest (prepare.py, on a worker thread
 since tokenizing can take a while), queued on the engine thread (minfer.server.worker), and its
-events are relayed as one JSON body or as SSE chunks (responses.py); a chat reply's text goes
+events are relayed as one JSON body or as SSE chunks (responses.py); `n` choices (and a
+completion's prompt list) are that many requests, answered in one body or one stream. A chat
+reply's text goes
 through the reasoning split and, when tools were offered, the tool-call parser (structured.py).
 A client that goes away cancels its request, which frees its slot at the engine's next step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,13 +22,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from minfer.engine.core.request import TokenLogprob
-from minfer.server.errors import APIError
-from minfer.server.openai.prepare import Prepared, prepare
-from minfer.server.openai.responses import Envelope, chat_logprobs, completion_logprobs
+from minfer.server.errors import APIError, bad_request
+from minfer.server.openai.prepare import Prepared, choices, prepare
+from minfer.server.openai.responses import (
+    Envelope,
+    chat_logprobs,
+    completion_logprobs,
+    total_usage,
+)
 from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
-from minfer.server.relay import collect_or_gone, submit
+from minfer.server.relay import ClientGone, collect, submit
 from minfer.server.state import LoadedModel, ServerState
-from minfer.server.worker import Delta, Done, Event, Failed, Handle
+from minfer.server.worker import Delta, Done, Event, Failed, Handle, Usage
 
 
 def openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -52,23 +60,52 @@ def openai_routes(app: FastAPI, state: ServerState) -> None:
 async def _complete(state: ServerState, request: Request,
                     body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
     lm = await state.acquire(body.model)
-    prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
-                                       grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
-    handle = submit(state, lm, prepared.gen)
+    asks = choices(body)
+    room = lm.generator.n_slots + lm.generator.max_waiting
+    if len(asks) > room:
+        raise bad_request(f"{len(asks)} choices asked; this server runs or queues at most {room} "
+                          "at once (its slots and queue)", param="n", code="invalid_value")
+    prepared = [await run_in_threadpool(prepare, ask, lm.tokenizer, lm.template, lm.limits,
+                                        grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
+                for ask in asks]
+    handles = _submit_all(state, lm, prepared)
     env = Envelope(kind, lm.name)
+    n = body.n or 1
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(lm, handle, env, prepared, include_usage)
+        stream = _stream(lm, handles, env, prepared, include_usage, n)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    got = await collect_or_gone(lm, handle, request)
-    if got is None:  # the client left
-        return Response(status_code=499)
-    logprobs = None
-    if prepared.gen.logprobs is not None:
-        logprobs = _logprobs_fn(lm, env.kind)(got.logprobs, 0)
-    fields, finish = prepared.output.finalize(got.text, got.done.finish_reason)
-    return JSONResponse(env.full(fields, finish, got.done.usage, logprobs))
+    collecting = [asyncio.ensure_future(collect(h, request)) for h in handles]
+    try:
+        got = await asyncio.gather(*collecting)
+    except ClientGone:
+        return Response(status_code=499)  # the client left
+    finally:  # one choice failed or the client left: the others stop too
+        for task in collecting:
+            task.cancel()
+        for h in handles:
+            lm.generator.cancel(h)  # a no-op for a finished request
+    to_logprobs = _logprobs_fn(lm, env.kind)
+    bodies = []
+    for index, (p, c) in enumerate(zip(prepared, got, strict=True)):
+        logprobs = to_logprobs(c.logprobs, 0) if p.gen.logprobs is not None else None
+        fields, finish = p.output.finalize(c.text, c.done.finish_reason)
+        bodies.append(env.choice(index, fields, finish, logprobs))
+    return JSONResponse(env.full(bodies, total_usage([c.done.usage for c in got], n)))
+
+
+def _submit_all(state: ServerState, lm: LoadedModel, prepared: list[Prepared]) -> list[Handle]:
+    """Every choice queued, or none: a refusal (a full queue) takes back those queued."""
+    handles: list[Handle] = []
+    try:
+        for p in prepared:
+            handles.append(submit(state, lm, p.gen))
+    except BaseException:
+        for h in handles:
+            lm.generator.cancel(h)
+        raise
+    return handles
 
 
 def _logprobs_fn(lm: LoadedModel, kind: str) -> Callable[[list[TokenLogprob], int],
@@ -84,25 +121,35 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
-async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prepared,
-                  include_usage: bool) -> AsyncIterator[str]:
+async def _stream(lm: LoadedModel, handles: list[Handle], env: Envelope,
+                  prepared: list[Prepared], include_usage: bool, n: int) -> AsyncIterator[str]:
+    """SSE chunks of every choice as their events come (each chunk names its choice), then
+    the usage and [DONE] once all have finished; a failed choice ends the stream with its
+    error."""
     to_logprobs = _logprobs_fn(lm, env.kind)
-    want_lps = prepared.gen.logprobs is not None
-    reply = prepared.output.reply_stream() if env.kind == "chat" else None
-    offset = 0
+    replies = [p.output.reply_stream() if env.kind == "chat" else None for p in prepared]
+    offsets = [0] * len(handles)
+    usages: list[Usage | None] = [None] * len(handles)
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    relays = [asyncio.ensure_future(_relay(i, h, events)) for i, h in enumerate(handles)]
     try:
-        if reply is not None:
-            role_fields = {"content": None} if reply.tools is not None else None
-            yield _sse(env.chunk(role=True, with_usage=include_usage, fields=role_fields))
-        while True:
-            event: Event = await handle.events.get()
+        for i, reply in enumerate(replies):
+            if reply is not None:
+                role_fields = {"content": None} if reply.tools is not None else None
+                yield _sse(env.chunk(role=True, with_usage=include_usage, fields=role_fields,
+                                     index=i))
+        while any(u is None for u in usages):
+            i, event = await events.get()
+            reply = replies[i]
             if isinstance(event, Delta):
-                lp = to_logprobs(event.logprobs, offset) if want_lps else None
-                offset += len(event.text)
+                want_lps = prepared[i].gen.logprobs is not None
+                lp = to_logprobs(event.logprobs, offsets[i]) if want_lps else None
+                offsets[i] += len(event.text)
                 if reply is None:
-                    yield _sse(env.chunk(text=event.text, logprobs=lp, with_usage=include_usage))
+                    yield _sse(env.chunk(text=event.text, logprobs=lp, with_usage=include_usage,
+                                         index=i))
                     continue
-                for chunk in _delta_chunks(env, reply.push(event.text), lp, include_usage):
+                for chunk in _delta_chunks(env, reply.push(event.text), lp, include_usage, i):
                     yield _sse(chunk)
             elif isinstance(event, Failed):
                 yield _sse(APIError(event.status, event.message).body())
@@ -110,21 +157,34 @@ async def _stream(lm: LoadedModel, handle: Handle, env: Envelope, prepared: Prep
             elif isinstance(event, Done):
                 finish = event.finish_reason
                 if reply is not None:
-                    for chunk in _delta_chunks(env, reply.finish(), None, include_usage):
+                    for chunk in _delta_chunks(env, reply.finish(), None, include_usage, i):
                         yield _sse(chunk)
                     if reply.tool_calls and finish == "stop":
                         finish = "tool_calls"
-                yield _sse(env.chunk(finish=finish, with_usage=include_usage))
-                if include_usage:
-                    yield _sse(env.usage_chunk(event.usage))
-                break
+                yield _sse(env.chunk(finish=finish, with_usage=include_usage, index=i))
+                usages[i] = event.usage
+        else:
+            if include_usage:
+                yield _sse(env.usage_chunk(total_usage([u for u in usages if u], n)))
         yield _sse("[DONE]")
     finally:
-        lm.generator.cancel(handle)  # the client left (or we are done): free the slot now
+        for relay in relays:
+            relay.cancel()
+        for h in handles:
+            lm.generator.cancel(h)  # the client left (or we are done): free the slots now
+
+
+async def _relay(index: int, handle: Handle, into: asyncio.Queue[tuple[int, Event]]) -> None:
+    """One choice's events into the stream's queue, tagged with its index, up to its last."""
+    while True:
+        event: Event = await handle.events.get()
+        into.put_nowait((index, event))
+        if isinstance(event, Done | Failed):
+            return
 
 
 def _delta_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[str, Any] | None,
-                  include_usage: bool) -> list[dict[str, Any]]:
+                  include_usage: bool, index: int) -> list[dict[str, Any]]:
     """Chunks for ReplyStream deltas; a step's logprobs ride on its first chunk (on an empty
     delta when the parsers held all of its text back)."""
     if not deltas and logprobs is not None:
@@ -132,5 +192,5 @@ def _delta_chunks(env: Envelope, deltas: list[dict[str, Any]], logprobs: dict[st
     chunks = []
     for i, delta in enumerate(deltas):
         chunks.append(env.chunk(fields=delta, logprobs=logprobs if i == 0 else None,
-                                with_usage=include_usage))
+                                with_usage=include_usage, index=index))
     return chunks

@@ -1,6 +1,8 @@
 """Request bodies of the HTTP API as pydantic models (they also make the OpenAPI schema).
 
-Field names and ranges follow OpenAI's API (`temperature` 0–2, penalties −2–2, `n` = 1 only),
+Field names and ranges follow OpenAI's API (`temperature` 0–2, penalties −2–2, `n` 1–128: that
+many choices, sampled as separate sequences of the continuous batch; a completion's `prompt` may be
+a list of texts or of id lists, each answered with `n` choices),
 plus the llama-server extensions clients send (`top_k`, `min_p`, `repeat_penalty`, `grammar`).
 Types are strict: a string where a number belongs is a 400, never coerced. Unknown fields are
 ignored, as OpenAI-compatible servers do, so newer clients keep working. Values that depend on the
@@ -22,6 +24,7 @@ T = TypeVar("T", bound=BaseModel)
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 MAX_STOPS = 16
+MAX_CHOICES = 128  # OpenAI's cap on `n`; also on a completion's prompts x n
 
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 StopText = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -50,7 +53,7 @@ class SamplingFields(_Strict):
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(None, ge=1, le=1)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
     # structured output: parsed now, honoured by structured.py
@@ -68,9 +71,16 @@ class TextPart(_Strict):
     text: str
 
 
+class MediaPart(_Strict):
+    """An image, audio or file part: read so that the answer can say what is wrong (this
+    server runs text-only models), not refused as a shape pydantic does not know."""
+
+    type: Literal["image_url", "input_audio", "file", "image", "audio"]
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -78,7 +88,12 @@ class ChatMessage(_Strict):
 
     def text(self) -> str | None:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            for part in self.content:
+                if isinstance(part, MediaPart):
+                    raise APIError(400, f"{part.type} content is not supported: this server runs "
+                                   "text-only models", param="messages",
+                                   code="unsupported_content")
+            return "".join(p.text for p in self.content if isinstance(p, TextPart))
         return self.content
 
     def for_template(self) -> dict[str, Any]:
@@ -112,13 +127,21 @@ PromptIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | PromptIds | Annotated[list[str], Field(min_length=1, max_length=1)] \
-        | Annotated[list[PromptIds], Field(min_length=1, max_length=1)]
+    prompt: str | PromptIds | Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)] \
+        | Annotated[list[PromptIds], Field(min_length=1, max_length=MAX_CHOICES)]
     max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request: one, or each of a batch (a list of texts or of id
+        lists), in order."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str | list):
+            return list(p)
+        return [p]  # type: ignore[list-item]
 
 
 Mixed = str | Annotated[list[str | TokenId], Field(max_length=1 << 20)]
