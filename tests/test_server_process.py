@@ -166,6 +166,21 @@ def test_eight_concurrent_greedy_streams_get_their_solo_text(server: Server,
     assert asyncio.run(main()) == solo_texts
 
 
+def test_a_prompt_list_with_n_choices_gets_each_prompts_solo_text_in_order(
+        server: Server, solo_texts: list[str]) -> None:
+    """The official client's batch form: prompts x n choices run side by side in the batch,
+    each the text its prompt gets alone (greedy), at index prompt x n + draw."""
+    c = server.client()
+    got = c.completions.create(model="m", prompt=PROMPTS[:3], n=2, max_tokens=24, **GREEDY)
+    assert [ch.index for ch in got.choices] == list(range(6))
+    assert [ch.text for ch in got.choices] == [t for t in solo_texts[:3] for _ in range(2)]
+    solo = [c.completions.create(model="m", prompt=p, max_tokens=24, **GREEDY).usage
+            for p in PROMPTS[:3]]
+    assert got.usage is not None and all(u is not None for u in solo)
+    assert got.usage.completion_tokens == 2 * sum(u.completion_tokens for u in solo if u)
+    assert got.usage.prompt_tokens == sum(u.prompt_tokens for u in solo if u)
+
+
 def test_32_clients_x_5_requests_nothing_lost_or_crossed(server: Server,
                                                          solo_texts: list[str]) -> None:
     async def client_run(k: int) -> list[tuple[int, str]]:
