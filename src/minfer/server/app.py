@@ -23,8 +23,8 @@ from minfer.errors import MinferError
 from minfer.server.anthropic.routes import anthropic_routes
 from minfer.server.embeddings import embedding_routes
 from minfer.server.errors import bad_request, from_minfer_error, install_handlers
-from minfer.server.infill import infill_routes
 from minfer.server.middleware import RequestGuard
+from minfer.server.native import native_routes
 from minfer.server.ollama.routes import ollama_routes
 from minfer.server.openai.prepare import request_reasoning
 from minfer.server.openai.routes import openai_routes
@@ -64,7 +64,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     openai_routes(app, state)
     anthropic_routes(app, state)
     ollama_routes(app, state)
-    infill_routes(app, state)
+    native_routes(app, state)
     embedding_routes(app, state)
     return app
 

@@ -24,6 +24,7 @@ from minfer.server.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     InfillRequest,
+    NativeCompletionRequest,
     SamplingFields,
 )
 from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
@@ -119,6 +120,20 @@ def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits
     return [int(t) for t in prompt]
 
 
+def native_prompt(prompt: Mixed, tok: TokenizerLike) -> list[int]:
+    """llama-server's prompt of `/completion`: texts with special tokens parsed, ids as they
+    are, a BOS (where the model adds one) only before a leading text."""
+    pieces = [prompt] if isinstance(prompt, str) else list(prompt)
+    check_ids(pieces, tok, "prompt")
+    ids: list[int] = []
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, str):
+            ids += tok.encode(piece, special=True, add_bos=None if i == 0 else False)
+        else:
+            ids.append(int(piece))
+    return ids
+
+
 def check_ids(ids: Sequence[object], tok: TokenizerLike, param: str) -> None:
     bad = [t for t in ids if isinstance(t, int) and not 0 <= t < tok.n_vocab]
     if bad:
@@ -184,7 +199,8 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
     return max(1, n)
 
 
-def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest, tok: TokenizerLike,
+def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
+            | NativeCompletionRequest, tok: TokenizerLike,
             template: TemplateLike, limits: Limits, *,
             grammar_vocab: GrammarVocab | None = None,
             reasoning: ReasoningOptions = NO_OPTIONS) -> Prepared:
@@ -199,6 +215,11 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest, tok:
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    elif isinstance(req, NativeCompletionRequest):
+        prompt = native_prompt(req.prompt, tok)
+        param = "n_predict"
+        requested = None if req.n_predict is None or req.n_predict < 0 else req.n_predict
+        logprobs = None
     elif isinstance(req, InfillRequest):
         prompt = infill_prompt(req, tok, limits)
         param = "n_predict" if req.n_predict is not None else "max_tokens"

@@ -167,6 +167,33 @@ class InfillRequest(SamplingFields):
     t_max_predict_ms: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
+class NativeCompletionRequest(SamplingFields):
+    """llama.cpp's `POST /completion`: one prompt (a text, ids, or ids mixed with texts),
+    `n_predict` (-1: until the context ends), the sampling fields, `json_schema` or `grammar`,
+    `stream`. `cache_prompt` and `id_slot` are accepted (the prompt cache is always on, the
+    scheduler picks the slot); what minfer cannot honour is a 400, not ignored: `n_probs`,
+    `ignore_eos`."""
+
+    prompt: Mixed
+    n_predict: int | None = Field(None, ge=-1, le=INT64_MAX)
+    t_max_predict_ms: int | None = Field(None, ge=0, le=INT64_MAX)
+    json_schema: dict[str, Any] | None = None
+    n_probs: int | None = Field(None, ge=0, le=0)
+    ignore_eos: Literal[False] | None = None
+    cache_prompt: bool | None = None
+    id_slot: int | None = Field(None, ge=-1, le=INT64_MAX)
+
+    def output_format(self) -> NativeCompletionRequest:
+        """The request with `json_schema` as the `response_format` it means."""
+        if self.json_schema is None:
+            return self
+        if self.response_format is not None:
+            raise APIError(400, "json_schema and response_format cannot both be given",
+                           param="json_schema")
+        rf = {"type": "json_schema", "json_schema": {"name": "schema", "schema": self.json_schema}}
+        return self.model_copy(update={"response_format": rf, "json_schema": None})
+
+
 class ApplyTemplateRequest(_Strict):
     """llama-server's `/apply-template`: the fields a chat request renders with."""
 

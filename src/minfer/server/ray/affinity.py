@@ -21,7 +21,7 @@ from typing import Any
 
 PREFIX_CHARS = 1024
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
-COMPLETION_PATHS = frozenset({"/v1/completions", "/completions"})
+COMPLETION_PATHS = frozenset({"/v1/completions", "/completions", "/completion"})
 
 
 def _digest(value: Any) -> str:

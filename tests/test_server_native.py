@@ -1,7 +1,8 @@
-"""`POST /infill` and `suffix` in `/v1/completions` in-process (ASGI), on a tiny model whose
-vocabulary has Qwen2.5-Coder's FIM tokens and the fake engine: llama-server's reply shape,
-streaming, the prompt layout counted in usage, refusal (400) for a model without FIM tokens,
-every bad input a 400 naming the field, and input far past the context cut, never refused."""
+"""llama-server's native routes (`POST /infill`, `POST /completion`) and `suffix` in
+`/v1/completions` in-process (ASGI), on a tiny model whose vocabulary has Qwen2.5-Coder's FIM
+tokens and the fake engine: llama-server's reply shape, streaming, the prompt layout counted in
+usage, refusal (400) for a model without FIM tokens, every bad input a 400 naming the field, and
+input far past the context cut, never refused."""
 
 from __future__ import annotations
 
@@ -202,3 +203,68 @@ def test_an_editor_that_goes_away_frees_the_slot_and_the_next_keystroke_reuses_t
         assert again["tokens_cached"] >= again["tokens_evaluated"] // 2
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+# -- POST /completion (llama-server's native completion) -------------------------------------------
+def test_completion_has_llama_servers_shape_and_matches_v1_completions(state: ServerState,
+                                                                      coder: Path) -> None:
+    body = {"prompt": "def f(x):", "n_predict": 6, "temperature": 0}
+    got = call(state, "POST", "/completion", json=body).json()
+    assert got["stop"] is True and got["stop_type"] in ("eos", "limit")
+    assert got["tokens_predicted"] <= 6 and got["tokens_evaluated"] == len(
+        _tok(coder).encode("def f(x):"))
+    assert set(got["timings"]) >= {"prompt_n", "predicted_n", "predicted_per_second"}
+    oai = call(state, "POST", "/v1/completions", json={"prompt": "def f(x):", "max_tokens": 6,
+                                                       "temperature": 0}).json()
+    assert got["content"] == oai["choices"][0]["text"]
+    chunks = [json.loads(line[6:]) for line in call(
+        state, "POST", "/completion", json={**body, "stream": True}).text.split("\n")
+        if line.startswith("data: ")]
+    assert [c["stop"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert "".join(c["content"] for c in chunks) == got["content"]
+
+
+def test_completion_prompt_mixes_ids_and_texts_as_llama_server(state: ServerState,
+                                                               coder: Path) -> None:
+    tok = _tok(coder)
+    head, tail = tok.encode("def f(x):"), tok.encode(" return", add_bos=False)
+    whole = call(state, "POST", "/completion", json={"prompt": head + tail, "n_predict": 4,
+                                                     "temperature": 0}).json()
+    mixed = call(state, "POST", "/completion", json={"prompt": [*head, " return"],
+                                                     "n_predict": 4, "temperature": 0}).json()
+    assert mixed["tokens_evaluated"] == whole["tokens_evaluated"] == len(head) + len(tail)
+    assert mixed["content"] == whole["content"]
+
+
+def test_completion_stop_word_and_json_schema(state: ServerState) -> None:
+    free = call(state, "POST", "/completion", json={"prompt": "a", "n_predict": 12,
+                                                    "temperature": 0}).json()["content"]
+    word = next(free[i:i + 2] for i in range(2, len(free) - 2)
+                if free[i:i + 2].isascii() and free[i:i + 2].isalnum())
+    cut = call(state, "POST", "/completion", json={"prompt": "a", "n_predict": 12,
+                                                   "temperature": 0, "stop": [word]}).json()
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == word
+    assert cut["content"] == free[:free.index(word)]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    got = call(state, "POST", "/completion", json={"prompt": "a", "n_predict": 40,
+                                                   "temperature": 0, "json_schema": schema})
+    assert got.status_code == 200, got.text
+    text = got.json()["content"]
+    if got.json()["stop_type"] == "eos":  # a finished object parses
+        assert isinstance(json.loads(text)["n"], int)
+    assert text.startswith("{")
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "a", "n_probs": 3}, "n_probs"),
+    ({"prompt": "a", "ignore_eos": True}, "ignore_eos"),
+    ({"prompt": "a", "n_predict": -2}, "n_predict"),
+    ({"prompt": [10 ** 9]}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "a", "json_schema": {"type": 12}}, "response_format"),
+])
+def test_completion_bad_input_is_a_400_naming_the_field(state: ServerState, body: dict[str, Any],
+                                                        param: str) -> None:
+    r = call(state, "POST", "/completion", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

@@ -1,0 +1,105 @@
+"""llama.cpp's native generation routes: `POST /completion` and `POST /infill` (code completion
+in the editor, fill-in-the-middle).
+
+`/completion`'s body is llama-server's: `prompt` (a text, token ids, or both mixed), `n_predict`,
+the sampling fields, `stop`, `json_schema` / `grammar`, `stream`. `/infill`'s adds
+`input_prefix`, `input_suffix`, `input_extra`, `t_max_predict_ms`; its prompt is laid out as
+llama-server's `format_prompt_infill` does (minfer.tokenizer.infill), with the extra files
+first so that an editor's successive requests share the longest cached prefix. Both answer in
+llama-server's shape: `content` plus the counts, `stop_type` (`eos`, `word` with the
+`stopping_word`, `limit`) and `timings`, or with `stream` SSE chunks of `{"content", "stop":
+false}` ending with one `stop: true` chunk. A model without FIM tokens is a 400 naming
+fill-in-the-middle (llama-server answers 501; a 4xx says the request, not the server, is at
+fault).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from minfer.server.errors import APIError
+from minfer.server.openai.prepare import prepare
+from minfer.server.openai.schemas import InfillRequest, NativeCompletionRequest
+from minfer.server.relay import collect_or_gone, submit
+from minfer.server.state import LoadedModel, ServerState
+from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+
+STOP_TYPES = {"stop": "eos", "length": "limit"}
+
+
+def native_routes(app: FastAPI, state: ServerState) -> None:
+    """Add `POST /completion` and `POST /infill` to app."""
+
+    @app.post("/completion")
+    async def completion(body: NativeCompletionRequest, request: Request) -> Response:
+        return await _generate(state, request, body.output_format())
+
+    @app.post("/infill")
+    async def infill(body: InfillRequest, request: Request) -> Response:
+        return await _generate(state, request, body)
+
+
+async def _generate(state: ServerState, request: Request,
+                    body: NativeCompletionRequest | InfillRequest) -> Response:
+    lm = await state.acquire(body.model)
+    prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
+                                       grammar_vocab=lm.grammar_vocab)
+    n_prompt = len(prepared.gen.prompt)
+    if prepared.gen.max_tokens == 0:  # nothing to generate: no slot needed
+        return JSONResponse(_final(lm, "", Done("length", Usage(n_prompt, 0, 0))))
+    handle = submit(state, lm, prepared.gen)
+    if body.stream:
+        return StreamingResponse(_stream(lm, handle), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    got = await collect_or_gone(lm, handle, request)
+    if got is None:  # the client left
+        return Response(status_code=499)
+    return JSONResponse(_final(lm, got.text, got.done))
+
+
+def _final(lm: LoadedModel, content: str, done: Done) -> dict[str, Any]:
+    usage = done.usage
+    word = done.stop_sequence
+    return {"index": 0, "content": content, "tokens": [], "model": lm.name, "stop": True,
+            "stop_type": "word" if word else STOP_TYPES.get(done.finish_reason, "none"),
+            "stopping_word": word or "",
+            "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens,
+            "tokens_cached": usage.cached_tokens, "truncated": False,
+            "timings": timings(done)}
+
+
+def timings(done: Done) -> dict[str, float]:
+    """llama-server's `timings`: the prompt (its uncached part) and the decode, in ms."""
+    u = done.usage
+    n_prompt = u.prompt_tokens - u.cached_tokens
+    return {"prompt_n": n_prompt, "prompt_ms": done.prompt_ms,
+            "prompt_per_second": n_prompt / done.prompt_ms * 1e3 if done.prompt_ms else 0.0,
+            "predicted_n": u.completion_tokens, "predicted_ms": done.predicted_ms,
+            "predicted_per_second": (u.completion_tokens / done.predicted_ms * 1e3
+                                     if done.predicted_ms else 0.0)}
+
+
+async def _stream(lm: LoadedModel, handle: Handle) -> AsyncIterator[str]:
+    try:
+        while True:
+            event = await handle.events.get()
+            if isinstance(event, Delta):
+                yield _sse({"index": 0, "content": event.text, "tokens": [], "stop": False})
+            elif isinstance(event, Failed):
+                yield _sse(APIError(event.status, event.message).body())
+                break
+            else:
+                yield _sse(_final(lm, "", event))
+                break
+    finally:
+        lm.generator.cancel(handle)  # the client left (or we are done): free the slot now
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
