@@ -4,7 +4,7 @@ Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET 
 `POST /apply-template`, the lifespan (the model loads in the background) and the middleware
 (CORS only with `--cors-origin`). The OpenAI-compatible routes are
 `openai/routes.py`'s, Anthropic's Messages `anthropic/routes.py`'s, Ollama's `ollama/routes.py`'s,
-llama.cpp's `/infill` is `infill.py`'s.
+llama.cpp's native `/completion` and `/infill` are `native.py`'s.
 """
 
 from __future__ import annotations
