@@ -229,6 +229,18 @@ def test_a_stream_of_n_choices_names_each_chunks_choice(state: ServerState, path
     assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]  # (the cached differ)
 
 
+@pytest.mark.parametrize("headers", [{"content-type": "application/x-www-form-urlencoded"}, {}])
+def test_a_json_body_without_a_json_content_type_is_read_as_json(state: ServerState,
+                                                                 headers: dict[str, str]) -> None:
+    """`curl -d '{...}'` says the body is a form; llama-server reads it as JSON, and so do we."""
+    body = json.dumps({"messages": HELLO, "max_tokens": 2, "temperature": 0}).encode()
+    r = call(state, "POST", CHAT, content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    bad = call(state, "POST", CHAT, content=b"messages=hi", headers=headers)
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
 BAD = [
     (CHAT, b"{not json", 400, None),
     (CHAT, {"messages": []}, 400, "messages"),

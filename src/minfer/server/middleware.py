@@ -4,7 +4,9 @@ Pure ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects
 untouched. Requests are counted by endpoint (unknown paths collapse to "other", so a scanner
 cannot blow up the label set) and final status; a client that leaves before the response starts
 counts as 499. With an API key, every path except /health needs `Authorization: Bearer KEY` (or
-Anthropic's `x-api-key: KEY`).
+Anthropic's `x-api-key: KEY`). A POST body sent without a JSON content type (`curl -d`, which
+says `application/x-www-form-urlencoded`, or none) is read as JSON, as llama-server reads it;
+one that is not JSON is then the usual 400.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ENDPOINTS = {
     "/tokenize": "/tokenize",
     "/detokenize": "/detokenize",
     "/infill": "/infill",
+    "/completion": "/completion",
     "/v1/messages": "/v1/messages",
     "/v1/messages/count_tokens": "/v1/messages/count_tokens",
     **{f"/api/{name}": f"/api/{name}" for name in ("chat", "generate", "tags", "show", "ps",
@@ -64,7 +67,7 @@ class RequestGuard:
             if refusal is not None:
                 await refusal.response(scope["path"])(scope, receive, send_status)
             else:
-                await self.app(scope, self._capped(receive), send_status)
+                await self.app(_as_json(scope), self._capped(receive), send_status)
         except BaseException:
             if status == 499:
                 status = 500
@@ -105,3 +108,19 @@ class RequestGuard:
             return message
 
         return capped
+
+
+_FORM = b"application/x-www-form-urlencoded"
+
+
+def _as_json(scope: Scope) -> Scope:
+    """A POST's scope with its content type made JSON when the client named none or a form's
+    (every body these APIs take is JSON)."""
+    if scope.get("method") != "POST":
+        return scope
+    headers = list(scope.get("headers") or [])
+    kinds = [v for k, v in headers if k == b"content-type"]
+    if kinds and not kinds[0].startswith(_FORM):
+        return scope
+    kept = [(k, v) for k, v in headers if k != b"content-type"]
+    return {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
