@@ -33,6 +33,12 @@ def test_piped_lines_are_turns_and_replies_are_plain() -> None:
                                                           "user", "assistant"]
 
 
+@pytest.mark.parametrize("leave", ["/exit", "/quit", "/bye"])
+def test_exit_commands_end_the_session(leave: str) -> None:
+    rc, out, err, _ = run_piped(f"hi\n{leave}\nnever read\n")
+    assert rc == 0 and out == "<hi>\n" and "unknown command" not in err
+
+
 def test_verbose_reports_each_turn_on_stderr() -> None:
     _, _out, err, repl = run_piped("a\nb\n/regen\n", verbose=True)
     lines = [ln for ln in err.splitlines() if ln.startswith("[turn")]
@@ -107,7 +113,7 @@ def test_ctrl_c_stops_the_reply_but_not_the_session() -> None:
 
 
 def test_command_syntax() -> None:
-    assert is_command("/regen") and is_command(" /EXIT ")
+    assert is_command("/regen") and is_command(" /EXIT ") and is_command("/bye")
     assert not is_command("/usr/bin/env") and not is_command("/regen please")
 
 

@@ -2,8 +2,8 @@
 
 Interactive (stdin is a terminal): prompt_toolkit line editing and history, a `>>> ` prompt,
 replies streamed as they are generated, Qwen3-style `<think>…</think>` dimmed (rich), commands
-/regen /clear /help /exit /quit, Ctrl-D to leave and Ctrl-C to stop the current reply (or drop
-the line being typed). `--multiline` collects lines until an empty one.
+/regen /clear /help /exit /quit /bye (Ollama's), Ctrl-D to leave and Ctrl-C to stop the current
+reply (or drop the line being typed). `--multiline` collects lines until an empty one.
 
 Piped (stdin is not a terminal): every input line is one user turn (with `--multiline`, every
 block up to an empty line), each reply is printed plainly on stdout followed by a newline,
@@ -24,11 +24,11 @@ from minfer.engine.generate import Piece
 from minfer.errors import MinferError
 
 HELP = """commands:
-  /regen        generate the last reply again
-  /clear        forget the conversation (the system prompt stays)
-  /help         this list
-  /exit, /quit  leave (Ctrl-D too); Ctrl-C stops a reply"""
-COMMANDS = ("/regen", "/clear", "/help", "/exit", "/quit")
+  /regen              generate the last reply again
+  /clear              forget the conversation (the system prompt stays)
+  /help               this list
+  /exit, /quit, /bye  leave (Ctrl-D too); Ctrl-C stops a reply"""
+COMMANDS = ("/regen", "/clear", "/help", "/exit", "/quit", "/bye")
 _COMMAND_RE = re.compile(r"/[A-Za-z]+")
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # everything but \t and \n
 
@@ -187,7 +187,7 @@ class Repl:
         return True
 
     def command(self, cmd: str) -> bool:
-        if cmd in ("/exit", "/quit"):
+        if cmd in ("/exit", "/quit", "/bye"):
             return False
         if cmd == "/help":
             self.writer.notice(HELP)
