@@ -91,6 +91,23 @@ def test_chat_equals_the_openai_reply(state: ServerState) -> None:
     assert [p.done for p in parts].count(True) == 1 and parts[-1].done
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_durations_are_the_engines_prompt_and_generation_times(state: ServerState,
+                                                               stream: bool) -> None:
+    """`eval_count / eval_duration` is the generation rate clients show (`--verbose`): the
+    engine's decode time of the request, streamed or not (it was ~0 for a whole reply)."""
+    async def go(c: ollama.AsyncClient) -> Any:
+        got = await c.generate(model="coder", prompt="hi", options=GREEDY, stream=stream)
+        if not stream:
+            return got
+        return [part async for part in got][-1]
+
+    final = with_client(state, go)
+    assert final.done and 0 < final.eval_count <= 10
+    assert final.eval_duration > 0 and final.prompt_eval_duration > 0
+    assert final.prompt_eval_duration + final.eval_duration <= final.total_duration
+
+
 def test_generate_templated_raw_and_fill_in_the_middle(state: ServerState) -> None:
     ref = openai_chat(state)
     gen = with_client(state, lambda c: c.generate("coder", prompt="Say hello", options=GREEDY))

@@ -220,13 +220,11 @@ async def _run(state: ServerState, lm: LoadedModel,
     got = await collect_or_gone(lm, handle, request)
     if got is None:  # the client left
         return Response(status_code=499)
-    clock.token()
     if isinstance(req, ChatCompletionRequest):
         fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)
     else:
         fields = {"content": got.text}
-    return JSONResponse({**_text(fields, chat), **clock.final(name, got.done.usage,
-                                                               got.done.finish_reason)})
+    return JSONResponse({**_text(fields, chat), **clock.final(name, got.done)})
 
 
 def _text(fields: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -259,7 +257,6 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
         while True:
             event = await handle.events.get()
             if isinstance(event, Delta):
-                clock.token()
                 for line in pieces(reply.push(event.text) if reply else
                                    [{"content": event.text}]):
                     yield line
@@ -275,7 +272,7 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                                "tool_calls": tool_calls(reply.tools.tool_calls)}
                         yield _line({"model": name, "created_at": now(), "message": msg,
                                      "done": False})
-                final = clock.final(name, event.usage, event.finish_reason)
+                final = clock.final(name, event)
                 yield _line({**_text({}, chat), **final})
                 break
     finally:

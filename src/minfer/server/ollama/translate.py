@@ -23,7 +23,7 @@ from minfer.server.openai.schemas import (
     translated,
 )
 from minfer.server.state import LoadedModel, ModelFacts
-from minfer.server.worker import Usage
+from minfer.server.worker import Done
 
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
             "frequency_penalty", "seed", "stop")
@@ -131,25 +131,22 @@ def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Clock:
-    """A request's durations as Ollama reports them (nanoseconds)."""
+    """A request's durations as Ollama reports them (nanoseconds): the whole request by the
+    wall clock, the prompt and the generation by the engine's own timings of the request
+    (`Done.prompt_ms`, `Done.predicted_ms`), whether or not it streamed."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter_ns()
-        self.t_first: int | None = None
 
-    def token(self) -> None:
-        if self.t_first is None:
-            self.t_first = time.perf_counter_ns()
-
-    def final(self, model: str, usage: Usage, reason: str) -> dict[str, Any]:
-        end = time.perf_counter_ns()
-        first = self.t_first or end
+    def final(self, model: str, done: Done) -> dict[str, Any]:
+        usage = done.usage
         return {"model": model, "created_at": now(), "done": True,
-                "done_reason": "length" if reason == "length" else "stop",
-                "total_duration": end - self.t0, "load_duration": 0,
+                "done_reason": "length" if done.finish_reason == "length" else "stop",
+                "total_duration": time.perf_counter_ns() - self.t0, "load_duration": 0,
                 "prompt_eval_count": usage.prompt_tokens,
-                "prompt_eval_duration": first - self.t0,
-                "eval_count": usage.completion_tokens, "eval_duration": end - first}
+                "prompt_eval_duration": int(done.prompt_ms * 1e6),
+                "eval_count": usage.completion_tokens,
+                "eval_duration": int(done.predicted_ms * 1e6)}
 
 
 def details(facts: ModelFacts | None) -> dict[str, Any]:
