@@ -3,7 +3,8 @@
 Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /props`,
 `POST /apply-template`, the lifespan (the model loads in the background) and the middleware
 (CORS only with `--cors-origin`). The OpenAI-compatible routes are
-`openai/routes.py`'s, Anthropic's Messages `anthropic/routes.py`'s, Ollama's `ollama/routes.py`'s,
+`openai/routes.py`'s (the Responses API `responses/routes.py`'s), Anthropic's Messages
+`anthropic/routes.py`'s, Ollama's `ollama/routes.py`'s,
 llama.cpp's native `/completion` and `/infill` are `native.py`'s.
 """
 
@@ -35,6 +36,7 @@ from minfer.server.openai.schemas import (
     TokenizeRequest,
 )
 from minfer.server.openai.structured import plan_output, template_messages
+from minfer.server.responses.routes import responses_routes
 from minfer.server.state import ServerState
 
 
@@ -63,6 +65,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
     _routes(app, state)
     openai_routes(app, state)
     anthropic_routes(app, state)
+    responses_routes(app, state)
     ollama_routes(app, state)
     native_routes(app, state)
     embedding_routes(app, state)

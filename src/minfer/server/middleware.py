@@ -35,6 +35,8 @@ ENDPOINTS = {
     "/infill": "/infill",
     "/completion": "/completion",
     "/v1/messages": "/v1/messages",
+    "/v1/responses": "/v1/responses",
+    "/responses": "/v1/responses",
     "/v1/messages/count_tokens": "/v1/messages/count_tokens",
     **{f"/api/{name}": f"/api/{name}" for name in ("chat", "generate", "tags", "show", "ps",
                                                    "version", "embed")},
