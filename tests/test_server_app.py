@@ -294,6 +294,16 @@ def test_bad_input_gets_a_4xx_with_an_openai_error_body(state: ServerState, path
     assert state.model().worker.scheduler.n_busy == 0
 
 
+def test_a_model_is_retrieved_by_its_name_and_another_is_a_404(state: ServerState) -> None:
+    listed = call(state, "GET", "/v1/models").json()["data"]
+    (name,) = [m["id"] for m in listed]
+    one = call(state, "GET", f"/v1/models/{name}")
+    assert one.status_code == 200 and one.json() == listed[0]
+    assert call(state, "GET", f"/v1/models/{name}:latest").json() == listed[0]
+    miss = call(state, "GET", "/v1/models/nope")
+    assert miss.status_code == 404 and miss.json()["error"]["code"] == "model_not_found"
+
+
 def test_unknown_path_and_method_are_openai_errors(state: ServerState) -> None:
     r = call(state, "GET", "/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()

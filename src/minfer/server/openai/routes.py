@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: `POST /v1/chat/completions`, `POST /v1/completions` (stream or
-not) and `GET /v1/models` (each also answers without the `/v1` prefix).
+not), `GET /v1/models` and one model's `GET /v1/models/{id}` (each also answers without the
+`/v1` prefix).
 
 A request is validated (schemas.py), turned into a GenRequest (prepare.py, on a worker thread
 since tokenizing can take a while), queued on the engine thread (minfer.server.worker), and its
@@ -45,6 +46,19 @@ def openai_routes(app: FastAPI, state: ServerState) -> None:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": int(state.facts(name).modified),
              "owned_by": "minfer"} for name in state.names()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}", include_in_schema=False)
+    async def model(model_id: str) -> dict[str, Any]:
+        """One served model (`client.models.retrieve`), by its exact name (`:latest` optional:
+        Ollama's spelling); another is a 404, even where a request's model name is free."""
+        name = model_id.removesuffix(":latest")
+        if name not in state.names():
+            raise APIError(404, f"model '{model_id}' is not served here (models: "
+                           f"{', '.join(state.names())})", param="model",
+                           code="model_not_found")
+        return {"id": name, "object": "model", "created": int(state.facts(name).modified),
+                "owned_by": "minfer"}
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
