@@ -181,6 +181,15 @@ def test_a_prompt_list_with_n_choices_gets_each_prompts_solo_text_in_order(
     assert got.usage.prompt_tokens == sum(u.prompt_tokens for u in solo if u)
 
 
+def test_graph_builds_are_counted_and_a_repeated_shape_builds_none(server: Server) -> None:
+    c = server.client()
+    c.completions.create(model="m", prompt="abc", max_tokens=4, **GREEDY)
+    before = server.gauge("minfer_graph_builds_total")
+    assert before >= 1
+    c.completions.create(model="m", prompt="abc", max_tokens=4, **GREEDY)  # the same shapes
+    assert server.gauge("minfer_graph_builds_total") == before
+
+
 def test_32_clients_x_5_requests_nothing_lost_or_crossed(server: Server,
                                                          solo_texts: list[str]) -> None:
     async def client_run(k: int) -> list[tuple[int, str]]:

@@ -512,3 +512,13 @@ class ServerState:
         m.gauge("minfer_kv_cells_total", "KV cells",
                 total(lambda s: len(s.slots) * s.n_ctx_slot))
         m.gauge("minfer_models_loaded", "Models in memory", lambda: len(self.loaded()))
+        m.gauge("minfer_graph_builds_total", "Forward graphs built (a batch shape not in the "
+                "graph cache): each costs a build and a tape binding",
+                lambda: sum(_graph_builds(lm) for lm in self.loaded()))
+
+
+def _graph_builds(lm: LoadedModel) -> int:
+    """The graphs a loaded model's engine has built (0 before its engine exists, or for an
+    engine without a graph cache: a test's fake)."""
+    engine = getattr(lm.worker.core.runner, "engine", None) if lm.worker is not None else None
+    return int(getattr(getattr(engine, "cache", None), "rebuilds", 0))
