@@ -171,3 +171,44 @@ def test_string_array_tolist_decodes_each_element_as_alone(strings: list[bytes])
     starts = np.concatenate([[8], ends[:-1] + 8]).astype(np.int64)
     assert StringArray(buf, starts, ends).tolist() == [s.decode("utf-8", errors="replace")
                                                        for s in many]
+
+
+def _ends_one_by_one(buf: bytes, n: int) -> list[int] | None:
+    pos, out = 0, []
+    for _ in range(n):
+        if pos + 8 > len(buf):
+            return None
+        pos += int.from_bytes(buf[pos:pos + 8], "little") + 8
+        if pos > len(buf):
+            return None
+        out.append(pos)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_string_array_scan_reads_every_chain_as_one_by_one(seed: int) -> None:
+    """The vectorised scan of a string array's length prefixes gives the offsets of a plain
+    walk: for empty strings, strings over 255 bytes, bytes that look like prefixes (runs of
+    NULs inside strings), and arrays cut short (None, or an end past the buffer, which the
+    cursor refuses)."""
+    from minfer.gguf.parse import _string_ends
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 80))
+    parts = []
+    for _ in range(n):
+        kind = int(rng.integers(0, 5))
+        length = [0, int(rng.integers(1, 12)), int(rng.integers(250, 800)),
+                  int(rng.integers(1, 40)), 7][kind]
+        high = 2 if kind in (3, 4) else 256  # NULs and ones: prefix look-alikes inside
+        parts.append(length.to_bytes(8, "little")
+                     + bytes(rng.integers(0, high, length, dtype=np.uint8)))
+    data = b"".join(parts) + bytes(rng.integers(0, 2, int(rng.integers(0, 30)), dtype=np.uint8))
+    if seed % 4 == 3:
+        data = data[:int(rng.integers(0, len(data) + 1))]
+    want = _ends_one_by_one(data, n)
+    got = _string_ends(memoryview(data), 0, n, len(data))
+    if want is not None:
+        assert got is not None and got.tolist() == want
+    else:
+        assert got is None or (n > 0 and int(got[-1]) > len(data))

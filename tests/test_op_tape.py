@@ -4,6 +4,7 @@ bit for bit the plain walk, bound once per graph, its kernels called directly.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -179,30 +180,43 @@ def test_direct_tells_array_kinds_apart() -> None:
         direct(partial(total, x, out))()
         assert out[0] == x.sum()
     assert len({_numba_type(x) for x in kinds}) == len(kinds)
-    assert _numba_type(3) == typeof(3) and _numba_type(2**63) == typeof(2**63)
+    scalars = [3, -(2**63), 2**63 - 1, 2**63, True, 1.5,
+               np.float32(2), np.int8(-1), np.uint64(2**64 - 1), np.bool_(False), 1j]
+    for v in scalars * 2:  # the second pass reads the memo
+        assert _numba_type(v) == typeof(v), v
 
 
-def test_skipping_numba_blas_is_scoped_to_building_its_registry(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """`skip_numba_blas` makes scipy's BLAS unimportable only while `prime` runs, then leaves
-    the import system as it found it."""
+LEAN_PROBE = """
+import sys
+from minfer import jit_cache
+jit_cache.lean_cache_loads()
+from numba.core import base
+refreshes = []
+plain = base.BaseContext.refresh
+base.BaseContext.refresh = lambda self: (refreshes.append(1), plain(self))[1]
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import leanmod
+print(leanmod.total(np.arange(10.0)), len(refreshes))
+"""
+
+
+def test_lean_cache_loads_skip_the_context_refresh_only_for_cached_code(tmp_path: Path) -> None:
+    """With `lean_cache_loads` (the console script's processes) a kernel compiles as before on
+    a cache miss (numba's compiler refreshes its contexts), and a later process loads it from
+    the cache without refreshing them, and runs it."""
+    import subprocess
     import sys
 
-    from minfer import jit_cache
-
-    seen: list[object] = []
-
-    class Probe:
-        def refresh(self) -> None:
-            seen.append(sys.modules.get("scipy.linalg.cython_blas", "absent"))
-
-    from numba.core.registry import cpu_target
-
-    monkeypatch.setattr(jit_cache, "_skip_blas", True)
-    for name in jit_cache._BLAS_MODULES:
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.setattr(type(cpu_target), "target_context", property(lambda self: Probe()))
-    monkeypatch.setattr(type(cpu_target), "typing_context", property(lambda self: Probe()))
-    jit_cache.prime()
-    assert seen == [None, None]  # hidden: `import` raises ImportError, as without scipy
-    assert all(name not in sys.modules for name in jit_cache._BLAS_MODULES)
+    (tmp_path / "leanmod.py").write_text(
+        "from numba import njit\n\n\n@njit(cache=True)\ndef total(x):\n"
+        "    s = 0.0\n    for v in x:\n        s += v\n    return s\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", LEAN_PROBE, str(tmp_path)], env=env,
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    (cold_sum, cold_refreshes), (warm_sum, warm_refreshes) = (
+        r.stdout.split() for r in runs)
+    assert cold_sum == warm_sum == "45.0"
+    assert int(cold_refreshes) > 0 and int(warm_refreshes) == 0

@@ -129,3 +129,30 @@ def test_a_damaged_file_is_deleted_and_made_again(tmp_path: Path) -> None:
     bad.write_bytes(b"\x93NUMPY cut short")
     assert store.mapped("w", "packed") is None
     assert not bad.exists()
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(24, dtype=np.uint8).reshape(4, 6), np.arange(60, dtype=np.int16).reshape(3, 4, 5),
+    np.zeros((5, 0), np.float32), np.arange(7, dtype=">i4"), np.array(2.5),
+    np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.arange(3).astype([("a", "<i2")]),
+], ids=["u8", "i16-3d", "empty", "big-endian", "0-dim", "fortran", "record"])
+def test_map_npy_maps_what_np_load_maps(tmp_path: Path, array: np.ndarray) -> None:
+    """The quick header match gives np.load's array (the forms it does not match go to
+    np.load), writable and copy-on-write: a write changes the mapping, not the file."""
+    path = tmp_path / "m.npy"
+    np.save(path, array)
+    got = shared_weights.map_npy(path)
+    want = np.load(path, mmap_mode="c")
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert got.flags.writeable
+    if got.size:
+        got.reshape(-1)[:1] = got.reshape(-1)[1:2] if got.size > 1 else 0
+        assert np.array_equal(np.load(path), array)
+
+
+def test_map_npy_refuses_a_body_shorter_than_its_header(tmp_path: Path) -> None:
+    path = tmp_path / "cut.npy"
+    np.save(path, np.arange(1000, dtype=np.uint8).reshape(10, 100))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ValueError):
+        shared_weights.map_npy(path)

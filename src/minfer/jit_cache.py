@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar, cast
@@ -68,48 +68,46 @@ def _source_files() -> list[Path]:
 
 
 def prime() -> None:
-    """Build numba's typing and target contexts now. The first kernel a process loads from the
-    cache builds them otherwise: 0.2 s of imports and registrations under the GIL, on whatever
-    path that kernel sits (a warm start's first prefill, when the repacked weights are mapped
-    rather than made). After `skip_numba_blas`, without scipy's BLAS."""
+    """Make numba ready to load cached kernels now, off the caller's path (a warm start's
+    engine does it on its warming thread). After `lean_cache_loads` that is numba's runtime
+    (NRT) alone, which cached machine code links against; otherwise numba's typing and target
+    contexts too (what its first cache load would build: 0.2-0.3 s of imports and
+    registrations under the GIL)."""
     from numba.core.registry import cpu_target
+    from numba.core.runtime import nrt
 
-    with _blas_hidden() if _skip_blas else contextlib.nullcontext():
-        cpu_target.target_context.refresh()
-        cpu_target.typing_context.refresh()
-
-
-_skip_blas = False
-# Hidden from the package down: `import scipy.linalg.cython_blas` imports scipy.linalg first,
-# the costly part (0.2-0.4 s), which a hidden leaf alone would still load.
-_BLAS_MODULES = ("scipy.linalg", "scipy.linalg.cython_blas", "scipy.linalg.cython_lapack")
-
-
-def skip_numba_blas() -> None:
-    """For a process that runs only minfer's kernels (the console script): `prime` then builds
-    numba's array registry as if scipy were absent. Where scipy is installed numba imports its
-    BLAS there, for `np.dot` and `np.linalg` in compiled code, which no minfer kernel calls:
-    0.2 s of a warm start (AMD EPYC). Other compiled code of that process would find no BLAS,
-    so a library (`minfer.api`) leaves this off."""
-    global _skip_blas
-    _skip_blas = True
-
-
-@contextlib.contextmanager
-def _blas_hidden() -> Iterator[None]:
-    """scipy's BLAS modules unimportable for the duration (an import raises ImportError, as
-    numba expects without scipy), then importable again; nothing when one is loaded already."""
-    if any(name in sys.modules for name in _BLAS_MODULES):
-        yield
+    if _lean:
+        nrt.rtsys.initialize(cpu_target.target_context)
         return
-    for name in _BLAS_MODULES:
-        sys.modules[name] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        for name in _BLAS_MODULES:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
+    cpu_target.target_context.refresh()
+    cpu_target.typing_context.refresh()
+
+
+_lean = False
+
+
+def lean_cache_loads() -> None:
+    """For a process that runs only minfer's kernels (the console script): numba loads a
+    kernel from its disk cache without first refreshing its typing and target contexts. That
+    refresh imports and registers every lowering numba has (its sets, dicts, datetimes,
+    random, linear algebra with scipy's BLAS where installed): 0.2-0.3 s of a warm start
+    (Intel SPR), none of it used by machine code loaded from the cache, which links against
+    numba's runtime only (initialized here instead). A cache miss compiles as before: numba's
+    compiler refreshes both contexts itself before it types anything. Other compiled code in
+    the process would meet the same rule, so a library (`minfer.api`) leaves this off."""
+    global _lean
+    if _lean:
+        return
+    from numba.core import caching
+    from numba.core.runtime import nrt
+
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        nrt.rtsys.initialize(target_context)  # idempotent
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    caching.Cache.load_overload = load_overload  # type: ignore[method-assign]
+    _lean = True
 
 
 def direct(call: Callable[[], _T]) -> Callable[[], _T]:
@@ -131,21 +129,34 @@ def direct(call: Callable[[], _T]) -> Callable[[], _T]:
 
 
 _entries: dict[tuple[Dispatcher, tuple[Any, ...]], Callable[..., Any]] = {}
-_array_types: dict[tuple[Any, ...], Any] = {}
 
 
 def _numba_type(a: object) -> Any:
     """numba's type of an argument: `typeof`, memoised for arrays on what it reads of them
-    (class, dtype, rank, layout, writability, alignment)."""
-    if not isinstance(a, np.ndarray):
+    (class, dtype, rank, layout, writability, alignment), for bools, floats and numpy numbers
+    on their class, for ints within int64 (the type numba gives them all); ~30 us a call
+    otherwise, and a tape binding types a few hundred scalars."""
+    kind = type(a)
+    key: tuple[Any, ...]
+    if isinstance(a, np.ndarray):
+        flags = a.flags
+        key = (kind, a.dtype, a.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable,
+               flags.aligned)
+    elif isinstance(a, int) and kind is int:
+        if not -(2**63) <= a < 2**63:
+            return typeof(a)
+        key = (int,)
+    elif kind is bool or kind is float or issubclass(kind, np.number | np.bool_):
+        key = (kind,)
+    else:
         return typeof(a)
-    flags = a.flags
-    key = (type(a), a.dtype, a.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable,
-           flags.aligned)
-    t = _array_types.get(key)
+    t = _types.get(key)
     if t is None:
-        t = _array_types[key] = typeof(a)
+        t = _types[key] = typeof(a)
     return t
+
+
+_types: dict[tuple[Any, ...], Any] = {}
 
 
 def install_stamp() -> str:

@@ -6,6 +6,7 @@ Names and defaults follow llama.cpp's CLI so its users find what they expect.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -155,7 +156,19 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     if progress is None:  # warm: the engine readies its weights while the tokenizer loads
         model.engine().warm_in_background()
     model.chat_template  # noqa: B018  (text commands: an unreadable vocabulary fails now)
+    if progress is None:
+        model.engine().wait_ready()
+    started()
     return model, progress
+
+
+def started() -> None:
+    """The end of a command's start-up: what it allocated so far stays for the process's life,
+    so the garbage collector leaves it out of its walks from now on (`gc.freeze`) and runs
+    again where the console script had turned it off (`main.DEFERRED_GC`). A cold start calls
+    this before compiling, which makes cyclic garbage."""
+    gc.freeze()
+    gc.enable()
 
 
 def add_speculative_args(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import mmap
 import os
 import re
 import shutil
@@ -42,6 +43,30 @@ from minfer import env
 ENV = "MINFER_SHARE_WEIGHTS"
 MIN_MODEL_BYTES = 64 << 20
 FREE_MARGIN = 1 << 30  # bytes the disk keeps free after a matrix is written
+
+
+# the header `np.save` writes for a C-ordered array of a plain dtype (format 1.0)
+_NPY_HEADER = re.compile(rb"\x93NUMPY\x01\x00(..)\{'descr': '([<>|][a-z][0-9]+)', "
+                         rb"'fortran_order': False, 'shape': \(((?:[0-9]+, ?)*[0-9]*)\), \} *\n",
+                         re.DOTALL)
+
+
+def map_npy(path: Path) -> np.ndarray:
+    """An .npy file mapped copy-on-write, as `np.load(path, mmap_mode="c")` maps it: the header
+    `np.save` writes for these matrices read with one match, not numpy's parser (0.1 ms less
+    a file: a warm start maps ~170); any other header goes to `np.load`."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+        m = _NPY_HEADER.match(head)
+        if m is None or 10 + int.from_bytes(m.group(1), "little") != m.end():
+            return np.asarray(np.load(path, mmap_mode="c"))
+        shape = tuple(int(d) for d in m.group(3).split(b",") if d.strip())
+        dtype = np.dtype(m.group(2).decode())
+        count = int(np.prod(shape, dtype=np.int64))
+        if m.end() + count * dtype.itemsize > os.fstat(f.fileno()).st_size:
+            raise ValueError(f"{path} is shorter than its header says")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    return np.frombuffer(mm, dtype, count=count, offset=m.end()).reshape(shape)
 
 
 def enabled(model_bytes: int) -> bool:
@@ -117,7 +142,7 @@ class SharedStore:
     def _map(path: Path) -> tuple[np.ndarray, int] | None:
         qtype = int(path.name.rsplit(".t", 1)[1].removesuffix(".npy"))
         try:
-            return np.asarray(np.load(path, mmap_mode="c")), qtype
+            return map_npy(path), qtype
         except (OSError, ValueError):  # cut short outside our atomic rename (a full disk...)
             with contextlib.suppress(OSError):
                 path.unlink()

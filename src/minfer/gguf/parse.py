@@ -9,7 +9,6 @@ is a `GGUFError` naming the file and the problem.
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,6 +84,56 @@ class StringArray:
 
     def __repr__(self) -> str:
         return f"StringArray(len={len(self)})"
+
+# A window this many bytes a string (and SCAN_SLACK more) is scanned for length prefixes at once.
+SCAN_BYTES_PER_STRING = 32
+SCAN_SLACK = 1 << 16
+
+
+def _string_ends(buf: memoryview, first: int, n: int, end: int) -> np.ndarray | None:
+    """Where each of the n length-prefixed strings from `first` ends (int64 offsets into buf),
+    or None when one runs past `end`.
+
+    Each string's offset follows from the one before, a chain 300,000 links long in a
+    vocabulary and its merges. Most links are read at once: a string shorter than 256 bytes
+    has a prefix of one byte and seven NULs, so every such pattern in a window of the buffer
+    is a candidate start, and a candidate whose length lands on the next candidate is a link.
+    The walk follows runs of links from the chain's start, and steps one string at a time
+    (the plain read of its 8-byte length) where a run breaks: a longer string, or a pattern
+    inside a string's bytes (which the walk never lands on). Past the window it goes on
+    string by string."""
+    ends = np.empty(n, dtype=np.int64)
+    window = min(end - first, n * SCAN_BYTES_PER_STRING + SCAN_SLACK)
+    raw = np.frombuffer(buf, np.uint8, window, first) if window >= 8 else None
+    if raw is not None:
+        zero = raw == 0
+        seven = zero[1 : window - 6].copy()
+        for k in range(2, 8):
+            seven &= zero[k : window - 7 + k]
+        cands = np.flatnonzero(seven)
+        nexts = cands + 8 + raw[cands]
+        breaks = np.flatnonzero(nexts[:-1] != cands[1:])  # the links that do not hold
+    done, pos = 0, 0  # pos: the next string's start, relative to first
+    unpack = _U64.unpack_from
+    while done < n:
+        i = int(np.searchsorted(cands, pos)) if raw is not None else 0
+        if raw is not None and i < len(cands) and cands[i] == pos:
+            # a run of links from candidate i up to the first break at or after it
+            b = int(breaks[np.searchsorted(breaks, i)]) if len(breaks) and breaks[-1] >= i \
+                else len(cands) - 1
+            take = min(b - i + 1, n - done)
+            ends[done : done + take] = nexts[i : i + take]
+            done += take
+            pos = int(nexts[i + take - 1])
+            continue
+        if first + pos + 8 > end:
+            return None
+        pos += unpack(buf, first + pos)[0] + 8
+        if first + pos > end:
+            return None
+        ends[done] = pos
+        done += 1
+    return ends + first
 
 
 class Cursor:
@@ -176,23 +225,13 @@ class Cursor:
     def string_array(self, what: str) -> StringArray:
         n = self.count(what, 8)
         first = self.pos
-        # Where each string ends, grown item by item (not preallocated from n), so memory
-        # follows the bytes really read; the loop does no more than it must (a vocabulary and
-        # its merges are 300,000 strings): a read past the buffer raises, the last one is
-        # checked after.
-        ends = array("q")
-        unpack, buf, pos, append = _U64.unpack_from, self.buf, self.pos, ends.append
-        try:
-            for _ in range(n):
-                pos += unpack(buf, pos)[0] + 8
-                append(pos)
-        except (struct.error, OverflowError):  # past the buffer, or a length past any file
-            pos = self.end + 1
-        if pos > self.end:
+        pos = _string_ends(self.buf, first, n, self.end)
+        if pos is None or pos[-1:].max(initial=first) > self.end:
             raise self.fail(f"truncated: {what} runs past the end of the file")
-        self.pos = pos
-        stops = np.frombuffer(ends, dtype=np.int64) - first
+        last = int(pos[-1]) if n else first
+        self.pos = last
+        stops = pos - first
         starts = np.empty_like(stops)
         starts[:1] = 8
         starts[1:] = stops[:-1] + 8
-        return StringArray(bytes(buf[first:pos]), starts, stops)
+        return StringArray(bytes(self.buf[first:last]), starts, stops)

@@ -21,7 +21,7 @@ Two alphabets:
 from __future__ import annotations
 
 from itertools import repeat
-from operator import contains, methodcaller
+from operator import contains
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as hf_models
@@ -157,7 +157,8 @@ class BpeModel:
 def merge_ranks(merges: list[str]) -> dict[str, int]:
     """Each merge's rank by its text, counting the merges `split_merges` keeps, a later
     duplicate replacing an earlier one (as the library's merge map does)."""
-    if all(map(contains, merges, repeat(" "))) and not any(
-            map(methodcaller("startswith", " "), merges)):
+    # none starts with a space: no NUL-space in them joined (a NUL inside a merge can only
+    # send a vocabulary to the general path, which gives the same ranks)
+    if all(map(contains, merges, repeat(" "))) and "\0 " not in "\0" + "\0".join(merges):
         return dict(zip(merges, range(len(merges)), strict=True))
     return {f"{a} {b}": r for r, (a, b) in enumerate(split_merges(merges))}
