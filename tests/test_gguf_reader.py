@@ -212,3 +212,36 @@ def test_string_array_scan_reads_every_chain_as_one_by_one(seed: int) -> None:
         assert got is not None and got.tolist() == want
     else:
         assert got is None or (n > 0 and int(got[-1]) > len(data))
+
+
+def test_the_reading_paths_constants_are_gguf_pys() -> None:
+    """minfer.gguf.constants (the reading path's, without importing gguf) holds gguf-py's
+    names, values and block sizes, and every GGML type gguf-py knows."""
+    from minfer.gguf import constants as c
+
+    assert c.GGUF_DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT
+    for mine, theirs in ((c.GGUFValueType, gguf.GGUFValueType),
+                         (c.GGMLQuantizationType, gguf.GGMLQuantizationType)):
+        assert {m.name: m.value for m in mine} == {m.name: m.value for m in theirs}
+    assert {int(k): v for k, v in c.GGML_QUANT_SIZES.items()} == {
+        int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
+
+
+def test_loading_a_model_does_not_import_gguf_py(tmp_path: Path) -> None:
+    """Opening a GGUF, reading its hyper-parameters and building an engine leave the gguf
+    package unimported (its import is most of a warm start's GGUF cost)."""
+    from minfer.tools.synth import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m.gguf")
+    code = textwrap.dedent(f"""
+        import sys
+        from minfer.engine.forward import Engine
+        from minfer.gguf.hparams import HParams
+        from minfer.gguf.reader import GGUFFile
+        f = GGUFFile.open({str(path)!r})
+        Engine(f, HParams.from_gguf(f), n_ctx=16, n_threads=1)
+        print("gguf" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.strip() == "False"

@@ -103,7 +103,7 @@ def plan(engine: Any, shapes: Sequence[tuple[int, int]]) -> list[Item]:
 
 
 def _label(kind: str, types: tuple[int, ...]) -> str:
-    from gguf import GGMLQuantizationType
+    from minfer.gguf.constants import GGMLQuantizationType
 
     names = [GGMLQuantizationType(t).name.lower() for t in types]
     return " ".join([kind, *names])

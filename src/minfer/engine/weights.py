@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import gguf
 import numpy as np
 
 from minfer.engine import shared_weights
+from minfer.gguf.constants import GGMLQuantizationType
 from minfer.gguf.reader import GGUFFile
 
 FLOAT_TYPES = {
-    gguf.GGMLQuantizationType.F32,
-    gguf.GGMLQuantizationType.F16,
-    gguf.GGMLQuantizationType.BF16,
+    GGMLQuantizationType.F32,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
 }
 
 
@@ -100,7 +100,7 @@ class ModelWeights:
         vec = self._vectors.get(name)
         if vec is None:
             info = self.file.tensors[name]
-            if int(info.ggml_type) == gguf.GGMLQuantizationType.BF16:
+            if int(info.ggml_type) == GGMLQuantizationType.BF16:
                 raw = self.file.array(name).astype(np.uint32) << 16
                 vec = raw.view(np.float32).reshape(-1)
             else:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType
 
 from minfer.errors import GGUFError
+from minfer.gguf.constants import GGUFValueType
 
 # Scalar value types: struct format (little-endian) and numpy dtype of one element.
 _SCALARS: dict[int, tuple[str, str]] = {

@@ -15,8 +15,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
-
 from minfer.errors import GGUFError, ModelNotFoundError
 from minfer.gguf.reader import GGUFFile
 from minfer.store.catalog import default_model_name, minfer_home
@@ -82,6 +80,8 @@ def model_quantization(f: GGUFFile) -> str:
     """general.file_type by name (e.g. Q4_K_M), else the most common 2-D tensor type."""
     ftype = f.metadata.get("general.file_type")
     if isinstance(ftype, int):
+        import gguf  # (its file-type names; not on a model's load path)
+
         with contextlib.suppress(ValueError):
             return gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_")
     census = Counter(t.type_name for t in f.tensors.values() if len(t.shape) >= 2)

@@ -36,9 +36,9 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from minfer.errors import ModelError
+from minfer.gguf.constants import GGMLQuantizationType
 
 
 class QType(IntEnum):
