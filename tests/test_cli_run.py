@@ -107,3 +107,22 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_qwen2: Path,
 
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert main(["run", str(tiny_qwen2), "--raw", "-n", "4", "--temp", "0", "hello"]) == 141
+
+
+def test_start_up_ends_with_the_collector_on_and_what_it_made_frozen() -> None:
+    """`run` / `chat` start with the cyclic collector off (`main.DEFERRED_GC`); the end of
+    start-up turns it on, with start-up's objects out of its walks."""
+    import gc
+
+    from minfer.cli import common, main
+
+    assert {"run", "chat"} <= main.DEFERRED_GC
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        common.started()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        if not was_enabled:
+            gc.disable()
