@@ -100,11 +100,12 @@ def lean_cache_loads() -> None:
     minfer's kernels use none, and the lookup reads every installed distribution's metadata
     on the first call through a dispatcher (18 ms in a virtual environment of 200 packages)."""
     global _lean
-    if _lean:
-        return
     from numba.core import caching, entrypoints
     from numba.core.runtime import nrt
 
+    if _lean or not all(hasattr(caching.Cache, name) for name in (
+            "_load_overload", "_guard_against_spurious_io_errors")):
+        return  # (a numba whose cache reads differently: its own load, refresh included)
     entrypoints._already_initialized = True
 
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
