@@ -202,3 +202,39 @@ def test_real_models_alternate_and_an_idle_one_gives_its_memory_back(
         print(f"server RSS with both models {loaded:.0f} MB, after Gemma unloaded "
               f"{unloaded:.0f} MB")
         assert unloaded < loaded - 30  # Gemma's touched weights and its engine went back
+
+
+def test_anthropics_client_lists_and_retrieves_the_models(state: ServerState) -> None:
+    """`/v1/models` in Anthropic's shapes for its client (it sends `anthropic-version`): pages
+    by `limit` / `after_id` / `before_id`, one model by name, errors as Anthropic's objects;
+    OpenAI's client on the same path still gets OpenAI's list."""
+    import anthropic
+
+    from tests.test_server_anthropic import with_client
+
+    async def go(c: anthropic.AsyncAnthropic) -> dict[str, Any]:
+        first = await c.models.list(limit=2)
+        every = [m.id async for m in await c.models.list(limit=1)]  # follows the cursors
+        before = await c.models.list(before_id="gamma", limit=1)
+        one = await c.models.retrieve("beta")
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await c.models.retrieve("nope")
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await c.models.list(limit=0)
+        return {"first": first, "every": every, "before": before, "one": one,
+                "missing": missing.value.body, "bad": bad.value.body}
+
+    got = with_client(state, go)
+    first = got["first"]
+    assert [m.id for m in first.data] == ["qwen2", "beta"] and first.has_more
+    assert (first.first_id, first.last_id) == ("qwen2", "beta")
+    assert got["every"] == ["qwen2", "beta", "gamma"]
+    assert [m.id for m in got["before"].data] == ["beta"] and got["before"].has_more
+    one = got["one"]
+    assert (one.id, one.type, one.display_name, one.lifecycle) == ("beta", "model", "beta",
+                                                                    "active")
+    assert one.created_at.year >= 2020 and one.max_input_tokens
+    for body, kind in ((got["missing"], "not_found_error"), (got["bad"], "invalid_request_error")):
+        assert body["type"] == "error" and body["error"]["type"] == kind, body
+    plain = call(state, "GET", "/v1/models").json()
+    assert plain["object"] == "list" and [m["object"] for m in plain["data"]] == ["model"] * 3

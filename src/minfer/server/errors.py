@@ -1,16 +1,18 @@
 """API errors: one exception type, the body shape of each API, and the handlers that enforce them.
 
 Every failure a client can cause ends as `{"error": {"message", "type", "param", "code"}}` with a
-4xx status (on Anthropic's `/v1/messages` routes as `{"type": "error", "error": {"type",
-"message"}}`, on Ollama's `/api/` routes as `{"error": "..."}`); a full queue or a model still
-loading is a 503 with `Retry-After`. Validation errors (malformed JSON, wrong types, out-of-range
-values) are 400 as OpenAI answers them, not FastAPI's 422. Anything else escaping a handler is a
-bug: it is logged and answered with a 500 in the same shape, never a traceback.
+4xx status; on Anthropic's `/v1/messages` routes, and for any request carrying Anthropic's
+`anthropic-version` header, as `{"type": "error", "error": {"type", "message"}}`; on Ollama's
+`/api/` routes as `{"error": "..."}`. A full queue or a model still loading is a 503 with
+`Retry-After`. Validation errors (malformed JSON, wrong types, out-of-range values) are 400 as
+OpenAI answers them, not FastAPI's 422. Anything else escaping a handler is a bug: it is logged
+and answered with a 500 in the same shape, never a traceback.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -55,17 +57,19 @@ class APIError(Exception):
                                         else "server_error")
         self.headers = headers or {}
 
-    def body(self, path: str = "") -> dict[str, Any]:
-        """The error in the shape of the API that path belongs to (OpenAI's unless it is
-        Anthropic's `/v1/messages` or Ollama's `/api/`)."""
-        if is_anthropic(path):
+    def body(self, path: str = "", headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The error in the shape of the API that path (and headers) belong to: OpenAI's unless
+        it is Anthropic's (`is_anthropic`) or Ollama's `/api/`."""
+        if is_anthropic(path, headers):
             return anthropic_error_body(self.status, self.message)
         if path.startswith("/api/"):  # Ollama's: {"error": "..."}
             return {"error": self.message}
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
 
-    def response(self, path: str = "") -> JSONResponse:
-        return JSONResponse(self.body(path), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "", headers: Mapping[str, str] | None = None
+                 ) -> JSONResponse:
+        return JSONResponse(self.body(path, headers), status_code=self.status,
+                            headers=self.headers)
 
 
 def error_body(message: str, *, type_: str, param: str | None = None,
@@ -85,8 +89,15 @@ ANTHROPIC_TYPES = {
 }
 
 
-def is_anthropic(path: str) -> bool:
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
+# the header Anthropic's clients send with every request (`/v1/models` is both APIs' path)
+ANTHROPIC_HEADER = "anthropic-version"
+
+
+def is_anthropic(path: str, headers: Mapping[str, str] | None = None) -> bool:
+    """A request of Anthropic's API: its Messages routes, or any route asked by a client that
+    sends `anthropic-version`."""
+    return (path == "/v1/messages" or path.startswith("/v1/messages/")
+            or (headers is not None and ANTHROPIC_HEADER in headers))
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
@@ -131,26 +142,26 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response(request.url.path)
+        return exc.response(request.url.path, request.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         return bad_request(message, param=param, code="invalid_value").response(
-            request.url.path)
+            request.url.path, request.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         return APIError(exc.status_code, detail, headers=dict(exc.headers or {})).response(
-            request.url.path)
+            request.url.path, request.headers)
 
     @app.exception_handler(MinferError)
     async def _minfer(request: Request, exc: MinferError) -> JSONResponse:
-        return from_minfer_error(exc).response(request.url.path)
+        return from_minfer_error(exc).response(request.url.path, request.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in a request handler", exc_info=exc)
         return APIError(500, "internal server error", type_="server_error").response(
-            request.url.path)
+            request.url.path, request.headers)

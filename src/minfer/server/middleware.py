@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minfer.server.errors import APIError
@@ -67,7 +68,8 @@ class RequestGuard:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
-                await refusal.response(scope["path"])(scope, receive, send_status)
+                await refusal.response(scope["path"], Headers(scope=scope))(
+                    scope, receive, send_status)
             else:
                 await self.app(_as_json(scope), self._capped(receive), send_status)
         except BaseException:

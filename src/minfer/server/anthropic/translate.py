@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from minfer.server.anthropic.schemas import (
@@ -132,6 +133,40 @@ def _result_text(block: ToolResultBlock, at: str) -> str:
                               param=f"{at}.content.{k}")
         parts.append(part.text)
     return "\n".join(parts)
+
+
+def model_info(name: str, modified: float, n_ctx_train: int | None) -> dict[str, Any]:
+    """One served model as Anthropic's Models API describes one (`client.models.retrieve`):
+    its name as id and display name, the file's modification time as its creation."""
+    info: dict[str, Any] = {
+        "type": "model", "id": name, "display_name": name, "lifecycle": "active",
+        "created_at": datetime.fromtimestamp(modified, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if n_ctx_train:
+        info["max_input_tokens"] = n_ctx_train
+    return info
+
+
+def model_page(infos: list[dict[str, Any]], *, limit: int, after_id: str | None,
+               before_id: str | None) -> dict[str, Any]:
+    """A page of the model list (`client.models.list`): at most `limit` models after
+    `after_id`, or the last `limit` before `before_id`, with Anthropic's cursors."""
+    if not 1 <= limit <= 1000:
+        raise bad_request(f"limit must be between 1 and 1000, got {limit}", param="limit")
+    if after_id is not None and before_id is not None:
+        raise bad_request("after_id and before_id cannot be given together", param="before_id")
+    ids = [m["id"] for m in infos]
+    for param, cursor in (("after_id", after_id), ("before_id", before_id)):
+        if cursor is not None and cursor not in ids:
+            raise bad_request(f"{param}: no model {cursor!r} is served here", param=param)
+    if before_id is not None:
+        rest = infos[:ids.index(before_id)]
+        page = rest[-limit:]
+    else:
+        rest = infos[ids.index(after_id) + 1:] if after_id is not None else infos
+        page = rest[:limit]
+    return {"data": page, "has_more": len(rest) > limit,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}
 
 
 def new_id(prefix: str) -> str:

@@ -1,6 +1,6 @@
 """The OpenAI-compatible routes: `POST /v1/chat/completions`, `POST /v1/completions` (stream or
 not), `GET /v1/models` and one model's `GET /v1/models/{id}` (each also answers without the
-`/v1` prefix).
+`/v1` prefix; in Anthropic's shapes for a client that sends `anthropic-version`).
 
 A request is validated (schemas.py), turned into a GenRequest (prepare.py, on a worker thread
 since tokenizing can take a while), queued on the engine thread (minfer.server.worker), and its
@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from minfer.engine.core.request import TokenLogprob
-from minfer.server.errors import APIError, bad_request
+from minfer.server.anthropic.translate import model_info, model_page
+from minfer.server.errors import APIError, bad_request, is_anthropic
 from minfer.server.openai.prepare import Prepared, choices, prepare
 from minfer.server.openai.responses import (
     Envelope,
@@ -40,25 +41,37 @@ from minfer.server.worker import Delta, Done, Event, Failed, Handle, Usage
 def openai_routes(app: FastAPI, state: ServerState) -> None:
     """Add the OpenAI routes to app."""
 
+    def describe(name: str, request: Request) -> dict[str, Any]:
+        facts = state.facts(name)
+        if is_anthropic(request.url.path, request.headers):
+            n_ctx = facts.metadata.get(f"{facts.architecture}.context_length")
+            return model_info(name, facts.modified, n_ctx if isinstance(n_ctx, int) else None)
+        return {"id": name, "object": "model", "created": int(facts.modified),
+                "owned_by": "minfer"}
+
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(state.facts(name).modified),
-             "owned_by": "minfer"} for name in state.names()]}
+    async def models(request: Request, limit: int = 20, after_id: str | None = None,
+                     before_id: str | None = None) -> dict[str, Any]:
+        """The served models: OpenAI's list, or Anthropic's page (`limit`, `after_id`,
+        `before_id`) for a client that sends `anthropic-version`."""
+        infos = [describe(name, request) for name in state.names()]
+        if is_anthropic(request.url.path, request.headers):
+            return model_page(infos, limit=limit, after_id=after_id, before_id=before_id)
+        return {"object": "list", "data": infos}
 
     @app.get("/v1/models/{model_id:path}")
     @app.get("/models/{model_id:path}", include_in_schema=False)
-    async def model(model_id: str) -> dict[str, Any]:
-        """One served model (`client.models.retrieve`), by its exact name (`:latest` optional:
-        Ollama's spelling); another is a 404, even where a request's model name is free."""
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        """One served model (`client.models.retrieve`, OpenAI's or Anthropic's), by its exact
+        name (`:latest` optional: Ollama's spelling); another is a 404, even where a request's
+        model name is free."""
         name = model_id.removesuffix(":latest")
         if name not in state.names():
             raise APIError(404, f"model '{model_id}' is not served here (models: "
                            f"{', '.join(state.names())})", param="model",
                            code="model_not_found")
-        return {"id": name, "object": "model", "created": int(state.facts(name).modified),
-                "owned_by": "minfer"}
+        return describe(name, request)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
