@@ -239,3 +239,41 @@ def test_pull_a_catalogue_model_already_cached_and_delete(
     assert r.status_code == 404 and "no-org/no-repo" in r.json()["error"]
     r = call(state, "DELETE", "/api/delete", json={"model": "coder"})
     assert r.status_code == 400  # the model the server started with
+
+
+def test_copy_serves_a_second_name_and_refuses_to_overwrite(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`client.copy`: the copy is listed and answers as its source (the same file, linked into
+    the model cache); an existing destination, an unknown source and a name that is no file
+    name are refused in Ollama's shape; deleting the copy leaves the source's file."""
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
+    src = write_tiny_model(tmp_path / "alpha.gguf", seed=4)
+    st = make_state(src, n_ctx=256, slots=2)
+    st.start()
+    assert st.wait_ready(30)
+    try:
+        async def go(c: ollama.AsyncClient) -> dict[str, Any]:
+            await c.copy("alpha:latest", "alpha-copy")
+            tags = [m.model for m in (await c.list()).models]
+            replies = [(await c.chat(model=m, messages=MSG, options={"temperature": 0,
+                                                                      "num_predict": 8}))
+                       .message.content for m in ("alpha", "alpha-copy")]
+            errors = []
+            for source, dest in (("alpha", "alpha-copy"), ("nope", "other"),
+                                 ("alpha", "../escape")):
+                with pytest.raises(ollama.ResponseError) as info:
+                    await c.copy(source, dest)
+                errors.append((info.value.status_code, info.value.error))
+            await c.delete("alpha-copy")
+            return {"tags": tags, "replies": replies, "errors": errors,
+                    "after": [m.model for m in (await c.list()).models]}
+
+        got = with_client(st, go)
+    finally:
+        st.stop()
+    assert got["tags"] == ["alpha:latest", "alpha-copy:latest"]
+    assert got["replies"][0] == got["replies"][1] and got["replies"][0]
+    assert [status for status, _ in got["errors"]] == [400, 404, 400]
+    assert "already exists" in got["errors"][0][1] and "not a model name" in got["errors"][2][1]
+    assert got["after"] == ["alpha:latest"] and src.is_file()
+    assert not (tmp_path / "home" / "alpha-copy.gguf").exists()

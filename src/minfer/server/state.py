@@ -347,13 +347,17 @@ class ServerState:
         extra = [e.lm for e in self.extra.values() if e.lm is not None]
         return ([self._model] if self._model is not None else []) + extra
 
+    def path_of(self, name: str) -> Path:
+        """The file of a served model (by its listed name)."""
+        return self.extra[name].path if name in self.extra else self.config.model_path
+
     def facts(self, name: str) -> ModelFacts:
         """A served model's facts, loaded or not (read from its file once)."""
         for lm in self.loaded():
             if lm.name == name and lm.facts is not None:
                 return lm.facts
         if name not in self._facts:
-            path = self.extra[name].path if name in self.extra else self.config.model_path
+            path = self.path_of(name)
             with GGUFFile.open(path) as f:
                 self._facts[name] = ModelFacts.of(f, path)
         return self._facts[name]

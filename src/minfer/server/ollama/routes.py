@@ -1,8 +1,9 @@
 """Ollama's API: `GET /`, `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`,
 `POST /api/chat`, `POST /api/generate`, `POST /api/embed` (and the older `/api/embeddings`),
 `POST /api/pull` (catalogue and
-`hf:` names, progress as NDJSON; the pulled model is served too), `DELETE /api/delete` (a
-served model other than the first is unloaded; only files in the model cache are deleted).
+`hf:` names, progress as NDJSON; the pulled model is served too), `POST /api/copy` (a second
+name for a served or cached model, linked into the model cache and served), `DELETE /api/delete`
+(a served model other than the first is unloaded; only files in the model cache are deleted).
 
 Chat and generate are translated onto the chat / completion request path (translate.py) and
 answered as one object or as NDJSON (`application/x-ndjson`), a line per piece and a final line
@@ -15,10 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +38,7 @@ from minfer.server.embeddings import encode_inputs, run_embeddings
 from minfer.server.errors import APIError
 from minfer.server.ollama.schemas import (
     ChatRequest,
+    CopyRequest,
     EmbedRequest,
     GenerateRequest,
     LegacyEmbedRequest,
@@ -142,6 +148,30 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         async for event in events:
             last = event
         return JSONResponse(last, status_code=failures[0] if failures else 200)
+
+    @app.post("/api/copy")
+    async def copy(body: CopyRequest) -> Response:
+        """A served or cached model under a second name (Ollama's `copy`): a hard link in the
+        model cache (a copy where the file system has none), served from now on. A destination
+        already taken is refused; nothing is overwritten."""
+        source = body.source.removesuffix(":latest")
+        dest = body.destination.removesuffix(":latest")
+        if not MODEL_NAME.fullmatch(dest):
+            raise APIError(400, f"destination '{body.destination}' is not a model name (letters, "
+                           "digits, '.', '_' and '-', an optional ':latest')")
+        cached = {m.name: m.path for m in await run_in_threadpool(list_models)}
+        if source in state.names():
+            path = state.path_of(source)
+        elif source in cached:
+            path = cached[source]
+        else:
+            raise APIError(404, f"model '{body.source}' not found")
+        target = minfer_home() / f"{dest}.gguf"
+        if dest in state.names() or dest in cached or target.exists():
+            raise APIError(400, f"destination '{body.destination}' already exists")
+        await run_in_threadpool(_link_or_copy, path, target)
+        state.add_model(target)
+        return Response(status_code=200)
 
     @app.delete("/api/delete")
     async def delete(body: ShowRequest) -> Response:
@@ -316,3 +346,22 @@ async def _pull_events(state: ServerState, name: str, entry: Any,
         yield event
         if "error" in event or event.get("status") == "success":
             return
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """target as a second name of source's bytes: a hard link, else a copy written under a
+    private name and renamed (never a half file under the model's name)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise APIError(500, f"cannot copy the model: {exc.strerror}") from None

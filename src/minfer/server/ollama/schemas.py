@@ -76,6 +76,11 @@ class ShowRequest(_Strict):
     verbose: bool | None = None
 
 
+class CopyRequest(_Strict):
+    source: str = Field(min_length=1, max_length=512)
+    destination: str = Field(min_length=1, max_length=512)
+
+
 class PullRequest(_Strict):
     model: str = Field(min_length=1, max_length=512)
     stream: bool = True
