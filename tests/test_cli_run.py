@@ -126,3 +126,13 @@ def test_start_up_ends_with_the_collector_on_and_what_it_made_frozen() -> None:
         gc.unfreeze()
         if not was_enabled:
             gc.disable()
+
+
+def test_a_prompt_longer_than_n_ctx_says_the_context_grows(
+        tiny_qwen2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--json", str(tiny_qwen2), "one two three four five six seven eight",
+                 "--raw", "-c", "4", "-n", "2", "--temp", "0"]) == 0
+    got = capsys.readouterr()
+    n_prompt = len(json.loads(got.out)["prompt_ids"])
+    assert n_prompt > 4
+    assert f"the prompt is {n_prompt} tokens, more than -c 4" in got.err

@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         prompt_ids, plan = model.chat_prompt(messages, reasoning=reasoning_from_args(args))
     if args.dump_graph or args.dump_graph_json:
         return dump_graphs(model, args, len(prompt_ids))
+    if len(prompt_ids) > args.n_ctx:  # (llama.cpp refuses; the session grows to hold it)
+        print(f"minfer: the prompt is {len(prompt_ids)} tokens, more than -c {args.n_ctx}: the "
+              f"context grows to {model.session_n_ctx(len(prompt_ids))}", file=sys.stderr)
     if progress is not None:
         model.warm_up(len(prompt_ids), progress)
     return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args), plan)
