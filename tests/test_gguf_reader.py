@@ -186,12 +186,17 @@ def _ends_one_by_one(buf: bytes, n: int) -> list[int] | None:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_string_array_scan_reads_every_chain_as_one_by_one(seed: int) -> None:
+def test_string_array_scan_reads_every_chain_as_one_by_one(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The vectorised scan of a string array's length prefixes gives the offsets of a plain
     walk: for empty strings, strings over 255 bytes, bytes that look like prefixes (runs of
-    NULs inside strings), and arrays cut short (None, or an end past the buffer, which the
-    cursor refuses)."""
+    NULs inside strings), arrays cut short (None, or an end past the buffer, which the cursor
+    refuses), and windows smaller than the array (odd seeds)."""
+    from minfer.gguf import parse
     from minfer.gguf.parse import _string_ends
+
+    if seed % 2:
+        monkeypatch.setattr(parse, "SCAN_MAX", 24 + seed)
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 80))

@@ -85,9 +85,13 @@ class StringArray:
     def __repr__(self) -> str:
         return f"StringArray(len={len(self)})"
 
-# A window this many bytes a string (and SCAN_SLACK more) is scanned for length prefixes at once.
+
+# Length prefixes are scanned this many bytes a string ahead (and SCAN_SLACK more), in windows
+# of at most SCAN_MAX bytes (a lying count or a run of NULs costs bounded memory: the window's
+# masks and at most one int64 candidate a byte).
 SCAN_BYTES_PER_STRING = 32
 SCAN_SLACK = 1 << 16
+SCAN_MAX = 1 << 22
 
 
 def _string_ends(buf: memoryview, first: int, n: int, end: int) -> np.ndarray | None:
@@ -100,40 +104,43 @@ def _string_ends(buf: memoryview, first: int, n: int, end: int) -> np.ndarray | 
     is a candidate start, and a candidate whose length lands on the next candidate is a link.
     The walk follows runs of links from the chain's start, and steps one string at a time
     (the plain read of its 8-byte length) where a run breaks: a longer string, or a pattern
-    inside a string's bytes (which the walk never lands on). Past the window it goes on
-    string by string."""
+    inside a string's bytes (which the walk never lands on). Past a window the next is
+    scanned from where the walk stands."""
     ends = np.empty(n, dtype=np.int64)
-    window = min(end - first, n * SCAN_BYTES_PER_STRING + SCAN_SLACK)
-    raw = np.frombuffer(buf, np.uint8, window, first) if window >= 8 else None
-    if raw is not None:
-        zero = raw == 0
-        seven = zero[1 : window - 6].copy()
-        for k in range(2, 8):
-            seven &= zero[k : window - 7 + k]
-        cands = np.flatnonzero(seven)
-        nexts = cands + 8 + raw[cands]
-        breaks = np.flatnonzero(nexts[:-1] != cands[1:])  # the links that do not hold
-    done, pos = 0, 0  # pos: the next string's start, relative to first
+    done, pos = 0, first
     unpack = _U64.unpack_from
     while done < n:
-        i = int(np.searchsorted(cands, pos)) if raw is not None else 0
-        if raw is not None and i < len(cands) and cands[i] == pos:
-            # a run of links from candidate i up to the first break at or after it
-            b = int(breaks[np.searchsorted(breaks, i)]) if len(breaks) and breaks[-1] >= i \
-                else len(cands) - 1
-            take = min(b - i + 1, n - done)
-            ends[done : done + take] = nexts[i : i + take]
-            done += take
-            pos = int(nexts[i + take - 1])
-            continue
-        if first + pos + 8 > end:
-            return None
-        pos += unpack(buf, first + pos)[0] + 8
-        if first + pos > end:
-            return None
-        ends[done] = pos
-        done += 1
-    return ends + first
+        window = min(end - pos, (n - done) * SCAN_BYTES_PER_STRING + SCAN_SLACK, SCAN_MAX)
+        cands = nexts = breaks = np.empty(0, dtype=np.int64)
+        if window >= 8:
+            raw = np.frombuffer(buf, np.uint8, window, pos)
+            zero = raw == 0
+            seven = zero[1 : window - 6].copy()
+            for k in range(2, 8):
+                seven &= zero[k : window - 7 + k]
+            rel = np.flatnonzero(seven)
+            cands = rel + pos
+            nexts = cands + 8 + raw[rel]
+            breaks = np.flatnonzero(nexts[:-1] != cands[1:])  # the links that do not hold
+        limit = pos + max(window - 7, 1)  # past it the window shows no candidates
+        while done < n and pos < limit:
+            i = int(np.searchsorted(cands, pos))
+            if i < len(cands) and cands[i] == pos:  # a run of links up to the next break
+                j = int(np.searchsorted(breaks, i))
+                b = int(breaks[j]) if j < len(breaks) else len(cands) - 1
+                take = min(b - i + 1, n - done)
+                ends[done : done + take] = nexts[i : i + take]
+                done += take
+                pos = int(nexts[i + take - 1])
+                continue
+            if pos + 8 > end:
+                return None
+            pos += unpack(buf, pos)[0] + 8
+            if pos > end:
+                return None
+            ends[done] = pos
+            done += 1
+    return ends
 
 
 class Cursor:
