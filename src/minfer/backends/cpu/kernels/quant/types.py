@@ -38,57 +38,46 @@ from enum import IntEnum
 import numpy as np
 
 from minfer.errors import ModelError
-from minfer.gguf.constants import GGMLQuantizationType
+from minfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+_G = GGMLQuantizationType
 
 
 class QType(IntEnum):
-    """GGML type ids (the values stored in a GGUF tensor header)."""
+    """The GGML type ids the kernels take (values from `minfer.gguf.constants`), and minfer's
+    repacked layouts (0x1000 + the type they repack)."""
 
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q8_1 = 9
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    Q8_K = 15
-    IQ4_NL = 20
-    BF16 = 30
-    Q4_0_PACKED = 0x1002  # minfer's repacked layouts (not GGML ids)
-    Q5_0_PACKED = 0x1006
-    Q8_0_PACKED = 0x1008
-    Q4_K_PACKED = 0x100C
-    Q6_K_PACKED = 0x100E
+    F32 = _G.F32.value
+    F16 = _G.F16.value
+    Q4_0 = _G.Q4_0.value
+    Q4_1 = _G.Q4_1.value
+    Q5_0 = _G.Q5_0.value
+    Q5_1 = _G.Q5_1.value
+    Q8_0 = _G.Q8_0.value
+    Q8_1 = _G.Q8_1.value
+    Q2_K = _G.Q2_K.value
+    Q3_K = _G.Q3_K.value
+    Q4_K = _G.Q4_K.value
+    Q5_K = _G.Q5_K.value
+    Q6_K = _G.Q6_K.value
+    Q8_K = _G.Q8_K.value
+    IQ4_NL = _G.IQ4_NL.value
+    BF16 = _G.BF16.value
+    Q4_0_PACKED = 0x1000 + _G.Q4_0.value
+    Q5_0_PACKED = 0x1000 + _G.Q5_0.value
+    Q8_0_PACKED = 0x1000 + _G.Q8_0.value
+    Q4_K_PACKED = 0x1000 + _G.Q4_K.value
+    Q6_K_PACKED = 0x1000 + _G.Q6_K.value
 
 
-# (values per block, bytes per block) for the weight types the kernels accept
+# (values per block, bytes per block) of the weight types the kernels accept: GGML's, and for a
+# repacked layout its type's (the same blocks, rearranged)
+_WEIGHT_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0,
+                 QType.Q5_1, QType.Q8_0, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q2_K,
+                 QType.Q3_K, QType.IQ4_NL, QType.Q4_0_PACKED, QType.Q5_0_PACKED,
+                 QType.Q8_0_PACKED, QType.Q4_K_PACKED, QType.Q6_K_PACKED)
 BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
-    QType.F32: (1, 4),
-    QType.F16: (1, 2),
-    QType.BF16: (1, 2),
-    QType.Q4_0: (32, 18),
-    QType.Q4_1: (32, 20),
-    QType.Q5_0: (32, 22),
-    QType.Q5_1: (32, 24),
-    QType.Q8_0: (32, 34),
-    QType.Q4_K: (256, 144),
-    QType.Q5_K: (256, 176),
-    QType.Q6_K: (256, 210),
-    QType.Q2_K: (256, 84),
-    QType.Q3_K: (256, 110),
-    QType.IQ4_NL: (32, 18),
-    QType.Q4_0_PACKED: (32, 18),
-    QType.Q5_0_PACKED: (32, 22),
-    QType.Q8_0_PACKED: (32, 34),
-    QType.Q4_K_PACKED: (256, 144),
-    QType.Q6_K_PACKED: (256, 210),
-}
+    qt: GGML_QUANT_SIZES[_G(qt & 0xFFF)] for qt in _WEIGHT_TYPES}
 PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
                 QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED,
                 QType.Q6_K: QType.Q6_K_PACKED}
