@@ -94,13 +94,14 @@ def entry() -> None:
     garbage collector waits for the model to be ready: start-up allocates long-lived objects
     only (modules, numba's types, a vocabulary's lists and maps), which ~240 collections
     would walk again and again (60 ms of a 1 s warm `minfer run`, Intel SPR)."""
-    if len(sys.argv) > 1 and sys.argv[1] in DEFERRED_GC:
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    if command in DEFERRED_GC:
         gc.disable()
     from minfer import jit_cache
 
     jit_cache.lean_cache_loads()
     rc = main()
-    if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT:
+    if command in QUICK_EXIT:
         try:
             sys.stdout.flush()
             sys.stderr.flush()

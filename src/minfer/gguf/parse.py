@@ -232,12 +232,12 @@ class Cursor:
     def string_array(self, what: str) -> StringArray:
         n = self.count(what, 8)
         first = self.pos
-        pos = _string_ends(self.buf, first, n, self.end)
-        if pos is None or pos[-1:].max(initial=first) > self.end:
+        ends = _string_ends(self.buf, first, n, self.end)
+        last = int(ends[-1]) if ends is not None and n else first
+        if ends is None or last > self.end:
             raise self.fail(f"truncated: {what} runs past the end of the file")
-        last = int(pos[-1]) if n else first
         self.pos = last
-        stops = pos - first
+        stops = ends - first
         starts = np.empty_like(stops)
         starts[:1] = 8
         starts[1:] = stops[:-1] + 8

@@ -41,9 +41,9 @@ from minfer.server.worker import Delta, Done, Event, Failed, Handle, Usage
 def openai_routes(app: FastAPI, state: ServerState) -> None:
     """Add the OpenAI routes to app."""
 
-    def describe(name: str, request: Request) -> dict[str, Any]:
+    def describe(name: str, anthropic: bool) -> dict[str, Any]:
         facts = state.facts(name)
-        if is_anthropic(request.url.path, request.headers):
+        if anthropic:
             n_ctx = facts.metadata.get(f"{facts.architecture}.context_length")
             return model_info(name, facts.modified, n_ctx if isinstance(n_ctx, int) else None)
         return {"id": name, "object": "model", "created": int(facts.modified),
@@ -55,8 +55,9 @@ def openai_routes(app: FastAPI, state: ServerState) -> None:
                      before_id: str | None = None) -> dict[str, Any]:
         """The served models: OpenAI's list, or Anthropic's page (`limit`, `after_id`,
         `before_id`) for a client that sends `anthropic-version`."""
-        infos = [describe(name, request) for name in state.names()]
-        if is_anthropic(request.url.path, request.headers):
+        anthropic = is_anthropic(request.url.path, request.headers)
+        infos = [describe(name, anthropic) for name in state.names()]
+        if anthropic:
             return model_page(infos, limit=limit, after_id=after_id, before_id=before_id)
         return {"object": "list", "data": infos}
 
@@ -71,7 +72,7 @@ def openai_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(404, f"model '{model_id}' is not served here (models: "
                            f"{', '.join(state.names())})", param="model",
                            code="model_not_found")
-        return describe(name, request)
+        return describe(name, is_anthropic(request.url.path, request.headers))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
