@@ -13,6 +13,7 @@ import minfer
 from minfer.bench.bandwidth import read_bandwidth
 from minfer.bench.runner import run_test
 from minfer.cli.main import main
+from minfer.errors import MinferError
 
 
 def test_rows_carry_depth_and_llama_bench_labels(tiny_qwen2: Path,
@@ -24,6 +25,40 @@ def test_rows_carry_depth_and_llama_bench_labels(tiny_qwen2: Path,
     assert [(r["test"], r["n_depth"]) for r in rows] == [
         ("pp8", 0), ("tg4", 0), ("pp8 @ d16", 16), ("tg4 @ d16", 16)]
     assert all(r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_each_thread_count_runs_on_an_engine_of_that_count(
+        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`-t 1,2` times one engine per count, each with that fixed count (not the default's
+    adaptive decode), as llama-bench does."""
+    from minfer.bench import runner
+
+    seen: list[tuple[int, int | None, bool]] = []
+    real = runner.run_test
+
+    def recording(engine: Any, **kw: Any) -> Any:
+        seen.append((kw["n_threads"], engine.n_threads, engine.tuner is not None))
+        return real(engine, **kw)
+
+    monkeypatch.setattr(runner, "run_test", recording)
+    argv = ["bench", str(tiny_qwen2), "-p", "0", "-n", "2", "-r", "1", "-t", "1,2", "-o", "json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["n_threads"] for r in rows] == [1, 2]
+    assert seen == [(1, 1, False), (2, 2, False)]
+
+
+def test_set_threads_drops_the_engine_made_for_the_old_count(tiny_qwen2: Path) -> None:
+    model = minfer.load(str(tiny_qwen2), n_ctx=32, backend="cpu", threads=1)
+    first = model.engine()
+    assert (model.threads, first.n_threads) == (1, 1)
+    model.set_threads(2, adaptive=True)
+    second = model.engine()
+    assert second is not first
+    assert (model.threads, model.adaptive_threads, second.n_threads) == (2, True, 2)
+    with pytest.raises(MinferError, match="at least 1"):
+        model.set_threads(0)
 
 
 def test_a_depth_test_runs_after_depth_tokens_in_the_kv(tiny_qwen2: Path) -> None:

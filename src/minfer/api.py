@@ -66,14 +66,31 @@ class Model:
         # the engines' settings, built where every surface builds them (EngineConfig.build)
         self.config = EngineConfig.build(n_ctx=n_ctx, kv_type=kv_type, k_type=k_type,
                                          v_type=v_type, threads=threads, fuse=fuse)
-        self.threads = self.config.n_threads or 1
-        self.adaptive_threads = self.config.adaptive_threads
         self.batch_size = batch_size
         self.backend = backend
         self.fuse = fuse
         self._engine: Engine | None = None
         self._embedders: dict[str | None, Embedder] = {}
         self._grammar_vocab: GrammarVocab | None = None
+
+    @property
+    def threads(self) -> int:
+        """Threads the engine runs prefill on (and the most a decode step takes)."""
+        return self.config.n_threads or 1
+
+    @property
+    def adaptive_threads(self) -> bool:
+        """Whether decode steps pick their thread count by measurement."""
+        return self.config.adaptive_threads
+
+    def set_threads(self, n_threads: int, *, adaptive: bool = False) -> None:
+        """Run on n_threads from the next engine on (adaptive: decode steps may take fewer,
+        as measured); the engines made for the old count are dropped."""
+        if n_threads < 1:
+            raise MinferError(f"threads must be at least 1, got {n_threads}")
+        self.config = replace(self.config, n_threads=n_threads, adaptive_threads=adaptive)
+        self._engine = None
+        self._embedders.clear()
 
     @cached_property
     def tokenizer(self) -> Tokenizer:

@@ -66,9 +66,8 @@ def run(args: argparse.Namespace) -> int:
                         backend=args.backend, batch_size=args.batch_size)
     rows: list[BenchRow] = []
     for n_threads in threads_list:
-        model.threads = n_threads
-        model.adaptive_threads = args.threads is None  # -t given: fixed counts
-        model._engine = None  # a fresh session per thread count
+        # a fresh engine per thread count; -t given: fixed counts, else decode as a run would
+        model.set_threads(n_threads, adaptive=args.threads is None)
         engine = model.engine(need)
         if n_threads == threads_list[0]:
             print(f"KV cache {engine.ctx_params.kv_type}: "

@@ -48,10 +48,16 @@ if TYPE_CHECKING:
 
 CLAIM_CHOICES = ("matmul", "dense", "all")
 WEIGHT_CHOICES = ("scratch", "bf16")
-# Rows from which a node goes to torch: below it the quantized CPU kernels win (measured in
-# benchmarks/torch_prefill.py --sweep on the 0.5B model, 2 threads: scratch overtakes the CPU
-# between 32 and 48 rows, resident bf16 between 8 and 16).
-DEFAULT_MIN_ROWS = {"scratch": 48, "bf16": 16}
+# Rows from which a node goes to torch: below it the quantized CPU kernels win. Scratch weights
+# pay a whole dequantization per forward (~250 ms for the 0.5B), so they overtake the CPU's
+# integer path late: on Intel Xeon (Sapphire Rapids, AMX; the host where `auto` takes torch on
+# the CPU), 2 threads, `minfer bench --backend auto|cpu` alternating, the 0.5B (Q5_0 / Q8_0)
+# gave pp48 184 vs 486 tok/s, pp128 381 vs 564, pp256 574-594 vs 592-601, pp320 601-661 vs
+# 609-616, pp384 653-708 vs 613-621, pp512 711-747 vs 604-612; the 1.5B (Q4_K_M) pp256 200 vs
+# 214, pp320 189 vs 210, pp448 224 vs 217. (An earlier sweep on AMD EPYC, avx512_bf16 without
+# AMX, put the crossing at 32-48 rows: `--backend torch` there, never `auto`.) Resident bf16
+# has no per-forward cost: it overtakes between 8 and 16 rows.
+DEFAULT_MIN_ROWS = {"scratch": 384, "bf16": 16}
 
 
 class DeferredTorchBackend:
