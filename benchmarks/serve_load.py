@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
+from fresh_pages import drop_pages, model_files
 
 HOST = "127.0.0.1"
 
@@ -208,6 +209,9 @@ def main() -> int:
     p.add_argument("--load-timeout", type=float, default=600)
     p.add_argument("--ref-python", default=None, help="interpreter with llama-cpp-python[server]")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--stale-pages", action="store_true",
+                   help="do not evict the model's files from the page cache before the servers "
+                        "start (fresh_pages.py: idle pages read slower on these hosts)")
     p.add_argument("--chat", action="store_true",
                    help="chat prompts asking for long answers (/v1/chat/completions) instead "
                         "of raw code prompts, which often end before --max-tokens")
@@ -221,6 +225,8 @@ def main() -> int:
 
     procs: list[subprocess.Popen[bytes]] = []
     servers: dict[str, tuple[str, int]] = {}
+    if not args.stale_pages:
+        drop_pages(model_files(args.model))  # every server then reads fresh pages
     try:
         port = free_port()
         procs.append(start_minfer(args, port))

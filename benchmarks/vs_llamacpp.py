@@ -15,6 +15,8 @@ a separate interpreter (`--ref-python`, see the README's development section).
   (`default` for minfer: no count passed, minfer chooses); both default to `-t`.
 - `-d DEPTH`: llama-bench's depth: each test runs after DEPTH random tokens already sit in
   the KV (prefilled untimed per repetition); n_ctx grows to fit.
+- `--stale-pages`: keep the page cache as it is; by default the model's files are evicted
+  before each engine's run (`fresh_pages.py`: idle pages read slower on these hosts).
 - `--json PATH`: also write every sample and the summary (with target and busy count) as JSON.
 - `--minfer-tree DIR` (repeatable): also run the minfer of another checkout (DIR/src first on
   the path), alternating with this one: a before/after comparison in the same run.
@@ -36,6 +38,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from fresh_pages import drop_pages, model_files
 
 # An AVX2-only CPU for numba (Haswell's LLVM features): NUMBA_CPU_NAME alone is not enough,
 # numba would keep the host's feature list (AVX-512 code on an AVX-512 host). As in .ci/run.
@@ -179,6 +183,8 @@ def main() -> int:
                     help="tokens already in the KV before each test (llama-bench's -d)")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--stale-pages", action="store_true",
+                    help="do not evict the model's files from the page cache before each run")
     ap.add_argument("--minfer-tree", type=Path, action="append", default=[], metavar="DIR",
                     help="another checkout's minfer to run beside this one (repeatable)")
     args = ap.parse_args()
@@ -214,6 +220,7 @@ def main() -> int:
     jobs = [(name, t) for name in trees for t in minfer_threads] + \
         [("llama.cpp", t) for t in llama_threads]
     results: dict[tuple[str, int], list[dict[str, object]]] = {job: [] for job in jobs}
+    files = [] if args.stale_pages else model_files(args.model)
 
     busy = start_busy(args.busy)
     try:
@@ -223,6 +230,7 @@ def main() -> int:
         for rnd in range(args.rounds):
             print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr)
             for engine, t in jobs if rnd % 2 == 0 else jobs[::-1]:  # alternate to spread drift
+                drop_pages(files)
                 if engine in trees:
                     tree = trees[engine]
                     env = minfer_env if tree is None else {**minfer_env,

@@ -99,3 +99,36 @@ def test_roofline_fraction_uses_the_readings_beside_each_repetition(
     assert tg["test"] == "tg4" and tg["roofline_gb_per_s"] == 30.0  # mean of the two beside
     assert tg["roofline_fraction"] == pytest.approx(tg["gb_per_s"] / 30.0)
     assert next(readings) == 99.0  # exactly one reading per repetition
+    # beside each, the model's own weights read: a real reading, the row's GB/s a share of it
+    assert tg["weights_read_gb_per_s"] > 0
+    assert tg["weights_read_fraction"] == pytest.approx(
+        tg["gb_per_s"] / tg["weights_read_gb_per_s"])
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3moe"])
+def test_the_read_set_is_every_matrix_a_decode_step_reads_whole(
+        model: str, request: pytest.FixtureRequest) -> None:
+    """Each matrix once (its backend copy where one was made), the token embedding only
+    where it is also the output projection (tied): what `weights_read_bandwidth` reads."""
+    path = request.getfixturevalue(model)
+    engine = minfer.load(str(path), n_ctx=32, backend="cpu").engine()
+    engine.forward([1, 2, 3], 0)
+    engine.forward([4], 3)
+    tensors = engine.weights.file.tensors
+    tied = engine.hparams.tie_embeddings
+    want = sum(t.nbytes for name, t in tensors.items()
+               if len(t.shape) >= 2 and (tied or name != "token_embd.weight"))
+    arrays = engine.weights.read_set(() if tied else ("token_embd.weight",))
+    assert sum(a.nbytes for a in arrays) == want
+    assert len({a.ctypes.data for a in arrays}) == len(arrays)  # none twice
+
+
+def test_weights_read_bandwidth_reads_any_arrays() -> None:
+    from minfer.bench.bandwidth import weights_read_bandwidth
+
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 255, 3 * 4099, dtype=np.uint8)
+    arrays = [raw[1:].reshape(-1, 2), raw[:5], np.ones((64, 96), np.float32)]  # unaligned, tiny
+    assert weights_read_bandwidth(arrays, 2, passes=1) > 0
+    with pytest.raises(ValueError, match="no weight bytes"):
+        weights_read_bandwidth([raw[:5]], 1)

@@ -40,6 +40,10 @@ class BenchRow:
     n_depth: int = 0
     roofline_fraction: float | None = None  # gb_per_s / the machine's read bandwidth
     roofline_gb_per_s: float | None = None  # that bandwidth, read between this row's reps
+    # the model's own weight arrays read as a decode step reads them (`weights_read_bandwidth`),
+    # between this row's reps, and gb_per_s as a fraction of it
+    weights_read_gb_per_s: float | None = None
+    weights_read_fraction: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

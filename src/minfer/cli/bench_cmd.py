@@ -2,7 +2,9 @@
 llama-bench's shape. `--roofline` adds a row with the machine's measured read bandwidth (per
 thread count) and prints each tg row's GB/s as a fraction of the bandwidth read again before
 each of that row's repetitions: on a shared host the bandwidth drifts by 2x within minutes
-(a 2-core AMD EPYC read 28-56 GB/s), so only a reading beside the decode is a fair ceiling."""
+(a 2-core AMD EPYC read 28-56 GB/s), so only a reading beside the decode is a fair ceiling.
+Beside it, the model's own weight arrays read as a decode step reads them (`minfer.bench.
+bandwidth.weights_read_bandwidth`): the ceiling of those pages, sizes and calls."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from minfer.errors import MinferError
 
 if TYPE_CHECKING:
     from minfer.bench.runner import BenchRow
+    from minfer.engine.forward import Engine
 
 
 def _int_list(text: str) -> list[int]:
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         backend = "+".join(engine.ctx_params.backends)
         roofline = None
         readings: list[float] = []  # the bandwidth read beside one tg row's repetitions
+        weight_readings: list[float] = []  # the model's weights read, beside them too
         if args.roofline:
             from minfer.bench.bandwidth import read_bandwidth
 
@@ -91,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
                 read_beside = None
                 if roofline and n_gen:
                     readings.clear()
-                    read_beside = partial(_read_into, readings, n_threads)
+                    weight_readings.clear()
+                    read_beside = partial(_read_into, readings, weight_readings, engine,
+                                          n_threads)
                 row = run_test(engine, model=model.name, backend=backend, n_threads=n_threads,
                                n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
                                reps=args.repetitions, batch_size=args.batch_size,
@@ -99,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
                 if readings and row.gb_per_s is not None:
                     row.roofline_gb_per_s = statistics.fmean(readings)
                     row.roofline_fraction = row.gb_per_s / row.roofline_gb_per_s
+                if weight_readings and row.gb_per_s is not None:
+                    row.weights_read_gb_per_s = statistics.fmean(weight_readings)
+                    row.weights_read_fraction = row.gb_per_s / row.weights_read_gb_per_s
                 rows.append(row)
                 if args.output == "md":
                     print(_md([rows[-1]], header=len(rows) == 1), end="", flush=True)
@@ -109,10 +118,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_into(readings: list[float], n_threads: int) -> None:
-    from minfer.bench.bandwidth import read_bandwidth
+def _read_into(readings: list[float], weight_readings: list[float], engine: Engine,
+               n_threads: int) -> None:
+    from minfer.bench.bandwidth import read_bandwidth, weights_read_bandwidth
 
     readings.append(read_bandwidth(n_threads, passes=3))
+    tied = engine.hparams.tie_embeddings  # else the embedding is only gathered, row by row
+    arrays = engine.weights.read_set(() if tied else ("token_embd.weight",))
+    if arrays:  # (the warm-up ran: the decode tape has asked for its matrices)
+        weight_readings.append(weights_read_bandwidth(arrays, n_threads, passes=2))
 
 
 def _md(rows: list[BenchRow], *, header: bool) -> str:
@@ -123,7 +137,11 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
     for r in rows:
         gb = f"{r.gb_per_s:.1f}" if r.gb_per_s is not None else ""
         if r.roofline_fraction is not None:
-            gb += f" ({100 * r.roofline_fraction:.0f}% of {r.roofline_gb_per_s:.1f})"
+            gb += f" ({100 * r.roofline_fraction:.0f}% of {r.roofline_gb_per_s:.1f}"
+            if r.weights_read_fraction is not None:
+                gb += (f"; {100 * r.weights_read_fraction:.0f}% of its weights' read "
+                       f"{r.weights_read_gb_per_s:.1f}")
+            gb += ")"
         rate = f"{r.tokens_per_s:.2f} ± {r.stddev:.2f}" if r.test != "roofline" else ""
         out.write(f"| {r.model} | {r.size_bytes / 2**20:.1f} MiB | {r.n_params / 1e6:.0f} M | "
                   f"{r.backend} | {r.n_threads} | {r.test} | {rate} | {gb} |\n")
@@ -133,7 +151,8 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
 def _csv(rows: list[BenchRow]) -> str:
     out = io.StringIO()
     fields = ["model", "size_bytes", "n_params", "backend", "n_threads", "test", "n_depth",
-              "tokens_per_s", "stddev", "gb_per_s", "roofline_fraction", "roofline_gb_per_s"]
+              "tokens_per_s", "stddev", "gb_per_s", "roofline_fraction", "roofline_gb_per_s",
+              "weights_read_fraction", "weights_read_gb_per_s"]
     w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:

@@ -96,6 +96,15 @@ class ModelWeights:
             self.file.release(name, (r0, r1))
         return out, new_type
 
+    def read_set(self, gathered: tuple[str, ...] = ()) -> list[np.ndarray]:
+        """The matrices a decode step reads whole: each backend copy (`derived`), and the
+        file's bytes of every other matrix asked for but those `gathered` row by row (an
+        untied model's token embedding). `minfer bench --roofline` reads them as a decode
+        step does."""
+        copies = [a for a, _ in self._derived.values()]
+        return copies + [a for name, (a, _) in self._matrices.items()
+                         if not self.has_copy(name) and name not in gathered]
+
     def vector(self, name: str) -> np.ndarray:
         vec = self._vectors.get(name)
         if vec is None:
