@@ -7,7 +7,8 @@ Not part of the test suite. Three greedy tasks on one target model:
   (b) code: free generation of code,
   (c) prose: free generation of prose;
 each with minfer plain, minfer prompt lookup (--lookup-ngram), minfer with a draft model
-(--model-draft), and llama.cpp plain and with its prompt lookup
+(--model-draft), minfer with both (draft+lookup), and llama.cpp plain and with its prompt
+lookup
 (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding`, through llama-cpp-python in a separate
 interpreter, `--ref-python`). The modes run in interleaved rounds; a ratio is the median over
 rounds of rate / the same round's minfer plain rate. Rates are decode rates: the tokens after
@@ -247,6 +248,9 @@ def main() -> int:
               model.speculator(SpecConfig(draft_vocab=v, draft_quant=q), draft=args.draft)
               for v in (int(x) for x in args.draft_vocab.split(","))
               for q in args.draft_quant.split(",")} if not args.no_draft else {}
+    if not args.no_draft:  # both proposers at once (HybridProposer)
+        drafts["minfer draft+lookup"] = model.speculator(
+            SpecConfig(lookup_ngram=args.lookup_ngram), draft=args.draft)
     warm = model.tokenizer.encode(model.render_chat([{"role": "user", "content": "hi"}]))
     for spec in (None, lookup, *drafts.values()):  # compile kernels and build graphs, untimed
         minfer_run(model, warm, 24, spec)

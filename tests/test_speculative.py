@@ -15,11 +15,19 @@ from gguf import GGMLQuantizationType as QType
 
 from minfer.chat.kv import KVMirror
 from minfer.engine.core import proposer as proposer_mod
-from minfer.engine.core.proposer import DraftAsk, LookupProposer, SlotDrafter, Speculator
+from minfer.engine.core.proposer import (
+    DraftAsk,
+    HybridProposer,
+    LookupProposer,
+    SlotDrafter,
+    Speculator,
+    _Track,
+)
 from minfer.engine.core.request import Verifier
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
 from minfer.engine.speculative import (
+    Acceptance,
     DraftLength,
     Proposal,
     SpecConfig,
@@ -282,6 +290,72 @@ def test_lookup_proposes_nothing_rather_than_failing_at_any_step() -> None:
         prop.propose([DraftAsk(2, 0, tuple((seq + output)[:cut]), 7)])
 
 
+class _StubDrafter:
+    """A draft that always guesses `guess` (k of it), recording what it was asked."""
+
+    def __init__(self, guess: int) -> None:
+        self.guess = guess
+        self.asked: list[DraftAsk] = []
+        self.n_forwards = self.n_forwarded = 0
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        self.asked.extend(asks)
+        self.n_forwards += max(a.k for a in asks)
+        self.n_forwarded += sum(a.k for a in asks)
+        return {a.seq_id: Proposal([self.guess] * a.k) for a in asks}
+
+    def warm_up(self) -> None:
+        return None
+
+    def forget(self) -> None:
+        return None
+
+
+def test_hybrid_takes_lookup_where_it_is_rated_above_the_draft_and_the_draft_elsewhere() -> None:
+    """A copy going on (rated high) is lookup's, as long as lookup_k whatever k the core asked;
+    a sequence with nothing to copy asks the draft for the core's k (the core's DraftLength
+    keeps choosing k from the draft's costs: `rated_asks_most`); a draft that keeps missing
+    loses the sequence to lookup's weaker guesses."""
+    source = list(range(100, 140))
+    drafter = _StubDrafter(guess=7)
+    hybrid = HybridProposer(LookupProposer(3), drafter, lookup_k=15)  # type: ignore[arg-type]
+    assert not hybrid.rated_asks_most
+    for n in range(12, 20):  # the output copies `source`
+        seq = [1, 2, *source, 9, *source[:n]]
+        got = hybrid.propose([DraftAsk(0, 0, tuple(seq), 3)])[0]
+    assert got.tokens == source[19:34] and got.rate is not None and drafter.asked == []
+    fresh = [50, 51, 52, 53]  # nothing earlier to copy: the draft, for the core's k
+    got = hybrid.propose([DraftAsk(1, 1, tuple(fresh), 3)])[1]
+    assert got.tokens == [7] * 3 and got.rate is None
+    assert [a.seq_id for a in drafter.asked] == [1]
+    rate = Acceptance().rate
+    for step in range(40):  # the draft is always wrong here: its rate falls below lookup's
+        fresh = [*fresh, 60 + step % 5]
+        hybrid.propose([DraftAsk(1, 1, tuple(fresh), 15)])
+    assert hybrid.tracks[1].rate("draft") < 0.3 < rate
+    drafter.asked.clear()
+    got = hybrid.propose([DraftAsk(1, 1, tuple([*fresh, 60 + 40 % 5]), 15)])[1]
+    assert drafter.asked == [] and got.tokens  # the repeating cycle's n-gram lookup instead
+
+
+def test_hybrid_weighs_lookup_and_the_draft_by_the_sequences_step_costs() -> None:
+    """With a DraftLength's costs, a draft as sure as lookup's copy loses to it (its tokens
+    cost draft steps, lookup's nothing), and wins where lookup's guess is poor."""
+    length = DraftLength(16)
+    for _ in range(2):
+        length.record_plain(1.0)
+        for n in (2, 4, 8, 16):
+            length.record_verify(n, 1.0 + 0.12 * (n - 1))
+    hybrid = HybridProposer(LookupProposer(3), _StubDrafter(7), 15)  # type: ignore[arg-type]
+    hybrid.draft_step_s = 0.3
+    ask = DraftAsk(0, 0, (1, 2, 3), 7, length=length)
+    track = _Track(kinds={"draft": Acceptance(accepted_avg=0.95, trials_avg=1.0)})
+    assert hybrid._lookup_pays(ask, Proposal(list(range(15)), rate=0.95), track)
+    assert not hybrid._lookup_pays(ask, Proposal(list(range(15)), rate=0.4), track)
+    hybrid.draft_step_s = 0.0  # a free draft at the same acceptance: as good, lookup kept
+    assert hybrid._lookup_pays(ask, Proposal(list(range(7)), rate=0.95), track)
+
+
 def test_draft_length_fits_a_rated_proposal_to_what_pays() -> None:
     length = DraftLength(16)
     for _ in range(2):
@@ -295,6 +369,13 @@ def test_draft_length_fits_a_rated_proposal_to_what_pays() -> None:
     assert length.fit(Proposal(tokens, rate=0.97)) == 15
     assert length.fit(Proposal(tokens[:5], rate=0.97)) == 3
     assert length.rated and length.choose(100) == 15  # rated proposals: ask the most
+    # ... unless the proposer sizes its rated proposals itself (a hybrid's draft gets the k
+    # its measured acceptance and costs pay for, as before any rated proposal)
+    unrated = DraftLength(16)
+    unrated.decode_s, unrated.verify_s = length.decode_s, dict(length.verify_s)
+    for d in (length, unrated):
+        d.n_steps, d.acceptance = 10, Acceptance(accepted_avg=0.5, trials_avg=1.0)
+    assert length.choose(100, rated_asks_most=False) == unrated.choose(100) == 3
     assert DraftLength(16, adaptive=False).fit(Proposal(tokens, rate=0.1)) == 15
 
 
@@ -349,7 +430,7 @@ def test_config_and_vocab_checks_are_loud() -> None:
 
 # -- greedy identity and rollback ---------------------------------------------------------------
 @pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_qwen3", "tiny_qwen3moe"])
-@pytest.mark.parametrize("proposer", ["lookup", "draft"])
+@pytest.mark.parametrize("proposer", ["lookup", "draft", "both"])
 def test_greedy_output_and_kv_equal_plain_decoding(fixture: str, proposer: str, other_draft: Path,
                                                    request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(fixture)
@@ -362,7 +443,10 @@ def test_greedy_output_and_kv_equal_plain_decoding(fixture: str, proposer: str, 
     else:
         near = {"tiny_qwen3": "near_draft_qwen3", "tiny_qwen3moe": "near_draft_qwen3moe"}
         draft = request.getfixturevalue(near[fixture]) if fixture in near else other_draft
-        spec = Speculator(_drafter(_engine(draft), p_min=0.0), SpecConfig(adaptive=False))
+        drafter = _drafter(_engine(draft), p_min=0.0)
+        spec = Speculator(drafter if proposer == "draft" else
+                          HybridProposer(LookupProposer(3), drafter, 16),
+                          SpecConfig(adaptive=False))
     got, engine = _run(path, PROMPT, spec, **penalty)
     assert got.ids == plain.ids and got.reason == plain.reason
     assert got.n_past == plain.n_past
@@ -560,7 +644,7 @@ def test_api_refuses_a_draft_with_another_vocabulary(tiny_qwen2: Path, tmp_path:
     other = write_tiny_model(tmp_path / "other.gguf", vocab=build_tiny_vocab(extra_tokens=("<x>",)))
     with pytest.raises(SpeculativeError, match="vocabulary does not match"):
         model.speculator(SpecConfig(), draft=other)
-    with pytest.raises(SpeculativeError, match="one proposer"):
+    with pytest.raises(SpeculativeError, match="needs a proposer"):
         model.speculator(SpecConfig())
 
 
@@ -609,7 +693,8 @@ def test_cli_run_reports_acceptance_and_keeps_the_ids(tiny_qwen2: Path, other_dr
 
     plain = run()
     assert "speculative" not in plain
-    for extra in (("--lookup-ngram", "2"), ("-md", str(other_draft), "--draft-p-min", "0")):
+    for extra in (("--lookup-ngram", "2"), ("-md", str(other_draft), "--draft-p-min", "0"),
+                  ("-md", str(other_draft), "--lookup-ngram", "2")):
         got = run(*extra)
         spec = got["speculative"]
         assert got["ids"] == plain["ids"] and isinstance(spec, dict)

@@ -261,16 +261,22 @@ class Model:
 
     def speculator(self, config: SpecConfig | None = None, *, draft: str | Path | None = None,
                    temp: float = 0.0, seed: int | None = None) -> Speculator:
-        """Speculative decoding for this model: prompt lookup (`config.lookup_ngram`) or a
-        draft model (`draft`: path or cached name; same vocabulary, its own engine and KV).
+        """Speculative decoding for this model: prompt lookup (`config.lookup_ngram`), a
+        draft model (`draft`: path or cached name; same vocabulary, its own engine and KV), or
+        both (`HybridProposer`: lookup where it is sure, the draft elsewhere).
         temp: the draft's sampling temperature when the target samples."""
-        from minfer.engine.core.proposer import LookupProposer, SlotDrafter, Speculator
+        from minfer.engine.core.proposer import (
+            HybridProposer,
+            LookupProposer,
+            SlotDrafter,
+            Speculator,
+        )
         from minfer.engine.speculative import SpecConfig, SpeculativeError, open_draft
 
         config = config or SpecConfig()
-        if (draft is None) == (config.lookup_ngram == 0):
-            raise SpeculativeError("speculative decoding takes one proposer: a draft model "
-                                   "or --lookup-ngram N")
+        if draft is None and not config.lookup_ngram:
+            raise SpeculativeError("speculative decoding needs a proposer: a draft model "
+                                   "and / or --lookup-ngram N")
         if draft is None:
             return Speculator(LookupProposer(config.lookup_ngram), config)
         f, hparams = open_draft(resolve_model(str(draft)), self.tokenizer.vocab.tokens,
@@ -280,10 +286,13 @@ class Model:
         engine = Engine(f, hparams, replace(self.config, n_ctx=self.engine().n_ctx,
                                             vocab_limit=config.draft_vocab),
                         backends=select_backends(self.backend))
-        proposer = SlotDrafter(engine, engine.n_ctx, p_min=config.p_min, chunk=self.batch_size,
-                               temp=temp or 1.0, seed=0 if seed is None else seed,
-                               n_vocab=hparams.n_vocab)
-        return Speculator(proposer, config)
+        drafter = SlotDrafter(engine, engine.n_ctx, p_min=config.p_min, chunk=self.batch_size,
+                              temp=temp or 1.0, seed=0 if seed is None else seed,
+                              n_vocab=hparams.n_vocab)
+        if config.lookup_ngram:
+            return Speculator(HybridProposer(LookupProposer(config.lookup_ngram), drafter,
+                                             config.draft_max), config)
+        return Speculator(drafter, config)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  stop: Sequence[str] = (), seed: int | None = None,

@@ -177,7 +177,9 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's speculative-decoding flags, and prompt lookup."""
     g = p.add_argument_group("speculative decoding (output unchanged; faster when guesses pass)")
     g.add_argument("-md", "--model-draft", metavar="FILE",
-                   help="draft model (path or cached name) with the same vocabulary")
+                   help="draft model (path or cached name) with the same vocabulary; with "
+                        "--lookup-ngram too, lookup's sure guesses (a copy going on) and the "
+                        "draft's elsewhere")
     g.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
                    help="prompt lookup: propose what followed the last N-gram earlier (0: off)")
     g.add_argument("--draft-max", "--draft", type=int, default=16, metavar="N",

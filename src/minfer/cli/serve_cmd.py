@@ -141,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
         pooling="rank" if args.reranking else args.pooling,
         embd_normalize=args.embd_normalize,
     )
-    if args.lookup_ngram and args.model_draft:
-        raise MinferError("give --lookup-ngram or --model-draft, not both")
     speculation_config(config)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)

@@ -415,9 +415,11 @@ class DraftLength:
         """P(a proposed token is accepted), from the proposals verified (`record_outcome`)."""
         return self.acceptance.rate
 
-    def choose(self, room: int) -> int:
+    def choose(self, room: int, *, rated_asks_most: bool = True) -> int:
         """k for the next step (0: plain decode); at most `room` and draft_max. For a proposer
-        that rates its own proposals, the most (`fit` then cuts each by its rate)."""
+        that rates its own proposals, the most (`fit` then cuts each by its rate), unless
+        `rated_asks_most` is False (a proposer that sizes its rated proposals itself and asks
+        a draft model for the k chosen here: `HybridProposer`)."""
         limit = min(room, self.draft_max)
         options = [b for b in BUCKETS if b <= limit]
         if not options:
@@ -427,7 +429,7 @@ class DraftLength:
         self.n_steps += 1
         if self._plain_due():
             return 0
-        if self.rated:
+        if self.rated and rated_asks_most:
             return options[-1]
         best_k = self._best(options)
         if best_k == 0:
@@ -470,16 +472,26 @@ class DraftLength:
                 best_k, best_rate = k, rate
         return best_k
 
-    def _rate(self, k: int, accept: float | None = None) -> float:
+    def _rate(self, k: int, accept: float | None = None, token_s: float | None = None
+              ) -> float:
         """Expected tokens per second of a step proposing k at per-token acceptance `accept`
-        (None: the measured rate; unknown costs: optimistic)."""
+        (None: the measured rate; unknown costs: optimistic), each proposed token costing
+        `token_s` seconds to make (None: the proposer's measured cost)."""
         a = min(self.accept_rate if accept is None else accept, 0.999)
         tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
         # a plain step, unmeasured yet, costs about the cheapest verify (decode is memory-bound)
         base = self.decode_s or min(self.verify_s.values(), default=1.0)
         if k == 0:
             return 1.0 / base
-        return tokens / (self._verify_cost(k + 1, base) + k * self.draft_token_s)
+        made = self.draft_token_s if token_s is None else token_s
+        return tokens / (self._verify_cost(k + 1, base) + k * made)
+
+    def step_rate(self, k: int, accept: float, token_s: float) -> float:
+        """Expected tokens per second of a step verifying k proposed tokens that are each right
+        with probability `accept` (given those before were) and cost `token_s` each to make:
+        how a proposer with two kinds of guess (`HybridProposer`) weighs one against the
+        other with this sequence's measured step costs."""
+        return self._rate(k, accept, token_s)
 
     def _verify_cost(self, n: int, base: float) -> float:
         """A verify of n rows: measured, else a prior. The prior starts from the largest

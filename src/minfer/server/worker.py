@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minfer.engine.core.core import EngineCore, Output
-from minfer.engine.core.proposer import DraftAsk, LookupProposer, Proposer, SlotDrafter
+from minfer.engine.core.proposer import (
+    DraftAsk,
+    HybridProposer,
+    LookupProposer,
+    Proposer,
+    SlotDrafter,
+)
 from minfer.engine.core.request import GenRequest, TokenLogprob, Vocab
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import Plan, Scheduler
@@ -112,8 +118,9 @@ class Worker:
         make_draft: EngineFactory | None = None,
     ) -> None:
         self.vocab = vocab
-        # proposals verified in the batch's forward: prompt lookup (`--lookup-ngram`) or a draft
-        # model (`-md`, make_draft; created on the engine thread), batched across slots
+        # proposals verified in the batch's forward: prompt lookup (`--lookup-ngram`), a draft
+        # model (`-md`, make_draft; created on the engine thread), or both (`HybridProposer`),
+        # batched across slots
         on = speculation is not None and (speculation.lookup_ngram > 0 or make_draft is not None)
         self.speculation = speculation if on else None
         self._make_draft = make_draft if on else None
@@ -216,8 +223,11 @@ class Worker:
             return
         with self._cv:
             self.core.runner = runner
-            if self.drafter is not None:
-                self.core.proposer = self.drafter
+            if self.drafter is not None and self.speculation is not None:
+                spec = self.speculation
+                self.core.proposer = (HybridProposer(LookupProposer(spec.lookup_ngram),
+                                                     self.drafter, spec.draft_max)
+                                      if spec.lookup_ngram else self.drafter)
         self.ready.set()
         try:
             self._loop()

@@ -253,16 +253,17 @@ class EngineCore:
                 k = min(k, self.step_cost.draft_cap(n_streams, state.length.kept_share))
             if k and state is not None:
                 greedy = state.verifier is None or state.verifier.greedy
-                asks.append(DraftAsk(w.seq_id, w.slot, tuple(seq.tokens), k, greedy))
+                asks.append(DraftAsk(w.seq_id, w.slot, tuple(seq.tokens), k, greedy,
+                                     state.length))
         return asks
 
-    @staticmethod
-    def _draft_length(state: Request | None, room: int) -> int:
+    def _draft_length(self, state: Request | None, room: int) -> int:
         """How many tokens to propose for a decoding sequence (its DraftLength; 0: none)."""
         if state is None or state.length is None or room < 1:
             return 0
         left = state.req.max_tokens - state.n_generated
-        return state.length.choose(min(room, left))
+        return state.length.choose(min(room, left), rated_asks_most=getattr(
+            self.proposer, "rated_asks_most", True))
 
     def _with_proposals(self, scheduled: Scheduled
                         ) -> tuple[Plan, dict[int, list[np.ndarray]]]:

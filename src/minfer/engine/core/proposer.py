@@ -10,6 +10,9 @@ generation (a chat's turns share them).
   the sequence, through the edits a rewrite makes to it (minfer.engine.speculative.follow);
   else the latest earlier occurrence of the sequence's last n-gram. Free to make.
 - `SlotDrafter` (`-md FILE` / `--model-draft FILE`): a draft model, one draft sequence per slot.
+- `HybridProposer` (both flags): prompt lookup where its guess is rated at least as well as the
+  draft model's measured acceptance (a copy going on), the draft model elsewhere (the text an
+  edit inserts, free code). The draft catches up on the tokens lookup's proposals brought.
 
 The draft runs its own engine and KV with the target's slot layout (slot s: cells
 [s * n_ctx_slot, (s + 1) * n_ctx_slot)), through the same `Runner`. For the decoding sequences of
@@ -34,6 +37,7 @@ guess, so the target's verifier stays exact for sampled requests too (the server
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -52,6 +56,7 @@ from minfer.engine.speculative import (
     SpecConfig,
     SpecStats,
     SpeculativeError,
+    bucket_floor,
     confident_top,
     fills_bucket,
     follow,
@@ -63,13 +68,15 @@ from minfer.engine.speculative import (
 @dataclass(frozen=True)
 class DraftAsk:
     """Propose up to k tokens after `tokens` (a sequence from position 0) in `slot`; greedy:
-    the target draws greedily (a sampled request may take a sampled draft)."""
+    the target draws greedily (a sampled request may take a sampled draft); length: the
+    sequence's DraftLength, whose measured costs a proposer may weigh its guesses by."""
 
     seq_id: int
     slot: int
     tokens: tuple[int, ...]
     k: int
     greedy: bool = True
+    length: DraftLength | None = field(default=None, compare=False, repr=False)
 
 
 class Proposer(Protocol):
@@ -301,3 +308,89 @@ class SlotDrafter:
         self.n_forwarded += sum(len(w.tokens) for w in works)
         self.n_forwards += 1
         return out
+
+
+def _expected(rate: float, n: int) -> float:
+    """Expected tokens accepted of n proposed, each right with probability `rate` given those
+    before it were: rate + rate^2 + ... + rate^n."""
+    r = min(max(rate, 0.0), 0.999)
+    return r * (1.0 - r ** n) / (1.0 - r)
+
+
+class HybridProposer:
+    """Prompt lookup and a draft model together. For each ask, lookup's proposal (free to
+    make, rated by its kind of guess, as long as `lookup_k`) or the draft's (ask.k tokens, the
+    length the core's DraftLength chose from the draft's costs: `rated_asks_most` is False,
+    so a rated lookup guess does not make the core ask the most of the draft), whichever is
+    expected to yield more tokens a second: each at its acceptance (lookup's kind's rate; the
+    draft's measured in that sequence), verified at the sequence's measured step costs
+    (`DraftLength.step_rate`), the draft's tokens also costing a draft step each (measured
+    here). Where both copy as surely, lookup's long free copy wins; new text goes to the draft.
+    Without costs (an ask with no DraftLength) the expected accepted tokens decide. Every step
+    scores the draft's last proposal of each sequence against the tokens that followed it, as
+    lookup scores its own, so a sequence whose text turns from copied to new moves to the
+    draft, and back."""
+
+    rated_asks_most = False
+    ALPHA = 0.2  # the draft step's moving average
+
+    def __init__(self, lookup: LookupProposer, drafter: SlotDrafter, lookup_k: int) -> None:
+        self.lookup = lookup
+        self.drafter = drafter
+        self.lookup_k = lookup_k
+        self.tracks: dict[int, _Track] = {}  # the draft's record per sequence (kind "draft")
+        self.kinds: dict[str, Acceptance] = {}  # the draft's acceptance over every sequence
+        self.draft_step_s = 0.0  # a draft forward's seconds (catch-ups of a prompt left out)
+
+    def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        looked = self.lookup.propose([replace(a, k=max(a.k, self.lookup_k)) for a in asks])
+        out: dict[int, Proposal] = {}
+        rest: list[DraftAsk] = []
+        for a in asks:
+            track = self.tracks.pop(a.seq_id, None) or _Track(
+                kinds={kind: replace(rate) for kind, rate in self.kinds.items()})
+            track.score(np.asarray(a.tokens, dtype=np.int64), self.kinds)
+            self.tracks[a.seq_id] = track
+            guess = looked.get(a.seq_id)
+            if guess is not None and guess.tokens and self._lookup_pays(a, guess, track):
+                out[a.seq_id] = guess
+            else:
+                rest.append(a)
+        if rest:
+            out.update(self._drafted(rest))
+        while len(self.tracks) > LookupProposer.MAX_TRACKS:
+            del self.tracks[next(iter(self.tracks))]
+        return out
+
+    def _lookup_pays(self, ask: DraftAsk, guess: Proposal, track: _Track) -> bool:
+        rate, draft_rate = guess.rate or 0.0, track.rate("draft")
+        n = bucket_floor(len(guess.tokens))
+        if ask.length is None or not ask.length.adaptive:
+            return _expected(rate, n) >= _expected(draft_rate, ask.k)
+        return (ask.length.step_rate(n, rate, 0.0)
+                >= ask.length.step_rate(ask.k, draft_rate, self.draft_step_s))
+
+    def _drafted(self, asks: list[DraftAsk]) -> dict[int, Proposal]:
+        """The draft's proposals for asks, each recorded to be scored; the draft step timed."""
+        forwards, tokens = self.drafter.n_forwards, self.drafter.n_forwarded
+        t0 = time.perf_counter()
+        drafted = self.drafter.propose(asks)
+        seconds = time.perf_counter() - t0
+        forwards, tokens = self.drafter.n_forwards - forwards, self.drafter.n_forwarded - tokens
+        if forwards and tokens <= 4 * forwards:  # a long catch-up (a prompt) is no draft step
+            step = seconds / forwards
+            self.draft_step_s = step if not self.draft_step_s else (
+                (1.0 - self.ALPHA) * self.draft_step_s + self.ALPHA * step)
+        lengths = {a.seq_id: len(a.tokens) for a in asks}
+        for seq_id, proposal in drafted.items():
+            if proposal.tokens:
+                self.tracks[seq_id].last = (lengths[seq_id], [("draft", proposal.tokens)])
+        return drafted
+
+    def warm_up(self) -> None:
+        self.drafter.warm_up()
+
+    def forget(self) -> None:
+        self.lookup.forget()
+        self.drafter.forget()
+        self.tracks.clear()
