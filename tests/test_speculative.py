@@ -297,6 +297,10 @@ class _StubDrafter:
         self.guess = guess
         self.asked: list[DraftAsk] = []
         self.n_forwards = self.n_forwarded = 0
+        self.behind = 1  # tokens a proposal would first catch up on (`SlotDrafter.lacking`)
+
+    def lacking(self, ask: DraftAsk) -> int:
+        return self.behind
 
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
         self.asked.extend(asks)
@@ -352,8 +356,13 @@ def test_hybrid_weighs_lookup_and_the_draft_by_the_sequences_step_costs() -> Non
     track = _Track(kinds={"draft": Acceptance(accepted_avg=0.95, trials_avg=1.0)})
     assert hybrid._lookup_pays(ask, Proposal(list(range(15)), rate=0.95), track)
     assert not hybrid._lookup_pays(ask, Proposal(list(range(15)), rate=0.4), track)
-    hybrid.draft_step_s = 0.0  # a free draft at the same acceptance: as good, lookup kept
+    hybrid.draft_step_s = 0.0  # unmeasured: a third of a plain step, as good a draft loses
     assert hybrid._lookup_pays(ask, Proposal(list(range(7)), rate=0.95), track)
+    track = _Track(kinds={"draft": Acceptance(accepted_avg=0.9, trials_avg=1.0)})
+    poor = Proposal(list(range(7)), rate=0.6)
+    assert not hybrid._lookup_pays(ask, poor, track)  # the draft is caught up: it pays
+    hybrid.drafter.behind = 400  # ... not when it would first prefill a whole prompt
+    assert hybrid._lookup_pays(ask, poor, track)
 
 
 def test_draft_length_fits_a_rated_proposal_to_what_pays() -> None:
