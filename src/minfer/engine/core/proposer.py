@@ -329,8 +329,10 @@ class HybridProposer:
     so a rated lookup guess does not make the core ask the most of the draft), whichever is
     expected to yield more tokens a second: each at its acceptance (lookup's kind's rate; the
     draft's measured in that sequence), verified at the sequence's measured step costs
-    (`DraftLength.step_rate`), the draft's tokens also costing a draft step each (measured
-    here). Where both copy as surely, lookup's long free copy wins; new text goes to the draft.
+    (`DraftLength.step_rate`), the draft's tokens also costing a draft step each (timed here;
+    priced at DRAFT_STEP_PRIOR of a plain step until then) and the tokens its slot lacks a
+    catch-up forward. Where both copy as surely, lookup's long free copy wins, and a draft that
+    would first prefill the prompt does not take a copy over; new text goes to the draft.
     Without costs (an ask with no DraftLength) the expected accepted tokens decide. Every step
     scores the draft's last proposal of each sequence against the tokens that followed it, as
     lookup scores its own, so a sequence whose text turns from copied to new moves to the
