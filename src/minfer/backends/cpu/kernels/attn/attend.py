@@ -61,7 +61,7 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
             for g in range(group):
                 for j in range(head_dim):
                     qg[g, j] = q[t, qb + g * head_dim + j]
-            ir_scores(qg, k, s0, n, kb, scale, scores)
+            ir_scores(qg, k, v, s0, n, kb, scale, scores)
         else:
             for c in range(n):  # each K row is read once for the whole group
                 krow = k[s0 + c, kb : kb + head_dim]
