@@ -18,7 +18,7 @@ the kernels' own share of what the memory gives those arrays.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -51,23 +51,34 @@ def _parallel_sum(buf: np.ndarray, n_chunks: int) -> np.uint64:  # pragma: no co
     return parts.sum()
 
 
-def read_bandwidth(n_threads: int, *, nbytes: int = BUFFER_BYTES, passes: int = 5) -> float:
-    """Best-of-`passes` GB/s of a parallel read of `nbytes` on `n_threads` threads."""
-    buf = np.ones(nbytes // 8, np.uint64)  # written once: every page is resident
+def _best_seconds(n_threads: int, passes: int, warm: np.ndarray,
+                  read: Callable[[int], None]) -> float:
+    """The fastest of `passes` calls of read(threads), on `n_threads` threads (at most numba's
+    pool), after one sum over `warm` loads the kernel outside the timing."""
     previous = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
+    threads = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    numba.set_num_threads(threads)
     try:
-        _parallel_sum(buf[:1024], 64)  # compile / load from cache outside the timing
+        _parallel_sum(warm[:1024], threads)
         best = float("inf")
         for _ in range(passes):
             t0 = time.perf_counter()
-            total = _parallel_sum(buf, 64 * max(1, n_threads))
+            read(threads)
             best = min(best, time.perf_counter() - t0)
-            if int(total) != buf.shape[0]:
-                raise AssertionError("bandwidth probe read the wrong number of words")
     finally:
         numba.set_num_threads(previous)
-    return buf.nbytes / best / 1e9
+    return best
+
+
+def read_bandwidth(n_threads: int, *, nbytes: int = BUFFER_BYTES, passes: int = 5) -> float:
+    """Best-of-`passes` GB/s of a parallel read of `nbytes` on `n_threads` threads."""
+    buf = np.ones(nbytes // 8, np.uint64)  # written once: every page is resident
+
+    def read(threads: int) -> None:  # 64 chunks a thread asked for
+        if int(_parallel_sum(buf, 64 * max(1, n_threads))) != buf.shape[0]:
+            raise AssertionError("bandwidth probe read the wrong number of words")
+
+    return buf.nbytes / _best_seconds(n_threads, passes, buf, read) / 1e9
 
 
 def _words(a: np.ndarray) -> np.ndarray:
@@ -85,17 +96,9 @@ def weights_read_bandwidth(arrays: Sequence[np.ndarray], n_threads: int, *,
     nbytes = sum(w.nbytes for w in words)
     if not nbytes:
         raise ValueError("no weight bytes to read")
-    previous = numba.get_num_threads()
-    threads = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
-    numba.set_num_threads(threads)
-    try:
-        _parallel_sum(words[0][:1024], threads)  # compile / load from cache outside the timing
-        best = float("inf")
-        for _ in range(passes):
-            t0 = time.perf_counter()
-            for w in words:
-                _parallel_sum(w, threads)
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        numba.set_num_threads(previous)
-    return nbytes / best / 1e9
+
+    def read(threads: int) -> None:
+        for w in words:
+            _parallel_sum(w, threads)
+
+    return nbytes / _best_seconds(n_threads, passes, words[0], read) / 1e9

@@ -465,33 +465,26 @@ class DraftLength:
     def _best(self, options: list[int], accept: float | None = None) -> int:
         """The k of `options` (or 0, a plain step) with the most expected tokens per second at
         per-token acceptance `accept` (None: the measured rate); the shortest on a tie."""
-        best_k, best_rate = 0, self._rate(0)
+        best_k, best_rate = 0, self.step_rate(0)
         for k in options:
-            rate = self._rate(k, accept)
+            rate = self.step_rate(k, accept)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
 
-    def _rate(self, k: int, accept: float | None = None, token_s: float | None = None
-              ) -> float:
+    def step_rate(self, k: int, accept: float | None = None, token_s: float | None = None
+                  ) -> float:
         """Expected tokens per second of a step proposing k at per-token acceptance `accept`
         (None: the measured rate; unknown costs: optimistic), each proposed token costing
-        `token_s` seconds to make (None: the proposer's measured cost)."""
-        a = min(self.accept_rate if accept is None else accept, 0.999)
-        tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
+        `token_s` seconds to make (None: the proposer's measured cost). A proposer with two
+        kinds of guess (`HybridProposer`) weighs one against the other with it."""
         # a plain step, unmeasured yet, costs about the cheapest verify (decode is memory-bound)
         base = self.decode_s or min(self.verify_s.values(), default=1.0)
         if k == 0:
             return 1.0 / base
         made = self.draft_token_s if token_s is None else token_s
+        tokens = step_tokens(self.accept_rate if accept is None else accept, k)
         return tokens / (self._verify_cost(k + 1, base) + k * made)
-
-    def step_rate(self, k: int, accept: float, token_s: float) -> float:
-        """Expected tokens per second of a step verifying k proposed tokens that are each right
-        with probability `accept` (given those before were) and cost `token_s` each to make:
-        how a proposer with two kinds of guess (`HybridProposer`) weighs one against the
-        other with this sequence's measured step costs."""
-        return self._rate(k, accept, token_s)
 
     def _verify_cost(self, n: int, base: float) -> float:
         """A verify of n rows: measured, else a prior. The prior starts from the largest
@@ -645,6 +638,14 @@ def _ema(old: float, new: float, alpha: float) -> float:
     """Exponential moving average; one sample counts for at most 3x the average (a stall of
     the machine, a graph rebuild) so it cannot lock a length out for long."""
     return new if old == 0.0 else (1.0 - alpha) * old + alpha * min(new, 3.0 * old)
+
+
+def step_tokens(accept: float, k: int) -> float:
+    """Expected tokens a step proposing k yields, each proposed token right with probability
+    `accept` given those before it were, the target's own token included: 1 + accept + ... +
+    accept^k."""
+    a = min(accept, 0.999)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def bucket_floor(n: int) -> int:

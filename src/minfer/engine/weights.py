@@ -101,9 +101,10 @@ class ModelWeights:
         file's bytes of every other matrix asked for but those `gathered` row by row (an
         untied model's token embedding). `minfer bench --roofline` reads them as a decode
         step does."""
-        copies = [a for a, _ in self._derived.values()]
-        return copies + [a for name, (a, _) in self._matrices.items()
-                         if not self.has_copy(name) and name not in gathered]
+        copied = {name for name, _ in self._derived}
+        return [a for a, _ in self._derived.values()] + [
+            a for name, (a, _) in self._matrices.items()
+            if name not in copied and name not in gathered]
 
     def vector(self, name: str) -> np.ndarray:
         vec = self._vectors.get(name)

@@ -62,6 +62,7 @@ from minfer.engine.speculative import (
     follow,
     lookup,
     softmax,
+    step_tokens,
 )
 
 
@@ -142,6 +143,29 @@ class _Track:
         self.last = None
 
 
+class _Tracks(dict[int, _Track]):
+    """A proposer's `_Track` per sequence (the latest kept: `trim`), with
+    each kind's acceptance over every sequence (`kinds`), where a new sequence's start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: dict[str, Acceptance] = {}
+
+    def scored(self, seq_id: int, seq: np.ndarray) -> _Track:
+        """The sequence's track (a new one seeded from `kinds`), its last proposals scored
+        against seq, now the latest."""
+        track = self.pop(seq_id, None) or _Track(
+            kinds={kind: replace(rate) for kind, rate in self.kinds.items()})
+        track.score(seq, self.kinds)
+        self[seq_id] = track
+        return track
+
+    def trim(self, limit: int) -> None:
+        """Drop the oldest tracks past `limit` (finished sequences)."""
+        while len(self) > limit:
+            del self[next(iter(self))]
+
+
 class LookupProposer:
     """Prompt lookup for every ask, following each sequence's copy through edits
     (`speculative.follow`: one `CopyCursor` per sequence, the latest MAX_TRACKS kept). Each
@@ -156,16 +180,13 @@ class LookupProposer:
         if n < 1:
             raise SpeculativeError(f"--lookup-ngram must be >= 1, got {n}")
         self.n = n
-        self.tracks: dict[int, _Track] = {}
-        self.kinds: dict[str, Acceptance] = {}  # each kind's acceptance over every sequence
+        self.tracks = _Tracks()
 
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
         out: dict[int, Proposal] = {}
         for a in asks:
             seq = np.asarray(a.tokens, dtype=np.int64)
-            track = self.tracks.pop(a.seq_id, None) or _Track(
-                kinds={kind: replace(rate) for kind, rate in self.kinds.items()})
-            track.score(seq, self.kinds)
+            track = self.tracks.scored(a.seq_id, seq)
             tokens, track.cursor = follow(seq, track.cursor, self.n, a.k)
             kind = track.cursor.kind if track.cursor is not None else "lookup"
             candidates = [(kind, tokens)] if tokens else []
@@ -176,10 +197,8 @@ class LookupProposer:
             if candidates:
                 track.last = (seq.shape[0], candidates)
                 kind, tokens = max(candidates, key=lambda c: track.rate(c[0]))
-            self.tracks[a.seq_id] = track  # the latest last
             out[a.seq_id] = Proposal(tokens, rate=track.rate(kind))
-        while len(self.tracks) > self.MAX_TRACKS:  # finished sequences: the oldest go
-            del self.tracks[next(iter(self.tracks))]
+        self.tracks.trim(self.MAX_TRACKS)
         return out
 
     def warm_up(self) -> None:
@@ -315,13 +334,6 @@ class SlotDrafter:
         return out
 
 
-def _expected(rate: float, n: int) -> float:
-    """Expected tokens accepted of n proposed, each right with probability `rate` given those
-    before it were: rate + rate^2 + ... + rate^n."""
-    r = min(max(rate, 0.0), 0.999)
-    return r * (1.0 - r ** n) / (1.0 - r)
-
-
 class HybridProposer:
     """Prompt lookup and a draft model together. For each ask, lookup's proposal (free to
     make, rated by its kind of guess, as long as `lookup_k`) or the draft's (ask.k tokens, the
@@ -351,8 +363,7 @@ class HybridProposer:
         self.lookup = lookup
         self.drafter = drafter
         self.lookup_k = lookup_k
-        self.tracks: dict[int, _Track] = {}  # the draft's record per sequence (kind "draft")
-        self.kinds: dict[str, Acceptance] = {}  # the draft's acceptance over every sequence
+        self.tracks = _Tracks()  # the draft's record per sequence (kind "draft")
         self.draft_step_s = 0.0  # a draft forward's seconds (catch-ups of a prompt left out)
 
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
@@ -360,10 +371,7 @@ class HybridProposer:
         out: dict[int, Proposal] = {}
         rest: list[DraftAsk] = []
         for a in asks:
-            track = self.tracks.pop(a.seq_id, None) or _Track(
-                kinds={kind: replace(rate) for kind, rate in self.kinds.items()})
-            track.score(np.asarray(a.tokens, dtype=np.int64), self.kinds)
-            self.tracks[a.seq_id] = track
+            track = self.tracks.scored(a.seq_id, np.asarray(a.tokens, dtype=np.int64))
             guess = looked.get(a.seq_id)
             if guess is not None and guess.tokens and self._lookup_pays(a, guess, track):
                 out[a.seq_id] = guess
@@ -371,8 +379,7 @@ class HybridProposer:
                 rest.append(a)
         if rest:
             out.update(self._drafted(rest))
-        while len(self.tracks) > LookupProposer.MAX_TRACKS:
-            del self.tracks[next(iter(self.tracks))]
+        self.tracks.trim(LookupProposer.MAX_TRACKS)
         return out
 
     def _lookup_pays(self, ask: DraftAsk, guess: Proposal, track: _Track) -> bool:
@@ -380,7 +387,7 @@ class HybridProposer:
         n = bucket_floor(len(guess.tokens))
         length = ask.length
         if length is None or not length.adaptive:
-            return _expected(rate, n) >= _expected(draft_rate, ask.k)
+            return step_tokens(rate, n) >= step_tokens(draft_rate, ask.k)
         # a draft step, until timed here: a share of the target's plain step; the tokens its
         # slot lacks (the prompt at first, then what lookup's guesses brought) cost a forward
         step = self.draft_step_s or length.decode_s * self.DRAFT_STEP_PRIOR

@@ -300,11 +300,10 @@ def _emit_columns(builder: Any, k: _Cache, s0: Any, m: Any, chunks: Any, kt: Any
                 _prefetch_span(builder, k.ptr, builder.add(col, builder.mul(
                     builder.add(c, _k(PF_CELLS)), k.row)), LANES * k.width, 3)
             if v_rows is not None:  # the value mix's rows into L2 while the scores compute
-                vr = v_rows
-                v_col = builder.add(vr.col0, builder.mul(j, _k(LANES * vr.width)))
+                v_col = builder.add(v_rows.col0, builder.mul(j, _k(LANES * v_rows.width)))
                 for c in cells:
-                    _prefetch_span(builder, vr.ptr, builder.add(v_col, builder.mul(c, vr.row)),
-                                   LANES * vr.width, 2)
+                    _prefetch_span(builder, v_rows.ptr, builder.add(v_col, builder.mul(
+                        c, v_rows.row)), LANES * v_rows.width, 2)
             rows = [_widened(builder, k.ptr, builder.add(col, builder.mul(c, k.row)), LANES,
                              k.half) for c in cells]
             for r, v in enumerate(_transpose16(builder, rows)):
