@@ -181,6 +181,8 @@ def test_ollama_embed_and_embeddings(bert: ServerState, bert_path: Path) -> None
     assert np.allclose(normalize(np.array(legacy.embedding, np.float32)), got[1], atol=1e-6)
     r = call(bert, "POST", "/api/embed", json={"model": "nope", "input": "x"})
     assert r.status_code == 404 and isinstance(r.json()["error"], str)
+    r = call(bert, "POST", "/api/show", json={"model": "minilm"})
+    assert r.status_code == 200 and r.json()["capabilities"] == ["embedding"]
     r = call(bert, "POST", "/api/embed", json={"model": "minilm", "input": [], "x": 1})
     assert r.status_code == 400 and "must not be empty" in r.json()["error"]
 
@@ -201,6 +203,8 @@ def test_a_generative_model_embeds_when_asked(tiny_qwen2: Path) -> None:
         chat = call(on, "POST", "/v1/chat/completions",
                     json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert chat.status_code == 200  # it still generates
+        caps = call(on, "POST", "/api/show", json={"model": tiny_qwen2.stem}).json()["capabilities"]
+        assert caps[:2] == ["completion", "embedding"]
     finally:
         on.stop()
 

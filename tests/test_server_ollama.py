@@ -66,7 +66,8 @@ def test_list_show_ps_version(state: ServerState) -> None:
     assert m.details.family == "qwen2" and m.size > 0
     shown = with_client(state, lambda c: c.show("coder"))
     assert shown.modelinfo["general.architecture"] == "qwen2"
-    assert shown.details.quantization_level and "insert" in (shown.capabilities or [])
+    assert shown.details.quantization_level
+    assert shown.capabilities == ["completion", "insert"]  # a template without tools or thinking
     running = with_client(state, lambda c: c.ps())
     assert [r.model for r in running.models] == ["coder:latest"]
     r = call(state, "GET", "/api/version")
@@ -172,8 +173,38 @@ def test_think_and_the_thinking_field(think_model: Callable[..., Path]) -> None:
 
         parts = with_client(st, stream)
         assert "".join(p.message.thinking or "" for p in parts) == ref["reasoning_content"]
+        shown = with_client(st, lambda c: c.show("r1-distill-qwen"))
+        assert shown.capabilities == ["completion", "thinking"]
     finally:
         st.stop()
+
+
+def test_capabilities_follow_the_chat_template(think_model: Callable[..., Path]) -> None:
+    """Qwen3's template writes the tools and switches thinking: both are capabilities."""
+    st = make_state(think_model("qwen3"), n_ctx=256, slots=1)
+    st.start()
+    try:
+        assert st.wait_ready(30)
+        shown = with_client(st, lambda c: c.show("qwen3"))
+        assert shown.capabilities == ["completion", "tools", "thinking"]
+    finally:
+        st.stop()
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+def test_thinking_asked_of_a_model_that_cannot_think_is_ollamas_400(state: ServerState,
+                                                                     path: str) -> None:
+    """As Ollama: a 400 naming the model (clients match "does not support thinking" and ask
+    again without `think`); `think: false` is accepted."""
+    body = {"model": "coder", "messages": MSG, "prompt": "hi", "options": GREEDY}
+    for think in (True, "high"):
+        r = call(state, "POST", path, json={**body, "think": think, "stream": False})
+        assert r.status_code == 400 and r.json() == {"error": "coder does not support thinking"}
+    r = call(state, "POST", path, json={**body, "think": False, "stream": False})
+    assert r.status_code == 200 and r.json()["done"]
+    with pytest.raises(ollama.ResponseError) as info:
+        with_client(state, lambda c: c.chat("coder", messages=MSG, think=True))
+    assert info.value.status_code == 400 and "does not support thinking" in info.value.error
 
 
 @pytest.mark.parametrize(("path", "body", "status"), [

@@ -14,6 +14,7 @@ a TemplateError naming the line; an error while rendering is a TemplateError too
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any, NoReturn, Protocol
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2 import nodes
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -106,6 +108,13 @@ class ChatTemplate:
         source = read_chat_template(f) or builtin_chat_template(f.metadata)
         return cls(source or CHATML, special_tokens=special_token_texts(tokenizer),
                    is_default=source is None)
+
+    @functools.cached_property
+    def variables(self) -> frozenset[str]:
+        """The variables the template reads from its render context (`tools` where it writes
+        the tools into the prompt, Qwen3's `enable_thinking`, ...)."""
+        ast = _environment().parse(self.source)
+        return frozenset(jinja2.meta.find_undeclared_variables(ast))
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **extra: Any) -> str:

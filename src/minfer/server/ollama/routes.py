@@ -47,7 +47,9 @@ from minfer.server.ollama.schemas import (
 )
 from minfer.server.ollama.translate import (
     Clock,
+    capabilities,
     chat_request,
+    check_thinking,
     details,
     generate_request,
     keep_alive_seconds,
@@ -102,16 +104,14 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         lm = await _model(state, body.model, None)
         facts = state.facts(lm.name)
         info = {**facts.metadata, "general.parameter_count": facts.n_params}
-        capabilities = ["completion"]
-        if not lm.tokenizer.fim.missing():
-            capabilities.append("insert")
         return {"modelfile": "", "parameters": "", "template": "", "details": details(facts),
-                "model_info": info, "capabilities": capabilities,
+                "model_info": info, "capabilities": capabilities(lm),
                 "modified_at": listing(lm.name, facts)["modified_at"]}
 
     @app.post("/api/chat")
     async def chat(body: ChatRequest, request: Request) -> Response:
         lm = await _model(state, body.model, body.keep_alive)
+        check_thinking(body, lm)
         if not body.messages:
             return _loaded(lm, {"message": {"role": "assistant", "content": ""}})
         req = chat_request(body, lm.limits.n_ctx_slot)
@@ -120,6 +120,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
         lm = await _model(state, body.model, body.keep_alive)
+        check_thinking(body, lm)
         if not body.prompt and body.suffix is None:
             return _loaded(lm, {"response": ""})
         req = generate_request(body, lm.limits.n_ctx_slot)

@@ -3,9 +3,11 @@
 `/api/chat` becomes a chat completion, `/api/generate` a chat completion of one user turn (its
 `system` first), a raw completion with `raw`, or a fill-in-the-middle completion with `suffix`.
 `options` map onto the sampling fields, `format` onto `response_format`, `think` onto the chat
-template's `enable_thinking`. Replies carry `message` (chat) or `response` (generate), the
-thinking as `thinking`, tool calls with their arguments as objects, and the final object's
-`done_reason` and durations in nanoseconds.
+template's `enable_thinking`. `capabilities` says what a model does as Ollama infers it (its
+kind, and the template's `tools`, suffix and thinking); a `think` request to a model without
+"thinking" is refused as Ollama refuses it. Replies carry `message` (chat) or `response`
+(generate), the thinking as `thinking`, tool calls with their arguments as objects, and the
+final object's `done_reason` and durations in nanoseconds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from minfer.chat.reasoning import OPEN as THINK_OPEN
 from minfer.server.errors import bad_request
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
 from minfer.server.openai.schemas import (
@@ -60,11 +63,42 @@ def _common(body: ChatRequest | GenerateRequest, n_ctx: int) -> dict[str, Any]:
     return out
 
 
-def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
+def capabilities(lm: LoadedModel) -> list[str]:
+    """Ollama's capabilities of a served model, in its order: "completion" (it generates),
+    "embedding" (it is served for embeddings), then what its chat template handles: "tools"
+    (it writes the `tools` into the prompt), "insert" (fill-in-the-middle tokens), "thinking"
+    (`<think>`, or a thinking switch)."""
+    caps = (["completion"] if lm.worker is not None else []) + (
+        ["embedding"] if lm.embed is not None else [])
+    if lm.worker is None:
+        return caps
+    variables = lm.template.variables
+    if "tools" in variables:
+        caps.append("tools")
+    if not lm.tokenizer.fim.missing():
+        caps.append("insert")
+    if THINK_OPEN in lm.template.source or "enable_thinking" in variables:
+        caps.append("thinking")
+    return caps
+
+
+def thinking_on(body: ChatRequest | GenerateRequest) -> bool | None:
+    """The request's `think` (true, false, or a level: "high", "medium", "low"); None: unset."""
     if body.think is None:
-        return {}
-    on = body.think is not False and body.think != "false"
-    return {"chat_template_kwargs": {"enable_thinking": on}}
+        return None
+    return body.think is not False and body.think != "false"
+
+
+def check_thinking(body: ChatRequest | GenerateRequest, lm: LoadedModel) -> None:
+    """Ollama's 400 for thinking asked of a model that cannot think (clients match its text
+    and ask again without `think`)."""
+    if thinking_on(body) and "thinking" not in capabilities(lm):
+        raise bad_request(f"{body.model} does not support thinking")
+
+
+def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
+    on = thinking_on(body)
+    return {} if on is None else {"chat_template_kwargs": {"enable_thinking": on}}
 
 
 def chat_request(body: ChatRequest, n_ctx: int) -> ChatCompletionRequest:

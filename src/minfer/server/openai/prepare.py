@@ -56,6 +56,11 @@ class TokenizerLike(Protocol):
 
 
 class TemplateLike(Protocol):
+    source: str
+
+    @property
+    def variables(self) -> frozenset[str]: ...
+
     def render(self, messages: Sequence[Any], *, add_generation_prompt: bool = True,
                tools: Sequence[Any] | None = None, **extra: Any) -> str: ...
 
