@@ -10,12 +10,13 @@ the template with their arguments as objects.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from minfer.sampling.tool_calls import history_as_text, parse_tool_calls
 from minfer.server.openai.schemas import ChatMessage
 from minfer.server.openai.structured import template_messages
 from minfer.server.state import ServerState
@@ -98,6 +99,80 @@ def test_auto_and_none_leave_free_text(state: ServerState) -> None:
         body = r.json()["choices"][0]
         assert body["finish_reason"] == "length" and "tool_calls" not in body["message"]
         assert isinstance(body["message"]["content"], str)
+
+
+# a template that writes no tool history and alternates its roles strictly, as Gemma's does
+STRICT = ("{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+          "{{- raise_exception('roles must alternate user/assistant') }}{%- endif %}"
+          "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+          "{%- endif %}")
+TWO_CALLS = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                  "arguments": '{"city": "Paris"}'}},
+    {"id": "c2", "type": "function", "function": {"name": "get_time",
+                                                  "arguments": '{"zone": "UTC"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "c2", "content": "12:00"}]
+
+
+def test_history_as_text_writes_calls_and_results_as_the_parser_reads_them() -> None:
+    msgs = template_messages([ChatMessage.model_validate(m) for m in TWO_CALLS])
+    user, assistant, results = history_as_text(msgs)
+    assert user == msgs[0] and "tool_calls" not in assistant
+    content, calls = parse_tool_calls(assistant["content"])
+    assert content == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                              for c in calls] == [("get_weather", {"city": "Paris"}),
+                                                  ("get_time", {"zone": "UTC"})]
+    assert results == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>\n"
+                                                  "<tool_response>\n12:00\n</tool_response>"}
+    assert history_as_text(msgs[:1]) == msgs[:1]
+
+
+@pytest.mark.parametrize("template", [None, STRICT])
+def test_a_template_without_tool_history_gets_it_as_text(tmp_path: Path,
+                                                         template: str | None) -> None:
+    """Plain ChatML and a strictly alternating template (Gemma's kind) write no tool_calls:
+    a call-only message (content null) and two results still render, as text, and generate
+    (before, the null content was a template error, a 400)."""
+    from minfer.tools.synth import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "plain.gguf",
+                            **({} if template is None else {"chat_template": template}))
+    st = make_state(path, n_ctx=512, slots=1)
+    st.start()
+    try:
+        assert st.wait_ready(30)
+        prompt = call(st, "POST", "/apply-template", json={"messages": TWO_CALLS}).json()["prompt"]
+        assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather"' in prompt
+        assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>" \
+            in prompt and "<|im_start|>tool" not in prompt
+        r = call(st, "POST", CHAT, json={"messages": TWO_CALLS, "tools": [WEATHER, TIME],
+                                         "max_tokens": 4})
+        assert r.status_code == 200, r.text
+    finally:
+        st.stop()
+
+
+def test_a_template_that_writes_tool_calls_gets_them_as_they_are(
+        think_model: Callable[..., Path]) -> None:
+    """Qwen3's template writes calls and results itself: its messages are not rewritten."""
+    from minfer.gguf.reader import GGUFFile
+    from minfer.tokenizer.chat import ChatTemplate
+    from minfer.tokenizer.tokenizer import Tokenizer
+
+    path = think_model("qwen3")
+    st = make_state(path, n_ctx=512, slots=1)
+    st.start()
+    try:
+        assert st.wait_ready(30)
+        prompt = call(st, "POST", "/apply-template", json={"messages": TWO_CALLS}).json()["prompt"]
+        f = GGUFFile.open(path)
+        template = ChatTemplate.from_gguf(f, Tokenizer.from_gguf(f))
+        msgs = [ChatMessage.model_validate(m) for m in TWO_CALLS]
+        assert prompt == template.render(template_messages(msgs))
+    finally:
+        st.stop()
 
 
 def test_a_tool_round_trip_request_is_accepted(state: ServerState) -> None:

@@ -15,6 +15,8 @@ API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400
   an llguidance grammar (see minfer.sampling.grammar) that forces one or more (`parallel`)
   `<tool_call>` blocks whose arguments match the function's `parameters` schema, then end of
   generation. Pass it to `Model.grammar_mask(...)` like a `response_format` grammar.
+- `history_as_text(messages)`: a conversation's tool calls and results as `<tool_call>` /
+  `<tool_response>` text, for a chat template that cannot write them.
 - `parse_tool_calls(text) -> (content, tool_calls)`: the finished text split into the content
   (text outside the parsed blocks, stripped; "" when nothing is left, which the server sends as
   null) and OpenAI `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`,
@@ -131,6 +133,41 @@ def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
 def _lit(text: str) -> str:
     """A Lark string literal for `text`."""
     return json.dumps(text, ensure_ascii=False)
+
+
+# -- a tool history for templates that cannot write one --------------------------------------------
+
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+
+
+def history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages for a chat template that cannot write a tool history (Gemma's, a plain
+    ChatML one): each assistant message's `tool_calls` (arguments as objects) become
+    `<tool_call>` blocks after its content, the form its replies are parsed from, and each run
+    of `tool` results one user message of `<tool_response>` blocks (roles keep alternating).
+    Without this such templates fail on the null content of a call-only message, or the model
+    never sees its calls and their results."""
+    out: list[dict[str, Any]] = []
+    results_at = -1  # index in out of the user message the current run of results went to
+    for message in messages:
+        m = dict(message)
+        calls = m.pop("tool_calls", None)
+        if m.get("role") == "tool":
+            block = f"{RESPONSE_OPEN}\n{m.get('content') or ''}\n{RESPONSE_CLOSE}"
+            if results_at == len(out) - 1 >= 0:
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block})
+                results_at = len(out) - 1
+            continue
+        if calls:
+            blocks = "\n".join(
+                f"{OPEN}\n" + json.dumps({"name": c["function"]["name"],
+                                          "arguments": c["function"].get("arguments", {})},
+                                         ensure_ascii=False) + f"\n{CLOSE}" for c in calls)
+            m["content"] = f"{m['content']}\n{blocks}" if m.get("content") else blocks
+        out.append(m)
+    return out
 
 
 # -- parsing a finished text ----------------------------------------------------------------------

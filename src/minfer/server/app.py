@@ -35,7 +35,7 @@ from minfer.server.openai.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from minfer.server.openai.structured import plan_output, template_messages
+from minfer.server.openai.structured import chat_messages, plan_output
 from minfer.server.responses.routes import responses_routes
 from minfer.server.state import ServerState
 
@@ -127,7 +127,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         chat = ChatCompletionRequest.model_validate(body.model_dump(exclude_none=True))
         plan = plan_output(chat, lm.tokenizer.n_vocab, lm.grammar_vocab)
         try:
-            text = lm.template.render(template_messages(chat.messages), add_generation_prompt=True,
+            text = lm.template.render(chat_messages(chat.messages, lm.template),
+                                      add_generation_prompt=True,
                                       tools=plan.tools,
                                       **request_reasoning(chat, lm.reasoning).template_vars())
         except MinferError as exc:

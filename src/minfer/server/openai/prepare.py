@@ -27,7 +27,7 @@ from minfer.server.openai.schemas import (
     NativeCompletionRequest,
     SamplingFields,
 )
-from minfer.server.openai.structured import OutputPlan, plan_output, template_messages
+from minfer.server.openai.structured import OutputPlan, chat_messages, plan_output
 from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
 from minfer.tokenizer.infill import infill_prompt as fim_layout
 from minfer.tokenizer.vocab import FimTokens
@@ -82,7 +82,7 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     """The rendered chat prompt's ids; sets how the reply's thinking is split and adds the
     thinking budget to the request's mask."""
     opts = request_reasoning(req, reasoning)
-    messages = template_messages(req.messages)
+    messages = chat_messages(req.messages, template)
     try:
         text = template.render(messages, add_generation_prompt=True, tools=output.tools,
                                **opts.template_vars())

@@ -12,7 +12,9 @@
   are rendered by the chat template (not with `tool_choice: "none"`) and the rest of the text is
   parsed into OpenAI `tool_calls` (`finalize`), or streamed through a `ReplyStream`.
 - `template_messages` turns request messages into what chat templates expect (assistant
-  `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`).
+  `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`);
+  `chat_messages` also writes a tool history as text for a template that cannot (its source
+  never reads `tool_calls`: Gemma's, plain ChatML), as llama.cpp polyfills one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from minfer.sampling.grammar import (
 from minfer.sampling.mask import LogitMask, chain
 from minfer.sampling.tool_calls import (
     ToolCallStream,
+    history_as_text,
     parse_tool_calls,
     tool_choice_grammar,
     tools_for_prompt,
@@ -186,15 +189,29 @@ def _mask(vocab: GrammarVocab | None, grammar: str, param: str) -> GrammarMask:
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as chat templates expect them; tool-call arguments (JSON text in the API)
-    become objects, as Qwen's, Llama's and Hermes' templates write `arguments | tojson`."""
+    become objects, as Qwen's, Llama's and Hermes' templates write `arguments | tojson`, and a
+    call-only message's null content "" (Qwen3's template looks for `</think>` in it)."""
     out = []
     for i, message in enumerate(messages):
         m = message.for_template()
         if m.get("tool_calls"):
             m["tool_calls"] = [_template_call(c, f"messages.{i}.tool_calls.{j}")
                                for j, c in enumerate(m["tool_calls"])]
+            if m["content"] is None:  # a call-only message: templates test text, not null
+                m["content"] = ""
         out.append(m)
     return out
+
+
+class _Source(Protocol):
+    source: str
+
+
+def chat_messages(messages: Sequence[ChatMessage], template: _Source) -> list[dict[str, Any]]:
+    """`template_messages`, with the tool calls and results as text where the template does
+    not write them (`tool_calls.history_as_text`)."""
+    out = template_messages(messages)
+    return out if "tool_calls" in template.source else history_as_text(out)
 
 
 def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
