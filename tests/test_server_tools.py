@@ -127,6 +127,8 @@ def test_history_as_text_writes_calls_and_results_as_the_parser_reads_them() -> 
     assert results == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>\n"
                                                   "<tool_response>\n12:00\n</tool_response>"}
     assert history_as_text(msgs[:1]) == msgs[:1]
+    *_, joined = history_as_text([*msgs, {"role": "user", "content": "Summarize."}])
+    assert joined["role"] == "user" and joined["content"].endswith("</tool_response>\nSummarize.")
 
 
 @pytest.mark.parametrize("template", [None, STRICT])

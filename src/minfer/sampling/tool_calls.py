@@ -144,7 +144,9 @@ def history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     """The messages for a chat template that cannot write a tool history (Gemma's, a plain
     ChatML one): each assistant message's `tool_calls` (arguments as objects) become
     `<tool_call>` blocks after its content, the form its replies are parsed from, and each run
-    of `tool` results one user message of `<tool_response>` blocks (roles keep alternating).
+    of `tool` results one user message of `<tool_response>` blocks, with a user message right
+    after them (Anthropic's text beside its `tool_result` blocks) joined to it: roles keep
+    alternating.
     Without this such templates fail on the null content of a call-only message, or the model
     never sees its calls and their results."""
     out: list[dict[str, Any]] = []
@@ -159,6 +161,10 @@ def history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             else:
                 out.append({"role": "user", "content": block})
                 results_at = len(out) - 1
+            continue
+        if m.get("role") == "user" and results_at == len(out) - 1 >= 0 and \
+                isinstance(m.get("content"), str):  # text sent with the results: one turn
+            out[-1]["content"] += "\n" + m["content"]
             continue
         if calls:
             blocks = "\n".join(
