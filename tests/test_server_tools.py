@@ -156,6 +156,28 @@ def test_a_template_without_tool_history_gets_it_as_text(tmp_path: Path,
         st.stop()
 
 
+def test_the_python_api_renders_the_same_tool_history(tmp_path: Path) -> None:
+    """`Model.render_chat` writes a tool history as the server does, for arguments given as
+    JSON text (the API's form) or as objects."""
+    import minfer
+    from minfer.tools.synth import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "plain.gguf")
+    model = minfer.load(path)
+    st = make_state(path, n_ctx=512, slots=1)
+    st.start()
+    try:
+        assert st.wait_ready(30)
+        served = call(st, "POST", "/apply-template", json={"messages": TWO_CALLS}).json()["prompt"]
+    finally:
+        st.stop()
+    assert model.render_chat(TWO_CALLS) == served
+    as_objects = json.loads(json.dumps(TWO_CALLS))
+    for c in as_objects[1]["tool_calls"]:
+        c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    assert model.render_chat(as_objects) == served
+
+
 def test_a_template_that_writes_tool_calls_gets_them_as_they_are(
         think_model: Callable[..., Path]) -> None:
     """Qwen3's template writes calls and results itself: its messages are not rewritten."""

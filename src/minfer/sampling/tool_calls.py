@@ -169,11 +169,22 @@ def history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
         if calls:
             blocks = "\n".join(
                 f"{OPEN}\n" + json.dumps({"name": c["function"]["name"],
-                                          "arguments": c["function"].get("arguments", {})},
+                                          "arguments": _arguments(c["function"])},
                                          ensure_ascii=False) + f"\n{CLOSE}" for c in calls)
             m["content"] = f"{m['content']}\n{blocks}" if m.get("content") else blocks
         out.append(m)
     return out
+
+
+def _arguments(fn: Mapping[str, Any]) -> Any:
+    """A call's arguments as an object (the API's JSON text parsed; kept as it is otherwise)."""
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            return json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return args
+    return args
 
 
 # -- parsing a finished text ----------------------------------------------------------------------
