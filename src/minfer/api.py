@@ -28,7 +28,7 @@ from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
-from minfer.sampling.tool_calls import history_as_text
+from minfer.sampling.tool_calls import history_for
 from minfer.store import resolve_model
 from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
@@ -211,10 +211,9 @@ class Model:
                     tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = True, **template_vars: Any) -> str:
         """The prompt text; template_vars reach the jinja template (Qwen3's enable_thinking).
-        A template that cannot write a tool history gets it as text (`history_as_text`)."""
-        if "tool_calls" not in self.chat_template.source:
-            messages = history_as_text(messages)
-        return self.chat_template.render(messages, tools=tools,
+        A template that cannot write a tool history gets it as text (`history_for`)."""
+        return self.chat_template.render(history_for(messages, self.chat_template.source),
+                                         tools=tools,
                                          add_generation_prompt=add_generation_prompt,
                                          **template_vars)
 

@@ -16,7 +16,8 @@ API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400
   `<tool_call>` blocks whose arguments match the function's `parameters` schema, then end of
   generation. Pass it to `Model.grammar_mask(...)` like a `response_format` grammar.
 - `history_as_text(messages)`: a conversation's tool calls and results as `<tool_call>` /
-  `<tool_response>` text, for a chat template that cannot write them.
+  `<tool_response>` text, for a chat template that cannot write them; `history_for(messages,
+  template_source)` applies it where the template's source never reads `tool_calls`.
 - `parse_tool_calls(text) -> (content, tool_calls)`: the finished text split into the content
   (text outside the parsed blocks, stripped; "" when nothing is left, which the server sends as
   null) and OpenAI `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`,
@@ -174,6 +175,15 @@ def history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             m["content"] = f"{m['content']}\n{blocks}" if m.get("content") else blocks
         out.append(m)
     return out
+
+
+def history_for(messages: Sequence[Mapping[str, Any]],
+                template_source: str) -> list[dict[str, Any]]:
+    """The messages as a chat template (its source) can take them: as they are where it writes
+    tool calls itself (it reads `tool_calls`), else `history_as_text`."""
+    if "tool_calls" in template_source:
+        return [dict(m) for m in messages]
+    return history_as_text(messages)
 
 
 def _arguments(fn: Mapping[str, Any]) -> Any:

@@ -37,7 +37,7 @@ from minfer.sampling.grammar import (
 from minfer.sampling.mask import LogitMask, chain
 from minfer.sampling.tool_calls import (
     ToolCallStream,
-    history_as_text,
+    history_for,
     parse_tool_calls,
     tool_choice_grammar,
     tools_for_prompt,
@@ -209,9 +209,8 @@ class _Source(Protocol):
 
 def chat_messages(messages: Sequence[ChatMessage], template: _Source) -> list[dict[str, Any]]:
     """`template_messages`, with the tool calls and results as text where the template does
-    not write them (`tool_calls.history_as_text`)."""
-    out = template_messages(messages)
-    return out if "tool_calls" in template.source else history_as_text(out)
+    not write them (`tool_calls.history_for`)."""
+    return history_for(template_messages(messages), template.source)
 
 
 def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
