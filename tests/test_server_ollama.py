@@ -73,6 +73,9 @@ def test_list_show_ps_version(state: ServerState) -> None:
     r = call(state, "GET", "/api/version")
     assert r.status_code == 200 and r.json()["version"]
     assert call(state, "GET", "/").text == "minfer is running"
+    for path in ("/", "/api/version", "/api/tags"):  # Ollama's HEADs (the CLI's heartbeat)
+        head = call(state, "HEAD", path)
+        assert head.status_code == 200 and head.content == b"", path
 
 
 def test_chat_equals_the_openai_reply(state: ServerState) -> None:

@@ -75,15 +75,16 @@ NDJSON = "application/x-ndjson"
 def ollama_routes(app: FastAPI, state: ServerState) -> None:
     """Add Ollama's routes to app."""
 
-    @app.get("/", include_in_schema=False)
+    # HEAD as well as GET, as Ollama answers them (the `ollama` CLI's heartbeat is `HEAD /`)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root() -> PlainTextResponse:
         return PlainTextResponse("minfer is running")
 
-    @app.get("/api/version")
+    @app.api_route("/api/version", methods=["GET", "HEAD"])
     async def version() -> dict[str, str]:
         return {"version": minfer.__version__}
 
-    @app.get("/api/tags")
+    @app.api_route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> dict[str, Any]:
         return {"models": [listing(name, state.facts(name)) for name in state.names()]}
 
