@@ -75,18 +75,22 @@ NDJSON = "application/x-ndjson"
 def ollama_routes(app: FastAPI, state: ServerState) -> None:
     """Add Ollama's routes to app."""
 
-    # HEAD as well as GET, as Ollama answers them (the `ollama` CLI's heartbeat is `HEAD /`)
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    @app.get("/", include_in_schema=False)
     async def root() -> PlainTextResponse:
         return PlainTextResponse("minfer is running")
 
-    @app.api_route("/api/version", methods=["GET", "HEAD"])
+    @app.get("/api/version")
     async def version() -> dict[str, str]:
         return {"version": minfer.__version__}
 
-    @app.api_route("/api/tags", methods=["GET", "HEAD"])
+    @app.get("/api/tags")
     async def tags() -> dict[str, Any]:
         return {"models": [listing(name, state.facts(name)) for name in state.names()]}
+
+    # HEAD as well as GET, as Ollama answers them (the `ollama` CLI's heartbeat is `HEAD /`);
+    # outside the OpenAPI schema, which would list each operation twice
+    for path, endpoint in (("/", root), ("/api/version", version), ("/api/tags", tags)):
+        app.head(path, include_in_schema=False)(endpoint)
 
     @app.get("/api/ps")
     async def ps() -> dict[str, Any]:
