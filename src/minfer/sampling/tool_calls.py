@@ -186,15 +186,21 @@ def history_for(messages: Sequence[Mapping[str, Any]],
     return history_as_text(messages)
 
 
-def _arguments(fn: Mapping[str, Any]) -> Any:
-    """A call's arguments as an object (the API's JSON text parsed; kept as it is otherwise)."""
+def call_arguments(fn: Mapping[str, Any]) -> Any:
+    """A call's `function.arguments` as an object: the API's JSON text parsed ("" is {}), an
+    object as it is. Text that is not JSON raises json.JSONDecodeError."""
     args = fn.get("arguments", {})
     if isinstance(args, str):
-        try:
-            return json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return args
+        return json.loads(args) if args.strip() else {}
     return args
+
+
+def _arguments(fn: Mapping[str, Any]) -> Any:
+    """`call_arguments`, text that is not JSON kept as it is (the Python API's messages)."""
+    try:
+        return call_arguments(fn)
+    except json.JSONDecodeError:
+        return fn["arguments"]
 
 
 # -- parsing a finished text ----------------------------------------------------------------------

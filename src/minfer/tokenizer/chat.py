@@ -113,7 +113,7 @@ class ChatTemplate:
     def variables(self) -> frozenset[str]:
         """The variables the template reads from its render context (`tools` where it writes
         the tools into the prompt, Qwen3's `enable_thinking`, ...)."""
-        ast = _environment().parse(self.source)
+        ast = self._template.environment.parse(self.source)
         return frozenset(jinja2.meta.find_undeclared_variables(ast))
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from minfer.sampling.grammar import (
 from minfer.sampling.mask import LogitMask, chain
 from minfer.sampling.tool_calls import (
     ToolCallStream,
+    call_arguments,
     history_for,
     parse_tool_calls,
     tool_choice_grammar,
@@ -203,14 +204,10 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-class _Source(Protocol):
-    source: str
-
-
-def chat_messages(messages: Sequence[ChatMessage], template: _Source) -> list[dict[str, Any]]:
-    """`template_messages`, with the tool calls and results as text where the template does
-    not write them (`tool_calls.history_for`)."""
-    return history_for(template_messages(messages), template.source)
+def chat_messages(messages: Sequence[ChatMessage], template_source: str) -> list[dict[str, Any]]:
+    """`template_messages`, with the tool calls and results as text where the template (its
+    source) does not write them (`tool_calls.history_for`)."""
+    return history_for(template_messages(messages), template_source)
 
 
 def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
@@ -218,13 +215,11 @@ def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad_request(f"{where}: a tool call needs function.name", param=where,
                           code="invalid_value")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise bad_request(f"{where}.function.arguments is not valid JSON: {exc}",
-                              param=where, code="invalid_value") from None
+    try:
+        args = call_arguments(fn)
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"{where}.function.arguments is not valid JSON: {exc}",
+                          param=where, code="invalid_value") from None
     return {**call, "type": call.get("type", "function"),
             "function": {**fn, "arguments": args}}
 
