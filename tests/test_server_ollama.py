@@ -227,9 +227,55 @@ def test_errors_are_ollama_errors(state: ServerState, path: str, body: dict[str,
     assert set(r.json()) == {"error"} and r.json()["error"]
 
 
-def test_an_empty_prompt_only_loads(state: ServerState) -> None:
-    r = call(state, "POST", "/api/generate", json={"model": "coder"})
-    assert r.status_code == 200 and r.json()["done_reason"] == "load"
+def test_an_empty_prompt_only_loads_and_keep_alive_0_unloads(state: ServerState) -> None:
+    for path, body in (("/api/generate", {}), ("/api/chat", {"messages": []})):
+        r = call(state, "POST", path, json={"model": "coder", **body})
+        assert r.status_code == 200 and r.json()["done_reason"] == "load"
+        r = call(state, "POST", path, json={"model": "coder", "keep_alive": 0, **body})
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+
+
+def test_generate_context_continues_an_exchange(state: ServerState) -> None:
+    """Ollama's `context`: the final object carries the exchange's ids (the templated prompt's,
+    then the reply's text tokenized); sent back, they go before the next templated prompt."""
+    first = with_client(state, lambda c: c.generate("coder", prompt="Say hello",
+                                                    options=GREEDY))
+    n_prompt = first.prompt_eval_count
+    ids = list(first.context or [])
+    reply = call(state, "POST", "/tokenize", json={"content": first.response}).json()["tokens"]
+    assert len(ids) == n_prompt + len(reply) and ids[n_prompt:] == reply
+    alone = with_client(state, lambda c: c.generate("coder", prompt="And again",
+                                                    options=GREEDY))
+    second = with_client(state, lambda c: c.generate("coder", prompt="And again",
+                                                     context=ids, options=GREEDY))
+    assert second.prompt_eval_count == len(ids) + alone.prompt_eval_count
+    prompt = list(second.context or [])[:second.prompt_eval_count]
+    assert prompt[:len(ids)] == ids
+    raw = call(state, "POST", COMP, json={"prompt": prompt, "max_tokens": 10,
+                                          "temperature": 0}).json()["choices"][0]["text"]
+    assert second.response == raw
+    lines = [json.loads(line) for line in call(
+        state, "POST", "/api/generate", json={"model": "coder", "prompt": "And again",
+                                              "context": ids, "options": GREEDY}
+    ).text.splitlines()]
+    assert lines[-1]["context"] == second.context and "context" not in lines[0]
+    raw_gen = with_client(state, lambda c: c.generate("coder", prompt="def f(", raw=True,
+                                                      options=GREEDY))
+    assert raw_gen.context is None  # as Ollama: raw mode keeps no exchange
+
+
+@pytest.mark.parametrize("extra", [{"context": [1, 2]}, {"system": "Be brief"}])
+def test_raw_mode_refuses_context_and_system(state: ServerState, extra: dict[str, Any]) -> None:
+    r = call(state, "POST", "/api/generate", json={"model": "coder", "prompt": "x", "raw": True,
+                                                   "stream": False, **extra})
+    assert r.status_code == 400
+    assert r.json() == {"error": "raw mode does not support template, system, or context"}
+
+
+def test_context_ids_outside_the_vocabulary_are_a_400(state: ServerState) -> None:
+    r = call(state, "POST", "/api/generate", json={"model": "coder", "prompt": "x",
+                                                   "context": [10**9], "stream": False})
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]
 
 
 def test_the_client_raises_on_an_unknown_model(state: ServerState) -> None:

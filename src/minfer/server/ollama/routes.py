@@ -9,8 +9,9 @@ Chat and generate are translated onto the chat / completion request path (transl
 answered as one object or as NDJSON (`application/x-ndjson`), a line per piece and a final line
 with `done: true`, `done_reason` and the counts and durations. A request names its model:
 the loaded model's name with or without `:latest`; another name is a 404. Errors are Ollama's
-`{"error": "..."}`. An empty prompt (or no messages) only loads the model (`done_reason: load`).
-"""
+`{"error": "..."}`. An empty prompt (or no messages) only loads the model (`done_reason: load`;
+`unload` with `keep_alive: 0`). Generate's `context` (the ids a reply returned) goes before the
+templated prompt, and the final object carries the exchange's ids, unless `raw`."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         lm = await _model(state, body.model, body.keep_alive)
         check_thinking(body, lm)
         if not body.messages:
-            return _loaded(lm, {"message": {"role": "assistant", "content": ""}})
+            return _loaded(lm, {"message": {"role": "assistant", "content": ""}},
+                           body.keep_alive)
         req = chat_request(body, lm.limits.n_ctx_slot)
         return await _run(state, lm, req, request, body.stream, chat=True)
 
@@ -126,10 +128,13 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
     async def generate(body: GenerateRequest, request: Request) -> Response:
         lm = await _model(state, body.model, body.keep_alive)
         check_thinking(body, lm)
+        if body.raw and (body.system or body.context):
+            raise APIError(400, "raw mode does not support template, system, or context")
         if not body.prompt and body.suffix is None:
-            return _loaded(lm, {"response": ""})
+            return _loaded(lm, {"response": ""}, body.keep_alive)
         req = generate_request(body, lm.limits.n_ctx_slot)
-        return await _run(state, lm, req, request, body.stream, chat=False)
+        return await _run(state, lm, req, request, body.stream, chat=False,
+                          context=None if body.raw else body.context or [])
 
     @app.post("/api/pull")
     async def pull(body: PullRequest) -> Response:
@@ -237,22 +242,36 @@ async def _model(state: ServerState, name: str, keep_alive: str | float | None) 
     return await state.acquire(bare, keep_alive=keep_alive_seconds(keep_alive))
 
 
-def _loaded(lm: LoadedModel, text: dict[str, Any]) -> JSONResponse:
+def _loaded(lm: LoadedModel, text: dict[str, Any],
+            keep_alive: str | float | None) -> JSONResponse:
+    """The answer to a request that only loads the model, or (keep_alive 0) unloads it."""
+    unload = keep_alive is not None and keep_alive_seconds(keep_alive) == 0
     return JSONResponse({"model": names(lm)[0], "created_at": now(), **text, "done": True,
-                         "done_reason": "load"})
+                         "done_reason": "unload" if unload else "load"})
 
 
 async def _run(state: ServerState, lm: LoadedModel,
                req: ChatCompletionRequest | CompletionRequest, request: Request, stream: bool,
-               *, chat: bool) -> Response:
+               *, chat: bool, context: list[int] | None = None) -> Response:
+    """Run a chat or generate request. context (generate without `raw`): the ids of an earlier
+    exchange to continue, [] for none; the final object then carries this exchange's ids as
+    its `context`, as Ollama's does."""
     prepared = await run_in_threadpool(prepare, req, lm.tokenizer, lm.template, lm.limits,
-                                       grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
+                                       grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning,
+                                       context=context or ())
     clock = Clock()
     handle = submit(state, lm, prepared.gen)
     name = names(lm)[0]
+
+    def exchange(text: str) -> dict[str, Any]:
+        if context is None:
+            return {}
+        return {"context": prepared.gen.prompt + lm.tokenizer.encode(text, special=False,
+                                                                     add_bos=False)}
+
     if stream:
-        return StreamingResponse(_ndjson(lm, handle, prepared, clock, name, chat=chat),
-                                 media_type=NDJSON)
+        return StreamingResponse(_ndjson(lm, handle, prepared, clock, name, chat=chat,
+                                         exchange=exchange), media_type=NDJSON)
     got = await collect_or_gone(lm, handle, request)
     if got is None:  # the client left
         return Response(status_code=499)
@@ -260,7 +279,8 @@ async def _run(state: ServerState, lm: LoadedModel,
         fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)
     else:
         fields = {"content": got.text}
-    return JSONResponse({**_text(fields, chat), **clock.final(name, got.done)})
+    return JSONResponse({**_text(fields, chat), **clock.final(name, got.done),
+                         **exchange(got.text)})
 
 
 def _text(fields: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -277,7 +297,8 @@ def _line(body: dict[str, Any]) -> str:
 
 
 async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Clock, name: str,
-                  *, chat: bool) -> AsyncIterator[str]:
+                  *, chat: bool, exchange: Callable[[str], dict[str, Any]]
+                  ) -> AsyncIterator[str]:
     reply = prepared.output.reply_stream() if prepared.output.reasoning is not None else None
 
     def pieces(deltas: list[dict[str, Any]]) -> list[str]:
@@ -289,10 +310,12 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                                   "done": False}))
         return out
 
+    text: list[str] = []
     try:
         while True:
             event = await handle.events.get()
             if isinstance(event, Delta):
+                text.append(event.text)
                 for line in pieces(reply.push(event.text) if reply else
                                    [{"content": event.text}]):
                     yield line
@@ -309,7 +332,7 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                         yield _line({"model": name, "created_at": now(), "message": msg,
                                      "done": False})
                 final = clock.final(name, event)
-                yield _line({**_text({}, chat), **final})
+                yield _line({**_text({}, chat), **final, **exchange("".join(text))})
                 break
     finally:
         lm.generator.cancel(handle)

@@ -69,6 +69,7 @@ class GenerateRequest(_Request):
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
+    context: list[int] | None = Field(None, max_length=1 << 20)  # an earlier reply's `context`
 
 
 class ShowRequest(_Strict):

@@ -139,6 +139,14 @@ def native_prompt(prompt: Mixed, tok: TokenizerLike) -> list[int]:
     return ids
 
 
+def with_context(context: Sequence[int], prompt: list[int], tok: TokenizerLike) -> list[int]:
+    """The prompt continuing an earlier exchange's ids: one BOS, the context's."""
+    check_ids(list(context), tok, "context")
+    if tok.bos_id is not None and prompt[:1] == [tok.bos_id]:
+        prompt = prompt[1:]
+    return [int(t) for t in context] + prompt
+
+
 def check_ids(ids: Sequence[object], tok: TokenizerLike, param: str) -> None:
     bad = [t for t in ids if isinstance(t, int) and not 0 <= t < tok.n_vocab]
     if bad:
@@ -208,10 +216,13 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
             | NativeCompletionRequest, tok: TokenizerLike,
             template: TemplateLike, limits: Limits, *,
             grammar_vocab: GrammarVocab | None = None,
-            reasoning: ReasoningOptions = NO_OPTIONS) -> Prepared:
+            reasoning: ReasoningOptions = NO_OPTIONS,
+            context: Sequence[int] = ()) -> Prepared:
     """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot.
     grammar_vocab: the model's vocabulary view for structured output (None: refused);
-    reasoning: the server's reasoning options (a chat request's fields override them)."""
+    reasoning: the server's reasoning options (a chat request's fields override them);
+    context: ids of an earlier exchange put before the prompt (Ollama's `context`), the
+    prompt's own BOS dropped after them."""
     output = plan_output(req, tok.n_vocab, grammar_vocab)
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
@@ -232,6 +243,8 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
     else:
         prompt = completion_prompt(req, tok, limits)
         param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
+    if context:
+        prompt = with_context(context, prompt, tok)
     check_prompt(prompt, limits, "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     params = sampler_params(req)
     seed = None if req.seed is None or req.seed == -1 else req.seed & SEED_MASK
