@@ -34,7 +34,7 @@ TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
-    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
+    st = make_state(tiny_qwen2, n_ctx=2048, slots=2)
     st.start()
     assert st.wait_ready(30)
     yield st
@@ -130,7 +130,7 @@ def test_forced_tool_use_and_the_round_trip(state: ServerState) -> None:
 
 def test_thinking_is_a_thinking_block(think_model: Callable[..., Path]) -> None:
     path = think_model("r1-distill-qwen")
-    st = make_state(path, n_ctx=512, slots=1)
+    st = make_state(path, n_ctx=2048, slots=1)
     st.start()
     try:
         assert st.wait_ready(30)

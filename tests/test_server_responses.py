@@ -34,7 +34,7 @@ TOOL = {"type": "function", **WEATHER["function"]}  # Responses' flat function t
 
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
-    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
+    st = make_state(tiny_qwen2, n_ctx=2048, slots=2)
     st.start()
     assert st.wait_ready(30)
     yield st

@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from minfer.sampling.tool_calls import history_as_text, parse_tool_calls
+from minfer.sampling.tool_calls import (
+    history_as_text,
+    history_for,
+    parse_tool_calls,
+    tools_as_text,
+)
 from minfer.server.openai.schemas import ChatMessage
 from minfer.server.openai.structured import template_messages
 from minfer.server.state import ServerState
@@ -37,7 +42,7 @@ FORCED = {"messages": HELLO, "tools": [WEATHER, TIME], "max_tokens": 300, "tempe
 
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
-    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
+    st = make_state(tiny_qwen2, n_ctx=2048, slots=2)
     st.start()
     assert st.wait_ready(30)
     yield st
@@ -107,6 +112,7 @@ STRICT = ("{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 
           "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
           "{%- endif %}")
+HELLO_TEXT = HELLO[0]["content"]
 TWO_CALLS = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [
     {"id": "c1", "type": "function", "function": {"name": "get_weather",
                                                   "arguments": '{"city": "Paris"}'}},
@@ -141,7 +147,7 @@ def test_a_template_without_tool_history_gets_it_as_text(tmp_path: Path,
 
     path = write_tiny_model(tmp_path / "plain.gguf",
                             **({} if template is None else {"chat_template": template}))
-    st = make_state(path, n_ctx=512, slots=1)
+    st = make_state(path, n_ctx=2048, slots=1)
     st.start()
     try:
         assert st.wait_ready(30)
@@ -152,8 +158,30 @@ def test_a_template_without_tool_history_gets_it_as_text(tmp_path: Path,
         r = call(st, "POST", CHAT, json={"messages": TWO_CALLS, "tools": [WEATHER, TIME],
                                          "max_tokens": 4})
         assert r.status_code == 200, r.text
+        with_tools = call(st, "POST", "/apply-template",
+                          json={"messages": TWO_CALLS, "tools": [WEATHER, TIME]}).json()["prompt"]
+        described = tools_as_text([WEATHER, TIME])
+        assert described in with_tools and with_tools.endswith(prompt.split(HELLO_TEXT, 1)[1])
+        first_turn = ("<|im_start|>system\n" + described + "<|im_end|>\n<|im_start|>user\n"
+                      if template is None else "<|im_start|>user\n" + described + "\n\n")
+        assert with_tools.startswith(first_turn + HELLO_TEXT)
     finally:
         st.stop()
+
+
+def test_tools_are_described_where_the_template_never_reads_them() -> None:
+    """Each tool's signature (as the request gave it) and the <tool_call> form, at the end of
+    the system message; a template that reads `tools` gets the messages untouched."""
+    tools = [WEATHER, TIME]
+    text = tools_as_text(tools)
+    assert text.count("\n{\"type\": \"function\"") == 2 and "<tool_call>" in text
+    for tool in tools:
+        assert json.dumps(tool) in text
+    system = [{"role": "system", "content": "Be brief."}, *HELLO]
+    assert history_for(system, "", {"messages"}, tools)[0] == {
+        "role": "system", "content": "Be brief.\n\n" + text}
+    assert history_for(system, "", {"messages", "tools"}, tools) == system
+    assert history_for(system, "", {"messages"}, None) == system
 
 
 def test_the_python_api_renders_the_same_tool_history(tmp_path: Path) -> None:
@@ -164,14 +192,17 @@ def test_the_python_api_renders_the_same_tool_history(tmp_path: Path) -> None:
 
     path = write_tiny_model(tmp_path / "plain.gguf")
     model = minfer.load(path)
-    st = make_state(path, n_ctx=512, slots=1)
+    st = make_state(path, n_ctx=2048, slots=1)
     st.start()
     try:
         assert st.wait_ready(30)
         served = call(st, "POST", "/apply-template", json={"messages": TWO_CALLS}).json()["prompt"]
+        with_tools = call(st, "POST", "/apply-template",
+                          json={"messages": TWO_CALLS, "tools": [WEATHER]}).json()["prompt"]
     finally:
         st.stop()
     assert model.render_chat(TWO_CALLS) == served
+    assert model.render_chat(TWO_CALLS, tools=[WEATHER]) == with_tools != served
     as_objects = json.loads(json.dumps(TWO_CALLS))
     for c in as_objects[1]["tool_calls"]:
         c["function"]["arguments"] = json.loads(c["function"]["arguments"])
@@ -186,7 +217,7 @@ def test_a_template_that_writes_tool_calls_gets_them_as_they_are(
     from minfer.tokenizer.tokenizer import Tokenizer
 
     path = think_model("qwen3")
-    st = make_state(path, n_ctx=512, slots=1)
+    st = make_state(path, n_ctx=2048, slots=1)
     st.start()
     try:
         assert st.wait_ready(30)

@@ -211,8 +211,11 @@ class Model:
                     tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = True, **template_vars: Any) -> str:
         """The prompt text; template_vars reach the jinja template (Qwen3's enable_thinking).
-        A template that cannot write a tool history gets it as text (`history_for`)."""
-        return self.chat_template.render(history_for(messages, self.chat_template.source),
+        A template that cannot write a tool history gets it as text, one that never reads
+        `tools` their description in the system message (`history_for`)."""
+        template = self.chat_template
+        return self.chat_template.render(history_for(messages, template.source,
+                                                     template.variables, tools),
                                          tools=tools,
                                          add_generation_prompt=add_generation_prompt,
                                          **template_vars)

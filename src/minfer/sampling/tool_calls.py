@@ -16,8 +16,10 @@ API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400
   `<tool_call>` blocks whose arguments match the function's `parameters` schema, then end of
   generation. Pass it to `Model.grammar_mask(...)` like a `response_format` grammar.
 - `history_as_text(messages)`: a conversation's tool calls and results as `<tool_call>` /
-  `<tool_response>` text, for a chat template that cannot write them; `history_for(messages,
-  template_source)` applies it where the template's source never reads `tool_calls`.
+  `<tool_response>` text, for a chat template that cannot write them; `tools_as_text(tools)`: the
+  tools' signatures and the `<tool_call>` form as a system-message text, for a template that never
+  reads `tools`; `history_for(messages, template_source, template_variables, tools)` applies
+  both where the template needs them.
 - `parse_tool_calls(text) -> (content, tool_calls)`: the finished text split into the content
   (text outside the parsed blocks, stripped; "" when nothing is left, which the server sends as
   null) and OpenAI `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`,
@@ -43,7 +45,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from minfer.errors import GrammarError
@@ -177,13 +179,54 @@ def history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def history_for(messages: Sequence[Mapping[str, Any]],
-                template_source: str) -> list[dict[str, Any]]:
-    """The messages as a chat template (its source) can take them: as they are where it writes
-    tool calls itself (it reads `tool_calls`), else `history_as_text`."""
-    if "tool_calls" in template_source:
-        return [dict(m) for m in messages]
-    return history_as_text(messages)
+TOOLS_INTRO = ("You can call the functions below to help with the request. Their signatures "
+               "are inside <tools></tools>, one JSON object per line:")
+TOOLS_HOWTO = ("To call a function, write a JSON object with its name and arguments inside "
+               f"{OPEN}{CLOSE} tags:\n{OPEN}\n"
+               '{"name": <function-name>, "arguments": <args-json-object>}'
+               f"\n{CLOSE}")
+
+
+def tools_as_text(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tools' description for a chat template that never reads `tools`: their signatures and
+    the `<tool_call>` form the replies are parsed from (the Hermes / Qwen convention)."""
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return f"# Tools\n\n{TOOLS_INTRO}\n<tools>\n{lines}\n</tools>\n\n{TOOLS_HOWTO}"
+
+
+def with_tools_text(messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]],
+                    template_source: str) -> list[dict[str, Any]]:
+    """messages with `tools_as_text` at the end of the system message (one is added first
+    when there is none), or at the start of the first user message where the template refuses
+    roles (it can raise) and never names a system role."""
+    text = tools_as_text(tools)
+    has_system = bool(messages) and messages[0].get("role") == "system"
+    if has_system and isinstance(messages[0].get("content"), str):
+        first = messages[0]["content"]
+        return [{**messages[0], "content": f"{first}\n\n{text}" if first else text},
+                *messages[1:]]
+    refuses_system = "raise_exception" in template_source and "system" not in template_source
+    if has_system or not refuses_system:
+        return [{"role": "system", "content": text}, *messages]
+    for i, m in enumerate(messages):
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            return [*messages[:i], {**m, "content": f"{text}\n\n{m['content']}"},
+                    *messages[i + 1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def history_for(messages: Sequence[Mapping[str, Any]], template_source: str,
+                template_variables: Collection[str],
+                tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The messages as a chat template (its source and the variables it reads) can take them:
+    the tool calls and results as they are where it writes them itself (it reads `tool_calls`),
+    else `history_as_text`; and the tools described in the system message (`with_tools_text`)
+    where the template never reads `tools`."""
+    out = ([dict(m) for m in messages] if "tool_calls" in template_source
+           else history_as_text(messages))
+    if tools and "tools" not in template_variables:
+        out = with_tools_text(out, tools, template_source)
+    return out
 
 
 def call_arguments(fn: Mapping[str, Any]) -> Any:

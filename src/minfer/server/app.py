@@ -127,7 +127,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         chat = ChatCompletionRequest.model_validate(body.model_dump(exclude_none=True))
         plan = plan_output(chat, lm.tokenizer.n_vocab, lm.grammar_vocab)
         try:
-            text = lm.template.render(chat_messages(chat.messages, lm.template.source),
+            text = lm.template.render(chat_messages(chat.messages, lm.template.source,
+                                                    lm.template.variables, plan.tools),
                                       add_generation_prompt=True,
                                       tools=plan.tools,
                                       **request_reasoning(chat, lm.reasoning).template_vars())

@@ -82,7 +82,7 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     """The rendered chat prompt's ids; sets how the reply's thinking is split and adds the
     thinking budget to the request's mask."""
     opts = request_reasoning(req, reasoning)
-    messages = chat_messages(req.messages, template.source)
+    messages = chat_messages(req.messages, template.source, template.variables, output.tools)
     try:
         text = template.render(messages, add_generation_prompt=True, tools=output.tools,
                                **opts.template_vars())

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,10 +204,13 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def chat_messages(messages: Sequence[ChatMessage], template_source: str) -> list[dict[str, Any]]:
+def chat_messages(messages: Sequence[ChatMessage], template_source: str,
+                  template_variables: Collection[str],
+                  tools: Sequence[Any] | None) -> list[dict[str, Any]]:
     """`template_messages`, with the tool calls and results as text where the template (its
-    source) does not write them (`tool_calls.history_for`)."""
-    return history_for(template_messages(messages), template_source)
+    source, the variables it reads) does not write them, and the tools described in the system
+    message where it never reads `tools` (`tool_calls.history_for`)."""
+    return history_for(template_messages(messages), template_source, template_variables, tools)
 
 
 def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
