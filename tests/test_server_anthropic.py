@@ -72,6 +72,24 @@ def test_create_equals_the_openai_reply(state: ServerState) -> None:
     assert msg.usage.output_tokens == ref["usage"]["completion_tokens"] == 12
 
 
+def test_consecutive_turns_of_one_role_are_combined(state: ServerState) -> None:
+    """As Anthropic's API: consecutive user (or assistant) messages are one turn, their texts
+    joined by newlines; the reply is the OpenAI reply to the combined conversation."""
+    parts = [{"role": "user", "content": "Say"},
+             {"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    counted = with_client(state, lambda c: c.messages.count_tokens(
+        model="qwen2", messages=parts))  # type: ignore[arg-type]
+    msg = with_client(state, lambda c: c.messages.create(
+        model="qwen2", max_tokens=8, messages=parts, extra_body={"temperature": 0}))  # type: ignore[arg-type]
+    ref = openai_text(state, max_tokens=8, messages=[{"role": "user", "content": "Say\nhello"}])
+    assert msg.content[0].text == ref["choices"][0]["message"]["content"]  # type: ignore[union-attr]
+    assert counted.input_tokens == msg.usage.input_tokens == ref["usage"]["prompt_tokens"]
+    bad = call(state, "POST", "/v1/messages", json={"model": "qwen2", "max_tokens": 4, "messages": [
+        *parts, {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                                "input": {}}]}]})
+    assert bad.status_code == 400 and "messages.2.content.0" in bad.json()["error"]["message"]
+
+
 def test_stream_events_join_to_the_whole_reply(state: ServerState) -> None:
     async def go(c: anthropic.AsyncAnthropic) -> tuple[list[str], str, Any]:
         kinds, text = [], ""

@@ -1,6 +1,7 @@
 """Anthropic Messages ⇄ the OpenAI chat request the core's request path takes.
 
-`chat_request` turns a Messages body into a `ChatCompletionRequest` (system → a system message,
+`chat_request` turns a Messages body into a `ChatCompletionRequest` (consecutive messages of one
+role combined into one turn, as Anthropic's API does; system → a system message,
 `tool_result` blocks → tool messages, `tool_use` → assistant tool calls, `thinking` → the
 assistant's reasoning_content, tools / tool_choice / stop_sequences / thinking mapped), so both
 APIs share prepare, sampling, stops, tools and the reasoning split. `message_body` and
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from minfer.server.anthropic.schemas import (
+    Block,
     CountTokensRequest,
     ImageBlock,
     Message,
@@ -41,8 +43,8 @@ def chat_request(body: CountTokensRequest, *, n_ctx: int) -> ChatCompletionReque
         system = body.system if isinstance(body.system, str) else \
             "\n".join(b.text for b in body.system)
         messages.append({"role": "system", "content": system})
-    for i, message in enumerate(body.messages):
-        messages.extend(_messages(message, f"messages.{i}"))
+    for role, blocks in _turns(body.messages):
+        messages.extend(_messages(role, blocks))
     out: dict[str, Any] = {"messages": messages}
     if body.tools:
         for i, tool in enumerate(body.tools):
@@ -80,29 +82,42 @@ def chat_request(body: CountTokensRequest, *, n_ctx: int) -> ChatCompletionReque
     return translated(ChatCompletionRequest, out)
 
 
-def _messages(message: Message, where: str) -> list[dict[str, Any]]:
-    """One Anthropic message as OpenAI chat messages (a user turn's tool results become tool
-    messages, in order around its text)."""
-    if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
+def _turns(messages: Sequence[Message]) -> list[tuple[str, list[tuple[str, Block]]]]:
+    """The conversation's turns: consecutive messages of one role combined into one, as
+    Anthropic's API combines them; each block with its path in the request (for errors)."""
+    turns: list[tuple[str, list[tuple[str, Block]]]] = []
+    for i, message in enumerate(messages):
+        blocks: list[tuple[str, Block]] = (
+            [(f"messages.{i}.content", TextBlock(type="text", text=message.content))]
+            if isinstance(message.content, str) else
+            [(f"messages.{i}.content.{j}", b) for j, b in enumerate(message.content)])
+        if turns and turns[-1][0] == message.role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((message.role, blocks))
+    return turns
+
+
+def _messages(role: str, blocks: Sequence[tuple[str, Block]]) -> list[dict[str, Any]]:
+    """One Anthropic turn as OpenAI chat messages (a user turn's tool results become tool
+    messages, in order around its text; its texts are joined by newlines)."""
     out: list[dict[str, Any]] = []
     text: list[str] = []
     calls: list[dict[str, Any]] = []
     thinking: list[str] = []
-    for j, block in enumerate(message.content):
-        at = f"{where}.content.{j}"
+    for at, block in blocks:
         if isinstance(block, ImageBlock):
             raise bad_request(f"{at}: {block.type} blocks are not supported (this server runs "
                               "text-only models)", param=at)
         if isinstance(block, TextBlock):
             text.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            if message.role != "assistant":
+            if role != "assistant":
                 raise bad_request(f"{at}: tool_use blocks belong to assistant turns", param=at)
             calls.append({"id": block.id, "type": "function", "function": {
                 "name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
         elif isinstance(block, ToolResultBlock):
-            if message.role != "user":
+            if role != "user":
                 raise bad_request(f"{at}: tool_result blocks belong to user turns", param=at)
             if text:
                 out.append({"role": "user", "content": "\n".join(text)})
@@ -111,7 +126,7 @@ def _messages(message: Message, where: str) -> list[dict[str, Any]]:
                         "content": _result_text(block, at)})
         elif isinstance(block, ThinkingBlock):
             thinking.append(block.thinking)
-    if message.role == "assistant":
+    if role == "assistant":
         turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(text)}
         if calls:
             turn["tool_calls"] = calls
