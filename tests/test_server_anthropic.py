@@ -202,3 +202,17 @@ def test_x_api_key_is_the_key(tiny_qwen2: Path) -> None:
                 model="m", max_tokens=2, messages=MSG), api_key="wrong")  # type: ignore[arg-type]
     finally:
         st.stop()
+
+
+def test_blocks_keep_the_order_written() -> None:
+    """A reply cut off in its third call: text, two tool uses, then the unclosed block as text
+    (where it was written, as the stream sends it)."""
+    from minfer.server.anthropic.translate import content_blocks
+    from minfer.server.openai.structured import OutputPlan
+
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": %d}}\n</tool_call>\n'
+    cut = '<tool_call>\n{"name": "f", "argu'
+    blocks = content_blocks(OutputPlan(tools=[{}]).reply("Looking.\n" + call % 1 + call % 2 + cut,
+                                                         "length"))
+    assert [(b["type"], b.get("text") or b.get("input")) for b in blocks] == [
+        ("text", "Looking."), ("tool_use", {"x": 1}), ("tool_use", {"x": 2}), ("text", cut)]

@@ -168,6 +168,7 @@ def test_what_cannot_be_done_is_a_400_naming_the_field(state: ServerState, body:
 
 
 def test_thinking_comes_first_as_a_reasoning_item() -> None:
+    from minfer.server.openai.structured import Reply
     from minfer.server.responses.translate import ItemEvents, output_items
 
     ev = ItemEvents()
@@ -183,6 +184,26 @@ def test_thinking_comes_first_as_a_reasoning_item() -> None:
     assert reasoning["content"] == [{"type": "reasoning_text", "text": "hmm"}]
     assert message["content"][0]["text"] == "Hi"
     assert [e["output_index"] for e in events if "output_index" in e] == [0] * 5 + [1] * 6
-    whole = output_items({"reasoning_content": "hmm", "content": "Hi"})
+    whole = output_items(Reply("hmm", ["Hi"], "stop"))
     assert [i["type"] for i in whole] == ["reasoning", "message"]
     assert whole[0]["content"] == reasoning["content"]
+
+
+def test_texts_and_calls_keep_the_order_written() -> None:
+    """A reply cut off in its third call: the two calls, then the unclosed block as a message
+    (last, where it was written); a reply without calls is one message, even empty."""
+    from minfer.server.openai.structured import OutputPlan
+    from minfer.server.responses.translate import output_items
+
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": %d}}\n</tool_call>\n'
+    text = "Let me look.\n" + call % 1 + call % 2 + '<tool_call>\n{"name": "f", "argu'
+    reply = OutputPlan(tools=[{}]).reply(text, "length")
+    items = output_items(reply)
+    assert [i["type"] for i in items] == ["message", "function_call", "function_call", "message"]
+    assert items[0]["content"][0]["text"] == "Let me look."
+    assert [i["arguments"] for i in items[1:3]] == ['{"x": 1}', '{"x": 2}']
+    assert items[3]["content"][0]["text"] == '<tool_call>\n{"name": "f", "argu'
+    assert reply.finish == "length" and reply.fields()["content"] == (
+        "Let me look.\n\n\n" + '<tool_call>\n{"name": "f", "argu')
+    assert [i["type"] for i in output_items(OutputPlan(tools=[{}]).reply("", "stop"))] == [
+        "message"]

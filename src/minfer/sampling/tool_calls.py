@@ -251,23 +251,31 @@ def _arguments(fn: Mapping[str, Any]) -> Any:
 def parse_tool_calls(text: str, *, new_id: Callable[[], str] = new_call_id
                      ) -> tuple[str, list[dict[str, Any]]]:
     """(content, tool_calls) of a finished generation; see the module docstring."""
-    calls: list[dict[str, Any]] = []
-    content: list[str] = []
+    parts = tool_segments(text, new_id=new_id)
+    return ("".join(p for p in parts if isinstance(p, str)).strip(),
+            [p for p in parts if not isinstance(p, str)])
+
+
+def tool_segments(text: str, *, new_id: Callable[[], str] = new_call_id
+                  ) -> list[str | dict[str, Any]]:
+    """A finished generation in its order: the texts around the parsed blocks (as they are,
+    possibly empty) and the OpenAI calls between them; `parse_tool_calls` joins the texts."""
+    parts: list[str | dict[str, Any]] = []
     last = 0
     for m in _BLOCK.finditer(text):
         call = parse_block(m.group(1))
         if call is None:
             continue
-        content.append(text[last:m.start()])
+        parts.append(text[last:m.start()])
         last = m.end()
         name, arguments = call
-        calls.append(_call(new_id(), name, arguments))
-    content.append(text[last:])
-    if not calls:
+        parts.append(_call(new_id(), name, arguments))
+    parts.append(text[last:])
+    if len(parts) == 1:
         bare = parse_bare_call(text)
         if bare is not None:
-            return "", [_call(new_id(), *bare)]
-    return "".join(content).strip(), calls
+            return [_call(new_id(), *bare)]
+    return parts
 
 
 def parse_bare_call(text: str) -> tuple[str, str] | None:

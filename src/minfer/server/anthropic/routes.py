@@ -53,9 +53,9 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
         got = await collect_or_gone(lm, handle, request)
         if got is None:  # the client left
             return Response(status_code=499)
-        fields, finish = prepared.output.finalize(got.text, got.done.finish_reason)
-        return JSONResponse(message_body(msg_id, body.model, fields, finish,
-                                         got.done.stop_sequence, got.done.usage))
+        reply = prepared.output.reply(got.text, got.done.finish_reason)
+        return JSONResponse(message_body(msg_id, body.model, reply, got.done.stop_sequence,
+                                         got.done.usage))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:

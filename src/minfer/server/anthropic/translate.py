@@ -29,6 +29,7 @@ from minfer.server.anthropic.schemas import (
 )
 from minfer.server.errors import bad_request
 from minfer.server.openai.schemas import ChatCompletionRequest, translated
+from minfer.server.openai.structured import Reply
 from minfer.server.worker import Usage
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -199,17 +200,20 @@ def usage_body(usage: Usage, output_tokens: int | None = None) -> dict[str, int]
             "output_tokens": usage.completion_tokens if output_tokens is None else output_tokens}
 
 
-def content_blocks(fields: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reply's blocks from the chat message fields: thinking, text, tool uses."""
+def content_blocks(reply: Reply) -> list[dict[str, Any]]:
+    """The reply's blocks: thinking, then its texts and tool uses in the order written (texts
+    stripped, empty ones dropped)."""
     blocks: list[dict[str, Any]] = []
-    if fields.get("reasoning_content"):
-        blocks.append({"type": "thinking", "thinking": fields["reasoning_content"],
-                       "signature": ""})
-    if fields.get("content"):
-        blocks.append({"type": "text", "text": fields["content"]})
-    for call in fields.get("tool_calls") or ():
-        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                       "input": _input(call["function"]["arguments"])})
+    if reply.reasoning:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+    for part in reply.parts:
+        if isinstance(part, str):
+            if text := (part.strip() if reply.calls else part):
+                blocks.append({"type": "text", "text": text})
+        else:
+            fn = part["function"]
+            blocks.append({"type": "tool_use", "id": part["id"], "name": fn["name"],
+                           "input": _input(fn["arguments"])})
     return blocks
 
 
@@ -220,10 +224,11 @@ def _input(arguments: str) -> Any:
         return {"_raw": arguments}
 
 
-def message_body(msg_id: str, model: str, fields: dict[str, Any], finish: str,
-                 stop_sequence: str | None, usage: Usage) -> dict[str, Any]:
+def message_body(msg_id: str, model: str, reply: Reply, stop_sequence: str | None,
+                 usage: Usage) -> dict[str, Any]:
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
-            "content": content_blocks(fields), "stop_reason": stop_reason(finish, stop_sequence),
+            "content": content_blocks(reply),
+            "stop_reason": stop_reason(reply.finish, stop_sequence),
             "stop_sequence": stop_sequence, "usage": usage_body(usage)}
 
 

@@ -10,7 +10,9 @@
   request with "stop" on a valid prefix when no token may follow (minfer.engine.core.request).
 - A chat reply's thinking is split into `reasoning_content` first (minfer.chat.reasoning); `tools`
   are rendered by the chat template (not with `tool_choice: "none"`) and the rest of the text is
-  parsed into OpenAI `tool_calls` (`finalize`), or streamed through a `ReplyStream`.
+  parsed into OpenAI `tool_calls` (`finalize`; `reply` keeps the texts and calls in the order
+  written, for the Anthropic and Responses APIs' lists of blocks), or streamed through a
+  `ReplyStream`.
 - `template_messages` turns request messages into what chat templates expect (assistant
   `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`);
   `chat_messages` also writes a tool history as text for a template that cannot (its source
@@ -39,8 +41,8 @@ from minfer.sampling.tool_calls import (
     ToolCallStream,
     call_arguments,
     history_for,
-    parse_tool_calls,
     tool_choice_grammar,
+    tool_segments,
     tools_for_prompt,
 )
 from minfer.server.errors import bad_request
@@ -75,23 +77,47 @@ class OutputPlan:
     def finalize(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message's fields for the generated text, and the finish reason;
         the thinking goes to `reasoning_content`, tool calls are parsed from the content."""
-        thought: dict[str, Any] = {}
+        reply = self.reply(text, finish)
+        return reply.fields(), reply.finish
+
+    def reply(self, text: str, finish: str) -> Reply:
+        """The generated text as a `Reply`: its thinking, then its texts and tool calls in
+        the order they were written (for APIs whose content is a list of blocks)."""
+        reasoning = None
         if self.reasoning is not None:
             split = self.reasoning.split(text)
-            text = split.content
-            if split.reasoning is not None:
-                thought["reasoning_content"] = split.reasoning
+            text, reasoning = split.content, split.reasoning
         if self.tools is None:
-            return {"content": text, **thought}, finish
-        content, calls = parse_tool_calls(text)
-        if not calls:
-            return {"content": content, **thought}, finish
-        fields = {"content": content or None, **thought, "tool_calls": calls}
-        return fields, "tool_calls" if finish == "stop" else finish
+            return Reply(reasoning, [text], finish)
+        parts = tool_segments(text)
+        if all(isinstance(p, str) for p in parts):
+            return Reply(reasoning, ["".join(parts).strip()], finish)  # type: ignore[arg-type]
+        return Reply(reasoning, parts, "tool_calls" if finish == "stop" else finish)
 
     def reply_stream(self) -> ReplyStream:
         """The streamed counterpart of `finalize`."""
         return ReplyStream(self)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A finished chat reply: the thinking (None: none split off), the texts and tool calls in
+    the order written (texts as they are, possibly empty), the finish reason."""
+    reasoning: str | None
+    parts: list[str | dict[str, Any]]
+    finish: str
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return [p for p in self.parts if not isinstance(p, str)]
+
+    def fields(self) -> dict[str, Any]:
+        """OpenAI's assistant message fields: the texts joined (null beside calls when empty)."""
+        content = "".join(p for p in self.parts if isinstance(p, str))
+        thought = {} if self.reasoning is None else {"reasoning_content": self.reasoning}
+        if not self.calls:
+            return {"content": content, **thought}
+        return {"content": content.strip() or None, **thought, "tool_calls": self.calls}
 
 
 class ReplyStream:

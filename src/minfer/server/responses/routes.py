@@ -55,8 +55,8 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
         got = await collect_or_gone(lm, handle, request)
         if got is None:  # the client left
             return Response(status_code=499)
-        fields, finish = prepared.output.finalize(got.text, got.done.finish_reason)
-        return JSONResponse(env.response(status_of(finish), output_items(fields),
+        reply = prepared.output.reply(got.text, got.done.finish_reason)
+        return JSONResponse(env.response(status_of(reply.finish), output_items(reply),
                                          got.done.usage))
 
 

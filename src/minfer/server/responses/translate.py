@@ -19,6 +19,7 @@ from typing import Any
 
 from minfer.server.errors import bad_request
 from minfer.server.openai.schemas import ChatCompletionRequest, translated
+from minfer.server.openai.structured import Reply
 from minfer.server.responses.schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -185,16 +186,22 @@ def status_of(finish: str) -> str:
     return "incomplete" if finish == "length" else "completed"
 
 
-def output_items(fields: dict[str, Any]) -> list[dict[str, Any]]:
-    """The output items of a whole reply, from the chat message fields."""
+def output_items(reply: Reply) -> list[dict[str, Any]]:
+    """The output items of a whole reply: its reasoning, then its messages and function calls
+    in the order written (beside calls, texts stripped and empty ones dropped; a reply without
+    calls is one message, even empty)."""
     items: list[dict[str, Any]] = []
-    if fields.get("reasoning_content"):
-        items.append(_reasoning(new_id("rs_"), fields["reasoning_content"], "completed"))
-    if fields.get("content") or not fields.get("tool_calls"):
-        items.append(_message(new_id("msg_"), fields.get("content") or "", "completed"))
-    for call in fields.get("tool_calls") or ():
-        fn = call["function"]
-        items.append(_call(new_id("fc_"), call["id"], fn["name"], fn["arguments"], "completed"))
+    if reply.reasoning:
+        items.append(_reasoning(new_id("rs_"), reply.reasoning, "completed"))
+    for part in reply.parts:
+        if isinstance(part, str):
+            text = part.strip() if reply.calls else part
+            if text or not reply.calls:
+                items.append(_message(new_id("msg_"), text, "completed"))
+        else:
+            fn = part["function"]
+            items.append(_call(new_id("fc_"), part["id"], fn["name"], fn["arguments"],
+                               "completed"))
     return items
 
 
