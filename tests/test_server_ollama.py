@@ -37,7 +37,7 @@ FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|r
 @pytest.fixture(scope="module")
 def state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerState]:
     path = write_tiny_model(tmp_path_factory.mktemp("ollama") / "coder.gguf", extra_tokens=FIM)
-    st = make_state(path, n_ctx=512, slots=2)
+    st = make_state(path, n_ctx=2048, slots=2)
     st.start()
     assert st.wait_ready(30)
     yield st
@@ -68,6 +68,9 @@ def test_list_show_ps_version(state: ServerState) -> None:
     assert shown.modelinfo["general.architecture"] == "qwen2"
     assert shown.details.quantization_level
     assert shown.capabilities == ["completion", "insert"]  # a template without tools or thinking
+    assert shown.template and "<|im_start|>" in shown.template  # the chat template (jinja)
+    assert shown.modelfile and shown.modelfile.startswith("FROM ")
+    assert "coder.gguf" in shown.modelfile
     running = with_client(state, lambda c: c.ps())
     assert [r.model for r in running.models] == ["coder:latest"]
     r = call(state, "GET", "/api/version")

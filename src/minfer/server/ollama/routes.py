@@ -110,7 +110,11 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         lm = await _model(state, body.model, None)
         facts = state.facts(lm.name)
         info = {**facts.metadata, "general.parameter_count": facts.n_params}
-        return {"modelfile": "", "parameters": "", "template": "", "details": details(facts),
+        template = lm.template.source
+        modelfile = f"FROM {state.path_of(lm.name)}\n" + (
+            f'TEMPLATE """{template}"""\n' if template else "")
+        return {"modelfile": modelfile, "parameters": "", "template": template,
+                "details": details(facts),
                 "model_info": info, "capabilities": capabilities(lm),
                 "modified_at": listing(lm.name, facts)["modified_at"]}
 
