@@ -360,3 +360,49 @@ def test_copy_serves_a_second_name_and_refuses_to_overwrite(
     assert "already exists" in got["errors"][0][1] and "not a model name" in got["errors"][2][1]
     assert got["after"] == ["alpha:latest"] and src.is_file()
     assert not (tmp_path / "home" / "alpha-copy.gguf").exists()
+
+
+CHATML_GO = ("{{- if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+             "<|im_start|>user\n{{ .Prompt }}<|im_end|>\n<|im_start|>assistant\n{{ .Response }}")
+
+
+def test_a_go_template_override_renders_the_prompt(state: ServerState) -> None:
+    """Generate's `template` (Go's syntax, the fields and conditionals Ollama's older templates
+    use) replaces the model's: the reply is the raw completion of the rendered text."""
+    gen = with_client(state, lambda c: c.generate("coder", prompt="Say hello", system="Be brief",
+                                                  template=CHATML_GO, options=GREEDY))
+    text = ("<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nSay hello<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    ref = call(state, "POST", COMP, json={"prompt": text, "max_tokens": 10, "temperature": 0})
+    assert gen.response == ref.json()["choices"][0]["text"]
+    assert gen.prompt_eval_count == ref.json()["usage"]["prompt_tokens"]
+    r = call(state, "POST", "/api/generate", json={
+        "model": "coder", "prompt": "x", "stream": False,
+        "template": "{{ range .Messages }}{{ .Content }}{{ end }}"})
+    assert r.status_code == 400 and "unsupported action {{range .Messages}}" in r.json()["error"]
+    r = call(state, "POST", "/api/generate", json={"model": "coder", "prompt": "x", "raw": True,
+                                                   "template": CHATML_GO, "stream": False})
+    assert r.status_code == 400 and "raw mode does not support template" in r.json()["error"]
+
+
+@pytest.mark.parametrize(("source", "values", "text"), [
+    (CHATML_GO, {"Prompt": "hi"}, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+    ("{{ if .Suffix }}<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>{{ else if .System }}S"
+     "{{ else }}{{ .Prompt }}{{ end }}", {"Prompt": "a", "Suffix": "b"}, "<PRE> a <SUF>b <MID>"),
+    ("{{ if .Suffix }}x{{ else if .System }}S{{ else }}{{ $.Prompt }}{{ end }}", {"Prompt": "a"},
+     "a"),
+    ("A  {{- /* a comment */ -}}  B {{ .Prompt }}", {"Prompt": "p"}, "AB p"),
+])
+def test_the_go_template_subset(source: str, values: dict[str, str], text: str) -> None:
+    from minfer.server.ollama.gotemplate import render
+
+    assert render(source, values) == text
+
+
+@pytest.mark.parametrize("source", ["{{ if .System }}x", "{{ end }}", "{{ .Tools }}",
+                                    "{{ .Prompt | json }}", "{{ .Prompt", "{{ with .System }}"])
+def test_what_the_subset_cannot_render_is_refused(source: str) -> None:
+    from minfer.server.ollama.gotemplate import TemplateUnsupported, render
+
+    with pytest.raises(TemplateUnsupported):
+        render(source, {"Prompt": "p"})

@@ -132,7 +132,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
     async def generate(body: GenerateRequest, request: Request) -> Response:
         lm = await _model(state, body.model, body.keep_alive)
         check_thinking(body, lm)
-        if body.raw and (body.system or body.context):
+        if body.raw and (body.template or body.system or body.context):
             raise APIError(400, "raw mode does not support template, system, or context")
         if not body.prompt and body.suffix is None:
             return _loaded(lm, {"response": ""}, body.keep_alive)

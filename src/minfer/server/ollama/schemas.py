@@ -70,6 +70,7 @@ class GenerateRequest(_Request):
     raw: bool = False
     images: list[str] | None = None
     context: list[int] | None = Field(None, max_length=1 << 20)  # an earlier reply's `context`
+    template: str | None = None  # a Go template in place of the model's (gotemplate.py)
 
 
 class ShowRequest(_Strict):

@@ -1,7 +1,8 @@
 """Ollama requests ⇄ the OpenAI requests the core's request path takes, and Ollama's bodies.
 
 `/api/chat` becomes a chat completion, `/api/generate` a chat completion of one user turn (its
-`system` first), a raw completion with `raw`, or a fill-in-the-middle completion with `suffix`.
+`system` first), a raw completion with `raw`, a fill-in-the-middle completion with `suffix`, or
+a completion of the request's own `template` (gotemplate.py's subset of Go's templates).
 `options` map onto the sampling fields, `format` onto `response_format`, `think` onto the chat
 template's `enable_thinking`. `capabilities` says what a model does as Ollama infers it (its
 kind, and the template's `tools`, suffix and thinking); a `think` request to a model without
@@ -19,6 +20,7 @@ from typing import Any
 
 from minfer.chat.reasoning import OPEN as THINK_OPEN
 from minfer.server.errors import bad_request
+from minfer.server.ollama import gotemplate
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
 from minfer.server.openai.schemas import (
     ChatCompletionRequest,
@@ -132,6 +134,14 @@ def generate_request(body: GenerateRequest,
                           param="images")
     common = _common(body, n_ctx)
     common.setdefault("max_tokens", n_ctx)
+    if body.template:  # the request's own (Go) template in place of the model's
+        values = {"System": body.system or "", "Prompt": body.prompt,
+                  "Suffix": body.suffix or ""}
+        try:
+            prompt = gotemplate.render(body.template, values)
+        except gotemplate.TemplateUnsupported as exc:
+            raise bad_request(str(exc), param="template") from None
+        return translated(CompletionRequest, {"prompt": prompt, **common})
     if body.suffix is not None:  # fill in the middle: the prompt is the text before the gap
         return translated(CompletionRequest, {"prompt": body.prompt, "suffix": body.suffix,
                                              **common})
