@@ -271,7 +271,7 @@ BAD = [
     (COMP, {"prompt": ""}, 400, "prompt"),
     (COMP, {"prompt": ["a", "b"] * 33, "n": 2}, 400, "n"),
     (COMP, {"prompt": ["a", ""]}, 400, "prompt"),
-    (COMP, {"prompt": "x", "echo": True}, 400, "echo"),
+    (COMP, {"prompt": "x", "suffix": "y", "echo": True}, 400, "echo"),
     (COMP, {"prompt": "x", "seed": "1"}, 400, "seed"),
     (COMP, {}, 400, "prompt"),
     ("/detokenize", {"tokens": [10**6]}, 400, "tokens"),

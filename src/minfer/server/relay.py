@@ -32,6 +32,7 @@ class Collected:
     text: str
     done: Done
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # a scored prompt's
 
 
 def submit(state: ServerState, lm: LoadedModel, gen: GenRequest) -> Handle:
@@ -51,6 +52,7 @@ async def collect(handle: Handle, request: Request) -> Collected:
     """The whole reply (APIError for a failed request, ClientGone when the client left)."""
     texts: list[str] = []
     lps: list[TokenLogprob] = []
+    prompt_lps: list[TokenLogprob] = []
     while True:
         try:
             event = await asyncio.wait_for(handle.events.get(), POLL_S)
@@ -61,10 +63,11 @@ async def collect(handle: Handle, request: Request) -> Collected:
         if isinstance(event, Delta):
             texts.append(event.text)
             lps.extend(event.logprobs)
+            prompt_lps.extend(event.prompt_logprobs or ())
         elif isinstance(event, Failed):
             raise APIError(event.status, event.message)
         else:
-            return Collected("".join(texts), event, lps)
+            return Collected("".join(texts), event, lps, prompt_lps)
 
 
 async def collect_or_gone(lm: LoadedModel, handle: Handle, request: Request) -> Collected | None:

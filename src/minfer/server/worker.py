@@ -51,6 +51,9 @@ class Delta:
 
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # a scored prompt's tokens 1.. (GenRequest.prompt_logprobs): posted once, before any text,
+    # in a delta of their own; None in every other delta
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Handle:
         self.seq_id = -1
         self.t_submit = time.perf_counter()
         self.t_last: float | None = None  # when its last token was drawn
+        self.scored = False  # a scored prompt's logprobs were posted
 
     def post(self, event: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
@@ -281,6 +285,9 @@ class Worker:
             handle.post(Failed(f"sampling failed: {out.error}"))
             self._handles.pop(out.seq_id, None)
             return
+        if state.req.prompt_logprobs is not None and not handle.scored:  # its prompt is done
+            handle.scored = True
+            handle.post(Delta("", [], state.prompt_logprobs))
         for i, e in enumerate(out.emitted):
             m.generated_tokens.inc()
             now = time.perf_counter()

@@ -100,7 +100,8 @@ class EngineCore:
         elif length is None:
             length = DraftLength(spec.draft_max, adaptive=spec.adaptive)
         state = Request(req, self.vocab, n_ctx_slot=self.n_ctx_slot, length=length)
-        self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt)))
+        self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt),
+                                    prompt_rows=req.prompt_logprobs is not None))
         self.requests[seq_id] = state
         return state
 
@@ -157,10 +158,17 @@ class EngineCore:
         self._record_forward(plan, decode_only, t2 - t1, t2 - t0)
         done = Executed(plan, [], {}, {})
         drafts = {w.seq_id: w.draft for w in plan.works if w.draft} if scheduled.asks else {}
+        scored = {w.seq_id: w for w in plan.works if w.rows}
         for seq_id, row in rows.items():
             state = self.requests.get(seq_id)
             if state is None or state.cancelled:  # aborted or cancelled during the forward
                 continue
+            if seq_id in scored:  # a scored prompt chunk: its rows, then maybe the first draw
+                w = scored[seq_id]
+                state.score_prompt(row, w.start_pos)
+                if not w.logits:
+                    continue
+                row = row[-1]
             out = Output(seq_id, state)
             try:
                 kept, token = self._draw(state, out, row, drafts.get(seq_id, ()),

@@ -79,6 +79,9 @@ class GenRequest:
     # > 0: once this many ms passed since the first token, end at the next newline (llama.cpp's
     # t_max_predict_ms, for editor completions that should not run on)
     t_max_predict_ms: int = 0
+    # None: off; k: each prompt token after the first scored as `logprobs` scores a draw (its
+    # prompt is then computed whole, never taken from a cache: `Request.prompt_logprobs`)
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,16 @@ class Request:
         self.texts: list[str] = []  # the text shown so far, in pieces (the tail included)
         self.cancelled = False
         self.t_first: float | None = None  # when the first token was drawn
+        self.prompt_logprobs: list[TokenLogprob] = []  # prompt tokens 1.. (`score_prompt`)
+
+    def score_prompt(self, rows: np.ndarray, start: int) -> None:
+        """Score the prompt tokens the logits rows of positions start.. predict (each row the
+        next position's token; a last row past the prompt predicts the first draw)."""
+        prompt, k = self.req.prompt, self.req.prompt_logprobs or 0
+        for i, row in enumerate(rows):
+            at = start + i + 1
+            if at < len(prompt):
+                self.prompt_logprobs.append(log_softmax_top(row, prompt[at], k))
 
     def step(self, logits: np.ndarray, proposed: int | None = None,
              q: np.ndarray | None = None) -> Emitted | None:

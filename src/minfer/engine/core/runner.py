@@ -70,8 +70,9 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
         tokens.extend(w.draft)
         positions.append(np.arange(w.start_pos, w.start_pos + n, dtype=np.int32))
         bases.append(np.full(n, w.slot * n_ctx_slot, dtype=np.int32))
-        if w.logits:  # the last known token's row, and each proposal's
-            for row in range(len(tokens) - 1 - len(w.draft), len(tokens)):
+        if w.rows or w.logits:  # every fed row, or the last known token's and each proposal's
+            first = len(tokens) - n if w.rows else len(tokens) - 1 - len(w.draft)
+            for row in range(first, len(tokens)):
                 out_rows.append(row)
                 out_ids.append(w.seq_id)
     if not out_rows:  # a step of prompt chunks only: the graph still returns one row
@@ -103,7 +104,8 @@ class Runner:
 
     def run(self, plan: Plan) -> dict[int, np.ndarray]:
         """Execute plan; the logits row [n_vocab] of every sequence that asked for one
-        (rows [1 + k, n_vocab] for a sequence whose work carries k proposals). The plan's
+        (rows [1 + k, n_vocab] for a sequence whose work carries k proposals, [n, n_vocab] for
+        a work of n tokens that asks for every row). The plan's
         cell copies (a prompt prefix another slot holds) go first."""
         for c in plan.copies:
             self.engine.copy_cells(c.src * self.n_ctx_slot + c.start,
@@ -113,7 +115,11 @@ class Runner:
         out: dict[int, np.ndarray] = {}
         i = 0
         for w in plan.works:
-            if w.logits:
+            if w.rows:
+                n = len(w.tokens)
+                out[w.seq_id] = logits[i:i + n]
+                i += n
+            elif w.logits:
                 n = 1 + len(w.draft)
                 out[w.seq_id] = logits[i] if not w.draft else logits[i:i + n]
                 i += n
@@ -138,5 +144,7 @@ class SequenceRunner:
             verify = cast("Engine", self.engine)
             rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
             return {w.seq_id: rows}
+        if w.rows:
+            return {w.seq_id: self.engine.forward(w.tokens, w.start_pos, len(w.tokens))}
         logits = self.engine.forward(w.tokens, w.start_pos)
         return {w.seq_id: logits[0]} if w.logits else {}

@@ -20,6 +20,10 @@ new request takes the free slot whose cache shares the longest prefix with its p
 only the rest (the prompt cache). At least the last prompt token is always recomputed, because its
 logits are needed to sample the first token.
 
+A sequence whose prompt is scored (`prompt_rows`: each prompt token's logprob is wanted) neither
+takes a cached or copied prefix nor waits to share one: every prompt row is computed, and its
+works ask for every fed token's logits (`Work.rows`).
+
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
 the verified prefix (`accept_drafted`) and the rest of those cells are simply overwritten later.
@@ -57,6 +61,7 @@ class Sequence:
     n_computed: int = 0
     n_cached: int = 0  # prompt tokens found in the slot's cache at admission
     slot: int | None = None
+    prompt_rows: bool = False  # every prompt row's logits wanted: all of it computed, no cache
 
     @property
     def n_pending(self) -> int:
@@ -87,6 +92,7 @@ class Work:
     tokens: tuple[int, ...]
     logits: bool  # the last token's logits are wanted (the sequence samples after this step)
     draft: tuple[int, ...] = ()  # proposed continuation, fed after `tokens` to be verified
+    rows: bool = False  # every fed token's logits are wanted (a prompt scored token by token)
 
 
 @dataclass(frozen=True)
@@ -200,11 +206,11 @@ class Scheduler:
         copies: list[CellCopy] = []
         planned: list[list[int]] = []  # each planned prompt's tokens once this step is done
         for seq in prompts:
-            copy = self._take_prefix(seq)
+            copy = None if seq.prompt_rows else self._take_prefix(seq)
             if copy is not None:
                 copies.append(copy)
             upto = seq.n_computed + SHARE_MIN
-            if budget == 0 or (upto < seq.n_prompt and any(
+            if budget == 0 or (upto < seq.n_prompt and not seq.prompt_rows and any(
                     common_prefix(done, seq.tokens[:upto]) == upto for done in planned)):
                 continue
             n = min(seq.n_pending, budget)
@@ -259,13 +265,15 @@ class Scheduler:
         if start + n > self.n_ctx_slot:
             raise MinferError(f"sequence {seq.seq_id} would pass the slot's context")
         return Work(seq.seq_id, seq.slot, start, tuple(seq.tokens[start : start + n]),
-                    logits=start + n == len(seq.tokens))
+                    logits=start + n == len(seq.tokens),
+                    rows=seq.prompt_rows and start < seq.n_prompt)
 
     def _admit(self) -> None:
         while self.waiting and self.n_free:
             seq = self.waiting.popleft()
             slot = self._pick_slot(seq.tokens)
-            hit = min(common_prefix(slot.cached, seq.tokens), seq.n_prompt - 1)
+            hit = 0 if seq.prompt_rows else min(common_prefix(slot.cached, seq.tokens),
+                                                seq.n_prompt - 1)
             slot.cached = slot.cached[:hit]
             slot.seq_id = seq.seq_id
             seq.slot, seq.n_computed, seq.n_cached = slot.index, hit, hit

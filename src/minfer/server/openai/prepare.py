@@ -106,11 +106,13 @@ def request_reasoning(req: ChatCompletionRequest, defaults: ReasoningOptions) ->
                              template_kwargs=req.chat_template_kwargs)
 
 
-def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits) -> list[int]:
+def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits,
+                      output: OutputPlan) -> list[int]:
     """The ids of the request's prompt (one prompt: `choices` splits a batch into requests of
-    one prompt each)."""
-    if req.echo:
-        raise bad_request("echo is not supported", param="echo", code="unsupported_value")
+    one prompt each); with `echo`, its text becomes the reply's start (`output.echo`)."""
+    if req.echo and req.suffix is not None:
+        raise bad_request("echo cannot be combined with suffix", param="echo",
+                          code="invalid_value")
     prompts = req.prompts()
     if len(prompts) != 1:
         raise bad_request("one prompt per request here (choices splits a batch)", param="prompt")
@@ -120,9 +122,11 @@ def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits
     if req.suffix is not None:  # fill-in-the-middle: the prompt is the text before the gap
         return infill_ids(tok, prompt, req.suffix, limits=limits, n_predict=req.max_tokens,
                           param="suffix")
-    if isinstance(prompt, str):
-        return tok.encode(prompt)
-    return [int(t) for t in prompt]
+    ids = tok.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if req.echo:
+        output.echo = prompt if isinstance(prompt, str) else b"".join(
+            tok.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+    return ids
 
 
 def native_prompt(prompt: Mixed, tok: TokenizerLike) -> list[int]:
@@ -241,7 +245,7 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
         param = "n_predict" if req.n_predict is not None else "max_tokens"
         requested, logprobs = _infill_tokens(req, limits, len(prompt)), None
     else:
-        prompt = completion_prompt(req, tok, limits)
+        prompt = completion_prompt(req, tok, limits, output)
         param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
     if context:
         prompt = with_context(context, prompt, tok)
@@ -257,8 +261,10 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
         raise from_minfer_error(exc) from None
     n_max = 0 if requested == 0 else max_tokens(requested, limits, param)
     t_limit = getattr(req, "t_max_predict_ms", None) or 0
+    scored = logprobs if isinstance(req, CompletionRequest) and req.echo else None
     gen = GenRequest(prompt=prompt, max_tokens=n_max, sampler=sampler, stops=req.stops(),
-                     logprobs=logprobs, constraint=output.constraint, t_max_predict_ms=t_limit)
+                     logprobs=logprobs, constraint=output.constraint, t_max_predict_ms=t_limit,
+                     prompt_logprobs=scored)
     return Prepared(gen, output)
 
 

@@ -62,8 +62,20 @@ def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict[str,
 
 
 def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
-                        offset: int = 0) -> dict[str, Any]:
-    tokens, values, tops, offsets = [], [], [], []
+                        offset: int = 0, *, first: int | None = None) -> dict[str, Any]:
+    """The legacy completions' logprobs object; first: an echoed prompt's first token, which
+    nothing scores (its logprob and top logprobs are null, as OpenAI writes them)."""
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    if first is not None:
+        text, _ = _piece(token_bytes, first)
+        tokens.append(text)
+        values.append(None)
+        tops.append(None)
+        offsets.append(offset)
+        offset += len(text)
     for lp in lps:
         text, _ = _piece(token_bytes, lp.token_id)
         tokens.append(text)

@@ -117,7 +117,12 @@ async def _complete(state: ServerState, request: Request,
     to_logprobs = _logprobs_fn(lm, env.kind)
     bodies = []
     for index, (p, c) in enumerate(zip(prepared, got, strict=True)):
-        logprobs = to_logprobs(c.logprobs, 0) if p.gen.logprobs is not None else None
+        logprobs: dict[str, Any] | None
+        if p.gen.prompt_logprobs is not None:  # echo: the prompt's tokens first
+            logprobs = completion_logprobs(c.prompt_logprobs + c.logprobs,
+                                           lm.tokenizer.token_bytes, first=p.gen.prompt[0])
+        else:
+            logprobs = to_logprobs(c.logprobs, 0) if p.gen.logprobs is not None else None
         fields, finish = p.output.finalize(c.text, c.done.finish_reason)
         bodies.append(env.choice(index, fields, finish, logprobs))
     return JSONResponse(env.full(bodies, total_usage([c.done.usage for c in got], n)))
@@ -166,10 +171,22 @@ async def _stream(lm: LoadedModel, handles: list[Handle], env: Envelope,
                 role_fields = {"content": None} if reply.tools is not None else None
                 yield _sse(env.chunk(role=True, with_usage=include_usage, fields=role_fields,
                                      index=i))
+            elif prepared[i].output.echo and prepared[i].gen.prompt_logprobs is None:
+                offsets[i] = len(prepared[i].output.echo)  # echo: the prompt's text first
+                yield _sse(env.chunk(text=prepared[i].output.echo, with_usage=include_usage,
+                                     index=i))
         while any(u is None for u in usages):
             i, event = await events.get()
             reply = replies[i]
-            if isinstance(event, Delta):
+            gen = prepared[i].gen
+            if isinstance(event, Delta) and event.prompt_logprobs is not None:
+                echo = prepared[i].output.echo  # a scored prompt: echoed with its logprobs
+                offsets[i] = len(echo)
+                scored = completion_logprobs(event.prompt_logprobs, lm.tokenizer.token_bytes,
+                                             first=gen.prompt[0])
+                yield _sse(env.chunk(text=echo, logprobs=scored, with_usage=include_usage,
+                                     index=i))
+            elif isinstance(event, Delta):
                 want_lps = prepared[i].gen.logprobs is not None
                 lp = to_logprobs(event.logprobs, offsets[i]) if want_lps else None
                 offsets[i] += len(event.text)

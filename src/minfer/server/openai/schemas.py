@@ -129,7 +129,7 @@ PromptIds = Annotated[list[TokenId], Field(min_length=1)]
 class CompletionRequest(SamplingFields):
     prompt: str | PromptIds | Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)] \
         | Annotated[list[PromptIds], Field(min_length=1, max_length=MAX_CHOICES)]
-    max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
+    max_tokens: int | None = Field(16, ge=0, le=INT64_MAX)  # 0: echo only
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     suffix: str | None = None

@@ -73,6 +73,7 @@ class OutputPlan:
     constraint: GrammarMask | None = None  # the grammar part of it (ends the generation)
     tools: list[dict[str, Any]] | None = None  # rendered into the prompt; output parsed
     reasoning: ReplyPlan | None = None  # chat replies: the thinking split from the content
+    echo: str = ""  # completions with `echo`: the prompt's text, put before the reply
 
     def finalize(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message's fields for the generated text, and the finish reason;
@@ -88,7 +89,7 @@ class OutputPlan:
             split = self.reasoning.split(text)
             text, reasoning = split.content, split.reasoning
         if self.tools is None:
-            return Reply(reasoning, [text], finish)
+            return Reply(reasoning, [self.echo + text], finish)
         parts = tool_segments(text)
         if all(isinstance(p, str) for p in parts):
             return Reply(reasoning, ["".join(parts).strip()], finish)  # type: ignore[arg-type]

@@ -1,0 +1,113 @@
+"""`/v1/completions` with `echo`: the prompt's text before the reply and, with `logprobs`, each
+prompt token scored (the first one null, as OpenAI writes it) — what evaluation harnesses send
+(`echo`, `logprobs`, `max_tokens` 0 or 1) to read a text's log-likelihood.
+
+On the fake engine: a prompt token's score is the logprob a draw at that position gets, the
+prompt cache never skips a scored row, a stream joins to the whole reply. On the tiny model's
+real engine: the scores are the log-softmax of `Engine.forward`'s rows over the whole prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from minfer.server.state import ServerState
+from tests.test_server_app import COMP, call, make_state, sse
+
+PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def state(tiny_qwen2: Path) -> Iterator[ServerState]:
+    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
+    st.start()
+    assert st.wait_ready(20)
+    yield st
+    st.stop()
+
+
+def complete(state: ServerState, **body: Any) -> dict[str, Any]:
+    r = call(state, "POST", COMP, json={"temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]  # type: ignore[no-any-return]
+
+
+def ids_of(state: ServerState, text: str) -> list[int]:
+    return call(state, "POST", "/tokenize", json={"content": text}).json()["tokens"]  # type: ignore[no-any-return]
+
+
+def test_echo_puts_the_prompt_before_the_reply(state: ServerState) -> None:
+    plain = complete(state, prompt=PROMPT, max_tokens=6)["text"]
+    assert complete(state, prompt=PROMPT, max_tokens=6, echo=True)["text"] == PROMPT + plain
+    assert complete(state, prompt=PROMPT, max_tokens=0, echo=True)["text"] == PROMPT
+    ids = ids_of(state, PROMPT)
+    assert complete(state, prompt=ids, max_tokens=6, echo=True)["text"] == PROMPT + plain
+
+
+def test_a_prompt_tokens_score_is_the_draw_at_its_position(state: ServerState) -> None:
+    ids = ids_of(state, PROMPT)
+    drawn = complete(state, prompt=ids, max_tokens=1, logprobs=3)
+    token = ids_of(state, drawn["text"])
+    scored = complete(state, prompt=ids + token, max_tokens=0, echo=True, logprobs=3)
+    lp = scored["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None
+    assert lp["top_logprobs"][0] is None and "".join(lp["tokens"]) == scored["text"]
+    assert lp["token_logprobs"][-1] == drawn["logprobs"]["token_logprobs"][0]
+    assert lp["top_logprobs"][-1] == drawn["logprobs"]["top_logprobs"][0]
+    assert all(v <= 0 for v in lp["token_logprobs"][1:]) and 1 <= len(lp["top_logprobs"][1]) <= 3
+    assert lp["text_offset"][1] == len(lp["tokens"][0])
+    again = complete(state, prompt=ids + token, max_tokens=0, echo=True, logprobs=3)
+    assert again["logprobs"] == lp  # the prompt cache holds these cells now: still scored
+
+
+def test_echo_with_logprobs_then_the_draws(state: ServerState) -> None:
+    ids = ids_of(state, PROMPT)
+    whole = complete(state, prompt=PROMPT, max_tokens=4, echo=True, logprobs=1)
+    lp = whole["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 4 and whole["text"].startswith(PROMPT)
+    assert lp["text_offset"][len(ids)] == len(PROMPT)
+    chunks = sse(call(state, "POST", COMP, json={"prompt": PROMPT, "max_tokens": 4, "echo": True,
+                                                 "logprobs": 1, "temperature": 0,
+                                                 "stream": True}))
+    pieces = [c["choices"][0] for c in chunks if c["choices"]]
+    assert "".join(p["text"] for p in pieces) == whole["text"]
+    assert pieces[0]["text"] == PROMPT and pieces[0]["logprobs"]["token_logprobs"][0] is None
+    streamed = [v for p in pieces if p["logprobs"] for v in p["logprobs"]["token_logprobs"]]
+    assert streamed == lp["token_logprobs"]
+
+
+def test_echo_and_suffix_together_are_a_400(state: ServerState) -> None:
+    r = call(state, "POST", COMP, json={"prompt": "a", "suffix": "b", "echo": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+def test_scores_on_the_real_engine_are_the_forward_rows(tiny_qwen2: Path) -> None:
+    """Through the batched runner (prompt chunks of 16 rows) the scores equal the log-softmax of
+    one whole-prompt forward's rows (batch-invariant engines, as the server's: a row's logits
+    do not depend on the chunking)."""
+    from minfer.engine.forward import Engine
+    from minfer.gguf.hparams import HParams
+    from minfer.gguf.reader import GGUFFile
+    from minfer.server.state import ServerConfig
+
+    st = ServerState(ServerConfig(model_path=tiny_qwen2, n_ctx=512, slots=2, chunk=16))
+    st.start()
+    try:
+        assert st.wait_ready(60)
+        ids = ids_of(st, PROMPT * 3)
+        got = complete(st, prompt=ids, max_tokens=0, echo=True, logprobs=2)["logprobs"]
+    finally:
+        st.stop()
+    f = GGUFFile.open(tiny_qwen2)
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=256, batch_invariant=True)  # as the server's
+    rows = engine.forward(ids, 0, len(ids))
+    x = rows.astype(np.float64)
+    want = x - (x.max(1, keepdims=True) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(
+        1, keepdims=True)))
+    expect = [float(want[i, ids[i + 1]]) for i in range(len(ids) - 1)]
+    np.testing.assert_allclose(got["token_logprobs"][1:], expect, rtol=0, atol=1e-5)
