@@ -20,9 +20,10 @@ import numpy as np
 from minfer import env
 from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
 from minfer.engine.config import EngineConfig, usable_cores
+from minfer.engine.core.request import TokenLogprob
 from minfer.engine.embed import Embedder, embedding_config
 from minfer.engine.forward import Engine
-from minfer.engine.generate import Constraint, Finished, Piece, generate
+from minfer.engine.generate import Constraint, Finished, Piece, generate, score
 from minfer.errors import ContextOverflowError, MinferError, ModelError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -310,6 +311,16 @@ class Model:
                                  sampling=params):
             if isinstance(event, Piece):
                 yield event.text
+
+    def score(self, prompt: str | Sequence[int], *, top: int = 0) -> list[TokenLogprob]:
+        """Each token of the prompt after the first, scored given those before it: its
+        logprob and the `top` most likely tokens there (a text's log-likelihood, perplexity)."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise MinferError("the prompt is empty")
+        engine = self.engine(len(ids))
+        sampler = self.sampler(SamplerParams(), None, engine.n_ctx)
+        return score(engine, self.tokenizer, sampler, ids, batch_size=self.batch_size, top=top)
 
     def infill_ids(self, prefix: str, suffix: str, *,
                    extra: Sequence[tuple[str, str]] = ()) -> list[int]:

@@ -4,7 +4,11 @@ thread count) and prints each tg row's GB/s as a fraction of the bandwidth read 
 each of that row's repetitions: on a shared host the bandwidth drifts by 2x within minutes
 (a 2-core AMD EPYC read 28-56 GB/s), so only a reading beside the decode is a fair ceiling.
 Beside it, the model's own weight arrays read as a decode step reads them (`minfer.bench.
-bandwidth.weights_read_bandwidth`): the ceiling of those pages, sizes and calls."""
+bandwidth.weights_read_bandwidth`): the ceiling of those pages, sizes and calls.
+
+`minfer perplexity [MODEL] -f FILE [-c 512] [--chunks N] [-t N] [--json]`: the text's perplexity
+as llama.cpp's `llama-perplexity` measures it (minfer.bench.perplexity): a quantization's cost
+in quality, beside `bench`'s speed."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import json
 import statistics
 import sys
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minfer.cli.common import add_kv_args, kv_types
@@ -53,6 +58,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--roofline", action="store_true",
                    help="measure the machine's read bandwidth; print tg GB/s as a fraction of it")
     p.set_defaults(func=run)
+
+    q = sub.add_parser("perplexity", help="a text's perplexity (llama-perplexity's method)",
+                       description="Score FILE's tokens in chunks of N_CTX, the second half of "
+                                   "each chunk, as llama.cpp's llama-perplexity does.")
+    q.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
+    q.add_argument("-m", "--model", dest="model_opt")
+    q.add_argument("-f", "--file", required=True, help="the text ('-' reads stdin)")
+    q.add_argument("-c", "--n-ctx", type=int, default=512, help="chunk length in tokens (512)")
+    q.add_argument("--chunks", type=int, default=None, help="score at most this many chunks")
+    q.add_argument("-t", "--threads", type=int, default=None)
+    add_kv_args(q)
+    q.add_argument("--json", action="store_true", help="print the result as JSON")
+    q.set_defaults(func=run_perplexity)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +133,46 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
     elif args.output == "csv":
         print(_csv(rows), end="")
+    return 0
+
+
+def run_perplexity(args: argparse.Namespace) -> int:
+    import minfer
+    from minfer.bench.perplexity import Perplexity, perplexity
+
+    if args.chunks is not None and args.chunks < 1:
+        raise MinferError("--chunks must be at least 1")
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+    except OSError as exc:
+        raise MinferError(f"cannot read {args.file}: {exc.strerror}") from None
+    model = minfer.load(args.model_opt or args.model, n_ctx=args.n_ctx,
+                        k_type=kv_types(args)[0], v_type=kv_types(args)[1],
+                        batch_size=args.n_ctx)
+    if args.threads:
+        model.set_threads(args.threads)
+    tok = model.tokenizer
+    ids = tok.encode(text, special=False)
+    bos = tok.bos_id if tok.add_bos else None
+
+    def scorer(chunk: list[int]) -> list[float]:
+        return [lp.logprob for lp in model.score(chunk)]
+
+    def progress(p: Perplexity) -> None:
+        if not args.json:
+            print(f"[{p.n_chunks}]{p.running[-1]:.4f},", end="", flush=True)
+
+    if not args.json:
+        scored = args.n_ctx - 1 - args.n_ctx // 2
+        print(f"{len(ids)} tokens; chunks of {args.n_ctx}, the last {scored} tokens of each "
+              "scored", file=sys.stderr)
+    result = perplexity(scorer, ids, args.n_ctx, bos, max_chunks=args.chunks, progress=progress)
+    if args.json:
+        print(json.dumps({"model": model.name, "n_ctx": args.n_ctx, "n_tokens": len(ids),
+                          "n_chunks": result.n_chunks, "n_scored": result.n_scored,
+                          "ppl": result.ppl, "error": result.error, "running": result.running}))
+    else:
+        print(f"\nFinal estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}")
     return 0
 
 

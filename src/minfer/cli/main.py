@@ -28,12 +28,12 @@ QUICK_EXIT = frozenset({"run", "chat", "embed", "info", "list", "tokenize"})
 DEFERRED_GC = frozenset({"run", "chat"})
 
 # Sub-command modules, in the order `minfer --help` lists them.
-COMMANDS = ("run", "chat", "serve", "embed", "bench", "info", "list", "pull", "tokenize", "viz",
-            "quantize", "split", "merge", "convert")
+COMMANDS = ("run", "chat", "serve", "embed", "bench", "perplexity", "info", "list", "pull",
+            "tokenize", "viz", "quantize", "split", "merge", "convert")
 
 
 # Commands whose parser another command's module registers (a pair of inverse commands).
-MODULE_OF = {"merge": "split"}
+MODULE_OF = {"merge": "split", "perplexity": "bench"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ printed), length and context limits, and with a `Speculator` the proposals verif
 step's forward (a verify's rows are bitwise one-token decode rows, so greedy output is plain
 decoding's). A lone request is a batch of one: its forwards are the ones a plain loop would make.
 It yields `Piece`s while it runs and a final `Finished` with the ids, the reason and the timings.
+`score` runs a prompt alone on the same core to read each of its tokens' logprobs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from minfer.engine.core.request import (
     Piece,
     Request,
     Timings,
+    TokenLogprob,
     top_k_pairs,
 )
 from minfer.engine.core.runner import SequenceRunner
@@ -33,7 +35,7 @@ from minfer.engine.stepper import Constraint, TokenSampler, TokenText
 from minfer.errors import ContextOverflowError
 
 __all__ = ["Constraint", "Finished", "Forward", "Piece", "Timings", "TokenSampler", "TokenText",
-           "generate", "prefill", "top_k_pairs"]
+           "generate", "prefill", "score", "top_k_pairs"]
 
 SEQ = 0  # the one request's id in its core
 
@@ -125,6 +127,25 @@ def generate(
         n_past = _n_computed(core)
         _rewind(engine, n_past)
     yield from _finish(state, n_past, speculator)
+
+
+def score(engine: Forward, vocab: TokenText, sampler: TokenSampler, ids: Sequence[int], *,
+          batch_size: int = 512, top: int = 0) -> list[TokenLogprob]:
+    """Each token of ids after the first scored given those before it (its logprob, and the
+    `top` most likely tokens there): the core's scored prompt (`GenRequest.prompt_logprobs`),
+    computed in chunks of batch_size rows from position 0, nothing drawn."""
+    check_fits(engine, len(ids), 0)
+    core = EngineCore(SequenceRunner(engine), vocab, n_slots=1, n_ctx_slot=engine.n_ctx,
+                      chunk=batch_size, max_waiting=0)
+    state = core.add(SEQ, GenRequest(list(ids), 0, sampler, prompt_logprobs=top))
+    try:
+        while state.finish is None:
+            for out in core.step():
+                if out.error is not None:
+                    raise out.error
+    finally:
+        _rewind(engine, 0)
+    return state.prompt_logprobs
 
 
 def _n_computed(core: EngineCore) -> int:
