@@ -406,3 +406,33 @@ def test_what_the_subset_cannot_render_is_refused(source: str) -> None:
 
     with pytest.raises(TemplateUnsupported):
         render(source, {"Prompt": "p"})
+
+
+def test_logprobs_are_the_openai_replys(state: ServerState) -> None:
+    """`logprobs` / `top_logprobs`: each token's text, logprob and bytes with its alternatives,
+    the OpenAI endpoint's values for the same request; streamed, the lines' lists join to the
+    whole reply's."""
+    body = {"model": "coder", "messages": MSG, "options": GREEDY, "logprobs": True,
+            "top_logprobs": 2}
+    whole = call(state, "POST", "/api/chat", json={**body, "stream": False}).json()
+    ref = openai_chat(state, logprobs=True, top_logprobs=2)["logprobs"]["content"]
+    assert [(lp["token"], lp["logprob"], lp["bytes"]) for lp in whole["logprobs"]] == [
+        (r["token"], r["logprob"], r["bytes"]) for r in ref]
+    assert [[t["logprob"] for t in lp["top_logprobs"]] for lp in whole["logprobs"]] == [
+        [t["logprob"] for t in r["top_logprobs"]] for r in ref]
+    lines = [json.loads(x) for x in call(state, "POST", "/api/chat", json=body).text.splitlines()]
+    assert [lp for line in lines for lp in line.get("logprobs", [])] == whole["logprobs"]
+    typed = with_client(state, lambda c: c.chat("coder", messages=MSG, options=GREEDY,
+                                                logprobs=True, top_logprobs=2))
+    assert [lp.logprob for lp in typed.logprobs or []] == [r["logprob"] for r in ref]
+    raw = call(state, "POST", "/api/generate", json={
+        "model": "coder", "prompt": "def f(", "raw": True, "stream": False, "options": GREEDY,
+        "logprobs": True}).json()
+    raw_ref = call(state, "POST", COMP, json={"prompt": "def f(", "max_tokens": 10,
+                                              "temperature": 0, "logprobs": 0}).json()
+    assert [lp["logprob"] for lp in raw["logprobs"]] == \
+        raw_ref["choices"][0]["logprobs"]["token_logprobs"]
+    assert "logprobs" not in call(state, "POST", "/api/chat", json={
+        "model": "coder", "messages": MSG, "options": GREEDY, "stream": False}).json()
+    bad = call(state, "POST", "/api/chat", json={**body, "top_logprobs": 21})
+    assert bad.status_code == 400 and "top_logprobs" in bad.json()["error"]

@@ -33,6 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 import minfer
 from minfer.convert.convert import convert_checkpoint
+from minfer.engine.core.request import TokenLogprob
 from minfer.engine.embed import normalize
 from minfer.errors import MinferError
 from minfer.server.embeddings import encode_inputs, run_embeddings
@@ -55,6 +56,7 @@ from minfer.server.ollama.translate import (
     generate_request,
     keep_alive_seconds,
     listing,
+    logprobs_body,
     message_fields,
     names,
     now,
@@ -283,8 +285,10 @@ async def _run(state: ServerState, lm: LoadedModel,
         fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)
     else:
         fields = {"content": got.text}
+    lps = ({"logprobs": logprobs_body(got.logprobs, lm.tokenizer.token_bytes)}
+           if prepared.gen.logprobs is not None else {})
     return JSONResponse({**_text(fields, chat), **clock.final(name, got.done),
-                         **exchange(got.text)})
+                         **exchange(got.text), **lps})
 
 
 def _text(fields: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -304,14 +308,20 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                   *, chat: bool, exchange: Callable[[str], dict[str, Any]]
                   ) -> AsyncIterator[str]:
     reply = prepared.output.reply_stream() if prepared.output.reasoning is not None else None
+    want_lps = prepared.gen.logprobs is not None
+    pending: list[TokenLogprob] = []  # logprobs of tokens whose text no line carried yet
 
     def pieces(deltas: list[dict[str, Any]]) -> list[str]:
         out = []
         for d in deltas:
             fields = {k: d[k] for k in ("content", "reasoning_content") if d.get(k)}
             if fields:
-                out.append(_line({"model": name, "created_at": now(), **_text(fields, chat),
-                                  "done": False}))
+                line = {"model": name, "created_at": now(), **_text(fields, chat),
+                        "done": False}
+                if pending:
+                    line["logprobs"] = logprobs_body(pending, lm.tokenizer.token_bytes)
+                    pending.clear()
+                out.append(_line(line))
         return out
 
     text: list[str] = []
@@ -320,6 +330,8 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
             event = await handle.events.get()
             if isinstance(event, Delta):
                 text.append(event.text)
+                if want_lps:
+                    pending.extend(event.logprobs)
                 for line in pieces(reply.push(event.text) if reply else
                                    [{"content": event.text}]):
                     yield line
@@ -336,6 +348,8 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                         yield _line({"model": name, "created_at": now(), "message": msg,
                                      "done": False})
                 final = clock.final(name, event)
+                if pending:  # (an end-of-generation token's, which shows no text)
+                    final["logprobs"] = logprobs_body(pending, lm.tokenizer.token_bytes)
                 yield _line({**_text({}, chat), **final, **exchange("".join(text))})
                 break
     finally:

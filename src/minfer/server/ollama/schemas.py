@@ -56,6 +56,8 @@ class _Request(_Strict):
     stream: bool = True  # Ollama streams unless told not to
     keep_alive: str | int | float | None = None
     think: bool | str | None = None
+    logprobs: bool | None = None  # each generated token's logprob
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # and this many alternatives
 
 
 class ChatRequest(_Request):

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from minfer.chat.reasoning import OPEN as THINK_OPEN
+from minfer.engine.core.request import TokenLogprob
 from minfer.server.errors import bad_request
 from minfer.server.ollama import gotemplate
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
@@ -105,7 +107,8 @@ def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
 
 def chat_request(body: ChatRequest, n_ctx: int) -> ChatCompletionRequest:
     messages = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
-    out = {"messages": messages, **_common(body, n_ctx), **_thinking(body)}
+    out = {"messages": messages, **_common(body, n_ctx), **_thinking(body),
+           **_logprobs(body, chat=True)}
     if body.tools:
         out["tools"] = body.tools
     return translated(ChatCompletionRequest, out)
@@ -144,12 +147,34 @@ def generate_request(body: GenerateRequest,
         return translated(CompletionRequest, {"prompt": prompt, **common})
     if body.suffix is not None:  # fill in the middle: the prompt is the text before the gap
         return translated(CompletionRequest, {"prompt": body.prompt, "suffix": body.suffix,
-                                             **common})
+                                             **common, **_logprobs(body, chat=False)})
     if body.raw:
-        return translated(CompletionRequest, {"prompt": body.prompt, **common})
+        return translated(CompletionRequest, {"prompt": body.prompt, **common,
+                                             **_logprobs(body, chat=False)})
     messages = [{"role": "system", "content": body.system}] if body.system else []
     messages.append({"role": "user", "content": body.prompt})
-    return translated(ChatCompletionRequest, {"messages": messages, **common, **_thinking(body)})
+    return translated(ChatCompletionRequest, {"messages": messages, **common, **_thinking(body),
+                                              **_logprobs(body, chat=True)})
+
+
+def _logprobs(body: ChatRequest | GenerateRequest, *, chat: bool) -> dict[str, Any]:
+    """Ollama's `logprobs` / `top_logprobs` as the chat or completion request's fields."""
+    if not body.logprobs:
+        return {}
+    top = body.top_logprobs or 0
+    return {"logprobs": True, "top_logprobs": top} if chat else {"logprobs": top}
+
+
+def logprobs_body(lps: Sequence[TokenLogprob], token_bytes: Callable[[int], bytes]
+                  ) -> list[dict[str, Any]]:
+    """Ollama's `logprobs`: each token's text, logprob and bytes, with its `top_logprobs`."""
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}
+
+    return [{**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+            for lp in lps]
 
 
 def message_fields(fields: dict[str, Any]) -> dict[str, Any]:
