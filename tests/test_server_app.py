@@ -398,3 +398,33 @@ def test_metrics_count_requests_tokens_and_latency(state: ServerState) -> None:
     for gauge in ("queue_depth", "slots_busy", "kv_cells_used", "kv_cells_total"):
         assert f"minfer_{gauge}" in samples
     assert '# TYPE minfer_time_to_first_token_seconds histogram' in text
+
+
+def test_llama_cpps_further_sampler_fields_reach_the_sampler(state: ServerState) -> None:
+    """typical_p, min_keep, repeat_last_n (its penalty_last_n), DRY and mirostat, as llama.cpp's
+    server takes them beside OpenAI's fields (and Ollama's options); a value the sampler
+    refuses is a 400 naming it."""
+    from minfer.server.ollama.schemas import ChatRequest
+    from minfer.server.ollama.translate import chat_request
+    from minfer.server.openai.prepare import sampler_params
+    from minfer.server.openai.schemas import ChatCompletionRequest
+
+    extra = {"typical_p": 0.9, "min_keep": 2, "repeat_last_n": 32, "dry_multiplier": 0.8,
+             "dry_base": 1.5, "dry_allowed_length": 3, "dry_penalty_last_n": 128,
+             "dry_sequence_breakers": ["\n", ";"], "mirostat": 2, "mirostat_tau": 4.0,
+             "mirostat_eta": 0.2}
+    p = sampler_params(ChatCompletionRequest.model_validate({"messages": HELLO, **extra}))
+    assert (p.typical_p, p.min_keep, p.penalty_last_n, p.dry_multiplier, p.dry_base,
+            p.dry_allowed_length, p.dry_penalty_last_n, p.dry_sequence_breakers, p.mirostat,
+            p.mirostat_tau, p.mirostat_eta) == (0.9, 2, 32, 0.8, 1.5, 3, 128, ("\n", ";"), 2,
+                                                 4.0, 0.2)
+    options = {k: extra[k] for k in ("typical_p", "repeat_last_n", "mirostat", "mirostat_tau",
+                                     "mirostat_eta")}
+    q = sampler_params(chat_request(ChatRequest.model_validate(
+        {"model": "m", "messages": HELLO, "options": options}), 256))
+    assert (q.typical_p, q.penalty_last_n, q.mirostat, q.mirostat_tau, q.mirostat_eta) == (
+        0.9, 32, 2, 4.0, 0.2)
+    r = call(state, "POST", CHAT, json={"messages": HELLO, "max_tokens": 4, "seed": 1, **extra})
+    assert r.status_code == 200, r.text
+    r = call(state, "POST", CHAT, json={"messages": HELLO, "dry_sequence_breakers": [""]})
+    assert r.status_code == 400 and "dry_sequence_breakers" in r.json()["error"]["message"]

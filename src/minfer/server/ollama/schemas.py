@@ -1,7 +1,9 @@
 """Request bodies of Ollama's API as pydantic models.
 
 `options` carries the sampling and context settings (`num_predict`, `temperature`, `top_k`,
-`top_p`, `min_p`, `repeat_penalty`, `seed`, `stop`, `num_ctx`, `num_thread`; others are
+`top_p`, `min_p`, `typical_p`, `repeat_penalty`, `repeat_last_n`, `presence_penalty`,
+`frequency_penalty`, `mirostat`, `mirostat_tau`, `mirostat_eta`, `seed`, `stop`, `num_ctx`,
+`num_thread`; others are
 accepted and ignored, as Ollama ignores what a runner does not use). `format` is `"json"` or a
 JSON schema; `think` switches a reasoning model's thinking; `keep_alive` is accepted (one
 model stays loaded). Types are strict, unknown fields ignored.
@@ -23,6 +25,11 @@ class Options(_Strict):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(None, ge=0.01, le=100.0)
+    repeat_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
+    typical_p: float | None = Field(None, ge=0.0, le=1.0)
+    mirostat: int | None = Field(None, ge=0, le=2)
+    mirostat_tau: float | None = Field(None, ge=0.0, le=1e6)
+    mirostat_eta: float | None = Field(None, ge=0.0, le=1e6)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)

@@ -32,8 +32,9 @@ from minfer.server.openai.schemas import (
 from minfer.server.state import LoadedModel, ModelFacts
 from minfer.server.worker import Done
 
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "stop")
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+            "repeat_last_n", "presence_penalty", "frequency_penalty", "mirostat", "mirostat_tau",
+            "mirostat_eta", "seed", "stop")
 
 
 def names(lm: LoadedModel) -> tuple[str, str]:

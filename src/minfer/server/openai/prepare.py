@@ -183,6 +183,12 @@ def infill_prompt(req: InfillRequest, tok: TokenizerLike, limits: Limits) -> lis
                       param="input_prefix", extra=extra, line=req.prompt)
 
 
+# llama.cpp server's sampler fields that are SamplerParams' own, by the same name
+EXTRA_SAMPLING = ("typical_p", "min_keep", "dry_multiplier", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau",
+                  "mirostat_eta")
+
+
 def sampler_params(req: SamplingFields) -> SamplerParams:
     changes: dict[str, Any] = {}
     if req.temperature is not None:  # a vanishing temperature is greedy (and cannot overflow)
@@ -199,6 +205,12 @@ def sampler_params(req: SamplingFields) -> SamplerParams:
         changes["frequency_penalty"] = req.frequency_penalty
     if req.repeat_penalty is not None:
         changes["repeat_penalty"] = req.repeat_penalty
+    if req.repeat_last_n is not None:
+        changes["penalty_last_n"] = req.repeat_last_n
+    for name in EXTRA_SAMPLING:
+        value = getattr(req, name)
+        if value is not None:
+            changes[name] = tuple(value) if name == "dry_sequence_breakers" else value
     try:
         return SamplerParams(**changes)
     except MinferError as exc:

@@ -49,6 +49,18 @@ class SamplingFields(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(None, ge=0.01, le=100.0)
+    # llama.cpp server's further sampler fields (checked by SamplerParams: a 400 naming one)
+    repeat_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)  # its penalty_last_n
+    typical_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_keep: int | None = Field(None, ge=0, le=INT64_MAX)
+    dry_multiplier: float | None = Field(None, ge=0.0, le=1e6)
+    dry_base: float | None = Field(None, ge=0.0, le=1e6)
+    dry_allowed_length: int | None = Field(None, ge=0, le=INT64_MAX)
+    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
+    dry_sequence_breakers: list[str] | None = Field(None, max_length=64)
+    mirostat: int | None = Field(None, ge=0, le=2)
+    mirostat_tau: float | None = Field(None, ge=0.0, le=1e6)
+    mirostat_eta: float | None = Field(None, ge=0.0, le=1e6)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
     stream: bool | None = False
