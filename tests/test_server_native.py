@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from minfer.gguf.reader import GGUFFile
@@ -256,8 +257,7 @@ def test_completion_stop_word_and_json_schema(state: ServerState) -> None:
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"prompt": "a", "n_probs": 3}, "n_probs"),
-    ({"prompt": "a", "ignore_eos": True}, "ignore_eos"),
+    ({"prompt": "a", "n_probs": 21}, "n_probs"),
     ({"prompt": "a", "n_predict": -2}, "n_predict"),
     ({"prompt": [10 ** 9]}, "prompt"),
     ({"prompt": ""}, "prompt"),
@@ -268,3 +268,37 @@ def test_completion_bad_input_is_a_400_naming_the_field(state: ServerState, body
     r = call(state, "POST", "/completion", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_n_probs_and_ignore_eos(state: ServerState) -> None:
+    """`n_probs`: each drawn token's id, text, bytes and logprob with its alternatives, the
+    /v1/completions logprobs of the same request (streamed chunk by chunk too); `ignore_eos`:
+    the end-of-generation tokens are never drawn, so the reply runs to n_predict."""
+    body = {"prompt": "def f(", "n_predict": 8, "temperature": 0, "n_probs": 2}
+    whole = call(state, "POST", "/completion", json=body).json()
+    probs = whole["completion_probabilities"]
+    ref = call(state, "POST", "/v1/completions", json={
+        "prompt": "def f(", "max_tokens": 8, "temperature": 0, "logprobs": 2}).json()
+    assert [p["logprob"] for p in probs] == ref["choices"][0]["logprobs"]["token_logprobs"]
+    assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"]
+               for p in probs)
+    assert "".join(p["token"] for p in probs) == whole["content"]
+    streamed = [json.loads(line[6:]) for line in call(
+        state, "POST", "/completion", json={**body, "stream": True}).text.splitlines()
+        if line.startswith("data: ")]
+    assert [p for c in streamed for p in c.get("completion_probabilities", [])] == probs
+    eos = {"prompt": "a", "n_predict": 40, "temperature": 0, "ignore_eos": True}
+    long = call(state, "POST", "/completion", json=eos).json()
+    assert long["tokens_predicted"] == 40 and long["stop_type"] == "limit"
+    from minfer.server.openai.prepare import prepare
+    from minfer.server.openai.schemas import NativeCompletionRequest
+
+    lm = state.model()
+    for ignore in (False, True):
+        p = prepare(NativeCompletionRequest(prompt="a", ignore_eos=ignore), lm.tokenizer,
+                    lm.template, lm.limits)
+        logits = np.zeros(lm.tokenizer.n_vocab, np.float32)
+        if p.output.logit_mask is not None:
+            p.output.logit_mask.apply(logits)
+        eot = sorted(lm.tokenizer.eot_ids)
+        assert eot and bool(np.all(np.isneginf(logits[eot]))) == ignore

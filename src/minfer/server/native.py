@@ -2,7 +2,8 @@
 in the editor, fill-in-the-middle).
 
 `/completion`'s body is llama-server's: `prompt` (a text, token ids, or both mixed), `n_predict`,
-the sampling fields, `stop`, `json_schema` / `grammar`, `stream`. `/infill`'s adds
+the sampling fields, `stop`, `json_schema` / `grammar`, `stream`, `n_probs`
+(`completion_probabilities`), `ignore_eos`. `/infill`'s adds
 `input_prefix`, `input_suffix`, `input_extra`, `t_max_predict_ms`; its prompt is laid out as
 llama-server's `format_prompt_infill` does (minfer.tokenizer.infill), with the extra files
 first so that an editor's successive requests share the longest cached prefix. Both answer in
@@ -23,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from minfer.engine.core.request import TokenLogprob
 from minfer.server.errors import APIError
 from minfer.server.openai.prepare import prepare
 from minfer.server.openai.schemas import InfillRequest, NativeCompletionRequest
@@ -55,12 +57,15 @@ async def _generate(state: ServerState, request: Request,
         return JSONResponse(_final(lm, "", Done("length", Usage(n_prompt, 0, 0))))
     handle = submit(state, lm, prepared.gen)
     if body.stream:
-        return StreamingResponse(_stream(lm, handle), media_type="text/event-stream",
+        return StreamingResponse(_stream(lm, handle, prepared.gen.logprobs is not None),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     got = await collect_or_gone(lm, handle, request)
     if got is None:  # the client left
         return Response(status_code=499)
-    return JSONResponse(_final(lm, got.text, got.done))
+    probs = ({"completion_probabilities": probabilities(lm, got.logprobs)}
+             if prepared.gen.logprobs is not None else {})
+    return JSONResponse({**_final(lm, got.text, got.done), **probs})
 
 
 def _final(lm: LoadedModel, content: str, done: Done) -> dict[str, Any]:
@@ -74,6 +79,18 @@ def _final(lm: LoadedModel, content: str, done: Done) -> dict[str, Any]:
             "timings": timings(done)}
 
 
+def probabilities(lm: LoadedModel, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """llama-server's `completion_probabilities` (`n_probs`): each drawn token's id, text,
+    bytes and logprob, with its `top_logprobs` alike."""
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = lm.tokenizer.token_bytes(token_id)
+        return {"id": token_id, "token": raw.decode("utf-8", errors="replace"),
+                "bytes": list(raw), "logprob": logprob}
+
+    return [{**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+            for lp in lps]
+
+
 def timings(done: Done) -> dict[str, float]:
     """llama-server's `timings`: the prompt (its uncached part) and the decode, in ms."""
     u = done.usage
@@ -85,12 +102,15 @@ def timings(done: Done) -> dict[str, float]:
                                      if done.predicted_ms else 0.0)}
 
 
-async def _stream(lm: LoadedModel, handle: Handle) -> AsyncIterator[str]:
+async def _stream(lm: LoadedModel, handle: Handle, with_probs: bool) -> AsyncIterator[str]:
     try:
         while True:
             event = await handle.events.get()
             if isinstance(event, Delta):
-                yield _sse({"index": 0, "content": event.text, "tokens": [], "stop": False})
+                chunk = {"index": 0, "content": event.text, "tokens": [], "stop": False}
+                if with_probs:
+                    chunk["completion_probabilities"] = probabilities(lm, event.logprobs)
+                yield _sse(chunk)
             elif isinstance(event, Failed):
                 yield _sse(APIError(event.status, event.message).body())
                 break

@@ -27,7 +27,7 @@ from minfer.server.openai.schemas import (
     NativeCompletionRequest,
     SamplingFields,
 )
-from minfer.server.openai.structured import OutputPlan, chat_messages, plan_output
+from minfer.server.openai.structured import LogitBias, OutputPlan, chat_messages, plan_output
 from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
 from minfer.tokenizer.infill import infill_prompt as fim_layout
 from minfer.tokenizer.vocab import FimTokens
@@ -251,7 +251,10 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
         prompt = native_prompt(req.prompt, tok)
         param = "n_predict"
         requested = None if req.n_predict is None or req.n_predict < 0 else req.n_predict
-        logprobs = None
+        logprobs = req.n_probs or None
+        if req.ignore_eos:  # llama-server's: the end-of-generation tokens are never drawn
+            output.logit_mask = chain(output.logit_mask, LogitBias(
+                dict.fromkeys(sorted(tok.eot_ids), -100.0)))
     elif isinstance(req, InfillRequest):
         prompt = infill_prompt(req, tok, limits)
         param = "n_predict" if req.n_predict is not None else "max_tokens"

@@ -182,16 +182,16 @@ class InfillRequest(SamplingFields):
 class NativeCompletionRequest(SamplingFields):
     """llama.cpp's `POST /completion`: one prompt (a text, ids, or ids mixed with texts),
     `n_predict` (-1: until the context ends), the sampling fields, `json_schema` or `grammar`,
-    `stream`. `cache_prompt` and `id_slot` are accepted (the prompt cache is always on, the
-    scheduler picks the slot); what minfer cannot honour is a 400, not ignored: `n_probs`,
-    `ignore_eos`."""
+    `stream`, `n_probs` (each drawn token's probability and its n most likely alternatives),
+    `ignore_eos`. `cache_prompt` and `id_slot` are accepted (the prompt cache is always on, the
+    scheduler picks the slot)."""
 
     prompt: Mixed
     n_predict: int | None = Field(None, ge=-1, le=INT64_MAX)
     t_max_predict_ms: int | None = Field(None, ge=0, le=INT64_MAX)
     json_schema: dict[str, Any] | None = None
-    n_probs: int | None = Field(None, ge=0, le=0)
-    ignore_eos: Literal[False] | None = None
+    n_probs: int | None = Field(None, ge=0, le=20)
+    ignore_eos: bool | None = None
     cache_prompt: bool | None = None
     id_slot: int | None = Field(None, ge=-1, le=INT64_MAX)
 
