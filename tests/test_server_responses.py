@@ -150,7 +150,6 @@ def test_text_format_json_schema_constrains_the_output(state: ServerState) -> No
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input.0.content.0"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
@@ -207,3 +206,54 @@ def test_texts_and_calls_keep_the_order_written() -> None:
         "Let me look.\n\n\n" + '<tool_call>\n{"name": "f", "argu')
     assert [i["type"] for i in output_items(OutputPlan(tools=[{}]).reply("", "stop"))] == [
         "message"]
+
+
+def test_previous_response_id_continues_a_stored_conversation(state: ServerState) -> None:
+    """A stored response's input and output come before the next input (its instructions do
+    not, as OpenAI's do not): the chat reply to the whole conversation. GET reads a stored
+    response back, DELETE drops it; `store: false` keeps nothing; an unknown id is a 404."""
+    first = with_client(state, lambda c: c.responses.create(
+        model="m", instructions="Be brief.", input="Say hello", max_output_tokens=6,
+        temperature=0))
+    second = with_client(state, lambda c: c.responses.create(
+        model="m", previous_response_id=first.id, input="Again", max_output_tokens=6,
+        temperature=0))
+    ref = chat(state, [{"role": "user", "content": "Say hello"},
+                       {"role": "assistant", "content": first.output_text},
+                       {"role": "user", "content": "Again"}], max_tokens=6)
+    assert second.output_text == ref["choices"][0]["message"]["content"]
+    assert second.usage is not None
+    assert second.usage.input_tokens == ref["usage"]["prompt_tokens"]
+    third = with_client(state, lambda c: c.responses.create(  # a chain of three, streamed
+        model="m", previous_response_id=second.id, input="Once more", max_output_tokens=6,
+        temperature=0, stream=True))
+    assert third is not None
+    got = with_client(state, lambda c: c.responses.retrieve(second.id))
+    assert got.id == second.id and got.output_text == second.output_text
+    unstored = with_client(state, lambda c: c.responses.create(
+        model="m", input="Say hello", max_output_tokens=2, store=False))
+    r = call(state, "GET", f"{RESP}/{unstored.id}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = call(state, "POST", RESP, json={"input": "x", "previous_response_id": unstored.id})
+    assert r.status_code == 404
+    assert r.json()["error"]["param"] == "previous_response_id"
+    assert call(state, "DELETE", f"{RESP}/{first.id}").json()["deleted"] is True
+    assert call(state, "GET", f"{RESP}/{first.id}").status_code == 404
+    assert call(state, "DELETE", f"{RESP}/{first.id}").status_code == 404
+    r = call(state, "POST", RESP, json={"input": "x", "previous_response_id": second.id,
+                                        "max_output_tokens": 2})
+    assert r.status_code == 200  # second keeps its own copy of the conversation
+
+
+def test_the_store_keeps_the_last_responses() -> None:
+    from minfer.server.errors import APIError
+    from minfer.server.responses.store import ResponseStore
+
+    store = ResponseStore(capacity=2)
+    for i in range(3):
+        store.put({"id": f"r{i}", "output": []}, [])
+    store.get("r1")
+    store.put({"id": "r3", "output": []}, [])  # r2 was used least recently
+    with pytest.raises(APIError):
+        store.get("r2")
+    assert store.get("r1").response["id"] == "r1" and store.get("r3")

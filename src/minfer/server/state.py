@@ -39,6 +39,7 @@ from minfer.server.embed_worker import EmbedWorker
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import Metrics
 from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
+from minfer.server.responses.store import ResponseStore
 from minfer.server.worker import EngineFactory, Worker
 from minfer.store.models import model_quantization
 from minfer.tokenizer.chat import ChatTemplate
@@ -221,6 +222,7 @@ class ServerState:
         self.config = config
         self._embedder = embedder
         self.metrics = metrics or Metrics()
+        self.responses = ResponseStore()  # the Responses API's stored responses
         self._engine_factory = engine_factory
         self._draft_engine_factory = draft_engine_factory
         self._model: LoadedModel | None = None

@@ -6,23 +6,30 @@ parser. Only the shapes differ: output items (`reasoning`, `message` with `outpu
 `function_call`), `status` `completed` or `incomplete` (`max_output_tokens`), usage as input /
 output tokens, and SSE events named by their `type` (`response.created`, `.in_progress`, the
 items' events, `response.completed` / `.incomplete`; `error` then `response.failed` when a
-request fails mid-stream), each with its `sequence_number`. Nothing is stored: `store` is
-accepted and `previous_response_id` is a 400.
+request fails mid-stream), each with its `sequence_number`.
+
+Responses are stored unless `store: false` (the last `KEPT`, in this process's memory): a
+request's `previous_response_id` continues that response's conversation (its input and output
+items before the new input; its `instructions` are not carried over, as OpenAI's are not), and
+`GET` / `DELETE /v1/responses/{id}` read and drop one. An id not kept (never stored, dropped,
+pushed out, or held by another process: a Ray replica) is a 404.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from minfer.server.errors import APIError
 from minfer.server.openai.prepare import Prepared, prepare
 from minfer.server.relay import collect_or_gone, submit
-from minfer.server.responses.schemas import ResponsesRequest
+from minfer.server.responses.schemas import Item, MessageItem, ResponsesRequest
+from minfer.server.responses.store import ITEMS, ResponseStore
 from minfer.server.responses.translate import (
     Envelope,
     ItemEvents,
@@ -34,13 +41,47 @@ from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle
 
 
+def with_history(body: ResponsesRequest, store: ResponseStore) -> tuple[ResponsesRequest,
+                                                                         list[Item]]:
+    """The request with its previous response's conversation before its input, and that whole
+    input as items (what a stored response keeps)."""
+    items: list[Item] = ([MessageItem(role="user", content=body.input)]
+                         if isinstance(body.input, str) else list(body.input))
+    if body.previous_response_id is not None:
+        try:
+            previous = store.get(body.previous_response_id)
+        except APIError:
+            raise APIError(404, f"Previous response with id '{body.previous_response_id}' "
+                           "not found.", param="previous_response_id",
+                           code="previous_response_not_found") from None
+        items = [*previous.conversation, *items]
+        body = body.model_copy(update={"input": items})
+    return body, items
+
+
 def responses_routes(app: FastAPI, state: ServerState) -> None:
-    """Add `POST /v1/responses` to app."""
+    """Add `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}` to app."""
+    store = state.responses
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str) -> dict[str, Any]:
+        return store.get(response_id).response
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> dict[str, Any]:
+        store.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @app.post("/v1/responses")
     @app.post("/responses", include_in_schema=False)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         lm = await state.acquire(body.model)
+        body, items = with_history(body, store)
+
+        def keep(response: dict[str, Any]) -> None:
+            if body.store is not False:
+                store.put(response, [*items, *ITEMS.validate_python(response["output"])])
+
         chat = chat_request(body, n_ctx=lm.limits.n_ctx_slot)
         prepared = await run_in_threadpool(prepare, chat, lm.tokenizer, lm.template,
                                            lm.limits, grammar_vocab=lm.grammar_vocab,
@@ -48,7 +89,7 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
         handle = submit(state, lm, prepared.gen)
         env = Envelope(body, lm.name)
         if body.stream:
-            return StreamingResponse(_stream(lm, handle, prepared, env),
+            return StreamingResponse(_stream(lm, handle, prepared, env, keep),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -56,12 +97,13 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
         if got is None:  # the client left
             return Response(status_code=499)
         reply = prepared.output.reply(got.text, got.done.finish_reason)
-        return JSONResponse(env.response(status_of(reply.finish), output_items(reply),
-                                         got.done.usage))
+        response = env.response(status_of(reply.finish), output_items(reply), got.done.usage)
+        keep(response)
+        return JSONResponse(response)
 
 
-async def _stream(lm: LoadedModel, handle: Handle, prepared: Prepared,
-                  env: Envelope) -> AsyncIterator[str]:
+async def _stream(lm: LoadedModel, handle: Handle, prepared: Prepared, env: Envelope,
+                  keep: Callable[[dict[str, Any]], None]) -> AsyncIterator[str]:
     reply = prepared.output.reply_stream()
     items = ItemEvents()
     seq = 0
@@ -92,8 +134,9 @@ async def _stream(lm: LoadedModel, handle: Handle, prepared: Prepared,
                     yield sse(e)
                 status = status_of(event.finish_reason)
                 kind = "response.completed" if status == "completed" else "response.incomplete"
-                yield sse({"type": kind,
-                           "response": env.response(status, items.items, event.usage)})
+                response = env.response(status, items.items, event.usage)
+                keep(response)
+                yield sse({"type": kind, "response": response})
                 break
     finally:
         lm.generator.cancel(handle)

@@ -37,11 +37,8 @@ SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
 def chat_request(body: ResponsesRequest, *, n_ctx: int) -> ChatCompletionRequest:
     """The chat request that generates this Responses request's output. `max_output_tokens`
     is capped at the slot's context (n_ctx), as agents ask for large ones as a matter of
-    course; unset, the reply may run to the end of the context."""
-    if body.previous_response_id is not None:
-        raise bad_request("previous_response_id is not supported: this server keeps no "
-                          "responses (send the whole conversation as input)",
-                          param="previous_response_id", code="unsupported_parameter")
+    course; unset, the reply may run to the end of the context. (A previous response's
+    conversation is already in `input`: routes.with_history.)"""
     if body.top_logprobs:
         raise bad_request("top_logprobs is not supported on /v1/responses (use "
                           "/v1/chat/completions)", param="top_logprobs",
