@@ -24,7 +24,12 @@ flash-attn off, f32 KV). Models:
   llama.cpp's qwen3moe graph always does), q/k norms, untied output;
 - `qwen2moe`: Qwen2MoeConfig, top-k softmax weights not renormalized (llama.cpp's qwen2moe
   graph never does), a shared expert (FFN width 512) scaled by sigmoid(shared_expert_gate · x),
-  q/k/v biases, untied output.
+  q/k/v biases, untied output;
+- `mixtral`: MixtralConfig, which llama.cpp's converter writes as a `llama` file with
+  `llama.expert_count` (experts as wide as `feed_forward_length`), top-k weights renormalized,
+  llama's rope (adjacent pairs), untied output.
+
+`--only NAME ...` remakes just those models, keeping the other files and arrays.
 
 `logits.npz` holds `ids`, `<name>.hf` and `<name>.llamacpp` (float32 logits at every position
 of IDS), `<name>.greedy` (llama.cpp's greedy argmax continuation of IDS, N_NEW tokens, int32)
@@ -102,7 +107,7 @@ _QUANT_TYPES = {"q8_0": (7, False), "q4_k_m": (15, False), "q4_k": (15, True)}
 
 
 def _configs() -> dict[str, object]:
-    from transformers import Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = {"vocab_size": N_VOCAB, "hidden_size": 256, "intermediate_size": 256,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -114,6 +119,12 @@ def _configs() -> dict[str, object]:
         "qwen3moe": Qwen3MoeConfig(**common, head_dim=64, norm_topk_prob=True),
         "qwen2moe": Qwen2MoeConfig(**common, shared_expert_intermediate_size=512,
                                    norm_topk_prob=False, qkv_bias=True),
+        "mixtral": MixtralConfig(
+            vocab_size=N_VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-5, initializer_range=1 / 16, num_local_experts=8,
+            num_experts_per_tok=2, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     }
 
 
@@ -124,7 +135,7 @@ def _router_forward(self, hidden_states):  # transformers' TopKRouter, softmax i
     logits = torch.nn.functional.linear(hidden_states, self.weight)
     self.seen.append(logits.detach())
     top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-    if self.norm_topk_prob:
+    if getattr(self, "norm_topk_prob", True):  # (Mixtral's router always renormalises)
         top = top / top.sum(dim=-1, keepdim=True)
     return logits, top, idx
 
@@ -205,6 +216,8 @@ def main() -> None:
     ap.add_argument("--ref-python", required=True, help="python with llama-cpp-python")
     ap.add_argument("--quantized", action="store_true",
                     help="also llama.cpp's logits on its own Q8_0 and Q4_K_M quantizations")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="remake only these models, keeping the others' files and arrays")
     args = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
@@ -214,9 +227,15 @@ def main() -> None:
 
     OUT.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"ids": np.array(IDS, np.int32)}
+    names = args.only or list(_configs())
+    if args.only:
+        kept = np.load(OUT / "logits.npz")
+        arrays.update({k: kept[k] for k in kept.files if k.split(".")[0] not in names})
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []
         for name, config in _configs().items():
+            if name not in names:
+                continue
             torch.manual_seed(0)
             hf = Path(tmp) / name
             hf.mkdir()
@@ -234,7 +253,7 @@ def main() -> None:
             jobs.append([str(hf), str(OUT / f"{name}.gguf")])
         subprocess.run([sys.executable, "-c", _CONVERT, args.convert, args.gguf_py,
                         json.dumps(jobs)], check=True, stdout=subprocess.DEVNULL)
-        for name in _configs():
+        for name in names:
             gguf_path = OUT / f"{name}.gguf"
             _describe(gguf_path, args.gguf_py)
             logits, greedy = Path(tmp) / f"{name}.npy", Path(tmp) / f"{name}.greedy.npy"

@@ -1,9 +1,10 @@
 """Mixture-of-experts GGUF files written by llama.cpp's own converter, against transformers and
 llama.cpp on the same weights and token ids.
 
-tests/fixtures/moe/ comes from benchmarks/make_moe_fixtures.py: tiny random Qwen3-MoE and
-Qwen2-MoE checkpoints (2 layers, 256 wide, 8 experts, 2 per token; Qwen2-MoE with its shared
-expert) made with transformers, converted with `convert_hf_to_gguf.py --outtype f32`, run by
+tests/fixtures/moe/ comes from benchmarks/make_moe_fixtures.py: tiny random Qwen3-MoE, Qwen2-MoE
+and Mixtral checkpoints (2 layers, 256 wide, 8 experts, 2 per token; Qwen2-MoE with its shared
+expert; Mixtral written as a `llama` file with `llama.expert_count`) made with transformers,
+converted with `convert_hf_to_gguf.py --outtype f32`, run by
 transformers (float64) and llama.cpp (f32 KV), with llama.cpp's greedy continuation and its
 logits on the Q8_0 / Q4_K_M / Q4_K files its own quantizer makes from the f32 one (minfer's
 quantizer writes the same bytes: `test_quantize_llamacpp.py`).
@@ -24,7 +25,7 @@ from minfer.tools.quantize import MixOptions, parse_ftype, quantize_model
 FIXTURES = Path(__file__).parent / "fixtures" / "moe"
 REF = np.load(FIXTURES / "logits.npz")
 IDS = REF["ids"].tolist()
-NAMES = ["qwen3moe", "qwen2moe"]
+NAMES = ["qwen3moe", "qwen2moe", "mixtral"]
 
 
 def _engine(path: Path, kv_type: str = "f32") -> Engine:

@@ -19,9 +19,11 @@ from minfer.gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
-# renormalised to sum to 1 where llama.cpp does it (qwen3moe) unless the file says otherwise
+# renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
+# otherwise. A llama file with `llama.expert_count` is one (Mixtral, as llama.cpp's converter
+# writes it: experts as wide as `feed_forward_length`).
 MOE_ARCHS = ("qwen2moe", "qwen3moe")
-_MOE_NORM_DEFAULT = {"qwen2moe": False, "qwen3moe": True}
+_MOE_NORM_DEFAULT = {"qwen2moe": False, "qwen3moe": True, "llama": True}
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # Encoders: bidirectional attention without a KV cache, LayerNorm, learned positions
@@ -150,7 +152,8 @@ class HParams:
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
-        if arch in MOE_ARCHS:
+        if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
+                                                                  allow_zero=True)):
             hp = _moe(hp, keys)
         hp.check_tensors(f)
         return hp
@@ -377,8 +380,9 @@ def _moe(hp: HParams, keys: _Keys) -> HParams:
                                _MOE_NORM_DEFAULT[keys.arch])
     if not isinstance(norm, bool):
         raise GGUFError(keys.f.path, f"{keys.arch}.expert_weights_norm={norm!r} is not a bool")
-    # llama.cpp's fallbacks: an expert n_ff / n_used wide, a shared expert n_ff wide
-    n_ff_exp = keys.get_int("expert_feed_forward_length", hp.n_ff // n_used or None)
+    # llama.cpp's fallbacks: an expert n_ff / n_used wide (llama: n_ff), a shared expert n_ff
+    n_ff_exp = keys.get_int("expert_feed_forward_length",
+                            hp.n_ff if keys.arch == "llama" else hp.n_ff // n_used or None)
     shexp = 0
     if keys.arch == "qwen2moe" and "blk.0.ffn_gate_inp_shexp.weight" in keys.f.tensors:
         shexp = keys.get_int("expert_shared_feed_forward_length", hp.n_ff or None)
