@@ -136,3 +136,23 @@ def test_a_prompt_longer_than_n_ctx_says_the_context_grows(
     n_prompt = len(json.loads(got.out)["prompt_ids"])
     assert n_prompt > 4
     assert f"the prompt is {n_prompt} tokens, more than -c 4" in got.err
+
+
+def test_prompt_file_and_ignore_eos(tiny_qwen2: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`-f FILE` reads the prompt as llama-cli's does; `--ignore-eos` never draws an
+    end-of-generation token, so a run goes to -n (hot sampling ends some runs at EOS
+    without it)."""
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello there")
+    by_file = _run_json(capsys, str(tiny_qwen2), "-f", str(prompt), "--raw", "-n", "3",
+                        "--temp", "0")
+    inline = _run_json(capsys, str(tiny_qwen2), "hello there", "--raw", "-n", "3", "--temp", "0")
+    assert by_file["prompt_ids"] == inline["prompt_ids"] and by_file["ids"] == inline["ids"]
+    hot = ("a", "--raw", "-n", "40", "--temp", "2", "--top-k", "0", "--top-p", "1",
+           "--min-p", "0")
+    ends = {flag: [_run_json(capsys, str(tiny_qwen2), *hot, "--seed", str(s),
+                             *([flag] if flag else []))["finish_reason"] for s in range(8)]
+            for flag in ("", "--ignore-eos")}
+    assert "eos" in ends[""] and set(ends["--ignore-eos"]) == {"length"}
+    assert main(["run", str(tiny_qwen2), "-p", "x", "-f", str(prompt)]) != 0

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from minfer import env
@@ -33,7 +34,7 @@ from minfer.cli.common import (
     split_positionals,
 )
 from minfer.errors import MinferError
-from minfer.sampling.mask import chain
+from minfer.sampling.mask import BannedTokens, chain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("positionals", nargs="*", metavar="[MODEL] [PROMPT]",
                    help="model (path or cached name) and prompt; prompt from stdin if omitted")
     p.add_argument("-p", "--prompt", help="the prompt (instead of a positional)")
+    p.add_argument("-f", "--file", dest="prompt_file", metavar="FILE",
+                   help="read the prompt from FILE (as llama-cli's -f)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never draw an end-of-generation token: run to -n (as llama.cpp's)")
     p.add_argument("--system", help="system message (chat template only)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no chat template")
     p.add_argument("--no-special", action="store_true",
@@ -105,6 +110,13 @@ def run(args: argparse.Namespace) -> int:
         from minfer.cli import chat_cmd
 
         return int(chat_cmd.run(args))
+    if args.prompt_file is not None:
+        if args.prompt is not None:
+            raise MinferError("give the prompt with -p or -f, not both")
+        try:
+            args.prompt = Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise MinferError(f"cannot read {args.prompt_file}: {exc.strerror}") from None
     model_arg, prompt = split_positionals(args)
     args.grammar_text = grammar_from_args(args)  # refuse a bad grammar before loading the model
     fim = args.fim_prefix is not None or args.fim_suffix is not None
@@ -162,11 +174,13 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
         raise MinferError("-n must be >= 0")
     grammar_text = getattr(args, "grammar_text", None)
     mask = model.grammar_mask(grammar_text) if grammar_text else None
+    banned = BannedTokens(model.tokenizer.eot_ids) if getattr(args, "ignore_eos", False) \
+        else None
     t0 = time.perf_counter()
     finished: Finished | None = None
     events = model.stream(prompt_ids, max_tokens=args.n_predict, stop=args.stop, seed=args.seed,
                           top_logits=args.top_logits, sampling=sampling_from_args(args),
-                          logit_mask=chain(mask, plan.budget if plan else None),
+                          logit_mask=chain(mask, banned, plan.budget if plan else None),
                           speculator=speculator, constraint=mask)
     out_text = ReplyPrinter(plan, hide=getattr(args, "hide_reasoning", False))
     for event in events:

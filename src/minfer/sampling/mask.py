@@ -45,6 +45,23 @@ class AllowedTokens:
         pass
 
 
+class BannedTokens:
+    """A fixed mask: the given ids are never sampled (llama.cpp's --ignore-eos bans the
+    end-of-generation ids this way)."""
+
+    def __init__(self, banned: Iterable[int]) -> None:
+        self.banned = np.fromiter(sorted(set(banned)), dtype=np.int64)
+
+    def apply(self, logits: np.ndarray) -> None:
+        logits[self.banned] = -np.inf
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
 class MaskChain:
     """Several masks as one: each applies in turn (a grammar, then logit_bias, then a thinking
     budget) and sees every committed token."""

@@ -15,7 +15,7 @@ from minfer.chat.reasoning import FORMATS, ReasoningOptions
 from minfer.engine.core.request import GenRequest
 from minfer.errors import MinferError
 from minfer.sampling.grammar import GrammarVocab
-from minfer.sampling.mask import chain
+from minfer.sampling.mask import BannedTokens, chain
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
@@ -27,7 +27,7 @@ from minfer.server.openai.schemas import (
     NativeCompletionRequest,
     SamplingFields,
 )
-from minfer.server.openai.structured import LogitBias, OutputPlan, chat_messages, plan_output
+from minfer.server.openai.structured import OutputPlan, chat_messages, plan_output
 from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
 from minfer.tokenizer.infill import infill_prompt as fim_layout
 from minfer.tokenizer.vocab import FimTokens
@@ -253,8 +253,7 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
         requested = None if req.n_predict is None or req.n_predict < 0 else req.n_predict
         logprobs = req.n_probs or None
         if req.ignore_eos:  # llama-server's: the end-of-generation tokens are never drawn
-            output.logit_mask = chain(output.logit_mask, LogitBias(
-                dict.fromkeys(sorted(tok.eot_ids), -100.0)))
+            output.logit_mask = chain(output.logit_mask, BannedTokens(tok.eot_ids))
     elif isinstance(req, InfillRequest):
         prompt = infill_prompt(req, tok, limits)
         param = "n_predict" if req.n_predict is not None else "max_tokens"
