@@ -28,7 +28,17 @@ class LogitMask(Protocol):
         """Start over for a new generation."""
 
 
-class AllowedTokens:
+class _Fixed:
+    """A mask that never changes: committed tokens and new generations leave it as it is."""
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class AllowedTokens(_Fixed):
     """A fixed mask: only the given ids may be sampled (for tests, and to force a choice)."""
 
     def __init__(self, allowed: Iterable[int], n_vocab: int) -> None:
@@ -38,14 +48,8 @@ class AllowedTokens:
     def apply(self, logits: np.ndarray) -> None:
         logits[self.forbidden] = -np.inf
 
-    def accept(self, token_id: int) -> None:
-        pass
 
-    def reset(self) -> None:
-        pass
-
-
-class BannedTokens:
+class BannedTokens(_Fixed):
     """A fixed mask: the given ids are never sampled (llama.cpp's --ignore-eos bans the
     end-of-generation ids this way)."""
 
@@ -54,12 +58,6 @@ class BannedTokens:
 
     def apply(self, logits: np.ndarray) -> None:
         logits[self.banned] = -np.inf
-
-    def accept(self, token_id: int) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 class MaskChain:
