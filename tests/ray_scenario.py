@@ -102,6 +102,23 @@ def drive(base: str, done_hook: Any, per_client: int) -> list[dict[str, Any]]:
     return results
 
 
+def response_chains(base: str, n_chains: int = 4, length: int = 4) -> list[list[int]]:
+    """Stored responses continued through the front: each chain's statuses (each response is
+    kept by the replica that made it; a continuation must reach that one)."""
+    out = []
+    for c in range(n_chains):
+        statuses, previous = [], None
+        for i in range(length):
+            body: dict[str, Any] = {"input": f"chain {c} turn {i}", "max_output_tokens": 2}
+            if previous is not None:
+                body["previous_response_id"] = previous
+            r = httpx.post(base + "/v1/responses", json=body, timeout=120)
+            statuses.append(r.status_code)
+            previous = r.json().get("id") if r.status_code == 200 else previous
+        out.append(statuses)
+    return out
+
+
 def replicas(base: str) -> list[dict[str, Any]]:
     r = httpx.get(base + "/replicas", timeout=30)
     r.raise_for_status()
@@ -155,6 +172,7 @@ def scenario(model: Path, report: dict[str, Any]) -> None:
                                                    RECOVERY_TIMEOUT_S), 1)
         report["replicas_after"] = replicas(base)
         report["round2"] = drive(base, lambda n: None, 2)
+        report["chains"] = response_chains(base)
         report["metrics"] = httpx.get(base + "/metrics", timeout=30).text
         report["health"] = httpx.get(base + "/health", timeout=30).json()
         serve.shutdown()

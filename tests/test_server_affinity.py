@@ -169,3 +169,20 @@ def test_build_app_accepts_the_options(tiny_qwen2: object, opts: dict[str, objec
 
     config = ServerConfig(model_path=Path(str(tiny_qwen2)), slots=2)
     assert isinstance(build_app(config, RayOptions(**opts)), Application)  # type: ignore[arg-type]
+
+
+def test_a_responses_chain_is_keyed_by_the_id_it_continues() -> None:
+    """Every response id carries its chain after `resp_`; a request continuing one is keyed by
+    that chain (the replica that stored it), one starting a chain has no key (the front names
+    one); a chain passed on is kept, an unusable one replaced."""
+    from minfer.server.ray.affinity import chain_of, response_id
+
+    rid = response_id("0123456789abcdef")
+    assert rid.startswith("resp_0123456789abcdef") and chain_of(rid) == "0123456789abcdef"
+    assert chain_of(response_id(None)) is not None and chain_of("resp_x") is None
+    assert chain_of(response_id("not a chain")) != "not a chain"
+    body = json.dumps({"input": "hi", "previous_response_id": rid}).encode()
+    assert session_key("/v1/responses", body) == "chain:0123456789abcdef"
+    assert session_key("/v1/responses", json.dumps({"input": "hi", "user": "u"}).encode()) is None
+    assert session_key("/responses", json.dumps(
+        {"input": "x", "previous_response_id": "resp_foreign"}).encode()) is None

@@ -5,7 +5,8 @@ namespace where `unshare -n` works, with Ray's usage statistics off, the node ad
 127.0.0.1 and a private RAY_TMPDIR; it tears down every process it started, by pid. This test
 asserts on the outcomes it reports: 16 concurrent `openai` clients; every request completed or
 failed with a retryable status, none hung; the killed replica was replaced and served again;
-sessions stuck to their replica; /metrics summed both replicas.
+sessions stuck to their replica; chains of stored responses continued on the replica keeping
+them; /metrics summed both replicas.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def test_replicas_survive_a_killed_replica(tiny_qwen2: Path, tmp_path: Path) -> 
     used = set().union(*served_by.values())
     assert used == {r["replica"] for r in after}  # ... and spread over both replicas
     assert replacement <= used  # the replacement serves
+
+    # a stored response is continued on the replica that keeps it (the front routes a chain)
+    assert report["chains"] == [[200] * 4] * 4, report["chains"]
 
     metrics = report["metrics"].splitlines()
     assert "minfer_replicas 2" in metrics

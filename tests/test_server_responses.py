@@ -257,3 +257,17 @@ def test_the_store_keeps_the_last_responses() -> None:
     with pytest.raises(APIError):
         store.get("r2")
     assert store.get("r1").response["id"] == "r1" and store.get("r3")
+
+
+def test_a_chain_named_by_the_front_is_kept_along_the_conversation(state: ServerState) -> None:
+    """Behind Ray's front (which routes a chain to one replica) a new response's id starts with
+    the chain the front names; a continuation's id keeps its previous response's chain."""
+    chain = "00112233445566aa"
+    r = call(state, "POST", RESP, json={"input": "Say hello", "max_output_tokens": 2},
+             headers={"x-minfer-response-chain": chain})
+    first = r.json()["id"]
+    assert first.startswith("resp_" + chain)
+    r = call(state, "POST", RESP, json={"input": "Again", "max_output_tokens": 2,
+                                        "previous_response_id": first})
+    assert r.status_code == 200 and r.json()["id"].startswith("resp_" + chain)
+    assert r.json()["id"] != first

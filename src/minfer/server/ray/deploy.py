@@ -41,7 +41,7 @@ from starlette.types import Message
 from minfer.errors import MinferError
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import merge_expositions
-from minfer.server.ray.affinity import session_key
+from minfer.server.ray.affinity import CHAIN_HEADER, RESPONSES_PATHS, new_chain, session_key
 from minfer.server.state import ServerConfig
 
 log = logging.getLogger("minfer.server")
@@ -243,9 +243,16 @@ class Front:
             raise APIError(413, f"request body larger than {self.config.max_body_bytes} bytes",
                            code="request_too_large")
         body = await request.body()
+        sent = [(k, v) for k, v in request.headers.raw  # the chain is the front's to name
+                if k.lower() != CHAIN_HEADER.encode()]
         req = {"method": request.method, "path": path, "query": request.url.query.encode(),
-               "headers": list(request.headers.raw), "body": body}
-        stream = self.engine.options(stream=True).http.remote(session_key(path, body), req)
+               "headers": sent, "body": body}
+        key = session_key(path, body)
+        if key is None and path in RESPONSES_PATHS:  # a new chain: routed by a name it keeps
+            chain = new_chain()
+            key = "chain:" + chain
+            req["headers"].append((CHAIN_HEADER.encode(), chain.encode()))
+        stream = self.engine.options(stream=True).http.remote(key, req)
         try:
             start = await stream.__anext__()
         except BaseException as exc:

@@ -12,7 +12,9 @@ Responses are stored unless `store: false` (the last `KEPT`, in this process's m
 request's `previous_response_id` continues that response's conversation (its input and output
 items before the new input; its `instructions` are not carried over, as OpenAI's are not), and
 `GET` / `DELETE /v1/responses/{id}` read and drop one. An id not kept (never stored, dropped,
-pushed out, or held by another process: a Ray replica) is a 404.
+pushed out) is a 404. Every id carries its conversation's chain after `resp_` (a new one, the
+one Ray's front names in `CHAIN_HEADER`, or the previous response's), by which the front sends
+a conversation's requests to the replica that keeps it (ray.affinity).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from minfer.server.errors import APIError
 from minfer.server.openai.prepare import Prepared, prepare
+from minfer.server.ray.affinity import CHAIN_HEADER, chain_of, response_id
 from minfer.server.relay import collect_or_gone, submit
 from minfer.server.responses.schemas import Item, MessageItem, ResponsesRequest
 from minfer.server.responses.store import ITEMS, ResponseStore
@@ -76,6 +79,9 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/responses", include_in_schema=False)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         lm = await state.acquire(body.model)
+        # the chain its id carries (Ray's front routes a chain to one replica: ray.affinity)
+        previous = body.previous_response_id
+        chain = chain_of(previous) if previous else request.headers.get(CHAIN_HEADER)
         body, items = with_history(body, store)
 
         def keep(response: dict[str, Any]) -> None:
@@ -87,7 +93,7 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
                                            lm.limits, grammar_vocab=lm.grammar_vocab,
                                            reasoning=lm.reasoning)
         handle = submit(state, lm, prepared.gen)
-        env = Envelope(body, lm.name)
+        env = Envelope(body, lm.name, response_id(chain))
         if body.stream:
             return StreamingResponse(_stream(lm, handle, prepared, env, keep),
                                      media_type="text/event-stream",

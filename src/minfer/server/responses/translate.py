@@ -154,8 +154,8 @@ def usage_body(u: Usage) -> dict[str, Any]:
 class Envelope:
     """What the response object and every stream event of one response share."""
 
-    def __init__(self, body: ResponsesRequest, model: str) -> None:
-        self.id = new_id("resp_")
+    def __init__(self, body: ResponsesRequest, model: str, response_id: str | None = None) -> None:
+        self.id = response_id or new_id("resp_")
         self.created = int(time.time())
         self.body = body
         self.model = model
