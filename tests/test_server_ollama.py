@@ -436,3 +436,31 @@ def test_logprobs_are_the_openai_replys(state: ServerState) -> None:
         "model": "coder", "messages": MSG, "options": GREEDY, "stream": False}).json()
     bad = call(state, "POST", "/api/chat", json={**body, "top_logprobs": 21})
     assert bad.status_code == 400 and "top_logprobs" in bad.json()["error"]
+
+
+def test_a_chat_too_long_for_the_context_keeps_its_latest_messages(state: ServerState) -> None:
+    """As Ollama: the latest messages that fit (with the system message before them, the last
+    message always), leaving the reply its num_predict (at most a quarter of the context); the
+    OpenAI endpoint, as llama.cpp's, refuses the whole conversation."""
+    n_ctx = state.model().limits.n_ctx_slot
+    words = " ".join(f"w{i}" for i in range(n_ctx // 8))
+    msgs = [{"role": "system", "content": "Be brief."}]
+    for i in range(6):
+        msgs += [{"role": "user", "content": f"{i} {words}"},
+                 {"role": "assistant", "content": f"ok {i}"}]
+    msgs.append({"role": "user", "content": "Say hello"})
+    assert call(state, "POST", CHAT, json={"messages": msgs, "max_tokens": 4}).status_code == 400
+    got = call(state, "POST", "/api/chat", json={"model": "coder", "messages": msgs,
+                                                 "stream": False, "options": GREEDY}).json()
+    room = GREEDY["num_predict"]
+    assert got["prompt_eval_count"] + room <= n_ctx
+    tails = {}
+    for k in range(1, len(msgs)):
+        r = call(state, "POST", CHAT, json={"messages": [msgs[0], *msgs[k:]], "max_tokens": 10,
+                                            "temperature": 0})
+        if r.status_code == 200:
+            tails[k] = r.json()
+    k = min(k for k, r in tails.items() if r["usage"]["prompt_tokens"] + room <= n_ctx)
+    assert 1 < k < len(msgs) - 1  # some history dropped, some kept
+    assert got["prompt_eval_count"] == tails[k]["usage"]["prompt_tokens"]
+    assert got["message"]["content"] == tails[k]["choices"][0]["message"]["content"]

@@ -36,6 +36,7 @@ from minfer.convert.convert import convert_checkpoint
 from minfer.engine.core.request import TokenLogprob
 from minfer.engine.embed import normalize
 from minfer.errors import MinferError
+from minfer.sampling.tool_calls import tools_for_prompt
 from minfer.server.embeddings import encode_inputs, run_embeddings
 from minfer.server.errors import APIError
 from minfer.server.ollama.schemas import (
@@ -62,8 +63,9 @@ from minfer.server.ollama.translate import (
     now,
     tool_calls,
 )
-from minfer.server.openai.prepare import Prepared, prepare
-from minfer.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from minfer.server.openai.prepare import Prepared, chat_prompt, prepare
+from minfer.server.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from minfer.server.openai.structured import OutputPlan
 from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle
@@ -127,7 +129,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         if not body.messages:
             return _loaded(lm, {"message": {"role": "assistant", "content": ""}},
                            body.keep_alive)
-        req = chat_request(body, lm.limits.n_ctx_slot)
+        req = await run_in_threadpool(fit_history, chat_request(body, lm.limits.n_ctx_slot), lm)
         return await _run(state, lm, req, request, body.stream, chat=True)
 
     @app.post("/api/generate")
@@ -246,6 +248,42 @@ async def _model(state: ServerState, name: str, keep_alive: str | float | None) 
         raise APIError(404, f"model '{name}' not found (models: "
                        f"{', '.join(n + ':latest' for n in served)})")
     return await state.acquire(bare, keep_alive=keep_alive_seconds(keep_alive))
+
+
+def fit_history(req: ChatCompletionRequest, lm: LoadedModel) -> ChatCompletionRequest:
+    """The conversation as Ollama trims one that does not fit: the latest messages that fit,
+    with the system messages before them, the last message always kept. "Fit" here leaves the
+    reply room too: a quarter of the slot's context, or its max_tokens if smaller (Ollama's
+    runner shifts its context while it generates; minfer's server does not). A conversation
+    that fits is unchanged; one whose last message alone is too long stays a 400."""
+    n_ctx = lm.limits.n_ctx_slot
+    room = min(req.max_tokens or n_ctx, n_ctx // 4)
+    tools = tools_for_prompt(req.tools, req.tool_choice)
+
+    def fits(messages: list[ChatMessage]) -> bool:
+        trial = req.model_copy(update={"messages": messages})
+        plan = OutputPlan(tools=None if tools is None else [dict(t) for t in tools])
+        ids = chat_prompt(trial, lm.tokenizer, lm.template, plan, lm.reasoning)
+        return len(ids) + room <= n_ctx
+
+    msgs = req.messages
+    try:
+        if len(msgs) < 2 or fits(msgs):
+            return req
+    except APIError:  # the whole conversation is refused: prepare says why
+        return req
+    keep = len(msgs) - 1
+    for start in range(len(msgs) - 2, 0, -1):  # the longest tail that fits, systems kept
+        trial = [m for m in msgs[:start] if m.role == "system"] + msgs[start:]
+        try:
+            ok = fits(trial)
+        except APIError:  # a cut the template refuses (roles must alternate): one earlier
+            continue
+        if not ok:
+            break
+        keep = start
+    kept = [m for m in msgs[:keep] if m.role == "system"] + msgs[keep:]
+    return req.model_copy(update={"messages": kept})
 
 
 def _loaded(lm: LoadedModel, text: dict[str, Any],
