@@ -102,20 +102,23 @@ def drive(base: str, done_hook: Any, per_client: int) -> list[dict[str, Any]]:
     return results
 
 
-def response_chains(base: str, n_chains: int = 4, length: int = 4) -> list[list[int]]:
-    """Stored responses continued through the front: each chain's statuses (each response is
-    kept by the replica that made it; a continuation must reach that one)."""
+def response_chains(base: str, n_chains: int = 4, length: int = 4) -> list[list[Any]]:
+    """Stored responses continued through the front: each chain's outcomes, 200 or the status
+    and error (each response is kept by the replica that made it; a continuation must reach
+    that one). Short turns: a chain of 4 stays well inside the slots' 128-token context."""
     out = []
     for c in range(n_chains):
-        statuses, previous = [], None
+        outcomes: list[Any] = []
+        previous = None
         for i in range(length):
-            body: dict[str, Any] = {"input": f"chain {c} turn {i}", "max_output_tokens": 2}
+            body: dict[str, Any] = {"input": f"{c}{i}", "max_output_tokens": 1,
+                                    "temperature": 0}
             if previous is not None:
                 body["previous_response_id"] = previous
             r = httpx.post(base + "/v1/responses", json=body, timeout=120)
-            statuses.append(r.status_code)
+            outcomes.append(200 if r.status_code == 200 else [r.status_code, r.text[:300]])
             previous = r.json().get("id") if r.status_code == 200 else previous
-        out.append(statuses)
+        out.append(outcomes)
     return out
 
 
