@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from minfer.engine.core.request import TokenLogprob
 from minfer.server.errors import APIError
 from minfer.server.openai.prepare import prepare
+from minfer.server.openai.responses import token_logprobs
 from minfer.server.openai.schemas import InfillRequest, NativeCompletionRequest
 from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
@@ -82,13 +83,7 @@ def _final(lm: LoadedModel, content: str, done: Done) -> dict[str, Any]:
 def probabilities(lm: LoadedModel, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
     """llama-server's `completion_probabilities` (`n_probs`): each drawn token's id, text,
     bytes and logprob, with its `top_logprobs` alike."""
-    def one(token_id: int, logprob: float) -> dict[str, Any]:
-        raw = lm.tokenizer.token_bytes(token_id)
-        return {"id": token_id, "token": raw.decode("utf-8", errors="replace"),
-                "bytes": list(raw), "logprob": logprob}
-
-    return [{**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
-            for lp in lps]
+    return token_logprobs(lps, lm.tokenizer.token_bytes, with_id=True)
 
 
 def timings(done: Done) -> dict[str, float]:

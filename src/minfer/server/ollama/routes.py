@@ -57,13 +57,13 @@ from minfer.server.ollama.translate import (
     generate_request,
     keep_alive_seconds,
     listing,
-    logprobs_body,
     message_fields,
     names,
     now,
     tool_calls,
 )
 from minfer.server.openai.prepare import Prepared, chat_prompt, prepare
+from minfer.server.openai.responses import token_logprobs
 from minfer.server.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from minfer.server.openai.structured import OutputPlan
 from minfer.server.relay import collect_or_gone, submit
@@ -323,7 +323,7 @@ async def _run(state: ServerState, lm: LoadedModel,
         fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)
     else:
         fields = {"content": got.text}
-    lps = ({"logprobs": logprobs_body(got.logprobs, lm.tokenizer.token_bytes)}
+    lps = ({"logprobs": token_logprobs(got.logprobs, lm.tokenizer.token_bytes)}
            if prepared.gen.logprobs is not None else {})
     return JSONResponse({**_text(fields, chat), **clock.final(name, got.done),
                          **exchange(got.text), **lps})
@@ -357,7 +357,7 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                 line = {"model": name, "created_at": now(), **_text(fields, chat),
                         "done": False}
                 if pending:
-                    line["logprobs"] = logprobs_body(pending, lm.tokenizer.token_bytes)
+                    line["logprobs"] = token_logprobs(pending, lm.tokenizer.token_bytes)
                     pending.clear()
                 out.append(_line(line))
         return out
@@ -387,7 +387,7 @@ async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Cl
                                      "done": False})
                 final = clock.final(name, event)
                 if pending:  # (an end-of-generation token's, which shows no text)
-                    final["logprobs"] = logprobs_body(pending, lm.tokenizer.token_bytes)
+                    final["logprobs"] = token_logprobs(pending, lm.tokenizer.token_bytes)
                 yield _line({**_text({}, chat), **final, **exchange("".join(text))})
                 break
     finally:

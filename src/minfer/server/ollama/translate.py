@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from minfer.chat.reasoning import OPEN as THINK_OPEN
-from minfer.engine.core.request import TokenLogprob
 from minfer.server.errors import bad_request
 from minfer.server.ollama import gotemplate
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
@@ -164,18 +162,6 @@ def _logprobs(body: ChatRequest | GenerateRequest, *, chat: bool) -> dict[str, A
         return {}
     top = body.top_logprobs or 0
     return {"logprobs": True, "top_logprobs": top} if chat else {"logprobs": top}
-
-
-def logprobs_body(lps: Sequence[TokenLogprob], token_bytes: Callable[[int], bytes]
-                  ) -> list[dict[str, Any]]:
-    """Ollama's `logprobs`: each token's text, logprob and bytes, with its `top_logprobs`."""
-    def one(token_id: int, logprob: float) -> dict[str, Any]:
-        raw = token_bytes(token_id)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
-                "bytes": list(raw)}
-
-    return [{**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
-            for lp in lps]
 
 
 def message_fields(fields: dict[str, Any]) -> dict[str, Any]:

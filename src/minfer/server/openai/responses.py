@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,16 +49,22 @@ def _piece(token_bytes: TokenBytes, tid: int) -> tuple[str, list[int]]:
     return b.decode("utf-8", errors="replace"), list(b)
 
 
+def token_logprobs(lps: Sequence[TokenLogprob], token_bytes: TokenBytes, *,
+                   with_id: bool = False) -> list[dict[str, Any]]:
+    """Each token's `token` (its text), `logprob` and `bytes`, with its `top_logprobs` alike:
+    the entries of OpenAI's chat logprobs, of Ollama's `logprobs` and (with_id: each with its
+    `id`) of llama-server's `completion_probabilities`."""
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = _piece(token_bytes, token_id)
+        out = {"id": token_id} if with_id else {}
+        return {**out, "token": text, "logprob": logprob, "bytes": raw}
+
+    return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in lps]
+
+
 def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict[str, Any]:
-    content = []
-    for lp in lps:
-        text, raw = _piece(token_bytes, lp.token_id)
-        top = []
-        for tid, value in lp.top:
-            t, r = _piece(token_bytes, tid)
-            top.append({"token": t, "logprob": value, "bytes": r})
-        content.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
-    return {"content": content, "refusal": None}
+    return {"content": token_logprobs(lps, token_bytes), "refusal": None}
 
 
 def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
@@ -69,23 +75,20 @@ def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
     values: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
+
+    def add(token_id: int, value: float | None, top: dict[str, float] | None) -> None:
+        offsets.append(offsets[-1] + len(tokens[-1]) if tokens else offset)
+        tokens.append(_piece(token_bytes, token_id)[0])
+        values.append(value)
+        tops.append(top)
+
     if first is not None:
-        text, _ = _piece(token_bytes, first)
-        tokens.append(text)
-        values.append(None)
-        tops.append(None)
-        offsets.append(offset)
-        offset += len(text)
+        add(first, None, None)
     for lp in lps:
-        text, _ = _piece(token_bytes, lp.token_id)
-        tokens.append(text)
-        values.append(lp.logprob)
         top: dict[str, float] = {}
         for tid, value in lp.top:
             top.setdefault(_piece(token_bytes, tid)[0], value)
-        tops.append(top)
-        offsets.append(offset)
-        offset += len(text)
+        add(lp.token_id, lp.logprob, top)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
             "text_offset": offsets}
 
