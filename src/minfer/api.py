@@ -215,11 +215,9 @@ class Model:
         A template that cannot write a tool history gets it as text, one that never reads
         `tools` their description in the system message (`history_for`)."""
         template = self.chat_template
-        return self.chat_template.render(history_for(messages, template.source,
-                                                     template.variables, tools),
-                                         tools=tools,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **template_vars)
+        return template.render(history_for(messages, template.source, template.variables, tools),
+                               tools=tools, add_generation_prompt=add_generation_prompt,
+                               **template_vars)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None,

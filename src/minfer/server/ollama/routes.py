@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -129,8 +129,9 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         if not body.messages:
             return _loaded(lm, {"message": {"role": "assistant", "content": ""}},
                            body.keep_alive)
-        req = await run_in_threadpool(fit_history, chat_request(body, lm.limits.n_ctx_slot), lm)
-        return await _run(state, lm, req, request, body.stream, chat=True)
+        req = chat_request(body, lm.limits.n_ctx_slot)
+        prepared = await run_in_threadpool(prepare_chat, req, lm)
+        return await _run(state, lm, req, prepared, request, body.stream, chat=True)
 
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
@@ -141,8 +142,10 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         if not body.prompt and body.suffix is None:
             return _loaded(lm, {"response": ""}, body.keep_alive)
         req = generate_request(body, lm.limits.n_ctx_slot)
-        return await _run(state, lm, req, request, body.stream, chat=False,
-                          context=None if body.raw else body.context or [])
+        context = None if body.raw else body.context or []
+        prepared = await run_in_threadpool(_prepare, req, lm, context or ())
+        return await _run(state, lm, req, prepared, request, body.stream, chat=False,
+                          context=context)
 
     @app.post("/api/pull")
     async def pull(body: PullRequest) -> Response:
@@ -250,14 +253,40 @@ async def _model(state: ServerState, name: str, keep_alive: str | float | None) 
     return await state.acquire(bare, keep_alive=keep_alive_seconds(keep_alive))
 
 
-def fit_history(req: ChatCompletionRequest, lm: LoadedModel) -> ChatCompletionRequest:
-    """The conversation as Ollama trims one that does not fit: the latest messages that fit,
-    with the system messages before them, the last message always kept. "Fit" here leaves the
-    reply room too: a quarter of the slot's context, or its max_tokens if smaller (Ollama's
-    runner shifts its context while it generates; minfer's server does not). A conversation
-    that fits is unchanged; one whose last message alone is too long stays a 400."""
+def _prepare(req: ChatCompletionRequest | CompletionRequest, lm: LoadedModel,
+             context: Sequence[int] = ()) -> Prepared:
+    return prepare(req, lm.tokenizer, lm.template, lm.limits, grammar_vocab=lm.grammar_vocab,
+                   reasoning=lm.reasoning, context=context)
+
+
+def reply_room(req: ChatCompletionRequest, n_ctx: int) -> int:
+    """The tokens a chat's prompt leaves its reply at least: a quarter of the slot's context,
+    or its max_tokens if smaller (Ollama's runner shifts its context while it generates;
+    minfer's server does not)."""
+    return min(req.max_tokens or n_ctx, n_ctx // 4)
+
+
+def prepare_chat(req: ChatCompletionRequest, lm: LoadedModel) -> Prepared:
+    """A chat request prepared as it came, or, when its prompt is past the context or leaves
+    the reply less than its room, with its history trimmed as Ollama trims it (`fit_history`)
+    and prepared again: a conversation that fits is rendered once."""
     n_ctx = lm.limits.n_ctx_slot
-    room = min(req.max_tokens or n_ctx, n_ctx // 4)
+    try:
+        prepared = _prepare(req, lm)
+        if len(prepared.gen.prompt) + reply_room(req, n_ctx) <= n_ctx:
+            return prepared
+    except APIError as exc:
+        if exc.code != "context_length_exceeded":
+            raise
+    return _prepare(fit_history(req, lm), lm)
+
+
+def fit_history(req: ChatCompletionRequest, lm: LoadedModel) -> ChatCompletionRequest:
+    """A conversation that does not fit as Ollama trims it: the latest messages that fit (with
+    `reply_room` left), with the system messages before them, the last message always kept
+    (alone too long, it stays a 400)."""
+    n_ctx = lm.limits.n_ctx_slot
+    room = reply_room(req, n_ctx)
     tools = tools_for_prompt(req.tools, req.tool_choice)
 
     def fits(messages: list[ChatMessage]) -> bool:
@@ -267,11 +296,6 @@ def fit_history(req: ChatCompletionRequest, lm: LoadedModel) -> ChatCompletionRe
         return len(ids) + room <= n_ctx
 
     msgs = req.messages
-    try:
-        if len(msgs) < 2 or fits(msgs):
-            return req
-    except APIError:  # the whole conversation is refused: prepare says why
-        return req
     keep = len(msgs) - 1
     for start in range(len(msgs) - 2, 0, -1):  # the longest tail that fits, systems kept
         trial = [m for m in msgs[:start] if m.role == "system"] + msgs[start:]
@@ -295,14 +319,12 @@ def _loaded(lm: LoadedModel, text: dict[str, Any],
 
 
 async def _run(state: ServerState, lm: LoadedModel,
-               req: ChatCompletionRequest | CompletionRequest, request: Request, stream: bool,
-               *, chat: bool, context: list[int] | None = None) -> Response:
-    """Run a chat or generate request. context (generate without `raw`): the ids of an earlier
-    exchange to continue, [] for none; the final object then carries this exchange's ids as
-    its `context`, as Ollama's does."""
-    prepared = await run_in_threadpool(prepare, req, lm.tokenizer, lm.template, lm.limits,
-                                       grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning,
-                                       context=context or ())
+               req: ChatCompletionRequest | CompletionRequest, prepared: Prepared,
+               request: Request, stream: bool, *, chat: bool,
+               context: list[int] | None = None) -> Response:
+    """Run a prepared chat or generate request. context (generate without `raw`): the ids of
+    an earlier exchange it continues, [] for none; the final object then carries this
+    exchange's ids as its `context`, as Ollama's does."""
     clock = Clock()
     handle = submit(state, lm, prepared.gen)
     name = names(lm)[0]
