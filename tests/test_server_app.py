@@ -45,6 +45,15 @@ def make_state(model: Path, *, step_s: float = 0.0, gate: threading.Event | None
     return ServerState(ServerConfig(model_path=model, **config), engine_factory=factory)
 
 
+def running(model: Path, *, ready_s: float = 30, **config: Any) -> Iterator[ServerState]:
+    """A started `make_state` server for a fixture to yield from; stopped after its tests."""
+    st = make_state(model, **config)
+    st.start()
+    assert st.wait_ready(ready_s)
+    yield st
+    st.stop()
+
+
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
     st = make_state(tiny_qwen2)

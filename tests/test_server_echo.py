@@ -17,18 +17,14 @@ import numpy as np
 import pytest
 
 from minfer.server.state import ServerState
-from tests.test_server_app import COMP, call, make_state, sse
+from tests.test_server_app import COMP, call, running, sse
 
 PROMPT = "def add(a, b):\n    return a + b\n"
 
 
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
-    st = make_state(tiny_qwen2, n_ctx=512, slots=2)
-    st.start()
-    assert st.wait_ready(20)
-    yield st
-    st.stop()
+    yield from running(tiny_qwen2, ready_s=20, n_ctx=512, slots=2)
 
 
 def complete(state: ServerState, **body: Any) -> dict[str, Any]:

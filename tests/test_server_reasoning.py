@@ -21,7 +21,7 @@ from minfer.chat.reasoning import FORCED_CLOSE
 from minfer.gguf.reader import GGUFFile
 from minfer.server.state import ServerState
 from minfer.tokenizer.tokenizer import Tokenizer
-from tests.test_server_app import CHAT, call, make_state, sse
+from tests.test_server_app import CHAT, call, running, sse
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 THINK = ("<think>", "</think>")
@@ -31,11 +31,7 @@ FAILING = ("{% if fail_on is defined %}{{ raise_exception('cannot render ' ~ fai
 
 
 def _state(path: Path) -> Iterator[ServerState]:
-    st = make_state(path, n_ctx=512, slots=2)
-    st.start()
-    assert st.wait_ready(30)
-    yield st
-    st.stop()
+    yield from running(path, n_ctx=512, slots=2)
 
 
 @pytest.fixture(scope="module")

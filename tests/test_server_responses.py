@@ -24,7 +24,7 @@ import pytest
 
 from minfer.server.app import create_app
 from minfer.server.state import ServerState
-from tests.test_server_app import CHAT, call, make_state
+from tests.test_server_app import CHAT, call, running
 from tests.test_server_tools import WEATHER, check_weather_args
 
 T = TypeVar("T")
@@ -34,11 +34,7 @@ TOOL = {"type": "function", **WEATHER["function"]}  # Responses' flat function t
 
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
-    st = make_state(tiny_qwen2, n_ctx=2048, slots=2)
-    st.start()
-    assert st.wait_ready(30)
-    yield st
-    st.stop()
+    yield from running(tiny_qwen2, n_ctx=2048, slots=2)
 
 
 def with_client(state: ServerState, fn: Callable[[openai.AsyncOpenAI], Awaitable[T]]) -> T:

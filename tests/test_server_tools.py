@@ -25,7 +25,7 @@ from minfer.sampling.tool_calls import (
 from minfer.server.openai.schemas import ChatMessage
 from minfer.server.openai.structured import template_messages
 from minfer.server.state import ServerState
-from tests.test_server_app import CHAT, HELLO, call, make_state, sse
+from tests.test_server_app import CHAT, HELLO, call, make_state, running, sse
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -42,11 +42,7 @@ FORCED = {"messages": HELLO, "tools": [WEATHER, TIME], "max_tokens": 300, "tempe
 
 @pytest.fixture(scope="module")
 def state(tiny_qwen2: Path) -> Iterator[ServerState]:
-    st = make_state(tiny_qwen2, n_ctx=2048, slots=2)
-    st.start()
-    assert st.wait_ready(30)
-    yield st
-    st.stop()
+    yield from running(tiny_qwen2, n_ctx=2048, slots=2)
 
 
 def check_weather_args(arguments: str) -> None:
