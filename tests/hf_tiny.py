@@ -83,6 +83,11 @@ def _config(family: str, vocab: int) -> Any:
     if family == "qwen3":
         return tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False,
                               rope_theta=1e6), tf.Qwen3ForCausalLM
+    if family == "qwen3_yarn":  # YaRN stretching 128 trained positions 4x, as Qwen3 gives it
+        rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                "original_max_position_embeddings": 128}
+        return tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False,
+                              rope_parameters=rope), tf.Qwen3ForCausalLM
     if family == "llama":
         return tf.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=10000.0,
                               bos_token_id=1, eos_token_id=2), tf.LlamaForCausalLM

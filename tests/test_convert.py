@@ -18,7 +18,8 @@ from tests.hf_tiny import hf_logits, write_checkpoint
 from tests.llama_convert import reference_convert
 from tests.refpython import llama_python, run_json
 
-FAMILIES = ("qwen2", "qwen3", "llama", "gemma3", "llama3")  # llama3: BPE + llama3 rope
+# llama3: BPE + llama3 rope; qwen3_yarn: YaRN rope scaling
+FAMILIES = ("qwen2", "qwen3", "llama", "gemma3", "llama3", "qwen3_yarn")
 IDS = [5, 17, 42, 99, 3, 250, 7]
 
 
@@ -36,7 +37,7 @@ def converted(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
             for f, d in ckpts.items()}
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_yarn"])
 def test_minfer_logits_match_transformers(family: str, ckpts: dict[str, Path],
                                           converted: dict[str, Path]) -> None:
     import minfer
@@ -49,8 +50,10 @@ def test_minfer_logits_match_transformers(family: str, ckpts: dict[str, Path],
     assert model.tokenizer.encode("<|im_start|>") == [318]  # the special survives conversion
 
 
-OUTTYPE = {"qwen2": "f16", "qwen3": "bf16", "llama": "q8_0", "gemma3": "f16", "llama3": "f16"}
-PRE = {"qwen2": "qwen2", "qwen3": "qwen2", "llama3": "llama-bpe"}  # BPE pre-tokenizer names
+OUTTYPE = {"qwen2": "f16", "qwen3": "bf16", "llama": "q8_0", "gemma3": "f16", "llama3": "f16",
+           "qwen3_yarn": "f16"}
+PRE = {"qwen2": "qwen2", "qwen3": "qwen2", "qwen3_yarn": "qwen2",
+       "llama3": "llama-bpe"}  # BPE pre-tokenizer names
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 from minfer.backends.cpu.kernels import attention, geglu, gelu, rope, scale, softcap
 from minfer.backends.cpu.kernels.elementwise.gelu import gelu_f32
 from minfer.backends.cpu.kernels.reference import ref_attention, ref_rope
+from minfer.gguf.rope_scaling import NO_YARN, Yarn
 
 RNG = np.random.default_rng(1)
 
@@ -30,6 +31,32 @@ def test_rope_styles_factors_and_scale(style: str, freq_scale: float, with_facto
     np.testing.assert_array_equal(out[:, rope_dim:hd], x[:, rope_dim:hd])  # past rope_dim
     rope(x, pos, out=x, **kw)  # type: ignore[arg-type]
     np.testing.assert_array_equal(x, out)  # in place
+
+
+@pytest.mark.parametrize("style", ["neox", "norm"])
+def test_rope_yarn_blends_each_pair_and_scales_the_magnitude(style: str) -> None:
+    # a Qwen-like layer stretched 4x from 64 trained positions: pairs below corr_low keep their
+    # angle, those above corr_high are interpolated, the ones between blend along the ramp
+    yarn = Yarn(factor=4.0, n_ctx_orig=64).layer(rope_dim=24, base=1e4, freq_scale=0.25)
+    assert yarn.corr_high > 0.0 and yarn.mscale == pytest.approx(1.0 + 0.1 * np.log(4.0))
+    n_head, hd, rope_dim = 2, 32, 24
+    x = RNG.standard_normal((4, n_head * hd)).astype(np.float32)
+    pos = np.array([0, 5, 90, 250])
+    out = np.empty_like(x)
+    kw = {"n_head": n_head, "head_dim": hd, "rope_dim": rope_dim, "base": 1e4, "style": style,
+          "freq_scale": 0.25, "yarn": yarn}
+    rope(x, pos, out=out, **kw)  # type: ignore[arg-type]
+    np.testing.assert_allclose(out, ref_rope(x, pos, **kw), rtol=0, atol=2e-4)  # type: ignore[arg-type]
+    plain = np.empty_like(x)
+    rope(x, pos, out=plain, **{**kw, "yarn": NO_YARN})  # type: ignore[arg-type]
+    assert np.abs(out - plain).max() > 0.1  # the ramp and magnitude show
+    # the ramp's fast end keeps the trained angle: pair 0 turns by exactly pos radians
+    first = (slice(0, 1), slice(rope_dim // 2, rope_dim // 2 + 1)) if style == "neox" else \
+        (slice(0, 1), slice(1, 2))
+    got = out[1, first[0]][0] / yarn.mscale, out[1, first[1]][0] / yarn.mscale
+    a, b = x[1, first[0]][0], x[1, first[1]][0]
+    np.testing.assert_allclose(got, (a * np.cos(5) - b * np.sin(5), a * np.sin(5) + b * np.cos(5)),
+                               atol=1e-5)
 
 
 def test_rope_norm_rotates_adjacent_pairs() -> None:

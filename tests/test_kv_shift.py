@@ -14,11 +14,12 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 import minfer
-from minfer.backends.cpu.kernels.elementwise.rope import rope_neox
+from minfer.backends.cpu.kernels.elementwise.rope import rope, rope_neox
 from minfer.chat.session import ChatConfig, ChatSession, TurnReport
 from minfer.engine.forward import Batch, Engine
 from minfer.engine.kv_shift import rerotate, shift_kv
 from minfer.errors import MinferError
+from minfer.gguf.rope_scaling import Yarn
 from minfer.sampling.params import SamplerParams
 from minfer.tools.synth import write_tiny_model
 
@@ -49,6 +50,24 @@ def test_rerotated_keys_equal_keys_roped_at_the_new_position(src: int, dst: int)
                           "base": base}
     rope_neox(raw, p_src, out=at_src, **kw)
     rope_neox(raw, p_dst, out=at_dst, **kw)
+    moved = rerotate(at_src, p_src, p_dst, **kw)
+    np.testing.assert_allclose(moved, at_dst, rtol=0, atol=2e-5 * np.abs(at_dst).max())
+
+
+@pytest.mark.parametrize(("src", "dst"), [(40, 3), (300, 12), (3, 200)])
+def test_rerotated_yarn_keys_equal_keys_roped_at_the_new_position(src: int, dst: int) -> None:
+    # YaRN's angles stay linear in the position (a per-pair scale), and a rotation keeps the
+    # magnitude the keys were given
+    rng = np.random.default_rng(src)
+    n_head, head_dim, rope_dim, base = 2, 64, 64, 1e6
+    yarn = Yarn(factor=8.0, n_ctx_orig=128).layer(rope_dim=rope_dim, base=base, freq_scale=0.125)
+    raw = rng.standard_normal((4, n_head * head_dim)).astype(np.float32)
+    at_src, at_dst = np.empty_like(raw), np.empty_like(raw)
+    p_src, p_dst = np.arange(src, src + 4), np.arange(dst, dst + 4)
+    kw: dict[str, Any] = {"n_head": n_head, "head_dim": head_dim, "rope_dim": rope_dim,
+                          "base": base, "freq_scale": 0.125, "yarn": yarn}
+    rope(raw, p_src, out=at_src, **kw)
+    rope(raw, p_dst, out=at_dst, **kw)
     moved = rerotate(at_src, p_src, p_dst, **kw)
     np.testing.assert_allclose(moved, at_dst, rtol=0, atol=2e-5 * np.abs(at_dst).max())
 

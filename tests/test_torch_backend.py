@@ -313,3 +313,38 @@ def test_select_backends_puts_torch_first(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("MINFER_TORCH_DEVICE", "cpu")
     assert [b.name for b in select_backends("torch")] == ["torch", "cpu"]
     assert [b.name for b in select_backends("cpu")] == ["cpu"]
+
+
+def test_yarn_rope_on_torch_equals_cpu() -> None:
+    """A YaRN model (llama.cpp-converted, tests/fixtures/llama) with torch taking the rope: its
+    tables carry the ramp and the magnitude, so the forward equals the one with the rope on the
+    CPU (the same bf16 matmuls on torch in both), and both stay near the f32 CPU forward."""
+    path = Path(__file__).parent / "fixtures" / "llama" / "qwen2_yarn.gguf"
+    ids = np.load(path.with_name("logits.npz"))["ids_long"][:96].tolist()
+    ref = _all_rows(_engine(path, n_ctx=128), ids)
+    runs = {}
+    for claim in ("matmul", "dense"):
+        e = _engine(path, TorchBackend(min_rows=2, claim=claim), n_ctx=128)
+        runs[claim] = _all_rows(e, ids)
+        on_torch = {type(n.op) for n in _prepared(e, len(ids), len(ids)).graph.nodes
+                    if n.backend == "torch"}
+        assert (ir.Rope in on_torch) == (claim == "dense")
+    assert _rel(runs["dense"], runs["matmul"]) < 1e-4
+    assert _rel(runs["dense"], ref) < 0.1  # bf16 weights on sharp random attention
+
+
+def test_yarn_rope_tables_match_the_float64_reference() -> None:
+    from minfer.backends.cpu.kernels.reference import ref_rope
+    from minfer.backends.torch_backend import ops
+    from minfer.gguf.rope_scaling import Yarn
+
+    yarn = Yarn(factor=8.0, n_ctx_orig=32).layer(rope_dim=16, base=1e6, freq_scale=0.125)
+    pos = np.array([0, 5, 90, 250])
+    x = np.random.default_rng(0).standard_normal((4, 2 * 16)).astype(np.float32)
+    cos, sin = ops.rope_tables(torch.from_numpy(pos), base=1e6, rope_dim=16, freq_scale=0.125,
+                               yarn=yarn)
+    out = torch.empty(4, 32)
+    ops.rope_neox(torch.from_numpy(x), cos, sin, n_head=2, head_dim=16, rope_dim=16, out=out)
+    want = ref_rope(x, pos, n_head=2, head_dim=16, rope_dim=16, base=1e6, freq_scale=0.125,
+                    yarn=yarn)
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-6)

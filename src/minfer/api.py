@@ -119,11 +119,11 @@ class Model:
 
     # -- sessions -----------------------------------------------------------------------------
     def session_n_ctx(self, n_prompt: int) -> int:
-        n_ctx = min(max(self.n_ctx, n_prompt), self.hparams.n_ctx_train)
+        n_ctx = min(max(self.n_ctx, n_prompt), self.hparams.n_ctx_max)
         if n_prompt > n_ctx:
             raise ContextOverflowError(
                 f"prompt of {n_prompt} tokens exceeds the model's context length "
-                f"({self.hparams.n_ctx_train})"
+                f"({self.hparams.n_ctx_max})"
             )
         return n_ctx
 

@@ -110,7 +110,9 @@ def _vocab_only_rows(f: GGUFFile) -> list[tuple[str, object]]:
 
 def _rope_text(hp: HParams) -> str:
     text = f"{hp.rope_style}, base {hp.rope_base:g}, {hp.rope_dim} dims"
-    if hp.rope_freq_scale != 1.0:
+    if hp.yarn is not None:
+        text += f", YaRN x{hp.yarn.factor:g} over {hp.yarn.n_ctx_orig}"
+    elif hp.rope_freq_scale != 1.0:
         text += f", linear scale {hp.rope_freq_scale:g}"
     if hp.has_rope_freqs:
         text += ", rope_freqs factors"

@@ -152,6 +152,12 @@ def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: Llama
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
+        for key, add in (("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
+                         ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
+                         ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+            if full.get(key) is not None:  # what llama.cpp's converter writes too
+                add(full[key])
     elif kind not in (None, "default", "llama3"):
         raise CheckpointError(f"rope_type {kind!r} is not one minfer converts "
                               "(default, linear, yarn, llama3)")

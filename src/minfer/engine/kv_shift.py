@@ -3,7 +3,8 @@
 The engine stores K rows after RoPE (NEOX: pair i of each head is elements (i, i + rope_dim/2);
 normal mode, Llama: elements (2i, 2i+1); rotated by
 theta_i(p) = freq_scale * p * base^(-2i/rope_dim) / f_i, each layer with its own base and scale
-(Gemma 3's sliding-window layers), f_i the optional `rope_freqs` factors), and a token's cell is
+(Gemma 3's sliding-window layers), f_i the optional `rope_freqs` factors; with YaRN each pair's
+angle a blend of that and the unscaled one, still linear in p), and a token's cell is
 its position. Moving the
 rows of cells [src_start, src_end) to [dst_start, ...) therefore has to re-position the keys too.
 RoPE is a plane rotation per pair, and rotations compose, so rotating a stored key by
@@ -37,6 +38,7 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     store_rows,
 )
 from minfer.errors import MinferError
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope
 
 if TYPE_CHECKING:
     from minfer.engine.forward import Engine
@@ -46,37 +48,50 @@ _NO_FACTORS = np.ones(0, np.float32)
 
 
 @njit(cache=True, error_model="numpy")
-def _thetas(positions, rope_dim, base, freq_scale, factors):  # pragma: no cover - compiled
-    """theta[t, i] as the rope kernel computes it (f32 all the way)."""
+def _thetas(positions, rope_dim, base, freq_scale, factors, yarn):  # pragma: no cover - compiled
+    """theta[t, i] as the rope kernel computes it (f32 all the way; YaRN's blend included,
+    its magnitude not: a stored key carries it already and a rotation keeps it)."""
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
     has_factors = factors.shape[0] > 0
+    ext_factor, corr_low, corr_high = yarn[0], yarn[1], yarn[2]
+    one = np.float32(1.0)
+    span = max(np.float32(0.001), corr_high - corr_low)
     out = np.empty((positions.shape[0], half), np.float32)
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(half):
-            th = theta / factors[i] if has_factors else theta
-            out[t, i] = freq_scale * th
+            extrap = theta / factors[i] if has_factors else theta
+            th = freq_scale * extrap
+            if ext_factor != 0.0:
+                ramp = (one - min(one, max(np.float32(0.0), (np.float32(i) - corr_low) / span))
+                        ) * ext_factor
+                th = th * (one - ramp) + extrap * ramp
+            out[t, i] = th
             theta = theta * theta_scale
     return out
 
 
 def rope_thetas(positions: np.ndarray, *, rope_dim: int, base: float, freq_scale: float = 1.0,
-                factors: np.ndarray | None = None) -> np.ndarray:
+                factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN) -> np.ndarray:
     """The f32 angles `[n, rope_dim/2]` the rope kernel uses at `positions`."""
     pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     ff = _NO_FACTORS if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
-    result: np.ndarray = _thetas(pos, rope_dim, np.float32(base), np.float32(freq_scale), ff)
+    terms = np.array([yarn.ext_factor, yarn.corr_low, yarn.corr_high], np.float32)
+    result: np.ndarray = _thetas(pos, rope_dim, np.float32(base), np.float32(freq_scale), ff,
+                                 terms)
     return result
 
 
 def rerotate(k: np.ndarray, src_pos: np.ndarray, dst_pos: np.ndarray, *, n_head: int,
              head_dim: int, rope_dim: int, base: float, style: str = "neox",
-             freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
+             freq_scale: float = 1.0, factors: np.ndarray | None = None,
+             yarn: YarnRope = NO_YARN) -> np.ndarray:
     """Post-RoPE keys `[n, n_head*head_dim]` at src_pos turned into keys at dst_pos (f64)."""
     n = k.shape[0]
     half = rope_dim // 2
-    kw = {"rope_dim": rope_dim, "base": base, "freq_scale": freq_scale, "factors": factors}
+    kw = {"rope_dim": rope_dim, "base": base, "freq_scale": freq_scale, "factors": factors,
+          "yarn": yarn}
     delta = (rope_thetas(dst_pos, **kw).astype(np.float64)  # type: ignore[arg-type]
              - rope_thetas(src_pos, **kw).astype(np.float64))  # type: ignore[arg-type]
     cos = np.cos(delta)[:, None, :]
@@ -117,7 +132,8 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
         rows = rerotate(src, src_pos, dst_pos, n_head=hp.n_head_kv,
                         head_dim=hp.head_dim, rope_dim=hp.rope_dim,
                         base=hp.layer_rope_base(il), style=hp.rope_style,
-                        freq_scale=hp.layer_rope_freq_scale(il), factors=factors)
+                        freq_scale=hp.layer_rope_freq_scale(il), factors=factors,
+                        yarn=hp.layer_rope_yarn(il))
         if quant:
             store_rows(rows.astype(np.float32), k, np.arange(dst_start, dst_start + n), rot=rot)
         else:

@@ -15,6 +15,7 @@ from typing import Any
 
 from minfer.errors import GGUFError, ModelError
 from minfer.gguf.reader import GGUFFile
+from minfer.gguf.rope_scaling import Yarn, YarnRope
 
 SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
@@ -57,7 +58,10 @@ class HParams:
     has_qkv_bias: bool
     has_qk_norm: bool
     rope_style: str = "neox"  # "neox" | "norm" (adjacent pairs, Llama)
-    rope_freq_scale: float = 1.0  # linear rope scaling: 1 / rope.scaling.factor
+    has_out_bias: bool = False  # attn_output.bias (Llama's attention_bias)
+    has_ffn_bias: bool = False  # ffn_gate / ffn_up / ffn_down biases (Llama's mlp_bias)
+    rope_freq_scale: float = 1.0  # linear or YaRN rope scaling: 1 / rope.scaling.factor
+    yarn: Yarn | None = None  # YaRN's further parameters (rope.scaling.type = yarn)
     has_rope_freqs: bool = False  # a `rope_freqs.weight` of per-pair factors (Llama 3.1)
     attn_scale: float = 0.0  # 0: 1/sqrt(head_dim)
     attn_softcap: float = 0.0  # attn_logit_softcapping (0: none)
@@ -77,6 +81,15 @@ class HParams:
     # (n_ff: in a MoE model, the width of each expert)
 
     @property
+    def n_ctx_max(self) -> int:
+        """The longest context minfer gives the model: its trained one, or with YaRN the
+        original context stretched by the factor when that is longer (a Qwen2.5 config with
+        YaRN keeps `max_position_embeddings` at the original 32768)."""
+        if self.yarn is None:
+            return self.n_ctx_train
+        return max(self.n_ctx_train, int(self.yarn.n_ctx_orig * self.yarn.factor))
+
+    @property
     def kq_scale(self) -> float:
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
 
@@ -90,6 +103,13 @@ class HParams:
         """Linear rope scaling applies to the global layers only (llama.cpp keeps the
         sliding-window layers at their trained scale, 1)."""
         return 1.0 if self.is_swa(layer) else self.rope_freq_scale
+
+    def layer_rope_yarn(self, layer: int) -> YarnRope:
+        """The layer's YaRN terms (none without YaRN), from its own base and scale."""
+        if self.yarn is None:
+            return YarnRope()
+        return self.yarn.layer(rope_dim=self.rope_dim, base=self.layer_rope_base(layer),
+                               freq_scale=self.layer_rope_freq_scale(layer))
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_swa(layer) else 0
@@ -142,9 +162,12 @@ class HParams:
             rope_dim=rope_dim,
             tie_embeddings="output.weight" not in f.tensors,
             has_qkv_bias="blk.0.attn_q.bias" in f.tensors,
+            has_out_bias=arch != "bert" and "blk.0.attn_output.bias" in f.tensors,
+            has_ffn_bias=arch != "bert" and "blk.0.ffn_down.bias" in f.tensors,
             has_qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
             rope_style="norm" if arch in NORM_ROPE_ARCHS else "neox",
             rope_freq_scale=_rope_freq_scale(keys),
+            yarn=_yarn(keys),
             has_rope_freqs="rope_freqs.weight" in f.tensors,
             attn_softcap=keys.get_float("attn_logit_softcapping", 0.0, allow_zero=True),
             final_softcap=keys.get_float("final_logit_softcapping", 0.0, allow_zero=True),
@@ -185,6 +208,8 @@ class HParams:
                 yield f"{blk}.attn_q_norm.weight", (self.head_dim,)
                 yield f"{blk}.attn_k_norm.weight", (self.head_dim,)
             yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
+            if self.has_out_bias:
+                yield f"{blk}.attn_output.bias", (self.n_embd,)
             if self.arch == "gemma3":
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
@@ -195,6 +220,10 @@ class HParams:
             yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
+            if self.has_ffn_bias:
+                yield f"{blk}.ffn_gate.bias", (self.n_ff,)
+                yield f"{blk}.ffn_up.bias", (self.n_ff,)
+                yield f"{blk}.ffn_down.bias", (self.n_embd,)
 
     def _expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
         """A MoE block's FFN tensors as llama.cpp names them: the router, the experts' gate /
@@ -391,14 +420,32 @@ def _moe(hp: HParams, keys: _Keys) -> HParams:
 
 
 def _rope_freq_scale(keys: _Keys) -> float:
-    """1 / rope.scaling.factor for linear scaling; other scaling types are refused by name."""
+    """1 / rope.scaling.factor for linear and YaRN scaling; other scaling types are refused by
+    name."""
     kind = keys.get_str("rope.scaling.type", "none")
     if kind == "none":
         return 1.0
-    if kind != "linear":
+    if kind not in ("linear", "yarn"):
         raise ModelError(f"{keys.f.path}: rope scaling {kind!r} is not supported "
-                         "(minfer runs none and linear)")
+                         "(minfer runs none, linear and yarn)")
     return 1.0 / keys.get_float("rope.scaling.factor", 1.0)
+
+
+def _yarn(keys: _Keys) -> Yarn | None:
+    """YaRN's parameters as llama.cpp reads them for the architectures minfer runs: the factor,
+    the original context (the trained one when absent) and `rope.scaling.attn_factor`.
+    llama.cpp reads `rope.scaling.yarn_{ext_factor,attn_factor,beta_fast,beta_slow}` and
+    `yarn_log_multiplier` only for other architectures (Grok, DeepSeek, ...), so a file's betas
+    (which its converter writes from a config that gives them) are left at 32 / 1 here too,
+    where transformers would use them."""
+    if keys.get_str("rope.scaling.type", "none") != "yarn":
+        return None
+    return Yarn(
+        factor=keys.get_float("rope.scaling.factor", 1.0),
+        n_ctx_orig=keys.get_int("rope.scaling.original_context_length",
+                                keys.get_int("context_length")),
+        attn_factor=keys.get_float("rope.scaling.attn_factor", 1.0),
+    )
 
 
 def _gemma3(hp: HParams, keys: _Keys) -> HParams:

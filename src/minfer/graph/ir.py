@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from minfer.errors import GraphError
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope
 
 
 class DType(StrEnum):
@@ -137,7 +138,10 @@ class Softcap(Op):
 class Rope(Op):
     """Rotary embedding. style "neox" rotates pairs (i, i + rope_dim/2) (Qwen, Gemma), "norm"
     adjacent pairs (2i, 2i+1) (Llama). theta_i = freq_scale * pos * base^(-2i/rope_dim) / f_i,
-    with f_i from the node's weight (Llama 3.1's `rope_freqs`) when it names one, else 1."""
+    with f_i from the node's weight (Llama 3.1's `rope_freqs`) when it names one, else 1.
+    With YaRN (`yarn.ext_factor` != 0) each pair blends that angle with the unscaled one along
+    the ramp from corr_low to corr_high, and cos / sin are multiplied by mscale
+    (`minfer.gguf.rope_scaling`)."""
 
     style: str  # "neox" | "norm"
     base: float
@@ -145,6 +149,7 @@ class Rope(Op):
     head_dim: int
     rope_dim: int
     freq_scale: float = 1.0
+    yarn: YarnRope = NO_YARN
 
 
 @dataclass(frozen=True)

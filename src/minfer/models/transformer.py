@@ -8,7 +8,8 @@ hidden states instead of the logits (every row, their mean per sequence, or the 
 rows kept as the tail): a decoder's embeddings. The pieces: `attention` (q/k/v projections
 with optional biases, optional per-head q/k norms, RoPE with the layer's base / scaling /
 frequency factors, KV store and load, attention with the layer's sliding window and soft-cap,
-output projection), `gated_ffn` (gate/up, SiLU or GELU gate, down), `moe_ffn` (router logits,
+output projection, optionally biased), `gated_ffn` (gate/up, SiLU or GELU gate, down; biased
+where the file has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits,
 routed experts, optional gated shared expert: Qwen2/3-MoE) and `keep_tail` (a prefill
 keeps only its last `n_out` rows after the last layer's attention). Which of the optional parts
 a model has is read from its HParams, never guessed from the architecture name here.
@@ -124,7 +125,8 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     op = ir.Attn(il, hp.n_head, hp.n_head_kv, hp.head_dim, hp.kq_scale,
                  window=hp.layer_window(il), softcap=hp.attn_softcap)
     a = b.attn(q, kv, ctx.start, ctx.end, op)
-    return b.matmul("attn_output", a, blk + "attn_output.weight", layer=il)
+    return b.matmul("attn_output", a, blk + "attn_output.weight",
+                    bias=blk + "attn_output.bias" if hp.has_out_bias else None, layer=il)
 
 
 def keep_tail(b: GraphBuilder, ctx: Layer, il: int, o: int, h: int) -> tuple[int, int]:
@@ -143,16 +145,22 @@ def gated_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int, *, act: str,
     "_shexp": a MoE block's shared expert (`ffn_gate_shexp` ...)."""
     blk = f"blk.{il}."
     gate_w, up_w = f"{blk}ffn_gate{kind}.weight", f"{blk}ffn_up{kind}.weight"
-    if ctx.params.ctx.fuse_gate_up and ctx.params.gtype is GraphType.DECODE:
+    biased = ctx.hp.has_ffn_bias and not kind  # Llama's mlp_bias (a shared expert has none)
+
+    def bias(name: str) -> str | None:
+        return f"{blk}{name}.bias" if biased else None
+
+    if ctx.params.ctx.fuse_gate_up and ctx.params.gtype is GraphType.DECODE and not biased:
         f = b.fused_gate_up(f"ffn_gate_up{kind}", x, gate_w, up_w, layer=il, act=act)
     else:
-        gate = b.matmul(f"ffn_gate{kind}", x, gate_w, layer=il)
-        up = b.matmul(f"ffn_up{kind}", x, up_w, layer=il)
+        gate = b.matmul(f"ffn_gate{kind}", x, gate_w, bias=bias("ffn_gate"), layer=il)
+        up = b.matmul(f"ffn_up{kind}", x, up_w, bias=bias("ffn_up"), layer=il)
         # Written unfused; the fusion pass rewrites Mul(act(gate), up) when enabled.
         g = b.silu(f"ffn_silu{kind}", gate, layer=il) if act == "silu" else \
             b.gelu(f"ffn_gelu{kind}", gate, layer=il)
         f = b.mul(f"ffn_act{kind}", g, up, layer=il)
-    return b.matmul(f"ffn_down{kind}", f, f"{blk}ffn_down{kind}.weight", layer=il)
+    return b.matmul(f"ffn_down{kind}", f, f"{blk}ffn_down{kind}.weight",
+                    bias=bias("ffn_down"), layer=il)
 
 
 def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
@@ -173,7 +181,7 @@ def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
 
 def _rope(hp: HParams, il: int, n_head: int) -> ir.Rope:
     return ir.Rope(hp.rope_style, hp.layer_rope_base(il), n_head, hp.head_dim, hp.rope_dim,
-                   freq_scale=hp.layer_rope_freq_scale(il))
+                   freq_scale=hp.layer_rope_freq_scale(il), yarn=hp.layer_rope_yarn(il))
 
 
 def _bias(hp: HParams, prefix: str) -> str | None:

@@ -445,7 +445,7 @@ class ServerState:
         tokenizer = Tokenizer.from_gguf(f)
         tokenizer.prepare()  # long prompts come: the BPE library model is built before serving
         template = ChatTemplate.from_gguf(f, tokenizer)
-        n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_train)
+        n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_max)
         embed = None
         if not hparams.causal or cfg.embeddings:
             embed = EmbedWorker(self._embedder_factory(f, hparams, tokenizer),

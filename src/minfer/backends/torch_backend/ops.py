@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope, pair_scales
+
 
 def linear_bf16(x_bf16: torch.Tensor, w_bf16: torch.Tensor) -> torch.Tensor:
     """x @ W.T on bf16 operands: [nt, n_in] x [n_out, n_in] -> [nt, n_out] (bf16)."""
@@ -37,16 +39,17 @@ def head_rms_norm(x: torch.Tensor, w: torch.Tensor, *, n_head: int, head_dim: in
 
 
 def rope_tables(positions: torch.Tensor, *, base: float, rope_dim: int, freq_scale: float = 1.0,
-                factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                factors: torch.Tensor | None = None,
+                yarn: YarnRope = NO_YARN) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of freq_scale * pos * base^(-2i / rope_dim) / factors[i], [nt, rope_dim / 2],
-    computed in f64."""
+    computed in f64 (with YaRN: each pair's blended scale, cos and sin times its mscale)."""
     half = rope_dim // 2
     inv = base ** (-torch.arange(half, dtype=torch.float64, device=positions.device) * 2 / rope_dim)
-    inv = inv * freq_scale
+    inv = inv * torch.from_numpy(pair_scales(half, freq_scale, yarn)).to(inv.device)
     if factors is not None:
         inv = inv / factors.to(torch.float64)
     angles = positions.to(torch.float64)[:, None] * inv[None, :]
-    return angles.cos().float(), angles.sin().float()
+    return (angles.cos() * yarn.mscale).float(), (angles.sin() * yarn.mscale).float()
 
 
 def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, n_head: int,

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from minfer.backends.cpu.kernels.quant.types import BLOCK_LAYOUT, KQUANT_TYPES, QType
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope, pair_scales
 
 
 def ref_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -95,16 +96,18 @@ def ref_rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim
 
 def ref_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
              rope_dim: int, base: float, style: str = "neox", freq_scale: float = 1.0,
-             factors: np.ndarray | None = None) -> np.ndarray:
-    """RoPE in float64: theta_i = freq_scale * pos * base^(-2i/rope_dim) / factors[i]; "neox"
-    rotates pairs (i, i + rope_dim/2), "norm" adjacent pairs (2i, 2i + 1)."""
+             factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN) -> np.ndarray:
+    """RoPE in float64: theta_i = freq_scale * pos * base^(-2i/rope_dim) / factors[i] (YaRN:
+    each pair's blended scale, cos and sin times its mscale); "neox" rotates pairs
+    (i, i + rope_dim/2), "norm" adjacent pairs (2i, 2i + 1)."""
     nt = x.shape[0]
     half = rope_dim // 2
-    inv = float(base) ** (-2.0 * np.arange(half) / rope_dim) * freq_scale
+    inv = float(base) ** (-2.0 * np.arange(half) / rope_dim) * pair_scales(half, freq_scale, yarn)
     if factors is not None:
         inv = inv / factors.astype(np.float64)
     theta = positions.astype(np.float64)[:, None] * inv[None, :]  # [nt, half]
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    cos = yarn.mscale * np.cos(theta)[:, None, :]
+    sin = yarn.mscale * np.sin(theta)[:, None, :]
     xh = x.astype(np.float64).reshape(nt, n_head, head_dim)
     out = xh.copy()
     if style == "neox":

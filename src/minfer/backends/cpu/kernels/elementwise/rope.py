@@ -1,5 +1,5 @@
-"""Rotary position embedding as ggml's `ggml_rope_ext` computes it with ext_factor 0 (no YaRN)
-and attn_factor 1, in its two layouts: NEOX (Qwen, Gemma) and normal (Llama).
+"""Rotary position embedding as ggml's `ggml_rope_ext` computes it, in its two layouts: NEOX
+(Qwen, Gemma) and normal (Llama).
 
 NEOX rotates pair i (0 <= i < rope_dim/2) of each head as elements (i, i + rope_dim/2); normal
 mode rotates adjacent elements (2i, 2i + 1). The angle is
@@ -8,6 +8,10 @@ theta_i = freq_scale * (pos * base^(-2i/rope_dim) / f_i), with per-pair frequenc
 absent). Like ggml, pos * base^(-2i/rope_dim) is built by repeated f32 multiplication by
 theta_scale = powf(base, -2/rope_dim) starting from pos, and cos/sin are f32; with f_i = 1 and
 freq_scale = 1 the division and multiplication are exact. Elements past rope_dim pass through.
+YaRN (ext_factor != 0) blends each pair's scaled and unscaled angle along the ramp from
+corr_low to corr_high and multiplies cos and sin by mscale, as ggml's `rope_yarn` does
+(`minfer.gguf.rope_scaling`); without it (ext_factor 0, mscale 1) the angles and products are
+exactly the plain ones.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from functools import partial
 
 import numpy as np
 from numba import njit, prange
+
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope
 
 _ONE = np.ones(0, np.float32)
 # From this many rows on (prefill, a server's batch of decode rows) the rows are split across
@@ -28,17 +34,24 @@ PARALLEL_CHUNK = 4
 
 
 @njit(inline="always", error_model="numpy")
-def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out,
-              cos, sin):
+def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox,
+              out, cos, sin):
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
     has_factors = factors.shape[0] > 0
+    ext_factor, corr_low, corr_high, mscale = yarn[0], yarn[1], yarn[2], yarn[3]
+    one = np.float32(1.0)
+    span = max(np.float32(0.001), corr_high - corr_low)
     theta = np.float32(positions[t])
     for i in range(half):
-        th = theta / factors[i] if has_factors else theta
-        th = freq_scale * th
-        cos[i] = np.cos(th)
-        sin[i] = np.sin(th)
+        extrap = theta / factors[i] if has_factors else theta
+        th = freq_scale * extrap
+        if ext_factor != 0.0:  # YaRN: ggml's rope_yarn_ramp, then the blend
+            y = (np.float32(i) - corr_low) / span
+            ramp = (one - min(one, max(np.float32(0.0), y))) * ext_factor
+            th = th * (one - ramp) + extrap * ramp
+        cos[i] = np.cos(th) * mscale
+        sin[i] = np.sin(th) * mscale
         theta = theta * theta_scale
     xr, yr = x[t], out[t]
     for h in range(n_head):
@@ -58,32 +71,33 @@ def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, fac
 
 
 @njit(cache=True, error_model="numpy")
-def _rope(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out):
+def _rope(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox, out):
     cos = np.empty(rope_dim // 2, np.float32)
     sin = np.empty(rope_dim // 2, np.float32)
     for t in range(x.shape[0]):
-        _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, neox,
-                  out, cos, sin)
+        _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn,
+                  neox, out, cos, sin)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _rope_par(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, neox, out):
+def _rope_par(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox,
+              out):
     n_chunk = (x.shape[0] + PARALLEL_CHUNK - 1) // PARALLEL_CHUNK
     for c in prange(n_chunk):
         cos = np.empty(rope_dim // 2, np.float32)
         sin = np.empty(rope_dim // 2, np.float32)
         for t in range(c * PARALLEL_CHUNK, min(x.shape[0], (c + 1) * PARALLEL_CHUNK)):
             _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors,
-                      neox, out, cos, sin)
+                      yarn, neox, out, cos, sin)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
          base: float, style: str = "neox", freq_scale: float = 1.0,
-         factors: np.ndarray | None = None, out: np.ndarray) -> None:
+         factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN, out: np.ndarray) -> None:
     """Rotate x f32 `[nt, n_head*head_dim]` at `positions[nt]` into out (out may be x)."""
     positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     bind_rope(x, positions, n_head=n_head, head_dim=head_dim, rope_dim=rope_dim, base=base,
-              style=style, freq_scale=freq_scale, factors=factors, out=out)()
+              style=style, freq_scale=freq_scale, factors=factors, yarn=yarn, out=out)()
 
 
 def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
@@ -95,7 +109,8 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
 
 def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
               base: float, style: str = "neox", freq_scale: float = 1.0,
-              factors: np.ndarray | None = None, out: np.ndarray) -> Callable[[], None]:
+              factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN,
+              out: np.ndarray) -> Callable[[], None]:
     """`rope` over fixed arrays (the op tape): shapes checked once; each call converts the
     positions the batch filled in and runs the kernel."""
     if x.ndim != 2 or x.shape[1] != n_head * head_dim or out.shape != x.shape:
@@ -112,7 +127,8 @@ def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
     if positions.dtype.kind != "i":
         raise ValueError(f"positions must be integers, got {positions.dtype}")
     base32, scale32, neox = np.float32(base), np.float32(freq_scale), style == "neox"
+    terms = np.array([yarn.ext_factor, yarn.corr_low, yarn.corr_high, yarn.mscale], np.float32)
     # the positions as the batch fills them in (int32 from the engine), read in place
     kernel = _rope_par if x.shape[0] >= PARALLEL_MIN_ROWS else _rope
-    return partial(kernel, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff, neox,
-                   out)
+    return partial(kernel, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff, terms,
+                   neox, out)
