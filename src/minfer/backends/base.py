@@ -59,9 +59,12 @@ class Backend(Protocol):
 class KVHost(Protocol):
     """A backend that owns the KV cache's memory formats (the host CPU backend): which formats
     exist, which head sizes each fits, and the zeroed `[n_ctx, row]` array of one layer's K or V
-    in a format. The engine asks it; nothing above the backends knows a format's layout."""
+    in a format. The engine asks it; nothing above the backends knows a format's layout. Every
+    op falls back to it, so it also says which weight types a model may hold."""
 
     kv_types: tuple[str, ...]
+
+    def check_weight_types(self, types: dict[str, int]) -> None: ...
 
     def check_kv_types(self, k_type: str, v_type: str, head_dim: int) -> None: ...
 

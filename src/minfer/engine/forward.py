@@ -155,6 +155,8 @@ class Engine:
         self.hparams = hparams
         self.batch_invariant = config.batch_invariant
         self.batched = config.batch_invariant if config.batched is None else config.batched
+        host.check_weight_types({name: gguf_file.tensors[name].ggml_type
+                                 for name, _ in hparams.expected_shapes()})
         self.weights = ModelWeights(gguf_file)
         vocab_limit = config.vocab_limit
         self.ctx_params = ContextParams(

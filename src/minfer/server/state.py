@@ -430,6 +430,9 @@ class ServerState:
     def _load(self) -> None:
         try:
             self._model = self._open()
+        except MinferError as exc:  # what the user can act on: the message alone
+            log.error("loading the model failed: %s", exc)
+            self.error = str(exc)
         except Exception as exc:  # reported by /health and by `minfer serve`
             log.exception("loading the model failed")
             self.error = f"{type(exc).__name__}: {exc}"

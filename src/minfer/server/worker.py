@@ -38,6 +38,7 @@ from minfer.engine.core.request import GenRequest, TokenLogprob, Vocab
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import Plan, Scheduler
 from minfer.engine.speculative import Proposal, SpecConfig
+from minfer.errors import MinferError
 from minfer.server.metrics import Metrics
 
 log = logging.getLogger("minfer.server")
@@ -221,7 +222,8 @@ class Worker:
                 if self.drafter is not None:
                     self.drafter.warm_up()
         except BaseException as exc:
-            log.exception("could not create the engine")
+            if not isinstance(exc, MinferError):  # a model's or a setting's: said by the loader
+                log.exception("could not create the engine")
             self.error = exc
             self.ready.set()
             return

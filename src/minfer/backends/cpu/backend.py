@@ -31,7 +31,12 @@ from minfer import env, jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels.attn.kv_formats import KV_TYPES, QK, QUANT_TYPES, new_cache
-from minfer.backends.cpu.kernels.quant.types import KQUANT_TYPES
+from minfer.backends.cpu.kernels.quant.types import (
+    KQUANT_TYPES,
+    RUNNABLE_TYPE_NAMES,
+    qtype_of,
+    type_name,
+)
 from minfer.errors import GraphError, MinferError
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph, Node
@@ -45,6 +50,21 @@ class CpuBackend:
         return True
 
     # -- the KV cache's formats (minfer.backends.base.KVHost) -------------------------------
+    def check_weight_types(self, types: dict[str, int]) -> None:
+        """Refuse weights (tensor name -> GGML type id) of a type the kernels cannot run,
+        naming each such type with one of its tensors, before anything is built or compiled."""
+        bad: dict[str, str] = {}
+        for name, qtype in types.items():
+            try:
+                qtype_of(qtype)
+            except MinferError:
+                bad.setdefault(type_name(qtype), name)
+        if bad:
+            found = ", ".join(f"{t} (such as {n})" for t, n in bad.items())
+            raise MinferError(f"this model's weights include {found}, which minfer cannot run; "
+                              f"it runs {', '.join(RUNNABLE_TYPE_NAMES)} (minfer quantize "
+                              "or llama-quantize makes one of those from the original weights)")
+
     def check_kv_types(self, k_type: str, v_type: str, head_dim: int) -> None:
         """Refuse an unknown format, or quantized blocks that would straddle attention heads."""
         for what, t in (("K", k_type), ("V", v_type)):

@@ -89,16 +89,25 @@ KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.
                           QType.Q4_K_PACKED, QType.Q6_K_PACKED})
 
 
+# the GGML types a file's weights may have (what `qtype_of` accepts from a file), by name
+RUNNABLE_TYPE_NAMES = tuple(qt.name for qt in _WEIGHT_TYPES if qt < 0x1000)
+
+
+def type_name(qtype: int) -> str:
+    """A GGML type id's name (`#id` for an id GGML does not know)."""
+    try:
+        return GGMLQuantizationType(int(qtype)).name
+    except ValueError:
+        return f"#{int(qtype)}"
+
+
 def qtype_of(qtype: int) -> QType:
     """The QType for a GGML type id; anything the kernels cannot run is refused by name."""
     try:
         qt = QType(int(qtype))
     except ValueError:
-        try:
-            name = GGMLQuantizationType(int(qtype)).name
-        except ValueError:
-            name = f"#{int(qtype)}"
-        raise ModelError(f"tensor type {name} is not supported by the CPU kernels") from None
+        raise ModelError(f"tensor type {type_name(qtype)} is not supported by the CPU "
+                         "kernels") from None
     if qt not in BLOCK_LAYOUT:
         raise ModelError(f"tensor type {qt.name} is not supported as a CPU weight")
     return qt
