@@ -64,6 +64,21 @@ def test_forced_named_call_returns_tool_calls(state: ServerState) -> None:
     check_weather_args(tc["function"]["arguments"])
 
 
+def test_a_forced_call_is_one_call_unless_parallel_calls_are_asked(state: ServerState) -> None:
+    """As llama-server: without `parallel_tool_calls: true` the forcing grammar ends after one
+    call (a small model otherwise writes it again until max_tokens); with it, more may follow."""
+    body = {k: v for k, v in FORCED.items() if k != "parallel_tool_calls"}
+    (choice,) = call(state, "POST", CHAT, json=body).json()["choices"]
+    assert choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1
+    from minfer.server.openai.schemas import ChatCompletionRequest
+    from minfer.server.openai.structured import _tools
+
+    one = _tools(ChatCompletionRequest(**body))[1]
+    assert one == _tools(ChatCompletionRequest(**FORCED))[1]
+    several = _tools(ChatCompletionRequest(**{**body, "parallel_tool_calls": True}))[1]
+    assert several is not None and one is not None and several != one
+
+
 def test_forced_call_streams_tool_call_deltas(state: ServerState) -> None:
     whole = call(state, "POST", CHAT, json=FORCED).json()["choices"][0]["message"]
     chunks = sse(call(state, "POST", CHAT, json={**FORCED, "stream": True}))

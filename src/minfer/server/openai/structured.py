@@ -198,8 +198,11 @@ def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str
         tools_for_prompt(req.tools)  # the tools themselves, before the choice among them
         param = "tool_choice"
         tools = tools_for_prompt(req.tools, req.tool_choice)
+        # one forced call unless the request asks for several: llama-server's default (a
+        # small model forced to call otherwise writes the call again until max_tokens, the cut
+        # copy left as text)
         grammar = tool_choice_grammar(req.tools, req.tool_choice,
-                                      parallel=req.parallel_tool_calls is not False)
+                                      parallel=req.parallel_tool_calls is True)
     except GrammarError as exc:
         raise bad_request(f"{param}: {exc}", param=param, code="invalid_value") from None
     return (None if tools is None else [dict(t) for t in tools]), grammar

@@ -169,7 +169,7 @@ class Envelope:
             "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete"
                                    else None),
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
-            "parallel_tool_calls": b.parallel_tool_calls is not False,
+            "parallel_tool_calls": b.parallel_tool_calls is True,
             "temperature": b.temperature, "top_p": b.top_p,
             "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
             "tools": b.tools or [], "metadata": b.metadata or {}, "user": b.user,
