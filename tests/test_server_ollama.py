@@ -287,6 +287,20 @@ def test_the_client_raises_on_an_unknown_model(state: ServerState) -> None:
     assert info.value.status_code == 404
 
 
+def test_building_and_publishing_models_is_refused_clearly(state: ServerState) -> None:
+    """create / push / blobs: Ollama's error shape with a 501 saying why, through the client
+    too (it was a bare 404 "Not Found")."""
+    for method, path in (("POST", "/api/create"), ("POST", "/api/push"),
+                         ("POST", "/api/blobs/sha256:00"), ("HEAD", "/api/blobs/sha256:00")):
+        r = call(state, method, path, json={"model": "x"})
+        assert r.status_code == 501
+        if method == "POST":
+            assert "not supported by minfer" in r.json()["error"]
+    with pytest.raises(ollama.ResponseError) as info:
+        with_client(state, lambda c: c.create(model="terse", from_="m", system="Be terse."))
+    assert info.value.status_code == 501 and "/api/create" in str(info.value)
+
+
 def test_pull_a_catalogue_model_already_cached_and_delete(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: ServerState) -> None:
     """The catalogue's model already in the cache: pull reports success (no download) and the

@@ -195,6 +195,17 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         state.add_model(target)
         return Response(status_code=200)
 
+    # Ollama's model building and publishing: minfer serves GGUF files as they are (`pull`,
+    # `copy`, `delete` manage the cache); a clear refusal, not a bare 404
+    async def not_built_here(request: Request) -> Response:
+        raise APIError(501, f"{request.url.path} is not supported by minfer: it serves GGUF "
+                       "files as they are (pull one with /api/pull or `minfer pull`; set a "
+                       "system prompt or options per request)")
+
+    for path, methods in (("/api/create", ["POST"]), ("/api/push", ["POST"]),
+                          ("/api/blobs/{digest}", ["HEAD", "POST"])):
+        app.add_api_route(path, not_built_here, methods=methods, include_in_schema=False)
+
     @app.delete("/api/delete")
     async def delete(body: ShowRequest) -> Response:
         name = body.model.removesuffix(":latest")
