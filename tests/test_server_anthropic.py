@@ -86,6 +86,29 @@ def test_consecutive_turns_of_one_role_are_combined(state: ServerState) -> None:
     assert bad.status_code == 400 and "messages.2.content.0" in bad.json()["error"]["message"]
 
 
+def test_text_documents_reach_the_model_as_text(state: ServerState) -> None:
+    """A document with a text (or content) source is its title, context and text, a blank line
+    apart, in the turn's text; a PDF source is a 400 naming the source."""
+    doc = {"type": "document", "title": "Notes", "source": {
+        "type": "text", "media_type": "text/plain", "data": "The sky is green."}}
+    content = {"type": "document", "context": "from a test", "source": {
+        "type": "content", "content": [{"type": "text", "text": "Line one."},
+                                       {"type": "text", "text": "Line two."}]}}
+    messages = [{"role": "user", "content": [doc, content, {"type": "text", "text": "Color?"}]}]
+    msg = with_client(state, lambda c: c.messages.create(
+        model="qwen2", max_tokens=8, messages=messages, extra_body={"temperature": 0}))  # type: ignore[arg-type]
+    text = "Notes\n\nThe sky is green.\nfrom a test\n\nLine one.\nLine two.\nColor?"
+    ref = openai_text(state, max_tokens=8, messages=[{"role": "user", "content": text}])
+    assert msg.content[0].text == ref["choices"][0]["message"]["content"]  # type: ignore[union-attr]
+    assert msg.usage.input_tokens == ref["usage"]["prompt_tokens"]
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                          "data": "JVBERi0="}}
+    body = {"model": "qwen2", "max_tokens": 4, "messages": [{"role": "user", "content": [pdf]}]}
+    bad = call(state, "POST", "/v1/messages", json=body)
+    assert bad.status_code == 400 and "'base64'" in bad.json()["error"]["message"]
+    assert "messages.0.content.0" in bad.json()["error"]["message"]
+
+
 def test_stream_events_join_to_the_whole_reply(state: ServerState) -> None:
     async def go(c: anthropic.AsyncAnthropic) -> tuple[list[str], str, Any]:
         kinds, text = [], ""

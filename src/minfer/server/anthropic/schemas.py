@@ -1,11 +1,11 @@
 """Request bodies of Anthropic's Messages API as pydantic models.
 
 Field names and ranges follow Anthropic's API: `max_tokens` is required, `temperature` is 0–1,
-content is a string or a list of typed blocks (`text`, `image`, `tool_use`, `tool_result`,
-`thinking`, `redacted_thinking`), `system` a string or text blocks. Types are strict (no
-coercion) and unknown fields are ignored, as for the OpenAI bodies. Current SDKs no longer
-offer `temperature` / `top_p` / `top_k` as arguments; clients send them in the body (`extra_body`)
-and they are honoured.
+content is a string or a list of typed blocks (`text`, `image`, `document`, `tool_use`,
+`tool_result`, `thinking`, `redacted_thinking`), `system` a string or text blocks. Types are
+strict (no coercion) and unknown fields are ignored, as for the OpenAI bodies. Current SDKs no
+longer offer `temperature` / `top_p` / `top_k` as arguments; clients send them in the body
+(`extra_body`) and they are honoured.
 """
 
 from __future__ import annotations
@@ -23,8 +23,18 @@ class TextBlock(_Strict):
 
 
 class ImageBlock(_Strict):
-    type: Literal["image", "document"]
+    type: Literal["image"]
     source: dict[str, Any] | None = None
+
+
+class DocumentBlock(_Strict):
+    """A document: its text reaches the model where the source is text (`text`, or `content`
+    text blocks); a PDF or URL source is refused by the route."""
+
+    type: Literal["document"]
+    source: dict[str, Any] | None = None
+    title: str | None = None
+    context: str | None = None
 
 
 class ToolUseBlock(_Strict):
@@ -37,7 +47,7 @@ class ToolUseBlock(_Strict):
 class ToolResultBlock(_Strict):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock] | None = None
+    content: str | list[TextBlock | ImageBlock | DocumentBlock] | None = None
     is_error: bool | None = None
 
 
@@ -52,8 +62,8 @@ class RedactedThinkingBlock(_Strict):
     data: str
 
 
-Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
-                  | RedactedThinkingBlock, Field(discriminator="type")]
+Block = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock
+                  | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")]
 
 
 class Message(_Strict):

@@ -19,6 +19,7 @@ from typing import Any
 from minfer.server.anthropic.schemas import (
     Block,
     CountTokensRequest,
+    DocumentBlock,
     ImageBlock,
     Message,
     MessagesRequest,
@@ -110,7 +111,9 @@ def _messages(role: str, blocks: Sequence[tuple[str, Block]]) -> list[dict[str, 
         if isinstance(block, ImageBlock):
             raise bad_request(f"{at}: {block.type} blocks are not supported (this server runs "
                               "text-only models)", param=at)
-        if isinstance(block, TextBlock):
+        if isinstance(block, DocumentBlock):
+            text.append(_document_text(block, at))
+        elif isinstance(block, TextBlock):
             text.append(block.text)
         elif isinstance(block, ToolUseBlock):
             if role != "assistant":
@@ -147,8 +150,29 @@ def _result_text(block: ToolResultBlock, at: str) -> str:
         if isinstance(part, ImageBlock):
             raise bad_request(f"{at}.content.{k}: {part.type} blocks are not supported",
                               param=f"{at}.content.{k}")
-        parts.append(part.text)
+        parts.append(_document_text(part, f"{at}.content.{k}")
+                     if isinstance(part, DocumentBlock) else part.text)
     return "\n".join(parts)
+
+
+def _document_text(block: DocumentBlock, at: str) -> str:
+    """A document as the model reads it: its title, its context and its text, a blank line
+    apart. A text source (`data`) or a content source (a string or text blocks) has text; a
+    base64 (PDF) or URL source is refused: this server reads no files."""
+    source = block.source or {}
+    kind = source.get("type")
+    body: Any = source.get("data") if kind == "text" else source.get("content")
+    if kind == "content" and isinstance(body, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in body):
+            raise bad_request(f"{at}: a content document holds text blocks only here",
+                              param=f"{at}.source.content")
+        body = "\n".join(p["text"] for p in body)
+    if kind not in ("text", "content") or not isinstance(body, str):
+        raise bad_request(f"{at}: document blocks are supported with a text or content source "
+                          f"(got {kind!r}: this server runs text-only models and reads no "
+                          "files)", param=f"{at}.source")
+    return "\n\n".join(t for t in (block.title, block.context, body) if t)
 
 
 def model_info(name: str, modified: float, n_ctx_train: int | None) -> dict[str, Any]:
