@@ -21,7 +21,7 @@ from minfer import env
 from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
 from minfer.engine.config import EngineConfig, usable_cores
 from minfer.engine.core.request import TokenLogprob
-from minfer.engine.embed import Embedder, embedding_config
+from minfer.engine.embed import Embedder, embedding_config, rerank_template
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Constraint, Finished, Piece, generate, score
 from minfer.errors import ContextOverflowError, MinferError, ModelError
@@ -155,7 +155,8 @@ class Model:
         if embedder is None:
             config = embedding_config(self.hparams, self.config, pooling)
             embedder = self._embedders[pooling] = Embedder(
-                Engine(self.file, self.hparams, config), self.tokenizer)
+                Engine(self.file, self.hparams, config), self.tokenizer,
+                rerank_template=rerank_template(self.file))
         return embedder
 
     def embed(self, texts: str | Sequence[str], *, normalize: int = 2, pooling: str | None = None,

@@ -8,10 +8,12 @@ pooled vector is then normalised as llama.cpp's `common_embd_normalize` does (`n
 none, 0 max-abs to the int16 range, 1 taxicab, 2 euclidean (the default), p > 2 the p-norm);
 unpooled ("none") rows and rank scores are returned as they are.
 
-Rerank inputs are the query and one document as one input: BERT's pair layout
-`[CLS] query [SEP] document [SEP]` with token types 0 then 1 (all 0 for a model with one token
-type); a vocabulary without [SEP]
-(a decoder reranker) puts its end-of-sequence token between and after them.
+Rerank inputs are the query and one document as one input: the file's `rerank` prompt
+template (`tokenizer.chat_template.rerank`, Qwen3-Reranker's: `{query}` and `{document}`
+replaced, special-token texts parsed, nothing added), as llama.cpp's server formats it; else
+BERT's pair layout `[CLS] query [SEP] document [SEP]` with token types 0 then 1 (all 0 for a
+model with one token type); a vocabulary without [SEP] puts its end-of-sequence token between
+and after them. A decoder's rank head reads each input's last row (an encoder's its first).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # the server imports this module before any engine is made
     from minfer.engine.config import EngineConfig
     from minfer.engine.forward import Engine
     from minfer.gguf.hparams import HParams
+    from minfer.gguf.reader import GGUFFile
     from minfer.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_BATCH_TOKENS = 2048
@@ -78,14 +81,22 @@ def normalize(v: np.ndarray, norm: int = 2) -> np.ndarray:
     return (np.asarray(v, np.float32) * np.float32(scale)).astype(np.float32)
 
 
+def rerank_template(f: GGUFFile) -> str | None:
+    """A file's rerank prompt template (`tokenizer.chat_template.rerank`), None without one."""
+    text = f.metadata.get("tokenizer.chat_template.rerank")
+    return text if isinstance(text, str) else None
+
+
 class Embedder:
     def __init__(self, engine: Engine, tokenizer: Tokenizer, *,
-                 max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+                 max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                 rerank_template: str | None = None) -> None:
         if not engine.pooling:
             raise MinferError("this engine returns logits; embeddings need one made with a "
                               "pooling (EngineConfig.pooling)")
         self.engine = engine
         self.tokenizer = tokenizer
+        self.rerank_template = rerank_template
         hp = engine.hparams
         # the longest input: the learned positions of an encoder, the KV cells of a decoder
         self.max_tokens = min(engine.n_ctx, hp.n_ctx_train) if engine.encoder else engine.n_ctx
@@ -116,6 +127,9 @@ class Embedder:
     def encode_pair(self, query: str, document: str) -> Encoded:
         """A rerank input: query and document as one sequence (see the module docstring)."""
         tok = self.tokenizer
+        if self.rerank_template is not None:
+            text = self.rerank_template.replace("{query}", query).replace("{document}", document)
+            return Encoded(tok.encode(text, special=True, add_bos=False))
         q = tok.encode(query, special=True, add_bos=False)
         d = tok.encode(document, special=True, add_bos=False)
         sep = tok.sep_id if tok.sep_id is not None else tok.eos_id
@@ -175,7 +189,10 @@ class Embedder:
         for group in self._groups(inputs):
             seqs = [e.ids for e in group]
             types = [e.types if e.types is not None else [0] * len(e.ids) for e in group]
-            batch = Batch.sequences(seqs, pooling=self.pooling, types=types)
+            # a decoder's rank head reads each input's last row, as its last-token pooling
+            rows_of = ("last" if self.pooling == "rank" and self.engine.hparams.causal
+                       else self.pooling)
+            batch = Batch.sequences(seqs, pooling=rows_of, types=types)
             rows = self.engine.forward_batch(batch)
             if self.pooling == "none":
                 for start, end in zip(batch.out_start, batch.out_end, strict=True):  # type: ignore[arg-type]

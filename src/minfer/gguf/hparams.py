@@ -74,11 +74,19 @@ class HParams:
     n_token_types: int = 0  # rows of an encoder's token-type embedding (0: none)
     n_cls_out: int = 0  # outputs of a classifier head (`cls.output`; rank pooling); 0: none
     has_cls_dense: bool = False  # the head's dense + tanh layer (`cls.weight`) before it
+    rank_softmax: bool = False  # the head's outputs softmaxed (llama.cpp: a qwen3 reranker)
     n_expert: int = 0  # experts per MoE block (0: a dense FFN)
     n_expert_used: int = 0  # experts each token is routed to (top-k)
     expert_norm: bool = False  # renormalise the top-k soft-max weights to sum to 1
     n_ff_shexp: int = 0  # width of the shared expert (0: none)
     # (n_ff: in a MoE model, the width of each expert)
+
+    @property
+    def reranker(self) -> bool:
+        """A model made to score (query, document) pairs: rank pooling and a classifier head
+        (a BERT cross-encoder, Qwen3-Reranker); served for reranking, not for generation (a
+        converted decoder reranker may keep only its head's rows of the output projection)."""
+        return self.pooling == "rank" and self.n_cls_out > 0
 
     @property
     def n_ctx_max(self) -> int:
@@ -172,6 +180,8 @@ class HParams:
             attn_softcap=keys.get_float("attn_logit_softcapping", 0.0, allow_zero=True),
             final_softcap=keys.get_float("final_logit_softcapping", 0.0, allow_zero=True),
             pooling=_pooling(keys),
+            n_cls_out=_cls_out(f),
+            rank_softmax=arch == "qwen3",
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
@@ -190,6 +200,8 @@ class HParams:
             return
         yield "token_embd.weight", (self.n_embd, self.n_vocab)
         yield "output_norm.weight", (self.n_embd,)
+        if self.n_cls_out:  # a decoder reranker's head (Qwen3-Reranker: yes / no)
+            yield "cls.output.weight", (self.n_embd, self.n_cls_out)
         if self.has_rope_freqs:
             yield "rope_freqs.weight", (self.rope_dim // 2,)
         if not self.tie_embeddings:
@@ -370,9 +382,6 @@ def _encoder(f: GGUFFile, keys: _Keys) -> HParams:
         raise GGUFError(f.path, "missing tensor 'position_embd.weight' (BERT's learned "
                                 "positions)")
     types = f.tensors.get("token_types.weight")
-    cls_out = f.tensors.get("cls.output.weight")
-    if cls_out is not None and len(cls_out.shape) != 2:
-        raise GGUFError(f.path, "tensor 'cls.output.weight' is not 2-D")
     return HParams(
         arch=keys.arch,
         n_layer=keys.get_int("block_count"),
@@ -392,9 +401,19 @@ def _encoder(f: GGUFFile, keys: _Keys) -> HParams:
         causal=False,
         pooling=_pooling(keys),
         n_token_types=types.shape[1] if types is not None and len(types.shape) == 2 else 0,
-        n_cls_out=cls_out.shape[1] if cls_out is not None else 0,
+        n_cls_out=_cls_out(f),
         has_cls_dense="cls.weight" in f.tensors,
     )
+
+
+def _cls_out(f: GGUFFile) -> int:
+    """Outputs of the classifier head `cls.output` (a reranker's), 0 without one."""
+    cls_out = f.tensors.get("cls.output.weight")
+    if cls_out is None:
+        return 0
+    if len(cls_out.shape) != 2:
+        raise GGUFError(f.path, "tensor 'cls.output.weight' is not 2-D")
+    return cls_out.shape[1]
 
 
 def _moe(hp: HParams, keys: _Keys) -> HParams:

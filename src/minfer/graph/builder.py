@@ -172,6 +172,11 @@ class GraphBuilder:
     def tanh(self, name: str, x: int) -> int:
         return self._append(name, ir.Tanh(), (x,), self.shape(x), meta=NodeMeta(role=name))
 
+    def softmax(self, name: str, x: int) -> int:
+        if len(self.shape(x)) != 2:
+            raise GraphError(f"{name}: softmax over rows needs a 2-D input")
+        return self._append(name, ir.Softmax(), (x,), self.shape(x), meta=NodeMeta(role=name))
+
     def pool(self, name: str, x: int, start: int, end: int, kind: str) -> int:
         if kind not in ("mean", "cls", "last"):
             raise GraphError(f"{name}: unknown pooling {kind!r}")

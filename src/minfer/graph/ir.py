@@ -116,6 +116,12 @@ class Tanh(Op):
 
 
 @dataclass(frozen=True)
+class Softmax(Op):
+    """Softmax over each row (ggml_soft_max without mask or scale: a decoder reranker's
+    yes / no head, Qwen3-Reranker's as llama.cpp computes it)."""
+
+
+@dataclass(frozen=True)
 class GeGLU(Op):
     """gelu(gate) * up; the fusion pass writes it in place of Mul(Gelu(gate), up)."""
 

@@ -5,13 +5,15 @@ layer (the family's `LayerFn`) and the output head (final norm, projection tied 
 embedding when `output.weight` is absent, optional logit soft-capping). The pieces a block is
 made of live here too. With the context's `pooling` set the graph ends at the final norm's
 hidden states instead of the logits (every row, their mean per sequence, or the cls / last
-rows kept as the tail): a decoder's embeddings. The pieces: `attention` (q/k/v projections
-with optional biases, optional per-head q/k norms, RoPE with the layer's base / scaling /
-frequency factors, KV store and load, attention with the layer's sliding window and soft-cap,
-output projection, optionally biased), `gated_ffn` (gate/up, SiLU or GELU gate, down; biased
-where the file has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits,
-routed experts, optional gated shared expert: Qwen2/3-MoE) and `keep_tail` (a prefill
-keeps only its last `n_out` rows after the last layer's attention). Which of the optional parts
+rows kept as the tail): a decoder's embeddings; "rank" runs the file's classifier head
+(`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each input's last row. The
+pieces: `attention` (q/k/v projections with optional biases, optional per-head q/k norms, RoPE
+with the layer's base / scaling / frequency factors, KV store and load, attention with the
+layer's sliding window and soft-cap, output projection, optionally biased), `gated_ffn`
+(gate/up, SiLU or GELU gate, down; biased where the file has Llama's mlp_bias, then never the
+fused gate/up), `moe_ffn` (router logits, routed experts, optional gated shared expert:
+Qwen2/3-MoE) and `keep_tail` (a prefill keeps only its last `n_out` rows after the last
+layer's attention). Which of the optional parts
 a model has is read from its HParams, never guessed from the architecture name here.
 """
 
@@ -54,9 +56,12 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     b = GraphBuilder(weight_shapes)
     nt = params.n_tokens
     pooling = params.ctx.pooling
-    if pooling not in ("", "none", "mean", "cls", "last"):
+    if pooling not in ("", "none", "mean", "cls", "last", "rank"):
         raise GraphError(f"{hp.arch}: pooling {pooling!r} is not supported for a decoder "
-                         "(none, mean, cls, last)")
+                         "(none, mean, cls, last, rank)")
+    if pooling == "rank" and not hp.n_cls_out:
+        raise GraphError(f"{hp.arch}: rank pooling needs a classifier head (cls.output), which "
+                         "this model lacks")
     if pooling == "none" and params.n_out != nt:
         raise GraphError(f"unpooled embeddings return every row: n_out={params.n_out} for {nt}")
     # mean pooling reads every row; cls / last keep the pooled rows as the tail
@@ -80,6 +85,13 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
     x = b.rms_norm("output_norm", h, "output_norm.weight", hp.rms_eps)
+    if pooling == "rank":  # a reranker: its head on each input's last row, as llama.cpp's
+        bias = "cls.output.bias" if "cls.output.bias" in weight_shapes else None
+        x = b.matmul("cls_out", x, "cls.output.weight", bias=bias)
+        if hp.rank_softmax:  # Qwen3-Reranker: P(yes), P(no)
+            x = b.softmax("cls_softmax", x)
+        b.output(x)
+        return b.graph
     if pooling:  # embeddings: the normed hidden states, pooled (cls / last rows are the tail)
         b.output(b.pool("pooled", x, out_start, out_end, "mean") if pooling == "mean" else x)
         return b.graph

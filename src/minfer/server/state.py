@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from minfer.chat.reasoning import ReasoningOptions
 from minfer.engine.core.scheduler import IDLE_CHUNK
-from minfer.engine.embed import Embedder
+from minfer.engine.embed import Embedder, rerank_template
 from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
@@ -439,8 +439,9 @@ class ServerState:
 
     def _open(self, path: Path | None = None, *, primary: bool = True) -> LoadedModel:
         """Load a model: the one the server started with (its draft model too), or another
-        one (same settings, no draft). An encoder is served for embeddings only; a generative
-        model also for embeddings with `embeddings` on."""
+        one (same settings, no draft). An encoder or a reranker (Qwen3-Reranker: a decoder
+        with rank pooling) is served for embeddings / reranking only; a generative model also
+        for embeddings with `embeddings` on."""
         cfg = self.config
         path = path or cfg.model_path
         f = GGUFFile.open(path)
@@ -450,13 +451,14 @@ class ServerState:
         template = ChatTemplate.from_gguf(f, tokenizer)
         n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_max)
         embed = None
-        if not hparams.causal or cfg.embeddings:
+        generative = hparams.causal and not hparams.reranker  # a reranker only scores pairs
+        if not generative or cfg.embeddings:
             embed = EmbedWorker(self._embedder_factory(f, hparams, tokenizer),
                                 max_waiting=cfg.queue)
             embed.start()
         worker = None
         grammar_vocab = None
-        if hparams.causal:
+        if generative:
             factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
             draft = (None if cfg.draft_model is None or not primary else
                      open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab,
@@ -501,7 +503,8 @@ class ServerState:
             config = embedding_config(hparams, EngineConfig.build(
                 n_ctx=cfg.n_ctx, threads=cfg.threads, fuse=cfg.fuse), cfg.pooling)
             set_threads(config.n_threads or 1)
-            return Embedder(Engine(f, hparams, config), tokenizer)
+            return Embedder(Engine(f, hparams, config), tokenizer,
+                            rerank_template=rerank_template(f))
 
         return make
 

@@ -454,6 +454,7 @@ _BINDERS: dict[type, Binder] = {
     ir.GeGLU: _bind_call(K.geglu),
     ir.GeluErf: _bind_call(K.gelu_erf),
     ir.Tanh: _bind_call(K.tanh),
+    ir.Softmax: _bind_call(K.softmax_rows),
     ir.LayerNorm: _bind_layer_norm,
     ir.SeqAttn: _bind_seq_attn,
     ir.Pool: _bind_pool,

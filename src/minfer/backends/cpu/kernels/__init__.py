@@ -18,9 +18,8 @@ Public API (see docs/interfaces.md):
   whose file stores weights below f32, where `amx_usable()`) -- `linear.amx`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
-  gelu_erf, tanh, scale, softcap, sigmoid_gate, bind_pool (mean / cls / last rows of each
-  sequence) --
-  `elementwise`
+  gelu_erf, tanh, scale, softcap, sigmoid_gate, softmax_rows, bind_pool (mean / cls / last rows
+  of each sequence) -- `elementwise`
 - sequence_attention (an encoder's: within each sequence of the batch, no cache) --
   `attn.sequences`
 - attention (blocked=True: the sgemm kernel of `attn.blocked`, used from
@@ -58,6 +57,7 @@ from minfer.backends.cpu.kernels.elementwise.arith import (
     mul,
     sigmoid_gate,
     silu,
+    softmax_rows,
     swiglu,
 )
 from minfer.backends.cpu.kernels.elementwise.gelu import (
@@ -187,6 +187,7 @@ __all__ = [
     "sigmoid_gate",
     "silu",
     "softcap",
+    "softmax_rows",
     "swiglu",
     "tanh",
 ]

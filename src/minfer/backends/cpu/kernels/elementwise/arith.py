@@ -1,4 +1,5 @@
-"""Element-wise activations and arithmetic: `silu`, `swiglu`, `add`, `mul`, `sigmoid_gate`.
+"""Element-wise activations and arithmetic: `silu`, `swiglu`, `add`, `mul`, `sigmoid_gate`,
+and `softmax_rows` (a classifier head's row softmax).
 
 silu(x) = x / (1 + exp(-x)) in f32, as ggml's `ggml_silu_f32`. Like ggml's SIMD path, exp is a
 polynomial (`fast_exp`, within a few ulp of expf) that LLVM vectorises -- a libm call per element
@@ -216,3 +217,22 @@ def sigmoid_gate(x: np.ndarray, h: np.ndarray, w: np.ndarray, out: np.ndarray) -
         g = np.float32(1.0) / (np.float32(1.0) + np.exp(-np.float32(acc)))
         for j in range(x.shape[1]):
             out[t, j] = x[t, j] * g
+
+
+@njit(cache=True, error_model="numpy")
+def softmax_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """out[r] = softmax(x[r]) for every row of a 2-D f32 array, as ggml_soft_max without mask
+    or scale: exp(x - max) in f32 (libm's expf), their sum in f64, each scaled by 1/sum. A
+    reranker's two-way head, so no vector path; out may be x."""
+    for r in range(x.shape[0]):
+        mx = x[r, 0]
+        for j in range(1, x.shape[1]):
+            mx = max(mx, x[r, j])
+        total = 0.0
+        for j in range(x.shape[1]):
+            e = np.exp(np.float32(x[r, j] - mx))
+            out[r, j] = e
+            total += np.float64(e)
+        inv = np.float32(1.0 / total)
+        for j in range(x.shape[1]):
+            out[r, j] = out[r, j] * inv
