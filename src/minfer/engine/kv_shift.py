@@ -37,6 +37,7 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     k_rotation,
     store_rows,
 )
+from minfer.backends.cpu.kernels.elementwise.rope import pair_angle
 from minfer.errors import MinferError
 from minfer.gguf.rope_scaling import NO_YARN, YarnRope
 
@@ -53,21 +54,11 @@ def _thetas(positions, rope_dim, base, freq_scale, factors, yarn):  # pragma: no
     its magnitude not: a stored key carries it already and a rotation keeps it)."""
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
-    has_factors = factors.shape[0] > 0
-    ext_factor, corr_low, corr_high = yarn[0], yarn[1], yarn[2]
-    one = np.float32(1.0)
-    span = max(np.float32(0.001), corr_high - corr_low)
     out = np.empty((positions.shape[0], half), np.float32)
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(half):
-            extrap = theta / factors[i] if has_factors else theta
-            th = freq_scale * extrap
-            if ext_factor != 0.0:
-                ramp = (one - min(one, max(np.float32(0.0), (np.float32(i) - corr_low) / span))
-                        ) * ext_factor
-                th = th * (one - ramp) + extrap * ramp
-            out[t, i] = th
+            out[t, i] = pair_angle(theta, i, factors, freq_scale, yarn)
             theta = theta * theta_scale
     return out
 
@@ -77,7 +68,7 @@ def rope_thetas(positions: np.ndarray, *, rope_dim: int, base: float, freq_scale
     """The f32 angles `[n, rope_dim/2]` the rope kernel uses at `positions`."""
     pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     ff = _NO_FACTORS if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
-    terms = np.array([yarn.ext_factor, yarn.corr_low, yarn.corr_high], np.float32)
+    terms = np.array([yarn.ext_factor, yarn.corr_low, yarn.corr_high, yarn.mscale], np.float32)
     result: np.ndarray = _thetas(pos, rope_dim, np.float32(base), np.float32(freq_scale), ff,
                                  terms)
     return result

@@ -34,22 +34,30 @@ PARALLEL_CHUNK = 4
 
 
 @njit(inline="always", error_model="numpy")
+def pair_angle(theta, i, factors, freq_scale, yarn):
+    """Pair i's f32 angle at `theta` = pos * base^(-2i/rope_dim) (built by the caller as
+    ggml does): over the pair's factor, scaled; with YaRN (yarn[0] = ext_factor != 0) blended
+    with the unscaled angle along ggml's `rope_yarn_ramp` from yarn[1] to yarn[2]. The rope
+    kernel and the context shift's angles (`engine.kv_shift`) are this one function."""
+    extrap = theta / factors[i] if factors.shape[0] > 0 else theta
+    th = freq_scale * extrap
+    if yarn[0] != 0.0:
+        one = np.float32(1.0)
+        y = (np.float32(i) - yarn[1]) / max(np.float32(0.001), yarn[2] - yarn[1])
+        ramp = (one - min(one, max(np.float32(0.0), y))) * yarn[0]
+        th = th * (one - ramp) + extrap * ramp
+    return th
+
+
+@njit(inline="always", error_model="numpy")
 def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox,
               out, cos, sin):
     half = rope_dim // 2
     theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
-    has_factors = factors.shape[0] > 0
-    ext_factor, corr_low, corr_high, mscale = yarn[0], yarn[1], yarn[2], yarn[3]
-    one = np.float32(1.0)
-    span = max(np.float32(0.001), corr_high - corr_low)
+    mscale = yarn[3]
     theta = np.float32(positions[t])
     for i in range(half):
-        extrap = theta / factors[i] if has_factors else theta
-        th = freq_scale * extrap
-        if ext_factor != 0.0:  # YaRN: ggml's rope_yarn_ramp, then the blend
-            y = (np.float32(i) - corr_low) / span
-            ramp = (one - min(one, max(np.float32(0.0), y))) * ext_factor
-            th = th * (one - ramp) + extrap * ramp
+        th = pair_angle(theta, i, factors, freq_scale, yarn)
         cos[i] = np.cos(th) * mscale
         sin[i] = np.sin(th) * mscale
         theta = theta * theta_scale
