@@ -170,8 +170,8 @@ class HParams:
             rope_dim=rope_dim,
             tie_embeddings="output.weight" not in f.tensors,
             has_qkv_bias="blk.0.attn_q.bias" in f.tensors,
-            has_out_bias=arch != "bert" and "blk.0.attn_output.bias" in f.tensors,
-            has_ffn_bias=arch != "bert" and "blk.0.ffn_down.bias" in f.tensors,
+            has_out_bias="blk.0.attn_output.bias" in f.tensors,
+            has_ffn_bias="blk.0.ffn_down.bias" in f.tensors,
             has_qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
             rope_style="norm" if arch in NORM_ROPE_ARCHS else "neox",
             rope_freq_scale=_rope_freq_scale(keys),
@@ -181,7 +181,7 @@ class HParams:
             final_softcap=keys.get_float("final_logit_softcapping", 0.0, allow_zero=True),
             pooling=_pooling(keys),
             n_cls_out=_cls_out(f),
-            rank_softmax=arch == "qwen3",
+            rank_softmax=arch == "qwen3",  # llama.cpp's build_pooling: only for qwen3
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
