@@ -147,17 +147,23 @@ def pairs16_group(code_max: int) -> int:
 
 def _dots_pairs16(builder: Any, codes: list[Any], xs: list[Any], acc: Any, code_max: int) -> Any:
     """acc + the exact int32 lane sums of vpdpbusd(codes[k], xs[k]) over k (<64 x i8> vectors
-    -> <16 x i32>, on ymm halves), without VNNI: int16 pairs summed in groups of
-    `pairs16_group(code_max)` before each pmaddwd. u8 codes <= code_max, s8 |xs| <= 127."""
+    -> <16 x i32>, on ymm halves; or <32 x i8> -> <8 x i32>, one ymm), without VNNI: int16
+    pairs summed in groups of `pairs16_group(code_max)` before each pmaddwd. u8 codes <=
+    code_max, s8 |xs| <= 127."""
     group = pairs16_group(code_max)
     ones = ir.Constant(_vec(_I16, 16), [1] * 16)
+    split = codes[0].type.count == 64
+
+    def part(v: Any, h: int) -> Any:
+        return _half(builder, v, h) if split else v
+
     out = []
-    for h in (0, 1):
-        total = _half(builder, acc, h)
+    for h in (0, 1) if split else (0,):
+        total = part(acc, h)
         for g0 in range(0, len(codes), group):
             pairs = None
             for k in range(g0, min(len(codes), g0 + group)):
-                p = _pmaddubsw(builder, _half(builder, codes[k], h), _half(builder, xs[k], h))
+                p = _pmaddubsw(builder, part(codes[k], h), part(xs[k], h))
                 pairs = p if pairs is None else builder.add(pairs, p)
             total = builder.add(total, _pmaddwd(builder, pairs, ones))
         out.append(total)

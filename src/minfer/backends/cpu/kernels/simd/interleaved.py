@@ -82,6 +82,21 @@ Q8_ROWS_OFFSET = 0 if SIGN_TRICK else 128
 # sums added eight / four code vectors at a time before each pmaddwd (Q8_0's signed codes
 # cannot: their pairs reach 2^15 alone).
 PAIRS16 = not HAS_VNNI and not HAS_VNNI512
+# Without zmm (AVX2, AVX-VNNI: 16 ymm registers) a pass of several tokens takes a group's 16
+# rows as two 8-row halves, one block loop each: one loop over the 16 rows kept their 8 code
+# vectors (16 ymm) and each token's 4 accumulators live at once, and spilled (491 stack
+# accesses in the Q4_0 driver, 184 after). AMD EPYC Zen 3, 2 threads, 16 tokens: Q5_0
+# 4864 x 896 0.95 -> 0.52 ms, Q4_0 0.69 -> 0.43, Q4_K 896 x 4864 0.95 -> 0.57, Q6_K
+# 1536 x 8960 2.3-2.5 -> 1.7-1.8. One token keeps the single loop: memory-bound, it streamed
+# the weights slower in two (1.5B decode 24-28 -> 21-23 tok/s), and so does Q8_0 (no codes to
+# unpack; 151936 x 896 at 16 tokens 22.3-24.0 -> 25.9-28.5 ms in two). Each lane's float
+# steps are those of the single loop, so the bits are too.
+HALVES: tuple[int | None, ...] = (None,) if HAS_VNNI512 else (0, 1)
+
+
+def halves_for(ntok: int) -> tuple[int | None, ...]:
+    """The block loops of an ntok-token pass (`HALVES`; one token: the 16 rows at once)."""
+    return HALVES if ntok > 1 else (None,)
 
 
 def _data(context: Any, builder: Any, aryty: Any, ary: Any) -> Any:
@@ -141,38 +156,43 @@ def prefetch_span(builder: Any, w: Any, start: Any, n_bytes: int) -> None:
     _prefetch_span(builder, w, start, n_bytes, PF_LOCALITY)
 
 
-def halves(builder: Any, w: Any, at: Any) -> Any:
-    """The 16 rows' f16 scales at byte `at` of i8* `w`, as <16 x f32>."""
-    return halves_to_floats(builder, _ld(builder, w, at, _vec(_I16, ROWS)))
+def halves(builder: Any, w: Any, at: Any, lanes: int = ROWS) -> Any:
+    """`lanes` rows' f16 scales at byte `at` of i8* `w`, as <lanes x f32>."""
+    return halves_to_floats(builder, _ld(builder, w, at, _vec(_I16, lanes)))
 
 
-def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool) -> tuple[list[Any], Any]:
+def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
+           half: int | None = None) -> tuple[list[Any], Any]:
     """Block column b of a row group, its packed group at byte `base` of i8* `w`: eight
     <64 x i8> code vectors (vector j = codes 4j..4j+3 of every row, row i at dword i) and the
-    rows' scales as <16 x f32>. Group bytes (`quant.repack._repack_group` with block i = row i): 16
-    f16 scales, then
+    rows' scales as <16 x f32>; with `half` (0 or 1) only rows 8 half.. 8 half + 7 of them
+    (<32 x i8> vectors, <8 x f32> scales). Group bytes (`quant.repack._repack_group` with
+    block i = row i): 16 f16 scales, then
     - Q4_0 / Q5_0: (Q5_0) eight 64-bit masks, bit 4i + c of mask j = 5th bit of code 4j + c of
       row i | four 64-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of row i (low nibble:
       code 4j + c, high nibble: code 16 + 4j + c);
     - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
       operand of vpdpbusd)."""
-    n = 4 * ROWS  # bytes per code vector
-    dw = halves(builder, w, base)
+    lanes = ROWS if half is None else ROWS // 2
+    first = 0 if half is None else half * lanes  # the first row read
+    n = 4 * lanes  # bytes per code vector
+    dw = halves(builder, w, builder.add(base, _c(2 * first)), lanes)
     if signed:
-        codes = [_ld(builder, w, builder.add(base, _c(2 * ROWS + n * j)), _vec(_I8, n))
-                 for j in range(8)]
+        codes = [_ld(builder, w, builder.add(base, _c(2 * ROWS + 4 * ROWS * j + 4 * first)),
+                     _vec(_I8, n)) for j in range(8)]
         if SIGN_TRICK:  # back to int8 codes (see SIGN_TRICK)
             codes = [builder.xor(v, _splat(builder, 0x80, n)) for v in codes]
         return codes, dw
-    qs = 2 * ROWS + (n if has_qh else 0)
+    qs = 2 * ROWS + (4 * ROWS if has_qh else 0)
     wt: list[Any] = [None] * 8
     for j in range(4):
-        q = _ld(builder, w, builder.add(base, _c(qs + n * j)), _vec(_I8, n))
+        q = _ld(builder, w, builder.add(base, _c(qs + 4 * ROWS * j + 4 * first)), _vec(_I8, n))
         wt[j] = builder.and_(q, _splat(builder, 15, n))
         wt[j + 4] = builder.lshr(q, _splat(builder, 4, n))
     if has_qh:
         for j in range(8):
-            m = _ld(builder, w, builder.add(base, _c(2 * ROWS + ROWS // 2 * j)), ir.IntType(n))
+            m = _ld(builder, w, builder.add(base, _c(2 * ROWS + ROWS // 2 * j + first // 2)),
+                    ir.IntType(n))
             bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
             wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
     return wt, dw
@@ -192,21 +212,26 @@ def _fold(builder: Any, front: _Front, tok: tuple[Any, Any, Any], b: Any, isum: 
     """acc + (d_w * d_x) * float(isum - offset * xsum): the one float step per token and block,
     emitted identically for every token count (isum: the exact sum, correction included)."""
     so = tok[1]
+    lanes = dw.type.count
     dx = _ld(builder, front.xd, builder.add(so, builder.mul(b, _c(4))), _F32)
-    d = builder.fmul(dw, _splat(builder, dx, ROWS))
-    return _fma(builder, d, builder.sitofp(isum, _vec(_F32, ROWS)), acc)
+    d = builder.fmul(dw, _splat(builder, dx, lanes))
+    return _fma(builder, d, builder.sitofp(isum, _vec(_F32, lanes)), acc)
 
 
-def _corr(builder: Any, front: _Front, tok: tuple[Any, Any, Any], b: Any) -> Any:
-    """The token's -offset * (block b's activation sum), splat over the rows."""
+def _corr(builder: Any, front: _Front, tok: tuple[Any, Any, Any], b: Any,
+          lanes: int = ROWS) -> Any:
+    """The token's -offset * (block b's activation sum), splat over `lanes` rows."""
     c = _ld(builder, front.cb, builder.add(tok[1], builder.mul(b, _c(4))), _I32)
-    return _splat(builder, c, ROWS)
+    return _splat(builder, c, lanes)
 
 
-def _store(builder: Any, front: _Front, toks: list[tuple[Any, ...]], acc: list[Any]) -> None:
-    """Each token's 16 outputs, at the byte offset its `token` tuple holds third."""
+def _store(builder: Any, front: _Front, toks: list[tuple[Any, ...]], acc: list[Any],
+           first: int = 0) -> None:
+    """Each token's outputs for rows first.. of the group (as many as `acc`'s lanes), at the
+    byte offset its `token` tuple holds third."""
     for tok, a in zip(toks, acc, strict=True):
-        p = builder.bitcast(builder.gep(front.out, [tok[2]]), _vec(_F32, ROWS).as_pointer())
+        at = builder.add(tok[2], _c(4 * first))
+        p = builder.bitcast(builder.gep(front.out, [at]), a.type.as_pointer())
         builder.store(a, p, align=4)
 
 
@@ -224,43 +249,52 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             f = _Front(context, builder, signature, args)
             toks = [f.token(builder, j) for j in range(ntok)]
-            zero = ir.Constant(_vec(_F32, ROWS), [0.0] * ROWS)
-
             trick = signed and SIGN_TRICK
             pairs16 = PAIRS16 and not signed  # small codes only (not Q8_0's)
             code_max = 2 * offset - 1  # Q4_0: 15, Q5_0: 31
 
-            def body(b: Any, pair: list[Any]) -> list[Any]:
-                acc = pair[:ntok]  # this block's accumulators; the other set waits a block
-                base = f.group(builder, b, size)
-                prefetch_span(builder, f.w, builder.add(base, _c(ROWS_PREFETCH)), ROWS * size)
-                wt, dw = _group(builder, f.w, base, qh is not None, signed)
-                mags = [_psign(builder, v, v) for v in wt] if trick else wt  # |w|, once
-                new = []
-                for tok, a in zip(toks, acc, strict=True):
-                    xo = builder.add(tok[0], builder.mul(b, _c(32)))
-                    xs = []
-                    for k in range(8):
-                        xw = _ld(builder, f.x, builder.add(xo, _c(4 * k)), _I32)
-                        xv = builder.bitcast(_splat(builder, xw, ROWS), _vec(_I8, 4 * ROWS))
-                        xs.append(_psign(builder, xv, wt[k]) if trick else xv)
-                    zero = ir.Constant(_vec(_I32, ROWS), None)
-                    if pairs16:
-                        isum = _dots_pairs16(builder, wt, xs, _corr(builder, f, tok, b),
-                                             code_max)
-                    else:
-                        # one chain per token (the tokens' chains run side by side): two, added
-                        # at the end, were 15-18% slower on 8 and 16 tokens (Q5_0 4864 x 896,
-                        # Intel SPR); the same integers, so the same bits
-                        isum = zero if trick else _corr(builder, f, tok, b)
-                        for k in range(8):
-                            isum = _vpdpbusd(builder, mags[k], xs[k], isum)
-                    new.append(_fold(builder, f, tok, b, isum, dw, a))
-                return pair[ntok:] + new  # even and odd blocks alternate
+            def block_loop(half: int | None) -> None:
+                """The block loop over the group's rows (`half`: see HALVES), stored."""
+                lanes = ROWS if half is None else ROWS // 2
+                n = 4 * lanes
 
-            pair = _phi_loop(builder, f.nb, [zero] * (2 * ntok), body)
-            _store(builder, f, toks, [builder.fadd(a, b) for a, b in zip(
-                pair[:ntok], pair[ntok:], strict=True)])
+                def body(b: Any, pair: list[Any]) -> list[Any]:
+                    acc = pair[:ntok]  # this block's accumulators; the other set waits a block
+                    base = f.group(builder, b, size)
+                    if half != 1:  # the second half reads what the first brought in
+                        prefetch_span(builder, f.w, builder.add(base, _c(ROWS_PREFETCH)),
+                                      ROWS * size)
+                    wt, dw = _group(builder, f.w, base, qh is not None, signed, half)
+                    mags = [_psign(builder, v, v) for v in wt] if trick else wt  # |w|, once
+                    new = []
+                    for tok, a in zip(toks, acc, strict=True):
+                        xo = builder.add(tok[0], builder.mul(b, _c(32)))
+                        xs = []
+                        for k in range(8):
+                            xw = _ld(builder, f.x, builder.add(xo, _c(4 * k)), _I32)
+                            xv = builder.bitcast(_splat(builder, xw, lanes), _vec(_I8, n))
+                            xs.append(_psign(builder, xv, wt[k]) if trick else xv)
+                        zero = ir.Constant(_vec(_I32, lanes), None)
+                        if pairs16:
+                            isum = _dots_pairs16(builder, wt, xs,
+                                                 _corr(builder, f, tok, b, lanes), code_max)
+                        else:
+                            # one chain per token (the tokens' chains run side by side): two,
+                            # added at the end, were 15-18% slower on 8 and 16 tokens (Q5_0
+                            # 4864 x 896, Intel SPR); the same integers, so the same bits
+                            isum = zero if trick else _corr(builder, f, tok, b, lanes)
+                            for k in range(8):
+                                isum = _vpdpbusd(builder, mags[k], xs[k], isum)
+                        new.append(_fold(builder, f, tok, b, isum, dw, a))
+                    return pair[ntok:] + new  # even and odd blocks alternate
+
+                zero = ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
+                pair = _phi_loop(builder, f.nb, [zero] * (2 * ntok), body)
+                _store(builder, f, toks, [builder.fadd(a, b) for a, b in zip(
+                    pair[:ntok], pair[ntok:], strict=True)], 0 if half is None else half * lanes)
+
+            for half in halves_for(ntok) if not signed else (None,):
+                block_loop(half)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -64,6 +64,7 @@ from minfer.backends.cpu.kernels.simd.interleaved import (
     _c,
     _store,
     halves,
+    halves_for,
     prefetch_span,
 )
 from minfer.backends.cpu.kernels.simd.interleaved import _Front as _Front32
@@ -79,11 +80,22 @@ PF_BYTES = 4096
 _AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4)}  # (values per aux item, its bytes)
 
 
-def _ivec(v: int) -> Any:
-    return ir.Constant(_vec(_I32, ROWS), [v] * ROWS)
+def _ivec(v: int, lanes: int = ROWS) -> Any:
+    return ir.Constant(_vec(_I32, lanes), [v] * lanes)
 
 
-_FZERO = ir.Constant(_vec(_F32, ROWS), [0.0] * ROWS)
+def _fzero(lanes: int) -> Any:
+    return ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
+
+
+class _Half:
+    """The rows a block loop covers: all 16 of the group (half None), or 8 of them (half 0 or
+    1: `simd.interleaved.halves_for`), lanes first.. of every interleaved vector and scale run."""
+
+    def __init__(self, half: int | None) -> None:
+        self.lanes = ROWS if half is None else ROWS // 2
+        self.first = 0 if half is None else half * self.lanes
+        self.prefetch = half != 1  # the second half reads what the first brought in
 
 
 class _Front(_Front32):
@@ -106,130 +118,134 @@ class _Front(_Front32):
                 builder.mul(tj, aux_row))
 
 
-def _bcast(builder: Any, ptr: Any, off: Any) -> Any:
-    """The dword at byte `off` of i8* `ptr`, broadcast to <16 x i32>."""
-    return _splat(builder, _ld(builder, ptr, off, _I32), ROWS)
+def _bcast(builder: Any, ptr: Any, off: Any, lanes: int) -> Any:
+    """The dword at byte `off` of i8* `ptr`, broadcast to <lanes x i32>."""
+    return _splat(builder, _ld(builder, ptr, off, _I32), lanes)
 
 
 def _as_bytes(builder: Any, v: Any) -> Any:
-    return builder.bitcast(v, _vec(_I8, 4 * ROWS))
+    return builder.bitcast(v, _vec(_I8, 4 * v.type.count))
 
 
-def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any]) -> list[Any]:
+def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
+               rows: _Half) -> list[Any]:
     """Super-block column s of the row group (Q4_K) for every token: the new accumulators."""
-    w, base = f.w, _column(builder, f, s, 144)
+    w, base, n, lanes = f.w, _column(builder, f, s, 144), 4 * rows.lanes, rows.lanes
 
     def at(off: int) -> Any:
         return builder.add(base, _c(off))
 
     def word(k: int) -> Any:
-        return _ld(builder, w, at(64 + 64 * k), _vec(_I32, ROWS))
+        return _ld(builder, w, at(64 + 64 * k + 4 * rows.first), _vec(_I32, lanes))
 
-    m3f, m0f, m03 = (_ivec(v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
-    four, six = _ivec(4), _ivec(6)
+    m3f, m0f, m03 = (_ivec(v, lanes) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+    four, six = _ivec(4, lanes), _ivec(6, lanes)
     u0, u2 = word(0), word(2)
     sc03 = builder.and_(u0, m3f)
     sc47 = builder.or_(builder.and_(u2, m0f),
                        builder.shl(builder.and_(builder.lshr(u0, six), m03), four))
-    d = halves(builder, w, base)
+    d = halves(builder, w, at(2 * rows.first), lanes)
 
     def sub_block(sub: Any, sums: list[Any]) -> list[Any]:
         # a loop, not unrolled code: LLVM then cannot hoist every sub-block's code vectors
         # ahead of the dots (measured: it did, and spilled them)
-        _prefetch_part(builder, f, base, sub, 144, 8)
-        at_sub = builder.add(base, builder.add(_c(256), builder.mul(sub, _c(256))))
-        q = [_ld(builder, w, builder.add(at_sub, _c(64 * j)), _vec(_I8, 4 * ROWS))
-             for j in range(4)]
-        codes = ([builder.and_(v, _splat(builder, 15, 4 * ROWS)) for v in q]
-                 + [builder.lshr(v, _splat(builder, 4, 4 * ROWS)) for v in q])
+        if rows.prefetch:
+            _prefetch_part(builder, f, base, sub, 144, 8)
+        at_sub = builder.add(base, builder.add(_c(256 + 4 * rows.first),
+                                               builder.mul(sub, _c(256))))
+        q = [_ld(builder, w, builder.add(at_sub, _c(64 * j)), _vec(_I8, n)) for j in range(4)]
+        codes = ([builder.and_(v, _splat(builder, 15, n)) for v in q]
+                 + [builder.lshr(v, _splat(builder, 4, n)) for v in q])
         high = builder.icmp_unsigned(">=", sub, _c(4))
         shift = builder.trunc(builder.mul(builder.and_(sub, _c(3)), _c(8)), _I32)
         scale = builder.and_(builder.lshr(builder.select(high, sc47, sc03),
-                                          _splat(builder, shift, ROWS)), _ivec(0xFF))
-        dsc = builder.fmul(d, builder.sitofp(scale, _vec(_F32, ROWS)))
+                                          _splat(builder, shift, lanes)), _ivec(0xFF, lanes))
+        dsc = builder.fmul(d, builder.sitofp(scale, _vec(_F32, lanes)))
         new = []
-        for n, tok in enumerate(toks):
+        for i, tok in enumerate(toks):
             xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
                                                  builder.mul(sub, _c(32))))
-            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j))))
+            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j)), lanes))
                   for j in range(8)]  # codes 4j.. (j < 4), 16 + 4(j - 4).. (j >= 4)
             if PAIRS16:  # AVX2: one pmaddwd for the eight (codes <= 15)
-                isum = _dots_pairs16(builder, codes, xs, _ivec(0), 15)
+                isum = _dots_pairs16(builder, codes, xs, _ivec(0, lanes), 15)
             else:
                 part: list[Any] = [None, None]  # two chains (one measured slower at 8 tokens)
                 for j in range(8):
                     part[j % 2] = _vpdpbusd(builder, codes[j], xs[j], part[j % 2])
                 isum = builder.add(part[0], part[1])
-            new.append(_fma(builder, dsc, builder.sitofp(isum, _vec(_F32, ROWS)), sums[n]))
+            new.append(_fma(builder, dsc, builder.sitofp(isum, _vec(_F32, lanes)), sums[i]))
         return new
 
-    sums = _phi_loop(builder, _c(8), [_FZERO] * len(toks), sub_block)
+    sums = _phi_loop(builder, _c(8), [_fzero(lanes)] * len(toks), sub_block)
     u1 = word(1)
     mn03 = builder.and_(u1, m3f)
     mn47 = builder.or_(builder.and_(builder.lshr(u2, four), m0f),
                        builder.shl(builder.and_(builder.lshr(u1, six), m03), four))
-    w00, eight = _ivec(0x00FF00FF), _ivec(8)
+    w00, eight = _ivec(0x00FF00FF, lanes), _ivec(8, lanes)
     mins = []  # word pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7): `kmins_pairs`' order
     for mw in (mn03, mn47):
         mins += [builder.and_(mw, w00), builder.and_(builder.lshr(mw, eight), w00)]
-    ndmin = builder.fneg(halves(builder, w, at(32)))
+    ndmin = builder.fneg(halves(builder, w, at(32 + 2 * rows.first), lanes))
     new = []
-    for n, tok in enumerate(toks):
-        dx = _dx(builder, f, tok, s)
+    for i, tok in enumerate(toks):
+        dx = _dx(builder, f, tok, s, lanes)
         ao = builder.add(tok[3], builder.mul(s, _c(16)))
-        msum: Any = _ivec(0)
+        msum: Any = _ivec(0, lanes)
         for k in range(4):
-            xs = _bcast(builder, f.aux, builder.add(ao, _c(4 * k)))
-            msum = _vpdpwssd(builder, msum, builder.bitcast(mins[k], _vec(_I16, 2 * ROWS)),
-                             builder.bitcast(xs, _vec(_I16, 2 * ROWS)))
-        a = _fma(builder, dx, sums[n], acc[n])
+            xs = _bcast(builder, f.aux, builder.add(ao, _c(4 * k)), lanes)
+            msum = _vpdpwssd(builder, msum, builder.bitcast(mins[k], _vec(_I16, 2 * lanes)),
+                             builder.bitcast(xs, _vec(_I16, 2 * lanes)))
+        a = _fma(builder, dx, sums[i], acc[i])
         new.append(_fma(builder, builder.fmul(ndmin, dx),
-                        builder.sitofp(msum, _vec(_F32, ROWS)), a))
+                        builder.sitofp(msum, _vec(_F32, lanes)), a))
     return new
 
 
-def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any]) -> list[Any]:
+def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
+               rows: _Half) -> list[Any]:
     """Super-block column s of the row group (Q6_K) for every token: the new accumulators."""
-    w, base = f.w, _column(builder, f, s, 210)
+    w, base, n, lanes = f.w, _column(builder, f, s, 210), 4 * rows.lanes, rows.lanes
 
     def at(off: int) -> Any:
         return builder.add(base, _c(off))
 
-    m15, m3, four = (_splat(builder, v, 4 * ROWS) for v in (15, 3, 4))
-    d = halves(builder, w, base)
+    m15, m3, four = (_splat(builder, v, n) for v in (15, 3, 4))
+    d = halves(builder, w, at(2 * rows.first), lanes)
 
     def sub_block(k: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
-        _prefetch_part(builder, f, base, k, 210, 16)
-        sc = builder.sext(_ld(builder, w, builder.add(at(32), builder.mul(k, _c(16))),
-                              _vec(_I8, ROWS)), _vec(_I32, ROWS))
-        dsc = builder.fmul(d, builder.sitofp(sc, _vec(_F32, ROWS)))
-        at_sub = builder.add(at(288), builder.mul(k, _c(192)))
-        a0, a1, h = (_ld(builder, w, builder.add(at_sub, _c(64 * v)), _vec(_I8, 4 * ROWS))
+        if rows.prefetch:
+            _prefetch_part(builder, f, base, k, 210, 16)
+        sc = builder.sext(_ld(builder, w, builder.add(at(32 + rows.first), builder.mul(k, _c(16))),
+                              _vec(_I8, lanes)), _vec(_I32, lanes))
+        dsc = builder.fmul(d, builder.sitofp(sc, _vec(_F32, lanes)))
+        at_sub = builder.add(at(288 + 4 * rows.first), builder.mul(k, _c(192)))
+        a0, a1, h = (_ld(builder, w, builder.add(at_sub, _c(64 * v)), _vec(_I8, n))
                      for v in range(3))
         codes = []
         for m in range(4):  # codes 4m..4m+3 of the sub-block
             lo = builder.and_((a0, a1)[m], m15) if m < 2 else builder.lshr((a0, a1)[m - 2], four)
-            hi = builder.and_(builder.lshr(h, _splat(builder, 2 * m, 4 * ROWS)) if m else h, m3)
+            hi = builder.and_(builder.lshr(h, _splat(builder, 2 * m, n)) if m else h, m3)
             codes.append(builder.or_(lo, builder.shl(hi, four)))
         new = []
-        for n, tok in enumerate(toks):
+        for i, tok in enumerate(toks):
             xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
                                                  builder.mul(k, _c(16))))
             co = builder.add(tok[3], builder.add(builder.mul(s, _c(64)), builder.mul(k, _c(4))))
-            part = _bcast(builder, f.aux, co)
-            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m))))
+            part = _bcast(builder, f.aux, co, lanes)
+            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m)), lanes))
                   for m in range(4)]
             if PAIRS16:  # AVX2: one pmaddwd per two (codes <= 63)
                 part = _dots_pairs16(builder, codes, xs, part, 63)
             else:
                 for m in range(4):
                     part = _vpdpbusd(builder, codes[m], xs[m], part)
-            new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, ROWS)), sums[n]))
+            new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, lanes)), sums[i]))
         return new
 
-    sums = _phi_loop(builder, _c(16), [_FZERO] * len(toks), sub_block)
-    return [_fma(builder, _dx(builder, f, tok, s), sums[n], acc[n])
-            for n, tok in enumerate(toks)]
+    sums = _phi_loop(builder, _c(16), [_fzero(lanes)] * len(toks), sub_block)
+    return [_fma(builder, _dx(builder, f, tok, s, lanes), sums[i], acc[i])
+            for i, tok in enumerate(toks)]
 
 
 def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
@@ -247,10 +263,10 @@ def _prefetch_part(builder: Any, f: _Front, base: Any, sub: Any, size: int, n_su
     prefetch_span(builder, f.w, start, part)
 
 
-def _dx(builder: Any, f: _Front, tok: Any, s: Any) -> Any:
-    """The token's Q8_K scale of super-block s, splat over the rows."""
+def _dx(builder: Any, f: _Front, tok: Any, s: Any, lanes: int) -> Any:
+    """The token's Q8_K scale of super-block s, splat over `lanes` rows."""
     return _splat(builder, _ld(builder, f.xd, builder.add(tok[1], builder.mul(s, _c(4))), _F32),
-                  ROWS)
+                  lanes)
 
 
 _SUPER = {"q4_k": _q4k_super, "q6_k": _q6k_super}
@@ -271,9 +287,11 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             f = _Front(context, builder, signature, args, kind)
             toks = [f.token(builder, j) for j in range(ntok)]
-            acc = _phi_loop(builder, f.nsb, [_FZERO] * ntok,
-                            lambda s, a: step(builder, f, toks, s, a))
-            _store(builder, f, toks, acc)
+            for half in halves_for(ntok):  # the 16 rows at once, or two halves (HALVES)
+                rows = _Half(half)
+                acc = _phi_loop(builder, f.nsb, [_fzero(rows.lanes)] * ntok,
+                                lambda s, a, rows=rows: step(builder, f, toks, s, a, rows))
+                _store(builder, f, toks, acc, rows.first)
             return context.get_dummy_value()
 
         return sig, codegen
