@@ -54,35 +54,13 @@ def main() -> None:
                     help="holds convert_hf_to_gguf.py, conversion/ and gguf-py/")
     ap.add_argument("--ref-python", required=True, help="python with llama-cpp-python")
     args = ap.parse_args()
-    import torch
-    import transformers as tf
-    from tokenizers import Tokenizer
-
     os.environ["MINFER_LLAMA_CPP_DIR"] = args.llama_cpp_dir
-    from tests.hf_tiny import write_bpe_tokenizer
+    from tests.hf_tiny import write_reranker_checkpoint
     from tests.llama_convert import reference_convert
 
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        hf = Path(tmp) / "qwen3-reranker-tiny"
-        hf.mkdir()
-        write_bpe_tokenizer(hf)
-        tok = Tokenizer.from_file(str(hf / "tokenizer.json"))
-        tok.add_tokens(["yes", "no"])
-        tok.save(str(hf / "tokenizer.json"))
-        config = tf.Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=64,
-                                intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                max_position_embeddings=512, rms_norm_eps=1e-6,
-                                tie_word_embeddings=True, rope_theta=1e6,
-                                initializer_range=0.2)  # sharp: a wrong row or token shows
-        torch.manual_seed(0)
-        model = tf.Qwen3ForCausalLM(config).eval()
-        with torch.no_grad():  # norms away from 1, so a wrong norm shows
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
-        model.save_pretrained(hf)
+        hf = write_reranker_checkpoint(Path(tmp) / "qwen3-reranker-tiny")
         gguf_path = OUT / "qwen3_reranker.gguf"
         gguf_path.unlink(missing_ok=True)
         reference_convert([(hf, gguf_path, "f32", "qwen2")])

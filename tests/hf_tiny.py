@@ -123,6 +123,35 @@ def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "flo
     return out
 
 
+def write_reranker_checkpoint(out: Path, *, tied: bool = True, seed: int = 0) -> Path:
+    """A random Qwen3-Reranker-shaped checkpoint in `out` (name the folder for it, e.g.
+    `qwen3-reranker-tiny`: llama.cpp's converter recognises one by its name): Qwen3ForCausalLM,
+    2 layers, n_embd 64, the output tied to the embedding or not, a byte-level BPE tokenizer
+    plus "yes" and "no" as tokens (the reranker's head reads their rows)."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_bpe_tokenizer(out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_tokens(["yes", "no"])
+    tok.save(str(out / "tokenizer.json"))
+    config = tf.Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=64,
+                            intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                            rms_norm_eps=1e-6, tie_word_embeddings=tied, rope_theta=1e6,
+                            initializer_range=0.2)  # sharp: a wrong row or token shows
+    torch.manual_seed(seed)
+    model = tf.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():  # norms away from 1, so a wrong norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
 def hf_logits(ckpt: Path, ids: list[int]) -> Any:
     """transformers' own float32 forward: last-position logits as a numpy array."""
     import torch

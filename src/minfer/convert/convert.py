@@ -28,7 +28,14 @@ from gguf import GGMLQuantizationType as QType
 from gguf import LlamaFileType
 
 from minfer.convert.checkpoint import CheckpointError, SafeTensor, checkpoint_tensors
-from minfer.convert.families import Config, Family, family_for, rope_params
+from minfer.convert.families import (
+    RERANK_LABELS,
+    Config,
+    Family,
+    family_for,
+    qwen3_reranker,
+    rope_params,
+)
 from minfer.convert.vocab import Vocab, load_vocab
 from minfer.tools.progress import byte_progress
 
@@ -51,6 +58,7 @@ class Planned:
     qtype: QType
     source: SafeTensor | None = None
     generated: np.ndarray | None = None
+    rows: tuple[int, ...] | None = None  # only these rows of the source, in this order
 
     @property
     def nbytes(self) -> int:
@@ -79,6 +87,9 @@ def load_config(model_dir: Path) -> tuple[Family, Config]:
     pooling = sentence_pooling(model_dir)
     if pooling is not None:
         cfg["_pooling_type"] = pooling
+    if family.arch == gguf.MODEL_ARCH.QWEN3 and qwen3_reranker(model_dir, cfg):
+        cfg["_reranker"] = True
+        cfg["_pooling_type"] = gguf.PoolingType.RANK
     return family, cfg
 
 
@@ -130,9 +141,27 @@ def plan_tensors(family: Family, cfg: Config, tensors: list[SafeTensor], vocab: 
         shape = t.shape
         if family.trims_embedding and name == "token_embd.weight":
             shape = (min(shape[0], vocab.n_tokens), *shape[1:])
+        head = "token_embd.weight" if cfg.get("tie_word_embeddings") else "output.weight"
+        if cfg.get("_reranker") and name == head:
+            plan.append(_rerank_head(t, vocab, want))
+            if name == "output.weight":  # llama.cpp writes the head alone
+                continue
         plan.append(Planned(name, shape, _out_type(name, shape, want, family.keep_f32),
                             source=t))
     return plan
+
+
+def _rerank_head(t: SafeTensor, vocab: Vocab, want: QType) -> Planned:
+    """A Qwen3-Reranker's `cls.output`: the rows of the output projection `t` (or the tied
+    embedding) for the tokens "yes" and "no"."""
+    rows = []
+    for label in RERANK_LABELS:
+        if label not in vocab.tokens:
+            raise CheckpointError(f"a Qwen3-Reranker's vocabulary needs the token {label!r}")
+        rows.append(vocab.tokens.index(label))
+    shape = (len(rows), *t.shape[1:])
+    name = "cls.output.weight"
+    return Planned(name, shape, _out_type(name, shape, want), source=t, rows=tuple(rows))
 
 
 def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: LlamaFileType) -> None:
@@ -210,6 +239,10 @@ def _tensor_data(p: Planned, family: Family, cfg: Config) -> np.ndarray:
     if p.generated is not None:
         return p.generated
     assert p.source is not None
+    if p.rows is not None:
+        data = np.concatenate([family.fix(p.source.name, p.source.load((r, r + 1)), cfg)
+                               for r in p.rows])
+        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), p.qtype)
     n_rows = p.shape[0]  # Gemma's embedding stops at the vocabulary
     if len(p.shape) != 2 or p.source.name.endswith(family.whole_tensor):
         return _convert(p, family, cfg, (0, n_rows))

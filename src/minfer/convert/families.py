@@ -10,6 +10,12 @@ family-specific metadata written after the common keys, and the per-tensor fix-u
 converter applies — Llama's Q/K row permutation (HF stores rotary halves; GGUF wants interleaved
 pairs), Gemma 3's RMSNorm weights stored as w-1 (+1 on every `*norm.weight`) and its embedding
 trimmed to the real vocabulary. Extra tensors (Llama 3's `rope_freqs`) are generated here too.
+
+A Qwen3 checkpoint that is a Qwen3-Reranker (`qwen3_reranker`: llama.cpp's tests, the README's
+title, the folder's or the config's name, a sequence-classification architecture) is written as
+llama.cpp writes one: rank pooling, the labels "yes" / "no", the `rerank` prompt template, and
+the head `cls.output` (the output projection's "yes" and "no" rows; an untied projection is not
+written itself).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gguf
@@ -154,6 +161,41 @@ def _pooling_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
         w.add_pooling_type(pooling)
 
 
+# llama.cpp's converter's prompt for Qwen3-Reranker (`tokenizer.chat_template.rerank`)
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\"."
+    "<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant "
+    "passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+RERANK_LABELS = ("yes", "no")  # the head's rows, in this order
+
+
+def qwen3_reranker(model_dir: Path, cfg: Config) -> bool:
+    """Whether a Qwen3 checkpoint is a Qwen3-Reranker, by llama.cpp's converter's tests: its
+    README's title, the folder's name, `_name_or_path`, `model_type` or architecture naming
+    one, or a sequence-classification architecture."""
+    names = ("qwen3-reranker", "qwen3-vl-reranker")
+    readme = model_dir / "README.md"
+    text = readme.read_text(encoding="utf-8", errors="replace").lower() if readme.is_file() \
+        else ""
+    if any(f"# {n}" in text for n in names):
+        return True
+    arch = str((cfg.get("architectures") or [""])[0] or "")
+    hints = [model_dir.name, str(cfg.get("_name_or_path", "")), str(cfg.get("model_type", "")),
+             arch]
+    if any(n in h.lower() for h in hints for n in names):
+        return True
+    return "sequenceclassification" in arch.lower()
+
+
+def _qwen3_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    _pooling_kv(w, cfg)
+    if cfg.get("_reranker"):
+        w.add_classifier_output_labels(list(RERANK_LABELS))
+        w.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
+
+
 def _bert_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
     w.add_causal_attention(False)
     _pooling_kv(w, cfg)
@@ -183,7 +225,7 @@ class Family:
 
 FAMILIES = (
     Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",), extra_kv=_pooling_kv),
-    Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",), extra_kv=_pooling_kv),
+    Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",), extra_kv=_qwen3_kv),
     Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM"), fix=_llama_fix,
            extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs,
            whole_tensor=("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")),
