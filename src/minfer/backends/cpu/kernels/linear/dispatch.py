@@ -61,6 +61,7 @@ from minfer.backends.cpu.kernels.quant.activations import (
     Q8KBlocks,
     bind_quantize_q8_0,
     bind_quantize_q8_k,
+    dequantize,
     new_q8_0,
     new_q8_k,
     quantize_q8_0,
@@ -309,7 +310,9 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> Non
 
 
 def matmul_sgemm(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) -> None:
-    """The prefill path: dequantized f32 weight tiles times f32 activations through BLAS."""
+    """The prefill path: dequantized f32 weight tiles through BLAS, times the activation as the
+    integer path rounds it (`activation_values`): the same products as ggml's dots, which take
+    quantized activations, up to float rounding."""
     qt = qtype_of(qtype)
     if qt in PACKED_TYPES.values():
         raise ValueError(f"{qt.name} weights are read by the integer path only")
@@ -318,7 +321,16 @@ def matmul_sgemm(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) 
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x of shape {x.shape} does not match weight rows of {n_in}")
     _check_out(out, (x.shape[0], w.shape[0]))
-    sgemm_tiles(w, qt, x, out)
+    sgemm_tiles(w, qt, activation_values(x, qt), out)
+
+
+def activation_values(x: np.ndarray, qtype: int) -> np.ndarray:
+    """x as `qtype`'s dots see it, in f32: through its quantized form (Q8_0 / Q8_K codes times
+    their scales), rounded to f16 / bf16 for those weights, itself for f32. Without it the sgemm
+    path's f32 activations put Gemma-3-270M's perplexity 1.45% from llama.cpp's (4.435 against
+    4.500; with it 4.481, as the integer path; AMD EPYC Zen 3, whose Q8_0 prefill takes sgemm)."""
+    xq = quantize_activation(x, qtype)
+    return xq if isinstance(xq, np.ndarray) else dequantize(xq)
 
 
 def _check_out(out: np.ndarray, shape: tuple[int, int]) -> None:

@@ -227,6 +227,25 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     return out
 
 
+@njit(cache=True, parallel=True)
+def _dequantize_rows(qs, d, out):
+    nt, n = qs.shape
+    block = n // d.shape[1]
+    for t in prange(nt):
+        for b in range(d.shape[1]):
+            scale = d[t, b]
+            for i in range(b * block, (b + 1) * block):
+                out[t, i] = np.float32(qs[t, i]) * scale
+
+
+def dequantize(xq: Q8Blocks | Q8KBlocks) -> np.ndarray:
+    """The values a quantized activation stands for, f32 `[nt, n]`: each code times its block's
+    scale (what the integer dots multiply the weights by, up to where they round)."""
+    out = np.empty(xq.qs.shape, np.float32)
+    _dequantize_rows(xq.qs, xq.d, out)
+    return out
+
+
 def new_q8_0(nt: int, n: int) -> Q8Blocks:
     """Empty Q8_0 blocks for `[nt, n]`, to be filled by `bind_quantize_q8_0`."""
     return Q8Blocks(qs=np.empty((nt, n), np.int8), d=np.empty((nt, n // 32), np.float32),
