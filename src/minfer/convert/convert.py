@@ -239,10 +239,8 @@ def _tensor_data(p: Planned, family: Family, cfg: Config) -> np.ndarray:
     if p.generated is not None:
         return p.generated
     assert p.source is not None
-    if p.rows is not None:
-        data = np.concatenate([family.fix(p.source.name, p.source.load((r, r + 1)), cfg)
-                               for r in p.rows])
-        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), p.qtype)
+    if p.rows is not None:  # every output type is row-wise: the chosen rows one by one
+        return np.concatenate([_convert(p, family, cfg, (r, r + 1)) for r in p.rows])
     n_rows = p.shape[0]  # Gemma's embedding stops at the vocabulary
     if len(p.shape) != 2 or p.source.name.endswith(family.whole_tensor):
         return _convert(p, family, cfg, (0, n_rows))

@@ -68,9 +68,8 @@ def rope_thetas(positions: np.ndarray, *, rope_dim: int, base: float, freq_scale
     """The f32 angles `[n, rope_dim/2]` the rope kernel uses at `positions`."""
     pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     ff = _NO_FACTORS if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
-    terms = np.array([yarn.ext_factor, yarn.corr_low, yarn.corr_high, yarn.mscale], np.float32)
     result: np.ndarray = _thetas(pos, rope_dim, np.float32(base), np.float32(freq_scale), ff,
-                                 terms)
+                                 yarn.terms())
     return result
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from minfer.errors import GGUFError, ModelError
 from minfer.gguf.reader import GGUFFile
-from minfer.gguf.rope_scaling import Yarn, YarnRope
+from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 
 SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
@@ -115,7 +115,7 @@ class HParams:
     def layer_rope_yarn(self, layer: int) -> YarnRope:
         """The layer's YaRN terms (none without YaRN), from its own base and scale."""
         if self.yarn is None:
-            return YarnRope()
+            return NO_YARN
         return self.yarn.layer(rope_dim=self.rope_dim, base=self.layer_rope_base(layer),
                                freq_scale=self.layer_rope_freq_scale(layer))
 

@@ -41,6 +41,11 @@ class YarnRope:
     corr_high: float = 0.0
     mscale: float = 1.0
 
+    def terms(self) -> np.ndarray:
+        """The four as the compiled rope kernels take them: f32 [ext_factor, corr_low,
+        corr_high, mscale]."""
+        return np.array([self.ext_factor, self.corr_low, self.corr_high, self.mscale], F32)
+
 
 NO_YARN = YarnRope()
 

@@ -135,8 +135,7 @@ def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
     if positions.dtype.kind != "i":
         raise ValueError(f"positions must be integers, got {positions.dtype}")
     base32, scale32, neox = np.float32(base), np.float32(freq_scale), style == "neox"
-    terms = np.array([yarn.ext_factor, yarn.corr_low, yarn.corr_high, yarn.mscale], np.float32)
     # the positions as the batch fills them in (int32 from the engine), read in place
     kernel = _rope_par if x.shape[0] >= PARALLEL_MIN_ROWS else _rope
-    return partial(kernel, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff, terms,
-                   neox, out)
+    return partial(kernel, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff,
+                   yarn.terms(), neox, out)

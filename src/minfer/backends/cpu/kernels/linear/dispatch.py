@@ -61,7 +61,7 @@ from minfer.backends.cpu.kernels.quant.activations import (
     Q8KBlocks,
     bind_quantize_q8_0,
     bind_quantize_q8_k,
-    dequantize,
+    dequantize_activation,
     new_q8_0,
     new_q8_k,
     quantize_q8_0,
@@ -328,9 +328,10 @@ def activation_values(x: np.ndarray, qtype: int) -> np.ndarray:
     """x as `qtype`'s dots see it, in f32: through its quantized form (Q8_0 / Q8_K codes times
     their scales), rounded to f16 / bf16 for those weights, itself for f32. Without it the sgemm
     path's f32 activations put Gemma-3-270M's perplexity 1.45% from llama.cpp's (4.435 against
-    4.500; with it 4.481, as the integer path; AMD EPYC Zen 3, whose Q8_0 prefill takes sgemm)."""
+    4.500; with it 4.479, the integer path 4.481; AMD EPYC Zen 3, whose Q8_0 prefill takes
+    sgemm)."""
     xq = quantize_activation(x, qtype)
-    return xq if isinstance(xq, np.ndarray) else dequantize(xq)
+    return xq if isinstance(xq, np.ndarray) else dequantize_activation(xq)
 
 
 def _check_out(out: np.ndarray, shape: tuple[int, int]) -> None:

@@ -238,7 +238,7 @@ def _dequantize_rows(qs, d, out):
                 out[t, i] = np.float32(qs[t, i]) * scale
 
 
-def dequantize(xq: Q8Blocks | Q8KBlocks) -> np.ndarray:
+def dequantize_activation(xq: Q8Blocks | Q8KBlocks) -> np.ndarray:
     """The values a quantized activation stands for, f32 `[nt, n]`: each code times its block's
     scale (what the integer dots multiply the weights by, up to where they round)."""
     out = np.empty(xq.qs.shape, np.float32)

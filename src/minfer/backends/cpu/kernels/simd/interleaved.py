@@ -29,6 +29,7 @@ tiles of 32 tokens 0.9-1.1x; the vector loads of a stored tile wait for the tile
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from llvmlite import ir
@@ -83,20 +84,33 @@ Q8_ROWS_OFFSET = 0 if SIGN_TRICK else 128
 # cannot: their pairs reach 2^15 alone).
 PAIRS16 = not HAS_VNNI and not HAS_VNNI512
 # Without zmm (AVX2, AVX-VNNI: 16 ymm registers) a pass of several tokens takes a group's 16
-# rows as two 8-row halves, one block loop each: one loop over the 16 rows kept their 8 code
-# vectors (16 ymm) and each token's 4 accumulators live at once, and spilled (491 stack
-# accesses in the Q4_0 driver, 184 after). AMD EPYC Zen 3, 2 threads, 16 tokens: Q5_0
-# 4864 x 896 0.95 -> 0.52 ms, Q4_0 0.69 -> 0.43, Q4_K 896 x 4864 0.95 -> 0.57, Q6_K
-# 1536 x 8960 2.3-2.5 -> 1.7-1.8. One token keeps the single loop: memory-bound, it streamed
-# the weights slower in two (1.5B decode 24-28 -> 21-23 tok/s), and so does Q8_0 (no codes to
-# unpack; 151936 x 896 at 16 tokens 22.3-24.0 -> 25.9-28.5 ms in two). Each lane's float
-# steps are those of the single loop, so the bits are too.
-HALVES: tuple[int | None, ...] = (None,) if HAS_VNNI512 else (0, 1)
+# rows as two 8-row halves, one block loop each (`row_spans`): one loop over the 16 rows kept
+# their 8 code vectors (16 ymm) and each token's 4 accumulators live at once, and spilled (491
+# stack accesses in the Q4_0 driver, 184 after). AMD EPYC Zen 3, 2 threads, 16 tokens, best of
+# 30 over several alternations on a noisy host: Q4_K 896 x 4864 0.554 -> 0.409 ms, 8960 x 1536
+# 1.72 -> 1.28, Q6_K 0.540 -> 0.504, Q5_0 0.542 -> 0.517. One token keeps the single loop
+# (memory-bound: two loops stream a group twice, and measured no faster), and so does Q8_0 (no
+# codes to unpack; 151936 x 896 at 16 tokens measured slower in two). Each lane's float steps
+# are those of the single loop, so the bits are too.
+@dataclass(frozen=True)
+class RowSpan:
+    """The rows of a group one block loop covers: `lanes` rows from row `first` (lanes first..
+    of every interleaved vector and scale run); `prefetch`: this loop streams the weights in
+    (a second half reads what the first brought in)."""
+
+    lanes: int
+    first: int
+    prefetch: bool = True
 
 
-def halves_for(ntok: int) -> tuple[int | None, ...]:
-    """The block loops of an ntok-token pass (`HALVES`; one token: the 16 rows at once)."""
-    return HALVES if ntok > 1 else (None,)
+WHOLE = RowSpan(ROWS, 0)
+_HALVES = (RowSpan(ROWS // 2, 0), RowSpan(ROWS // 2, ROWS // 2, prefetch=False))
+
+
+def row_spans(ntok: int) -> tuple[RowSpan, ...]:
+    """The block loops of an ntok-token pass: the 16 rows at once, or (several tokens, no zmm)
+    two halves."""
+    return _HALVES if ntok > 1 and not HAS_VNNI512 else (WHOLE,)
 
 
 def _data(context: Any, builder: Any, aryty: Any, ary: Any) -> Any:
@@ -162,19 +176,18 @@ def halves(builder: Any, w: Any, at: Any, lanes: int = ROWS) -> Any:
 
 
 def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
-           half: int | None = None) -> tuple[list[Any], Any]:
+           rows: RowSpan = WHOLE) -> tuple[list[Any], Any]:
     """Block column b of a row group, its packed group at byte `base` of i8* `w`: eight
     <64 x i8> code vectors (vector j = codes 4j..4j+3 of every row, row i at dword i) and the
-    rows' scales as <16 x f32>; with `half` (0 or 1) only rows 8 half.. 8 half + 7 of them
-    (<32 x i8> vectors, <8 x f32> scales). Group bytes (`quant.repack._repack_group` with
+    rows' scales as <16 x f32>; for a half `rows` only its 8 rows (<32 x i8> vectors,
+    <8 x f32> scales). Group bytes (`quant.repack._repack_group` with
     block i = row i): 16 f16 scales, then
     - Q4_0 / Q5_0: (Q5_0) eight 64-bit masks, bit 4i + c of mask j = 5th bit of code 4j + c of
       row i | four 64-byte chunks, byte 4i + c of chunk j = qs byte 4j + c of row i (low nibble:
       code 4j + c, high nibble: code 16 + 4j + c);
     - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
       operand of vpdpbusd)."""
-    lanes = ROWS if half is None else ROWS // 2
-    first = 0 if half is None else half * lanes  # the first row read
+    lanes, first = rows.lanes, rows.first
     n = 4 * lanes  # bytes per code vector
     dw = halves(builder, w, builder.add(base, _c(2 * first)), lanes)
     if signed:
@@ -253,18 +266,18 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
             pairs16 = PAIRS16 and not signed  # small codes only (not Q8_0's)
             code_max = 2 * offset - 1  # Q4_0: 15, Q5_0: 31
 
-            def block_loop(half: int | None) -> None:
-                """The block loop over the group's rows (`half`: see HALVES), stored."""
-                lanes = ROWS if half is None else ROWS // 2
+            def block_loop(rows: RowSpan) -> None:
+                """The block loop over those rows of the group, stored."""
+                lanes = rows.lanes
                 n = 4 * lanes
 
                 def body(b: Any, pair: list[Any]) -> list[Any]:
                     acc = pair[:ntok]  # this block's accumulators; the other set waits a block
                     base = f.group(builder, b, size)
-                    if half != 1:  # the second half reads what the first brought in
+                    if rows.prefetch:
                         prefetch_span(builder, f.w, builder.add(base, _c(ROWS_PREFETCH)),
                                       ROWS * size)
-                    wt, dw = _group(builder, f.w, base, qh is not None, signed, half)
+                    wt, dw = _group(builder, f.w, base, qh is not None, signed, rows)
                     mags = [_psign(builder, v, v) for v in wt] if trick else wt  # |w|, once
                     new = []
                     for tok, a in zip(toks, acc, strict=True):
@@ -291,10 +304,10 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
                 zero = ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
                 pair = _phi_loop(builder, f.nb, [zero] * (2 * ntok), body)
                 _store(builder, f, toks, [builder.fadd(a, b) for a, b in zip(
-                    pair[:ntok], pair[ntok:], strict=True)], 0 if half is None else half * lanes)
+                    pair[:ntok], pair[ntok:], strict=True)], rows.first)
 
-            for half in halves_for(ntok) if not signed else (None,):
-                block_loop(half)
+            for rows in row_spans(ntok) if not signed else (WHOLE,):
+                block_loop(rows)
             return context.get_dummy_value()
 
         return sig, codegen

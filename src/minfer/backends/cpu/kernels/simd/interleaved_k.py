@@ -61,11 +61,12 @@ from minfer.backends.cpu.kernels.simd.blocks import (
 from minfer.backends.cpu.kernels.simd.interleaved import (
     PAIRS16,
     ROWS,
+    RowSpan,
     _c,
     _store,
     halves,
-    halves_for,
     prefetch_span,
+    row_spans,
 )
 from minfer.backends.cpu.kernels.simd.interleaved import _Front as _Front32
 from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
@@ -86,16 +87,6 @@ def _ivec(v: int, lanes: int = ROWS) -> Any:
 
 def _fzero(lanes: int) -> Any:
     return ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
-
-
-class _Half:
-    """The rows a block loop covers: all 16 of the group (half None), or 8 of them (half 0 or
-    1: `simd.interleaved.halves_for`), lanes first.. of every interleaved vector and scale run."""
-
-    def __init__(self, half: int | None) -> None:
-        self.lanes = ROWS if half is None else ROWS // 2
-        self.first = 0 if half is None else half * self.lanes
-        self.prefetch = half != 1  # the second half reads what the first brought in
 
 
 class _Front(_Front32):
@@ -128,7 +119,7 @@ def _as_bytes(builder: Any, v: Any) -> Any:
 
 
 def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
-               rows: _Half) -> list[Any]:
+               rows: RowSpan) -> list[Any]:
     """Super-block column s of the row group (Q4_K) for every token: the new accumulators."""
     w, base, n, lanes = f.w, _column(builder, f, s, 144), 4 * rows.lanes, rows.lanes
 
@@ -203,7 +194,7 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
 
 
 def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
-               rows: _Half) -> list[Any]:
+               rows: RowSpan) -> list[Any]:
     """Super-block column s of the row group (Q6_K) for every token: the new accumulators."""
     w, base, n, lanes = f.w, _column(builder, f, s, 210), 4 * rows.lanes, rows.lanes
 
@@ -287,8 +278,7 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             f = _Front(context, builder, signature, args, kind)
             toks = [f.token(builder, j) for j in range(ntok)]
-            for half in halves_for(ntok):  # the 16 rows at once, or two halves (HALVES)
-                rows = _Half(half)
+            for rows in row_spans(ntok):
                 acc = _phi_loop(builder, f.nsb, [_fzero(rows.lanes)] * ntok,
                                 lambda s, a, rows=rows: step(builder, f, toks, s, a, rows))
                 _store(builder, f, toks, acc, rows.first)
