@@ -82,8 +82,8 @@ def main() -> int:
         tree = worktree(rev)
         rev_env = {**env, "PYTHONPATH": str(tree / "src")}
         commands[f"minfer@{rev}"] = ([str(REPO / ".venv/bin/python"), "-c",
-                                      "import sys; from minfer.cli.main import main; "
-                                      "sys.argv[0] = 'minfer'; sys.exit(main())",
+                                      "import sys; from minfer.cli.main import entry; "
+                                      "sys.argv[0] = 'minfer'; entry()",
                                       *minfer_command(REPO, args.model)[1:]], rev_env)
     if args.ref_python:
         commands["llama.cpp"] = ([args.ref_python, "-c", LLAMA_SCRIPT, str(args.model), PROMPT],

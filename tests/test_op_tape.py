@@ -197,7 +197,9 @@ base.BaseContext.refresh = lambda self: (refreshes.append(1), plain(self))[1]
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 import leanmod
-print(leanmod.total(np.arange(10.0)), len(refreshes))
+from numba import njit
+twice = njit(lambda x: 2.0 * leanmod.total(x))  # compiled here: links the loaded kernel in
+print(leanmod.total(np.arange(10.0)), len(refreshes), twice(np.arange(10.0)))
 """
 
 
@@ -216,7 +218,31 @@ def test_lean_cache_loads_skip_the_context_refresh_only_for_cached_code(tmp_path
                            capture_output=True, text=True, timeout=300) for _ in range(2)]
     for r in runs:
         assert r.returncode == 0, r.stderr
-    (cold_sum, cold_refreshes), (warm_sum, warm_refreshes) = (
+    (cold_sum, cold_refreshes, cold_twice), (warm_sum, warm_refreshes, warm_twice) = (
         r.stdout.split() for r in runs)
     assert cold_sum == warm_sum == "45.0"
+    assert cold_twice == warm_twice == "90.0"
     assert int(cold_refreshes) > 0 and int(warm_refreshes) == 0
+
+
+def test_cached_objects_symbols_are_those_their_modules_define() -> None:
+    """Lean cache loads take a kernel's defined names from its object file's symbol table, not
+    from its parsed bitcode: the two agree (functions and data, internal ones included)."""
+    import llvmlite.binding as ll
+    from numba import njit
+
+    from minfer.jit_cache import elf_defined_symbols
+
+    @njit
+    def norm(x):  # type: ignore[no-untyped-def]
+        return np.sqrt((x * x).sum()) + len(str(x.size))
+
+    norm(np.arange(3.0))
+    library = norm.overloads[norm.signatures[0]].library
+    _, kind, (obj, bitcode) = library.serialize_using_object_code()
+    module = ll.parse_bitcode(bitcode)
+    defined = {g.name for group in (module.functions, module.global_variables) for g in group
+               if not g.is_declaration}
+    assert kind == "object" and len(defined) > 3
+    assert elf_defined_symbols(obj) == defined
+    assert elf_defined_symbols(b"\xcf\xfa\xed\xfe" + obj[4:]) is None  # (Mach-O's magic)

@@ -18,28 +18,30 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minfer import env
-from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
 from minfer.engine.config import EngineConfig, usable_cores
-from minfer.engine.core.request import TokenLogprob
 from minfer.engine.embed import Embedder, embedding_config, rerank_template
 from minfer.engine.forward import Engine
-from minfer.engine.generate import Constraint, Finished, Piece, generate, score
 from minfer.errors import ContextOverflowError, MinferError, ModelError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
-from minfer.sampling.sampler import Sampler
-from minfer.sampling.tool_calls import history_for
 from minfer.store import resolve_model
-from minfer.tokenizer.chat import ChatTemplate
-from minfer.tokenizer.tokenizer import Tokenizer
 
+# The text side (tokenizer, chat template, generation, sampling) is imported where it is first
+# used: a warm `minfer run` starts readying the engine before these imports (~0.1 s), which
+# then overlap the engine's kernel loads (`Engine.warm_in_background`).
 if TYPE_CHECKING:
+    from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
     from minfer.engine.core.proposer import Speculator
+    from minfer.engine.core.request import TokenLogprob
+    from minfer.engine.generate import Constraint, Finished, Piece
     from minfer.engine.speculative import SpecConfig
     from minfer.engine.warmup import Progress
     from minfer.sampling.grammar import GrammarMask, GrammarVocab
     from minfer.sampling.mask import LogitMask
+    from minfer.sampling.sampler import Sampler
+    from minfer.tokenizer.chat import ChatTemplate
+    from minfer.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_N_CTX = 4096
 
@@ -98,10 +100,14 @@ class Model:
     def tokenizer(self) -> Tokenizer:
         """Read on first use: what takes token ids (the engine, `minfer bench`) runs on a file
         whose vocabulary this build cannot tokenize, and a refusal comes when text is asked."""
+        from minfer.tokenizer.tokenizer import Tokenizer
+
         return Tokenizer.from_gguf(self.file)
 
     @cached_property
     def chat_template(self) -> ChatTemplate:
+        from minfer.tokenizer.chat import ChatTemplate
+
         return ChatTemplate.from_gguf(self.file, self.tokenizer)
 
     @property
@@ -194,6 +200,8 @@ class Model:
 
     def sampler(self, params: SamplerParams, seed: int | None, n_ctx: int,
                 logit_mask: LogitMask | None = None) -> Sampler:
+        from minfer.sampling.sampler import Sampler
+
         return Sampler(params, self.hparams.n_vocab, seed=seed,
                        token_text=self.tokenizer.token_text,
                        encode=lambda s: self.tokenizer.encode(s, special=False), n_ctx=n_ctx,
@@ -215,6 +223,8 @@ class Model:
         """The prompt text; template_vars reach the jinja template (Qwen3's enable_thinking).
         A template that cannot write a tool history gets it as text, one that never reads
         `tools` their description in the system message (`history_for`)."""
+        from minfer.sampling.tool_calls import history_for
+
         template = self.chat_template
         return template.render(history_for(messages, template.source, template.variables, tools),
                                tools=tools, add_generation_prompt=add_generation_prompt,
@@ -225,6 +235,8 @@ class Model:
                     reasoning: ReasoningOptions | None = None) -> tuple[list[int], ReplyPlan]:
         """The rendered conversation's ids and the reply's plan: where its thinking starts,
         how it is split off, the mask that holds it to the budget."""
+        from minfer.chat.reasoning import ReasoningOptions
+
         opts = reasoning or ReasoningOptions()
         text = self.render_chat(messages, tools=tools, **opts.template_vars())
         plan = opts.plan(text, lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
@@ -251,6 +263,8 @@ class Model:
         speculator: verify proposals in batches (`self.speculator(...)`); Finished.speculation
         then counts drafted and accepted tokens.
         """
+        from minfer.engine.generate import Constraint, generate
+
         if not prompt_ids:
             raise MinferError("the prompt is empty")
         if max_tokens < 0:
@@ -304,6 +318,8 @@ class Model:
                  stop: Sequence[str] = (), seed: int | None = None,
                  **sampling: Any) -> Iterator[str]:
         """Continue a raw prompt (no chat template); yields text pieces as they are produced."""
+        from minfer.engine.generate import Piece
+
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params = SamplerParams(**sampling)
         for event in self.stream(ids, max_tokens=max_tokens, stop=stop, seed=seed,
@@ -314,6 +330,8 @@ class Model:
     def score(self, prompt: str | Sequence[int], *, top: int = 0) -> list[TokenLogprob]:
         """Each token of the prompt after the first, scored given those before it: its
         logprob and the `top` most likely tokens there (a text's log-likelihood, perplexity)."""
+        from minfer.engine.generate import score
+
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise MinferError("the prompt is empty")
@@ -346,6 +364,8 @@ class Model:
                 reasoning: ReasoningOptions | None = None, **sampling: Any) -> ChatReply:
         """The whole reply to a conversation, its thinking split from its content as the
         server splits it (reasoning: format, budget, template variables; default auto)."""
+        from minfer.engine.generate import Finished
+
         ids, plan = self.chat_prompt(messages, tools=tools, reasoning=reasoning)
         finished: Finished | None = None
         for event in self.stream(ids, max_tokens=max_tokens, stop=stop, seed=seed,
