@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
+from minfer.backends.cpu.kernels import PACKED_FORM
 from minfer.engine.forward import Batch, Engine
 from minfer.errors import ContextOverflowError
 from minfer.gguf.hparams import HParams
@@ -73,7 +74,7 @@ def test_repacked_weights_match_the_oracle(tmp_path: Path) -> None:
     got = _all_rows(engine, TOKENS)
     ref = OracleQwen(str(path)).logits(TOKENS)
     assert _rel_err(got, ref) < 0.03
-    forms = {name for name, form in engine.weights._derived if form == "cpu-packed"}
+    forms = {name for name, form in engine.weights._derived if form == PACKED_FORM}
     assert {"blk.0.ffn_down.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight",
             "blk.0.attn_q.weight"} <= forms
     # Q8_0 interleaves where the dots are VNNI, and for batched engines on AVX2 (one row alone

@@ -10,6 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 from minfer.backends.cpu import kernels as K
+from minfer.backends.cpu.kernels import PACKED_FORM
 from minfer.backends.cpu.kernels.linear import experts as X
 from minfer.engine.forward import Batch, Engine
 from minfer.errors import GGUFError
@@ -67,7 +68,7 @@ def test_quantized_moe_matches_oracle(types: QType | dict[str, QType], tmp_path:
     got = engine.forward(TOKENS, 0, n_out=len(TOKENS))
     ref = OracleQwen(str(path)).logits(TOKENS)
     assert _rel_err(got, ref) < 0.06
-    packed = {name for name, form in engine.weights._derived if form == "cpu-packed"}
+    packed = {name for name, form in engine.weights._derived if form == PACKED_FORM}
     gate = QType.Q4_K if isinstance(types, dict) else types
     batched = engine.batch_invariant  # the engine's layout choice (`kernels.packable`)
     assert ("blk.0.ffn_gate_exps.weight" in packed) == K.packable(gate, 256, 256, batched)

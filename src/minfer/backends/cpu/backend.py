@@ -140,7 +140,7 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
         w, qt = raw, qtype
         packed = K.packable(qtype, n_in, raw.shape[0], ctx.batched)
         if packed:
-            w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
+            w, qt = ctx.weights.derived(w_name, K.PACKED_FORM, _repack_into)
         w, qt = K.integer_weight(w, qt)  # IQ4_NL / Q3_K: widened once, shared by both paths
         # an interleaved copy runs every batch size (its dots beat the sgemm path throughout,
         # and the file's pages then stay out of memory)
@@ -208,7 +208,7 @@ def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
         raw, qtype = ctx.weights.matrix(w_name)
         w, qt = raw.reshape(n_expert * n_out, -1), qtype
         if K.packable(qtype, n_in, n_out, ctx.batched):
-            w, qt = ctx.weights.derived(w_name, "cpu-packed", _repack_into)
+            w, qt = ctx.weights.derived(w_name, K.PACKED_FORM, _repack_into)
         w, qt = K.integer_weight(w, qt)
         ew = ctx.weights.state[key] = K.ExpertWeight(w.reshape(n_expert, n_out, -1), qt)
     assert isinstance(ew, K.ExpertWeight)

@@ -88,6 +88,7 @@ from minfer.backends.cpu.kernels.linear.dense import (
 )
 from minfer.backends.cpu.kernels.linear.dense import scratch_size as gemm_scratch_size
 from minfer.backends.cpu.kernels.linear.dispatch import (
+    PACKED_FORM,
     PREFILL_MIN_TOKENS,
     PrequantKernel,
     QuantizedActivation,
@@ -121,6 +122,7 @@ from minfer.backends.cpu.kernels.quant.types import QType, row_bytes
 
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
+    "PACKED_FORM",
     "PREFILL_MIN_TOKENS",
     "AmxWeight",
     "DenseWeight",

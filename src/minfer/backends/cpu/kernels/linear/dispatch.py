@@ -78,7 +78,7 @@ from minfer.backends.cpu.kernels.quant.types import (
     weight_view,
 )
 from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI512
-from minfer.backends.cpu.kernels.simd.interleaved import ROWS, SIGN_TRICK
+from minfer.backends.cpu.kernels.simd.interleaved import QH_SLICED, ROWS, SIGN_TRICK
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
@@ -126,6 +126,11 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k}
 
 
+# The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
+# layout differs between CPUs with and without mask registers (`QH_SLICED`).
+PACKED_FORM = "cpu-packed-qhs" if QH_SLICED else "cpu-packed"
+
+
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
 def packable(qtype: int, n_in: int, n_out: int, batched: bool = True) -> bool:
     """Whether `repack_weight` has a faster layout for this weight: Q4_0 / Q5_0 / Q8_0 / Q4_K /
@@ -153,7 +158,7 @@ def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
     if qt in (QType.Q4_K, QType.Q6_K):
         interleave_kquant(w, qt.name.lower(), dst)
     else:
-        interleave_block32(w, BLOCK_LAYOUT[qt][1], dst)
+        interleave_block32(w, BLOCK_LAYOUT[qt][1], dst, qh_sliced=QH_SLICED)
     return dst, PACKED_TYPES[qt]
 
 

@@ -35,7 +35,7 @@ def _repack_layout(size: int) -> tuple[int, bool]:
 # The group copy is called, not inlined (inlined, it made the first run compile the repacking
 # loop in 8 s instead of 3.6 s, for no measurable repacking speed).
 @njit
-def _repack_group(src, dst, o, g, size, qs_off, has_qh):
+def _repack_group(src, dst, o, g, size, qs_off, has_qh, sliced):
     """g consecutive blocks of src from byte o into the packed group at byte o of dst."""
     n = 4 * g
     if size == 34:  # Q8_0: scales, then the codes transposed as they are, ^ 0x80
@@ -57,7 +57,17 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh):
         for j in range(4):
             d, s = o + cbase + n * j + 4 * i, bo + qs_off + 4 * j
             dst[d], dst[d + 1], dst[d + 2], dst[d + 3] = src[s], src[s + 1], src[s + 2], src[s + 3]
-    if has_qh:  # bit 4j+c of block i's qh goes to bit 4i+c of word j: one pass over the blocks
+    if has_qh and sliced:  # bit 4j+c of block i's qh goes to bit j of byte 4i+c
+        for i in range(g):
+            bo = o + i * size
+            q = (U(src[bo + 2]) | (U(src[bo + 3]) << U(8))
+                 | (U(src[bo + 4]) << U(16)) | (U(src[bo + 5]) << U(24)))
+            for c in range(4):
+                byte = U(0)
+                for j in range(8):
+                    byte |= ((q >> U(4 * j + c)) & U(1)) << U(j)
+                dst[o + 2 * g + 4 * i + c] = np.uint8(byte)
+    elif has_qh:  # bit 4j+c of block i's qh goes to bit 4i+c of word j: one pass over the blocks
         m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = U(0)
         f = U(15)
         for i in range(g):
@@ -87,7 +97,7 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _interleave_rows(w, out, size, qs_off, has_qh):
+def _interleave_rows(w, out, size, qs_off, has_qh, sliced):
     n_out, nbytes = w.shape
     nb = nbytes // size
     flat = out.reshape(-1)
@@ -98,19 +108,22 @@ def _interleave_rows(w, out, size, qs_off, has_qh):
             for i in range(16):
                 for k in range(size):
                     src[i * size + k] = w[16 * g + i, b * size + k]
-            _repack_group(src, dst, 0, 16, size, qs_off, has_qh)
+            _repack_group(src, dst, 0, 16, size, qs_off, has_qh, sliced)
             o = g * 16 * nbytes + b * 16 * size
             flat[o:o + 16 * size] = dst
 
 
-def interleave_block32(w: np.ndarray, size: int, out: np.ndarray) -> None:
+def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *,
+                       qh_sliced: bool = False) -> None:
     """A Q4_0 / Q5_0 / Q8_0 weight (uint8 [n_out, row bytes], n_out a multiple of 16) with
     each group of 16 rows rewritten block column by block column: block b of the 16 rows as
     one packed group (`simd.interleaved._group`), the groups of a row
     group in block order. Same size, exact; written into `out` (w's shape). Read by
-    `simd.interleaved`."""
+    `simd.interleaved`. Q5_0's 5th bits as eight 64-bit masks (mask j: the bits of the rows'
+    codes 4j..4j+3), or `qh_sliced`, as 64 bytes (byte 4i + c: bit j of it that of row i's
+    code 4j + c)."""
     qs_off, has_qh = _repack_layout(size)
-    _interleave_rows(w, out, size, qs_off, has_qh)
+    _interleave_rows(w, out, size, qs_off, has_qh, qh_sliced)
 
 
 # Interleaved K-quant super-blocks (`simd.interleaved_k`). Per group of 16 rows and super-block
