@@ -113,8 +113,7 @@ def _interleave_rows(w, out, size, qs_off, has_qh, sliced):
             flat[o:o + 16 * size] = dst
 
 
-def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *,
-                       qh_sliced: bool = False) -> None:
+def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *, qh_sliced: bool) -> None:
     """A Q4_0 / Q5_0 / Q8_0 weight (uint8 [n_out, row bytes], n_out a multiple of 16) with
     each group of 16 rows rewritten block column by block column: block b of the 16 rows as
     one packed group (`simd.interleaved._group`), the groups of a row

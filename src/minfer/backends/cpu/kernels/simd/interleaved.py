@@ -213,12 +213,12 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
         wt[j] = builder.and_(q, _splat(builder, 15, n))
         wt[j + 4] = builder.lshr(q, _splat(builder, 4, n))
     if has_qh and QH_SLICED:  # bit j of byte 4i + c: moved to bit 4 (16-bit lane shifts)
+        words = _vec(_I16, n // 2)
         sliced = builder.bitcast(_ld(builder, w, builder.add(base, _c(2 * ROWS + 4 * first)),
-                                     _vec(_I8, n)), _vec(_I16, n // 2))
+                                     _vec(_I8, n)), words)
         for j in range(8):
-            moved = (sliced if j == 4 else
-                     builder.shl(sliced, _splat16(builder, 4 - j, n // 2)) if j < 4 else
-                     builder.lshr(sliced, _splat16(builder, j - 4, n // 2)))
+            by = ir.Constant(words, [abs(4 - j)] * (n // 2))
+            moved = sliced if j == 4 else (builder.shl if j < 4 else builder.lshr)(sliced, by)
             bits = builder.and_(builder.bitcast(moved, _vec(_I8, n)), _splat(builder, 16, n))
             wt[j] = builder.or_(wt[j], bits)
     elif has_qh:
@@ -228,11 +228,6 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
             bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
             wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
     return wt, dw
-
-
-def _splat16(builder: Any, v: int, n: int) -> Any:
-    """n i16 lanes of the constant v."""
-    return ir.Constant(_vec(_I16, n), [v] * n)
 
 
 def _psign(builder: Any, a: Any, b: Any) -> Any:
