@@ -703,11 +703,18 @@ def test_cli_run_reports_acceptance_and_keeps_the_ids(tiny_qwen2: Path, other_dr
     plain = run()
     assert "speculative" not in plain
     for extra in (("--lookup-ngram", "2"), ("-md", str(other_draft), "--draft-p-min", "0"),
-                  ("-md", str(other_draft), "--lookup-ngram", "2")):
+                  ("-md", str(other_draft), "--lookup-ngram", "2"),
+                  ("-md", str(other_draft), "--draft-p-min", "0", "--draft-fixed")):
         got = run(*extra)
         spec = got["speculative"]
         assert got["ids"] == plain["ids"] and isinstance(spec, dict)
         assert set(spec) >= {"drafted", "accepted", "acceptance_rate"}
+    # fixed lengths: every step proposes the most --draft-max allows, 3 of 4 (a proposal of k
+    # takes k + 1 verify rows, in 2s, 4s, 8s, 16s); p_min 0: the draft never stops early
+    spec = run("-md", str(other_draft), "--draft-p-min", "0", "--draft-fixed",
+               "--draft-max", "4")["speculative"]
+    assert isinstance(spec, dict) and spec["verify_steps"] >= 5
+    assert spec["drafted"] == 3 * spec["verify_steps"]
     assert main(["run", str(tiny_qwen2), "hi", "--draft-max", "99", "--lookup-ngram", "2"]) == 2
     assert "--draft-max must be in 1..16" in capsys.readouterr().err
 

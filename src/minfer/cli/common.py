@@ -195,6 +195,10 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help="the draft's weights narrowed to Q4_0 when its file's are wider (made "
                         "once into the cache; faster draft steps, the same output); keep: the "
                         "file as it is (default q4_0)")
+    g.add_argument("--draft-fixed", action="store_true",
+                   help="always propose as many tokens as --draft-max allows, as llama.cpp "
+                        "does (default: the length, or a plain step, chosen per step from "
+                        "measured step costs and acceptance)")
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
@@ -205,7 +209,8 @@ def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
 
     config = SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
                         p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram,
-                        draft_vocab=args.draft_vocab, draft_quant=args.draft_quant)
+                        draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
+                        adaptive=not args.draft_fixed)
     return model.speculator(config, draft=args.model_draft, temp=args.temp, seed=args.seed)
 
 

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
         draft_model=resolve_model(args.model_draft) if args.model_draft else None,
         draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
-        draft_quant=args.draft_quant,
+        draft_quant=args.draft_quant, draft_adaptive=not args.draft_fixed,
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
         embeddings=args.embeddings or args.reranking or args.pooling is not None,
         pooling="rank" if args.reranking else args.pooling,

@@ -72,6 +72,7 @@ class ServerConfig:
     draft_p_min: float = 0.3
     draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
     draft_quant: str = "q4_0"  # the draft's weights narrowed to Q4_0 when wider ("keep": as is)
+    draft_adaptive: bool = True  # k (or a plain step) from measured costs; False: draft_max
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
     # more models, each loaded on its first request (model_path stays loaded)
     extra_models: tuple[Path, ...] = ()
@@ -156,7 +157,7 @@ def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
         return None
     return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min, p_min=cfg.draft_p_min,
                       lookup_ngram=cfg.lookup_ngram, draft_vocab=cfg.draft_vocab,
-                      draft_quant=cfg.draft_quant)
+                      draft_quant=cfg.draft_quant, adaptive=cfg.draft_adaptive)
 
 
 def model_name(path: Path) -> str:
