@@ -198,7 +198,8 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-fixed", action="store_true",
                    help="always propose as many tokens as --draft-max allows, as llama.cpp "
                         "does (default: the length, or a plain step, chosen per step from "
-                        "measured step costs and acceptance)")
+                        "measured step costs and acceptance); serve still proposes less beside "
+                        "other streams where a row costs the batch more than it yields")
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:

@@ -73,6 +73,7 @@ class ServerConfig:
     draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
     draft_quant: str = "q4_0"  # the draft's weights narrowed to Q4_0 when wider ("keep": as is)
     draft_adaptive: bool = True  # k (or a plain step) from measured costs; False: draft_max
+    # (the batch's own caps still apply beside other streams: `EngineCore._asks`)
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
     # more models, each loaded on its first request (model_path stays loaded)
     extra_models: tuple[Path, ...] = ()
