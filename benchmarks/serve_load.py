@@ -100,11 +100,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def one_stream(client: httpx.AsyncClient, prompt: str,
-                     max_tokens: int, chat: bool = False) -> tuple[float, int]:
+async def one_stream(client: httpx.AsyncClient, prompt: str, max_tokens: int,
+                     chat: bool = False, temperature: float = 0.0) -> tuple[float, int]:
     """(seconds to the first text chunk, tokens generated). chat: the prompt as a user message
-    to /v1/chat/completions (the model's chat template), else a raw /v1/completions prompt."""
-    body: dict[str, object] = {"model": "m", "max_tokens": max_tokens, "temperature": 0.0,
+    to /v1/chat/completions (the model's chat template), else a raw /v1/completions prompt;
+    temperature > 0: sampled (the server's default chain: top-k 40, top-p, min-p)."""
+    body: dict[str, object] = {"model": "m", "max_tokens": max_tokens, "temperature": temperature,
                                "stream": True, "stream_options": {"include_usage": True}}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -157,7 +158,7 @@ TOPICS = ("binary search trees", "hash maps", "merge sort", "Dijkstra's algorith
 
 
 async def wave(base: str, pid: int, streams: int, tag: str, max_tokens: int, timeout: float,
-               tally: Tally, chat: bool = False) -> None:
+               tally: Tally, chat: bool = False, temperature: float = 0.0) -> None:
     """`streams` concurrent requests with distinct prompts, added to tally (chat: chat prompts
     that ask for long answers, one topic per stream)."""
     if chat:  # the request's tag first: no wave's prompt shares more than the chat template's
@@ -171,7 +172,7 @@ async def wave(base: str, pid: int, streams: int, tag: str, max_tokens: int, tim
                    f"sequence.\ndef solve_{tag}_{i}(n):\n" for i in range(streams)]
     async with httpx.AsyncClient(base_url=base, timeout=timeout) as client:
         t0, c0 = time.perf_counter(), cpu_seconds(pid)
-        results = await asyncio.gather(*(one_stream(client, p, max_tokens, chat)
+        results = await asyncio.gather(*(one_stream(client, p, max_tokens, chat, temperature)
                                          for p in prompts))
         tally.wall += time.perf_counter() - t0
         tally.cpu += cpu_seconds(pid) - c0
@@ -190,7 +191,7 @@ def run_all(servers: dict[str, tuple[str, int]],
         for r in range(args.rounds):
             for name, (base, pid) in servers.items():
                 asyncio.run(wave(base, pid, n, f"{n}_{r}", args.max_tokens, args.timeout,
-                                 tallies[name], args.chat))
+                                 tallies[name], args.chat, args.temperature))
         for name, tally in tallies.items():
             lv = tally.level(n)
             results[name].append(lv)
@@ -208,6 +209,8 @@ def main() -> int:
     p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--rounds", type=int, default=2, help="waves per level and server")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample at this temperature (default 0: greedy)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per request")
     p.add_argument("--load-timeout", type=float, default=600)
     p.add_argument("--ref-python", default=None, help="interpreter with llama-cpp-python[server]")

@@ -96,6 +96,25 @@ def test_top_k_keeps_the_k_largest_sorted() -> None:
     assert st.top_k(cands([1.0, 3.0, 2.0]), 10).ids.tolist() == [1, 2, 0]
 
 
+@pytest.mark.parametrize("n", [1, 40, 148, 149, 256, 4096])
+def test_best_n_over_a_vocabulary_is_the_sorts_head(n: int) -> None:
+    """`best_n` over a vocabulary-sized set (its maxima-of-blocks path up to n = blocks / 2,
+    argpartition beyond) is the head of a stable sort by logit, descending: ties in id order,
+    a value past the last whole block included, masked (-inf) logits last."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(151_937) * 3).astype(np.float32)
+    x[rng.integers(0, x.size, 500)] = 2.5  # ties, across the n-th place for some n
+    x[rng.integers(0, x.size, 20_000)] = -np.inf
+    x[-1] = 40.0  # the tail, after the last whole block
+    want = np.argsort(-x, kind="stable")[:n]
+    got = st.best_n(st.Candidates(np.arange(x.size, dtype=np.int64), x), n)
+    assert got.sorted and got.ids.tolist() == want.tolist()
+    masked = np.full(151_936, -np.inf, np.float32)
+    masked[[7, 3, 90_000]] = [1.0, 2.0, 1.0]  # fewer finite logits than n: the rest are -inf ties
+    got = st.best_n(st.Candidates(np.arange(masked.size, dtype=np.int64), masked), n)
+    assert got.ids.tolist() == np.argsort(-masked, kind="stable")[:n].tolist()
+
+
 def test_top_p_keeps_smallest_prefix_reaching_p() -> None:
     probs = [0.1, 0.5, 0.15, 0.25]  # sorted: 1 (0.5), 3 (0.25), 2 (0.15), 0 (0.1)
     assert st.top_p(from_probs(probs), 0.4, 1).ids.tolist() == [1]

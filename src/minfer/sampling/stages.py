@@ -4,7 +4,8 @@ Each stage takes `Candidates` (token ids with their logits, and whether they are
 descending) and returns a new, usually smaller, set — the same contract as llama.cpp's
 `llama_token_data_array` stages (src/llama-sampling.cpp), with the same semantics:
 
-- top-k keeps the k largest logits (k <= 0: off) and leaves them sorted;
+- top-k keeps the k largest logits (k <= 0: off; ties: the lower id first) and leaves them
+  sorted;
 - typical-p keeps the tokens whose surprise is closest to the entropy until their mass exceeds p;
 - top-p keeps the smallest sorted prefix whose probability mass reaches p;
 - min-p keeps the tokens with p >= min_p * p_max;
@@ -29,6 +30,7 @@ from minfer.errors import SamplingError
 _TOP_P_FIRST_TRY = 256  # top-p over a large unsorted set: try the best 256, 4096, ... first
 _DRAW_BLOCK = 1024  # the draw's two-level inverse CDF over large sets
 _STABLE_SORT_MAX = 4096  # stable sorts (ties keep id order) up to here; quicksort beyond
+_BLOCK = 512  # `best_n`'s blocks (numpy's max over rows of 512 runs at ~27 us per 151,936)
 
 
 @dataclass(frozen=True)
@@ -78,16 +80,45 @@ def _argsort(x: np.ndarray) -> np.ndarray:
 
 
 def best_n(c: Candidates, n: int) -> Candidates:
-    """The n largest logits, sorted descending, without sorting the rest."""
+    """The n largest logits, sorted descending (ties: the earlier candidate first), without
+    sorting the rest."""
     size = len(c)
     n = min(n, size)
     if c.sorted:
         return c.head(n)
     if n >= size:
         return sort_desc(c)
-    part = np.argpartition(c.logits, size - n)[size - n :]  # the n largest, unordered
-    order = part[_order_desc(c.logits[part])]
-    return c.take(order, sorted=True)
+    return c.take(_largest(c.logits, n), sorted=True)
+
+
+def _largest(x: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the n largest values of x (0 < n < x.size), sorted descending, ties in
+    position order. Few enough of them (top-k's usual k): through the maxima of blocks of
+    `_BLOCK` values. The n-th largest block maximum is a floor at least n values reach, so only
+    the blocks whose maximum reaches it are searched; over the whole vocabulary ~80 us against
+    ~350 us for numpy's argpartition (151,936 logits, k = 40)."""
+    nb = x.size // _BLOCK
+    if n <= nb // 2:
+        blocks = x[: nb * _BLOCK].reshape(nb, _BLOCK)
+        tops = blocks.max(axis=1)
+        floor = np.partition(tops, nb - n)[nb - n]
+        rows = np.flatnonzero(tops >= floor)
+        flat = np.flatnonzero(blocks[rows] >= floor)
+        cand = rows[flat // _BLOCK] * _BLOCK + flat % _BLOCK
+        tail = np.flatnonzero(x[nb * _BLOCK :] >= floor)
+        if tail.size:
+            cand = np.concatenate([cand, tail + nb * _BLOCK])
+    else:
+        floor = x[np.argpartition(x, x.size - n)[x.size - n]]  # the n-th largest value
+        cand = np.flatnonzero(x >= floor)
+    v = x[cand]
+    if cand.size > n:  # every value above the n-th largest, then as many of its ties as fit
+        kth = np.partition(v, cand.size - n)[cand.size - n]
+        above = v > kth
+        tie = v == kth
+        keep = above | (tie & (np.cumsum(tie) <= n - np.count_nonzero(above)))
+        cand, v = cand[keep], v[keep]
+    return cand[np.argsort(-v, kind="stable")]
 
 
 def top_k(c: Candidates, k: int) -> Candidates:
