@@ -96,10 +96,11 @@ def test_top_k_keeps_the_k_largest_sorted() -> None:
     assert st.top_k(cands([1.0, 3.0, 2.0]), 10).ids.tolist() == [1, 2, 0]
 
 
-@pytest.mark.parametrize("n", [1, 40, 148, 149, 256, 4096])
+@pytest.mark.parametrize("n", [1, 40, 148, 149, 256, 593, 594, 4096])
 def test_best_n_over_a_vocabulary_is_the_sorts_head(n: int) -> None:
-    """`best_n` over a vocabulary-sized set (its maxima-of-blocks path up to n = blocks / 2,
-    argpartition beyond) is the head of a stable sort by logit, descending: ties in id order,
+    """`best_n` over a vocabulary-sized set (the maxima of blocks of 512, 256 or 128 values
+    while n is at most half the blocks, argpartition beyond) is the head of a stable sort by
+    logit, descending: ties in id order,
     a value past the last whole block included, masked (-inf) logits last."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(151_937) * 3).astype(np.float32)
