@@ -112,8 +112,11 @@ def test_best_n_over_a_vocabulary_is_the_sorts_head(n: int) -> None:
     assert got.sorted and got.ids.tolist() == want.tolist()
     masked = np.full(151_936, -np.inf, np.float32)
     masked[[7, 3, 90_000]] = [1.0, 2.0, 1.0]  # fewer finite logits than n: the rest are -inf ties
-    got = st.best_n(st.Candidates(np.arange(masked.size, dtype=np.int64), masked), n)
-    assert got.ids.tolist() == np.argsort(-masked, kind="stable")[:n].tolist()
+    crowded = np.full(151_936, -np.inf, np.float32)  # a grammar's allowed tokens, in few blocks
+    crowded[1000:1000 + 2 * n] = rng.standard_normal(2 * n).astype(np.float32).round(1)
+    for y in (masked, crowded):
+        got = st.best_n(st.Candidates(np.arange(y.size, dtype=np.int64), y), n)
+        assert got.ids.tolist() == np.argsort(-y, kind="stable")[:n].tolist()
 
 
 def test_top_p_keeps_smallest_prefix_reaching_p() -> None:

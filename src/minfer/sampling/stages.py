@@ -98,22 +98,31 @@ def _largest(x: np.ndarray, n: int) -> np.ndarray:
     position order. Few enough of them (top-k's usual k, top-p's first try): through the
     maxima of blocks (`_BLOCKS`). The n-th largest block maximum is a floor at least n values
     reach, so only the blocks whose maximum reaches it are searched; over the whole vocabulary
-    ~80 us against ~350 us for numpy's argpartition (151,936 logits, k = 40)."""
+    ~80 us against ~350 us for numpy's argpartition (151,936 logits, k = 40). Masked (-inf)
+    values are never searched: a floor of -inf (a grammar's few allowed tokens) takes the
+    finite values, and masked positions in id order fill what they leave short (argpartition
+    over 151,936 mostly equal values took ~6 ms)."""
     block = next((b for b in _BLOCKS if n <= x.size // b // 2), 0)
     if block:
         nb = x.size // block
         blocks = x[: nb * block].reshape(nb, block)
         tops = blocks.max(axis=1)
         floor = np.partition(tops, nb - n)[nb - n]
-        rows = np.flatnonzero(tops >= floor)
-        flat = np.flatnonzero(blocks[rows] >= floor)
+        rows = np.flatnonzero(_reaching(tops, floor))
+        flat = np.flatnonzero(_reaching(blocks[rows], floor))
         cand = rows[flat // block] * block + flat % block
-        tail = np.flatnonzero(x[nb * block :] >= floor)
+        tail = np.flatnonzero(_reaching(x[nb * block :], floor))
         if tail.size:
             cand = np.concatenate([cand, tail + nb * block])
     else:
-        floor = x[np.argpartition(x, x.size - n)[x.size - n]]  # the n-th largest value
-        cand = np.flatnonzero(x >= floor)
+        finite = x > -np.inf
+        if finite.all():
+            cand = np.flatnonzero(x >= np.partition(x, x.size - n)[x.size - n])  # ties too
+        else:
+            cand = np.flatnonzero(finite)
+            if cand.size > n:
+                v = x[cand]
+                cand = cand[v >= np.partition(v, v.size - n)[v.size - n]]
     v = x[cand]
     if cand.size > n:  # every value above the n-th largest, then as many of its ties as fit
         kth = np.partition(v, cand.size - n)[cand.size - n]
@@ -121,7 +130,16 @@ def _largest(x: np.ndarray, n: int) -> np.ndarray:
         tie = v == kth
         keep = above | (tie & (np.cumsum(tie) <= n - np.count_nonzero(above)))
         cand, v = cand[keep], v[keep]
-    return cand[np.argsort(-v, kind="stable")]
+    order = cand[np.argsort(-v, kind="stable")]
+    if order.size < n:  # fewer finite values than n: masked ones follow, in position order
+        head = np.arange(min(x.size, n + order.size))
+        order = np.concatenate([order, head[x[head] == -np.inf][: n - order.size]])
+    return order
+
+
+def _reaching(a: np.ndarray, floor: np.float32) -> np.ndarray:
+    """a >= floor; the finite values where the floor is -inf (so masked values stay out)."""
+    return a >= floor if floor > -np.inf else a > floor
 
 
 def top_k(c: Candidates, k: int) -> Candidates:
