@@ -100,8 +100,8 @@ def test_top_k_keeps_the_k_largest_sorted() -> None:
 def test_best_n_over_a_vocabulary_is_the_sorts_head(n: int) -> None:
     """`best_n` over a vocabulary-sized set (the maxima of blocks of 512, 256 or 128 values
     while n is at most half the blocks, argpartition beyond) is the head of a stable sort by
-    logit, descending: ties in id order,
-    a value past the last whole block included, masked (-inf) logits last."""
+    logit, descending: ties in id order, a value past the last whole block included, masked
+    (-inf) logits last."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(151_937) * 3).astype(np.float32)
     x[rng.integers(0, x.size, 500)] = 2.5  # ties, across the n-th place for some n
