@@ -232,6 +232,43 @@ def test_a_draft_past_the_slot_is_cut_to_fit() -> None:
     assert len(_caught_up(_drafter(), ask)[0]) == 5
 
 
+def test_a_proposals_price_leaves_out_the_catch_up_that_resumes_drafting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward of n tokens takes 1 + n ticks of a fake clock. Right after the last proposal
+    a proposal's time is its price; after 10 plain steps, the 11-token catch-up counts as one
+    draft step (2 ticks); with no draft step to go by, there is no price."""
+    import types
+
+    import minfer.engine.core.proposer as proposer
+
+    clock = [0.0]
+    monkeypatch.setattr(proposer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Ticking(CycleEngine):
+        def forward_batch(self, batch: Batch) -> np.ndarray:
+            clock[0] += 1 + len(batch.tokens)
+            return super().forward_batch(batch)
+
+    d = SlotDrafter(Ticking(64, N_VOCAB), 64, p_min=0.0, chunk=64)
+
+    def propose(tokens: list[int], k: int) -> tuple[list[int], float | None]:
+        t0 = clock[0]
+        got = d.propose([DraftAsk(1, 0, tuple(tokens), k)])[1].tokens
+        return got, d.price(clock[0] - t0)
+
+    seq = [3, 4, 5]
+    got, price = propose(seq, 4)  # the prompt: a 3-token catch-up, then 3 draft steps
+    assert len(got) == 4 and price == 4 * 2
+    seq += [*got, 7]  # all kept, and the target's own token: 2 tokens to catch up on
+    got, price = propose(seq, 4)
+    assert price == 3 + 3 * 2
+    seq += got[:1] + [7] * 10  # one kept, then 10 tokens of plain steps
+    got, price = propose(seq, 4)
+    assert price == 4 * 2  # 12 ticks of catch-up, priced as one step
+    seq += [8] * 10
+    assert propose(seq, 1)[1] is None  # only a long catch-up: nothing to price by
+
+
 # -- loading --------------------------------------------------------------------------------------
 def test_a_draft_of_another_vocabulary_is_refused_at_load(tiny_qwen2: Path,
                                                           tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from minfer.engine.core.request import Verifier
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
 from minfer.engine.speculative import (
+    PAYS,
     Acceptance,
     DraftLength,
     Proposal,
@@ -308,6 +309,9 @@ class _StubDrafter:
         self.n_forwarded += sum(a.k for a in asks)
         return {a.seq_id: Proposal([self.guess] * a.k) for a in asks}
 
+    def price(self, seconds: float) -> float | None:
+        return seconds
+
     def warm_up(self) -> None:
         return None
 
@@ -405,6 +409,23 @@ def test_draft_length_follows_cost_and_acceptance() -> None:
     picks = [length.choose(100) for _ in range(length.probe_every)]
     assert picks[:-1] == [0] * (length.probe_every - 1) and picks[-1] > 0  # and a probe
     assert [bucket_floor(n) for n in (0, 1, 2, 3, 7, 15, 16, 40)] == [0, 1, 1, 3, 7, 15, 15, 15]
+
+
+def test_a_proposal_that_barely_pays_is_not_made() -> None:
+    """A verify of 2 rows at 1.3 plain steps and a draft token at 0.3: one token proposed at
+    acceptance a yields (1 + a) / 1.6 plain steps' tokens. At 0.65 that is 1.03x plain (within
+    PAYS, a moving average's luck); at 0.75, 1.09x: drafted."""
+    length = DraftLength(16)
+    for _ in range(2):
+        length.record_plain(1.0)
+        length.record_verify(2, 1.3)
+        for n in (4, 8, 16):
+            length.record_verify(n, 1.3 * n)
+    length.draft_token_s, length.n_steps = 0.3, 10
+    length.acceptance = Acceptance(accepted_avg=0.65, trials_avg=1.0)
+    assert length.step_rate(1) > length.step_rate(0) and length.choose(100) == 0
+    length.acceptance = Acceptance(accepted_avg=0.75, trials_avg=1.0)
+    assert length.step_rate(1) > PAYS * length.step_rate(0) and length.choose(100) == 1
 
 
 def test_draft_length_prior_prices_unmeasured_rows() -> None:

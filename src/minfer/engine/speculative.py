@@ -46,6 +46,11 @@ from minfer.gguf.reader import GGUFFile
 BUCKETS = (1, 3, 7, 15)
 DRAFT_MAX_LIMIT = 16  # --draft-max's range (llama.cpp's default is 16; proposals stop at 15)
 DRAFT_VOCAB = 65536  # --draft-vocab's default (see SpecConfig.draft_vocab)
+# What a proposal must promise over a plain step's tokens a second to be made. The acceptance
+# it is weighed at is a short moving average, which a lucky run of tokens lifts for a while;
+# where drafting barely pays (prose, acceptance ~0.6, on a CPU whose verify rows are dear:
+# AVX2, 2 rows ~1.3 plain steps) that drafted at a loss.
+PAYS = 1.05
 
 
 class SpeculativeError(MinferError):
@@ -464,8 +469,9 @@ class DraftLength:
 
     def _best(self, options: list[int], accept: float | None = None) -> int:
         """The k of `options` (or 0, a plain step) with the most expected tokens per second at
-        per-token acceptance `accept` (None: the measured rate); the shortest on a tie."""
-        best_k, best_rate = 0, self.step_rate(0)
+        per-token acceptance `accept` (None: the measured rate); the shortest on a tie. A
+        proposal must promise PAYS times a plain step's rate (see there)."""
+        best_k, best_rate = 0, self.step_rate(0) * PAYS
         for k in options:
             rate = self.step_rate(k, accept)
             if rate > best_rate:

@@ -81,6 +81,10 @@ class DraftAsk:
 
 
 class Proposer(Protocol):
+    """What the core asks for guesses. A proposer may also define `price(seconds) -> float |
+    None`: what the last `propose`, which took `seconds`, says a proposal costs (None:
+    nothing), which the core records in its stead (`SlotDrafter.price`)."""
+
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
         """Up to ask.k tokens that may follow each ask's tokens."""
         ...
@@ -225,6 +229,7 @@ class SlotDrafter:
         self.cached: list[list[int]] = [[] for _ in range(engine.n_ctx // n_ctx_slot)]
         self.n_forwarded = 0  # tokens the draft engine computed (catch-up and drafts)
         self.n_forwards = 0
+        self._resume_s: float | None = 0.0  # see `price`
 
     def warm_up(self) -> None:
         """Build the draft's first graphs in slot 0 (its record stays empty: never reused)."""
@@ -237,9 +242,12 @@ class SlotDrafter:
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
         """Up to ask.k draft tokens per ask (fewer where the draft is unsure)."""
         asks = [a for a in asks if a.tokens and self._room(a) > 0]
+        t0, fed = time.perf_counter(), self.n_forwarded
         logits = self._catch_up(asks)
+        catch_up_s, fed = time.perf_counter() - t0, self.n_forwarded - fed
         out = {a.seq_id: Proposal([], None if self._greedy(a) else []) for a in asks}
         live = [a for a in asks if a.seq_id in logits]
+        t1, forwards = time.perf_counter(), self.n_forwards
         while live:
             works: list[Work] = []
             for a in live:
@@ -253,7 +261,25 @@ class SlotDrafter:
             live = [a for a in live if a.seq_id in going]
             if works:
                 logits = self._forward(works)
+        forwards = self.n_forwards - forwards
+        if fed <= 2 * len(asks):  # the catch-up a proposal right after the last one makes
+            self._resume_s = 0.0
+        elif forwards:  # the catch-up beyond one draft step's time
+            self._resume_s = max(0.0, catch_up_s - (time.perf_counter() - t1) / forwards)
+        else:
+            self._resume_s = None
         return out
+
+    def price(self, seconds: float) -> float | None:
+        """What the last `propose`, which took `seconds`, says a proposal costs: its time less
+        the part that resumed drafting (None: nothing but that part to go by). A catch-up
+        forward of more than 2 tokens a sequence (the prompt, or the tokens of the plain steps
+        since the sequence's last proposal) costs more than the one draft step a proposal made
+        right after the last one takes (the correction, or the last drafted token and the
+        next), and drafting pays it once when it resumes, not per proposal. Priced in, a probe
+        after 16 plain steps (a 17-token catch-up: 3 draft tokens in 73-98 ms against ~40 ms
+        otherwise, 1.5B target, AMD EPYC Zen 3) kept the draft looking too dear to resume."""
+        return None if self._resume_s is None else seconds - self._resume_s
 
     def _greedy(self, ask: DraftAsk) -> bool:
         return ask.greedy or self.temp is None
@@ -364,9 +390,15 @@ class HybridProposer:
         self.drafter = drafter
         self.lookup_k = lookup_k
         self.tracks = _Tracks()  # the draft's record per sequence (kind "draft")
-        self.draft_step_s = 0.0  # a draft forward's seconds (catch-ups of a prompt left out)
+        self.draft_step_s = 0.0  # a draft forward's seconds (long catch-ups left out)
+        self._drafted_last = False  # whether the last `propose` asked the draft
+
+    def price(self, seconds: float) -> float | None:
+        """What the last `propose` says a proposal costs (`SlotDrafter.price`)."""
+        return self.drafter.price(seconds) if self._drafted_last else seconds
 
     def propose(self, asks: Sequence[DraftAsk]) -> dict[int, Proposal]:
+        self._drafted_last = False
         looked = self.lookup.propose([replace(a, k=max(a.k, self.lookup_k)) for a in asks])
         out: dict[int, Proposal] = {}
         rest: list[DraftAsk] = []
@@ -397,13 +429,14 @@ class HybridProposer:
 
     def _drafted(self, asks: list[DraftAsk]) -> dict[int, Proposal]:
         """The draft's proposals for asks, each recorded to be scored; the draft step timed."""
-        forwards, tokens = self.drafter.n_forwards, self.drafter.n_forwarded
+        forwards = self.drafter.n_forwards
         t0 = time.perf_counter()
         drafted = self.drafter.propose(asks)
-        seconds = time.perf_counter() - t0
-        forwards, tokens = self.drafter.n_forwards - forwards, self.drafter.n_forwarded - tokens
-        if forwards and tokens <= 4 * forwards:  # a long catch-up (a prompt) is no draft step
-            step = seconds / forwards
+        priced = self.drafter.price(time.perf_counter() - t0)  # a long catch-up left out
+        forwards = self.drafter.n_forwards - forwards
+        self._drafted_last = True
+        if forwards and priced is not None:
+            step = priced / forwards
             self.draft_step_s = step if not self.draft_step_s else (
                 (1.0 - self.ALPHA) * self.draft_step_s + self.ALPHA * step)
         lengths = {a.seq_id: len(a.tokens) for a in asks}
