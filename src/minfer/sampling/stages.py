@@ -114,7 +114,7 @@ def _largest(x: np.ndarray, n: int) -> np.ndarray:
         tail = np.flatnonzero(_reaching(x[nb * block :], floor))
         if tail.size:
             cand = np.concatenate([cand, tail + nb * block])
-    else:
+    else:  # the n-th largest trims the set first: trimming all 151,936 below is 5-10x slower
         finite = x > -np.inf
         if finite.all():
             cand = np.flatnonzero(x >= np.partition(x, x.size - n)[x.size - n])  # ties too
