@@ -130,15 +130,59 @@ def test_ollama_keep_alive_per_request(models: list[Path]) -> None:
         st.stop()
 
 
-def test_unknown_models_are_404_with_the_list(state: ServerState) -> None:
-    r = call(state, "POST", CHAT, json={"model": "gpt-4", "messages": MSG})
-    assert r.status_code == 404
-    assert "qwen2, beta, gamma" in r.json()["error"]["message"]
-    r = call(state, "POST", "/api/chat", json={"model": "nope", "messages": MSG})
-    assert r.status_code == 404 and "beta:latest" in r.json()["error"]
-    r = call(state, "POST", "/v1/messages", json={"model": "nope", "max_tokens": 2,
-                                                  "messages": MSG})
-    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+def test_unknown_names_go_to_the_default_model_unless_strict(models: list[Path]) -> None:
+    """OpenAI's and Anthropic's clients send their own model names: the default model takes
+    them (as llama-server ignores the name), the same answer as named; Ollama's API keeps
+    Ollama's 404. With --strict-model-names they are 404s listing the models."""
+    st = serve(models)
+    try:
+        assert chat(st, "gpt-4o") == chat(st, "qwen2") != chat(st, "beta")
+        r = call(st, "POST", "/v1/messages", json={"model": "claude-sonnet-4-5",
+                                                   "max_tokens": 2, "messages": MSG})
+        assert r.status_code == 200, r.text
+        r = call(st, "POST", "/api/chat", json={"model": "nope", "messages": MSG})
+        assert r.status_code == 404 and "beta:latest" in r.json()["error"]
+    finally:
+        st.stop()
+    st = serve(models, strict_model_names=True)
+    try:
+        r = call(st, "POST", CHAT, json={"model": "gpt-4", "messages": MSG})
+        assert r.status_code == 404
+        assert "qwen2, beta, gamma" in r.json()["error"]["message"]
+        r = call(st, "POST", "/v1/messages", json={"model": "nope", "max_tokens": 2,
+                                                   "messages": MSG})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        assert chat(st, "beta:latest") == chat(st, "beta")
+    finally:
+        st.stop()
+
+
+def test_unnamed_embeddings_go_to_a_served_encoder(models: list[Path],
+                                                   tmp_path: Path) -> None:
+    """A coder served first and an encoder beside it (what plain `minfer serve` serves after
+    `minfer pull all-minilm-l6-v2`): unnamed or unknown-named embeddings load and use the
+    encoder; chat stays on the coder; the banner says which model takes what."""
+    from minfer.cli.serve_cmd import served_lines
+    from minfer.tools.synth import write_tiny_bert
+
+    encoder = write_tiny_bert(tmp_path / "minilm.gguf")
+    st = serve([models[0], models[1], encoder])
+    try:
+        assert [e.lm for e in st.extra.values()] == [None, None]  # nothing loaded yet
+        for body in ({"input": "hello"}, {"input": "hello", "model": "text-embedding-3-small"}):
+            r = call(st, "POST", "/v1/embeddings", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == "minilm" and len(r.json()["data"][0]["embedding"]) == 64
+        assert st.extra["beta"].lm is None  # the other generative model was not loaded
+        assert chat(st, "") == chat(st, "qwen2")
+        r = call(st, "POST", "/v1/rerank", json={"query": "q", "documents": ["a"]})
+        assert r.status_code == 400 and "--pooling" in r.json()["error"]["message"]
+        assert served_lines(st) == [
+            "qwen2 (generates; default for chat / completions)",
+            "beta (generates, loaded on first use)",
+            "minilm (embeds, loaded on first use; default for embeddings)"]
+    finally:
+        st.stop()
 
 
 def test_one_model_takes_any_name(tiny_qwen2: Path) -> None:

@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "first stays loaded, the others load on their first request)")
     p.add_argument("--models-dir", metavar="DIR", default=None,
                    help="also serve every .gguf in DIR (each loads on its first request)")
+    p.add_argument("--strict-model-names", action="store_true",
+                   help="answer 404 to a request naming a model not served (default: the "
+                        "default model takes it, as llama-server ignores the name)")
     p.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
                    help="idle seconds before a model other than the first unloads (default "
                         "300; -1: never)")
@@ -127,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         raise MinferError("--replicas, --autoscale and --address need --ray")
     config = ServerConfig(
         model_path=primary, extra_models=tuple(extra), keep_alive=args.keep_alive,
-        models_max=args.models_max, n_ctx=args.n_ctx,
+        models_max=args.models_max, strict_model_names=args.strict_model_names,
+        n_ctx=args.n_ctx,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
         **({} if args.chunk is None else {"chunk": args.chunk, "idle_chunk": args.chunk}),
         n_predict=args.n_predict, k_type=kv_types(args)[0],
@@ -203,14 +207,38 @@ def serve(config: ServerConfig, *, host: str, port: int, drain_timeout: float = 
                                timeout_graceful_shutdown=round(drain_timeout) + 5)
     server = _make_server(uv_config, state, drain_timeout)
     threading.Thread(target=_exit_on_load_error, args=(state, server), daemon=True).start()
-    print(f"minfer: serving {config.model_path.name} on http://{host}:{port} "
-          f"({config.slots} slots x {config.n_ctx} tokens); loading the model...",
-          file=sys.stderr, flush=True)
+    print(f"minfer: serving on http://{host}:{port} ({config.slots} slots x "
+          f"{config.n_ctx} tokens); loading {config.model_path.name}...", file=sys.stderr,
+          flush=True)
+    for line in served_lines(state):
+        print(f"minfer:   {line}", file=sys.stderr, flush=True)
     server.run()
     if state.error:
         print(f"minfer: error: {state.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def served_lines(state: Any) -> list[str]:
+    """One line per served model: its name, what it serves, and which requests it takes by
+    default (unnamed ones, and on the generative routes unknown names unless strict)."""
+    names = state.names()
+    if len(names) == 1:
+        return []
+    defaults: dict[str, list[str]] = {}
+    for purpose, what in (("generate", "chat / completions"), ("embed", "embeddings"),
+                          ("rerank", "rerank")):
+        name = state.default_name(purpose)
+        if name is not None:
+            defaults.setdefault(name, []).append(what)
+    lines = []
+    for name in names:
+        role = state.facts(name).role
+        what = {"generate": "generates", "embed": "embeds", "rerank": "reranks"}[role]
+        tail = f"; default for {', '.join(defaults[name])}" if name in defaults else ""
+        loaded = "" if name == names[0] else ", loaded on first use"
+        lines.append(f"{name} ({what}{loaded}{tail})")
+    return lines
 
 
 def _make_server(uv_config: Any, state: Any, drain_timeout: float) -> Any:

@@ -112,7 +112,7 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
         raw = body.content if body.content is not None else body.input
         if raw is None:
             raise APIError(400, '"input" or "content" must be provided', param="input")
-        lm = await state.acquire(body.model)
+        lm = await state.acquire(body.model, purpose="embed")
         worker = lm.embedder()
         embedder = _ready(worker)
         inputs = await run_in_threadpool(encode_inputs, embedder, raw, truncate=body.truncate)
@@ -122,7 +122,7 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
-        lm = await state.acquire(body.model)
+        lm = await state.acquire(body.model, purpose="embed")
         worker = lm.embedder()
         embedder = _ready(worker)
         if embedder.pooling == "none":
@@ -149,7 +149,7 @@ def embedding_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/reranking", include_in_schema=False)
     @app.post("/reranking", include_in_schema=False)
     async def rerank(body: RerankRequest) -> dict[str, Any]:
-        lm = await state.acquire(body.model)
+        lm = await state.acquire(body.model, purpose="rerank")
         worker = lm.embedder(rerank=True)
         embedder = _ready(worker)
         if not body.documents:

@@ -79,6 +79,8 @@ class ServerConfig:
     extra_models: tuple[Path, ...] = ()
     keep_alive: float = 300.0  # idle seconds before an extra model unloads; < 0: never
     models_max: int = 3  # models loaded at once (the least recently used idle one unloads)
+    # a name no served model has is a 404 (False: the first model takes it, as llama-server)
+    strict_model_names: bool = False
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: no CORS)
     # embeddings from a generative model too (`--embeddings`); an encoder serves them always
     embeddings: bool = False
@@ -96,13 +98,27 @@ class ModelFacts:
     n_params: int
     modified: float  # the file's mtime
     metadata: dict[str, Any]  # scalar metadata keys (no token arrays)
+    role: str = "generate"  # what it serves without flags: generate, embed (an encoder), rerank
 
     @classmethod
     def of(cls, f: GGUFFile, path: Path) -> ModelFacts:
         scalars = {k: v for k, v in f.metadata.items() if isinstance(v, str | int | float | bool)}
         n_params = sum(math.prod(t.shape) for t in f.tensors.values())
         return cls(f.architecture or "?", model_quantization(f), f.file_size, n_params,
-                   path.stat().st_mtime, scalars)
+                   path.stat().st_mtime, scalars, _role(f))
+
+
+def _role(f: GGUFFile) -> str:
+    """What a model file serves by itself: a reranker scores pairs (rank pooling with a
+    classifier head, or a cross-encoder), an encoder embeds, a decoder generates; a file whose
+    parameters this build cannot read is taken as a decoder (its load then says why)."""
+    try:
+        hp = HParams.from_gguf(f)
+    except MinferError:
+        return "generate"
+    if hp.reranker or (not hp.causal and hp.pooling == "rank"):
+        return "rerank"
+    return "generate" if hp.causal else "embed"
 
 
 @dataclass
@@ -281,22 +297,52 @@ class ServerState:
         """Every model this server serves, the one it started with first."""
         return [model_name(self.config.model_path), *self.extra]
 
-    def resolve(self, name: str | None) -> str:
-        """The served model a request's name means (with or without `:latest`); with one model,
-        any name means it (OpenAI clients send their own); else a 404 listing the models."""
+    def resolve(self, name: str | None, purpose: str = "generate") -> str:
+        """The served model a request's name means (with or without `:latest`).
+
+        A served name means that model. No name, or a name no served model has (OpenAI's and
+        Anthropic's clients send their own, llama-server ignores it), means the first model for
+        generation, and for `purpose` "embed" / "rerank" the first served model that does that
+        by itself when the first one does not (an encoder served beside a coder takes unnamed
+        /v1/embeddings). With `strict_model_names`, an unknown name is a 404 listing the models."""
         names = self.names()
-        if len(names) == 1 or not name:
-            return names[0]
-        bare = name.removesuffix(":latest")
+        bare = (name or "").removesuffix(":latest")
         if bare in names:
             return bare
-        raise APIError(404, f"model '{name}' is not served here (models: {', '.join(names)})",
-                       code="model_not_found")
+        if name and self.config.strict_model_names and len(names) > 1:
+            raise APIError(404, f"model '{name}' is not served here (models: "
+                           f"{', '.join(names)})", code="model_not_found")
+        if not self._serves(names[0], purpose):
+            for other in names[1:]:
+                if self._serves(other, purpose):
+                    return other
+        return names[0]
 
-    async def acquire(self, name: str | None, *, keep_alive: float | None = None) -> LoadedModel:
-        """The model a request names, loading it first when it is not (other models keep
-        serving meanwhile); keep_alive: this request's idle time before it unloads."""
-        key = self.resolve(name)
+    def _serves(self, name: str, purpose: str) -> bool:
+        """Whether a served model answers `purpose` (generate, embed, rerank) as configured."""
+        try:
+            role = self.facts(name).role
+        except (OSError, MinferError):
+            return purpose == "generate"  # its load will say what is wrong with it
+        if purpose == "generate":
+            return role == "generate"
+        if purpose == "rerank":
+            return role == "rerank" or (self.config.pooling == "rank" and role == "generate")
+        return role == "embed" or (self.config.embeddings and role == "generate"
+                                   and self.config.pooling != "rank")
+
+    def default_name(self, purpose: str) -> str | None:
+        """The model unnamed requests of `purpose` (generate, embed, rerank) go to; None when
+        no served model does that."""
+        name = self.resolve(None, purpose)
+        return name if self._serves(name, purpose) else None
+
+    async def acquire(self, name: str | None, *, keep_alive: float | None = None,
+                      purpose: str = "generate") -> LoadedModel:
+        """The model a request names (`resolve`: purpose generate, embed or rerank), loading
+        it first when it is not (other models keep serving meanwhile); keep_alive: this
+        request's idle time before it unloads."""
+        key = self.resolve(name, purpose)
         entry = self.extra.get(key)
         if entry is None:
             return self.model()
