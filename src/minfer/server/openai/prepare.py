@@ -1,7 +1,8 @@
 """From a validated request body to a `GenRequest`: prompt ids, limits and the sampler.
 
 The checks that need the loaded model live here: the prompt must tokenize to 1..n_ctx_slot
-tokens, token ids must be in the vocabulary, `max_tokens` may not exceed the slot's context.
+tokens, token ids must be in the vocabulary; a `max_tokens` past the slot's context is capped
+to it with a warning (minfer.server.notices).
 Unset sampling fields keep llama.cpp's defaults (`SamplerParams()`), as llama-server does.
 """
 
@@ -19,6 +20,7 @@ from minfer.sampling.mask import BannedTokens, chain
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
+from minfer.server.notices import capped_max_tokens
 from minfer.server.openai.schemas import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -218,11 +220,9 @@ def sampler_params(req: SamplingFields) -> SamplerParams:
 
 
 def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
-    if requested is not None and requested > limits.n_ctx_slot:
-        raise bad_request(f"{param} = {requested} exceeds the context length "
-                          f"({limits.n_ctx_slot} tokens per request)", param=param,
-                          code="context_length_exceeded")
-    n = requested if requested is not None else limits.n_ctx_slot
+    """The reply's limit; past the context it is capped with a warning (server.notices)."""
+    n = limits.n_ctx_slot if requested is None else capped_max_tokens(requested,
+                                                                       limits.n_ctx_slot, param)
     if limits.n_predict > 0:
         n = min(n, limits.n_predict)
     return max(1, n)
