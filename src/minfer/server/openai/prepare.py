@@ -84,6 +84,11 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     """The rendered chat prompt's ids; sets how the reply's thinking is split and adds the
     thinking budget to the request's mask."""
     opts = request_reasoning(req, reasoning)
+    try:
+        opts.check_model(template.source, template.variables)
+    except MinferError as exc:
+        param = "reasoning_budget" if req.reasoning_budget else "chat_template_kwargs"
+        raise from_minfer_error(exc, param=param) from None
     messages = chat_messages(req.messages, template.source, template.variables, output.tools)
     try:
         text = template.render(messages, add_generation_prompt=True, tools=output.tools,
