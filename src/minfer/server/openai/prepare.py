@@ -46,6 +46,7 @@ class TokenizerLike(Protocol):
     fim: FimTokens
     add_bos: bool
     bos_id: int | None
+    eos_id: int | None
 
     def encode(self, text: str, *, special: bool = True,
                add_bos: bool | None = None) -> list[int]: ...
