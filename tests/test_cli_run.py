@@ -156,3 +156,19 @@ def test_prompt_file_and_ignore_eos(tiny_qwen2: Path, tmp_path: Path,
             for flag in ("", "--ignore-eos")}
     assert "eos" in ends[""] and set(ends["--ignore-eos"]) == {"length"}
     assert main(["run", str(tiny_qwen2), "-p", "x", "-f", str(prompt)]) != 0
+
+
+def test_a_context_past_the_models_is_capped_with_a_warning(
+        tiny_qwen2: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`-c 99999999` (past the tiny model's 2048) runs in 2048, and says so (on stderr: the
+    `minfer` logger's warning), as the server's --n-ctx does in its log."""
+    import minfer
+
+    with caplog.at_level("WARNING", logger="minfer"):
+        assert minfer.load(tiny_qwen2, n_ctx=99_999_999).n_ctx == 2048
+        out = _run_json(capsys, str(tiny_qwen2), "hi", "--raw", "-c", "99999999", "-n", "1")
+    assert out["ids"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("n_ctx = 99999999 exceeds the model's context length (2048); "
+                      "capped to 2048") == 2

@@ -256,7 +256,6 @@ BAD = [
     (CHAT, {"messages": "hi"}, 400, "messages"),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
     (CHAT, {"messages": HELLO, "max_tokens": -1}, 400, "max_tokens"),
-    (CHAT, {"messages": HELLO, "max_tokens": 10**12}, 400, "max_tokens"),
     (CHAT, {"messages": HELLO, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     (CHAT, {"messages": HELLO, "temperature": 2.5}, 400, "temperature"),
     (CHAT, {"messages": HELLO, "temperature": "hot"}, 400, "temperature"),
@@ -430,7 +429,7 @@ def test_llama_cpps_further_sampler_fields_reach_the_sampler(state: ServerState)
     options = {k: extra[k] for k in ("typical_p", "repeat_last_n", "mirostat", "mirostat_tau",
                                      "mirostat_eta")}
     q = sampler_params(chat_request(ChatRequest.model_validate(
-        {"model": "m", "messages": HELLO, "options": options}), 256))
+        {"model": "m", "messages": HELLO, "options": options})))
     assert (q.typical_p, q.penalty_last_n, q.mirostat, q.mirostat_tau, q.mirostat_eta) == (
         0.9, 32, 2, 4.0, 0.2)
     r = call(state, "POST", CHAT, json={"messages": HELLO, "max_tokens": 4, "seed": 1, **extra})

@@ -302,3 +302,38 @@ def test_n_probs_and_ignore_eos(state: ServerState) -> None:
             p.output.logit_mask.apply(logits)
         eot = sorted(lm.tokenizer.eot_ids)
         assert eot and bool(np.all(np.isneginf(logits[eot]))) == ignore
+
+
+def test_tokenize_answers_llama_servers_and_vllms_bodies(tiny_qwen2: Path) -> None:
+    """lm-evaluation-harness' `local-completions` sends vLLM's body and reads `tokens`;
+    llama-server's body keeps its own answer; /tokenizer_info is vLLM's."""
+    from tests.test_server_app import running
+
+    for st in running(tiny_qwen2, n_ctx=256, slots=1):
+        tok = st.model().tokenizer
+        want = tok.encode("Hello world", special=True, add_bos=False)
+        llama = call(st, "POST", "/tokenize", json={"content": "Hello world"}).json()
+        assert llama == {"tokens": want}
+        vllm = call(st, "POST", "/tokenize", json={"prompt": "Hello world",
+                                                  "add_special_tokens": False,
+                                                  "return_token_strs": True}).json()
+        assert vllm == {"count": len(want), "max_model_len": 256, "tokens": want,
+                        "token_strs": [tok.token_text(i) for i in want]}
+        both = call(st, "POST", "/tokenize", json={"prompt": "a", "content": "b"})
+        assert both.status_code == 400 and "content" in both.text
+        info = call(st, "GET", "/tokenizer_info").json()
+        assert info["eos_token_id"] == tok.eos_id and info["vocab_size"] == tok.n_vocab
+        assert info["eos_token"] == tok.token_text(tok.eos_id)
+        assert info["model_max_length"] == 256 and "<|im_start|>" in info["chat_template"]
+        assert info["tokenizer_class"]
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [[1], []]])
+def test_an_empty_token_prompt_is_a_400_naming_it(tiny_qwen2: Path, prompt: object) -> None:
+    from tests.test_server_app import running
+
+    for st in running(tiny_qwen2, n_ctx=256, slots=1):
+        r = call(st, "POST", "/v1/completions", json={"prompt": prompt})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "prompt"
+        assert "empty token list" in r.json()["error"]["message"]

@@ -64,6 +64,7 @@ class Model:
         self.path = path
         self.file = gguf_file or GGUFFile.open(path)  # an already opened `path` is reused
         self.hparams = HParams.from_gguf(self.file)
+        n_ctx = self.hparams.fit_n_ctx(n_ctx)  # past the model's context: capped, with a warning
         self.n_ctx = n_ctx
         self.k_type = k_type or kv_type  # KV cache formats: f32, f16, q8_0, q4_0
         self.v_type = v_type or kv_type
@@ -238,6 +239,7 @@ class Model:
         from minfer.chat.reasoning import ReasoningOptions
 
         opts = reasoning or ReasoningOptions()
+        opts.check_model(self.chat_template.source, self.chat_template.variables)
         text = self.render_chat(messages, tools=tools, **opts.template_vars())
         plan = opts.plan(text, lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
         return self.tokenizer.encode_prompt(text), plan

@@ -20,14 +20,22 @@ reply; `ReasoningStream` splits it piece by piece, holding back only what may st
 as Qwen3's `enable_thinking`); once the prompt is rendered, `ReasoningOptions.plan` gives the
 reply's `ReplyPlan`: whether it starts inside the thinking, how it is split, and the logit mask
 that closes the thinking at the budget (minfer.sampling.reasoning_budget).
+
+One rule on every surface (the CLI's `--reasoning on` / `--reasoning-budget N`, a chat request's
+`chat_template_kwargs.enable_thinking` / `reasoning_budget`, Anthropic's `thinking`, Ollama's
+`think`): thinking asked of a model that cannot think (`template_thinks`: its chat template
+neither writes `<think>` nor reads `enable_thinking`) is refused by name
+(`ReasoningOptions.check_model`: a CLI error, a 400 in each API's own shape), as Ollama,
+OpenAI and Anthropic refuse it, never silently ignored. Asking it not to think is fine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from minfer.errors import MinferError
 from minfer.sampling.reasoning_budget import ReasoningBudget
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -67,6 +75,20 @@ class ReasoningOptions:
         return replace(self, fmt=self.fmt if fmt is None else fmt,
                        budget=self.budget if budget is None else budget, template_kwargs=kwargs)
 
+    def asks_to_think(self) -> str | None:
+        """The setting that asks for thinking (None: none does)."""
+        if self.template_kwargs.get("enable_thinking") is True:
+            return "enable_thinking"
+        return "reasoning budget" if self.budget > 0 else None
+
+    def check_model(self, template_source: str, template_variables: Collection[str]) -> None:
+        """ThinkingUnsupported when these options ask a model that cannot think to think."""
+        asked = self.asks_to_think()
+        if asked is not None and not template_thinks(template_source, template_variables):
+            raise ThinkingUnsupported(f"this model does not think (its chat template writes no "
+                                      f"{OPEN} and has no enable_thinking switch): the "
+                                      f"{asked} asked for cannot apply")
+
     def template_vars(self) -> dict[str, Any]:
         """The variables the chat template renders with; a zero budget asks the template not
         to think (where it can), as llama.cpp does."""
@@ -104,6 +126,15 @@ class ReplyPlan:
 
     def stream(self) -> ReasoningStream:
         return ReasoningStream(fmt=self.fmt, in_reasoning=self.in_reasoning)
+
+
+class ThinkingUnsupported(MinferError):
+    """Thinking asked of a model whose chat template cannot think."""
+
+
+def template_thinks(template_source: str, template_variables: Collection[str]) -> bool:
+    """Whether a chat template can think: it writes `<think>` or reads `enable_thinking`."""
+    return OPEN in template_source or "enable_thinking" in template_variables
 
 
 def check_budget(budget: int) -> int:

@@ -113,7 +113,9 @@ def make_session(model: Any, args: argparse.Namespace) -> Any:
     sampler = model.sampler(params, args.seed, engine.n_ctx)
     config = ChatConfig(max_tokens=args.n_predict, stops=tuple(args.stop),
                         batch_size=args.batch_size)
-    template = BoundTemplate(model.chat_template, reasoning_from_args(args).template_vars())
+    reasoning = reasoning_from_args(args)
+    reasoning.check_model(model.chat_template.source, model.chat_template.variables)
+    template = BoundTemplate(model.chat_template, reasoning.template_vars())
     return ChatSession(engine, model.tokenizer, template, sampler,
                        system=args.system, config=config,
                        speculator=speculator_from_args(model, args))

@@ -110,6 +110,7 @@ def _jsonl(tok: Any, special: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from minfer.gguf.reader import GGUFFile
+    from minfer.sampling.tool_calls import history_for
     from minfer.store import resolve_model
     from minfer.tokenizer import ChatTemplate, Tokenizer
 
@@ -126,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
         template = ChatTemplate.from_gguf(f, tok)
         extra = {k: v for k, v in request.items()
                  if k not in ("messages", "tools", "add_generation_prompt")}
-        prompt = template.render(request["messages"], tools=request.get("tools"),
+        # the server's and Model.render_chat's rendering path (tool calls as templates read them)
+        messages = history_for(request["messages"], template.source, template.variables,
+                               request.get("tools"))
+        prompt = template.render(messages, tools=request.get("tools"),
                                  add_generation_prompt=request.get("add_generation_prompt", True),
                                  **extra)
         ids = tok.encode_prompt(prompt)

@@ -8,6 +8,7 @@ imply. Missing keys and bad shapes are `GGUFError`s; an architecture minfer cann
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from minfer.errors import GGUFError, ModelError
 from minfer.gguf.reader import GGUFFile
 from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 
+log = logging.getLogger("minfer")
 SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
@@ -96,6 +98,16 @@ class HParams:
         if self.yarn is None:
             return self.n_ctx_train
         return max(self.n_ctx_train, int(self.yarn.n_ctx_orig * self.yarn.factor))
+
+    def fit_n_ctx(self, requested: int, what: str = "n_ctx") -> int:
+        """The context a run gets for a requested size: the request, or `n_ctx_max` where it
+        asks for more, said in a warning (on every surface: the CLI's stderr, the server's
+        log), never capped silently."""
+        if requested <= self.n_ctx_max:
+            return requested
+        log.warning("%s = %d exceeds the model's context length (%d); capped to %d",
+                    what, requested, self.n_ctx_max, self.n_ctx_max)
+        return self.n_ctx_max
 
     @property
     def kq_scale(self) -> float:

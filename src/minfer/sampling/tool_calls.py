@@ -19,7 +19,10 @@ API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400
   `<tool_response>` text, for a chat template that cannot write them; `tools_as_text(tools)`: the
   tools' signatures and the `<tool_call>` form as a system-message text, for a template that never
   reads `tools`; `history_for(messages, template_source, template_variables, tools)` applies
-  both where the template needs them.
+  both where the template needs them, after `template_calls`: every assistant call's
+  `arguments` parsed into an object when they are JSON text (llama-server's form, which
+  Qwen-style templates write with `tojson`), so every surface (the server, `Model.render_chat`,
+  `minfer tokenize --chat`) renders one conversation to the same bytes.
 - `parse_tool_calls(text) -> (content, tool_calls)`: the finished text split into the content
   (text outside the parsed blocks, stripped; "" when nothing is left, which the server sends as
   null) and OpenAI `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`,
@@ -222,10 +225,31 @@ def history_for(messages: Sequence[Mapping[str, Any]], template_source: str,
     the tool calls and results as they are where it writes them itself (it reads `tool_calls`),
     else `history_as_text`; and the tools described in the system message (`with_tools_text`)
     where the template never reads `tools`."""
-    out = ([dict(m) for m in messages] if "tool_calls" in template_source
-           else history_as_text(messages))
+    messages = template_calls(messages)
+    out = messages if "tool_calls" in template_source else history_as_text(messages)
     if tools and "tools" not in template_variables:
         out = with_tools_text(out, tools, template_source)
+    return out
+
+
+def template_calls(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with each assistant tool call as chat templates read it: `type`
+    "function", `arguments` an object where they are JSON text (text that is not JSON stays
+    as it is, as llama-server keeps it), and a call-only message's null content "" (templates
+    test text, not null; Qwen3's looks for `</think>` in it)."""
+    out = []
+    for message in messages:
+        m = dict(message)
+        calls = m.get("tool_calls")
+        if calls:
+            m["tool_calls"] = [
+                {**c, "type": c.get("type") or "function",
+                 "function": {**c["function"], "arguments": _arguments(c["function"])}}
+                if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping) else c
+                for c in calls]
+            if m.get("content") is None:
+                m["content"] = ""
+        out.append(m)
     return out
 
 

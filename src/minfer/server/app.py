@@ -90,13 +90,45 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        tok = state.model().tokenizer
-        ids = await run_in_threadpool(tok.encode, body.content, special=True,
-                                      add_bos=None if body.add_special else False)
+        """llama-server's answer to its body (`tokens`), vLLM's to a `prompt` (`tokens`,
+        `count`, `max_model_len`, `token_strs` when asked)."""
+        lm = state.model()
+        tok = lm.tokenizer
+        try:
+            text = body.text()
+        except ValueError as exc:
+            raise bad_request(str(exc), param="content") from None
+        vllm = body.prompt is not None
+        special = body.add_special_tokens if vllm else body.add_special
+        ids = await run_in_threadpool(tok.encode, text, special=True,
+                                      add_bos=None if special else False)
+        if vllm:
+            out: dict[str, Any] = {"count": len(ids), "max_model_len": lm.limits.n_ctx_slot,
+                                   "tokens": ids}
+            if body.return_token_strs:
+                out["token_strs"] = [tok.token_text(i) for i in ids]
+            return out
         if not body.with_pieces:
             return {"tokens": ids}
         return {"tokens": [{"id": i, "piece": tok.token_bytes(i).decode("utf-8", "replace")}
                            for i in ids]}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        """vLLM's: the tokenizer's class and its tokenizer_config fields (special tokens and
+        their ids, vocabulary size, the context, the chat template)."""
+        lm = state.model()
+        tok = lm.tokenizer
+
+        def text(i: int | None) -> str | None:
+            return None if i is None else tok.token_text(i)
+
+        return {"tokenizer_class": type(tok).__name__, "name_or_path": lm.name,
+                "bos_token": text(tok.bos_id) if tok.add_bos else None,
+                "bos_token_id": tok.bos_id, "eos_token": text(tok.eos_id),
+                "eos_token_id": tok.eos_id, "vocab_size": tok.n_vocab,
+                "add_bos_token": tok.add_bos, "model_max_length": lm.limits.n_ctx_slot,
+                "chat_template": getattr(lm.template, "source", None)}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:

@@ -6,7 +6,8 @@ cannot blow up the label set) and final status; a client that leaves before the 
 counts as 499. With an API key, every path except /health needs `Authorization: Bearer KEY` (or
 Anthropic's `x-api-key: KEY`). A POST body sent without a JSON content type (`curl -d`, which
 says `application/x-www-form-urlencoded`, or none) is read as JSON, as llama-server reads it;
-one that is not JSON is then the usual 400.
+one that is not JSON is then the usual 400. What the server changed in the request instead of
+refusing it (`server.notices`: a capped `max_tokens`) goes back as `Warning` headers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from minfer.server import notices
 from minfer.server.errors import APIError
 
 if TYPE_CHECKING:
@@ -58,11 +60,16 @@ class RequestGuard:
             return
         endpoint = ENDPOINTS.get(scope["path"], "other")
         status = 499
+        changed = notices.collect()
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                if changed:  # what the server changed in the request (server.notices)
+                    message = {**message, "headers": [
+                        *message.get("headers", []),
+                        *((b"warning", notices.header(m)) for m in changed)]}
             await send(message)
 
         try:

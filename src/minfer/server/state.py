@@ -497,7 +497,9 @@ class ServerState:
         tokenizer = Tokenizer.from_gguf(f)
         tokenizer.prepare()  # long prompts come: the BPE library model is built before serving
         template = ChatTemplate.from_gguf(f, tokenizer)
-        n_ctx_slot = min(cfg.n_ctx, hparams.n_ctx_max)
+        if primary:  # serve --reasoning on a model that cannot think: refused at start
+            cfg.reasoning.check_model(template.source, template.variables)
+        n_ctx_slot = hparams.fit_n_ctx(cfg.n_ctx, "--n-ctx")
         embed = None
         generative = hparams.causal and not hparams.reranker  # a reranker only scores pairs
         if not generative or cfg.embeddings:

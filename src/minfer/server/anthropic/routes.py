@@ -64,7 +64,7 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _prepare(lm: LoadedModel, body: CountTokensRequest) -> Prepared:
-    chat = chat_request(body, n_ctx=lm.limits.n_ctx_slot)
+    chat = chat_request(body)
     return await run_in_threadpool(prepare, chat, lm.tokenizer, lm.template, lm.limits,
                                    grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
 

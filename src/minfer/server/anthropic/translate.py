@@ -36,10 +36,10 @@ from minfer.server.worker import Usage
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def chat_request(body: CountTokensRequest, *, n_ctx: int) -> ChatCompletionRequest:
+def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     """The OpenAI chat request that generates this Messages request's reply. Anthropic's
-    clients ask for large `max_tokens` as a matter of course: it is capped at the slot's
-    context (n_ctx) instead of refused."""
+    clients ask for large `max_tokens` as a matter of course: past the slot's context it is
+    capped with a warning (server.notices), as on every API, instead of refused."""
     messages: list[dict[str, Any]] = []
     if body.system:
         system = body.system if isinstance(body.system, str) else \
@@ -71,7 +71,7 @@ def chat_request(body: CountTokensRequest, *, n_ctx: int) -> ChatCompletionReque
         if on and thinking.budget_tokens is not None:
             out["reasoning_budget"] = thinking.budget_tokens
     if isinstance(body, MessagesRequest):
-        out["max_tokens"] = min(body.max_tokens, n_ctx)
+        out["max_tokens"] = body.max_tokens  # capped with a warning (server.notices)
         for name in ("temperature", "top_p", "top_k"):
             if getattr(body, name) is not None:
                 out[name] = getattr(body, name)

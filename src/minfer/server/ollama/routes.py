@@ -129,7 +129,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         if not body.messages:
             return _loaded(lm, {"message": {"role": "assistant", "content": ""}},
                            body.keep_alive)
-        req = chat_request(body, lm.limits.n_ctx_slot)
+        req = chat_request(body)
         prepared = await run_in_threadpool(prepare_chat, req, lm)
         return await _run(state, lm, req, prepared, request, body.stream, chat=True)
 

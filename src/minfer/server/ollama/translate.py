@@ -44,7 +44,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _common(body: ChatRequest | GenerateRequest, n_ctx: int) -> dict[str, Any]:
+def _common(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
     out: dict[str, Any] = {}
     opts = body.options
     if opts is not None:
@@ -53,7 +53,7 @@ def _common(body: ChatRequest | GenerateRequest, n_ctx: int) -> dict[str, Any]:
             if value is not None:
                 out[name] = value
         if opts.num_predict is not None and opts.num_predict >= 0:
-            out["max_tokens"] = min(max(opts.num_predict, 1), n_ctx)
+            out["max_tokens"] = max(opts.num_predict, 1)  # capped with a warning (notices)
     fmt = body.format
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
@@ -104,9 +104,9 @@ def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
     return {} if on is None else {"chat_template_kwargs": {"enable_thinking": on}}
 
 
-def chat_request(body: ChatRequest, n_ctx: int) -> ChatCompletionRequest:
+def chat_request(body: ChatRequest) -> ChatCompletionRequest:
     messages = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
-    out = {"messages": messages, **_common(body, n_ctx), **_thinking(body),
+    out = {"messages": messages, **_common(body), **_thinking(body),
            **_logprobs(body, chat=True)}
     if body.tools:
         out["tools"] = body.tools
@@ -134,7 +134,7 @@ def generate_request(body: GenerateRequest,
     if body.images:
         raise bad_request("images are not supported (this server runs text-only models)",
                           param="images")
-    common = _common(body, n_ctx)
+    common = _common(body)
     common.setdefault("max_tokens", n_ctx)
     if body.template:  # the request's own (Go) template in place of the model's
         values = {"System": body.system or "", "Prompt": body.prompt,

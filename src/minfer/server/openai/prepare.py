@@ -1,7 +1,8 @@
 """From a validated request body to a `GenRequest`: prompt ids, limits and the sampler.
 
 The checks that need the loaded model live here: the prompt must tokenize to 1..n_ctx_slot
-tokens, token ids must be in the vocabulary, `max_tokens` may not exceed the slot's context.
+tokens, token ids must be in the vocabulary; a `max_tokens` past the slot's context is capped
+to it with a warning (minfer.server.notices).
 Unset sampling fields keep llama.cpp's defaults (`SamplerParams()`), as llama-server does.
 """
 
@@ -19,6 +20,7 @@ from minfer.sampling.mask import BannedTokens, chain
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
+from minfer.server.notices import capped_max_tokens
 from minfer.server.openai.schemas import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -44,6 +46,7 @@ class TokenizerLike(Protocol):
     fim: FimTokens
     add_bos: bool
     bos_id: int | None
+    eos_id: int | None
 
     def encode(self, text: str, *, special: bool = True,
                add_bos: bool | None = None) -> list[int]: ...
@@ -82,6 +85,11 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     """The rendered chat prompt's ids; sets how the reply's thinking is split and adds the
     thinking budget to the request's mask."""
     opts = request_reasoning(req, reasoning)
+    try:
+        opts.check_model(template.source, template.variables)
+    except MinferError as exc:
+        param = "reasoning_budget" if req.reasoning_budget else "chat_template_kwargs"
+        raise from_minfer_error(exc, param=param) from None
     messages = chat_messages(req.messages, template.source, template.variables, output.tools)
     try:
         text = template.render(messages, add_generation_prompt=True, tools=output.tools,
@@ -218,11 +226,9 @@ def sampler_params(req: SamplingFields) -> SamplerParams:
 
 
 def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
-    if requested is not None and requested > limits.n_ctx_slot:
-        raise bad_request(f"{param} = {requested} exceeds the context length "
-                          f"({limits.n_ctx_slot} tokens per request)", param=param,
-                          code="context_length_exceeded")
-    n = requested if requested is not None else limits.n_ctx_slot
+    """The reply's limit; past the context it is capped with a warning (server.notices)."""
+    n = limits.n_ctx_slot if requested is None else capped_max_tokens(requested,
+                                                                       limits.n_ctx_slot, param)
     if limits.n_predict > 0:
         n = min(n, limits.n_predict)
     return max(1, n)

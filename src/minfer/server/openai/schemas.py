@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from minfer.server.errors import APIError
 
@@ -147,6 +147,15 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _no_empty_ids(cls, value: Any) -> Any:
+        """`[]` or `[[]]` (an evaluation harness' empty context) named, not a union's errors."""
+        if value == [] or (isinstance(value, list) and any(v == [] for v in value)):
+            raise ValueError("an empty token list has nothing to complete (give at least one "
+                             "token id, or a text)")
+        return value
+
     def prompts(self) -> list[str | list[int]]:
         """The prompts of this request: one, or each of a batch (a list of texts or of id
         lists), in order."""
@@ -230,9 +239,20 @@ def translated(model: type[T], body: dict[str, Any]) -> T:
 
 
 class TokenizeRequest(_Strict):
-    content: str
+    """llama-server's body (`content`, `add_special`, `with_pieces`) or vLLM's (`prompt`,
+    `add_special_tokens`, `return_token_strs`), as evaluation harnesses send it."""
+
+    content: str | None = None
     add_special: bool = False
     with_pieces: bool = False
+    prompt: str | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+    def text(self) -> str:
+        if (self.content is None) == (self.prompt is None):
+            raise ValueError("give the text as content (llama-server) or prompt (vLLM)")
+        return self.content if self.content is not None else self.prompt  # type: ignore[return-value]
 
 
 class DetokenizeRequest(_Strict):

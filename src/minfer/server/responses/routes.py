@@ -88,7 +88,7 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
             if body.store is not False:
                 store.put(response, [*items, *ITEMS.validate_python(response["output"])])
 
-        chat = chat_request(body, n_ctx=lm.limits.n_ctx_slot)
+        chat = chat_request(body)
         prepared = await run_in_threadpool(prepare, chat, lm.tokenizer, lm.template,
                                            lm.limits, grammar_vocab=lm.grammar_vocab,
                                            reasoning=lm.reasoning)

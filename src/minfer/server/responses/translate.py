@@ -34,11 +34,11 @@ from minfer.server.worker import Usage
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
 
 
-def chat_request(body: ResponsesRequest, *, n_ctx: int) -> ChatCompletionRequest:
+def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request that generates this Responses request's output. `max_output_tokens`
-    is capped at the slot's context (n_ctx), as agents ask for large ones as a matter of
-    course; unset, the reply may run to the end of the context. (A previous response's
-    conversation is already in `input`: routes.with_history.)"""
+    past the slot's context is capped with a warning (server.notices), as agents ask for large
+    ones as a matter of course; unset, the reply may run to the end of the context. (A previous
+    response's conversation is already in `input`: routes.with_history.)"""
     if body.top_logprobs:
         raise bad_request("top_logprobs is not supported on /v1/responses (use "
                           "/v1/chat/completions)", param="top_logprobs",
@@ -52,7 +52,7 @@ def chat_request(body: ResponsesRequest, *, n_ctx: int) -> ChatCompletionRequest
         messages += _messages(body.input)
     out: dict[str, Any] = {"messages": messages}
     if body.max_output_tokens is not None:
-        out["max_tokens"] = min(body.max_output_tokens, n_ctx)
+        out["max_tokens"] = body.max_output_tokens  # capped with a warning (notices)
     for name in SAMPLING:
         if getattr(body, name) is not None:
             out[name] = getattr(body, name)
