@@ -25,7 +25,7 @@ from minfer.errors import ContextOverflowError, MinferError, ModelError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
-from minfer.store import resolve_model
+from minfer.tools.fetch import resolve
 
 # The text side (tokenizer, chat template, generation, sampling) is imported where it is first
 # used: a warm `minfer run` starts readying the engine before these imports (~0.1 s), which
@@ -299,7 +299,7 @@ class Model:
                                    "and / or --lookup-ngram N")
         if draft is None:
             return Speculator(LookupProposer(config.lookup_ngram), config)
-        f, hparams = open_draft(resolve_model(str(draft)), self.tokenizer.vocab.tokens,
+        f, hparams = open_draft(resolve(draft), self.tokenizer.vocab.tokens,
                                 self.hparams.n_vocab, config.draft_quant)
         from minfer.backends.select import select_backends
 
@@ -400,5 +400,4 @@ def default_threads() -> int:
 
 def load(model: str | Path | None = None, **options: Any) -> Model:
     """Open a model by path or cache name (None → the default model, fetched on first use)."""
-    path = resolve_model(None if model is None else str(model))
-    return Model(path, **options)
+    return Model(resolve(model), **options)

@@ -100,15 +100,18 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def looks_like_model(arg: str) -> bool:
-    """A positional that names a model: an existing .gguf path or a cached model name."""
+    """A positional that names a model: an existing .gguf path, a cached model name, a
+    catalogue name (fetched on first use) or a Hub reference."""
     path = Path(arg).expanduser()
     if path.suffix == ".gguf" and path.exists():
         return True
     if "\n" in arg or " " in arg or len(arg) > 200:
         return False
-    from minfer.store.catalog import minfer_home
+    from minfer.store.catalog import load_catalog, minfer_home
+    from minfer.store.hub_select import is_hub_ref
 
-    return (minfer_home() / f"{arg}.gguf").exists()
+    return (minfer_home() / f"{arg}.gguf").exists() or is_hub_ref(arg) or \
+        load_catalog().find(arg) is not None
 
 
 def split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -145,9 +148,9 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     from minfer.api import Model
     from minfer.engine.warmup import TerminalProgress, marker_path
     from minfer.gguf.reader import GGUFFile
-    from minfer.store import resolve_model
+    from minfer.tools.fetch import resolve
 
-    f = GGUFFile.open(resolve_model(model_arg))
+    f = GGUFFile.open(resolve(model_arg))
     progress = None
     if not marker_path(f, kv_type=kv_label(*kv_types(args)), batch_invariant=False).exists():
         progress = TerminalProgress()

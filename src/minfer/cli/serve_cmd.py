@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reranking and args.pooling not in (None, "rank"):
         raise MinferError("--reranking is rank pooling; it cannot take --pooling "
                           f"{args.pooling}")
-    from minfer.store import resolve_model
+    from minfer.tools.fetch import resolve
 
     primary, extra = served_models(args)
     for name in ("n_ctx", "slots", "chunk"):
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         n_predict=args.n_predict, k_type=kv_types(args)[0],
         v_type=kv_types(args)[1], fuse=not args.no_fuse,
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
-        draft_model=resolve_model(args.model_draft) if args.model_draft else None,
+        draft_model=resolve(args.model_draft) if args.model_draft else None,
         draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
         draft_quant=args.draft_quant, draft_adaptive=not args.draft_fixed,
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
@@ -153,18 +153,18 @@ def run(args: argparse.Namespace) -> int:
 def served_models(args: argparse.Namespace) -> tuple[Path, list[Path]]:
     """The first model and the others: those named (positional, then each -m) and those in
     --models-dir; with none named, the default model and every other model in the cache."""
-    from minfer.store import resolve_model
     from minfer.store.models import list_models, model_files
+    from minfer.tools.fetch import resolve
 
     names = ([args.model] if args.model else []) + list(args.model_opt)
-    paths = [resolve_model(n) for n in names]
+    paths = [resolve(n) for n in names]
     if args.models_dir:
         folder = Path(args.models_dir).expanduser()
         if not folder.is_dir():
             raise MinferError(f"--models-dir {folder} is not a folder")
         paths += model_files(folder)
     if not paths:
-        paths = [resolve_model(None)] + [m.path for m in list_models() if m.error is None]
+        paths = [resolve(None)] + [m.path for m in list_models() if m.error is None]
     if args.models_max < 1:
         raise MinferError("--models-max must be at least 1")
     unique = list(dict.fromkeys(p.resolve() for p in paths))
