@@ -376,10 +376,13 @@ class Model:
         split = plan.split(finished.text)
         return ChatReply(split.content, split.reasoning, finished.reason, finished.text)
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
+    def chat(self, messages: str | Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
              stop: Sequence[str] = (), seed: int | None = None,
              tools: Sequence[Mapping[str, Any]] | None = None, **sampling: Any) -> Iterator[str]:
-        """Reply to a conversation rendered with the model's chat template."""
+        """Reply to a conversation (a string: one user message) rendered with the model's
+        chat template."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
         prompt = self.render_chat(messages, tools=tools)
         yield from self.generate(self.tokenizer.encode(prompt), max_tokens=max_tokens, stop=stop,
                                  seed=seed, **sampling)
@@ -399,5 +402,6 @@ def default_threads() -> int:
 
 
 def load(model: str | Path | None = None, **options: Any) -> Model:
-    """Open a model by path or cache name (None → the default model, fetched on first use)."""
+    """Open a model by path, cache or catalogue name, or Hub reference (None → the default
+    model; fetched on first use); its options and what it returns: `minfer.load`."""
     return Model(resolve(model), **options)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -202,15 +204,47 @@ def serve(config: ServerConfig, *, host: str, port: int, drain_timeout: float = 
                                else "warning", access_log=verbose, lifespan="on",
                                timeout_graceful_shutdown=round(drain_timeout) + 5)
     server = _make_server(uv_config, state, drain_timeout)
+    sock = _listen(host, port)
     threading.Thread(target=_exit_on_load_error, args=(state, server), daemon=True).start()
     print(f"minfer: serving {config.model_path.name} on http://{host}:{port} "
-          f"({config.slots} slots x {config.n_ctx} tokens); loading the model...",
-          file=sys.stderr, flush=True)
-    server.run()
+          f"({_capacity(config)}); loading the model...", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
     if state.error:
         print(f"minfer: error: {state.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything says "serving": a port in use is one line
+    and a non-zero exit, not a traceback after the banner."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = " (another server there? pick another --port)" if \
+            exc.errno == errno.EADDRINUSE else ""
+        raise MinferError(f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
+    return sock
+
+
+def _capacity(config: ServerConfig) -> str:
+    """What the first model holds, as its load will size it: an encoder reads at most its
+    trained context per input (all-MiniLM: 512), a generator has slots x n_ctx (capped)."""
+    from minfer.gguf.hparams import HParams
+    from minfer.gguf.reader import GGUFFile
+
+    try:
+        with GGUFFile.open(config.model_path) as f:
+            hp = HParams.from_gguf(f)
+    except MinferError:  # the load says what is wrong with it
+        return f"{config.slots} slots x {config.n_ctx} tokens"
+    if not hp.causal:
+        return f"an encoder: up to {min(config.n_ctx, hp.n_ctx_train)} tokens per input"
+    return f"{config.slots} slots x {min(config.n_ctx, hp.n_ctx_max)} tokens"
 
 
 def _make_server(uv_config: Any, state: Any, drain_timeout: float) -> Any:
