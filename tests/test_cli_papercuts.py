@@ -78,3 +78,27 @@ def test_chat_takes_a_plain_string(tiny_qwen2: Path) -> None:
     assert "".join(model.chat("hi", max_tokens=2, temp=0)) == \
         "".join(model.chat([{"role": "user", "content": "hi"}], max_tokens=2, temp=0))
     assert seen[0] == seen[1] == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("command", ["embed", "perplexity", "bench"])
+def test_a_first_use_says_it_compiles_then_is_silent(
+        command: str, tmp_path: Path, tiny_qwen2: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """embed, perplexity and bench give `run`'s first-use notice (one helper,
+    `warmup.announce_cold_start`) while this model's kernels are not marked compiled, and
+    none once they are."""
+    from minfer.engine import warmup
+
+    monkeypatch.setattr(warmup, "marker_path", lambda f, **kw: tmp_path / (
+        f"warm-{Path(f.path).stem}-{kw['kv_type']}-{kw['batch_invariant']}"))
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 8)
+    argv = {"embed": ["embed", str(write_tiny_bert(tmp_path / "bert.gguf")), "a", "b"],
+            "perplexity": ["perplexity", str(tiny_qwen2), "-f", str(text), "-c", "32",
+                           "--chunks", "1"],
+            "bench": ["bench", str(tiny_qwen2), "-p", "8", "-n", "2", "-r", "1", "-t", "1"]}
+    for round_ in ("cold", "warm"):
+        assert main(argv[command]) == 0
+        captured = capsys.readouterr()
+        assert captured.out  # its result
+        assert (warmup.COLD_START in captured.err) == (round_ == "cold"), captured.err

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minfer.cli.common import add_kv_args, kv_types
+from minfer.cli.common import add_kv_args, kv_types, warm_up_announced
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         model.set_threads(n_threads, adaptive=args.threads is None)
         engine = model.engine(need)
         if n_threads == threads_list[0]:
+            warm_up_announced(model, None)
             print(f"KV cache {engine.ctx_params.kv_type}: "
                   f"{engine.kv.bytes_per_token / 1024:.1f} KiB per token", file=sys.stderr)
         backend = "+".join(engine.ctx_params.backends)
@@ -159,6 +160,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         model.set_threads(args.threads)
     tok = model.tokenizer
     ids = tok.encode(text, special=False)
+    warm_up_announced(model, min(args.n_ctx, max(len(ids), 1)))
     bos = tok.bos_id if tok.add_bos else None
 
     def scorer(chunk: list[int]) -> list[float]:

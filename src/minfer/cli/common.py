@@ -146,15 +146,15 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     this model's kernels are cached). A cold start is announced at once, before the model
     (its tokenizer, its template) loads."""
     from minfer.api import Model
-    from minfer.engine.warmup import TerminalProgress, marker_path
+    from minfer.engine.warmup import TerminalProgress, announce_cold_start, marker_path
     from minfer.gguf.reader import GGUFFile
     from minfer.tools.fetch import resolve
 
     f = GGUFFile.open(resolve(model_arg))
     progress = None
-    if not marker_path(f, kv_type=kv_label(*kv_types(args)), batch_invariant=False).exists():
+    if announce_cold_start(marker_path(f, kv_type=kv_label(*kv_types(args)),
+                                       batch_invariant=False)):
         progress = TerminalProgress()
-        progress.announce()
     model = Model(f.path, gguf_file=f, **model_options(args))
     if progress is None:  # warm: the engine readies its weights while the tokenizer loads
         model.engine().warm_in_background()
@@ -163,6 +163,15 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
         model.engine().wait_ready()
     started()
     return model, progress
+
+
+def warm_up_announced(model: Any, n_prompt: int | None) -> None:
+    """bench, perplexity: a model whose kernels are not compiled yet says so and compiles
+    them up front, with the progress `run` shows (nothing when they are cached)."""
+    from minfer.engine.warmup import TerminalProgress, announce_cold_start, engine_marker
+
+    if announce_cold_start(engine_marker(model.engine(n_prompt or 0))):
+        model.warm_up(n_prompt, TerminalProgress())
 
 
 def started() -> None:
