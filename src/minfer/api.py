@@ -25,7 +25,7 @@ from minfer.errors import ContextOverflowError, MinferError, ModelError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
-from minfer.store import resolve_model
+from minfer.tools.fetch import resolve
 
 # The text side (tokenizer, chat template, generation, sampling) is imported where it is first
 # used: a warm `minfer run` starts readying the engine before these imports (~0.1 s), which
@@ -301,7 +301,7 @@ class Model:
                                    "and / or --lookup-ngram N")
         if draft is None:
             return Speculator(LookupProposer(config.lookup_ngram), config)
-        f, hparams = open_draft(resolve_model(str(draft)), self.tokenizer.vocab.tokens,
+        f, hparams = open_draft(resolve(draft), self.tokenizer.vocab.tokens,
                                 self.hparams.n_vocab, config.draft_quant)
         from minfer.backends.select import select_backends
 
@@ -378,10 +378,13 @@ class Model:
         split = plan.split(finished.text)
         return ChatReply(split.content, split.reasoning, finished.reason, finished.text)
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
+    def chat(self, messages: str | Sequence[Mapping[str, Any]], *, max_tokens: int = 512,
              stop: Sequence[str] = (), seed: int | None = None,
              tools: Sequence[Mapping[str, Any]] | None = None, **sampling: Any) -> Iterator[str]:
-        """Reply to a conversation rendered with the model's chat template."""
+        """Reply to a conversation (a string: one user message) rendered with the model's
+        chat template."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
         prompt = self.render_chat(messages, tools=tools)
         yield from self.generate(self.tokenizer.encode(prompt), max_tokens=max_tokens, stop=stop,
                                  seed=seed, **sampling)
@@ -401,6 +404,6 @@ def default_threads() -> int:
 
 
 def load(model: str | Path | None = None, **options: Any) -> Model:
-    """Open a model by path or cache name (None → the default model, fetched on first use)."""
-    path = resolve_model(None if model is None else str(model))
-    return Model(path, **options)
+    """Open a model by path, cache or catalogue name, or Hub reference (None → the default
+    model; fetched on first use); its options and what it returns: `minfer.load`."""
+    return Model(resolve(model), **options)

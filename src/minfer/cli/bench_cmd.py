@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minfer.cli.common import add_kv_args, kv_types
+from minfer.cli.common import add_kv_args, kv_types, warm_up_announced
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
@@ -43,18 +43,23 @@ def _int_list(text: str) -> list[int]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure prefill and decode speed (llama-bench style)")
     p.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
-    p.add_argument("-m", "--model", dest="model_opt")
+    p.add_argument("-m", "--model", dest="model_opt", help="the model, as a flag")
     p.add_argument("-p", "--n-prompt", type=_int_list, default=[512], help="pp sizes (512)")
     p.add_argument("-n", "--n-gen", type=_int_list, default=[128], help="tg sizes (128)")
     p.add_argument("-d", "--n-depth", type=_int_list, default=[0],
                    help="tokens already in the KV before each test (0)")
-    p.add_argument("-r", "--repetitions", type=int, default=3)
-    p.add_argument("-t", "--threads", type=_int_list, default=None, help="thread counts")
-    p.add_argument("-b", "--batch-size", type=int, default=512)
+    p.add_argument("-r", "--repetitions", type=int, default=3,
+                   help="runs of each test; the table shows mean ± stddev (3)")
+    p.add_argument("-t", "--threads", type=_int_list, default=None,
+                   help="thread counts, e.g. 1,2 (default: all cores, decode picking its own)")
+    p.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="prefill chunk size in tokens (512)")
     p.add_argument("-c", "--n-ctx", type=int, default=0, help="context (default: fits the test)")
     add_kv_args(p)
-    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None)
-    p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--backend", choices=("auto", "cpu", "torch"), default=None,
+                   help="compute backend (default: auto, or $MINFER_BACKEND)")
+    p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md",
+                   help="table format: markdown, csv or json (md)")
     p.add_argument("--roofline", action="store_true",
                    help="measure the machine's read bandwidth; print tg GB/s as a fraction of it")
     p.set_defaults(func=run)
@@ -63,11 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Score FILE's tokens in chunks of N_CTX, the second half of "
                                    "each chunk, as llama.cpp's llama-perplexity does.")
     q.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
-    q.add_argument("-m", "--model", dest="model_opt")
+    q.add_argument("-m", "--model", dest="model_opt", help="the model, as a flag")
     q.add_argument("-f", "--file", required=True, help="the text ('-' reads stdin)")
     q.add_argument("-c", "--n-ctx", type=int, default=512, help="chunk length in tokens (512)")
     q.add_argument("--chunks", type=int, default=None, help="score at most this many chunks")
-    q.add_argument("-t", "--threads", type=int, default=None)
+    q.add_argument("-t", "--threads", type=int, default=None,
+                   help="CPU threads (default: all)")
     add_kv_args(q)
     q.add_argument("--json", action="store_true", help="print the result as JSON")
     q.set_defaults(func=run_perplexity)
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         model.set_threads(n_threads, adaptive=args.threads is None)
         engine = model.engine(need)
         if n_threads == threads_list[0]:
+            warm_up_announced(model, None)
             print(f"KV cache {engine.ctx_params.kv_type}: "
                   f"{engine.kv.bytes_per_token / 1024:.1f} KiB per token", file=sys.stderr)
         backend = "+".join(engine.ctx_params.backends)
@@ -153,6 +160,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         model.set_threads(args.threads)
     tok = model.tokenizer
     ids = tok.encode(text, special=False)
+    warm_up_announced(model, min(args.n_ctx, max(len(ids), 1)))
     bos = tok.bos_id if tok.add_bos else None
 
     def scorer(chunk: list[int]) -> list[float]:

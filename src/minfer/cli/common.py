@@ -100,15 +100,18 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def looks_like_model(arg: str) -> bool:
-    """A positional that names a model: an existing .gguf path or a cached model name."""
+    """A positional that names a model: an existing .gguf path, a cached model name, a
+    catalogue name (fetched on first use) or a Hub reference."""
     path = Path(arg).expanduser()
     if path.suffix == ".gguf" and path.exists():
         return True
     if "\n" in arg or " " in arg or len(arg) > 200:
         return False
-    from minfer.store.catalog import minfer_home
+    from minfer.store.catalog import load_catalog, minfer_home
+    from minfer.store.hub_select import is_hub_ref
 
-    return (minfer_home() / f"{arg}.gguf").exists()
+    return (minfer_home() / f"{arg}.gguf").exists() or is_hub_ref(arg) or \
+        load_catalog().find(arg) is not None
 
 
 def split_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -143,15 +146,15 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     this model's kernels are cached). A cold start is announced at once, before the model
     (its tokenizer, its template) loads."""
     from minfer.api import Model
-    from minfer.engine.warmup import TerminalProgress, marker_path
+    from minfer.engine.warmup import TerminalProgress, announce_cold_start, marker_path
     from minfer.gguf.reader import GGUFFile
-    from minfer.store import resolve_model
+    from minfer.tools.fetch import resolve
 
-    f = GGUFFile.open(resolve_model(model_arg))
+    f = GGUFFile.open(resolve(model_arg))
     progress = None
-    if not marker_path(f, kv_type=kv_label(*kv_types(args)), batch_invariant=False).exists():
+    if announce_cold_start(marker_path(f, kv_type=kv_label(*kv_types(args)),
+                                       batch_invariant=False)):
         progress = TerminalProgress()
-        progress.announce()
     model = Model(f.path, gguf_file=f, **model_options(args))
     if progress is None:  # warm: the engine readies its weights while the tokenizer loads
         model.engine().warm_in_background()
@@ -160,6 +163,15 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
         model.engine().wait_ready()
     started()
     return model, progress
+
+
+def warm_up_announced(model: Any, n_prompt: int | None) -> None:
+    """bench, perplexity: a model whose kernels are not compiled yet says so and compiles
+    them up front, with the progress `run` shows (nothing when they are cached)."""
+    from minfer.engine.warmup import TerminalProgress, announce_cold_start, engine_marker
+
+    if announce_cold_start(engine_marker(model.engine(n_prompt or 0))):
+        model.warm_up(n_prompt, TerminalProgress())
 
 
 def started() -> None:

@@ -59,19 +59,28 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from minfer.api import load
+    from minfer.engine.warmup import announce_cold_start, engine_marker, mark_warm
 
     texts = _texts(args)
     model = load(args.model, threads=args.threads)
     out = sys.stdout
+    pooling = args.pooling if args.rerank is None else (  # as model.rerank picks it
+        "rank" if model.hparams.n_cls_out else None)
+    embedder = model.embedder(pooling)
+    marker = engine_marker(embedder.engine)
+    cold = announce_cold_start(marker)  # an encoder compiles as it first runs
     if args.rerank is not None:
         scores = model.rerank(args.rerank, texts, truncate=args.truncate)
         for i, score in enumerate(scores):
             out.write(json.dumps({"index": i, "relevance_score": score}) + "\n")
+        if cold:
+            mark_warm(marker)
         return 0
-    embedder = model.embedder(args.pooling)
     encoded = embedder.check([embedder.encode_text(t) for t in texts], truncate=args.truncate)
     vectors = embedder.run(encoded, norm=args.embd_normalize)
     for i, (enc, vec) in enumerate(zip(encoded, vectors, strict=True)):
         line: dict[str, Any] = {"index": i, "embedding": vec.tolist(), "n_tokens": len(enc.ids)}
         out.write(json.dumps(line) + "\n")
+    if cold:
+        mark_warm(marker)
     return 0

@@ -17,7 +17,8 @@ from rich.text import Text
 from minfer.gguf.hparams import HParams
 from minfer.gguf.parse import StringArray
 from minfer.gguf.reader import GGUFFile
-from minfer.store.models import model_quantization, resolve_model
+from minfer.store.models import model_quantization
+from minfer.tools.fetch import resolve
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -214,7 +215,7 @@ def _backend_rows(choice: str | None) -> list[tuple[str, object]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = resolve_model(args.model)
+    path = resolve(args.model)
     with GGUFFile.open(path) as f:
         console = Console()
         if not f.tensors:

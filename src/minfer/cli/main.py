@@ -42,6 +42,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minfer", description="Local LLM inference for GGUF models."
     )
+    from minfer import __version__
+
+    parser.add_argument("--version", action="version", version=f"minfer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.set_defaults(subparsers=sub.choices)
     names = COMMANDS if only not in COMMANDS else (only,)

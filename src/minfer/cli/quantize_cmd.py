@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minfer.cli.info_cmd import human_bytes
+from minfer.errors import MinferError
 
 if TYPE_CHECKING:  # the quantizer (numba kernels) is imported when the command runs, not at start
     from gguf import GGMLQuantizationType
@@ -34,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output-tensor-type", metavar="T", help="type of output.weight")
     p.add_argument("--token-embedding-type", metavar="T", help="type of token_embd.weight")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it already exists")
     p.set_defaults(func=run)
 
 
@@ -83,6 +86,9 @@ def _summary(report: QuantizeReport, out: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from minfer.tools.quantize import MixOptions, parse_ftype, parse_tensor_type, quantize_model
 
+    if Path(args.output).exists() and not args.force:
+        raise MinferError(f"{args.output} already exists; not overwriting it (--force "
+                          "replaces it)")
     opts = MixOptions(
         parse_ftype(args.type), pure=args.pure,
         output_tensor_type=(parse_tensor_type(args.output_tensor_type)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reranking and args.pooling not in (None, "rank"):
         raise MinferError("--reranking is rank pooling; it cannot take --pooling "
                           f"{args.pooling}")
-    from minfer.store import resolve_model
+    from minfer.tools.fetch import resolve
 
     primary, extra = served_models(args)
     for name in ("n_ctx", "slots", "chunk"):
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         n_predict=args.n_predict, k_type=kv_types(args)[0],
         v_type=kv_types(args)[1], fuse=not args.no_fuse,
         lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
-        draft_model=resolve_model(args.model_draft) if args.model_draft else None,
+        draft_model=resolve(args.model_draft) if args.model_draft else None,
         draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
         draft_quant=args.draft_quant, draft_adaptive=not args.draft_fixed,
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
@@ -157,18 +159,18 @@ def run(args: argparse.Namespace) -> int:
 def served_models(args: argparse.Namespace) -> tuple[Path, list[Path]]:
     """The first model and the others: those named (positional, then each -m) and those in
     --models-dir; with none named, the default model and every other model in the cache."""
-    from minfer.store import resolve_model
     from minfer.store.models import list_models, model_files
+    from minfer.tools.fetch import resolve
 
     names = ([args.model] if args.model else []) + list(args.model_opt)
-    paths = [resolve_model(n) for n in names]
+    paths = [resolve(n) for n in names]
     if args.models_dir:
         folder = Path(args.models_dir).expanduser()
         if not folder.is_dir():
             raise MinferError(f"--models-dir {folder} is not a folder")
         paths += model_files(folder)
     if not paths:
-        paths = [resolve_model(None)] + [m.path for m in list_models() if m.error is None]
+        paths = [resolve(None)] + [m.path for m in list_models() if m.error is None]
     if args.models_max < 1:
         raise MinferError("--models-max must be at least 1")
     unique = list(dict.fromkeys(p.resolve() for p in paths))
@@ -206,13 +208,13 @@ def serve(config: ServerConfig, *, host: str, port: int, drain_timeout: float = 
                                else "warning", access_log=verbose, lifespan="on",
                                timeout_graceful_shutdown=round(drain_timeout) + 5)
     server = _make_server(uv_config, state, drain_timeout)
+    sock = _listen(host, port)
     threading.Thread(target=_exit_on_load_error, args=(state, server), daemon=True).start()
-    print(f"minfer: serving on http://{host}:{port} ({config.slots} slots x "
-          f"{config.n_ctx} tokens); loading {config.model_path.name}...", file=sys.stderr,
-          flush=True)
+    print(f"minfer: serving on http://{host}:{port} ({_capacity(config)}); loading "
+          f"{config.model_path.name}...", file=sys.stderr, flush=True)
     for line in served_lines(state):
         print(f"minfer:   {line}", file=sys.stderr, flush=True)
-    server.run()
+    server.run(sockets=[sock])
     if state.error:
         print(f"minfer: error: {state.error}", file=sys.stderr)
         return 1
@@ -239,6 +241,38 @@ def served_lines(state: Any) -> list[str]:
         loaded = "" if name == names[0] else ", loaded on first use"
         lines.append(f"{name} ({what}{loaded}{tail})")
     return lines
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything says "serving": a port in use is one line
+    and a non-zero exit, not a traceback after the banner."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = " (another server there? pick another --port)" if \
+            exc.errno == errno.EADDRINUSE else ""
+        raise MinferError(f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
+    return sock
+
+
+def _capacity(config: ServerConfig) -> str:
+    """What the first model holds, as its load will size it: an encoder reads at most its
+    trained context per input (all-MiniLM: 512), a generator has slots x n_ctx (capped)."""
+    from minfer.gguf.hparams import HParams
+    from minfer.gguf.reader import GGUFFile
+
+    try:
+        with GGUFFile.open(config.model_path) as f:
+            hp = HParams.from_gguf(f)
+    except MinferError:  # the load says what is wrong with it
+        return f"{config.slots} slots x {config.n_ctx} tokens"
+    if not hp.causal:
+        return f"an encoder: up to {min(config.n_ctx, hp.n_ctx_train)} tokens per input"
+    return f"{config.slots} slots x {min(config.n_ctx, hp.n_ctx_max)} tokens"
 
 
 def _make_server(uv_config: Any, state: Any, drain_timeout: float) -> Any:

@@ -111,14 +111,14 @@ def _jsonl(tok: Any, special: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     from minfer.gguf.reader import GGUFFile
     from minfer.sampling.tool_calls import history_for
-    from minfer.store import resolve_model
     from minfer.tokenizer import ChatTemplate, Tokenizer
+    from minfer.tools.fetch import resolve
 
     model, text = _split_positionals(args)
     request = load_chat_request(args.chat) if args.chat is not None else None
     if text == "-":
         text = sys.stdin.read()
-    f = GGUFFile.open(resolve_model(model))
+    f = GGUFFile.open(resolve(model))
     tok = Tokenizer.from_gguf(f)
     if args.jsonl:
         _jsonl(tok, special=not args.no_special)

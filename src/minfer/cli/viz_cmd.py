@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         what = args.trace
     else:
         from minfer.api import Model
-        from minfer.store import resolve_model
+        from minfer.tools.fetch import resolve
 
-        path = resolve_model(model_arg)
+        path = resolve(model_arg)
         session = VizSession(model=Model(path, **model_options(args)))
         what = path.name
     return serve(session, host=args.host, port=args.port, what=what)

@@ -73,9 +73,36 @@ def marker_path(gguf_file: Any, *, kv_type: str, batch_invariant: bool) -> Path:
     return Path(config.CACHE_DIR) / f"warm-{digest}"  # type: ignore[attr-defined]
 
 
-def _marker(engine: Any) -> Path:
+def engine_marker(engine: Any) -> Path:
+    """`marker_path` for an engine's model, KV type and batch mode."""
     return marker_path(engine.weights.file, kv_type=engine.ctx_params.kv_type,
                        batch_invariant=engine.batch_invariant)
+
+
+def engine_marker_or_none(engine: Any) -> Path | None:
+    """`engine_marker`, or None for an engine that reads no model file (the server's tests
+    run stand-ins that compile nothing)."""
+    return engine_marker(engine) if hasattr(engine, "weights") else None
+
+
+COLD_START = ("first run on this machine: compiling the CPU kernels for it (cached for later "
+              "runs, usually under 30 s)…")
+
+
+def announce_cold_start(marker: Path | None, say: Callable[[str], None] | None = None) -> bool:
+    """The one first-use notice of every surface (run, chat, embed, bench, perplexity; serve
+    says it in its log): when the kernels behind `marker` are not compiled yet, say so
+    (default: a `minfer:` line on stderr) and return True. `mark_warm(marker)` once they are,
+    where `warm_up` did not compile them (an encoder's, the server's first batches)."""
+    if marker is None or marker.exists():
+        return False
+    (say or (lambda text: print(f"minfer: {text}", file=sys.stderr, flush=True)))(COLD_START)
+    return True
+
+
+def mark_warm(marker: Path) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
 
 
 def plan(engine: Any, shapes: Sequence[tuple[int, int]]) -> list[Item]:
@@ -124,7 +151,7 @@ def warm_up(engine: Any, shapes: Sequence[tuple[int, int]], *, progress: Progres
 
     `helper(items, states)` starts the second process (see `helper_for`) and returns it, or
     None."""
-    marker = _marker(engine)
+    marker = engine_marker(engine)
     if marker.exists():
         return False
     items = plan(engine, shapes)
@@ -151,8 +178,7 @@ def warm_up(engine: Any, shapes: Sequence[tuple[int, int]], *, progress: Progres
     if progress:
         progress.advance(len(items), "done")
         progress.finish()
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    mark_warm(marker)
     jit_cache.prune_other_versions()  # a new version's first run: what older ones left
     return True
 
@@ -223,8 +249,7 @@ class TerminalProgress:
 
     def announce(self) -> None:
         """The first words, as soon as a cold start is known (before the model loads)."""
-        print("minfer: first run on this machine: compiling the CPU kernels for it (cached "
-              "for later runs, usually under 30 s)…", file=self.stream, flush=True)
+        print(f"minfer: {COLD_START}", file=self.stream, flush=True)
 
     def start(self, total: int) -> None:
         if not self.tty:

@@ -19,10 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from minfer.engine.embed import Embedder, Encoded, normalize
+from minfer.engine.warmup import announce_cold_start, engine_marker_or_none, mark_warm
 
 log = logging.getLogger("minfer.server")
 
@@ -48,6 +50,7 @@ class EmbedWorker:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.embedder: Embedder | None = None
+        self._cold: Path | None = None  # the kernels' marker, until a first batch compiled them
         self._thread = threading.Thread(target=self._main, name="minfer-embed", daemon=True)
 
     def start(self) -> None:
@@ -86,6 +89,8 @@ class EmbedWorker:
             self.error = exc
             self.ready.set()
             return
+        marker = engine_marker_or_none(self.embedder.engine)  # an encoder compiles as it first runs
+        self._cold = marker if announce_cold_start(marker, log.info) else None
         self.ready.set()
         while True:
             with self._cond:
@@ -112,6 +117,9 @@ class EmbedWorker:
             for job in jobs:
                 job.future.set_exception(exc)
             return
+        if self._cold is not None:
+            mark_warm(self._cold)
+            self._cold = None
         pooled = embedder.pooling not in ("none", "rank")
         start = 0
         for job in jobs:

@@ -38,6 +38,7 @@ from minfer.engine.core.request import GenRequest, TokenLogprob, Vocab
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import Plan, Scheduler
 from minfer.engine.speculative import Proposal, SpecConfig
+from minfer.engine.warmup import announce_cold_start, engine_marker_or_none, mark_warm
 from minfer.errors import MinferError
 from minfer.server.metrics import Metrics
 
@@ -218,9 +219,13 @@ class Worker:
                 self.drafter = SlotDrafter(self._make_draft(n_ctx), self.n_ctx_slot,
                                            p_min=self.speculation.p_min, chunk=self.chunk)
             if self.n_ctx_slot >= 3:
+                marker = engine_marker_or_none(runner.engine)
+                cold = announce_cold_start(marker, log.info)
                 runner.warm_up()
                 if self.drafter is not None:
                     self.drafter.warm_up()
+                if cold and marker is not None:
+                    mark_warm(marker)
         except BaseException as exc:
             if not isinstance(exc, MinferError):  # a model's or a setting's: said by the loader
                 log.exception("could not create the engine")

@@ -158,15 +158,34 @@ def _convert_checkpoint(entry: CatalogEntry, archive: Path, final: Path,
     final.with_name(final.name + ".source").write_text(f"{entry.sha256} {entry.convert}\n")
 
 
+def _pull_hub_entry(entry: CatalogEntry, progress: bool,
+                    tell: Callable[[str, int, int], None]) -> Path:
+    """A catalogue entry that is one file on the Hub: from the Hub's cache, else fetched."""
+    from minfer.store.hub import cached_hub_model, pull_hub
+
+    assert entry.hub is not None
+    path = cached_hub_model(entry.hub)
+    if path is None:
+        tell("downloading", 0, entry.size)
+        path = pull_hub(entry.hub, progress=progress)
+    size = path.stat().st_size
+    tell("success", size, size)
+    return path
+
+
 def pull(name: str, *, progress: bool = True,
          report: Callable[[str, int, int], None] | None = None,
          converter: Converter | None = None) -> Path:
-    """Make `<home>/<name>.gguf` present and verified (a no-op when it already is).
+    """Make `<home>/<name>.gguf` present and verified (a no-op when it already is); a Hub
+    entry's file lands in the Hub's cache instead (its path is returned).
     report(status, completed, total): called as parts arrive ("downloading"), before the
     check ("verifying") and at the end ("success"), for callers that show it themselves.
     An entry to convert needs `converter` (the download is verified, then converted)."""
     tell = report or (lambda status, done, total: None)
     entry = load_catalog().entry(name)
+    if entry.hub is not None:
+        return _pull_hub_entry(entry, progress, tell)
+    name = entry.name  # (an alias pulls its entry)
     home = minfer_home()
     final = home / f"{name}.gguf"
     if is_verified(final, entry) if entry.convert is None else _converted(final, entry):

@@ -1,8 +1,8 @@
 """Turning a model argument into a file, and listing the models in the cache.
 
-Owns `resolve_model` (a path to a .gguf or the first part of a split set, a cached name,
-`hf:ORG/REPO[:QUANT|:FILE]` — from the Hub cache, pulled if missing — or None for the default
-model, pulled if missing) and `list_models` (what `minfer list` shows). A
+Owns `resolve_model` (a path to a .gguf or the first part of a split set, a cached name, a
+catalogue name or `hf:ORG/REPO[:QUANT|:FILE]` — from the cache, pulled on first use, saying so
+on stderr — or None for the default model) and `list_models` (what `minfer list` shows). A
 `.partial` file is an unfinished pull and is never taken for a model.
 """
 
@@ -11,15 +11,20 @@ from __future__ import annotations
 import contextlib
 import glob
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minfer.errors import GGUFError, ModelNotFoundError
 from minfer.gguf.reader import GGUFFile
-from minfer.store.catalog import default_model_name, minfer_home
+from minfer.store.catalog import default_model_name, load_catalog, minfer_home
 from minfer.store.hub import cached_hub_model, list_hub_models, pull_hub
 from minfer.store.hub_select import is_hub_ref
+
+if TYPE_CHECKING:
+    from minfer.store.download import Converter
 
 _LATER_SPLIT_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")
 _FIRST_SPLIT_PART = re.compile(r"-00001-of-\d{5}\.gguf$")
@@ -46,19 +51,20 @@ def _cached_path(name: str, home: Path) -> Path | None:
     return firsts[0] if firsts else None
 
 
-def resolve_model(arg: str | None) -> Path:
-    """The GGUF file a model argument names; None → the default model (pulled if missing)."""
+def resolve_model(arg: str | None, *, converter: Converter | None = None) -> Path:
+    """The GGUF file a model argument names: a path, a cached name, a catalogue name or
+    `hf:ORG/REPO[:QUANT|:FILE]` (fetched on first use, as `ollama run` does, saying so on
+    stderr), or None for the default model. `converter` turns a catalogue entry shipped as a
+    checkpoint into its GGUF (the surfaces pass `minfer.tools.fetch`'s; the store sits below
+    the converter)."""
     home = minfer_home()
     if arg is None:
-        name = default_model_name()
-        cached_default = _cached_path(name, home)
-        if cached_default is not None:
-            return cached_default
-        from minfer.store.download import pull  # rich's progress bars: imported when pulling
-
-        return pull(name)
-    if is_hub_ref(arg):
-        return cached_hub_model(arg) or pull_hub(arg)
+        arg = default_model_name()
+    elif is_hub_ref(arg):
+        if (cached_hub := cached_hub_model(arg)) is not None:
+            return cached_hub
+        _say_first_use(arg, arg)
+        return pull_hub(arg)
     if arg.endswith(".partial"):
         raise ModelNotFoundError(f"{arg}: an unfinished download, not a model "
                                  "(run `minfer pull` again)")
@@ -67,13 +73,33 @@ def resolve_model(arg: str | None) -> Path:
         return path
     if path.is_dir():
         raise ModelNotFoundError(f"{arg}: is a directory, not a .gguf file")
-    looks_like_path = "/" in arg or "\\" in arg
-    cached = None if looks_like_path else _cached_path(arg, home)
-    if cached is None:
-        hint = "no such file" if looks_like_path else (
-            f"no such file, and no model {arg!r} in {home} (try `minfer pull {arg}`)")
-        raise ModelNotFoundError(f"{arg}: {hint}")
-    return cached
+    if "/" in arg or "\\" in arg:
+        raise ModelNotFoundError(f"{arg}: no such file")
+    cached = _cached_path(arg, home)
+    if cached is not None:
+        return cached
+    entry = load_catalog().find(arg.removesuffix(".gguf"))
+    if entry is None:
+        raise ModelNotFoundError(f"{arg}: no such file, and no model {arg!r} in {home} or in "
+                                 "the catalogue (`minfer list --catalogue`)")
+    if entry.hub is not None and (cached_hub := cached_hub_model(entry.hub)) is not None:
+        return cached_hub
+    if entry.hub is None and entry.name != arg and (
+            cached := _cached_path(entry.name, home)) is not None:
+        return cached  # an alias of a pulled entry
+    size = f"{entry.size / 2**20:,.0f} MiB" if entry.size >= 2**20 else f"{entry.size:,} bytes"
+    _say_first_use(arg, entry.hub or size)
+    from minfer.store.download import pull  # rich's progress bars: imported when pulling
+
+    return pull(entry.name, converter=converter)
+
+
+def _say_first_use(name: str, what: str) -> None:
+    """The one line a first use prints before it downloads (the progress bar follows)."""
+    where = "the Hugging Face cache" if what.startswith("hf:") else str(minfer_home())
+    source = f" ({what})" if what != name else ""
+    print(f"minfer: {name} is not downloaded yet: pulling it{source} into {where}",
+          file=sys.stderr, flush=True)
 
 
 def model_quantization(f: GGUFFile) -> str:

@@ -69,10 +69,11 @@ from minfer.server.openai.structured import OutputPlan
 from minfer.server.relay import collect_or_gone, submit
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Failed, Handle
-from minfer.store import download, resolve_model
+from minfer.store import download
 from minfer.store.catalog import load_catalog, minfer_home
 from minfer.store.hub_select import is_hub_ref, parse_hub_ref
 from minfer.store.models import list_models
+from minfer.tools.fetch import resolve
 
 NDJSON = "application/x-ndjson"
 
@@ -450,7 +451,7 @@ async def _pull_events(state: ServerState, name: str, entry: Any,
         try:
             path = (download.pull(name, progress=False, report=report,
                                   converter=convert_checkpoint) if entry is not None
-                    else resolve_model(name))
+                    else resolve(name))
             state.add_model(path)
             loop.call_soon_threadsafe(queue.put_nowait, {"status": "success"})
         except Exception as exc:  # reported in the stream, as Ollama does
