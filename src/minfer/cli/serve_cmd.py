@@ -32,6 +32,7 @@ from minfer.cli.common import (
     add_speculative_args,
     kv_types,
     reasoning_from_args,
+    spec_from_args,
 )
 from minfer.engine.core.scheduler import IDLE_CHUNK
 from minfer.errors import MinferError
@@ -108,15 +109,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from minfer.server.state import ServerConfig, speculation_config
+    from minfer.engine.config import EngineConfig
+    from minfer.server.state import ServerConfig
 
     if args.embd_normalize < -1:
         raise MinferError("--embd-normalize must be -1 or more")
     if args.reranking and args.pooling not in (None, "rank"):
         raise MinferError("--reranking is rank pooling; it cannot take --pooling "
                           f"{args.pooling}")
-    from minfer.store import resolve_model
-
     primary, extra = served_models(args)
     for name in ("n_ctx", "slots", "chunk"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -125,23 +125,20 @@ def run(args: argparse.Namespace) -> int:
         raise MinferError("--queue must be >= 0 and --port in 1..65535")
     if not args.ray and (args.replicas is not None or args.autoscale or args.address):
         raise MinferError("--replicas, --autoscale and --address need --ray")
+    engine = EngineConfig.build(n_ctx=args.n_ctx, k_type=kv_types(args)[0],
+                                v_type=kv_types(args)[1], threads=args.threads,
+                                fuse=not args.no_fuse)
     config = ServerConfig(
-        model_path=primary, extra_models=tuple(extra), keep_alive=args.keep_alive,
-        models_max=args.models_max, n_ctx=args.n_ctx,
-        slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
+        model_path=primary, engine=engine, spec=spec_from_args(args),  # bad values refused
+        extra_models=tuple(extra), keep_alive=args.keep_alive, models_max=args.models_max,
+        slots=args.slots, queue=args.queue, api_key=args.api_key or None,
         **({} if args.chunk is None else {"chunk": args.chunk, "idle_chunk": args.chunk}),
-        n_predict=args.n_predict, k_type=kv_types(args)[0],
-        v_type=kv_types(args)[1], fuse=not args.no_fuse,
-        lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
-        draft_model=resolve_model(args.model_draft) if args.model_draft else None,
-        draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
-        draft_quant=args.draft_quant, draft_adaptive=not args.draft_fixed,
+        n_predict=args.n_predict,
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
         embeddings=args.embeddings or args.reranking or args.pooling is not None,
         pooling="rank" if args.reranking else args.pooling,
         embd_normalize=args.embd_normalize,
     )
-    speculation_config(config)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     if args.ray:
@@ -204,7 +201,7 @@ def serve(config: ServerConfig, *, host: str, port: int, drain_timeout: float = 
     server = _make_server(uv_config, state, drain_timeout)
     threading.Thread(target=_exit_on_load_error, args=(state, server), daemon=True).start()
     print(f"minfer: serving {config.model_path.name} on http://{host}:{port} "
-          f"({config.slots} slots x {config.n_ctx} tokens); loading the model...",
+          f"({config.slots} slots x {config.engine.n_ctx} tokens); loading the model...",
           file=sys.stderr, flush=True)
     server.run()
     if state.error:
