@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speculative import TASKS
 
+from minfer.engine.core.policy import DraftLength
 from minfer.engine.core.proposer import DraftAsk, LookupProposer
-from minfer.engine.speculative import DraftLength
 
 EDITS = [t for t in TASKS if t.startswith("edit")]
 

@@ -177,10 +177,12 @@ def rounds(model: str, args: argparse.Namespace) -> dict[str, list[Row]]:
     """Every setup once per round, the rounds one after another (drift hits all setups)."""
     from ray import serve
 
+    from minfer.engine.config import EngineConfig
     from minfer.server.state import ServerConfig
 
-    config = ServerConfig(model_path=Path(model), n_ctx=args.n_ctx, slots=args.slots,
-                          threads=1)
+    config = ServerConfig(model_path=Path(model),
+                          engine=EngineConfig.build(n_ctx=args.n_ctx, threads=1),
+                          slots=args.slots)
     rows: dict[str, list[Row]] = {}
     with contextlib.ExitStack() as stack:
         p1 = stack.enter_context(plain(model, 1, args))
@@ -215,10 +217,12 @@ def memory(model: str, args: argparse.Namespace) -> None:
     from ray import serve
 
     from minfer.engine import shared_weights
+    from minfer.engine.config import EngineConfig
     from minfer.server.ray.deploy import RayOptions, build_app
     from minfer.server.state import ServerConfig
 
-    config = ServerConfig(model_path=Path(model), n_ctx=args.n_ctx, slots=args.slots)
+    config = ServerConfig(model_path=Path(model), engine=EngineConfig.build(n_ctx=args.n_ctx),
+                          slots=args.slots)
     # the replicas (Ray workers inherit this) store the shared weights in the private tmpdir
     os.environ[shared_weights.ENV] = str(Path(os.environ["RAY_TMPDIR"]) / "derived")
     with LocalCluster(workers=0, cpus_per_node=os.cpu_count() or 2):

@@ -145,6 +145,7 @@ def wait_replicas(base: str, n: int, exclude_pid: int | None, timeout: float) ->
 def scenario(model: Path, report: dict[str, Any]) -> None:
     from ray import serve
 
+    from minfer.engine.config import EngineConfig
     from minfer.server.ray.deploy import RayOptions, build_app
     from minfer.server.state import ServerConfig
 
@@ -154,7 +155,8 @@ def scenario(model: Path, report: dict[str, Any]) -> None:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = ServerConfig(model_path=model, n_ctx=128, slots=16, queue=64, threads=1)
+        config = ServerConfig(model_path=model, engine=EngineConfig.build(n_ctx=128, threads=1),
+                              slots=16, queue=64)
         serve.run(build_app(config, RayOptions(replicas=2, threads=1)), name="minfer",
                   route_prefix="/")
         report["deployed_s"] = round(time.monotonic() - t0, 1)

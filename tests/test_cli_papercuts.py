@@ -55,11 +55,13 @@ def test_a_busy_port_is_one_line_before_serving(tiny_qwen2: Path,
 
 def test_the_banner_shows_an_encoders_real_context(tmp_path: Path, tiny_qwen2: Path) -> None:
     from minfer.cli.serve_cmd import _capacity
+    from minfer.engine.config import EngineConfig
     from minfer.server.state import ServerConfig
 
     bert = write_tiny_bert(tmp_path / "bert.gguf", n_ctx_train=512)
     assert _capacity(ServerConfig(model_path=bert)) == "an encoder: up to 512 tokens per input"
-    assert _capacity(ServerConfig(model_path=tiny_qwen2, slots=2, n_ctx=64)) == \
+    assert _capacity(ServerConfig(model_path=tiny_qwen2, slots=2,
+                                  engine=EngineConfig.build(n_ctx=64))) == \
         "2 slots x 64 tokens"
 
 

@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 from minfer.engine.core.core import EngineCore
+from minfer.engine.core.policy import Proposal
 from minfer.engine.core.proposer import (
     DraftAsk,
     LookupProposer,
@@ -22,7 +23,7 @@ from minfer.engine.core.request import GenRequest
 from minfer.engine.core.runner import Runner
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
-from minfer.engine.speculative import Proposal, SpecConfig
+from minfer.engine.speculative import SpecConfig
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.sampling.params import SamplerParams
@@ -144,7 +145,7 @@ def test_a_verify_is_priced_without_the_proposals(tiny_qwen2: Path,
     """DraftLength prices proposals apart (`record_proposal`), so the verify it records is the
     forward alone: counted in both, a draft's cost was paid twice and drafting looked dearer
     than it was (a 1.5B target with a 0.5B draft stayed at ~1.0x plain where it makes 1.5x)."""
-    from minfer.engine.speculative import DraftLength
+    from minfer.engine.core.policy import DraftLength
 
     verifies: list[float] = []
     proposals: list[float] = []
@@ -193,7 +194,7 @@ def test_draft_min_drops_short_proposals_and_buckets_cut_the_rest(
         tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch, n: int, rows: int) -> None:
     """--draft-min 5: a proposal of fewer tokens is not verified; one of 5 or more is cut to
     its verify bucket (6 tokens: 3, four rows), as before proposals could carry rates."""
-    from minfer.engine.speculative import DraftLength
+    from minfer.engine.core.policy import DraftLength
 
     seen: list[int] = []
     record_verify = DraftLength.record_verify

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from minfer.engine.draft_file import draft_file, weight_bits
+from minfer.engine.speculative import draft_file, weight_bits
 from minfer.gguf.reader import GGUFFile
 from minfer.tools.synth import write_tiny_model
 

@@ -106,7 +106,8 @@ def test_step_cost_fits_the_fixed_and_per_row_parts_and_caps_proposals() -> None
     each row count, a graph's build, left out); memory-bound steps (a row is cheap) leave
     proposals uncapped, compute-bound ones (16 streams, a row ~ a quarter of the fixed part
     each) allow none unless nearly every proposal is kept."""
-    from minfer.engine.speculative import DRAFT_MAX_LIMIT, StepCost
+    from minfer.engine.core.policy import StepCost
+    from minfer.engine.speculative import DRAFT_MAX_LIMIT
 
     cost = StepCost()
     assert cost.draft_cap(16, 0.9) == DRAFT_MAX_LIMIT  # nothing seen yet: no cap
@@ -132,7 +133,7 @@ def test_step_cost_fits_the_fixed_and_per_row_parts_and_caps_proposals() -> None
 def test_a_compute_bound_batch_asks_for_no_proposals() -> None:
     """Beside other streams the core caps each sequence's proposal by the batch's row price
     (`EngineCore._asks`); alone, the sequence's DraftLength decides."""
-    from minfer.engine.speculative import StepCost
+    from minfer.engine.core.policy import StepCost
 
     core = _core(4, lookup=2)
     for i, p in enumerate(_prompts(4)):
@@ -150,7 +151,7 @@ def test_a_compute_bound_batch_asks_for_no_proposals() -> None:
 def test_batch_payoff_turns_proposals_off_where_plain_steps_yield_more() -> None:
     """Per stream-count class: drafting until both rates are measured (a plain probe every
     `probe_every` steps), then whichever yields more tokens a second, the other as a probe."""
-    from minfer.engine.speculative import BatchPayoff
+    from minfer.engine.core.policy import BatchPayoff
 
     pay = BatchPayoff(probe_every=4)
     assert [pay.kind(n) for n in (1, 2, 3, 4, 7, 8, 16, 40)] == [0, 2, 2, 4, 4, 8, 16, 16]

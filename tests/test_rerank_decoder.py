@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import minfer
+from minfer.engine.config import EngineConfig
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.server.state import ServerConfig, ServerState
@@ -56,7 +57,8 @@ def test_scores_are_llamacpps() -> None:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[ServerState]:
-    st = ServerState(ServerConfig(model_path=MODEL, n_ctx=512, slots=1))
+    st = ServerState(ServerConfig(model_path=MODEL, engine=EngineConfig.build(n_ctx=512),
+                                     slots=1))
     st.start()
     assert st.wait_ready(60), st.error
     yield st

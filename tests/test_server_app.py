@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from minfer.engine.config import EngineConfig
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.server.app import create_app
@@ -29,7 +30,8 @@ HELLO = [{"role": "user", "content": "Say hello"}]
 
 
 def make_state(model: Path, *, step_s: float = 0.0, gate: threading.Event | None = None,
-               **config: Any) -> ServerState:
+               n_ctx: int = 256, **config: Any) -> ServerState:
+    """A server over a fake engine (`HashEngine`); n_ctx: per slot; config: ServerConfig's."""
     f = GGUFFile.open(model)
     hp = HParams.from_gguf(f)
     eot = frozenset(int(i) for i, t in enumerate(f.metadata["tokenizer.ggml.tokens"].tolist())
@@ -40,9 +42,9 @@ def make_state(model: Path, *, step_s: float = 0.0, gate: threading.Event | None
             gate.wait(10)
         return HashEngine(n_ctx, hp.n_vocab, step_s=step_s, avoid=eot)
 
-    config.setdefault("n_ctx", 256)
     config.setdefault("slots", 2)
-    return ServerState(ServerConfig(model_path=model, **config), engine_factory=factory)
+    return ServerState(ServerConfig(model_path=model, engine=EngineConfig.build(n_ctx=n_ctx),
+                                    **config), engine_factory=factory)
 
 
 def running(model: Path, *, ready_s: float = 30, **config: Any) -> Iterator[ServerState]:

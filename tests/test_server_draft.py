@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from minfer.engine.config import EngineConfig
 from minfer.engine.core.proposer import DraftAsk, SlotDrafter
 from minfer.engine.speculative import SpecConfig
 from minfer.server.fake import HashEngine
@@ -274,7 +275,8 @@ def test_a_draft_of_another_vocabulary_is_refused_at_load(tiny_qwen2: Path,
                                                           tmp_path: Path) -> None:
     other = write_tiny_model(tmp_path / "other.gguf",
                              vocab=build_tiny_vocab(extra_tokens=("<x>",)))
-    cfg = ServerConfig(model_path=tiny_qwen2, n_ctx=64, slots=1, draft_model=other)
+    cfg = ServerConfig(model_path=tiny_qwen2, engine=EngineConfig.build(n_ctx=64), slots=1,
+                       spec=SpecConfig(draft_model=other))
     state = ServerState(cfg, engine_factory=lambda n: HashEngine(n, 300),
                         draft_engine_factory=lambda n: HashEngine(n, 300))
     state.start()

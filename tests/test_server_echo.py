@@ -86,12 +86,14 @@ def test_scores_on_the_real_engine_are_the_forward_rows(tiny_qwen2: Path) -> Non
     """Through the batched runner (prompt chunks of 16 rows) the scores equal the log-softmax of
     one whole-prompt forward's rows (batch-invariant engines, as the server's: a row's logits
     do not depend on the chunking)."""
+    from minfer.engine.config import EngineConfig
     from minfer.engine.forward import Engine
     from minfer.gguf.hparams import HParams
     from minfer.gguf.reader import GGUFFile
     from minfer.server.state import ServerConfig
 
-    st = ServerState(ServerConfig(model_path=tiny_qwen2, n_ctx=512, slots=2, chunk=16))
+    st = ServerState(ServerConfig(model_path=tiny_qwen2, engine=EngineConfig.build(n_ctx=512),
+                                  slots=2, chunk=16))
     st.start()
     try:
         assert st.wait_ready(60)

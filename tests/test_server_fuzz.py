@@ -20,6 +20,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 
+from minfer.engine.config import EngineConfig
 from minfer.server.app import create_app
 from minfer.server.state import ServerConfig, ServerState
 from minfer.tools.synth import write_tiny_model
@@ -38,8 +39,8 @@ REQUEST_TIMEOUT_S = 20
 
 def _state() -> ServerState:
     model = write_tiny_model(Path(tempfile.mkdtemp(prefix="minfer-fuzz-")) / "tiny.gguf")
-    config = ServerConfig(model_path=model, n_ctx=64, slots=2, queue=4, n_predict=4,
-                          max_body_bytes=256 << 10, threads=1)
+    config = ServerConfig(model_path=model, engine=EngineConfig.build(n_ctx=64, threads=1),
+                          slots=2, queue=4, n_predict=4, max_body_bytes=256 << 10)
     factory = None
     if FAKE:
         from minfer.gguf.hparams import HParams

@@ -15,6 +15,16 @@ from gguf import GGMLQuantizationType as QType
 
 from minfer.chat.kv import KVMirror
 from minfer.engine.core import proposer as proposer_mod
+from minfer.engine.core.lookup import follow, lookup
+from minfer.engine.core.policy import (
+    PAYS,
+    Acceptance,
+    DraftLength,
+    Proposal,
+    StepCost,
+    bucket_floor,
+    fills_bucket,
+)
 from minfer.engine.core.proposer import (
     DraftAsk,
     HybridProposer,
@@ -26,20 +36,7 @@ from minfer.engine.core.proposer import (
 from minfer.engine.core.request import Verifier
 from minfer.engine.forward import Engine
 from minfer.engine.generate import Finished, generate
-from minfer.engine.speculative import (
-    PAYS,
-    Acceptance,
-    DraftLength,
-    Proposal,
-    SpecConfig,
-    SpeculativeError,
-    StepCost,
-    bucket_floor,
-    check_same_vocab,
-    fills_bucket,
-    follow,
-    lookup,
-)
+from minfer.engine.speculative import SpecConfig, SpeculativeError, check_same_vocab
 from minfer.engine.stepper import TokenStepper
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile

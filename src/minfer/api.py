@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from minfer import env
-from minfer.engine.config import EngineConfig, usable_cores
-from minfer.engine.embed import Embedder, embedding_config, rerank_template
+from minfer.engine.assembly import Assembly, ModelConfig
+from minfer.engine.config import usable_cores
+from minfer.engine.embed import Embedder
 from minfer.engine.forward import Engine
 from minfer.errors import ContextOverflowError, MinferError, ModelError
 from minfer.gguf.hparams import HParams
@@ -43,78 +43,84 @@ if TYPE_CHECKING:
     from minfer.tokenizer.chat import ChatTemplate
     from minfer.tokenizer.tokenizer import Tokenizer
 
-DEFAULT_N_CTX = 4096
-
 
 class Model:
-    def __init__(
-        self,
-        path: Path,
-        *,
-        n_ctx: int = DEFAULT_N_CTX,
-        kv_type: str = "f16",
-        k_type: str | None = None,
-        v_type: str | None = None,
-        threads: int | None = None,
-        batch_size: int = 512,
-        backend: str = "auto",
-        fuse: bool = True,
-        gguf_file: GGUFFile | None = None,
-    ) -> None:
-        self.path = path
-        self.file = gguf_file or GGUFFile.open(path)  # an already opened `path` is reused
-        self.hparams = HParams.from_gguf(self.file)
-        n_ctx = self.hparams.fit_n_ctx(n_ctx)  # past the model's context: capped, with a warning
-        self.n_ctx = n_ctx
-        self.k_type = k_type or kv_type  # KV cache formats: f32, f16, q8_0, q4_0
-        self.v_type = v_type or kv_type
-        # the engines' settings, built where every surface builds them (EngineConfig.build)
-        self.config = EngineConfig.build(n_ctx=n_ctx, kv_type=kv_type, k_type=k_type,
-                                         v_type=v_type, threads=threads, fuse=fuse)
-        self.batch_size = batch_size
-        self.backend = backend
-        self.fuse = fuse
+    def __init__(self, path: Path, config: ModelConfig | None = None, *,
+                 gguf_file: GGUFFile | None = None, **options: Any) -> None:
+        """config: the engines', speculation's and this surface's settings (`ModelConfig`); or,
+        as before, their flat options (`n_ctx`, `kv_type` / `k_type` / `v_type`, `threads`,
+        `batch_size`, `backend`, `fuse`: `ModelConfig.build`), not both. gguf_file: `path`
+        already opened (reused)."""
+        if config is not None and options:
+            raise MinferError("give a ModelConfig or its options, not both")
+        # the model's parts, opened where every surface opens them (minfer.engine.assembly)
+        self.parts = Assembly(path, config or ModelConfig.build(**options), gguf_file=gguf_file)
+        n_ctx = self.hparams.fit_n_ctx(self.n_ctx)  # past the model's: capped, with a warning
+        if n_ctx != self.n_ctx:
+            self.parts.config = replace(self.config, engine=replace(self.config.engine,
+                                                                    n_ctx=n_ctx))
         self._engine: Engine | None = None
         self._embedders: dict[str | None, Embedder] = {}
         self._grammar_vocab: GrammarVocab | None = None
 
     @property
+    def path(self) -> Path:
+        return self.parts.path
+
+    @property
+    def file(self) -> GGUFFile:
+        return self.parts.file
+
+    @property
+    def hparams(self) -> HParams:
+        return self.parts.hparams
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.parts.config
+
+    @property
+    def n_ctx(self) -> int:
+        """The context a session asks for (it grows to a longer prompt: `session_n_ctx`)."""
+        return self.config.engine.n_ctx
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
     def threads(self) -> int:
         """Threads the engine runs prefill on (and the most a decode step takes)."""
-        return self.config.n_threads or 1
+        return self.config.engine.n_threads or 1
 
     @property
     def adaptive_threads(self) -> bool:
         """Whether decode steps pick their thread count by measurement."""
-        return self.config.adaptive_threads
+        return self.config.engine.adaptive_threads
 
     def set_threads(self, n_threads: int, *, adaptive: bool = False) -> None:
         """Run on n_threads from the next engine on (adaptive: decode steps may take fewer,
         as measured); the engines made for the old count are dropped."""
         if n_threads < 1:
             raise MinferError(f"threads must be at least 1, got {n_threads}")
-        self.config = replace(self.config, n_threads=n_threads, adaptive_threads=adaptive)
+        engine = replace(self.config.engine, n_threads=n_threads, adaptive_threads=adaptive)
+        self.parts.config = replace(self.config, engine=engine)
         self._engine = None
         self._embedders.clear()
 
-    @cached_property
+    @property
     def tokenizer(self) -> Tokenizer:
-        """Read on first use: what takes token ids (the engine, `minfer bench`) runs on a file
-        whose vocabulary this build cannot tokenize, and a refusal comes when text is asked."""
-        from minfer.tokenizer.tokenizer import Tokenizer
+        return self.parts.tokenizer
 
-        return Tokenizer.from_gguf(self.file)
-
-    @cached_property
+    @property
     def chat_template(self) -> ChatTemplate:
-        from minfer.tokenizer.chat import ChatTemplate
-
-        return ChatTemplate.from_gguf(self.file, self.tokenizer)
+        return self.parts.chat_template
 
     @property
     def kv_type(self) -> str:
         """Both cache formats in one name ("q8_0", or "q8_0/f16" when K and V differ)."""
-        return self.k_type if self.k_type == self.v_type else f"{self.k_type}/{self.v_type}"
+        k, v = self.config.engine.k_type, self.config.engine.v_type
+        return k if k == v else f"{k}/{v}"
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -142,12 +148,9 @@ class Model:
                              "/v1/embeddings)")
         n_ctx = self.session_n_ctx(n_prompt)
         if self._engine is None or self._engine.n_ctx < n_ctx:
-            from minfer.backends.select import select_backends
-
             if self._engine is not None:
                 self._engine.wait_ready()  # not two engines readying weights at once
-            self._engine = Engine(self.file, self.hparams, replace(self.config, n_ctx=n_ctx),
-                                  backends=select_backends(self.backend))
+            self._engine = self.parts.engine(n_ctx)
             tracer = self._engine.tracer  # MINFER_TRACE: name the traced tokens
             if tracer is not None and tracer.token_text is None:
                 tracer.token_text = self.token_piece
@@ -160,10 +163,7 @@ class Model:
         texts it is packed with."""
         embedder = self._embedders.get(pooling)
         if embedder is None:
-            config = embedding_config(self.hparams, self.config, pooling)
-            embedder = self._embedders[pooling] = Embedder(
-                Engine(self.file, self.hparams, config), self.tokenizer,
-                rerank_template=rerank_template(self.file))
+            embedder = self._embedders[pooling] = self.parts.embedder(pooling)
         return embedder
 
     def embed(self, texts: str | Sequence[str], *, normalize: int = 2, pooling: str | None = None,
@@ -283,38 +283,26 @@ class Model:
 
     def speculator(self, config: SpecConfig | None = None, *, draft: str | Path | None = None,
                    temp: float = 0.0, seed: int | None = None) -> Speculator:
-        """Speculative decoding for this model: prompt lookup (`config.lookup_ngram`), a
-        draft model (`draft`: path or cached name; same vocabulary, its own engine and KV), or
-        both (`HybridProposer`: lookup where it is sure, the draft elsewhere).
+        """Speculative decoding for this model (config: None for the model's own, else
+        defaults): prompt lookup (`config.lookup_ngram`), a draft model (`draft`: path or cached
+        name, else `config.draft_model`; same vocabulary, its own engine and KV), or both
+        (`HybridProposer`: lookup where it is sure, the draft elsewhere).
         temp: the draft's sampling temperature when the target samples."""
-        from minfer.engine.core.proposer import (
-            HybridProposer,
-            LookupProposer,
-            SlotDrafter,
-            Speculator,
-        )
-        from minfer.engine.speculative import SpecConfig, SpeculativeError, open_draft
+        from minfer.engine.assembly import proposer
+        from minfer.engine.core.proposer import SlotDrafter, Speculator
+        from minfer.engine.speculative import SpecConfig
 
-        config = config or SpecConfig()
-        if draft is None and not config.lookup_ngram:
-            raise SpeculativeError("speculative decoding needs a proposer: a draft model "
-                                   "and / or --lookup-ngram N")
-        if draft is None:
-            return Speculator(LookupProposer(config.lookup_ngram), config)
-        f, hparams = open_draft(resolve(draft), self.tokenizer.vocab.tokens,
-                                self.hparams.n_vocab, config.draft_quant)
-        from minfer.backends.select import select_backends
-
-        engine = Engine(f, hparams, replace(self.config, n_ctx=self.engine().n_ctx,
-                                            vocab_limit=config.draft_vocab),
-                        backends=select_backends(self.backend))
-        drafter = SlotDrafter(engine, engine.n_ctx, p_min=config.p_min, chunk=self.batch_size,
-                              temp=temp or 1.0, seed=0 if seed is None else seed,
-                              n_vocab=hparams.n_vocab)
-        if config.lookup_ngram:
-            return Speculator(HybridProposer(LookupProposer(config.lookup_ngram), drafter,
-                                             config.draft_max), config)
-        return Speculator(drafter, config)
+        spec = config or self.config.spec or SpecConfig()
+        if draft is not None:
+            spec = replace(spec, draft_model=resolve(draft))
+        drafter = None
+        parts = self.parts.draft(spec)
+        if parts is not None:
+            engine = parts.engine(self.engine().n_ctx)
+            drafter = SlotDrafter(engine, engine.n_ctx, p_min=spec.p_min, chunk=self.batch_size,
+                                  temp=temp or 1.0, seed=0 if seed is None else seed,
+                                  n_vocab=parts.hparams.n_vocab)
+        return Speculator(proposer(spec, drafter), spec)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  stop: Sequence[str] = (), seed: int | None = None,

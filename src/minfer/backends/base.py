@@ -59,7 +59,8 @@ class Backend(Protocol):
 class KVHost(Protocol):
     """A backend that owns the KV cache's memory formats (the host CPU backend): which formats
     exist, which head sizes each fits, and the zeroed `[n_ctx, row]` array of one layer's K or V
-    in a format. The engine asks it; nothing above the backends knows a format's layout. Every
+    in a format, and moving a layer's cells to new positions (`move_kv`: K re-keyed by the
+    caller). The engine asks it; nothing above the backends knows a format's layout. Every
     op falls back to it, so it also says which weight types a model may hold."""
 
     kv_types: tuple[str, ...]
@@ -71,4 +72,12 @@ class KVHost(Protocol):
     def kv_quantized(self, kv_type: str) -> bool: ...
 
     def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray: ...
+
+    def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
+                dst_start: int, head_dim: int,
+                rekey: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Move one layer's cells [src_start, src_end) to [dst_start, ...) (the ranges may
+        overlap): V's rows as they are, K's rows as their values `[n, width]` (whatever the
+        format) passed through `rekey` (a context shift's re-rotation) and stored back."""
+        ...
 

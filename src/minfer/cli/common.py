@@ -214,17 +214,25 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                         "other streams where a row costs the batch more than it yields")
 
 
-def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
-    """The Speculator the flags ask for (None without --model-draft / --lookup-ngram)."""
+def spec_from_args(args: argparse.Namespace) -> Any:
+    """The SpecConfig the flags ask for (refused when a value is bad), None without
+    --model-draft / --lookup-ngram."""
     if not args.model_draft and not args.lookup_ngram:
         return None
     from minfer.engine.speculative import SpecConfig
+    from minfer.tools.fetch import resolve
 
-    config = SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
-                        p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram,
-                        draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
-                        adaptive=not args.draft_fixed)
-    return model.speculator(config, draft=args.model_draft, temp=args.temp, seed=args.seed)
+    return SpecConfig(draft_max=args.draft_max, draft_min=args.draft_min,
+                      p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram,
+                      draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
+                      adaptive=not args.draft_fixed,
+                      draft_model=resolve(args.model_draft) if args.model_draft else None)
+
+
+def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
+    """The Speculator the flags ask for (None without --model-draft / --lookup-ngram)."""
+    spec = spec_from_args(args)
+    return None if spec is None else model.speculator(spec, temp=args.temp, seed=args.seed)
 
 
 def add_reasoning_args(p: argparse.ArgumentParser, *, split: bool = True,

@@ -34,6 +34,7 @@ from minfer.cli.common import (
     add_speculative_args,
     kv_types,
     reasoning_from_args,
+    spec_from_args,
 )
 from minfer.engine.core.scheduler import IDLE_CHUNK
 from minfer.errors import MinferError
@@ -113,15 +114,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from minfer.server.state import ServerConfig, speculation_config
+    from minfer.engine.config import EngineConfig
+    from minfer.server.state import ServerConfig
 
     if args.embd_normalize < -1:
         raise MinferError("--embd-normalize must be -1 or more")
     if args.reranking and args.pooling not in (None, "rank"):
         raise MinferError("--reranking is rank pooling; it cannot take --pooling "
                           f"{args.pooling}")
-    from minfer.tools.fetch import resolve
-
     primary, extra = served_models(args)
     for name in ("n_ctx", "slots", "chunk"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -130,24 +130,21 @@ def run(args: argparse.Namespace) -> int:
         raise MinferError("--queue must be >= 0 and --port in 1..65535")
     if not args.ray and (args.replicas is not None or args.autoscale or args.address):
         raise MinferError("--replicas, --autoscale and --address need --ray")
+    engine = EngineConfig.build(n_ctx=args.n_ctx, k_type=kv_types(args)[0],
+                                v_type=kv_types(args)[1], threads=args.threads,
+                                fuse=not args.no_fuse)
     config = ServerConfig(
-        model_path=primary, extra_models=tuple(extra), keep_alive=args.keep_alive,
-        models_max=args.models_max, strict_model_names=args.strict_model_names,
-        n_ctx=args.n_ctx,
-        slots=args.slots, queue=args.queue, api_key=args.api_key or None, threads=args.threads,
+        model_path=primary, engine=engine, spec=spec_from_args(args),  # bad values refused
+        extra_models=tuple(extra), keep_alive=args.keep_alive, models_max=args.models_max,
+        strict_model_names=args.strict_model_names,
+        slots=args.slots, queue=args.queue, api_key=args.api_key or None,
         **({} if args.chunk is None else {"chunk": args.chunk, "idle_chunk": args.chunk}),
-        n_predict=args.n_predict, k_type=kv_types(args)[0],
-        v_type=kv_types(args)[1], fuse=not args.no_fuse,
-        lookup_ngram=args.lookup_ngram, draft_max=args.draft_max, draft_min=args.draft_min,
-        draft_model=resolve(args.model_draft) if args.model_draft else None,
-        draft_p_min=args.draft_p_min, draft_vocab=args.draft_vocab,
-        draft_quant=args.draft_quant, draft_adaptive=not args.draft_fixed,
+        n_predict=args.n_predict,
         reasoning=reasoning_from_args(args), cors_origins=tuple(args.cors_origin),
         embeddings=args.embeddings or args.reranking or args.pooling is not None,
         pooling="rank" if args.reranking else args.pooling,
         embd_normalize=args.embd_normalize,
     )
-    speculation_config(config)  # refuse bad values before loading
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     if args.ray:
@@ -269,10 +266,10 @@ def _capacity(config: ServerConfig) -> str:
         with GGUFFile.open(config.model_path) as f:
             hp = HParams.from_gguf(f)
     except MinferError:  # the load says what is wrong with it
-        return f"{config.slots} slots x {config.n_ctx} tokens"
+        return f"{config.slots} slots x {config.engine.n_ctx} tokens"
     if not hp.causal:
-        return f"an encoder: up to {min(config.n_ctx, hp.n_ctx_train)} tokens per input"
-    return f"{config.slots} slots x {min(config.n_ctx, hp.n_ctx_max)} tokens"
+        return f"an encoder: up to {min(config.engine.n_ctx, hp.n_ctx_train)} tokens per input"
+    return f"{config.slots} slots x {min(config.engine.n_ctx, hp.n_ctx_max)} tokens"
 
 
 def _make_server(uv_config: Any, state: Any, drain_timeout: float) -> Any:

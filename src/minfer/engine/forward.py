@@ -144,7 +144,7 @@ class Engine:
         self.config = config
         n_ctx, k_type, v_type = config.n_ctx, config.k_type, config.v_type
         self._backends = list(backends) if backends else [CpuBackend()]
-        host = kv_host(self._backends)
+        self.kv_host = host = kv_host(self._backends)  # the KV's formats (`kv_shift`)
         self.encoder = not hparams.causal  # no KV cache: each forward reads only itself
         host.check_kv_types(k_type, v_type, hparams.head_dim)
         if hparams.attn_softcap and (host.kv_quantized(k_type) or host.kv_quantized(v_type)):

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from minfer.engine.core.core import EngineCore
+from minfer.engine.core.policy import SpecStats
 from minfer.engine.core.proposer import Speculator
 from minfer.engine.core.request import (
     GenRequest,
@@ -30,7 +31,7 @@ from minfer.engine.core.request import (
     top_k_pairs,
 )
 from minfer.engine.core.runner import SequenceRunner
-from minfer.engine.speculative import SpecStats, SpeculativeError
+from minfer.engine.speculative import SpeculativeError
 from minfer.engine.stepper import Constraint, TokenSampler, TokenText
 from minfer.errors import ContextOverflowError
 

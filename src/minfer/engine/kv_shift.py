@@ -15,28 +15,21 @@ The angles are built exactly as the rope kernel builds them (f32 theta by repeat
 multiplication by theta_scale from the position, see backends/cpu/kernels/rope.py), the
 difference and the rotation are computed in f64 and the result is written back in the cache's
 dtype: a shifted row equals a fresh computation at the new position up to the kernel's own f32
-rounding (plus one more f16 rounding with an f16 cache). A quantized K cache (q8_0/q4_0) is
-dequantized, its Hadamard rotation undone (`kv_formats.k_rotation`), RoPE-rotated, Hadamard-rotated
-again and quantized: each shift adds one more quantization of the keys (llama.cpp's
-build_rope_shift does the same steps when it shifts such a cache). V rows, whatever their
-format, are copied byte for byte.
+rounding (plus one more f16 rounding with an f16 cache). The cache's formats are the backend's
+(`KVHost.move_kv` reads K's rows as values, hands them to `rerotate` and stores the result, and
+copies V's): a quantized K cache gains one more quantization of the keys per shift, as with
+llama.cpp's build_rope_shift.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
 import minfer.jit_cache  # noqa: F401  (before any njit: where compiled code is cached)
-from minfer.backends.cpu.kernels.attn.kv_formats import (
-    cache_type,
-    dequantize_rows,
-    is_quant,
-    k_rotation,
-    store_rows,
-)
 from minfer.backends.cpu.kernels.elementwise.rope import pair_angle
 from minfer.errors import MinferError
 from minfer.gguf.rope_scaling import NO_YARN, YarnRope
@@ -113,19 +106,11 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
     src_pos = np.arange(src_start, src_end, dtype=np.int64)
     dst_pos = src_pos + (dst_start - src_start)
     factors = engine.weights.vector("rope_freqs.weight") if hp.has_rope_freqs else None
-    n_kv_embd = hp.n_head_kv * hp.head_dim
     for il, (k, v) in enumerate(zip(engine.kv.k, engine.kv.v, strict=True)):
-        quant = is_quant(k)
-        rot = k_rotation(cache_type(k), hp.head_dim)
-        src = (dequantize_rows(k[src_start:src_end], n_kv_embd, rot=rot) if quant
-               else k[src_start:src_end])
-        rows = rerotate(src, src_pos, dst_pos, n_head=hp.n_head_kv,
+        rekey = partial(rerotate, src_pos=src_pos, dst_pos=dst_pos, n_head=hp.n_head_kv,
                         head_dim=hp.head_dim, rope_dim=hp.rope_dim,
                         base=hp.layer_rope_base(il), style=hp.rope_style,
                         freq_scale=hp.layer_rope_freq_scale(il), factors=factors,
                         yarn=hp.layer_rope_yarn(il))
-        if quant:
-            store_rows(rows.astype(np.float32), k, np.arange(dst_start, dst_start + n), rot=rot)
-        else:
-            k[dst_start:dst_start + n] = rows.astype(k.dtype)
-        v[dst_start:dst_start + n] = v[src_start:src_end].copy()  # the ranges may overlap
+        engine.kv_host.move_kv(k, v, src_start=src_start, src_end=src_end, dst_start=dst_start,
+                               head_dim=hp.head_dim, rekey=rekey)

@@ -19,6 +19,8 @@ from minfer.gguf.reader import GGUFFile
 from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 
 log = logging.getLogger("minfer")
+# every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
+DEFAULT_N_CTX = 4096
 SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
@@ -102,11 +104,13 @@ class HParams:
     def fit_n_ctx(self, requested: int, what: str = "n_ctx") -> int:
         """The context a run gets for a requested size: the request, or `n_ctx_max` where it
         asks for more, said in a warning (on every surface: the CLI's stderr, the server's
-        log), never capped silently."""
+        log); only the surfaces' default (`DEFAULT_N_CTX`, "4096 or the model's") is capped
+        without one."""
         if requested <= self.n_ctx_max:
             return requested
-        log.warning("%s = %d exceeds the model's context length (%d); capped to %d",
-                    what, requested, self.n_ctx_max, self.n_ctx_max)
+        if requested != DEFAULT_N_CTX:
+            log.warning("%s = %d exceeds the model's context length (%d); capped to %d",
+                        what, requested, self.n_ctx_max, self.n_ctx_max)
         return self.n_ctx_max
 
     @property

@@ -1,7 +1,8 @@
 """Server settings and the loaded model, which appears in the background after the socket is up.
 
-`ServerState.start()` spawns a loader thread: open the GGUF (tokenizer, chat template), then start
-the engine thread, which creates the Engine with n_ctx = slots × n_ctx_slot and reports ready.
+`ServerState.start()` spawns a loader thread: assemble the model (`minfer.engine.assembly`: the
+GGUF, tokenizer, chat template, draft), then start the engine thread, which creates the Engine
+with n_ctx = slots × n_ctx_slot and reports ready.
 Until then `/health` answers 503 `loading`; routes that need the model answer 503 with
 `Retry-After`. A load failure is kept and reported (`/health` → 503 `error`), and `minfer serve`
 exits with it. A draft model (`-md`) is opened and its vocabulary checked against the target's
@@ -28,9 +29,10 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from minfer.chat.reasoning import ReasoningOptions
+from minfer.engine.assembly import Assembly, ModelConfig
+from minfer.engine.config import EngineConfig
 from minfer.engine.core.scheduler import IDLE_CHUNK
-from minfer.engine.embed import Embedder, rerank_template
-from minfer.engine.speculative import DRAFT_VOCAB, SpecConfig, open_draft
+from minfer.engine.speculative import SpecConfig
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -42,7 +44,6 @@ from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
 from minfer.server.responses.store import ResponseStore
 from minfer.server.worker import EngineFactory, Worker
 from minfer.store.models import model_quantization
-from minfer.tokenizer.chat import ChatTemplate
 from minfer.tokenizer.tokenizer import Tokenizer
 
 REAP_INTERVAL_S = 0.5
@@ -51,29 +52,21 @@ log = logging.getLogger("minfer.server")
 
 @dataclass
 class ServerConfig:
+    """The server's settings: the engines' (`engine`, its n_ctx per slot) and speculation's
+    (`spec`, per slot; None: off), then the server's own."""
+
     model_path: Path
-    n_ctx: int = 4096  # per slot
+    engine: EngineConfig = field(default_factory=EngineConfig.build)
+    spec: SpecConfig | None = None
     slots: int = 4
     queue: int = 64
     api_key: str | None = None
-    threads: int | None = None
     chunk: int = 128  # prompt tokens per step
     idle_chunk: int = IDLE_CHUNK  # ... per step in which nothing decodes
     n_predict: int = -1  # cap on max_tokens; -1 = the context
-    kv_type: str = "f16"  # K and V cache type, unless k_type / v_type say otherwise
-    k_type: str | None = None
-    v_type: str | None = None
-    fuse: bool = True
     max_body_bytes: int = 16 << 20
-    lookup_ngram: int = 0  # prompt lookup per slot (speculative decoding); 0: off
-    draft_max: int = 16
-    draft_min: int = 0
-    draft_model: Path | None = None  # a draft model per slot (speculative decoding); None: off
-    draft_p_min: float = 0.3
-    draft_vocab: int = DRAFT_VOCAB  # the draft scores the first N ids only (0: all)
-    draft_quant: str = "q4_0"  # the draft's weights narrowed to Q4_0 when wider ("keep": as is)
-    draft_adaptive: bool = True  # k (or a plain step) from measured costs; False: draft_max
-    # (the batch's own caps still apply beside other streams: `EngineCore._asks`)
+    # (a draft's k, or a plain step, comes from measured costs unless spec.adaptive is off; the
+    # batch's own caps still apply beside other streams: `EngineCore._asks`)
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)  # chat requests' default
     # more models, each loaded on its first request (model_path stays loaded)
     extra_models: tuple[Path, ...] = ()
@@ -86,6 +79,17 @@ class ServerConfig:
     embeddings: bool = False
     pooling: str | None = None  # None: the model file's (a generative model: its last token)
     embd_normalize: int = 2  # pooled vectors' norm when a request names none (llama.cpp's)
+
+    def model(self, *, primary: bool = True) -> ModelConfig:
+        """A served model's configuration: batch-invariant engines on the CPU backend (a
+        greedy request's ids do not depend on its neighbours or on prompt-cache hits). The
+        model the server started with speculates as `spec` says; another model has no draft
+        (prompt lookup alone when that is all `spec` asks, else nothing)."""
+        spec = self.spec
+        if not primary and spec is not None and spec.draft_model is not None:
+            spec = None
+        return ModelConfig(replace(self.engine, batch_invariant=True), spec, backend="cpu",
+                           batch_size=self.chunk)
 
 
 @dataclass(frozen=True)
@@ -168,40 +172,9 @@ class LoadedModel:
             w.stop(timeout)
 
 
-def speculation_config(cfg: ServerConfig) -> SpecConfig | None:
-    """The per-slot speculation the config asks for (refused when a value is bad)."""
-    if not cfg.lookup_ngram and cfg.draft_model is None:
-        return None
-    return SpecConfig(draft_max=cfg.draft_max, draft_min=cfg.draft_min, p_min=cfg.draft_p_min,
-                      lookup_ngram=cfg.lookup_ngram, draft_vocab=cfg.draft_vocab,
-                      draft_quant=cfg.draft_quant, adaptive=cfg.draft_adaptive)
-
-
 def model_name(path: Path) -> str:
     """The name /v1/models lists: the cache name (a cached model's file is <name>.gguf)."""
     return path.name.removesuffix(".gguf")
-
-
-def default_engine_factory(f: GGUFFile, hparams: HParams, config: ServerConfig, *,
-                           vocab_limit: int = 0) -> EngineFactory:
-    """Engine(n_ctx) over the model's file; called on the engine thread (numba's thread count is
-    per thread). Imported lazily: only a real engine needs the compiled kernels.
-
-    Batch-invariant and CPU only: every row takes the same matmul path whatever the batch
-    holds, so a greedy request's ids do not depend on its neighbours or on prompt-cache hits."""
-
-    def make(n_ctx: int) -> Any:
-        from minfer.engine.config import EngineConfig
-        from minfer.engine.forward import Engine, set_threads
-
-        engine_config = EngineConfig.build(n_ctx=n_ctx, kv_type=config.kv_type,
-                                           k_type=config.k_type, v_type=config.v_type,
-                                           threads=config.threads, fuse=config.fuse,
-                                           batch_invariant=True)
-        set_threads(engine_config.n_threads or 1)
-        return Engine(f, hparams, replace(engine_config, vocab_limit=vocab_limit))
-
-    return make
 
 
 def _grammar_vocab(tokenizer: Tokenizer, n_vocab: int) -> GrammarVocab | None:
@@ -233,12 +206,10 @@ class Entry:
 class ServerState:
     def __init__(self, config: ServerConfig, *, engine_factory: EngineFactory | None = None,
                  draft_engine_factory: EngineFactory | None = None,
-                 embedder: Callable[[GGUFFile, HParams, Tokenizer], Embedder] | None = None,
                  metrics: Metrics | None = None) -> None:
-        """engine_factory / draft_engine_factory / embedder: engines for the model, the draft
-        model and embeddings (tests pass fakes); by default, Engines over their files."""
+        """engine_factory / draft_engine_factory: engines for the model and the draft model
+        (tests pass fakes); by default, Engines over their files (`Assembly.engine`)."""
         self.config = config
-        self._embedder = embedder
         self.metrics = metrics or Metrics()
         self.responses = ResponseStore()  # the Responses API's stored responses
         self._engine_factory = engine_factory
@@ -489,39 +460,31 @@ class ServerState:
         """Load a model: the one the server started with (its draft model too), or another
         one (same settings, no draft). An encoder or a reranker (Qwen3-Reranker: a decoder
         with rank pooling) is served for embeddings / reranking only; a generative model also
-        for embeddings with `embeddings` on."""
+        for embeddings with `embeddings` on. The engines are made on their own threads."""
         cfg = self.config
         path = path or cfg.model_path
-        f = GGUFFile.open(path)
-        hparams = HParams.from_gguf(f)
-        tokenizer = Tokenizer.from_gguf(f)
+        parts = Assembly(path, cfg.model(primary=primary))
+        hparams = parts.hparams
+        tokenizer = parts.tokenizer
         tokenizer.prepare()  # long prompts come: the BPE library model is built before serving
-        template = ChatTemplate.from_gguf(f, tokenizer)
+        template = parts.chat_template
         if primary:  # serve --reasoning on a model that cannot think: refused at start
             cfg.reasoning.check_model(template.source, template.variables)
-        n_ctx_slot = hparams.fit_n_ctx(cfg.n_ctx, "--n-ctx")
+        n_ctx_slot = hparams.fit_n_ctx(cfg.engine.n_ctx, "--n-ctx")
         embed = None
         generative = hparams.causal and not hparams.reranker  # a reranker only scores pairs
         if not generative or cfg.embeddings:
-            embed = EmbedWorker(self._embedder_factory(f, hparams, tokenizer),
-                                max_waiting=cfg.queue)
+            embed = EmbedWorker(lambda: parts.embedder(cfg.pooling), max_waiting=cfg.queue)
             embed.start()
         worker = None
         grammar_vocab = None
         if generative:
-            factory = self._engine_factory or default_engine_factory(f, hparams, cfg)
-            draft = (None if cfg.draft_model is None or not primary else
-                     open_draft(cfg.draft_model, tokenizer.vocab.tokens, hparams.n_vocab,
-                                cfg.draft_quant))
-            draft_factory = None
-            if draft is not None:
-                draft_factory = self._draft_engine_factory or default_engine_factory(
-                    *draft, cfg, vocab_limit=cfg.draft_vocab)
-            worker = Worker(factory, tokenizer, n_slots=cfg.slots, n_ctx_slot=n_ctx_slot,
-                            chunk=cfg.chunk, idle_chunk=cfg.idle_chunk, max_waiting=cfg.queue,
-                            metrics=self.metrics,
-                            speculation=speculation_config(cfg) if primary or not cfg.draft_model
-                            else None, make_draft=draft_factory)
+            draft = parts.draft()
+            worker = Worker(self._engine_factory or parts.engine, tokenizer, n_slots=cfg.slots,
+                            n_ctx_slot=n_ctx_slot, chunk=cfg.chunk, idle_chunk=cfg.idle_chunk,
+                            max_waiting=cfg.queue, metrics=self.metrics,
+                            speculation=parts.config.spec, make_draft=None if draft is None
+                            else self._draft_engine_factory or draft.engine)
             worker.start()
             grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms
             worker.ready.wait()
@@ -535,28 +498,7 @@ class ServerState:
                 raise embed.error
         return LoadedModel(model_name(path), tokenizer, template,
                            Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab,
-                           cfg.reasoning, ModelFacts.of(f, path), embed)
-
-    def _embedder_factory(self, f: GGUFFile, hparams: HParams,
-                          tokenizer: Tokenizer) -> Callable[[], Embedder]:
-        """The embedding engine, made on its thread: batch-invariant, pooling as configured
-        (the file's; a generative model's last token unless --pooling says otherwise)."""
-        if self._embedder is not None:
-            return lambda: self._embedder(f, hparams, tokenizer)  # type: ignore[misc]
-        cfg = self.config
-
-        def make() -> Embedder:
-            from minfer.engine.config import EngineConfig
-            from minfer.engine.embed import embedding_config
-            from minfer.engine.forward import Engine, set_threads
-
-            config = embedding_config(hparams, EngineConfig.build(
-                n_ctx=cfg.n_ctx, threads=cfg.threads, fuse=cfg.fuse), cfg.pooling)
-            set_threads(config.n_threads or 1)
-            return Embedder(Engine(f, hparams, config), tokenizer,
-                            rerank_template=rerank_template(f))
-
-        return make
+                           cfg.reasoning, ModelFacts.of(parts.file, path), embed)
 
     def _register_gauges(self) -> None:
         """Gauges summed over the loaded models."""

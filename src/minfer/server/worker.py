@@ -26,18 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minfer.engine.assembly import proposer
 from minfer.engine.core.core import EngineCore, Output
-from minfer.engine.core.proposer import (
-    DraftAsk,
-    HybridProposer,
-    LookupProposer,
-    Proposer,
-    SlotDrafter,
-)
+from minfer.engine.core.policy import Proposal
+from minfer.engine.core.proposer import DraftAsk, Proposer, SlotDrafter
 from minfer.engine.core.request import GenRequest, TokenLogprob, Vocab
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import Plan, Scheduler
-from minfer.engine.speculative import Proposal, SpecConfig
+from minfer.engine.speculative import SpecConfig
 from minfer.engine.warmup import announce_cold_start, engine_marker_or_none, mark_warm
 from minfer.errors import MinferError
 from minfer.server.metrics import Metrics
@@ -146,15 +142,12 @@ class Worker:
         self.error: BaseException | None = None
         self.steps = 0
         # requests queue in the core until the engine thread has made the engine (`_main`)
-        proposer: Proposer | None = None
-        if self.speculation is not None and make_draft is None:
-            proposer = LookupProposer(self.speculation.lookup_ngram)
-        elif self.speculation is not None:
-            proposer = _NoDraftYet()
+        first: Proposer | None = None
+        if self.speculation is not None:
+            first = _NoDraftYet() if make_draft else proposer(self.speculation, None)
         self.core = EngineCore(_NotReady(), vocab, n_slots=n_slots, n_ctx_slot=n_ctx_slot,
                                chunk=chunk, idle_chunk=idle_chunk, max_waiting=max_waiting,
-                               proposer=proposer,
-                               speculation=self.speculation)
+                               proposer=first, speculation=self.speculation)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -235,10 +228,7 @@ class Worker:
         with self._cv:
             self.core.runner = runner
             if self.drafter is not None and self.speculation is not None:
-                spec = self.speculation
-                self.core.proposer = (HybridProposer(LookupProposer(spec.lookup_ngram),
-                                                     self.drafter, spec.draft_max)
-                                      if spec.lookup_ngram else self.drafter)
+                self.core.proposer = proposer(self.speculation, self.drafter)
         self.ready.set()
         try:
             self._loop()

@@ -10,7 +10,6 @@ outputs node by node: equal GraphParams build equal topologies, so node ids matc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,9 +44,7 @@ def max_abs_delta(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
 
 
 def _engine(model: Model, n_ctx: int, backends: list[Backend]) -> Engine:
-    engine = Engine(model.file, model.hparams,
-                    replace(model.config, n_ctx=n_ctx, adaptive_threads=False),
-                    backends=backends)
+    engine = model.parts.engine(n_ctx, backends=backends, adaptive_threads=False)
     engine.tracer = StepTracer(capture=True, token_text=model.token_piece, max_steps=1)
     return engine
 

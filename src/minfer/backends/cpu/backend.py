@@ -30,7 +30,18 @@ import numpy as np
 from minfer import env, jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
-from minfer.backends.cpu.kernels.attn.kv_formats import KV_TYPES, QK, QUANT_TYPES, new_cache
+from minfer.backends.cpu.kernels.attn.kv_formats import (
+    BLOCK_BYTES,
+    KV_TYPES,
+    QK,
+    QUANT_TYPES,
+    cache_type,
+    dequantize_rows,
+    is_quant,
+    k_rotation,
+    new_cache,
+    store_rows,
+)
 from minfer.backends.cpu.kernels.quant.types import (
     KQUANT_TYPES,
     RUNNABLE_TYPE_NAMES,
@@ -80,6 +91,24 @@ class CpuBackend:
 
     def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray:
         return new_cache(kv_type, n_ctx, width)
+
+    def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
+                dst_start: int, head_dim: int,
+                rekey: Callable[[np.ndarray], np.ndarray]) -> None:
+        """A quantized K cache's rows are dequantized with their Hadamard rotation undone,
+        re-keyed, rotated again and quantized (one more quantization of the keys, as llama.cpp's
+        build_rope_shift does); a float cache's are re-keyed as stored and written back in its
+        dtype. V's rows, whatever their format, are copied byte for byte."""
+        n = src_end - src_start
+        if is_quant(k):
+            kv_type = cache_type(k)
+            rot = k_rotation(kv_type, head_dim)
+            width = k.shape[1] // BLOCK_BYTES[kv_type] * QK
+            rows = rekey(dequantize_rows(k[src_start:src_end], width, rot=rot))
+            store_rows(rows.astype(np.float32), k, np.arange(dst_start, dst_start + n), rot=rot)
+        else:
+            k[dst_start:dst_start + n] = rekey(k[src_start:src_end]).astype(k.dtype)
+        v[dst_start:dst_start + n] = v[src_start:src_end].copy()  # the ranges may overlap
 
     def bind_node(
         self, node: Node, srcs: list[np.ndarray | None], out: np.ndarray | None, ctx: ExecContext

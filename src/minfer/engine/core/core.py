@@ -26,18 +26,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from minfer.engine.core.policy import BatchPayoff, DraftLength, Proposal, StepCost, bucket_floor
 from minfer.engine.core.proposer import DraftAsk, Proposer
 from minfer.engine.core.request import Emitted, GenRequest, Request, Vocab
 from minfer.engine.core.runner import StepRunner
 from minfer.engine.core.scheduler import Plan, Scheduler, Sequence
-from minfer.engine.speculative import (
-    BatchPayoff,
-    DraftLength,
-    Proposal,
-    SpecConfig,
-    StepCost,
-    bucket_floor,
-)
+from minfer.engine.speculative import SpecConfig
 
 log = logging.getLogger("minfer.engine")
 

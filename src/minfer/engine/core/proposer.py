@@ -7,7 +7,7 @@ API hand to `generate()`: a proposer, its flags, a `DraftLength` and counts that
 generation (a chat's turns share them).
 
 - `LookupProposer` (`--lookup-ngram N`, prompt lookup): continue the copy of an earlier part of
-  the sequence, through the edits a rewrite makes to it (minfer.engine.speculative.follow);
+  the sequence, through the edits a rewrite makes to it (minfer.engine.core.lookup.follow);
   else the latest earlier occurrence of the sequence's last n-gram. Free to make.
 - `SlotDrafter` (`-md FILE` / `--model-draft FILE`): a draft model, one draft sequence per slot.
 - `HybridProposer` (both flags): prompt lookup where its guess is rated at least as well as the
@@ -44,26 +44,21 @@ from typing import Protocol
 
 import numpy as np
 
-from minfer.engine.core.runner import BatchEngine, Runner
-from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix, longest_held
-from minfer.engine.speculative import (
-    REPEAT_KINDS,
-    REPEAT_MIN_N,
+from minfer.engine.core.lookup import REPEAT_KINDS, REPEAT_MIN_N, CopyCursor, follow, lookup
+from minfer.engine.core.policy import (
     Acceptance,
-    CopyCursor,
     DraftLength,
     Proposal,
-    SpecConfig,
     SpecStats,
-    SpeculativeError,
     bucket_floor,
     confident_top,
     fills_bucket,
-    follow,
-    lookup,
     softmax,
     step_tokens,
 )
+from minfer.engine.core.runner import BatchEngine, Runner
+from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix, longest_held
+from minfer.engine.speculative import SpecConfig, SpeculativeError
 
 
 @dataclass(frozen=True)
@@ -172,7 +167,7 @@ class _Tracks(dict[int, _Track]):
 
 class LookupProposer:
     """Prompt lookup for every ask, following each sequence's copy through edits
-    (`speculative.follow`: one `CopyCursor` per sequence, the latest MAX_TRACKS kept). Each
+    (`lookup.follow`: one `CopyCursor` per sequence, the latest MAX_TRACKS kept). Each
     proposal carries the acceptance its kind (`COPY_KINDS`) has measured in that sequence
     (starting from what it measured over the sequences before), so `DraftLength.fit` verifies
     a copy's 15 tokens and skips a guess inside inserted text. Across an edit the n-gram

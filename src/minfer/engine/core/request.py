@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minfer.engine.speculative import DraftLength, SpecStats
+from minfer.engine.core.policy import DraftLength, SpecStats
 from minfer.engine.stepper import Constraint, Step, TokenSampler, TokenStepper, TokenText
 
 if TYPE_CHECKING:

@@ -151,7 +151,8 @@ class EngineReplica:
         import ray
 
         return {"replica": self._id.decode(), "node": ray.get_runtime_context().get_node_id(),
-                "pid": os.getpid(), "threads": self.config.threads, "status": self.state.status}
+                "pid": os.getpid(), "threads": self.config.engine.n_threads,
+                "status": self.state.status}
 
     def check_health(self) -> None:
         if self.state.status == "error":
@@ -349,7 +350,8 @@ def build_app(config: ServerConfig, opts: RayOptions) -> Any:
     """The Ray Serve application: the front bound to the engine deployment."""
     from ray import serve
 
-    replica_config = dataclasses.replace(config, threads=opts.threads)
+    replica_config = dataclasses.replace(config, engine=dataclasses.replace(
+        config.engine, n_threads=opts.threads, adaptive_threads=False))
     engine = serve.deployment(**engine_options(config, opts))(EngineReplica).bind(
         replica_config, opts.share_weights)
     front = serve.deployment(name="front", num_replicas=1, max_ongoing_requests=10_000,
@@ -373,11 +375,11 @@ def serve_on_ray(config: ServerConfig, opts: RayOptions, *, host: str, port: int
     else:
         ray.init(address=address, log_to_driver=False)
     try:
-        if not config.threads:
+        if config.engine.adaptive_threads:  # no thread count given: share the nodes' cores
             nodes = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]]
             opts = dataclasses.replace(opts, threads=replica_threads(nodes, opts.max_replicas))
         else:
-            opts = dataclasses.replace(opts, threads=config.threads)
+            opts = dataclasses.replace(opts, threads=config.engine.n_threads or 1)
         serve.start(http_options={"host": host, "port": port})
         print(f"minfer: deploying {config.model_path.name} on Ray: {opts.max_replicas} "
               f"replica(s) x {opts.threads} thread(s); loading...", file=sys.stderr, flush=True)
