@@ -100,6 +100,33 @@ def test_a_repeated_scored_prompt_comes_from_the_cache_with_the_same_scores(
     assert shared["choices"][0]["logprobs"] == alone["choices"][0]["logprobs"]
 
 
+def test_text_offsets_count_a_character_split_over_tokens_once(
+        state: ServerState, tiny_qwen2: Path) -> None:
+    """An emoji or an accented letter is several byte tokens in the tiny vocabulary: each
+    token's offset is where it starts in the echoed text (a token inside a character: where
+    that character starts), as OpenAI's legacy API gives it."""
+    from minfer.gguf.reader import GGUFFile
+    from minfer.tokenizer import Tokenizer
+
+    prompt = "ab \U0001F600 c\u00e9 d \u4e2d\u6587!"
+    ids = ids_of(state, prompt)
+    tok = Tokenizer.from_gguf(GGUFFile.open(tiny_qwen2))
+    sizes = [len(tok.token_bytes(i)) for i in ids]
+    raw = prompt.encode()
+    assert sum(sizes) == len(raw) and any(  # a token that is not whole characters
+        tok.token_bytes(i).decode(errors="replace") != tok.token_bytes(i).decode(
+            errors="ignore") for i in ids)
+    # each token's start: the characters its bytes complete before it
+    want = [len(raw[:sum(sizes[:n])].decode(errors="ignore")) for n in range(len(ids))]
+    got = complete(state, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    assert got["text"] == prompt and got["logprobs"]["text_offset"] == want
+    assert want[-1] == len(prompt) - 1  # the pieces' lengths would put it past the end
+    chunks = sse(call(state, "POST", COMP, json={"prompt": prompt, "max_tokens": 2, "echo": True,
+                                                 "logprobs": 1, "stream": True}))
+    first = chunks[0]["choices"][0]
+    assert first["text"] == prompt and first["logprobs"]["text_offset"] == want
+
+
 def test_echo_and_suffix_together_are_a_400(state: ServerState) -> None:
     r = call(state, "POST", COMP, json={"prompt": "a", "suffix": "b", "echo": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
