@@ -1,14 +1,16 @@
-"""EngineCore alone: synchronous, no threads, no model (a HashEngine stands in)."""
+"""EngineCore alone: synchronous, no threads, no model (a HashEngine stands in); scored
+prompts (echo with logprobs) and the prompt cache."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from minfer.engine.core.core import EngineCore
 from minfer.engine.core.proposer import LookupProposer
-from minfer.engine.core.request import GenRequest
+from minfer.engine.core.request import GenRequest, Request, TokenLogprob, log_softmax_top
 from minfer.engine.core.runner import Runner
 from minfer.engine.core.scheduler import QueueFullError
 from minfer.engine.speculative import SpecConfig
@@ -165,3 +167,79 @@ def test_batch_payoff_turns_proposals_off_where_plain_steps_yield_more() -> None
     assert choices[:3] == [True] * 3 and choices[3] is False  # the first plain probe
     assert choices[4:7] == [False] * 3 and choices[7] is True  # plain wins; a draft probe
     assert pay.propose(4)  # another class is measured on its own
+
+
+# -- scored prompts (echo with logprobs) and the prompt cache ----------------------------------
+
+
+def _scoring_core(n_slots: int) -> tuple[EngineCore, HashEngine]:
+    engine = HashEngine(n_slots * N_CTX_SLOT, N_VOCAB, avoid=frozenset({0}))
+    return EngineCore(Runner(engine, N_CTX_SLOT), _Vocab(), n_slots=n_slots,
+                      n_ctx_slot=N_CTX_SLOT, chunk=8), engine
+
+
+def _score(core: EngineCore, seq_id: int, prompt: list[int], k: int) -> Request:
+    state = core.add(seq_id, GenRequest(prompt, 0, Sampler(SamplerParams.greedy(), N_VOCAB,
+                                                           seed=0), prompt_logprobs=k))
+    _drain(core)
+    assert state.finish == "length" and len(state.prompt_logprobs) == len(prompt) - 1
+    return state
+
+
+def _fresh(prompt: list[int], k: int) -> list[TokenLogprob]:
+    return _score(_scoring_core(1)[0], 0, prompt, k).prompt_logprobs
+
+
+def test_a_scored_prompt_takes_the_cached_prefix_with_its_scores() -> None:
+    """A repeated scored prompt computes only its last row; one that shares a prefix computes
+    from the last common token on (its score needs that token's row). The scores taken are
+    the ones computing them gives, bit for bit (rows are batch-invariant)."""
+    core, engine = _scoring_core(1)
+    prompt = _prompts(1)[0] + list(range(1, 20))
+    first = _score(core, 1, prompt, 3)
+    assert first.n_cached == 0 and first.prompt_logprobs == _fresh(prompt, 3)
+    fed = sum(b.n_tokens for b in engine.calls)
+    again = _score(core, 2, prompt, 3)
+    assert again.n_cached == len(prompt) - 1
+    assert sum(b.n_tokens for b in engine.calls) - fed == 1
+    assert again.prompt_logprobs == first.prompt_logprobs
+    other = [*prompt[:12], 90, 91, *prompt[14:]]
+    shared = _score(core, 3, other, 3)
+    assert shared.n_cached == 11 and shared.prompt_logprobs == _fresh(other, 3)
+    assert shared.prompt_logprobs[:11] == first.prompt_logprobs[:11]
+
+
+def test_cached_scores_serve_a_smaller_k_cut_and_never_a_larger_one() -> None:
+    core, _ = _scoring_core(1)
+    prompt = _prompts(1)[0] + list(range(1, 20))
+    _score(core, 1, prompt, 4)
+    fewer = _score(core, 2, prompt, 1)  # the cache now holds scores with 1 alternative
+    assert fewer.n_cached == len(prompt) - 1 and fewer.prompt_logprobs == _fresh(prompt, 1)
+    assert all(len(lp.top) == 1 for lp in fewer.prompt_logprobs)
+    more = _score(core, 3, prompt, 2)  # those cannot give 2: every row computed again
+    assert more.n_cached == 0 and more.prompt_logprobs == _fresh(prompt, 2)
+    plain = core.add(4, _request(prompt, max_tokens=1))  # the cells serve an unscored prompt
+    _drain(core)
+    assert plain.n_cached == len(prompt) - 1
+    after = _score(core, 5, prompt, 2)  # ... whose cache holds no scores
+    assert after.n_cached == 0 and after.prompt_logprobs == _fresh(prompt, 2)
+
+
+def test_scored_prompts_together_copy_a_shared_prefix_with_its_scores() -> None:
+    """Two scored prompts of one context (a multiple-choice question's continuations) in two
+    slots: the second waits for the first's prefix and copies its cells and scores."""
+    core, engine = _scoring_core(2)
+    context = list(range(1, 40))
+    a, b = [*context, 50, 51, 52], [*context, 60, 61]
+    states = [core.add(i, GenRequest(p, 0, Sampler(SamplerParams.greedy(), N_VOCAB, seed=0),
+                                     prompt_logprobs=2)) for i, p in enumerate((a, b))]
+    _drain(core)
+    assert engine.copies and states[1].n_cached == len(context) - 1  # its last token: scored
+    assert [s.prompt_logprobs for s in states] == [_fresh(a, 2), _fresh(b, 2)]
+
+
+def test_the_top_alternatives_break_ties_by_id() -> None:
+    row = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 3.0], dtype=np.float32)
+    four = log_softmax_top(row, 0, 4)
+    assert [t for t, _ in four.top] == [1, 3, 5, 2]
+    assert four.upto(2) == log_softmax_top(row, 0, 2) and four.upto(9) is four

@@ -77,6 +77,56 @@ def test_echo_with_logprobs_then_the_draws(state: ServerState) -> None:
     assert streamed == lp["token_logprobs"]
 
 
+def test_a_repeated_scored_prompt_comes_from_the_cache_with_the_same_scores(
+        state: ServerState, tiny_qwen2: Path) -> None:
+    """What an evaluation harness sends: one context, then several continuations of it. The
+    second identical request reports its cached tokens and the very same logprobs; one sharing
+    only the context gets the logprobs a fresh server gives it."""
+    body = {"max_tokens": 0, "echo": True, "logprobs": 2}
+    r = call(state, "POST", COMP, json={"prompt": PROMPT * 2, **body})
+    again = call(state, "POST", COMP, json={"prompt": PROMPT * 2, **body}).json()
+    n = again["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
+    assert again["choices"][0]["logprobs"] == r.json()["choices"][0]["logprobs"]
+    tail = PROMPT * 2 + "print(add(1, 2))\n"
+    shared = call(state, "POST", COMP, json={"prompt": tail, **body}).json()
+    assert shared["usage"]["prompt_tokens_details"]["cached_tokens"] >= n - 2
+    fresh = next(running(tiny_qwen2, ready_s=20, n_ctx=512, slots=2))
+    try:
+        alone = call(fresh, "POST", COMP, json={"prompt": tail, **body}).json()
+    finally:
+        fresh.stop()
+    assert alone["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert shared["choices"][0]["logprobs"] == alone["choices"][0]["logprobs"]
+
+
+def test_text_offsets_count_a_character_split_over_tokens_once(
+        state: ServerState, tiny_qwen2: Path) -> None:
+    """An emoji or an accented letter is several byte tokens in the tiny vocabulary: each
+    token's offset is where it starts in the echoed text (a token inside a character: where
+    that character starts), as OpenAI's legacy API gives it."""
+    from minfer.gguf.reader import GGUFFile
+    from minfer.tokenizer import Tokenizer
+
+    prompt = "ab \U0001F600 c\u00e9 d \u4e2d\u6587!"
+    ids = ids_of(state, prompt)
+    tok = Tokenizer.from_gguf(GGUFFile.open(tiny_qwen2))
+    sizes = [len(tok.token_bytes(i)) for i in ids]
+    raw = prompt.encode()
+    assert sum(sizes) == len(raw) and any(  # a token that is not whole characters
+        tok.token_bytes(i).decode(errors="replace") != tok.token_bytes(i).decode(
+            errors="ignore") for i in ids)
+    # each token's start: the characters its bytes complete before it
+    want = [len(raw[:sum(sizes[:n])].decode(errors="ignore")) for n in range(len(ids))]
+    got = complete(state, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    assert got["text"] == prompt and got["logprobs"]["text_offset"] == want
+    assert want[-1] == len(prompt) - 1  # the pieces' lengths would put it past the end
+    chunks = sse(call(state, "POST", COMP, json={"prompt": prompt, "max_tokens": 2, "echo": True,
+                                                 "logprobs": 1, "stream": True}))
+    first = chunks[0]["choices"][0]
+    assert first["text"] == prompt and first["logprobs"]["text_offset"] == want
+
+
 def test_echo_and_suffix_together_are_a_400(state: ServerState) -> None:
     r = call(state, "POST", COMP, json={"prompt": "a", "suffix": "b", "echo": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
@@ -99,8 +149,19 @@ def test_scores_on_the_real_engine_are_the_forward_rows(tiny_qwen2: Path) -> Non
         assert st.wait_ready(60)
         ids = ids_of(st, PROMPT * 3)
         got = complete(st, prompt=ids, max_tokens=0, echo=True, logprobs=2)["logprobs"]
+        # a prompt sharing a prefix takes those scores from the cache and computes the rest in
+        # other chunks than on its own (k 3: the cached scores have too few alternatives)
+        other = [*ids[:40], *ids_of(st, "x = 1\n"), *ids[40:]]
+        r = call(st, "POST", COMP, json={"prompt": other, "max_tokens": 0, "echo": True,
+                                         "logprobs": 2}).json()
+        alone = complete(st, prompt=other, max_tokens=0, echo=True, logprobs=3)["logprobs"]
     finally:
         st.stop()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 39
+    shared = r["choices"][0]["logprobs"]
+    assert shared["token_logprobs"] == alone["token_logprobs"]  # bit for bit
+    assert shared["top_logprobs"][1:] == [dict(list(t.items())[:2])
+                                          for t in alone["top_logprobs"][1:]]
     f = GGUFFile.open(tiny_qwen2)
     engine = Engine(f, HParams.from_gguf(f), n_ctx=256, batch_invariant=True)  # as the server's
     rows = engine.forward(ids, 0, len(ids))

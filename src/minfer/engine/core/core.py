@@ -95,7 +95,7 @@ class EngineCore:
             length = DraftLength(spec.draft_max, adaptive=spec.adaptive)
         state = Request(req, self.vocab, n_ctx_slot=self.n_ctx_slot, length=length)
         self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt),
-                                    prompt_rows=req.prompt_logprobs is not None))
+                                    score_k=req.prompt_logprobs, scores=state.prompt_logprobs))
         self.requests[seq_id] = state
         return state
 

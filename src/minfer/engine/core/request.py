@@ -64,7 +64,13 @@ def _rate(n: int, s: float) -> float:
 class TokenLogprob:
     token_id: int
     logprob: float
-    top: list[tuple[int, float]]  # (id, logprob), most likely first
+    top: list[tuple[int, float]]  # (id, logprob), most likely first (ties: the lower id first)
+
+    def upto(self, k: int) -> TokenLogprob:
+        """The same score with at most k alternatives: what `log_softmax_top` gives for k (its
+        order is total, so a smaller k's alternatives are a prefix of a larger k's)."""
+        return self if len(self.top) <= k else TokenLogprob(self.token_id, self.logprob,
+                                                            self.top[:k])
 
 
 @dataclass
@@ -79,8 +85,8 @@ class GenRequest:
     # > 0: once this many ms passed since the first token, end at the next newline (llama.cpp's
     # t_max_predict_ms, for editor completions that should not run on)
     t_max_predict_ms: int = 0
-    # None: off; k: each prompt token after the first scored as `logprobs` scores a draw (its
-    # prompt is then computed whole, never taken from a cache: `Request.prompt_logprobs`)
+    # None: off; k: each prompt token after the first scored as `logprobs` scores a draw
+    # (`Request.prompt_logprobs`; a cached prefix is taken only with the scores of its tokens)
     prompt_logprobs: int | None = None
 
 
@@ -94,15 +100,17 @@ class Emitted:
 
 
 def log_softmax_top(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
-    """log-softmax of the raw logits at token, and the k most likely ids with theirs."""
+    """log-softmax of the raw logits at token, and the k most likely ids with theirs (ties in
+    id order: the same k ids however they came, and a smaller k's a prefix of them)."""
     x = np.asarray(logits, dtype=np.float32)
     m = float(x.max())
     lse = m + float(np.log(np.exp(x - m).sum(dtype=np.float64)))
     top: list[tuple[int, float]] = []
     if k > 0:
         k = min(k, x.shape[0])
-        idx = np.argpartition(x, x.shape[0] - k)[-k:]
-        idx = idx[np.argsort(-x[idx], kind="stable")]
+        kth = np.partition(x, x.shape[0] - k)[x.shape[0] - k]
+        idx = np.flatnonzero(x >= kth)  # the k largest, and any tied with the k-th
+        idx = idx[np.argsort(-x[idx], kind="stable")][:k]
         top = [(int(i), float(x[i]) - lse) for i in idx]
     return TokenLogprob(token, float(x[token]) - lse, top)
 
@@ -176,12 +184,15 @@ class Request:
         self.texts: list[str] = []  # the text shown so far, in pieces (the tail included)
         self.cancelled = False
         self.t_first: float | None = None  # when the first token was drawn
-        self.prompt_logprobs: list[TokenLogprob] = []  # prompt tokens 1.. (`score_prompt`)
+        # prompt tokens 1.. (`score_prompt`); the list is the sequence's `Sequence.scores` too,
+        # whose first ones the scheduler takes from a slot's cache with the prefix's cells
+        self.prompt_logprobs: list[TokenLogprob] = []
 
     def score_prompt(self, rows: np.ndarray, start: int) -> None:
         """Score the prompt tokens the logits rows of positions start.. predict (each row the
         next position's token; a last row past the prompt predicts the first draw)."""
         prompt, k = self.req.prompt, self.req.prompt_logprobs or 0
+        assert len(self.prompt_logprobs) == start, "rows scored in order"
         for i, row in enumerate(rows):
             at = start + i + 1
             if at < len(prompt):

@@ -20,9 +20,16 @@ new request takes the free slot whose cache shares the longest prefix with its p
 only the rest (the prompt cache). At least the last prompt token is always recomputed, because its
 logits are needed to sample the first token.
 
-A sequence whose prompt is scored (`prompt_rows`: each prompt token's logprob is wanted) neither
-takes a cached or copied prefix nor waits to share one: every prompt row is computed, and its
-works ask for every fed token's logits (`Work.rows`).
+A sequence whose prompt is scored (`score_k`: each prompt token's logprob is wanted, with its k
+most likely alternatives) asks for every fed token's logits (`Work.rows`). A slot keeps the scores
+of the tokens its cells hold (`Slot.scores`, those of the scored prompt that last ran there) next
+to them, so a scored prompt takes a cached or copied prefix of h tokens only with the scores of
+tokens 1..h: h is at most the number of cached scores, token h (whose score row h - 1 gave) must
+be common too, and the scores must have been computed with at least its k alternatives (then cut
+to its k; with fewer nothing is taken: those scores need their rows again, and so their tokens).
+Rows are batch-invariant, so the scores taken are the very ones its rows would give. An unscored
+sequence takes the cells alone; the slot's scores end with it. The scheduler only moves the
+score records; the request computes them (`Request.score_prompt`, into `Sequence.scores`).
 
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
@@ -39,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minfer.engine.core.request import TokenLogprob
 from minfer.errors import MinferError
 
 # prompt tokens of a step in which nothing decodes, where the server's chunk is not set
@@ -61,7 +69,16 @@ class Sequence:
     n_computed: int = 0
     n_cached: int = 0  # prompt tokens found in the slot's cache at admission
     slot: int | None = None
-    prompt_rows: bool = False  # every prompt row's logits wanted: all of it computed, no cache
+    # k: each prompt token after the first scored with its k most likely alternatives (every
+    # prompt row's logits wanted); None: not scored
+    score_k: int | None = None
+    # the scores of tokens 1..len(scores) so far: those a cached prefix brought, then those its
+    # rows gave (one list with the request's, `Request.prompt_logprobs`)
+    scores: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def prompt_rows(self) -> bool:
+        return self.score_k is not None
 
     @property
     def n_pending(self) -> int:
@@ -80,6 +97,10 @@ class Slot:
     cached: list[int] = field(default_factory=list)
     seq_id: int | None = None
     last_used: int = 0
+    # the scores of tokens 1..len(scores) of `cached` (a scored prompt's), each with its top
+    # score_k alternatives
+    scores: tuple[TokenLogprob, ...] = ()
+    score_k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +164,43 @@ def common_prefix(a: Tokens[int], b: Tokens[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+@dataclass(frozen=True)
+class Held:
+    """What a slot's cells hold: tokens[:n], with the scores of tokens 1..len(scores) computed
+    with score_k alternatives each (None: not scored)."""
+
+    tokens: Tokens[int]
+    n: int
+    scores: Tokens[TokenLogprob]
+    score_k: int | None
+
+
+def _scores_serve(have: int | None, want: int | None) -> bool:
+    """Scores computed with `have` alternatives serve a sequence that wants `want` (None: an
+    unscored one, served by any)."""
+    return want is None or (have is not None and have >= want)
+
+
+def _reach(seq: Sequence, held: Held) -> int:
+    """How many of seq's first tokens held cells give it: their common prefix; for a scored
+    prompt at most h tokens such that the scores of tokens 1..h come too (token h is common,
+    its score known: h <= len(scores)), and none if those lack alternatives it asks for."""
+    common = common_prefix(held.tokens, seq.tokens)
+    if seq.score_k is None:
+        return min(common, held.n)
+    if not _scores_serve(held.score_k, seq.score_k):
+        return 0
+    return max(0, min(common - 1, held.n, len(held.scores)))
+
+
+def _take_scores(seq: Sequence, scores: Tokens[TokenLogprob], start: int, end: int) -> None:
+    """A scored seq takes the scores of tokens start + 1..end with the cells start..end - 1,
+    cut to its own k."""
+    if seq.score_k is not None:
+        assert len(seq.scores) == start, "a prompt's scores match its computed tokens"
+        seq.scores.extend(lp.upto(seq.score_k) for lp in scores[start:end])
+
+
 class Scheduler:
     def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 128,
                  max_waiting: int = 64, idle_chunk: int | None = None) -> None:
@@ -182,6 +240,7 @@ class Scheduler:
         slot = self.slots[seq.slot]
         slot.seq_id = None
         slot.cached = seq.tokens[: seq.n_computed]
+        slot.scores, slot.score_k = tuple(seq.scores), seq.score_k
         slot.last_used = next(self._tick)
 
     # -- one step ------------------------------------------------------------------------------
@@ -204,18 +263,20 @@ class Scheduler:
                 works.append(self._work(seq, 1))
         budget = self.chunk if works else self.idle_chunk
         copies: list[CellCopy] = []
-        planned: list[list[int]] = []  # each planned prompt's tokens once this step is done
+        # each planned prompt's tokens once this step is done, and the k of its scores
+        planned: list[tuple[list[int], int | None]] = []
         for seq in prompts:
-            copy = None if seq.prompt_rows else self._take_prefix(seq)
+            copy = self._take_prefix(seq)
             if copy is not None:
                 copies.append(copy)
             upto = seq.n_computed + SHARE_MIN
-            if budget == 0 or (upto < seq.n_prompt and not seq.prompt_rows and any(
-                    common_prefix(done, seq.tokens[:upto]) == upto for done in planned)):
+            if budget == 0 or (upto < seq.n_prompt and any(
+                    _scores_serve(k, seq.score_k) and common_prefix(done, seq.tokens[:upto]) == upto
+                    for done, k in planned)):
                 continue
             n = min(seq.n_pending, budget)
             works.append(self._work(seq, n))
-            planned.append(seq.tokens[: seq.n_computed + n])
+            planned.append((seq.tokens[: seq.n_computed + n], seq.score_k))
             budget -= n
         if len(works) > 1:
             works.sort(key=lambda w: w.slot)
@@ -224,24 +285,33 @@ class Scheduler:
 
     def _take_prefix(self, seq: Sequence) -> CellCopy | None:
         """Copy the rest of the longest prefix of seq's prompt another slot's cells hold (at
-        most up to its last prompt token, always computed: its logits are needed)."""
+        most up to its last prompt token, always computed: its logits are needed), with its
+        scores for a scored prompt (`_reach`)."""
         assert seq.slot is not None
-
-        def held() -> Iterable[tuple[int, Tokens[int], int]]:
-            for s in self.slots:
-                if s.index != seq.slot:
-                    other = None if s.seq_id is None else self.running.get(s.seq_id)
-                    yield ((s.index, s.cached, len(s.cached)) if other is None
-                           else (s.index, other.tokens, other.n_computed))
-
-        best, length = longest_held(seq.tokens, held(), seq.n_computed)
+        best, length = -1, seq.n_computed
+        for s in self.slots:
+            if s.index == seq.slot:
+                continue
+            held = self._holding(s)
+            if held.n > length:  # no reach is longer than the cells
+                n = _reach(seq, held)
+                if n > length:
+                    best, length = s.index, n
         length = min(length, seq.n_prompt - 1)
         if length <= seq.n_computed:
             return None
         copy = CellCopy(best, seq.slot, seq.n_computed, length - seq.n_computed)
+        _take_scores(seq, self._holding(self.slots[best]).scores, copy.start, length)
         seq.n_cached += copy.n
         seq.n_computed = length
         return copy
+
+    def _holding(self, s: Slot) -> Held:
+        """What slot s's cells hold: a free slot's cache, a busy one's computed tokens."""
+        seq = None if s.seq_id is None else self.running.get(s.seq_id)
+        if seq is None:
+            return Held(s.cached, len(s.cached), s.scores, s.score_k)
+        return Held(seq.tokens, seq.n_computed, seq.scores, seq.score_k)
 
     def advance(self, plan: Plan) -> None:
         """The runner computed plan: the fed tokens now have KV in their slots."""
@@ -271,18 +341,19 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self.n_free:
             seq = self.waiting.popleft()
-            slot = self._pick_slot(seq.tokens)
-            hit = 0 if seq.prompt_rows else min(common_prefix(slot.cached, seq.tokens),
-                                                seq.n_prompt - 1)
+            slot, reach = self._pick_slot(seq)
+            hit = min(reach, seq.n_prompt - 1)
+            _take_scores(seq, slot.scores, 0, hit)
             slot.cached = slot.cached[:hit]
             slot.seq_id = seq.seq_id
             seq.slot, seq.n_computed, seq.n_cached = slot.index, hit, hit
             self.running[seq.seq_id] = seq
 
-    def _pick_slot(self, prompt: list[int]) -> Slot:
-        """The free slot with the longest cached prefix; on a tie the least recently used."""
-        free = [s for s in self.slots if s.seq_id is None]
-        return max(free, key=lambda s: (common_prefix(s.cached, prompt), -s.last_used))
+    def _pick_slot(self, seq: Sequence) -> tuple[Slot, int]:
+        """The free slot whose cache reaches furthest into seq (`_reach`), and how far; on a
+        tie the least recently used."""
+        free = [(s, _reach(seq, self._holding(s))) for s in self.slots if s.seq_id is None]
+        return max(free, key=lambda f: (f[1], -f[0].last_used))
 
     # -- gauges --------------------------------------------------------------------------------
     @property

@@ -13,6 +13,7 @@ stream interleaves their chunks as they come, each naming its index, and sends t
 
 from __future__ import annotations
 
+import codecs
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -70,14 +71,21 @@ def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict[str,
 def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
                         offset: int = 0, *, first: int | None = None) -> dict[str, Any]:
     """The legacy completions' logprobs object; first: an echoed prompt's first token, which
-    nothing scores (its logprob and top logprobs are null, as OpenAI writes them)."""
+    nothing scores (its logprob and top logprobs are null, as OpenAI writes them). A token's
+    `text_offset` is where it starts in the text the tokens spell (from `offset`), counted over
+    their bytes decoded in turn: a token that starts inside a character split over tokens
+    starts where that character does."""
     tokens: list[str] = []
     values: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    at = offset
 
     def add(token_id: int, value: float | None, top: dict[str, float] | None) -> None:
-        offsets.append(offsets[-1] + len(tokens[-1]) if tokens else offset)
+        nonlocal at
+        offsets.append(at)
+        at += len(text.decode(token_bytes(token_id)))
         tokens.append(_piece(token_bytes, token_id)[0])
         values.append(value)
         tops.append(top)
