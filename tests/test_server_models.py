@@ -282,3 +282,32 @@ def test_anthropics_client_lists_and_retrieves_the_models(state: ServerState) ->
         assert body["type"] == "error" and body["error"]["type"] == kind, body
     plain = call(state, "GET", "/v1/models").json()
     assert plain["object"] == "list" and [m["object"] for m in plain["data"]] == ["model"] * 3
+
+
+def test_the_official_clients_with_their_own_model_names(state: ServerState) -> None:
+    """OpenAI's client asking for "gpt-4o" and Anthropic's for "claude-sonnet-4-5" on a server
+    of several models: the default model answers both, the same greedy text as named."""
+    import anthropic
+    import openai
+
+    from tests.test_server_anthropic import with_client
+
+    named = chat(state, "qwen2")
+
+    async def ask_openai() -> str | None:
+        transport = httpx.ASGITransport(app=create_app(state, own_state=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            c = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http,
+                                   max_retries=0)
+            r = await c.chat.completions.create(model="gpt-4o", messages=MSG,  # type: ignore[arg-type]
+                                                max_tokens=8, temperature=0)
+            return r.choices[0].message.content
+
+    assert asyncio.run(ask_openai()) == named
+
+    async def ask_anthropic(c: anthropic.AsyncAnthropic) -> Any:
+        return await c.messages.create(model="claude-sonnet-4-5", max_tokens=8, messages=MSG,  # type: ignore[arg-type]
+                                       extra_body={"temperature": 0})
+
+    msg = with_client(state, ask_anthropic)
+    assert msg.content[0].text == named
