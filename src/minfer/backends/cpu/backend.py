@@ -306,6 +306,13 @@ def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.take, x, rows, axis=0, out=out)]
 
 
+def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
+                ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.Slice)
+    return [partial(np.copyto, out, srcs[0][:, op.start:op.start + op.width])]
+
+
 def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.RmsNorm)
@@ -439,6 +446,7 @@ def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
 
 _BINDERS: dict[type, Binder] = {
     ir.GetRows: _bind_get_rows,
+    ir.Slice: _bind_slice,
     ir.RmsNorm: _bind_rms_norm,
     ir.MatMul: _bind_matmul,
     ir.FusedGateUp: _bind_fused_gate_up,
