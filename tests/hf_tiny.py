@@ -25,8 +25,11 @@ _TEXT = ("The quick brown fox jumps over the lazy dog. Hello world! def main(): 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPLIT) -> int:
-    """A byte-level BPE tokenizer.json + tokenizer_config.json; returns the vocabulary size."""
+def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPLIT,
+                        tokenizer_class: str = "PreTrainedTokenizerFast") -> int:
+    """A byte-level BPE tokenizer.json + tokenizer_config.json; returns the vocabulary size.
+    (Phi-4-mini names its class GPT2Tokenizer, which llama.cpp's Phi-3 converter reads as
+    BPE.)"""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -43,7 +46,7 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPL
     decoder = {str(tok.token_to_id(s)): {"content": s, "special": True, "normalized": False,
                                          "lstrip": False, "rstrip": False, "single_word": False}
                for s in SPECIALS}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+    config = {"tokenizer_class": tokenizer_class, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
               "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder,
               "model_max_length": 512}
@@ -97,6 +100,27 @@ def _config(family: str, vocab: int) -> Any:
                 "original_max_position_embeddings": 64}
         return tf.LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope,
                               eos_token_id=vocab - 1), tf.LlamaForCausalLM
+    if family == "smollm3":  # 4 layers: the 4th without RoPE
+        return tf.SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0,
+                                tie_word_embeddings=True, bos_token_id=None,
+                                eos_token_id=vocab - 1, pad_token_id=vocab - 3), \
+            tf.SmolLM3ForCausalLM
+    if family == "phi3":  # Phi-4-mini's layout: partial rotary, GQA, tied output
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
+        return tf.Phi3Config(**common, original_max_position_embeddings=512,
+                             tie_word_embeddings=True, rope_parameters=rope,
+                             eos_token_id=vocab - 1, pad_token_id=vocab - 3), \
+            tf.Phi3ForCausalLM
+    if family == "phi3_longrope":  # Phi-3-mini-128k's: LongRoPE over 256 original positions
+        # (llama.cpp pads n_ctx to 256 before it picks the long factors past them)
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "original_max_position_embeddings": 256,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]}
+        return tf.Phi3Config(**{**common, "max_position_embeddings": 1024},
+                             original_max_position_embeddings=256, tie_word_embeddings=False,
+                             rope_parameters=rope, bos_token_id=1, eos_token_id=2,
+                             pad_token_id=0), tf.Phi3ForCausalLM
     if family == "gemma3":
         return tf.Gemma3TextConfig(**common, head_dim=32, sliding_window=16,
                                    query_pre_attn_scalar=32, bos_token_id=1, eos_token_id=2,
@@ -109,9 +133,11 @@ def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "flo
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
-    spm = family in ("llama", "gemma3")
-    split = LLAMA3_SPLIT if family == "llama3" else QWEN2_SPLIT
-    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(out, split=split)
+    spm = family in ("llama", "gemma3", "phi3_longrope")
+    split = LLAMA3_SPLIT if family in ("llama3", "smollm3") else QWEN2_SPLIT
+    tok_class = "GPT2Tokenizer" if family == "phi3" else "PreTrainedTokenizerFast"
+    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(out, split=split,
+                                                                     tokenizer_class=tok_class)
     config, cls = _config(family, vocab)
     torch.manual_seed(seed)
     model = cls(config).eval()

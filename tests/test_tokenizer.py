@@ -216,7 +216,7 @@ def test_decode_without_special(tok: Tokenizer) -> None:
 # -- metadata errors --------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("meta", "message"), [
-    ({"tokenizer.ggml.pre": "gpt-4o"}, "'gpt-4o'"),
+    ({"tokenizer.ggml.pre": "tekken"}, "'tekken'"),
     ({"tokenizer.ggml.pre": None}, "tokenizer.ggml.pre is missing"),
     ({"tokenizer.ggml.model": "t5"}, "unsupported tokenizer model 't5'"),
     ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.scores is missing"),

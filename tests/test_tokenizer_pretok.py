@@ -47,8 +47,8 @@ def test_every_known_name_compiles() -> None:
 
 
 def test_unknown_pre_is_refused_by_name() -> None:
-    with pytest.raises(TokenizerError, match="'gpt-4o'"):
-        pre_tokenizer("gpt-4o")
+    with pytest.raises(TokenizerError, match="'tekken'"):
+        pre_tokenizer("tekken")
 
 
 # -- Gemma 4: BPE over raw UTF-8 with ▁ for spaces and <0xNN> byte fallback -------------------
@@ -79,3 +79,25 @@ def test_gemma4_bpe() -> None:
     assert tok.decode(ids) == " ab\n\nz"
     three = tok.encode("\n\n\n", add_bos=False)  # not a token: merged from characters
     assert [tok.token_text(i) for i in three] == ["\n", "\n", "\n"]
+
+
+# tokenizer.json's expression for GPT-4o (Phi-4-mini), which llama.cpp respells
+_GPT4O_JSON = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+               r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.mark.parametrize("text", [
+    "Hello World's HTTPServer isn't 12345 ok!\n\n  x", "camelCaseWord and ALLCAPS'LL do",
+    "path/to/file.py\r\n\tdef f(): return 1_000_000", "  leading and trailing  ",
+    "café naïve über straße", "I'M YOU'RE we've", "x+=1;y//=2\n/"])
+def test_gpt4o_splits_as_its_tokenizer_json(text: str) -> None:
+    """`gpt-4o` (Phi-4-mini's pre-tokenizer) in llama.cpp's spelling cuts these texts as the
+    `tokenizers` library cuts them with the tokenizer.json expression (they part only on
+    upper-case non-ASCII letters inside a word, where minfer follows llama.cpp)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    ref = pre_tokenizers.Split(Regex(_GPT4O_JSON), behavior="isolated")
+    assert pre_tokenizer("gpt-4o").split(text) == [w for w, _ in ref.pre_tokenize_str(text)]
+    assert pre_tokenizer("llama4") is pre_tokenizer("gpt-4o")

@@ -75,9 +75,10 @@ class KVHost(Protocol):
 
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
-                rekey: Callable[[np.ndarray], np.ndarray]) -> None:
+                rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
         """Move one layer's cells [src_start, src_end) to [dst_start, ...) (the ranges may
         overlap): V's rows as they are, K's rows as their values `[n, width]` (whatever the
-        format) passed through `rekey` (a context shift's re-rotation) and stored back."""
+        format) passed through `rekey` (a context shift's re-rotation) and stored back; with
+        no `rekey` (a layer without RoPE) K's rows too as they are."""
         ...
 

@@ -63,6 +63,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("rope", _rope_text(hp)),
         ("rms eps", f"{hp.rms_eps:g}"), ("tied embeddings", hp.tie_embeddings),
         ("q/k/v bias", hp.has_qkv_bias), ("q/k norm", hp.has_qk_norm),
+        *_fused_rows(hp),
         *_attention_rows(hp),
         ("KV cache per token", _kv_per_token(hp)),
     ]
@@ -117,9 +118,26 @@ def _rope_text(hp: HParams) -> str:
         text += f", linear scale {hp.rope_freq_scale:g}"
     if hp.has_rope_freqs:
         text += ", rope_freqs factors"
+    if hp.longrope_ctx:
+        text += (f", LongRoPE (short factors up to a {hp.longrope_ctx}-token context, long "
+                 f"past it; attn factor {hp.rope_attn_factor:.4g})")
+    elif hp.rope_attn_factor != 1.0:
+        text += f", attn factor {hp.rope_attn_factor:.4g}"
+    if hp.no_rope_step:
+        text += f"; none in every {hp.no_rope_step}th layer (NoPE)"
     if hp.sliding_window:
         text += f" (sliding-window layers: base {hp.rope_base_swa:g})"
     return text
+
+
+def _fused_rows(hp: HParams) -> list[tuple[str, object]]:
+    """Projections the file stores fused (Phi-3's q|k|v and gate|up), where it does."""
+    rows: list[tuple[str, object]] = []
+    if hp.qkv_fused:
+        rows.append(("attention projection", "fused q|k|v (attn_qkv)"))
+    if hp.ffn_up_gate:
+        rows.append(("feed-forward projection", "fused gate|up (ffn_up, SwiGLU over its halves)"))
+    return rows
 
 
 def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:

@@ -165,6 +165,10 @@ def _rerank_head(t: SafeTensor, vocab: Vocab, want: QType) -> Planned:
 
 
 def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: LlamaFileType) -> None:
+    if family.hparams is not None:
+        family.hparams(w, cfg, ftype)
+        family.extra_kv(w, cfg)
+        return
     w.add_block_count(int(cfg["num_hidden_layers"]))
     w.add_context_length(int(cfg["max_position_embeddings"]))
     w.add_embedding_length(int(cfg["hidden_size"]))
@@ -216,7 +220,7 @@ def _write_metadata(w: gguf.GGUFWriter, model_dir: Path, family: Family, cfg: Co
     meta.set_gguf_meta_model(w)
     _write_hparams(w, family, cfg, ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    if family.arch == gguf.MODEL_ARCH.LLAMA:
+    if family.llama_vocab:
         tok_cfg = model_dir / "tokenizer_config.json"
         if tok_cfg.is_file():
             prefix = json.loads(tok_cfg.read_text(encoding="utf-8")).get("add_prefix_space")
@@ -283,6 +287,7 @@ def convert_hf(model_dir: str | Path, out: str | Path, *, outtype: str = "f16",
     plan = plan_tensors(family, cfg, checkpoint_tensors(model_dir), vocab, want)
     with _partial(out) as partial:
         w = gguf.GGUFWriter(partial, family.name)
+        family.first_kv(w, cfg)
         _write_metadata(w, model_dir, family, cfg, vocab, plan, ftype)
         for p in plan:
             w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)

@@ -7,9 +7,13 @@ from the folder's `modules.json` / `1_Pooling/config.json`, positions and token 
 
 One `Family` per llama.cpp architecture: which Hugging Face `architectures` map to it, the
 family-specific metadata written after the common keys, and the per-tensor fix-ups llama.cpp's
-converter applies — Llama's Q/K row permutation (HF stores rotary halves; GGUF wants interleaved
-pairs), Gemma 3's RMSNorm weights stored as w-1 (+1 on every `*norm.weight`) and its embedding
-trimmed to the real vocabulary. Extra tensors (Llama 3's `rope_freqs`) are generated here too.
+converter applies — Llama's (and SmolLM3's) Q/K row permutation (HF stores rotary halves; GGUF
+wants interleaved pairs), Gemma 3's RMSNorm weights stored as w-1 (+1 on every `*norm.weight`)
+and its embedding trimmed to the real vocabulary. Extra tensors (Llama 3's `rope_freqs`,
+Phi-3's LongRoPE `rope_factors_long` / `_short`) are generated here too. Phi-3 writes its
+hyper-parameters in its own order (`Family.hparams`), its LongRoPE magnitude first of all
+(`Family.first_kv`), as llama.cpp's `Phi3MiniModel` does; its fused `qkv_proj` and
+`gate_up_proj` keep their layout (`attn_qkv`, `ffn_up`).
 
 A Qwen3 checkpoint that is a Qwen3-Reranker (`qwen3_reranker`: llama.cpp's tests, the README's
 title, the folder's or the config's name, a sequence-classification architecture) is written as
@@ -108,6 +112,71 @@ def _llama3_rope_freqs(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
             smooth = (old_ctx / wavelen - low) / (high - low)
             factors.append(1 / ((1 - smooth) / factor + smooth))
     yield "rope_freqs.weight", np.array(factors, dtype=np.float32)
+
+
+def _phi3_rope(cfg: Config) -> tuple[dict[str, Any], int, int]:
+    """Phi-3's rope settings as llama.cpp's converter reads them: the rope parameters, the
+    rotary dims (partial_rotary_factor of the heads' width) and the original context."""
+    full, _ = rope_params(cfg)
+    n_embd, n_head = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    rot_pct: float = full.get("partial_rotary_factor") or cfg.get("partial_rotary_factor", 1.0)
+    orig = full.get("original_max_position_embeddings",
+                    cfg.get("original_max_position_embeddings"))
+    if orig is None:
+        raise CheckpointError("a Phi-3 config needs original_max_position_embeddings")
+    return full, int(rot_pct * n_embd) // n_head, int(orig)
+
+
+def _phi3_hparams(w: gguf.GGUFWriter, cfg: Config, ftype: gguf.LlamaFileType) -> None:
+    """Phi3MiniModel.set_gguf_parameters: its keys in its order (0: no sliding window)."""
+    full, rope_dims, orig = _phi3_rope(cfg)
+    if "rope_theta" not in full:
+        raise CheckpointError("a Phi-3 config needs rope_theta")
+    w.add_context_length(int(cfg["max_position_embeddings"]))
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_embedding_length(int(cfg["hidden_size"]))
+    w.add_feed_forward_length(int(cfg["intermediate_size"]))
+    w.add_block_count(int(cfg["num_hidden_layers"]))
+    w.add_head_count(int(cfg["num_attention_heads"]))
+    w.add_head_count_kv(int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(full["rope_theta"])
+    w.add_file_type(ftype)
+    w.add_sliding_window(int(cfg.get("sliding_window") or 0))
+
+
+def _phi3_longrope(cfg: Config) -> tuple[list[float], list[float], float] | None:
+    """LongRoPE's (long, short) factors and magnitude, None without long factors. The
+    magnitude as the converter computes it: sqrt(1 + ln s / ln n_orig) for `longrope` / `su`,
+    1 + 0.1 ln s for `yarn` (s = max_position_embeddings / original, 1 when s <= 1)."""
+    full, rope_dims, orig = _phi3_rope(cfg)
+    long, short = full.get("long_factor"), full.get("short_factor")
+    if not long:
+        return None
+    kind = str(full.get("rope_type", "")).lower()
+    scale = int(cfg["max_position_embeddings"]) / orig
+    if kind in ("su", "longrope"):
+        attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+    elif kind == "yarn":
+        attn = 0.1 * math.log(scale) + 1.0 if scale > 1.0 else 1.0
+    else:
+        raise CheckpointError(f"Phi-3 rope_type {kind!r} is not one minfer converts "
+                              "(longrope, su, yarn)")
+    if short is None or len(long) != len(short) or len(long) != rope_dims / 2:
+        raise CheckpointError(f"LongRoPE's long and short factors must be {rope_dims // 2} long")
+    return list(long), list(short), attn
+
+
+def _phi3_first_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    if (longrope := _phi3_longrope(cfg)) is not None:
+        w.add_rope_scaling_attn_factors(longrope[2])
+
+
+def _phi3_rope_factors(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
+    if (longrope := _phi3_longrope(cfg)) is not None:
+        yield "rope_factors_long.weight", np.array(longrope[0], dtype=np.float32)
+        yield "rope_factors_short.weight", np.array(longrope[1], dtype=np.float32)
 
 
 def _no_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
@@ -217,18 +286,28 @@ class Family:
     # a checkpoint tensor's name before the GGUF name map (None: not converted)
     rename: Callable[[str, Config], str | None] = _keep_name
     keep_f32: tuple[str, ...] = ()  # GGUF tensors kept f32 whatever the output type
+    # the family's own hyper-parameter keys in its converter's order (None: the common ones)
+    hparams: Callable[[gguf.GGUFWriter, Config, gguf.LlamaFileType], None] | None = None
+    first_kv: Callable[[gguf.GGUFWriter, Config], None] = _no_kv  # right after the arch
+    llama_vocab: bool = False  # llama.cpp's LlamaModel vocabulary (its add_space_prefix)
 
     @property
     def name(self) -> str:
         return gguf.MODEL_ARCH_NAMES[self.arch]
 
 
+_QK_NAMES = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
 FAMILIES = (
     Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",), extra_kv=_pooling_kv),
     Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",), extra_kv=_qwen3_kv),
     Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM"), fix=_llama_fix,
-           extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs,
-           whole_tensor=("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")),
+           extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs, whole_tensor=_QK_NAMES,
+           llama_vocab=True),
+    Family(gguf.MODEL_ARCH.SMOLLM3, ("SmolLM3ForCausalLM",), fix=_llama_fix,
+           extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs, whole_tensor=_QK_NAMES,
+           llama_vocab=True),
+    Family(gguf.MODEL_ARCH.PHI3, ("Phi3ForCausalLM",), hparams=_phi3_hparams,
+           first_kv=_phi3_first_kv, extra_tensors=_phi3_rope_factors),
     Family(gguf.MODEL_ARCH.GEMMA3, ("Gemma3ForCausalLM",), fix=_gemma3_fix,
            extra_kv=_gemma3_kv, trims_embedding=True,
            defaults={"max_position_embeddings": 131072, "num_attention_heads": 8,

@@ -3,9 +3,10 @@
 The engine stores K rows after RoPE (NEOX: pair i of each head is elements (i, i + rope_dim/2);
 normal mode, Llama: elements (2i, 2i+1); rotated by
 theta_i(p) = freq_scale * p * base^(-2i/rope_dim) / f_i, each layer with its own base and scale
-(Gemma 3's sliding-window layers), f_i the optional `rope_freqs` factors; with YaRN each pair's
-angle a blend of that and the unscaled one, still linear in p), and a token's cell is
-its position. Moving the
+(Gemma 3's sliding-window layers), f_i the optional `rope_freqs` factors (or LongRoPE's, for
+the context's size); with YaRN each pair's angle a blend of that and the unscaled one, still
+linear in p), and a token's cell is its position. A layer without RoPE (SmolLM3's every 4th)
+moves its keys as they are. Moving the
 rows of cells [src_start, src_end) to [dst_start, ...) therefore has to re-position the keys too.
 RoPE is a plane rotation per pair, and rotations compose, so rotating a stored key by
 theta_i(q) - theta_i(p) turns the key at position p into the key at position q — no weights and
@@ -105,8 +106,13 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
     hp = engine.hparams
     src_pos = np.arange(src_start, src_end, dtype=np.int64)
     dst_pos = src_pos + (dst_start - src_start)
-    factors = engine.weights.vector("rope_freqs.weight") if hp.has_rope_freqs else None
+    factors_name = hp.rope_factors(n_ctx)
+    factors = engine.weights.vector(factors_name) if factors_name else None
     for il, (k, v) in enumerate(zip(engine.kv.k, engine.kv.v, strict=True)):
+        if not hp.layer_has_rope(il):  # a NoPE layer's keys hold no position: moved as they are
+            engine.kv_host.move_kv(k, v, src_start=src_start, src_end=src_end,
+                                   dst_start=dst_start, head_dim=hp.head_dim, rekey=None)
+            continue
         rekey = partial(rerotate, src_pos=src_pos, dst_pos=dst_pos, n_head=hp.n_head_kv,
                         head_dim=hp.head_dim, rope_dim=hp.rope_dim,
                         base=hp.layer_rope_base(il), style=hp.rope_style,

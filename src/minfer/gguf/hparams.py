@@ -21,7 +21,8 @@ from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
-SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
+SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "phi3", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
+                   "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
 # renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
@@ -39,7 +40,16 @@ DEFAULT_ROPE_BASE = 10000.0
 GEMMA3_SWA_PATTERN = 6
 DEFAULT_ROPE_BASE_SWA = 10000.0
 # Architectures that rotate adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM); the rest NEOX.
-NORM_ROPE_ARCHS = ("llama",)
+NORM_ROPE_ARCHS = ("llama", "smollm3")
+# SmolLM3: every 4th layer attends without RoPE (llama.cpp fixes n_no_rope_layer_step at 4 and
+# reads no key for it; transformers' default `no_rope_layer_interval`).
+NO_ROPE_STEP = {"smollm3": 4}
+# Phi-3 / Phi-4-mini: `ffn_up` holds the gate and up projections ([gate | up], 2 n_ff wide),
+# and LongRoPE's `rope_factors_long` / `rope_factors_short` tensors are read where present.
+GATE_UP_ARCHS = ("phi3",)
+LONGROPE_ARCHS = ("phi3",)
+# llama.cpp pads the context to a multiple of 256 cells before choosing LongRoPE's factors
+LONGROPE_CTX_PAD = 256
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,11 @@ class HParams:
     expert_norm: bool = False  # renormalise the top-k soft-max weights to sum to 1
     n_ff_shexp: int = 0  # width of the shared expert (0: none)
     # (n_ff: in a MoE model, the width of each expert)
+    qkv_fused: bool = False  # one `attn_qkv` projection, its output [q | k | v] (Phi-3)
+    ffn_up_gate: bool = False  # `ffn_up` holds [gate | up], 2 n_ff wide; no `ffn_gate` (Phi-3)
+    no_rope_step: int = 0  # layers il with (il + 1) % step == 0 skip RoPE (SmolLM3: 4); 0: none
+    longrope_ctx: int = 0  # LongRoPE's original context: its long factors past it (0: none)
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor outside YaRN: cos, sin times it
 
     @property
     def reranker(self) -> bool:
@@ -129,11 +144,30 @@ class HParams:
         return 1.0 if self.is_swa(layer) else self.rope_freq_scale
 
     def layer_rope_yarn(self, layer: int) -> YarnRope:
-        """The layer's YaRN terms (none without YaRN), from its own base and scale."""
+        """The layer's YaRN terms, from its own base and scale; without YaRN only the magnitude
+        `rope.scaling.attn_factor` (LongRoPE's), as llama.cpp passes it to every rope."""
         if self.yarn is None:
-            return NO_YARN
+            return NO_YARN if self.rope_attn_factor == 1.0 else \
+                YarnRope(mscale=self.rope_attn_factor)
         return self.yarn.layer(rope_dim=self.rope_dim, base=self.layer_rope_base(layer),
                                freq_scale=self.layer_rope_freq_scale(layer))
+
+    def layer_has_rope(self, layer: int) -> bool:
+        """Whether the layer rotates q and k (SmolLM3 leaves every 4th layer without)."""
+        return not self.no_rope_step or (layer + 1) % self.no_rope_step != 0
+
+    def rope_factors(self, n_ctx: int) -> str | None:
+        """The tensor of per-pair frequency divisors a rope reads in a context of n_ctx cells,
+        as llama.cpp's `get_rope_factors` chooses it: Llama 3.1's `rope_freqs`; LongRoPE's
+        long factors where the context (padded to 256 cells, as llama.cpp pads n_ctx) is
+        longer than the original one, its short ones otherwise; None without factors."""
+        if self.has_rope_freqs:
+            return "rope_freqs.weight"
+        if not self.longrope_ctx:
+            return None
+        padded = -(-n_ctx // LONGROPE_CTX_PAD) * LONGROPE_CTX_PAD
+        return ("rope_factors_long.weight" if padded > self.longrope_ctx
+                else "rope_factors_short.weight")
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_swa(layer) else 0
@@ -185,19 +219,24 @@ class HParams:
             rope_base=keys.get_float("rope.freq_base", DEFAULT_ROPE_BASE),
             rope_dim=rope_dim,
             tie_embeddings="output.weight" not in f.tensors,
-            has_qkv_bias="blk.0.attn_q.bias" in f.tensors,
+            has_qkv_bias=any(f"blk.0.attn_{w}.bias" in f.tensors for w in ("q", "qkv")),
             has_out_bias="blk.0.attn_output.bias" in f.tensors,
             has_ffn_bias="blk.0.ffn_down.bias" in f.tensors,
             has_qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
             rope_style="norm" if arch in NORM_ROPE_ARCHS else "neox",
             rope_freq_scale=_rope_freq_scale(keys),
             yarn=_yarn(keys),
+            rope_attn_factor=_rope_attn_factor(keys),
             has_rope_freqs="rope_freqs.weight" in f.tensors,
             attn_softcap=keys.get_float("attn_logit_softcapping", 0.0, allow_zero=True),
             final_softcap=keys.get_float("final_logit_softcapping", 0.0, allow_zero=True),
             pooling=_pooling(keys),
             n_cls_out=_cls_out(f),
             rank_softmax=arch == "qwen3",  # llama.cpp's build_pooling: only for qwen3
+            qkv_fused=_qkv_fused(f),
+            ffn_up_gate=arch in GATE_UP_ARCHS,
+            no_rope_step=NO_ROPE_STEP.get(arch, 0),
+            longrope_ctx=_longrope_ctx(keys),
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
@@ -220,15 +259,23 @@ class HParams:
             yield "cls.output.weight", (self.n_embd, self.n_cls_out)
         if self.has_rope_freqs:
             yield "rope_freqs.weight", (self.rope_dim // 2,)
+        if self.longrope_ctx:
+            yield "rope_factors_long.weight", (self.rope_dim // 2,)
+            yield "rope_factors_short.weight", (self.rope_dim // 2,)
         if not self.tie_embeddings:
             yield "output.weight", (self.n_embd, self.n_vocab)
         for i in range(self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
-            yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
-            yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
-            yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
-            if self.has_qkv_bias:
+            if self.qkv_fused:
+                yield f"{blk}.attn_qkv.weight", (self.n_embd, q_dim + 2 * kv_dim)
+                if self.has_qkv_bias:
+                    yield f"{blk}.attn_qkv.bias", (q_dim + 2 * kv_dim,)
+            else:
+                yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
+                yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
+                yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
+            if self.has_qkv_bias and not self.qkv_fused:
                 yield f"{blk}.attn_q.bias", (q_dim,)
                 yield f"{blk}.attn_k.bias", (kv_dim,)
                 yield f"{blk}.attn_v.bias", (kv_dim,)
@@ -244,6 +291,10 @@ class HParams:
             yield f"{blk}.ffn_norm.weight", (self.n_embd,)
             if self.n_expert:
                 yield from self._expert_shapes(blk)
+                continue
+            if self.ffn_up_gate:
+                yield f"{blk}.ffn_up.weight", (self.n_embd, 2 * self.n_ff)
+                yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
                 continue
             yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
             yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
@@ -455,15 +506,48 @@ def _moe(hp: HParams, keys: _Keys) -> HParams:
 
 
 def _rope_freq_scale(keys: _Keys) -> float:
-    """1 / rope.scaling.factor for linear and YaRN scaling; other scaling types are refused by
-    name."""
+    """1 / rope.scaling.factor for linear and YaRN scaling (and a Phi-3 file's `longrope`,
+    whose factors are tensors: `_longrope_ctx`); other scaling types are refused by name."""
     kind = keys.get_str("rope.scaling.type", "none")
     if kind == "none":
         return 1.0
-    if kind not in ("linear", "yarn"):
-        raise ModelError(f"{keys.f.path}: rope scaling {kind!r} is not supported "
-                         "(minfer runs none, linear and yarn)")
+    if kind not in ("linear", "yarn") and not (kind == "longrope"
+                                               and keys.arch in LONGROPE_ARCHS):
+        raise ModelError(f"{keys.f.path}: rope scaling {kind!r} is not supported for "
+                         f"{keys.arch} (minfer runs none, linear and yarn; longrope for "
+                         f"{', '.join(LONGROPE_ARCHS)})")
     return 1.0 / keys.get_float("rope.scaling.factor", 1.0)
+
+
+def _rope_attn_factor(keys: _Keys) -> float:
+    """`rope.scaling.attn_factor` outside YaRN (which folds it into its own magnitude): the
+    factor llama.cpp multiplies cos and sin by (LongRoPE's sqrt(1 + ln s / ln n_orig), which
+    the converter writes for Phi-3)."""
+    if keys.get_str("rope.scaling.type", "none") == "yarn":
+        return 1.0
+    return keys.get_float("rope.scaling.attn_factor", 1.0)
+
+
+def _longrope_ctx(keys: _Keys) -> int:
+    """LongRoPE's original context where the file has its factor tensors (Phi-3), else 0:
+    `rope.scaling.original_context_length`, the trained context when absent (llama.cpp's
+    n_ctx_orig_yarn)."""
+    if keys.arch not in LONGROPE_ARCHS or not {"rope_factors_long.weight",
+                                               "rope_factors_short.weight"} & set(keys.f.tensors):
+        return 0
+    return keys.get_int("rope.scaling.original_context_length", keys.get_int("context_length"))
+
+
+def _qkv_fused(f: GGUFFile) -> bool:
+    """Whether the attention projects q, k and v with one `attn_qkv` matrix (llama.cpp takes it
+    over separate ones). Its bias is `attn_qkv.bias`; separate q/k/v biases beside a fused
+    matrix (which llama.cpp concatenates) are refused by name."""
+    if "blk.0.attn_qkv.weight" not in f.tensors:
+        return False
+    if "blk.0.attn_q.bias" in f.tensors and "blk.0.attn_qkv.bias" not in f.tensors:
+        raise ModelError(f"{f.path}: a fused attn_qkv with separate q/k/v biases is not "
+                         "supported (minfer reads attn_qkv.bias)")
+    return True
 
 
 def _yarn(keys: _Keys) -> Yarn | None:

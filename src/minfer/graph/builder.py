@@ -149,6 +149,14 @@ class GraphBuilder:
         meta = NodeMeta(role=name, layer=layer, weights=(weight,))
         return self._append(name, ir.SigmoidGate(), (x, h), self.shape(x), meta=meta)
 
+    def slice(self, name: str, x: int, start: int, width: int, *, layer: int = -1) -> int:
+        """Columns [start, start + width) of each row of a 2-D x."""
+        shape = self.shape(x)
+        if len(shape) != 2 or start < 0 or width < 1 or start + width > shape[1]:
+            raise GraphError(f"{name}: columns [{start}, {start + width}) of {shape}")
+        return self._append(name, ir.Slice(start, width), (x,), (shape[0], width),
+                            meta=NodeMeta(role=name, layer=layer))
+
     def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, a, b)
         return self._append(name, ir.Add(), (a, b), shape, meta=NodeMeta(role=name, layer=layer))

@@ -81,6 +81,16 @@ class MatMul(Op):
 
 
 @dataclass(frozen=True)
+class Slice(Op):
+    """Columns [start, start + width) of each row, copied out: one part of a fused
+    projection's output (Phi-3's q | k | v, its gate | up), as llama.cpp's ggml_view_2d of
+    it."""
+
+    start: int
+    width: int
+
+
+@dataclass(frozen=True)
 class Add(Op):
     pass
 

@@ -2,7 +2,7 @@
 
 An architecture not listed here is refused by name; nothing falls back to a look-alike.
 DeepSeek-R1-Distill-Qwen files declare `qwen2` and load as such; Mistral 7B, TinyLlama and
-SmolLM files declare `llama`.
+SmolLM files declare `llama` (SmolLM3 its own `smollm3`); Phi-4-mini files declare `phi3`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from minfer.graph.params import GraphParams
 from minfer.models.bert import build_bert
 from minfer.models.gemma3 import build_gemma3
 from minfer.models.llama import build_llama
+from minfer.models.phi3 import build_phi3
 from minfer.models.qwen import build_qwen
+from minfer.models.smollm3 import build_smollm3
 
 GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], ComputeGraph]
 
@@ -24,10 +26,12 @@ ARCHITECTURES: dict[str, GraphBuildFn] = {
     "bert": build_bert,
     "gemma3": build_gemma3,
     "llama": build_llama,
+    "phi3": build_phi3,
     "qwen2": build_qwen,
     "qwen2moe": build_qwen,
     "qwen3": build_qwen,
     "qwen3moe": build_qwen,
+    "smollm3": build_smollm3,
 }
 
 

@@ -7,14 +7,15 @@ made of live here too. With the context's `pooling` set the graph ends at the fi
 hidden states instead of the logits (every row, their mean per sequence, or the cls / last
 rows kept as the tail): a decoder's embeddings; "rank" runs the file's classifier head
 (`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each input's last row. The
-pieces: `attention` (q/k/v projections with optional biases, optional per-head q/k norms, RoPE
-with the layer's base / scaling / frequency factors, KV store and load, attention with the
-layer's sliding window and soft-cap, output projection, optionally biased), `gated_ffn`
-(gate/up, SiLU or GELU gate, down; biased where the file has Llama's mlp_bias, then never the
-fused gate/up), `moe_ffn` (router logits, routed experts, optional gated shared expert:
-Qwen2/3-MoE) and `keep_tail` (a prefill keeps only its last `n_out` rows after the last
-layer's attention). Which of the optional parts
-a model has is read from its HParams, never guessed from the architecture name here.
+pieces: `attention` (q/k/v projections with optional biases, or one fused q|k|v projection
+sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling / frequency
+factors, or none in the layers that skip it; KV store and load, attention with the layer's
+sliding window and soft-cap, output projection, optionally biased), `gated_ffn` (gate/up, or
+one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where the file has Llama's
+mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed experts, optional
+gated shared expert: Qwen2/3-MoE) and `keep_tail` (a prefill keeps only its last `n_out` rows
+after the last layer's attention). Which of the optional parts a model has is read from its
+HParams, never guessed from the architecture name here.
 """
 
 from __future__ import annotations
@@ -121,17 +122,17 @@ def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
 def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     """Self-attention of layer il on the normed input x, through the output projection."""
     hp, blk = ctx.hp, f"blk.{il}."
-    q = b.matmul("attn_q", x, blk + "attn_q.weight", bias=_bias(hp, blk + "attn_q"), layer=il)
-    k = b.matmul("attn_k", x, blk + "attn_k.weight", bias=_bias(hp, blk + "attn_k"), layer=il)
-    v = b.matmul("attn_v", x, blk + "attn_v.weight", bias=_bias(hp, blk + "attn_v"), layer=il)
+    q, k, v = _qkv(b, hp, il, x)
     if hp.has_qk_norm:
         q = b.qk_norm("attn_q_norm", q, blk + "attn_q_norm.weight",
                       ir.QkNorm(hp.rms_eps, hp.n_head, hp.head_dim), layer=il)
         k = b.qk_norm("attn_k_norm", k, blk + "attn_k_norm.weight",
                       ir.QkNorm(hp.rms_eps, hp.n_head_kv, hp.head_dim), layer=il)
-    factors = "rope_freqs.weight" if hp.has_rope_freqs else None
-    q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
-    k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, hp.n_head_kv), layer=il, factors=factors)
+    if hp.layer_has_rope(il):
+        factors = hp.rope_factors(ctx.params.ctx.n_ctx)
+        q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
+        k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, hp.n_head_kv), layer=il,
+                   factors=factors)
     store = b.kv_store(il, k, v, ctx.cells, head_dim=hp.head_dim)
     kv = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx, n_kv_embd=hp.n_head_kv * hp.head_dim)
     op = ir.Attn(il, hp.n_head, hp.n_head_kv, hp.head_dim, hp.kq_scale,
@@ -139,6 +140,22 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     a = b.attn(q, kv, ctx.start, ctx.end, op)
     return b.matmul("attn_output", a, blk + "attn_output.weight",
                     bias=blk + "attn_output.bias" if hp.has_out_bias else None, layer=il)
+
+
+def _qkv(b: GraphBuilder, hp: HParams, il: int, x: int) -> tuple[int, int, int]:
+    """q, k and v of the normed input: three projections, or one fused `attn_qkv` projection
+    whose output columns are q | k | v."""
+    blk = f"blk.{il}."
+    if not hp.qkv_fused:
+        q, k, v = (b.matmul(f"attn_{w}", x, f"{blk}attn_{w}.weight",
+                            bias=_bias(hp, f"{blk}attn_{w}"), layer=il) for w in "qkv")
+        return q, k, v
+    q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+    qkv = b.matmul("attn_qkv", x, blk + "attn_qkv.weight", bias=_bias(hp, blk + "attn_qkv"),
+                   layer=il)
+    return (b.slice("attn_q", qkv, 0, q_dim, layer=il),
+            b.slice("attn_k", qkv, q_dim, kv_dim, layer=il),
+            b.slice("attn_v", qkv, q_dim + kv_dim, kv_dim, layer=il))
 
 
 def keep_tail(b: GraphBuilder, ctx: Layer, il: int, o: int, h: int) -> tuple[int, int]:
@@ -154,19 +171,28 @@ def keep_tail(b: GraphBuilder, ctx: Layer, il: int, o: int, h: int) -> tuple[int
 def gated_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int, *, act: str,
               kind: str = "") -> int:
     """down(act(gate(x)) * up(x)); act "silu" (SwiGLU) or "gelu" (GeGLU, tanh GELU); kind
-    "_shexp": a MoE block's shared expert (`ffn_gate_shexp` ...)."""
+    "_shexp": a MoE block's shared expert (`ffn_gate_shexp` ...). Where `ffn_up` holds both
+    (Phi-3), gate and up are the first and second halves of its output."""
     blk = f"blk.{il}."
     gate_w, up_w = f"{blk}ffn_gate{kind}.weight", f"{blk}ffn_up{kind}.weight"
     biased = ctx.hp.has_ffn_bias and not kind  # Llama's mlp_bias (a shared expert has none)
+    halves = ctx.hp.ffn_up_gate and not kind
 
     def bias(name: str) -> str | None:
         return f"{blk}{name}.bias" if biased else None
 
-    if ctx.params.ctx.fuse_gate_up and ctx.params.gtype is GraphType.DECODE and not biased:
+    if ctx.params.ctx.fuse_gate_up and ctx.params.gtype is GraphType.DECODE and not biased \
+            and not halves:
         f = b.fused_gate_up(f"ffn_gate_up{kind}", x, gate_w, up_w, layer=il, act=act)
     else:
-        gate = b.matmul(f"ffn_gate{kind}", x, gate_w, bias=bias("ffn_gate"), layer=il)
-        up = b.matmul(f"ffn_up{kind}", x, up_w, bias=bias("ffn_up"), layer=il)
+        if halves:
+            both = b.matmul("ffn_up_gate", x, up_w, layer=il)
+            n_ff = ctx.hp.n_ff
+            gate = b.slice("ffn_gate", both, 0, n_ff, layer=il)
+            up = b.slice("ffn_up", both, n_ff, n_ff, layer=il)
+        else:
+            gate = b.matmul(f"ffn_gate{kind}", x, gate_w, bias=bias("ffn_gate"), layer=il)
+            up = b.matmul(f"ffn_up{kind}", x, up_w, bias=bias("ffn_up"), layer=il)
         # Written unfused; the fusion pass rewrites Mul(act(gate), up) when enabled.
         g = b.silu(f"ffn_silu{kind}", gate, layer=il) if act == "silu" else \
             b.gelu(f"ffn_gelu{kind}", gate, layer=il)

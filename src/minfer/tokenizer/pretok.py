@@ -88,6 +88,15 @@ QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
 # Llama 3: as Qwen2 but digits in groups of up to three.
 LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o (Phi-4-mini, Llama 4): cased words (upper-case run, then lower case) with their
+# contraction, digits in threes. llama.cpp's spelling of tokenizer.json's `[\p{Lu}\p{Lt}...]`
+# classes ("a letter but not a-z", "a letter but not A-Z"), which it runs instead of the
+# original; kept so that non-ASCII letters split as llama.cpp splits them.
+_GPT4O_CONTRACTION = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _GPT4O_CONTRACTION
+         + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+         + _GPT4O_CONTRACTION
+         + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # GPT-2 (llama.cpp's hand-written splitter also takes a lone trailing space run: the `|\s+`).
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # DeepSeek LLM / Coder: llama.cpp's expressions (their letter and CJK ranges as code points).
@@ -143,6 +152,7 @@ def _rules() -> dict[str, PreTokenizer]:
           "mellum", "gigachat", "a.x-4.0"), gpt2),
         (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b",
           "mellum2"), starcoder),
+        (("gpt-4o", "llama4", "kanana2", "talkie"), PreTokenizer("gpt-4o", (GPT4O,))),
     ]:
         for name in names:
             table[name] = rule

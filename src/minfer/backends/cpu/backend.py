@@ -94,13 +94,15 @@ class CpuBackend:
 
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
-                rekey: Callable[[np.ndarray], np.ndarray]) -> None:
+                rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
         """A quantized K cache's rows are dequantized with their Hadamard rotation undone,
         re-keyed, rotated again and quantized (one more quantization of the keys, as llama.cpp's
         build_rope_shift does); a float cache's are re-keyed as stored and written back in its
         dtype. V's rows, whatever their format, are copied byte for byte."""
         n = src_end - src_start
-        if is_quant(k):
+        if rekey is None:
+            k[dst_start:dst_start + n] = k[src_start:src_end].copy()
+        elif is_quant(k):
             kv_type = cache_type(k)
             rot = k_rotation(kv_type, head_dim)
             width = k.shape[1] // BLOCK_BYTES[kv_type] * QK
@@ -335,6 +337,13 @@ def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.take, x, rows, axis=0, out=out)]
 
 
+def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
+                ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.Slice)
+    return [partial(np.copyto, out, srcs[0][:, op.start:op.start + op.width])]
+
+
 def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.RmsNorm)
@@ -468,6 +477,7 @@ def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
 
 _BINDERS: dict[type, Binder] = {
     ir.GetRows: _bind_get_rows,
+    ir.Slice: _bind_slice,
     ir.RmsNorm: _bind_rms_norm,
     ir.MatMul: _bind_matmul,
     ir.FusedGateUp: _bind_fused_gate_up,

@@ -38,7 +38,7 @@ from minfer.graph.ir import ComputeGraph, Node
 
 MATMUL_OPS: tuple[type[ir.Op], ...] = (ir.MatMul, ir.FusedGateUp)
 DENSE_OPS = (*MATMUL_OPS, ir.RmsNorm, ir.QkNorm, ir.Rope, ir.Add, ir.Mul, ir.Silu, ir.SwiGLU,
-             ir.Gelu, ir.GeGLU, ir.Scale, ir.Softcap)
+             ir.Gelu, ir.GeGLU, ir.Scale, ir.Softcap, ir.Slice)
 HOST_ONLY_OPS = (ir.KvcacheStore, ir.KvcacheLoad, ir.Attn)  # the KV regions are numpy arrays
 ALL_OPS = (*DENSE_OPS, *HOST_ONLY_OPS, ir.GetRows)
 CLAIMS = {"matmul": MATMUL_OPS, "dense": DENSE_OPS, "all": ALL_OPS}
@@ -254,6 +254,11 @@ def _scale(node: Node, x: torch.Tensor) -> torch.Tensor:
     return x * node.op.factor
 
 
+def _slice(node: Node, x: torch.Tensor) -> torch.Tensor:
+    assert isinstance(node.op, ir.Slice)
+    return x[:, node.op.start:node.op.start + node.op.width]
+
+
 def _softcap(node: Node, x: torch.Tensor) -> torch.Tensor:
     assert isinstance(node.op, ir.Softcap)
     return torch.tanh(x * (1.0 / node.op.cap)) * node.op.cap
@@ -310,6 +315,7 @@ _HANDLERS: dict[type[ir.Op], Handler] = {
     ir.Gelu: _unary(lambda node, x: _gelu_tanh(x)),
     ir.Scale: _unary(_scale),
     ir.Softcap: _unary(_softcap),
+    ir.Slice: _unary(_slice),
     ir.KvcacheStore: _kv_store,
     ir.KvcacheLoad: _kv_load,
     ir.Attn: _attn,
