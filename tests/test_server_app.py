@@ -20,7 +20,7 @@ import pytest
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.server.app import create_app
-from minfer.server.fake import HashEngine
+from tests.fake_engine import HashEngine
 from minfer.server.state import ServerConfig, ServerState
 
 CHAT = "/v1/chat/completions"

@@ -17,7 +17,7 @@ import pytest
 
 from minfer.engine.core.proposer import DraftAsk, SlotDrafter
 from minfer.engine.speculative import SpecConfig
-from minfer.server.fake import HashEngine
+from tests.fake_engine import HashEngine
 from minfer.server.metrics import Metrics
 from minfer.server.state import ServerConfig, ServerState
 from minfer.server.worker import Delta, Done, EngineFactory, Handle, Worker

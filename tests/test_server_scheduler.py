@@ -26,7 +26,7 @@ from minfer.engine.core.scheduler import (
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
-from minfer.server.fake import HashEngine
+from tests.fake_engine import HashEngine
 from minfer.server.worker import Delta, Done, Handle, Worker
 
 N_VOCAB = 97
