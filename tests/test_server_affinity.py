@@ -175,7 +175,7 @@ def test_a_responses_chain_is_keyed_by_the_id_it_continues() -> None:
     """Every response id carries its chain after `resp_`; a request continuing one is keyed by
     that chain (the replica that stored it), one starting a chain has no key (the front names
     one); a chain passed on is kept, an unusable one replaced."""
-    from minfer.server.ray.affinity import chain_of, response_id
+    from minfer.server.response_ids import chain_of, response_id
 
     rid = response_id("0123456789abcdef")
     assert rid.startswith("resp_0123456789abcdef") and chain_of(rid) == "0123456789abcdef"
