@@ -24,6 +24,7 @@ from minfer.server.output import OutputPlan, chat_messages, plan_output
 from minfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    GenerationRequest,
     InfillRequest,
     NativeCompletionRequest,
     SamplingFields,
@@ -228,9 +229,7 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
     return max(1, n)
 
 
-def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
-            | NativeCompletionRequest, tok: TokenizerLike,
-            template: TemplateLike, limits: Limits, *,
+def prepare(req: GenerationRequest, tok: TokenizerLike, template: TemplateLike, limits: Limits, *,
             grammar_vocab: GrammarVocab | None = None,
             reasoning: ReasoningOptions = NO_OPTIONS,
             context: Sequence[int] = ()) -> Prepared:

@@ -25,12 +25,7 @@ from minfer.engine.core.request import GenRequest, TokenLogprob
 from minfer.engine.core.scheduler import QueueFullError
 from minfer.server.errors import APIError, ClientGone, unavailable
 from minfer.server.prepare import Prepared, prepare
-from minfer.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    InfillRequest,
-    NativeCompletionRequest,
-)
+from minfer.server.schemas import GenerationRequest
 from minfer.server.state import LoadedModel, ServerState
 from minfer.server.worker import Delta, Done, Event, Failed, Handle
 
@@ -47,8 +42,8 @@ class Collected:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # a scored prompt's
 
 
-def prepare_for(lm: LoadedModel, req: ChatCompletionRequest | CompletionRequest | InfillRequest
-                | NativeCompletionRequest, context: Sequence[int] = ()) -> Prepared:
+def prepare_for(lm: LoadedModel, req: GenerationRequest, context: Sequence[int] = ()
+                ) -> Prepared:
     """`prepare` against the loaded model (its tokenizer, template, limits, grammar vocabulary
     and reasoning options); tokenizing can take a while: routes run it on a worker thread."""
     return prepare(req, lm.tokenizer, lm.template, lm.limits, grammar_vocab=lm.grammar_vocab,

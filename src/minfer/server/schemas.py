@@ -220,6 +220,10 @@ class ApplyTemplateRequest(_Strict):
     reasoning_budget: int | None = Field(None, ge=-1, le=INT64_MAX)
 
 
+GenerationRequest = (ChatCompletionRequest | CompletionRequest | InfillRequest
+                     | NativeCompletionRequest)  # what `prepare` makes a GenRequest of
+
+
 def translated(model: type[T], body: dict[str, Any]) -> T:
     """Another API's request, translated into one of these bodies and validated; a 400 naming
     the field when the translation does not hold (e.g. an out-of-range value it carried)."""
