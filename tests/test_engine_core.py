@@ -16,7 +16,7 @@ from minfer.engine.core.scheduler import QueueFullError
 from minfer.engine.speculative import SpecConfig
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
-from minfer.server.fake import HashEngine
+from tests.fake_engine import HashEngine
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 from tests.test_server_speculative import CycleEngine
 

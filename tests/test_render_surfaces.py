@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from minfer.cli.main import main
-from minfer.server.fake import HashEngine
+from tests.fake_engine import HashEngine
 from tests.test_server_app import CHAT, call, make_state
 
 CONVERSATION = [

@@ -98,21 +98,21 @@ def test_parse_autoscale() -> None:
 
 def test_merged_metrics_sum_every_series() -> None:
     a, b = Metrics(), Metrics()
-    a.requests.inc(2, "/v1/completions", "200")
-    b.requests.inc(3, "/v1/completions", "200")
-    b.requests.inc(1, "/v1/completions", "503")
+    a.requests.labels("/v1/completions", "200").inc(2)
+    b.requests.labels("/v1/completions", "200").inc(3)
+    b.requests.labels("/v1/completions", "503").inc()
     a.ttft.observe(0.02)
     b.ttft.observe(3.0)
     a.gauge("minfer_slots_total", "Slots", lambda: 4)
     b.gauge("minfer_slots_total", "Slots", lambda: 4)
     merged = merge_expositions([a.render(), b.render()])
     lines = merged.splitlines()
-    assert 'minfer_requests_total{endpoint="/v1/completions",status="200"} 5' in lines
-    assert 'minfer_requests_total{endpoint="/v1/completions",status="503"} 1' in lines
-    assert "minfer_slots_total 8" in lines
-    assert 'minfer_time_to_first_token_seconds_bucket{le="0.025"} 1' in lines
-    assert 'minfer_time_to_first_token_seconds_bucket{le="+Inf"} 2' in lines
-    assert "minfer_time_to_first_token_seconds_count 2" in lines
+    assert 'minfer_requests_total{endpoint="/v1/completions",status="200"} 5.0' in lines
+    assert 'minfer_requests_total{endpoint="/v1/completions",status="503"} 1.0' in lines
+    assert "minfer_slots_total 8.0" in lines
+    assert 'minfer_time_to_first_token_seconds_bucket{le="0.025"} 1.0' in lines
+    assert 'minfer_time_to_first_token_seconds_bucket{le="+Inf"} 2.0' in lines
+    assert "minfer_time_to_first_token_seconds_count 2.0" in lines
     assert lines.count("# TYPE minfer_requests_total counter") == 1
     assert merge_expositions([a.render()]) == a.render()
     assert merge_expositions([]) == ""
@@ -175,7 +175,7 @@ def test_a_responses_chain_is_keyed_by_the_id_it_continues() -> None:
     """Every response id carries its chain after `resp_`; a request continuing one is keyed by
     that chain (the replica that stored it), one starting a chain has no key (the front names
     one); a chain passed on is kept, an unusable one replaced."""
-    from minfer.server.ray.affinity import chain_of, response_id
+    from minfer.server.response_ids import chain_of, response_id
 
     rid = response_id("0123456789abcdef")
     assert rid.startswith("resp_0123456789abcdef") and chain_of(rid) == "0123456789abcdef"

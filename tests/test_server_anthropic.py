@@ -227,7 +227,7 @@ def test_blocks_keep_the_order_written() -> None:
     """A reply cut off in its third call: text, two tool uses, then the unclosed block as text
     (where it was written, as the stream sends it)."""
     from minfer.server.anthropic.translate import content_blocks
-    from minfer.server.openai.structured import OutputPlan
+    from minfer.server.output import OutputPlan
 
     call = '<tool_call>\n{"name": "f", "arguments": {"x": %d}}\n</tool_call>\n'
     cut = '<tool_call>\n{"name": "f", "argu'

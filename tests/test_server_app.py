@@ -21,8 +21,8 @@ from minfer.engine.config import EngineConfig
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.server.app import create_app
-from minfer.server.fake import HashEngine
 from minfer.server.state import ServerConfig, ServerState
+from tests.fake_engine import HashEngine
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -416,8 +416,8 @@ def test_llama_cpps_further_sampler_fields_reach_the_sampler(state: ServerState)
     refuses is a 400 naming it."""
     from minfer.server.ollama.schemas import ChatRequest
     from minfer.server.ollama.translate import chat_request
-    from minfer.server.openai.prepare import sampler_params
-    from minfer.server.openai.schemas import ChatCompletionRequest
+    from minfer.server.prepare import sampler_params
+    from minfer.server.schemas import ChatCompletionRequest
 
     extra = {"typical_p": 0.9, "min_keep": 2, "repeat_last_n": 32, "dry_multiplier": 0.8,
              "dry_base": 1.5, "dry_allowed_length": 3, "dry_penalty_last_n": 128,

@@ -18,11 +18,11 @@ import pytest
 from minfer.engine.config import EngineConfig
 from minfer.engine.core.proposer import DraftAsk, SlotDrafter
 from minfer.engine.speculative import SpecConfig
-from minfer.server.fake import HashEngine
 from minfer.server.metrics import Metrics
 from minfer.server.state import ServerConfig, ServerState
 from minfer.server.worker import Delta, Done, EngineFactory, Handle, Worker
 from minfer.tools.synth import build_tiny_vocab, write_tiny_model
+from tests.fake_engine import HashEngine
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 from tests.test_server_speculative import CycleEngine, _request
 

@@ -45,7 +45,7 @@ def _state() -> ServerState:
     if FAKE:
         from minfer.gguf.hparams import HParams
         from minfer.gguf.reader import GGUFFile
-        from minfer.server.fake import HashEngine
+        from tests.fake_engine import HashEngine
 
         n_vocab = HParams.from_gguf(GGUFFile.open(model)).n_vocab
         factory = lambda n_ctx: HashEngine(n_ctx, n_vocab)  # noqa: E731

@@ -290,8 +290,8 @@ def test_n_probs_and_ignore_eos(state: ServerState) -> None:
     eos = {"prompt": "a", "n_predict": 40, "temperature": 0, "ignore_eos": True}
     long = call(state, "POST", "/completion", json=eos).json()
     assert long["tokens_predicted"] == 40 and long["stop_type"] == "limit"
-    from minfer.server.openai.prepare import prepare
-    from minfer.server.openai.schemas import NativeCompletionRequest
+    from minfer.server.prepare import prepare
+    from minfer.server.schemas import NativeCompletionRequest
 
     lm = state.model()
     for ignore in (False, True):

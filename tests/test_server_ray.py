@@ -99,5 +99,5 @@ def test_replicas_survive_a_killed_replica(tiny_qwen2: Path, tmp_path: Path) -> 
 
     metrics = report["metrics"].splitlines()
     assert "minfer_replicas 2" in metrics
-    assert "minfer_slots_total 32" in metrics  # 16 slots on each replica, summed
+    assert "minfer_slots_total 32.0" in metrics  # 16 slots on each replica, summed
     assert report["health"] == {"status": "ok", "replicas": 2, "replicas_ok": 2}

@@ -163,7 +163,7 @@ def test_what_cannot_be_done_is_a_400_naming_the_field(state: ServerState, body:
 
 
 def test_thinking_comes_first_as_a_reasoning_item() -> None:
-    from minfer.server.openai.structured import Reply
+    from minfer.server.output import Reply
     from minfer.server.responses.translate import ItemEvents, output_items
 
     ev = ItemEvents()
@@ -187,7 +187,7 @@ def test_thinking_comes_first_as_a_reasoning_item() -> None:
 def test_texts_and_calls_keep_the_order_written() -> None:
     """A reply cut off in its third call: the two calls, then the unclosed block as a message
     (last, where it was written); a reply without calls is one message, even empty."""
-    from minfer.server.openai.structured import OutputPlan
+    from minfer.server.output import OutputPlan
     from minfer.server.responses.translate import output_items
 
     call = '<tool_call>\n{"name": "f", "arguments": {"x": %d}}\n</tool_call>\n'

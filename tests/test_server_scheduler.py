@@ -26,8 +26,8 @@ from minfer.engine.core.scheduler import (
 from minfer.errors import MinferError
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
-from minfer.server.fake import HashEngine
 from minfer.server.worker import Delta, Done, Handle, Worker
+from tests.fake_engine import HashEngine
 
 N_VOCAB = 97
 

@@ -15,9 +15,9 @@ from minfer.engine.core.scheduler import Plan, Sequence, Work
 from minfer.engine.speculative import SpecConfig
 from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
-from minfer.server.fake import HashEngine
 from minfer.server.metrics import Metrics
 from minfer.server.worker import Delta, Done, Handle, Worker
+from tests.fake_engine import HashEngine
 from tests.test_server_scheduler import N_VOCAB, _Vocab
 
 

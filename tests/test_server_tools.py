@@ -22,8 +22,8 @@ from minfer.sampling.tool_calls import (
     parse_tool_calls,
     tools_as_text,
 )
-from minfer.server.openai.schemas import ChatMessage
-from minfer.server.openai.structured import template_messages
+from minfer.server.output import template_messages
+from minfer.server.schemas import ChatMessage
 from minfer.server.state import ServerState
 from tests.test_server_app import CHAT, HELLO, call, make_state, running, sse
 
@@ -70,8 +70,8 @@ def test_a_forced_call_is_one_call_unless_parallel_calls_are_asked(state: Server
     body = {k: v for k, v in FORCED.items() if k != "parallel_tool_calls"}
     (choice,) = call(state, "POST", CHAT, json=body).json()["choices"]
     assert choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1
-    from minfer.server.openai.schemas import ChatCompletionRequest
-    from minfer.server.openai.structured import _tools
+    from minfer.server.output import _tools
+    from minfer.server.schemas import ChatCompletionRequest
 
     one = _tools(ChatCompletionRequest(**body))[1]
     assert one == _tools(ChatCompletionRequest(**FORCED))[1]

@@ -1,8 +1,10 @@
-"""The FastAPI app: the API surfaces' routes over the engine thread, plus llama-server extras.
+"""The FastAPI app: the API surfaces' routes over the engine thread, plus the routes they share.
 
-Here: `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /props`,
-`POST /apply-template`, the lifespan (the model loads in the background) and the middleware
-(CORS only with `--cors-origin`). The OpenAI-compatible routes are
+Here: `GET /health`, `GET /metrics`, the model list (`GET /v1/models` and one model's
+`GET /v1/models/{id}`, also without the `/v1` prefix: OpenAI's list, or Anthropic's page for a
+client that sends `anthropic-version`), llama-server's `POST /tokenize`, `POST /detokenize`,
+`GET /props` and `POST /apply-template`, the lifespan (the model loads in the background) and
+the middleware (CORS only with `--cors-origin`). The OpenAI-compatible routes are
 `openai/routes.py`'s (the Responses API `responses/routes.py`'s), Anthropic's Messages
 `anthropic/routes.py`'s, Ollama's `ollama/routes.py`'s,
 llama.cpp's native `/completion` and `/infill` are `native.py`'s.
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
@@ -23,20 +26,26 @@ import minfer
 from minfer.errors import MinferError
 from minfer.server.anthropic.routes import anthropic_routes
 from minfer.server.embeddings import embedding_routes
-from minfer.server.errors import bad_request, from_minfer_error, install_handlers
+from minfer.server.errors import (
+    APIError,
+    bad_request,
+    from_minfer_error,
+    install_handlers,
+    is_anthropic,
+)
 from minfer.server.middleware import RequestGuard
 from minfer.server.native import native_routes
 from minfer.server.ollama.routes import ollama_routes
-from minfer.server.openai.prepare import request_reasoning
 from minfer.server.openai.routes import openai_routes
-from minfer.server.openai.schemas import (
+from minfer.server.output import chat_messages, plan_output
+from minfer.server.prepare import request_reasoning
+from minfer.server.responses.routes import responses_routes
+from minfer.server.schemas import (
     ApplyTemplateRequest,
     ChatCompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from minfer.server.openai.structured import chat_messages, plan_output
-from minfer.server.responses.routes import responses_routes
 from minfer.server.state import ServerState
 
 
@@ -63,6 +72,7 @@ def create_app(state: ServerState, *, own_state: bool = True) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(state.config.cors_origins),
                            allow_methods=["*"], allow_headers=["*"])
     _routes(app, state)
+    _model_routes(app, state)
     openai_routes(app, state)
     anthropic_routes(app, state)
     responses_routes(app, state)
@@ -167,3 +177,74 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         except MinferError as exc:
             raise from_minfer_error(exc, param="messages") from None
         return {"prompt": text}
+
+
+def _model_routes(app: FastAPI, state: ServerState) -> None:
+    """The served models, in the shape of the API the client speaks (OpenAI's or Anthropic's)."""
+
+    def describe(name: str, anthropic: bool) -> dict[str, Any]:
+        facts = state.facts(name)
+        if anthropic:
+            n_ctx = facts.metadata.get(f"{facts.architecture}.context_length")
+            return model_info(name, facts.modified, n_ctx if isinstance(n_ctx, int) else None)
+        return {"id": name, "object": "model", "created": int(facts.modified),
+                "owned_by": "minfer"}
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models(request: Request, limit: int = 20, after_id: str | None = None,
+                     before_id: str | None = None) -> dict[str, Any]:
+        """The served models: OpenAI's list, or Anthropic's page (`limit`, `after_id`,
+        `before_id`) for a client that sends `anthropic-version`."""
+        anthropic = is_anthropic(request.url.path, request.headers)
+        infos = [describe(name, anthropic) for name in state.names()]
+        if anthropic:
+            return model_page(infos, limit=limit, after_id=after_id, before_id=before_id)
+        return {"object": "list", "data": infos}
+
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}", include_in_schema=False)
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        """One served model (`client.models.retrieve`, OpenAI's or Anthropic's), by its exact
+        name (`:latest` optional: Ollama's spelling); another is a 404, even where a request's
+        model name is free."""
+        name = model_id.removesuffix(":latest")
+        if name not in state.names():
+            raise APIError(404, f"model '{model_id}' is not served here (models: "
+                           f"{', '.join(state.names())})", param="model",
+                           code="model_not_found")
+        return describe(name, is_anthropic(request.url.path, request.headers))
+
+
+def model_info(name: str, modified: float, n_ctx_train: int | None) -> dict[str, Any]:
+    """One served model as Anthropic's Models API describes one (`client.models.retrieve`):
+    its name as id and display name, the file's modification time as its creation."""
+    info: dict[str, Any] = {
+        "type": "model", "id": name, "display_name": name, "lifecycle": "active",
+        "created_at": datetime.fromtimestamp(modified, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if n_ctx_train:
+        info["max_input_tokens"] = n_ctx_train
+    return info
+
+
+def model_page(infos: list[dict[str, Any]], *, limit: int, after_id: str | None,
+               before_id: str | None) -> dict[str, Any]:
+    """A page of the model list (`client.models.list`): at most `limit` models after
+    `after_id`, or the last `limit` before `before_id`, with Anthropic's cursors."""
+    if not 1 <= limit <= 1000:
+        raise bad_request(f"limit must be between 1 and 1000, got {limit}", param="limit")
+    if after_id is not None and before_id is not None:
+        raise bad_request("after_id and before_id cannot be given together", param="before_id")
+    ids = [m["id"] for m in infos]
+    for param, cursor in (("after_id", after_id), ("before_id", before_id)):
+        if cursor is not None and cursor not in ids:
+            raise bad_request(f"{param}: no model {cursor!r} is served here", param=param)
+    if before_id is not None:
+        rest = infos[:ids.index(before_id)]
+        page = rest[-limit:]
+    else:
+        rest = infos[ids.index(after_id) + 1:] if after_id is not None else infos
+        page = rest[:limit]
+    return {"data": page, "has_more": len(rest) > limit,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from minfer.engine.embed import Embedder, Encoded, InputError
 from minfer.server.embed_worker import EmbedWorker, QueueFull
 from minfer.server.errors import APIError, unavailable
-from minfer.server.openai.schemas import _Strict
+from minfer.server.schemas import _Strict
 from minfer.server.state import ServerState
 
 Input = str | list[str] | list[int] | list[list[int]]

@@ -6,7 +6,8 @@ Every failure a client can cause ends as `{"error": {"message", "type", "param",
 `/api/` routes as `{"error": "..."}`. A full queue or a model still loading is a 503 with
 `Retry-After`. Validation errors (malformed JSON, wrong types, out-of-range values) are 400 as
 OpenAI answers them, not FastAPI's 422. Anything else escaping a handler is a bug: it is logged
-and answered with a 500 in the same shape, never a traceback.
+and answered with a 500 in the same shape, never a traceback. A client that left before its
+reply (`ClientGone`) is answered 499, which nobody reads but the request metrics count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minfer.errors import ContextOverflowError, MinferError
@@ -33,6 +34,10 @@ _TYPES = {
     413: "invalid_request_error",
     503: "server_unavailable",
 }
+
+
+class ClientGone(Exception):
+    """The client left before its reply was whole."""
 
 
 class APIError(Exception):
@@ -155,6 +160,10 @@ def install_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         return APIError(exc.status_code, detail, headers=dict(exc.headers or {})).response(
             request.url.path, request.headers)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)
 
     @app.exception_handler(MinferError)
     async def _minfer(request: Request, exc: MinferError) -> JSONResponse:

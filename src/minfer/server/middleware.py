@@ -84,7 +84,7 @@ class RequestGuard:
                 status = 500
             raise
         finally:
-            self.state.metrics.requests.inc(1, endpoint, str(status))
+            self.state.metrics.requests.labels(endpoint, str(status)).inc()
 
     def _refusal(self, scope: Scope) -> APIError | None:
         headers = dict(scope.get("headers") or [])

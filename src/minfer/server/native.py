@@ -16,22 +16,19 @@ fault).
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from minfer.engine.core.request import TokenLogprob
 from minfer.server.errors import APIError
-from minfer.server.openai.prepare import prepare
-from minfer.server.openai.responses import token_logprobs
-from minfer.server.openai.schemas import InfillRequest, NativeCompletionRequest
-from minfer.server.relay import collect_or_gone, submit
+from minfer.server.output import token_logprobs
+from minfer.server.relay import Frames, collect, prepare_for, sse, stream, submit
+from minfer.server.schemas import InfillRequest, NativeCompletionRequest
 from minfer.server.state import LoadedModel, ServerState
-from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+from minfer.server.worker import Delta, Done, Failed, Usage
 
 STOP_TYPES = {"stop": "eos", "length": "limit"}
 
@@ -51,19 +48,14 @@ def native_routes(app: FastAPI, state: ServerState) -> None:
 async def _generate(state: ServerState, request: Request,
                     body: NativeCompletionRequest | InfillRequest) -> Response:
     lm = await state.acquire(body.model)
-    prepared = await run_in_threadpool(prepare, body, lm.tokenizer, lm.template, lm.limits,
-                                       grammar_vocab=lm.grammar_vocab)
+    prepared = await run_in_threadpool(prepare_for, lm, body)
     n_prompt = len(prepared.gen.prompt)
     if prepared.gen.max_tokens == 0:  # nothing to generate: no slot needed
         return JSONResponse(_final(lm, "", Done("length", Usage(n_prompt, 0, 0))))
     handle = submit(state, lm, prepared.gen)
     if body.stream:
-        return StreamingResponse(_stream(lm, handle, prepared.gen.logprobs is not None),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    got = await collect_or_gone(lm, handle, request)
-    if got is None:  # the client left
-        return Response(status_code=499)
+        return stream(lm, [handle], _Chunks(lm, prepared.gen.logprobs is not None))
+    [got] = await collect(lm, [handle], request)
     probs = ({"completion_probabilities": probabilities(lm, got.logprobs)}
              if prepared.gen.logprobs is not None else {})
     return JSONResponse({**_final(lm, got.text, got.done), **probs})
@@ -97,24 +89,22 @@ def timings(done: Done) -> dict[str, float]:
                                      if done.predicted_ms else 0.0)}
 
 
-async def _stream(lm: LoadedModel, handle: Handle, with_probs: bool) -> AsyncIterator[str]:
-    try:
-        while True:
-            event = await handle.events.get()
-            if isinstance(event, Delta):
-                chunk = {"index": 0, "content": event.text, "tokens": [], "stop": False}
-                if with_probs:
-                    chunk["completion_probabilities"] = probabilities(lm, event.logprobs)
-                yield _sse(chunk)
-            elif isinstance(event, Failed):
-                yield _sse(APIError(event.status, event.message).body())
-                break
-            else:
-                yield _sse(_final(lm, "", event))
-                break
-    finally:
-        lm.generator.cancel(handle)  # the client left (or we are done): free the slot now
+class _Chunks(Frames):
+    """llama-server's stream: a `{"content", "stop": false}` chunk per piece, then the final
+    one (`stop: true`, the counts and timings)."""
 
+    def __init__(self, lm: LoadedModel, with_probs: bool) -> None:
+        self.lm = lm
+        self.with_probs = with_probs
 
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    def delta(self, index: int, event: Delta) -> list[str]:
+        chunk = {"index": 0, "content": event.text, "tokens": [], "stop": False}
+        if self.with_probs:
+            chunk["completion_probabilities"] = probabilities(self.lm, event.logprobs)
+        return [sse(chunk)]
+
+    def failed(self, index: int, event: Failed) -> list[str]:
+        return [sse(APIError(event.status, event.message).body())]
+
+    def done(self, index: int, event: Done) -> list[str]:
+        return [sse(_final(self.lm, "", event))]

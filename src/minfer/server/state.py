@@ -40,7 +40,7 @@ from minfer.sampling.grammar import GrammarVocab
 from minfer.server.embed_worker import EmbedWorker
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import Metrics
-from minfer.server.openai.prepare import Limits, TemplateLike, TokenizerLike
+from minfer.server.prepare import Limits, TemplateLike, TokenizerLike
 from minfer.server.responses.store import ResponseStore
 from minfer.server.worker import EngineFactory, Worker
 from minfer.store.models import model_quantization

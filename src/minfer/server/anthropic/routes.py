@@ -11,12 +11,10 @@ frames with `event:` lines (`message_start`, `ping`, `content_block_*`, `message
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from minfer.server.anthropic.schemas import CountTokensRequest, MessagesRequest
@@ -30,10 +28,10 @@ from minfer.server.anthropic.translate import (
     usage_body,
 )
 from minfer.server.errors import anthropic_error_body
-from minfer.server.openai.prepare import Prepared, prepare
-from minfer.server.relay import collect_or_gone, submit
+from minfer.server.prepare import Prepared
+from minfer.server.relay import Frames, collect, prepare_for, sse, stream, submit
 from minfer.server.state import LoadedModel, ServerState
-from minfer.server.worker import Delta, Done, Failed, Handle, Usage
+from minfer.server.worker import Delta, Done, Failed, Usage
 
 
 def anthropic_routes(app: FastAPI, state: ServerState) -> None:
@@ -46,13 +44,8 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
         handle = submit(state, lm, prepared.gen)
         msg_id = new_id("msg_")
         if body.stream:
-            return StreamingResponse(_stream(lm, handle, prepared, msg_id, body.model),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
-        got = await collect_or_gone(lm, handle, request)
-        if got is None:  # the client left
-            return Response(status_code=499)
+            return stream(lm, [handle], _Events(prepared, msg_id, body.model))
+        [got] = await collect(lm, [handle], request)
         reply = prepared.output.reply(got.text, got.done.finish_reason)
         return JSONResponse(message_body(msg_id, body.model, reply, got.done.stop_sequence,
                                          got.done.usage))
@@ -64,45 +57,44 @@ def anthropic_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _prepare(lm: LoadedModel, body: CountTokensRequest) -> Prepared:
-    chat = chat_request(body)
-    return await run_in_threadpool(prepare, chat, lm.tokenizer, lm.template, lm.limits,
-                                   grammar_vocab=lm.grammar_vocab, reasoning=lm.reasoning)
+    return await run_in_threadpool(prepare_for, lm, chat_request(body))
 
 
 def _sse(event: Event) -> str:
-    return f"event: {event[0]}\ndata: {json.dumps(event[1], ensure_ascii=False)}\n\n"
+    return sse(event[1], event[0])
 
 
-async def _stream(lm: LoadedModel, handle: Handle, prepared: Prepared, msg_id: str,
-                  model: str) -> AsyncIterator[str]:
-    reply = prepared.output.reply_stream()
-    blocks = BlockEvents()
-    start = Usage(len(prepared.gen.prompt), 0, 0)
-    try:
-        yield _sse(("message_start", {"type": "message_start", "message": {
-            "id": msg_id, "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_body(start, 0)}}))
-        yield _sse(("ping", {"type": "ping"}))
-        while True:
-            event = await handle.events.get()
-            if isinstance(event, Delta):
-                for e in blocks.push(reply.push(event.text)):
-                    yield _sse(e)
-            elif isinstance(event, Failed):
-                yield _sse(("error", anthropic_error_body(event.status, event.message)))
-                break
-            elif isinstance(event, Done):
-                for e in blocks.push(reply.finish()) + blocks.finish():
-                    yield _sse(e)
-                finish = "tool_calls" if reply.tool_calls and event.finish_reason == "stop" \
-                    else event.finish_reason
-                yield _sse(("message_delta", {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(finish, event.stop_sequence),
-                              "stop_sequence": event.stop_sequence},
-                    "usage": usage_body(event.usage)}))
-                yield _sse(("message_stop", {"type": "message_stop"}))
-                break
-    finally:
-        lm.generator.cancel(handle)
+class _Events(Frames):
+    """The Messages stream: `message_start`, `ping`, the content blocks' events as the reply's
+    deltas come, `message_delta` (the stop reason and usage), `message_stop`; or `error`."""
+
+    def __init__(self, prepared: Prepared, msg_id: str, model: str) -> None:
+        self.prepared = prepared
+        self.msg_id = msg_id
+        self.model = model
+        self.reply = prepared.output.reply_stream()
+        self.blocks = BlockEvents()
+
+    def start(self) -> list[str]:
+        usage = usage_body(Usage(len(self.prepared.gen.prompt), 0, 0), 0)
+        return [_sse(("message_start", {"type": "message_start", "message": {
+            "id": self.msg_id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})),
+            _sse(("ping", {"type": "ping"}))]
+
+    def delta(self, index: int, event: Delta) -> list[str]:
+        return [_sse(e) for e in self.blocks.push(self.reply.push(event.text))]
+
+    def failed(self, index: int, event: Failed) -> list[str]:
+        return [_sse(("error", anthropic_error_body(event.status, event.message)))]
+
+    def done(self, index: int, event: Done) -> list[str]:
+        events = self.blocks.push(self.reply.finish()) + self.blocks.finish()
+        finish = self.reply.finish_reason(event.finish_reason)
+        events.append(("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason(finish, event.stop_sequence),
+                      "stop_sequence": event.stop_sequence},
+            "usage": usage_body(event.usage)}))
+        events.append(("message_stop", {"type": "message_stop"}))
+        return [_sse(e) for e in events]

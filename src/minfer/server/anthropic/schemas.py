@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from minfer.server.openai.schemas import INT64_MAX, MAX_STOPS, StopText, _Strict
+from minfer.server.schemas import INT64_MAX, MAX_STOPS, StopText, _Strict
 
 
 class TextBlock(_Strict):

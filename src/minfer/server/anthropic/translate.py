@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from minfer.server.anthropic.schemas import (
@@ -29,8 +28,8 @@ from minfer.server.anthropic.schemas import (
     ToolUseBlock,
 )
 from minfer.server.errors import bad_request
-from minfer.server.openai.schemas import ChatCompletionRequest, translated
-from minfer.server.openai.structured import Reply
+from minfer.server.output import Reply
+from minfer.server.schemas import ChatCompletionRequest, translated
 from minfer.server.worker import Usage
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -173,40 +172,6 @@ def _document_text(block: DocumentBlock, at: str) -> str:
                           f"(got {kind!r}: this server runs text-only models and reads no "
                           "files)", param=f"{at}.source")
     return "\n\n".join(t for t in (block.title, block.context, body) if t)
-
-
-def model_info(name: str, modified: float, n_ctx_train: int | None) -> dict[str, Any]:
-    """One served model as Anthropic's Models API describes one (`client.models.retrieve`):
-    its name as id and display name, the file's modification time as its creation."""
-    info: dict[str, Any] = {
-        "type": "model", "id": name, "display_name": name, "lifecycle": "active",
-        "created_at": datetime.fromtimestamp(modified, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    if n_ctx_train:
-        info["max_input_tokens"] = n_ctx_train
-    return info
-
-
-def model_page(infos: list[dict[str, Any]], *, limit: int, after_id: str | None,
-               before_id: str | None) -> dict[str, Any]:
-    """A page of the model list (`client.models.list`): at most `limit` models after
-    `after_id`, or the last `limit` before `before_id`, with Anthropic's cursors."""
-    if not 1 <= limit <= 1000:
-        raise bad_request(f"limit must be between 1 and 1000, got {limit}", param="limit")
-    if after_id is not None and before_id is not None:
-        raise bad_request("after_id and before_id cannot be given together", param="before_id")
-    ids = [m["id"] for m in infos]
-    for param, cursor in (("after_id", after_id), ("before_id", before_id)):
-        if cursor is not None and cursor not in ids:
-            raise bad_request(f"{param}: no model {cursor!r} is served here", param=param)
-    if before_id is not None:
-        rest = infos[:ids.index(before_id)]
-        page = rest[-limit:]
-    else:
-        rest = infos[ids.index(after_id) + 1:] if after_id is not None else infos
-        page = rest[:limit]
-    return {"data": page, "has_more": len(rest) > limit,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None}
 
 
 def new_id(prefix: str) -> str:

@@ -16,13 +16,12 @@ templated prompt, and the final object carries the exchange's ids, unless `raw`.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -62,20 +61,17 @@ from minfer.server.ollama.translate import (
     now,
     tool_calls,
 )
-from minfer.server.openai.prepare import Prepared, chat_prompt, prepare
-from minfer.server.openai.responses import token_logprobs
-from minfer.server.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
-from minfer.server.openai.structured import OutputPlan
-from minfer.server.relay import collect_or_gone, submit
+from minfer.server.output import OutputPlan, ReplyStream, token_logprobs
+from minfer.server.prepare import Prepared, chat_prompt
+from minfer.server.relay import NDJSON, Frames, collect, ndjson, prepare_for, stream, submit
+from minfer.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from minfer.server.state import LoadedModel, ServerState
-from minfer.server.worker import Delta, Done, Failed, Handle
+from minfer.server.worker import Delta, Done, Failed
 from minfer.store import download
 from minfer.store.catalog import load_catalog, minfer_home
 from minfer.store.hub_select import is_hub_ref, parse_hub_ref
 from minfer.store.models import list_models
 from minfer.tools.fetch import resolve
-
-NDJSON = "application/x-ndjson"
 
 
 def ollama_routes(app: FastAPI, state: ServerState) -> None:
@@ -144,7 +140,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
             return _loaded(lm, {"response": ""}, body.keep_alive)
         req = generate_request(body, lm.limits.n_ctx_slot)
         context = None if body.raw else body.context or []
-        prepared = await run_in_threadpool(_prepare, req, lm, context or ())
+        prepared = await run_in_threadpool(prepare_for, lm, req, context or ())
         return await _run(state, lm, req, prepared, request, body.stream, chat=False,
                           context=context)
 
@@ -166,7 +162,7 @@ def ollama_routes(app: FastAPI, state: ServerState) -> None:
         failures: list[int] = []  # the status of a failed pull (not part of Ollama's events)
         events = _pull_events(state, name, entry, failures)
         if body.stream:
-            return StreamingResponse((_line(e) async for e in events), media_type=NDJSON)
+            return StreamingResponse((ndjson(e) async for e in events), media_type=NDJSON)
         last: dict[str, Any] = {}
         async for event in events:
             last = event
@@ -265,12 +261,6 @@ async def _model(state: ServerState, name: str, keep_alive: str | float | None) 
     return await state.acquire(bare, keep_alive=keep_alive_seconds(keep_alive))
 
 
-def _prepare(req: ChatCompletionRequest | CompletionRequest, lm: LoadedModel,
-             context: Sequence[int] = ()) -> Prepared:
-    return prepare(req, lm.tokenizer, lm.template, lm.limits, grammar_vocab=lm.grammar_vocab,
-                   reasoning=lm.reasoning, context=context)
-
-
 def reply_room(req: ChatCompletionRequest, n_ctx: int) -> int:
     """The tokens a chat's prompt leaves its reply at least: a quarter of the slot's context,
     or its max_tokens if smaller (Ollama's runner shifts its context while it generates;
@@ -284,13 +274,13 @@ def prepare_chat(req: ChatCompletionRequest, lm: LoadedModel) -> Prepared:
     and prepared again: a conversation that fits is rendered once."""
     n_ctx = lm.limits.n_ctx_slot
     try:
-        prepared = _prepare(req, lm)
+        prepared = prepare_for(lm, req)
         if len(prepared.gen.prompt) + reply_room(req, n_ctx) <= n_ctx:
             return prepared
     except APIError as exc:
         if exc.code != "context_length_exceeded":
             raise
-    return _prepare(fit_history(req, lm), lm)
+    return prepare_for(lm, fit_history(req, lm))
 
 
 def fit_history(req: ChatCompletionRequest, lm: LoadedModel) -> ChatCompletionRequest:
@@ -332,7 +322,7 @@ def _loaded(lm: LoadedModel, text: dict[str, Any],
 
 async def _run(state: ServerState, lm: LoadedModel,
                req: ChatCompletionRequest | CompletionRequest, prepared: Prepared,
-               request: Request, stream: bool, *, chat: bool,
+               request: Request, streamed: bool, *, chat: bool,
                context: list[int] | None = None) -> Response:
     """Run a prepared chat or generate request. context (generate without `raw`): the ids of
     an earlier exchange it continues, [] for none; the final object then carries this
@@ -347,12 +337,10 @@ async def _run(state: ServerState, lm: LoadedModel,
         return {"context": prepared.gen.prompt + lm.tokenizer.encode(text, special=False,
                                                                      add_bos=False)}
 
-    if stream:
-        return StreamingResponse(_ndjson(lm, handle, prepared, clock, name, chat=chat,
-                                         exchange=exchange), media_type=NDJSON)
-    got = await collect_or_gone(lm, handle, request)
-    if got is None:  # the client left
-        return Response(status_code=499)
+    if streamed:
+        return stream(lm, [handle], _Lines(lm, prepared, clock, name, chat=chat,
+                                           exchange=exchange), media_type=NDJSON)
+    [got] = await collect(lm, [handle], request)
     if isinstance(req, ChatCompletionRequest):
         fields, _ = prepared.output.finalize(got.text, got.done.finish_reason)
     else:
@@ -372,60 +360,57 @@ def _text(fields: dict[str, Any], chat: bool) -> dict[str, Any]:
     return out
 
 
-def _line(body: dict[str, Any]) -> str:
-    return json.dumps(body, ensure_ascii=False) + "\n"
+class _Lines(Frames):
+    """Ollama's stream: a line per piece of the reply (`message` or `response`, `thinking`
+    apart; the logprobs of the tokens it shows), the tool calls in a line of their own, then
+    the final line (`done: true`, the counts and durations, generate's `context`)."""
 
+    def __init__(self, lm: LoadedModel, prepared: Prepared, clock: Clock, name: str, *,
+                 chat: bool, exchange: Callable[[str], dict[str, Any]]) -> None:
+        self.lm, self.clock, self.name, self.chat, self.exchange = lm, clock, name, chat, exchange
+        self.reply: ReplyStream | None = (prepared.output.reply_stream()
+                                          if prepared.output.reasoning is not None else None)
+        self.want_lps = prepared.gen.logprobs is not None
+        self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text no line carried yet
+        self.text: list[str] = []
 
-async def _ndjson(lm: LoadedModel, handle: Handle, prepared: Prepared, clock: Clock, name: str,
-                  *, chat: bool, exchange: Callable[[str], dict[str, Any]]
-                  ) -> AsyncIterator[str]:
-    reply = prepared.output.reply_stream() if prepared.output.reasoning is not None else None
-    want_lps = prepared.gen.logprobs is not None
-    pending: list[TokenLogprob] = []  # logprobs of tokens whose text no line carried yet
-
-    def pieces(deltas: list[dict[str, Any]]) -> list[str]:
+    def _lines(self, deltas: list[dict[str, Any]]) -> list[str]:
         out = []
         for d in deltas:
             fields = {k: d[k] for k in ("content", "reasoning_content") if d.get(k)}
             if fields:
-                line = {"model": name, "created_at": now(), **_text(fields, chat),
+                line = {"model": self.name, "created_at": now(), **_text(fields, self.chat),
                         "done": False}
-                if pending:
-                    line["logprobs"] = token_logprobs(pending, lm.tokenizer.token_bytes)
-                    pending.clear()
-                out.append(_line(line))
+                if self.pending:
+                    line["logprobs"] = token_logprobs(self.pending, self.lm.tokenizer.token_bytes)
+                    self.pending.clear()
+                out.append(ndjson(line))
         return out
 
-    text: list[str] = []
-    try:
-        while True:
-            event = await handle.events.get()
-            if isinstance(event, Delta):
-                text.append(event.text)
-                if want_lps:
-                    pending.extend(event.logprobs)
-                for line in pieces(reply.push(event.text) if reply else
-                                   [{"content": event.text}]):
-                    yield line
-            elif isinstance(event, Failed):
-                yield _line({"error": event.message})
-                break
-            elif isinstance(event, Done):
-                if reply is not None:
-                    for line in pieces(reply.finish()):
-                        yield line
-                    if reply.tools is not None and reply.tools.tool_calls:
-                        msg = {"role": "assistant", "content": "",
-                               "tool_calls": tool_calls(reply.tools.tool_calls)}
-                        yield _line({"model": name, "created_at": now(), "message": msg,
-                                     "done": False})
-                final = clock.final(name, event)
-                if pending:  # (an end-of-generation token's, which shows no text)
-                    final["logprobs"] = token_logprobs(pending, lm.tokenizer.token_bytes)
-                yield _line({**_text({}, chat), **final, **exchange("".join(text))})
-                break
-    finally:
-        lm.generator.cancel(handle)
+    def delta(self, index: int, event: Delta) -> list[str]:
+        self.text.append(event.text)
+        if self.want_lps:
+            self.pending.extend(event.logprobs)
+        return self._lines(self.reply.push(event.text) if self.reply else
+                           [{"content": event.text}])
+
+    def failed(self, index: int, event: Failed) -> list[str]:
+        return [ndjson({"error": event.message})]
+
+    def done(self, index: int, event: Done) -> list[str]:
+        out = []
+        if self.reply is not None:
+            out += self._lines(self.reply.finish())
+            if self.reply.tools is not None and self.reply.tools.tool_calls:
+                msg = {"role": "assistant", "content": "",
+                       "tool_calls": tool_calls(self.reply.tools.tool_calls)}
+                out.append(ndjson({"model": self.name, "created_at": now(), "message": msg,
+                                   "done": False}))
+        final = self.clock.final(self.name, event)
+        if self.pending:  # (an end-of-generation token's, which shows no text)
+            final["logprobs"] = token_logprobs(self.pending, self.lm.tokenizer.token_bytes)
+        out.append(ndjson({**_text({}, self.chat), **final, **self.exchange("".join(self.text))}))
+        return out
 
 
 async def _pull_events(state: ServerState, name: str, entry: Any,

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
-from minfer.server.openai.schemas import INT64_MAX, INT64_MIN, _Strict
+from minfer.server.schemas import INT64_MAX, INT64_MIN, _Strict
 
 
 class Options(_Strict):

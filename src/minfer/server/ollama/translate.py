@@ -22,7 +22,7 @@ from minfer.chat.reasoning import OPEN as THINK_OPEN
 from minfer.server.errors import bad_request
 from minfer.server.ollama import gotemplate
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
-from minfer.server.openai.schemas import (
+from minfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     translated,

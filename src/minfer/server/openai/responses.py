@@ -16,14 +16,12 @@ from __future__ import annotations
 import codecs
 import secrets
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from minfer.engine.core.request import TokenLogprob
+from minfer.server.output import TokenBytes, token_logprobs, token_piece
 from minfer.server.worker import Usage
-
-TokenBytes = Callable[[int], bytes]
 
 
 def total_usage(usages: list[Usage], n: int) -> Usage:
@@ -43,25 +41,6 @@ def usage_body(u: Usage) -> dict[str, Any]:
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
-
-
-def _piece(token_bytes: TokenBytes, tid: int) -> tuple[str, list[int]]:
-    b = token_bytes(tid)
-    return b.decode("utf-8", errors="replace"), list(b)
-
-
-def token_logprobs(lps: Sequence[TokenLogprob], token_bytes: TokenBytes, *,
-                   with_id: bool = False) -> list[dict[str, Any]]:
-    """Each token's `token` (its text), `logprob` and `bytes`, with its `top_logprobs` alike:
-    the entries of OpenAI's chat logprobs, of Ollama's `logprobs` and (with_id: each with its
-    `id`) of llama-server's `completion_probabilities`."""
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text, raw = _piece(token_bytes, token_id)
-        out = {"id": token_id} if with_id else {}
-        return {**out, "token": text, "logprob": logprob, "bytes": raw}
-
-    return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-            for lp in lps]
 
 
 def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict[str, Any]:
@@ -86,7 +65,7 @@ def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
         nonlocal at
         offsets.append(at)
         at += len(text.decode(token_bytes(token_id)))
-        tokens.append(_piece(token_bytes, token_id)[0])
+        tokens.append(token_piece(token_bytes, token_id)[0])
         values.append(value)
         tops.append(top)
 
@@ -95,7 +74,7 @@ def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes,
     for lp in lps:
         top: dict[str, float] = {}
         for tid, value in lp.top:
-            top.setdefault(_piece(token_bytes, tid)[0], value)
+            top.setdefault(token_piece(token_bytes, tid)[0], value)
         add(lp.token_id, lp.logprob, top)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
             "text_offset": offsets}

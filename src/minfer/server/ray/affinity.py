@@ -9,8 +9,9 @@ served the last one (its prompt cache holds the shared prefix). The key names th
 - a completion: a hash of the prompt's first PREFIX_CHARS characters;
 - a Responses request: its chain, which every response id carries after `resp_` (16 hex
   digits): the `previous_response_id`'s, so a stored response is continued on the replica that
-  keeps it. A request that starts a chain has none; the front names one (`new_chain`), routes by
-  it and passes it in the `CHAIN_HEADER` header, and the replica starts its ids with it.
+  keeps it. A request that starts a chain has none; the front names one
+  (`response_ids.new_chain`), routes by it and passes it in the `CHAIN_HEADER` header, and the
+  replica starts its ids with it (minfer.server.response_ids).
 
 Anything else (GET routes, bodies that are not JSON objects) has no key and goes to any replica.
 The router (router.py) ranks replicas by rendezvous hashing of the key, so a key keeps its
@@ -21,34 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import secrets
 from typing import Any
+
+from minfer.server.response_ids import chain_of
 
 PREFIX_CHARS = 1024
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 COMPLETION_PATHS = frozenset({"/v1/completions", "/completions", "/completion"})
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
-CHAIN_HEADER = "x-minfer-response-chain"  # the chain a new response's id starts with
-_CHAIN = re.compile(r"[0-9a-f]{16}")
-_RESPONSE_ID = re.compile(r"resp_([0-9a-f]{16})[0-9a-f]+")
-
-
-def chain_of(response_id: str) -> str | None:
-    """The chain a response id carries (None: not an id this server wrote)."""
-    m = _RESPONSE_ID.fullmatch(response_id)
-    return m.group(1) if m else None
-
-
-def new_chain() -> str:
-    return secrets.token_hex(8)
-
-
-def response_id(chain: str | None) -> str:
-    """A new response id on `chain` (a valid one; else a new chain)."""
-    if chain is None or not _CHAIN.fullmatch(chain):
-        chain = new_chain()
-    return f"resp_{chain}{secrets.token_hex(12)}"
 
 
 def _digest(value: Any) -> str:

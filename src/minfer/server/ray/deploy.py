@@ -41,7 +41,8 @@ from starlette.types import Message
 from minfer.errors import MinferError
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import merge_expositions
-from minfer.server.ray.affinity import CHAIN_HEADER, RESPONSES_PATHS, new_chain, session_key
+from minfer.server.ray.affinity import RESPONSES_PATHS, session_key
+from minfer.server.response_ids import CHAIN_HEADER, new_chain
 from minfer.server.state import ServerConfig
 
 log = logging.getLogger("minfer.server")

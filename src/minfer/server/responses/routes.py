@@ -14,23 +14,22 @@ items before the new input; its `instructions` are not carried over, as OpenAI's
 `GET` / `DELETE /v1/responses/{id}` read and drop one. An id not kept (never stored, dropped,
 pushed out) is a 404. Every id carries its conversation's chain after `resp_` (a new one, the
 one Ray's front names in `CHAIN_HEADER`, or the previous response's), by which the front sends
-a conversation's requests to the replica that keeps it (ray.affinity).
+a conversation's requests to the replica that keeps it (minfer.server.response_ids).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from minfer.server.errors import APIError
-from minfer.server.openai.prepare import Prepared, prepare
-from minfer.server.ray.affinity import CHAIN_HEADER, chain_of, response_id
-from minfer.server.relay import collect_or_gone, submit
+from minfer.server.prepare import Prepared
+from minfer.server.relay import Frames, collect, prepare_for, sse, stream, submit
+from minfer.server.response_ids import CHAIN_HEADER, chain_of, response_id
 from minfer.server.responses.schemas import Item, MessageItem, ResponsesRequest
 from minfer.server.responses.store import ITEMS, ResponseStore
 from minfer.server.responses.translate import (
@@ -40,8 +39,8 @@ from minfer.server.responses.translate import (
     output_items,
     status_of,
 )
-from minfer.server.state import LoadedModel, ServerState
-from minfer.server.worker import Delta, Done, Failed, Handle
+from minfer.server.state import ServerState
+from minfer.server.worker import Delta, Done, Failed
 
 
 def with_history(body: ResponsesRequest, store: ResponseStore) -> tuple[ResponsesRequest,
@@ -89,60 +88,54 @@ def responses_routes(app: FastAPI, state: ServerState) -> None:
                 store.put(response, [*items, *ITEMS.validate_python(response["output"])])
 
         chat = chat_request(body)
-        prepared = await run_in_threadpool(prepare, chat, lm.tokenizer, lm.template,
-                                           lm.limits, grammar_vocab=lm.grammar_vocab,
-                                           reasoning=lm.reasoning)
+        prepared = await run_in_threadpool(prepare_for, lm, chat)
         handle = submit(state, lm, prepared.gen)
         env = Envelope(body, lm.name, response_id(chain))
         if body.stream:
-            return StreamingResponse(_stream(lm, handle, prepared, env, keep),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
-        got = await collect_or_gone(lm, handle, request)
-        if got is None:  # the client left
-            return Response(status_code=499)
+            return stream(lm, [handle], _Events(prepared, env, keep))
+        [got] = await collect(lm, [handle], request)
         reply = prepared.output.reply(got.text, got.done.finish_reason)
         response = env.response(status_of(reply.finish), output_items(reply), got.done.usage)
         keep(response)
         return JSONResponse(response)
 
 
-async def _stream(lm: LoadedModel, handle: Handle, prepared: Prepared, env: Envelope,
-                  keep: Callable[[dict[str, Any]], None]) -> AsyncIterator[str]:
-    reply = prepared.output.reply_stream()
-    items = ItemEvents()
-    seq = 0
+class _Events(Frames):
+    """The response's stream: `response.created`, `.in_progress`, the output items' events as
+    the reply's deltas come, then `response.completed` / `.incomplete` (or `error` and
+    `response.failed`), each numbered."""
 
-    def sse(event: dict[str, Any]) -> str:
-        nonlocal seq
-        event["sequence_number"] = seq
-        seq += 1
-        return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    def __init__(self, prepared: Prepared, env: Envelope,
+                 keep: Callable[[dict[str, Any]], None]) -> None:
+        self.reply = prepared.output.reply_stream()
+        self.items = ItemEvents()
+        self.env = env
+        self.keep = keep
+        self.seq = 0
 
-    try:
-        yield sse({"type": "response.created", "response": env.response("in_progress", [])})
-        yield sse({"type": "response.in_progress", "response": env.response("in_progress", [])})
-        while True:
-            event = await handle.events.get()
-            if isinstance(event, Delta):
-                for e in items.push(reply.push(event.text)):
-                    yield sse(e)
-            elif isinstance(event, Failed):
-                yield sse({"type": "error", "code": "server_error", "message": event.message,
-                           "param": None})
-                failed = env.response("failed", items.items)
-                failed["error"] = {"code": "server_error", "message": event.message}
-                yield sse({"type": "response.failed", "response": failed})
-                break
-            elif isinstance(event, Done):
-                for e in items.push(reply.finish()) + items.finish():
-                    yield sse(e)
-                status = status_of(event.finish_reason)
-                kind = "response.completed" if status == "completed" else "response.incomplete"
-                response = env.response(status, items.items, event.usage)
-                keep(response)
-                yield sse({"type": kind, "response": response})
-                break
-    finally:
-        lm.generator.cancel(handle)
+    def _sse(self, event: dict[str, Any]) -> str:
+        event["sequence_number"] = self.seq
+        self.seq += 1
+        return sse(event, event["type"])
+
+    def start(self) -> list[str]:
+        return [self._sse({"type": kind, "response": self.env.response("in_progress", [])})
+                for kind in ("response.created", "response.in_progress")]
+
+    def delta(self, index: int, event: Delta) -> list[str]:
+        return [self._sse(e) for e in self.items.push(self.reply.push(event.text))]
+
+    def failed(self, index: int, event: Failed) -> list[str]:
+        failed = self.env.response("failed", self.items.items)
+        failed["error"] = {"code": "server_error", "message": event.message}
+        return [self._sse({"type": "error", "code": "server_error", "message": event.message,
+                           "param": None}),
+                self._sse({"type": "response.failed", "response": failed})]
+
+    def done(self, index: int, event: Done) -> list[str]:
+        frames = [self._sse(e) for e in self.items.push(self.reply.finish()) + self.items.finish()]
+        status = status_of(event.finish_reason)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        response = self.env.response(status, self.items.items, event.usage)
+        self.keep(response)
+        return [*frames, self._sse({"type": kind, "response": response})]

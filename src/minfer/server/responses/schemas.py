@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from minfer.server.openai.schemas import INT64_MAX, INT64_MIN, _Strict
+from minfer.server.schemas import INT64_MAX, INT64_MIN, _Strict
 
 
 class TextPart(_Strict):

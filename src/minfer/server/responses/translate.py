@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minfer.server.errors import bad_request
-from minfer.server.openai.schemas import ChatCompletionRequest, translated
-from minfer.server.openai.structured import Reply
+from minfer.server.output import Reply
 from minfer.server.responses.schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -29,6 +28,7 @@ from minfer.server.responses.schemas import (
     ResponsesRequest,
     TextPart,
 )
+from minfer.server.schemas import ChatCompletionRequest, translated
 from minfer.server.worker import Usage
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")

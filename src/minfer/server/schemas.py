@@ -1,4 +1,7 @@
-"""Request bodies of the HTTP API as pydantic models (they also make the OpenAPI schema).
+"""The request bodies every API's request path takes, as pydantic models (also the OpenAPI
+schema): OpenAI's chat and completion bodies, which Anthropic's, Ollama's and the Responses API's
+bodies are translated into (`translated`), llama.cpp's `/completion` and `/infill` bodies, and
+llama-server's `/tokenize`, `/detokenize` and `/apply-template`.
 
 Field names and ranges follow OpenAI's API (`temperature` 0–2, penalties −2–2, `n` 1–128: that
 many choices, sampled as separate sequences of the continuous batch; a completion's `prompt` may be
@@ -6,10 +9,10 @@ a list of texts or of id lists, each answered with `n` choices),
 plus the llama-server extensions clients send (`top_k`, `min_p`, `repeat_penalty`, `grammar`).
 Types are strict: a string where a number belongs is a 400, never coerced. Unknown fields are
 ignored, as OpenAI-compatible servers do, so newer clients keep working. Values that depend on the
-loaded model (context length, vocabulary) are checked later, in `requests.py`.
+loaded model (context length, vocabulary) are checked later, in `prepare.py`.
 
 `response_format`, `tools`, `tool_choice` and `grammar` are parsed here and handed to
-`structured.py`, the one place a later change adds constrained decoding.
+`output.py`, the one place a later change adds constrained decoding.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class SamplingFields(_Strict):
     n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
-    # structured output: parsed now, honoured by structured.py
+    # structured output: parsed now, honoured by output.py
     response_format: dict[str, Any] | None = None
     grammar: str | None = None
 
@@ -224,6 +227,10 @@ class ApplyTemplateRequest(_Strict):
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_budget: int | None = Field(None, ge=-1, le=INT64_MAX)
+
+
+GenerationRequest = (ChatCompletionRequest | CompletionRequest | InfillRequest
+                     | NativeCompletionRequest)  # what `prepare` makes a GenRequest of
 
 
 def translated(model: type[T], body: dict[str, Any]) -> T:

@@ -1,4 +1,5 @@
-"""Per-request output shaping: the logit mask a request samples under, and the final message.
+"""A request's output, as every API shapes it: the logit mask it samples under, the final
+message, and its tokens' logprob entries.
 
 - `response_format` (`text`, `json_object`, `json_schema`) and llama-server's `grammar` (GBNF)
   compile to an llguidance grammar (minfer.sampling.grammar); a forced `tool_choice` (`required`
@@ -17,18 +18,21 @@
   `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`);
   `chat_messages` also writes a tool history as text for a template that cannot (its source
   never reads `tool_calls`: Gemma's, plain ChatML), as llama.cpp polyfills one.
+- `token_logprobs`: each drawn token's text, logprob, bytes and top alternatives, the entries
+  OpenAI's chat logprobs, Ollama's `logprobs` and llama-server's `completion_probabilities` list.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minfer.chat.reasoning import ReplyPlan
+from minfer.engine.core.request import TokenLogprob
 from minfer.errors import GrammarError
 from minfer.sampling.grammar import (
     GrammarMask,
@@ -46,7 +50,9 @@ from minfer.sampling.tool_calls import (
     tools_for_prompt,
 )
 from minfer.server.errors import bad_request
-from minfer.server.openai.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
+from minfer.server.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
+
+TokenBytes = Callable[[int], bytes]
 
 
 class LogitBias:
@@ -132,6 +138,10 @@ class ReplyStream:
     @property
     def tool_calls(self) -> bool:
         return self.tools is not None and bool(self.tools.tool_calls)
+
+    def finish_reason(self, finish: str) -> str:
+        """The reply's finish reason once streamed: `tool_calls` for a stop after calls."""
+        return "tool_calls" if self.tool_calls and finish == "stop" else finish
 
     def push(self, text: str) -> list[dict[str, Any]]:
         if self.reasoning is None:
@@ -270,3 +280,23 @@ def _bias_ids(bias: dict[str, float], n_vocab: int) -> dict[int, float]:
                               f"(0..{n_vocab - 1})", param="logit_bias")
         out[tid] = value
     return out
+
+
+def token_piece(token_bytes: TokenBytes, tid: int) -> tuple[str, list[int]]:
+    """A token's text (its bytes decoded, a split character replaced) and its bytes."""
+    b = token_bytes(tid)
+    return b.decode("utf-8", errors="replace"), list(b)
+
+
+def token_logprobs(lps: Sequence[TokenLogprob], token_bytes: TokenBytes, *,
+                   with_id: bool = False) -> list[dict[str, Any]]:
+    """Each token's `token` (its text), `logprob` and `bytes`, with its `top_logprobs` alike:
+    the entries of OpenAI's chat logprobs, of Ollama's `logprobs` and (with_id: each with its
+    `id`) of llama-server's `completion_probabilities`."""
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = token_piece(token_bytes, token_id)
+        out = {"id": token_id} if with_id else {}
+        return {**out, "token": text, "logprob": logprob, "bytes": raw}
+
+    return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in lps]

@@ -1,4 +1,5 @@
-"""From a validated request body to a `GenRequest`: prompt ids, limits and the sampler.
+"""From a validated request body (schemas.py) to a `GenRequest`: prompt ids, limits and the
+sampler; every API's requests go this way (relay.prepare_for runs it against a loaded model).
 
 The checks that need the loaded model live here: the prompt must tokenize to 1..n_ctx_slot
 tokens, token ids must be in the vocabulary; a `max_tokens` past the slot's context is capped
@@ -21,15 +22,15 @@ from minfer.sampling.params import SamplerParams
 from minfer.sampling.sampler import Sampler
 from minfer.server.errors import APIError, bad_request, from_minfer_error
 from minfer.server.notices import capped_max_tokens
-from minfer.server.openai.schemas import (
-    MAX_CHOICES,
+from minfer.server.output import OutputPlan, chat_messages, plan_output
+from minfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    GenerationRequest,
     InfillRequest,
     NativeCompletionRequest,
     SamplingFields,
 )
-from minfer.server.openai.structured import OutputPlan, chat_messages, plan_output
 from minfer.tokenizer.infill import Budget, ExtraFile, FimUnsupported, Mixed
 from minfer.tokenizer.infill import infill_prompt as fim_layout
 from minfer.tokenizer.vocab import FimTokens
@@ -234,9 +235,7 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
     return max(1, n)
 
 
-def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
-            | NativeCompletionRequest, tok: TokenizerLike,
-            template: TemplateLike, limits: Limits, *,
+def prepare(req: GenerationRequest, tok: TokenizerLike, template: TemplateLike, limits: Limits, *,
             grammar_vocab: GrammarVocab | None = None,
             reasoning: ReasoningOptions = NO_OPTIONS,
             context: Sequence[int] = ()) -> Prepared:
@@ -286,31 +285,6 @@ def prepare(req: ChatCompletionRequest | CompletionRequest | InfillRequest
                      logprobs=logprobs, constraint=output.constraint, t_max_predict_ms=t_limit,
                      prompt_logprobs=scored)
     return Prepared(gen, output)
-
-
-def choices(req: ChatCompletionRequest | CompletionRequest
-            ) -> list[ChatCompletionRequest | CompletionRequest]:
-    """The request as one request per choice, in choice order: OpenAI's `index` = prompt number
-    x n + draw (a completion's prompt list; `n` draws of each). Each asks for one draw of one
-    prompt, so each gets its own sampler and output parsers from `prepare`. A seeded request's
-    draw i samples with seed + i: its choices differ, and each is reproducible."""
-    n = req.n or 1
-    prompts = req.prompts() if isinstance(req, CompletionRequest) else [None]
-    if len(prompts) * n > MAX_CHOICES:
-        raise bad_request(f"{len(prompts)} prompts x n = {n} asks for {len(prompts) * n} "
-                          f"choices; at most {MAX_CHOICES}", param="n", code="invalid_value")
-    if len(prompts) == 1 and n == 1:
-        return [req]
-    out: list[ChatCompletionRequest | CompletionRequest] = []
-    for prompt in prompts:
-        for i in range(n):
-            update: dict[str, Any] = {"n": 1}
-            if prompt is not None:
-                update["prompt"] = prompt
-            if req.seed is not None and req.seed != -1:
-                update["seed"] = ((req.seed + i) & SEED_MASK) if i else req.seed
-            out.append(req.model_copy(update=update))
-    return out
 
 
 def _infill_tokens(req: InfillRequest, limits: Limits, n_prompt: int) -> int | None:
