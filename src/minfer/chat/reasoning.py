@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from minfer.errors import MinferError
+from minfer.sampling.harmony import is_harmony
 from minfer.sampling.reasoning_budget import ReasoningBudget
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -133,8 +134,10 @@ class ThinkingUnsupported(MinferError):
 
 
 def template_thinks(template_source: str, template_variables: Collection[str]) -> bool:
-    """Whether a chat template can think: it writes `<think>` or reads `enable_thinking`."""
-    return OPEN in template_source or "enable_thinking" in template_variables
+    """Whether a chat template can think: it writes `<think>` or harmony's channels, or reads
+    `enable_thinking`."""
+    return OPEN in template_source or is_harmony(template_source) or \
+        "enable_thinking" in template_variables
 
 
 def check_budget(budget: int) -> int:
