@@ -130,3 +130,17 @@ def test_history_gives_the_thinking_to_the_template() -> None:
                       "thinking": "r"}
     assert "content" not in out[1] and out[1]["thinking"] == "s"
     assert out[2] == {"role": "user", "content": "u"}
+
+
+def test_a_harmony_plan_reads_harmony_and_budgets_the_analysis() -> None:
+    def encode(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    plan = ReasoningOptions(budget=4).plan("<|start|>user<|message|>Hi<|end|><|start|>assistant",
+                                           encode, template_source=TEMPLATE)
+    assert plan.harmony == HarmonyFormat(reasoning=True, opens_header=True)
+    assert plan.budget is not None and plan.budget.start == encode("<|channel|>analysis<|message|>")
+    assert plan.budget.end == plan.budget.forced == encode("<|end|>")
+    assert ReasoningOptions(fmt="none").plan("x", encode, template_source=TEMPLATE).harmony == \
+        HarmonyFormat(reasoning=False, opens_header=False)
+    assert ReasoningOptions().plan("<think>", encode, template_source="").harmony is None
