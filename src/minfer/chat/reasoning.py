@@ -19,7 +19,8 @@ reply; `ReasoningStream` splits it piece by piece, holding back only what may st
 `ReasoningOptions` is what a surface asks for (format, thinking budget, template variables such
 as Qwen3's `enable_thinking`); once the prompt is rendered, `ReasoningOptions.plan` gives the
 reply's `ReplyPlan`: whether it starts inside the thinking, how it is split, and the logit mask
-that closes the thinking at the budget (minfer.sampling.reasoning_budget).
+that closes the thinking at the budget (minfer.sampling.reasoning_budget). A harmony template's
+(gpt-oss) reply is read by minfer.sampling.harmony instead: its analysis channel is the thinking.
 
 One rule on every surface (the CLI's `--reasoning on` / `--reasoning-budget N`, a chat request's
 `chat_template_kwargs.enable_thinking` / `reasoning_budget`, Anthropic's `thinking`, Ollama's
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from minfer.errors import MinferError
+from minfer.sampling.harmony import ANALYSIS, END, START, HarmonyFormat, is_harmony
 from minfer.sampling.reasoning_budget import ReasoningBudget
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -97,18 +99,29 @@ class ReasoningOptions:
             out.setdefault("enable_thinking", False)
         return out
 
-    def plan(self, prompt: str, encode: Callable[[str], list[int]]) -> ReplyPlan:
-        """The plan for a reply to the rendered `prompt`. encode: text to ids with special
-        tokens parsed (for the budget's tags)."""
+    def plan(self, prompt: str, encode: Callable[[str], list[int]], *,
+             template_source: str = "") -> ReplyPlan:
+        """The plan for a reply to the rendered `prompt` of a template (its source: a harmony
+        template's replies are harmony messages). encode: text to ids with special tokens
+        parsed (for the budget's tags)."""
+        if is_harmony(template_source):
+            harmony = HarmonyFormat(reasoning=self.fmt != "none",
+                                    opens_header=prompt.endswith(START))
+            return ReplyPlan(self.fmt, False, self.budget_mask(encode, in_reasoning=False,
+                                                               harmony=True), harmony)
         inside = prompt_opens_reasoning(prompt)
         return ReplyPlan(self.fmt, inside, self.budget_mask(encode, in_reasoning=inside))
 
-    def budget_mask(self, encode: Callable[[str], list[int]], *,
-                    in_reasoning: bool) -> ReasoningBudget | None:
-        """The mask that closes the thinking after `budget` tokens (None when unlimited).
-        encode: text to ids with special tokens parsed."""
+    def budget_mask(self, encode: Callable[[str], list[int]], *, in_reasoning: bool,
+                    harmony: bool = False) -> ReasoningBudget | None:
+        """The mask that closes the thinking after `budget` tokens (None when unlimited): a
+        `<think>` block, or harmony's analysis message (closed by `<|end|>`, as llama.cpp's
+        gpt-oss tags say). encode: text to ids with special tokens parsed."""
         if self.budget < 0:
             return None
+        if harmony:
+            return ReasoningBudget(budget=self.budget, start=encode(ANALYSIS), end=encode(END),
+                                   forced=encode(END))
         return ReasoningBudget(budget=self.budget, start=encode(OPEN), end=encode(CLOSE),
                                forced=encode(FORCED_CLOSE), inside=in_reasoning)
 
@@ -120,6 +133,7 @@ class ReplyPlan:
     fmt: str
     in_reasoning: bool  # the rendered prompt opened <think>
     budget: ReasoningBudget | None = None  # the logit mask that closes the thinking
+    harmony: HarmonyFormat | None = None  # a harmony reply: parsed whole (tools added later)
 
     def split(self, text: str) -> Split:
         return split_reasoning(text, fmt=self.fmt, in_reasoning=self.in_reasoning)
@@ -133,8 +147,10 @@ class ThinkingUnsupported(MinferError):
 
 
 def template_thinks(template_source: str, template_variables: Collection[str]) -> bool:
-    """Whether a chat template can think: it writes `<think>` or reads `enable_thinking`."""
-    return OPEN in template_source or "enable_thinking" in template_variables
+    """Whether a chat template can think: it writes `<think>` or harmony's channels, or reads
+    `enable_thinking`."""
+    return OPEN in template_source or is_harmony(template_source) or \
+        "enable_thinking" in template_variables
 
 
 def check_budget(budget: int) -> int:

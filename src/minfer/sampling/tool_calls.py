@@ -53,6 +53,7 @@ from typing import Any
 
 from minfer.errors import GrammarError
 from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
+from minfer.sampling.harmony import harmony_history, is_harmony
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NL, NAME_KEY = "\n", '"name": '
@@ -223,9 +224,12 @@ def history_for(messages: Sequence[Mapping[str, Any]], template_source: str,
                 tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """The messages as a chat template (its source and the variables it reads) can take them:
     the tool calls and results as they are where it writes them itself (it reads `tool_calls`),
-    else `history_as_text`; and the tools described in the system message (`with_tools_text`)
-    where the template never reads `tools`."""
+    else `history_as_text`; a harmony template's `thinking` (minfer.sampling.harmony); and
+    the tools described in the system message (`with_tools_text`) where the template never
+    reads `tools`."""
     messages = template_calls(messages)
+    if is_harmony(template_source):
+        messages = harmony_history(messages)
     out = messages if "tool_calls" in template_source else history_as_text(messages)
     if tools and "tools" not in template_variables:
         out = with_tools_text(out, tools, template_source)

@@ -9,11 +9,13 @@ message, and its tokens' logprob entries.
   schema, grammar or tool list is a 400 naming the problem, before anything is queued.
 - `OutputPlan.constraint` is that mask: the generation loop asks `is_stopped()` and ends the
   request with "stop" on a valid prefix when no token may follow (minfer.engine.core.request).
-- A chat reply's thinking is split into `reasoning_content` first (minfer.chat.reasoning); `tools`
-  are rendered by the chat template (not with `tool_choice: "none"`) and the rest of the text is
-  parsed into OpenAI `tool_calls` (`finalize`; `reply` keeps the texts and calls in the order
-  written, for the Anthropic and Responses APIs' lists of blocks), or streamed through a
-  `ReplyStream`.
+- A harmony reply (gpt-oss's template) is read whole by minfer.sampling.harmony: its reasoning,
+  content and tool call at once, whole and streamed.
+- Another chat reply's thinking is split into `reasoning_content` first
+  (minfer.chat.reasoning); `tools` are rendered by the chat template (not with `tool_choice:
+  "none"`) and the rest of the text is parsed into OpenAI `tool_calls` (`finalize`; `reply`
+  keeps the texts and calls in the order written, for the Anthropic and Responses APIs' lists
+  of blocks), or streamed through a `ReplyStream`.
 - `template_messages` turns request messages into what chat templates expect (assistant
   `tool_calls` arguments as objects, since Qwen-style templates write `arguments | tojson`);
   `chat_messages` also writes a tool history as text for a template that cannot (its source
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,11 +42,13 @@ from minfer.sampling.grammar import (
     gbnf_grammar,
     response_format_to_grammar,
 )
+from minfer.sampling.harmony import HarmonyFormat, HarmonyStream
 from minfer.sampling.mask import LogitMask, chain
 from minfer.sampling.tool_calls import (
     ToolCallStream,
     call_arguments,
     history_for,
+    new_call_id,
     tool_choice_grammar,
     tool_segments,
     tools_for_prompt,
@@ -90,6 +94,13 @@ class OutputPlan:
     def reply(self, text: str, finish: str) -> Reply:
         """The generated text as a `Reply`: its thinking, then its texts and tool calls in
         the order they were written (for APIs whose content is a list of blocks)."""
+        harmony = self.harmony()
+        if harmony is not None:
+            got = harmony.parse(text, new_id=new_call_id)
+            if not got.calls:
+                return Reply(got.reasoning, [got.content], finish)
+            return Reply(got.reasoning, [got.content, *got.calls],
+                         "tool_calls" if finish == "stop" else finish)
         reasoning = None
         if self.reasoning is not None:
             split = self.reasoning.split(text)
@@ -104,6 +115,14 @@ class OutputPlan:
     def reply_stream(self) -> ReplyStream:
         """The streamed counterpart of `finalize`."""
         return ReplyStream(self)
+
+    def harmony(self) -> HarmonyFormat | None:
+        """How a harmony reply (gpt-oss) is read, the offered tools' names added; None for
+        other replies."""
+        if self.reasoning is None or self.reasoning.harmony is None:
+            return None
+        names = None if self.tools is None else tuple(t["function"]["name"] for t in self.tools)
+        return replace(self.reasoning.harmony, tools=names)
 
 
 @dataclass(frozen=True)
@@ -132,8 +151,13 @@ class ReplyStream:
     (or `tool_calls`) pieces; they concatenate to `OutputPlan.finalize`'s fields."""
 
     def __init__(self, plan: OutputPlan) -> None:
-        self.reasoning = None if plan.reasoning is None else plan.reasoning.stream()
-        self.tools = ToolCallStream() if plan.tools is not None else None
+        harmony = plan.harmony()
+        self.harmony = None if harmony is None else harmony.stream(new_id=new_call_id)
+        self.reasoning = None if plan.reasoning is None or self.harmony is not None \
+            else plan.reasoning.stream()
+        self.tools: ToolCallStream | HarmonyStream | None = None
+        if plan.tools is not None:
+            self.tools = self.harmony or ToolCallStream()
 
     @property
     def tool_calls(self) -> bool:
@@ -144,11 +168,15 @@ class ReplyStream:
         return "tool_calls" if self.tool_calls and finish == "stop" else finish
 
     def push(self, text: str) -> list[dict[str, Any]]:
+        if self.harmony is not None:
+            return self.harmony.push(text)
         if self.reasoning is None:
             return self._content(text)
         return self._deltas(*self.reasoning.push(text))
 
     def finish(self) -> list[dict[str, Any]]:
+        if self.harmony is not None:
+            return self.harmony.finish()
         deltas = [] if self.reasoning is None else self._deltas(*self.reasoning.finish())
         return deltas + (self.tools.finish() if self.tools is not None else [])
 

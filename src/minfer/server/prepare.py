@@ -98,7 +98,11 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     except MinferError as exc:
         param = "chat_template_kwargs" if req.chat_template_kwargs else "messages"
         raise from_minfer_error(exc, param=param) from None
-    output.reasoning = opts.plan(text, lambda s: tok.encode(s, special=True, add_bos=False))
+    output.reasoning = opts.plan(text, lambda s: tok.encode(s, special=True, add_bos=False),
+                                 template_source=template.source)
+    if output.reasoning.harmony is not None and req.tool_choice not in (None, "auto", "none"):
+        raise bad_request("a forced tool_choice is not supported for harmony (gpt-oss) models "
+                          "yet: use 'auto'", param="tool_choice", code="unsupported_value")
     output.logit_mask = chain(output.logit_mask, output.reasoning.budget)
     return tok.encode_prompt(text)
 
@@ -111,8 +115,14 @@ def request_reasoning(req: ChatCompletionRequest, defaults: ReasoningOptions) ->
     if req.reasoning_budget is not None and req.reasoning_budget < -1:
         raise bad_request(f"reasoning_budget must be -1 (unlimited) or more, got "
                           f"{req.reasoning_budget}", param="reasoning_budget", code="invalid_value")
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort == "none":  # llama-server's: no thinking, no effort
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif req.reasoning_effort:  # the template reads it (gpt-oss's `Reasoning: high`)
+        kwargs["reasoning_effort"] = req.reasoning_effort
     return defaults.override(fmt=req.reasoning_format, budget=req.reasoning_budget,
-                             template_kwargs=req.chat_template_kwargs)
+                             template_kwargs=kwargs)
 
 
 def completion_prompt(req: CompletionRequest, tok: TokenizerLike, limits: Limits,

@@ -136,6 +136,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_format: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_budget: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    reasoning_effort: str | None = None  # OpenAI's; a template variable ("none": no thinking)
 
 
 PromptIds = Annotated[list[TokenId], Field(min_length=1)]

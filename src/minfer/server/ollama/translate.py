@@ -4,11 +4,11 @@
 `system` first), a raw completion with `raw`, a fill-in-the-middle completion with `suffix`, or
 a completion of the request's own `template` (gotemplate.py's subset of Go's templates).
 `options` map onto the sampling fields, `format` onto `response_format`, `think` onto the chat
-template's `enable_thinking`. `capabilities` says what a model does as Ollama infers it (its
-kind, and the template's `tools`, suffix and thinking); a `think` request to a model without
-"thinking" is refused as Ollama refuses it. Replies carry `message` (chat) or `response`
-(generate), the thinking as `thinking`, tool calls with their arguments as objects, and the
-final object's `done_reason` and durations in nanoseconds.
+template's `enable_thinking` (a level onto `reasoning_effort` too). `capabilities` says what a
+model does as Ollama infers it (its kind, and the template's `tools`, suffix and thinking); a
+`think` request to a model without "thinking" is refused as Ollama refuses it. Replies carry
+`message` (chat) or `response` (generate), the thinking as `thinking`, tool calls with their
+arguments as objects, and the final object's `done_reason` and durations in nanoseconds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from minfer.chat.reasoning import OPEN as THINK_OPEN
+from minfer.chat.reasoning import template_thinks
 from minfer.server.errors import bad_request
 from minfer.server.ollama import gotemplate
 from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
@@ -80,7 +80,7 @@ def capabilities(lm: LoadedModel) -> list[str]:
         caps.append("tools")
     if not lm.tokenizer.fim.missing():
         caps.append("insert")
-    if THINK_OPEN in lm.template.source or "enable_thinking" in variables:
+    if template_thinks(lm.template.source, variables):
         caps.append("thinking")
     return caps
 
@@ -100,8 +100,15 @@ def check_thinking(body: ChatRequest | GenerateRequest, lm: LoadedModel) -> None
 
 
 def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
+    """`enable_thinking`; a level ("high", "medium", "low") is the reasoning effort too (the
+    gpt-oss template's `Reasoning: high`), as Ollama gives it to gpt-oss."""
     on = thinking_on(body)
-    return {} if on is None else {"chat_template_kwargs": {"enable_thinking": on}}
+    if on is None:
+        return {}
+    out: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": on}}
+    if isinstance(body.think, str) and body.think in ("high", "medium", "low"):
+        out["reasoning_effort"] = body.think
+    return out
 
 
 def chat_request(body: ChatRequest) -> ChatCompletionRequest:

@@ -67,7 +67,7 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    effort: str | None = None  # "none" turns a thinking template's thinking off
+    effort: str | None = None  # the template's reasoning_effort; "none" turns thinking off
     summary: str | None = None
 
 

@@ -68,8 +68,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     elif fmt is not None and fmt.type == "json_schema":
         out["response_format"] = {"type": "json_schema", "json_schema": {
             "name": fmt.name or "output", "schema": fmt.schema_ or {}}}
-    if body.reasoning is not None and body.reasoning.effort == "none":
-        out["chat_template_kwargs"] = {"enable_thinking": False}
+    if body.reasoning is not None and body.reasoning.effort:  # "none": no thinking
+        out["reasoning_effort"] = body.reasoning.effort
     return translated(ChatCompletionRequest, out)
 
 
