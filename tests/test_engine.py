@@ -57,6 +57,22 @@ def test_quantized_models_match_oracle(fixture: str, request: pytest.FixtureRequ
     assert np.array_equal(got.argmax(-1), ref.argmax(-1)) or _rel_err(got, ref) < 0.01
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", [QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS,
+                                   QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
+                                   QType.TQ1_0, QType.TQ2_0, QType.MXFP4], ids=lambda q: q.name)
+def test_iquant_models_match_oracle(qtype: QType, tmp_path: Path) -> None:
+    """Every projection and the (tied) embeddings in one of the i-quant / ternary / MXFP4 types
+    (random valid blocks for the i-quants, `tools.quantize.simple`), decode and prefill."""
+    path = write_tiny_model(tmp_path / "iq.gguf", n_embd=256, n_ff=512, weight_types=qtype)
+    ref = OracleQwen(str(path)).logits(TOKENS)
+    engine = _engine(path, kv_type="f32")
+    got = _all_rows(engine, TOKENS)
+    assert _rel_err(got, ref) < 0.03
+    step = engine.forward_batch(Batch.single(TOKENS[:1], 0, n_out=1))  # a decode-shaped step
+    assert _rel_err(step[0], got[0]) < 1e-5
+
+
 def test_repacked_weights_match_the_oracle(tmp_path: Path) -> None:
     """Rows wide enough for the CPU backend's repacked layouts (groups of 16 and 8 blocks, K-quant
     pairs), tied Q8_0 embeddings serving as the output projection too."""

@@ -97,7 +97,10 @@ def test_moe_rows_are_batch_invariant(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("qtype", [QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q5_0,
                                    QType.Q8_0, QType.Q4_1, QType.Q5_1, QType.Q4_K, QType.Q5_K,
-                                   QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.IQ4_NL])
+                                   QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.IQ4_NL,
+                                   QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS,
+                                   QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
+                                   QType.TQ1_0, QType.TQ2_0, QType.MXFP4])
 def test_expert_drivers_equal_the_dense_drivers(qtype: QType) -> None:
     """Each group's rows through the expert form give the dense kernel's bits on that expert's
     slice (repacked where the dense path repacks), for groups of 1..11 rows."""
