@@ -291,7 +291,7 @@ def test_derived_weights_are_made_once_and_the_file_stays_readable(tiny_qwen2: P
 
 
 def test_a_weight_type_the_kernels_cannot_run_is_refused_by_name(tiny_qwen2: Path) -> None:
-    """A file holding a type minfer has no kernel for (IQ4_XS here) is refused when the engine
+    """A file holding a type minfer has no kernel for (NVFP4 here) is refused when the engine
     is made, naming the type and a tensor, before any graph is built or kernel compiled."""
     from dataclasses import replace
 
@@ -299,6 +299,6 @@ def test_a_weight_type_the_kernels_cannot_run_is_refused_by_name(tiny_qwen2: Pat
 
     f = GGUFFile.open(tiny_qwen2)
     name = "blk.1.ffn_up.weight"
-    f.tensors[name] = replace(f.tensors[name], ggml_type=int(QType.IQ4_XS))
-    with pytest.raises(MinferError, match=r"IQ4_XS \(such as blk\.1\.ffn_up\.weight\).*Q4_K"):
+    f.tensors[name] = replace(f.tensors[name], ggml_type=int(QType.NVFP4))
+    with pytest.raises(MinferError, match=r"NVFP4 \(such as blk\.1\.ffn_up\.weight\).*Q4_K"):
         Engine(f, HParams.from_gguf(f), n_ctx=16)
