@@ -57,6 +57,22 @@ def test_quantized_models_match_oracle(fixture: str, request: pytest.FixtureRequ
     assert np.array_equal(got.argmax(-1), ref.argmax(-1)) or _rel_err(got, ref) < 0.01
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", [QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS,
+                                   QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
+                                   QType.TQ1_0, QType.TQ2_0, QType.MXFP4], ids=lambda q: q.name)
+def test_iquant_models_match_oracle(qtype: QType, tmp_path: Path) -> None:
+    """Every projection and the (tied) embeddings in one of the i-quant / ternary / MXFP4 types
+    (random valid blocks for the i-quants, `tools.quantize.simple`), decode and prefill."""
+    path = write_tiny_model(tmp_path / "iq.gguf", n_embd=256, n_ff=512, weight_types=qtype)
+    ref = OracleQwen(str(path)).logits(TOKENS)
+    engine = _engine(path, kv_type="f32")
+    got = _all_rows(engine, TOKENS)
+    assert _rel_err(got, ref) < 0.03
+    step = engine.forward_batch(Batch.single(TOKENS[:1], 0, n_out=1))  # a decode-shaped step
+    assert _rel_err(step[0], got[0]) < 1e-5
+
+
 def test_repacked_weights_match_the_oracle(tmp_path: Path) -> None:
     """Rows wide enough for the CPU backend's repacked layouts (groups of 16 and 8 blocks, K-quant
     pairs), tied Q8_0 embeddings serving as the output projection too."""
@@ -275,7 +291,7 @@ def test_derived_weights_are_made_once_and_the_file_stays_readable(tiny_qwen2: P
 
 
 def test_a_weight_type_the_kernels_cannot_run_is_refused_by_name(tiny_qwen2: Path) -> None:
-    """A file holding a type minfer has no kernel for (IQ4_XS here) is refused when the engine
+    """A file holding a type minfer has no kernel for (NVFP4 here) is refused when the engine
     is made, naming the type and a tensor, before any graph is built or kernel compiled."""
     from dataclasses import replace
 
@@ -283,6 +299,6 @@ def test_a_weight_type_the_kernels_cannot_run_is_refused_by_name(tiny_qwen2: Pat
 
     f = GGUFFile.open(tiny_qwen2)
     name = "blk.1.ffn_up.weight"
-    f.tensors[name] = replace(f.tensors[name], ggml_type=int(QType.IQ4_XS))
-    with pytest.raises(MinferError, match=r"IQ4_XS \(such as blk\.1\.ffn_up\.weight\).*Q4_K"):
+    f.tensors[name] = replace(f.tensors[name], ggml_type=int(QType.NVFP4))
+    with pytest.raises(MinferError, match=r"NVFP4 \(such as blk\.1\.ffn_up\.weight\).*Q4_K"):
         Engine(f, HParams.from_gguf(f), n_ctx=16)

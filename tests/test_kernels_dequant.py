@@ -115,8 +115,8 @@ def test_bound_get_rows_reads_the_ids_each_call_and_refuses_bad_ones(qt: QType) 
 
 
 def test_unsupported_type_is_refused_by_name() -> None:
-    with pytest.raises(ModelError, match="IQ4_XS"):
-        dequantize(np.zeros((1, 136), np.uint8), int(GT.IQ4_XS), 256)
+    with pytest.raises(ModelError, match="NVFP4"):
+        dequantize(np.zeros((1, 144), np.uint8), int(GT.NVFP4), 256)
     assert row_bytes(QType.Q6_K, 4864) == 19 * 210
 
 

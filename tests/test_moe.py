@@ -56,7 +56,9 @@ def test_f32_moe_matches_oracle_tightly(arch: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("types", [QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.Q4_0, QType.F16,
                                    {"ffn_gate": QType.Q4_K, "ffn_up": QType.Q5_0,
-                                    "ffn_down": QType.Q6_K, "default": QType.Q8_0}])
+                                    "ffn_down": QType.Q6_K, "default": QType.Q8_0},
+                                   {"ffn_gate": QType.MXFP4, "ffn_up": QType.MXFP4,
+                                    "ffn_down": QType.MXFP4, "default": QType.Q8_0}])
 def test_quantized_moe_matches_oracle(types: QType | dict[str, QType], tmp_path: Path) -> None:
     """Every expert type against the float64 oracle on the same quantized weights; the stacked
     experts repacked where the dense weight would be. The activations are quantized to 8 bits
@@ -69,7 +71,7 @@ def test_quantized_moe_matches_oracle(types: QType | dict[str, QType], tmp_path:
     ref = OracleQwen(str(path)).logits(TOKENS)
     assert _rel_err(got, ref) < 0.06
     packed = {name for name, form in engine.weights._derived if form == PACKED_FORM}
-    gate = QType.Q4_K if isinstance(types, dict) else types
+    gate = types["ffn_gate"] if isinstance(types, dict) else types
     batched = engine.batch_invariant  # the engine's layout choice (`kernels.packable`)
     assert ("blk.0.ffn_gate_exps.weight" in packed) == K.packable(gate, 256, 256, batched)
 
@@ -97,7 +99,10 @@ def test_moe_rows_are_batch_invariant(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("qtype", [QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q5_0,
                                    QType.Q8_0, QType.Q4_1, QType.Q5_1, QType.Q4_K, QType.Q5_K,
-                                   QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.IQ4_NL])
+                                   QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.IQ4_NL,
+                                   QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS,
+                                   QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
+                                   QType.TQ1_0, QType.TQ2_0, QType.MXFP4])
 def test_expert_drivers_equal_the_dense_drivers(qtype: QType) -> None:
     """Each group's rows through the expert form give the dense kernel's bits on that expert's
     slice (repacked where the dense path repacks), for groups of 1..11 rows."""

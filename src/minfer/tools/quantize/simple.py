@@ -5,11 +5,15 @@ development model uses (Q4_K, Q5_K, Q6_K), so this module adds straightforward r
 quantizers for those. They produce valid blocks (checked against `gguf.quants.dequantize`) with
 plain min/max scale choice, not ggml's error-minimising search: good for tests, not for shipping.
 Q2_K and Q3_K come from `rows` beside it (llama.cpp's exact quantizers, the ones
-`minfer quantize` ships).
+`minfer quantize` ships). The i-quants (IQ1_S .. IQ4_XS) get stand-ins, not quantizers: random
+valid blocks (grid indices, signs, sub-scales) whose scale gives each block the data's RMS, for
+synthetic models whose reference is the dequantized weights; TQ1_0, TQ2_0 and MXFP4 are
+gguf.quants'.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -111,6 +115,9 @@ _GGUF_QUANTIZED = frozenset({
     GGMLQuantizationType.Q5_0,
     GGMLQuantizationType.Q5_1,
     GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.TQ1_0,
+    GGMLQuantizationType.TQ2_0,
+    GGMLQuantizationType.MXFP4,
 })
 _PLAIN = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16})
 
@@ -121,6 +128,23 @@ _K_QUANTIZERS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     GGMLQuantizationType.Q2_K: _exact(GGMLQuantizationType.Q2_K),
     GGMLQuantizationType.Q3_K: _exact(GGMLQuantizationType.Q3_K),
 }
+
+
+def _stand_in(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], np.ndarray]:
+    def run(blocks: np.ndarray) -> np.ndarray:
+        from minfer.backends.cpu.kernels.reference import random_iquant_blocks
+
+        rng = np.random.default_rng(zlib.crc32(blocks.tobytes()))
+        rms = np.sqrt((blocks.astype(np.float64) ** 2).mean(-1))[:, None]
+        return random_iquant_blocks(int(qtype), blocks.shape[0], QK_K, rng, rms=rms)
+
+    return run
+
+
+for _t in (GGMLQuantizationType.IQ2_XXS, GGMLQuantizationType.IQ2_XS, GGMLQuantizationType.IQ2_S,
+           GGMLQuantizationType.IQ3_XXS, GGMLQuantizationType.IQ3_S, GGMLQuantizationType.IQ1_S,
+           GGMLQuantizationType.IQ1_M, GGMLQuantizationType.IQ4_XS):
+    _K_QUANTIZERS[_t] = _stand_in(_t)
 
 
 def can_quantize(qtype: GGMLQuantizationType, n_in: int) -> bool:

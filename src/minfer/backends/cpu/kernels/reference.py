@@ -2,8 +2,8 @@
 
 Independent of the kernels' code: activation quantizers written from ggml's definitions, the
 exact (float64) value of the integer dot products ggml computes, and plain float64 RoPE,
-attention and RMSNorm. Also random weight blocks for the K-quants, which `gguf.quants` cannot
-quantize.
+attention and RMSNorm. Also random weight blocks for the K-quants and the i-quants, which
+`gguf.quants` cannot quantize.
 """
 
 from __future__ import annotations
@@ -85,6 +85,44 @@ def random_kquant_blocks(qtype: int, n_out: int, n_in: int, rng: np.random.Gener
         blocks[:, :, 80:84] = raw
     else:
         blocks[:, :, 0:4] = raw
+    return blocks.reshape(n_out, nb * size)
+
+
+IQUANT_TYPES = (QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
+                QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS, QType.TQ1_0, QType.TQ2_0, QType.MXFP4)
+
+
+def _set_scale(blocks: np.ndarray, qt: QType, d: np.ndarray) -> None:
+    """Write each block's scale field: f16 d (IQ1_M: split over its scales' top nibbles),
+    MXFP4: the E8M0 exponent e with 2^(e - 128) nearest d."""
+    if qt is QType.MXFP4:
+        e = np.clip(np.rint(np.log2(np.maximum(d, 2.0 ** -120))) + 128, 1, 254)
+        blocks[..., 0] = e.astype(np.uint8)
+        return
+    bits = d.astype(np.float16).view(np.uint16)
+    if qt is QType.IQ1_M:
+        sc = blocks[..., 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        for i in range(4):
+            sc[..., i] |= ((bits >> np.uint16(4 * i)) & np.uint16(15)) << np.uint16(12)
+        blocks[..., 48:56] = sc.view(np.uint8)
+        return
+    at = {QType.TQ1_0: 52, QType.TQ2_0: 64}.get(qt, 0)
+    blocks[..., at:at + 2] = bits[..., None].view(np.uint8)
+
+
+def random_iquant_blocks(qtype: int, n_out: int, n_in: int, rng: np.random.Generator,
+                         rms: float | np.ndarray = 0.05) -> np.ndarray:
+    """Random valid blocks `[n_out, row_bytes]` of an i-quant / ternary / MXFP4 type (random
+    grid indices, signs and sub-scales), each block's scale set so its values' RMS is about
+    `rms` (a number, or one per block `[n_out, n_blocks]`)."""
+    qt = QType(qtype)
+    block, size = BLOCK_LAYOUT[qt]
+    nb = n_in // block
+    blocks = rng.integers(0, 256, (n_out, nb, size), dtype=np.uint8)
+    _set_scale(blocks, qt, np.ones((n_out, nb)))
+    unit = gguf_dequantize(blocks.reshape(n_out, -1), GGMLQuantizationType(int(qt)))
+    unit_rms = np.sqrt((unit.reshape(n_out, nb, block).astype(np.float64) ** 2).mean(-1))
+    _set_scale(blocks, qt, np.broadcast_to(rms, (n_out, nb)) / np.maximum(unit_rms, 1e-3))
     return blocks.reshape(n_out, nb * size)
 
 

@@ -52,6 +52,7 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_q5_k,
     mv_q6_k,
     mv_q6_kr,
+    mv_q7_k,
     mv_q8_0,
     mv_q8_0p,
 )
@@ -67,10 +68,11 @@ from minfer.backends.cpu.kernels.quant.activations import (
     quantize_q8_0,
     quantize_q8_k,
 )
-from minfer.backends.cpu.kernels.quant.reencode import iq4_nl_to_q8_0, q3_k_to_q6_k
+from minfer.backends.cpu.kernels.quant.reencode import widen
 from minfer.backends.cpu.kernels.quant.repack import interleave_block32, interleave_kquant
 from minfer.backends.cpu.kernels.quant.types import (
     BLOCK_LAYOUT,
+    DERIVED_TYPES,
     KQUANT_TYPES,
     PACKED_TYPES,
     QType,
@@ -87,6 +89,10 @@ _FLOAT_MIN = {QType.F32: 16, QType.F16: 16, QType.BF16: 16}
 _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
+    # widened copies (`quant.reencode`): their Q6_K / Q7_K / Q8_0 kernel's
+    **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
+                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0), 128),
+    QType.IQ4_XS: 64, QType.MXFP4: 64,
 }
 _NEVER = 1 << 62
 # Q2_K dots in plain loops (`linear.dots_q2k`), IQ4_NL / Q3_K on a re-encoded copy
@@ -102,7 +108,7 @@ def prefill_min_tokens(qtype: int) -> int:
     qt = qtype_of(qtype)
     if qt in _PLAIN_LOOP_MIN:
         return _PLAIN_LOOP_MIN[qt]
-    if qt in PACKED_TYPES.values():  # interleaved rows: the integer path only
+    if qt in DERIVED_TYPES:  # interleaved rows, Q7_K: the integer path only
         return _NEVER
     if HAS_VNNI512 and qt not in _FLOAT_MIN:
         return _NEVER
@@ -123,7 +129,8 @@ _BLOCK32 = {
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
-           QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k}
+           QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
+           QType.Q7_K: mv_q7_k}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -213,14 +220,11 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks, or for
-    IQ4_NL / Q3_K an exact copy widened to Q8_0 / Q6_K (see `quant.reencode`), made here."""
+    IQ4_NL, Q3_K, the i-quants, TQ1_0 / TQ2_0 and MXFP4 a copy widened to Q8_0 / Q6_K / Q7_K
+    (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
-    if qt is QType.IQ4_NL:
-        return iq4_nl_to_q8_0(w), QType.Q8_0
-    if qt is QType.Q3_K:
-        return q3_k_to_q6_k(w), QType.Q6_K
-    return w, qt
+    return widen(w, qt)
 
 
 def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
@@ -319,7 +323,7 @@ def matmul_sgemm(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray) 
     integer path rounds it (`activation_values`): the same products as ggml's dots, which take
     quantized activations, up to float rounding."""
     qt = qtype_of(qtype)
-    if qt in PACKED_TYPES.values():
+    if qt in DERIVED_TYPES:
         raise ValueError(f"{qt.name} weights are read by the integer path only")
     w, n_in = weight_view(w_raw, qt)
     x = np.ascontiguousarray(x, dtype=np.float32)

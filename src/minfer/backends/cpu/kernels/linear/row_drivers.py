@@ -323,6 +323,7 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("q4_k"),
     _kquant("q5_k"),
     _kquant("q6_k"),
+    _kquant("q7_k"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "k6_corr(bsums)"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
@@ -351,6 +352,7 @@ mv_q8_0p: Any = _M.mv_q8_0p
 mv_q4_k: Any = _M.mv_q4_k
 mv_q5_k: Any = _M.mv_q5_k
 mv_q6_k: Any = _M.mv_q6_k
+mv_q7_k: Any = _M.mv_q7_k
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
 mv_f32: Any = _M.mv_f32
@@ -367,6 +369,7 @@ mv_q8_0p_x: Any = _M.mv_q8_0p_x
 mv_q4_k_x: Any = _M.mv_q4_k_x
 mv_q5_k_x: Any = _M.mv_q5_k_x
 mv_q6_k_x: Any = _M.mv_q6_k_x
+mv_q7_k_x: Any = _M.mv_q7_k_x
 mv_q4_kr_x: Any = _M.mv_q4_kr_x
 mv_q6_kr_x: Any = _M.mv_q6_kr_x
 mv_f32_x: Any = _M.mv_f32_x

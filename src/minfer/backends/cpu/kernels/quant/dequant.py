@@ -19,6 +19,7 @@ from numba.extending import overload
 
 from minfer import jit_cache
 from minfer.backends.cpu.kernels.linear.dots32 import U, load_f16
+from minfer.backends.cpu.kernels.quant.iquants import IQ_SIZES, iq_values, mxfp4_values
 from minfer.backends.cpu.kernels.quant.types import (
     BLOCK_LAYOUT,
     FLOAT_TYPES,
@@ -204,6 +205,9 @@ def _iq4_nl(w, y):
             y[b * U(32) + U(16) + j] = d * levels[q >> _S4]
 
 
+_IQ_IDS = tuple(IQ_SIZES)
+
+
 @njit(inline="always")
 def dequant_row(src, qtype, dst):
     """dst[:] = the f32 values of one quantized row `src` (uint8 bytes) of GGML type `qtype`."""
@@ -229,6 +233,11 @@ def dequant_row(src, qtype, dst):
         _q3_k(src, dst)
     elif qtype == 20:
         _iq4_nl(src, dst)
+    elif qtype == 39:
+        mxfp4_values(src, dst)
+    elif qtype in _IQ_IDS:
+        iq_values(src, dst, qtype)
+
 
 
 def _row_target(out, i):
@@ -288,6 +297,8 @@ _ROW_CALLS = {
     "q2_k": "_q2_k(w[rows[i]], y)",
     "q3_k": "_q3_k(w[rows[i]], y)",
     "iq4_nl": "_iq4_nl(w[rows[i]], y)",
+    "mxfp4": "mxfp4_values(w[rows[i]], y)",
+    **{QType(t).name.lower(): f"iq_values(w[rows[i]], y, {t})" for t in IQ_SIZES},
 }
 _ROWS_TEMPLATE = """
 

@@ -21,6 +21,11 @@ Byte layouts (little-endian, f16 = IEEE half):
   Q3_K  (256 values, 110 B): hmask[32] (third bits) | qs[64] | scales[12] (16 six-bit) | d f16,
         v = d*(sc-32)*(q-4 if the third bit is clear else q) per 16-value sub-block
   IQ4_NL (32 values, 18 B): d f16 | qs[16] (as Q4_0), v = d*level[q], ggml's 16 levels
+  IQ1_S .. IQ4_XS, TQ1_0, TQ2_0, MXFP4: see `quant.iquants` (each dequantized exactly; run as
+        exact re-encodings into Q6_K / Q8_0 / Q7_K, `quant.reencode`)
+  Q7_K  (minfer's own, never in a file; 256 values, 276 B): codes u8[256] (q + 64, |q| <= 63)
+        | scales int8[16] | d f32, v = d*sc*q per 16-value sub-block. The re-encoding of the
+        IQ2 types, whose lattice values (up to 43) do not fit Q6_K's codes.
 
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
@@ -63,34 +68,54 @@ class QType(IntEnum):
     Q8_K = _G.Q8_K.value
     IQ4_NL = _G.IQ4_NL.value
     BF16 = _G.BF16.value
+    IQ2_XXS = _G.IQ2_XXS.value
+    IQ2_XS = _G.IQ2_XS.value
+    IQ2_S = _G.IQ2_S.value
+    IQ3_XXS = _G.IQ3_XXS.value
+    IQ3_S = _G.IQ3_S.value
+    IQ1_S = _G.IQ1_S.value
+    IQ1_M = _G.IQ1_M.value
+    IQ4_XS = _G.IQ4_XS.value
+    TQ1_0 = _G.TQ1_0.value
+    TQ2_0 = _G.TQ2_0.value
+    MXFP4 = _G.MXFP4.value
     Q4_0_PACKED = 0x1000 + _G.Q4_0.value
     Q5_0_PACKED = 0x1000 + _G.Q5_0.value
     Q8_0_PACKED = 0x1000 + _G.Q8_0.value
     Q4_K_PACKED = 0x1000 + _G.Q4_K.value
     Q6_K_PACKED = 0x1000 + _G.Q6_K.value
+    Q7_K = 0x2000  # minfer's own wide layout (see the module docstring)
 
 
 # (values per block, bytes per block) of the weight types the kernels accept: GGML's, and for a
 # repacked layout its type's (the same blocks, rearranged)
 _WEIGHT_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0,
                  QType.Q5_1, QType.Q8_0, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q2_K,
-                 QType.Q3_K, QType.IQ4_NL, QType.Q4_0_PACKED, QType.Q5_0_PACKED,
+                 QType.Q3_K, QType.IQ4_NL, QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S,
+                 QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
+                 QType.TQ1_0, QType.TQ2_0, QType.MXFP4, QType.Q4_0_PACKED, QType.Q5_0_PACKED,
                  QType.Q8_0_PACKED, QType.Q4_K_PACKED, QType.Q6_K_PACKED)
 BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
-    qt: GGML_QUANT_SIZES[_G(qt & 0xFFF)] for qt in _WEIGHT_TYPES}
+    **{qt: GGML_QUANT_SIZES[_G(qt & 0xFFF)] for qt in _WEIGHT_TYPES}, QType.Q7_K: (256, 276)}
 PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
                 QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED,
                 QType.Q6_K: QType.Q6_K_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
-                           QType.IQ4_NL})
+                           QType.IQ4_NL, QType.MXFP4})
+# the types dotted with a Q8_K activation (IQ4_XS runs as Q8_0: see `quant.reencode`)
 KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-                          QType.Q4_K_PACKED, QType.Q6_K_PACKED})
+                          QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K, QType.IQ2_XXS,
+                          QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S,
+                          QType.IQ1_M, QType.TQ1_0, QType.TQ2_0})
+# minfer's own layouts, made from a file's weights (never read from a file)
+DERIVED_TYPES = frozenset({QType.Q4_0_PACKED, QType.Q5_0_PACKED, QType.Q8_0_PACKED,
+                           QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K})
 
 
 # the GGML types a file's weights may have (what `qtype_of` accepts from a file), by name
-RUNNABLE_TYPE_NAMES = tuple(qt.name for qt in _WEIGHT_TYPES if qt < 0x1000)
+RUNNABLE_TYPE_NAMES = tuple(qt.name for qt in _WEIGHT_TYPES if qt not in DERIVED_TYPES)
 
 
 def type_name(qtype: int) -> str:

@@ -1,13 +1,15 @@
-"""Row dot products for the K-quants (Q4_K, Q5_K, Q6_K) as LLVM vector IR intrinsics.
+"""Row dot products for the K-quants (Q4_K, Q5_K, Q6_K; and Q7_K, minfer's re-encoding of the
+IQ2 types, `quant.types`) as LLVM vector IR intrinsics.
 
 One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-value super-block
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
 are dotted with the Q8_K activation in exact int32 lanes times the sub-block scales (with AVX2:
-pmaddubsw pair sums, fed to vpdpwssd against the i16 scales (AVX512-VNNI: two 32-code groups
-per zmm), or on AVX2 without VNNI to pmaddwd and an add; else `simd.blocks._lane_sums` times the
-scales). Q6_K's -32 code offset is -32 * (scales . bsums), one
-pmaddwd of the activation's 16-value sums against the row's scales, added to the lanes; Q4_K /
-Q5_K's mins . bsums is the same pmaddwd against the mins, kept as lanes too. Then d_x * d_w *
+pmaddubsw pair sums (Q7_K's codes <= 127: |pair sum| <= 2 * 127 * 128, no saturation), fed to
+vpdpwssd against the i16 scales (AVX512-VNNI: two 32-code groups per zmm), or on AVX2 without
+VNNI to pmaddwd and an add; else `simd.blocks._lane_sums` times the scales). Q6_K's -32 code
+offset is -32 * (scales . bsums), one pmaddwd of the activation's 16-value sums against the
+row's scales, added to the lanes (Q7_K: the same with -64, and an f32 d); Q4_K / Q5_K's
+mins . bsums is the same pmaddwd against the mins, kept as lanes too. Then d_x * d_w *
 float(lanes) goes into an f32 register accumulator and -d_x * dmin_w * float(min lanes) into a
 second one; two fixed-order horizontal sums per row. Per token the activation side is only its
 quants and bsums (no per-call correction arrays), which keeps several tokens' rows in L1 while
@@ -87,6 +89,9 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
         return builder.add(base, ir.Constant(u64, off))
 
     codes = []
+    if kind == "q7":  # codes[256] | scales int8[16] | d f32
+        sc = builder.sext(_ld(builder, w, wat(256), _vec(_I8, 16)), _vec(_I32, 16))
+        return [_ld(builder, w, wat(32 * g), _vec(_I8, 32)) for g in range(8)], sc
     if kind == "q6":
         sc = builder.sext(_ld(builder, w, wat(192), _vec(_I8, 16)), _vec(_I32, 16))
         for n in range(2):
@@ -134,8 +139,8 @@ def _scales16(builder: Any, sm: Any, kind: str) -> tuple[list[Any], Any]:
     Q4_K/Q5_K's mins, each repeated for a bsums pair; Q6_K's scales times -32 (its code
     offset)."""
     sm16 = builder.trunc(sm, _vec(_I16, 16))
-    if kind == "q6":
-        side = builder.mul(sm16, ir.Constant(_vec(_I16, 16), [-32] * 16))
+    if kind in _OFFSET:
+        side = builder.mul(sm16, ir.Constant(_vec(_I16, 16), [-_OFFSET[kind]] * 16))
         idx = [[2 * g] * 8 + [2 * g + 1] * 8 for g in range(8)]
     else:
         side = _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
@@ -169,20 +174,20 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
             acc = builder.add(_splat_lane(builder, acc, list(range(8))),
                               _splat_lane(builder, acc, list(range(8, 16))))
         side = _pmaddwd(builder, bsv, side16)
-        if kind == "q6":
+        if kind in _OFFSET:
             return builder.add(acc, side), None
         return acc, side
     acc = ir.Constant(_vec(_I32, LANES), [0] * LANES)
     for g, cd in enumerate(codes):
         xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
-        lanes = _lane_sums(builder, cd, xv, 32 if kind == "q6" else 0, False)
-        if kind == "q6":
+        lanes = _lane_sums(builder, cd, xv, _OFFSET.get(kind, 0), False)
+        if kind in _OFFSET:
             half = LANES // 2
             sc = _splat_lane(builder, sm, [2 * g] * half + [2 * g + 1] * half)
         else:
             sc = _splat_lane(builder, sm, [g] * LANES)
         acc = builder.add(acc, builder.mul(lanes, sc))
-    if kind == "q6":
+    if kind in _OFFSET:
         return acc, None
     # mins . (pair sums of the 16-value activation sums), as 8 lanes
     bs32 = builder.sext(bsv, _vec(_I32, 16))
@@ -191,8 +196,9 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
     return acc, builder.mul(pairs, _splat_lane(builder, sm, list(range(8, 16))))
 
 
-_KSIZE = {"q4": 144, "q5": 176, "q6": 210}
-_KD_OFF = {"q4": 0, "q5": 0, "q6": 208}  # byte offset of the f16 d (Q4_K/Q5_K: dmin follows)
+_KSIZE = {"q4": 144, "q5": 176, "q6": 210, "q7": 276}
+_KD_OFF = {"q4": 0, "q5": 0, "q6": 208, "q7": 272}  # byte offset of d (Q4_K/Q5_K: dmin follows)
+_OFFSET = {"q6": 32, "q7": 64}  # the code offset of the types without mins
 
 
 def _row_dot_k(kind: str, ntok: int) -> Any:
@@ -221,10 +227,11 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                 codes, sm = _unpack_super(builder, w_p, base, kind)
                 if HAS_VNNI512:  # two 32-code groups per zmm
                     codes = [_concat(builder, codes[g:g + 2]) for g in range(0, 8, 2)]
-                dw = half_to_float(builder, _ld(builder, w_p, builder.add(
-                    base, ir.Constant(u64, _KD_OFF[kind])), _I16))
+                d_at = builder.add(base, ir.Constant(u64, _KD_OFF[kind]))
+                dw = (_ld(builder, w_p, d_at, _F32) if kind == "q7"
+                      else half_to_float(builder, _ld(builder, w_p, d_at, _I16)))
                 dmin = None
-                if kind != "q6":
+                if kind not in _OFFSET:
                     dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
                         base, ir.Constant(u64, 2)), _I16))
                 new_acc, new_m = [], []
@@ -242,10 +249,10 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                                           vals[ntok + j]))
                 return new_acc + new_m
 
-            init = [zero] * ntok + ([zm] * ntok if kind != "q6" else [])
+            init = [zero] * ntok + ([zm] * ntok if kind not in _OFFSET else [])
             vals = _phi_loop(builder, nb, init, body)
             totals = [_hsum(builder, vals[j]) for j in range(ntok)]
-            if kind != "q6":
+            if kind not in _OFFSET:
                 totals = [builder.fadd(tot, _hsum(builder, vals[ntok + j]))
                           for j, tot in enumerate(totals)]
             _store_totals(context, builder, out_t, out_v, t_v, r_v, totals)
@@ -257,4 +264,4 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
 
 
 define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k(qt[:2], n),
-              ("q4_k", "q5_k", "q6_k"))
+              ("q4_k", "q5_k", "q6_k", "q7_k"))
