@@ -16,6 +16,12 @@ import numpy as np
 import pytest
 
 from minfer.backends.cpu import kernels as K
+from minfer.chat.session import ChatConfig, ChatSession, TurnReport
+from minfer.engine.core.core import EngineCore
+from minfer.engine.core.request import GenRequest, Request
+from minfer.engine.core.runner import Runner
+from minfer.engine.core.scheduler import Held, _reach
+from minfer.engine.core.scheduler import Sequence as SchedSequence
 from minfer.engine.forward import Batch, Engine
 from minfer.errors import MinferError
 from minfer.gguf.hparams import HParams
@@ -23,6 +29,10 @@ from minfer.gguf.reader import GGUFFile
 from minfer.graph import ir
 from minfer.graph.params import ContextParams, GraphParams
 from minfer.models.registry import graph_builder_for
+from minfer.sampling.params import SamplerParams
+from minfer.sampling.sampler import Sampler
+from minfer.tokenizer.chat import ChatTemplate
+from minfer.tokenizer.tokenizer import Tokenizer
 
 from .oracle import short_conv as oracle_short_conv
 
@@ -209,3 +219,144 @@ def test_a_batch_of_sequences_each_reads_its_own_state() -> None:
         kv_end=np.arange(n + 1, len(LONG) + 1, dtype=np.int32),
         out_rows=np.arange(len(LONG) - n, dtype=np.int32)))
     assert np.array_equal(rest, alone[n:])
+
+
+# -- the generation core (what run / chat / the API / the server step) ---------------------------
+N_CTX_SLOT = 128
+_SEQ_IDS = 0
+
+
+def _sampler(prompt: list[int]) -> Sampler:
+    s = Sampler(SamplerParams(temp=0.0), 320, seed=1)
+    s.reset(prompt)
+    return s
+
+
+def _core(n_slots: int = 2) -> EngineCore:
+    engine = _engine(n_ctx=n_slots * N_CTX_SLOT, batch_invariant=True)
+    return EngineCore(Runner(engine, N_CTX_SLOT), Tokenizer.from_gguf(GGUFFile.open(MODEL)),
+                      n_slots=n_slots, n_ctx_slot=N_CTX_SLOT, chunk=16)
+
+
+def _run(core: EngineCore, prompts: list[list[int]], max_tokens: int = 6) -> list[Request]:
+    global _SEQ_IDS
+    states = []
+    for p in prompts:
+        _SEQ_IDS += 1
+        states.append(core.add(_SEQ_IDS, GenRequest(p, max_tokens, _sampler(p), top_logits=4)))
+    while core.busy:
+        assert all(o.error is None for o in core.step())
+    return states
+
+
+def test_core_batches_recurrent_rows_beside_each_other() -> None:
+    """Prompts chunked 16 rows a step, side by side in one engine (one state per slot), draw
+    what each draws alone, with the same logits bit for bit."""
+    alone = [_run(_core(1), [p])[0] for p in (LONG, OTHER)]
+    together = _run(_core(2), [LONG, OTHER])
+    for a, b in zip(alone, together, strict=True):
+        assert a.ids == b.ids and a.tops == b.tops
+
+
+def test_a_chats_next_turn_reuses_the_slots_state() -> None:
+    """The next turn (the previous prompt and reply, then more) takes the slot's whole cached
+    sequence with its state: it prefills only the new tokens, and draws what a full recompute
+    draws, with the same logits. A prompt that does not extend the cache recomputes from 0."""
+    core = _core(1)
+    (first,) = _run(core, [LONG[:40]])
+    held = len(core.scheduler.slots[0].cached)
+    assert held == 40 + len(first.ids) - 1  # the last drawn token is not computed yet
+    turn = [*LONG[:40], *first.ids, *OTHER[:12]]
+    (second,) = _run(core, [turn])
+    assert second.n_cached == held
+    (fresh,) = _run(_core(1), [turn])
+    assert fresh.n_cached == 0
+    assert second.ids == fresh.ids and second.tops == fresh.tops
+    (edited,) = _run(core, [[*LONG[:30], *OTHER[:5]]])  # shares 30 tokens, not the whole cache
+    assert edited.n_cached == 0
+    (alone,) = _run(_core(1), [[*LONG[:30], *OTHER[:5]]])
+    assert edited.ids == alone.ids and edited.tops == alone.tops
+
+
+def test_scheduler_takes_a_recurrent_cache_only_whole() -> None:
+    held = Held(tokens=[1, 2, 3, 4], n=4, scores=(), score_k=None)
+    extends = SchedSequence(0, [1, 2, 3, 4, 5], 5)
+    assert _reach(extends, held) == 4 and _reach(extends, held, recurrent=True) == 4
+    partial = SchedSequence(0, [1, 2, 3, 9, 9], 5)
+    assert _reach(partial, held) == 3 and _reach(partial, held, recurrent=True) == 0
+    same = SchedSequence(0, [1, 2, 3, 4], 4)  # its last token must be computed again
+    assert _reach(same, held, recurrent=True) == 0
+
+
+def test_a_copied_prefix_brings_the_state_only_whole() -> None:
+    e = _engine(batch_invariant=True, n_ctx=256)
+    e.hold_sequences(2)
+    alone = _engine(batch_invariant=True).forward(LONG[:21], 0, n_out=21)
+    e.forward(LONG[:20], 0)
+    e.copy_cells(0, 128, 20)  # the source's whole sequence: its state comes too
+    assert e.state_position(1) == 20
+    row = e.forward_batch(Batch(tokens=np.array([LONG[20]], np.int32),
+                                positions=np.array([20], np.int32),
+                                cells=np.array([148], np.int32),
+                                kv_start=np.array([128], np.int32),
+                                kv_end=np.array([149], np.int32),
+                                out_rows=np.array([0], np.int32)))
+    assert np.array_equal(row[0], alone[20])
+    e.copy_cells(0, 128, 10)  # part of it: the state stays behind, continuing is refused
+    assert e.state_position(1) == 21
+
+
+def test_speculation_is_refused_by_name() -> None:
+    from minfer.engine.assembly import Assembly, ModelConfig
+    from minfer.engine.speculative import SpecConfig, SpeculativeError
+
+    parts = Assembly(MODEL, ModelConfig(spec=SpecConfig(lookup_ngram=3)))
+    with pytest.raises(SpeculativeError, match="recurrent"):
+        parts.draft()
+
+
+# -- a chat session (minfer chat, the REPL) ------------------------------------------------------
+class _MergesOnly:
+    """Greedy over the BPE merges only (ids 256..316: pieces of ASCII text), so a reply is
+    always whole text and a turn's KV is kept as it is (a random model's byte tokens would
+    spell broken UTF-8, which the session trims away)."""
+
+    seed = 0
+
+    def sample(self, logits: np.ndarray) -> int:
+        return 256 + int(np.argmax(logits[256:317]))
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def reset(self, prompt_tail: object = (), *, seed: int | None = None) -> None:
+        pass
+
+
+def _chat(engine: Engine) -> ChatSession:
+    f = GGUFFile.open(MODEL)
+    tok = Tokenizer.from_gguf(f)
+    return ChatSession(engine, tok, ChatTemplate.from_gguf(f, tok), _MergesOnly(),
+                       config=ChatConfig(max_tokens=8))
+
+
+def _turn(chat: ChatSession, text: str) -> TurnReport:
+    *_, report = chat.say(text)
+    assert isinstance(report, TurnReport)
+    return report
+
+
+def test_chat_turns_prefill_the_delta_and_regen_recomputes() -> None:
+    e = _engine()
+    chat = _chat(e)
+    _turn(chat, "Hello world!")
+    second = _turn(chat, "The quick brown fox")
+    n_kv = chat.kv.cursor
+    assert 0 < second.n_prefilled < n_kv  # only the new turn's tokens
+    assert e.state_position(0) == n_kv
+    fresh = _chat(_engine())
+    _turn(fresh, "Hello world!")
+    assert _turn(fresh, "The quick brown fox").ids == second.ids
+    *_, again = chat.regen()  # the state cannot go back to the turn's start: all of it again
+    assert isinstance(again, TurnReport) and again.n_prefilled > second.n_prefilled
+    assert again.ids == second.ids  # greedy: the same reply
