@@ -360,3 +360,23 @@ def test_chat_turns_prefill_the_delta_and_regen_recomputes() -> None:
     *_, again = chat.regen()  # the state cannot go back to the turn's start: all of it again
     assert isinstance(again, TurnReport) and again.n_prefilled > second.n_prefilled
     assert again.ids == second.ids  # greedy: the same reply
+
+
+def test_info_shows_the_layer_pattern_and_the_state(capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.cli.main import main
+
+    assert main(["info", str(MODEL)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "CACC (C: short conv, 3 taps, 3 layers" in out
+    state = _engine(n_ctx=16).kv.state_bytes_per_seq
+    assert f"recurrent state per sequence │ 1.5 KiB ({state:,} bytes)" in out
+    assert "f32 256 B" in out  # K and V of the one attention layer: 2 x 32 f32 a token
+
+
+def test_the_python_api_generates() -> None:
+    import minfer
+
+    model = minfer.load(MODEL, n_ctx=128)
+    ids = model.tokenizer.encode("The quick brown fox")
+    first = list(model.generate(ids, max_tokens=6, temp=0.0))
+    assert first and list(model.generate(ids, max_tokens=6, temp=0.0)) == first
