@@ -380,3 +380,33 @@ def test_the_python_api_generates() -> None:
     ids = model.tokenizer.encode("The quick brown fox")
     first = list(model.generate(ids, max_tokens=6, temp=0.0))
     assert first and list(model.generate(ids, max_tokens=6, temp=0.0)) == first
+
+
+def test_the_server_reuses_a_chats_state_and_reports_it() -> None:
+    """`minfer serve` on the real tiny engine: a chat's next turn is answered from the slot's
+    state (usage's cached tokens) with the reply a full recompute gives (the same body again,
+    which does not extend the cache, is recomputed from 0)."""
+    from minfer.engine.config import EngineConfig
+    from minfer.server.state import ServerConfig, ServerState
+
+    from .test_server_app import call
+
+    st = ServerState(ServerConfig(model_path=MODEL, slots=2,
+                                  engine=EngineConfig.build(n_ctx=128, threads=1)))
+    st.start()
+    try:
+        assert st.wait_ready(60)
+        opts = {"max_tokens": 6, "temperature": 0, "logit_bias": {str(i): -100
+                                                                   for i in range(256)}}
+        msgs = [{"role": "user", "content": "The quick brown fox"}]
+        first = call(st, "POST", "/v1/chat/completions", json={"messages": msgs, **opts}).json()
+        reply = first["choices"][0]["message"]["content"]
+        msgs += [{"role": "assistant", "content": reply},
+                 {"role": "user", "content": "Hello world!"}]
+        got = [call(st, "POST", "/v1/chat/completions", json={"messages": msgs, **opts}).json()
+               for _ in range(2)]
+    finally:
+        st.stop()
+    cached = [g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got]
+    assert cached[0] > first["usage"]["prompt_tokens"] and cached[1] == 0
+    assert got[0]["choices"][0]["message"] == got[1]["choices"][0]["message"]
