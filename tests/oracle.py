@@ -252,3 +252,17 @@ class OracleBert:
                 x = np.tanh(self._lin(x, "cls"))
             return self._lin(x, "cls.output")
         return h
+
+
+def short_conv(bcx: np.ndarray, taps: np.ndarray,
+               state: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """LFM2's gated short convolution of one sequence in float64, as a textbook causal
+    depthwise convolution: bcx [nt, 3 d] = B | C | x, taps [d, L], state [L - 1, d] (the
+    previous B * x rows, oldest first; zeros when None). Returns (out [nt, d], the new state)."""
+    d, n_taps = taps.shape
+    b, c, x = (bcx[:, i * d:(i + 1) * d].astype(np.float64) for i in range(3))
+    prev = np.zeros((n_taps - 1, d)) if state is None else state.astype(np.float64)
+    window = np.concatenate([prev, b * x])
+    conv = np.stack([(window[t:t + n_taps] * taps.T.astype(np.float64)).sum(axis=0)
+                     for t in range(len(bcx))])
+    return c * conv, window[len(bcx):]

@@ -61,7 +61,10 @@ class KVHost(Protocol):
     exist, which head sizes each fits, and the zeroed `[n_ctx, row]` array of one layer's K or V
     in a format, and moving a layer's cells to new positions (`move_kv`: K re-keyed by the
     caller). The engine asks it; nothing above the backends knows a format's layout. Every
-    op falls back to it, so it also says which weight types a model may hold."""
+    op falls back to it, so it also says which weight types a model may hold. A recurrent
+    layer's state is the same kind of memory: `new_conv_state` makes one layer's region
+    holding every sequence's short-convolution state (LFM2), read and written only by the
+    backend's kernels."""
 
     kv_types: tuple[str, ...]
 
@@ -72,6 +75,11 @@ class KVHost(Protocol):
     def kv_quantized(self, kv_type: str) -> bool: ...
 
     def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray: ...
+
+    def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
+        """The zeroed short-convolution state of one layer for n_seq sequences (each: the
+        last l_cache - 1 inputs of every channel)."""
+        ...
 
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,

@@ -8,6 +8,10 @@ simply `len(tokens)`. Cells past the cursor may still hold stale rows (after a r
 never reads them, because a token's window ends at its own cell, and the next forward overwrites
 them.
 
+A model with recurrent layers (LFM2) holds a state of every token so far, which cannot be cut
+back: there a rewind to any cell before the cursor forgets everything (the cursor goes to 0 and
+the next forward recomputes from the start), and nothing shifts.
+
 The mirror is append-only at the cursor: a forward that would leave a gap is refused. The one
 other edit is `shift`: cells [src_start, src_end) move down to dst_start (the engine re-rotates
 their keys for the new positions, see minfer.engine.kv_shift), the cells between are forgotten,
@@ -51,6 +55,8 @@ def kv_shifter(engine: object) -> Callable[[int, int, int], None] | None:
     if callable(own):
         shifter = cast(KVShifter, engine)
         return lambda s, e, d: shifter.shift_kv(src_start=s, src_end=e, dst_start=d)
+    if getattr(engine, "recurrent", False):  # a recurrent state cannot be shifted
+        return None
     if hasattr(engine, "kv") and hasattr(engine, "hparams"):
         from minfer.engine.kv_shift import shift_kv
 
@@ -122,8 +128,11 @@ class KVMirror:
         self.n_shifted += len(moved)
 
     def rewind(self, cursor: int) -> None:
-        """Move the cursor back to `cursor` (no-op when it is already there or before)."""
+        """Move the cursor back to `cursor` (no-op when it is already there or before); on a
+        recurrent model, back to 0 unless `cursor` is where it is (read `cursor` after)."""
         if cursor < 0:
             raise MinferError(f"cannot rewind the KV to {cursor}")
+        if cursor < len(self._tokens) and getattr(self.engine, "recurrent", False):
+            cursor = 0
         del self._tokens[cursor:]
 

@@ -10,6 +10,9 @@ O(history). A template that rewrites history (Qwen3 drops earlier `<think>` bloc
 prefix; the session then rewinds to the longest common prefix, re-prefills the rest and counts a
 re-render. Rows are position-addressed and a token's attention window ends at its own cell, so
 rewinding is just moving the cursor: stale rows beyond it are never read and get overwritten.
+A model with recurrent layers (LFM2) cannot rewind its state: there a turn that would rewind
+(a re-render, /regen, a trimmed reply, an overflow) prefills the whole conversation again
+(`KVMirror.rewind` goes back to 0), and an overflow never shifts.
 
 KV-consistency invariant (between turns): the KV holds a prefix of the template's canonical
 render of the conversation. Hence an end-of-generation token is written into the KV before a turn
@@ -189,7 +192,7 @@ class ChatSession:
         self.dropped = []
         keep = common_prefix(self.kv.tokens, self._render_ids(False)) if self.messages else 0
         self.kv.rewind(keep)
-        self.turn_start = keep
+        self.turn_start = self.kv.cursor  # keep, or 0 where a recurrent state cannot go back
         self._eot_pending = False
 
     def restore(self, messages: Sequence[Mapping[str, str]]) -> int:
@@ -241,10 +244,11 @@ class ChatSession:
             report.re_rendered = True
             self.n_re_renders += 1
         start = min(start, len(target) - 1)  # the last prompt token is forwarded for its logits
+        self.kv.rewind(start)
+        start = self.kv.cursor  # start, or 0 where a recurrent state cannot go back
         eot = self.end_of_turn_id
         report.eot_inserted = self._eot_pending and eot is not None and eot in target[start:]
         self._eot_pending = False
-        self.kv.rewind(start)
         self.turn_start = start
         return target[start:]
 
@@ -302,8 +306,8 @@ class ChatSession:
         report.n_dropped += dropped
         self._shift_after_drop(report, before, target, ids)
         full = target + ids
-        start = min(common_prefix(self.kv.tokens, full), len(full) - 1)
-        self.kv.rewind(start)
+        self.kv.rewind(min(common_prefix(self.kv.tokens, full), len(full) - 1))
+        start = self.kv.cursor
         self.turn_start = min(self.turn_start, start)
         return full[start:], len(target)
 

@@ -65,6 +65,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("q/k/v bias", hp.has_qkv_bias), ("q/k norm", hp.has_qk_norm),
         *_fused_rows(hp),
         *_attention_rows(hp),
+        *_recurrent_rows(hp),
         ("KV cache per token", _kv_per_token(hp)),
     ]
 
@@ -97,7 +98,8 @@ def _kv_per_token(hp: HParams) -> str:
     )
 
     n = hp.n_head_kv * hp.head_dim
-    return ", ".join(f"{t} {human_bytes(round(bytes_per_token(hp.n_layer, n, t, t)))}"
+    n_layer = hp.n_layer - sum(hp.recurrent_layers)  # recurrent layers hold no cells
+    return ", ".join(f"{t} {human_bytes(round(bytes_per_token(n_layer, n, t, t)))}"
                      for t in KV_TYPES if t not in QUANT_TYPES or hp.head_dim % QK == 0)
 
 
@@ -157,6 +159,19 @@ def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
 
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def _recurrent_rows(hp: HParams) -> list[tuple[str, object]]:
+    """A hybrid's layer pattern (short convolution or attention, layer by layer) and the
+    recurrent state each sequence holds besides its KV cells (f32, every recurrent layer)."""
+    if not hp.recurrent:
+        return []
+    pattern = "".join("C" if r else "A" for r in hp.recurrent_layers)
+    n_conv = sum(hp.recurrent_layers)
+    state = n_conv * hp.state_width * 4
+    return [("layer pattern", f"{pattern} (C: short conv, {hp.shortconv_l_cache} taps, "
+                              f"{n_conv} layers; A: attention, {hp.n_layer - n_conv} layers)"),
+            ("recurrent state per sequence", f"{human_bytes(state)} ({state:,} bytes)")]
 
 
 def _attention_rows(hp: HParams) -> list[tuple[str, object]]:

@@ -6,6 +6,12 @@ RoPE positions, the KV cell each token writes, the KV window each token reads, t
 logits are wanted) and returns an owned `[n_out, n_vocab]` float32 array. A single sequence is
 the common case (`forward(tokens, positions)`); several sequences batched together only change
 the data, never the graph.
+
+A model with recurrent layers (LFM2) also holds, per sequence, a state the backend owns beside
+the KV cells (`KVRegions.states`: the cells split into `hold_sequences(n)` equal ranges, a
+row's sequence is its cell's range, given to the graph as data). That state holds every token
+so far and cannot be rewound by truncation: a sequence's rows continue exactly where its state
+stands, or restart at position 0 (which zeroes it); anything else is refused loudly.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, cast
 
 import numba
@@ -174,7 +181,13 @@ class Engine:
         )
         self.kv = KVRegions(n_layer=0 if self.encoder else hparams.n_layer, n_ctx=n_ctx,
                             n_kv_embd=hparams.n_head_kv * hparams.head_dim,
-                            new_cache=host.new_kv_cache, k_type=k_type, v_type=v_type)
+                            new_cache=host.new_kv_cache, k_type=k_type, v_type=v_type,
+                            recurrent=hparams.recurrent_layers,
+                            new_state=partial(host.new_conv_state,
+                                              l_cache=hparams.shortconv_l_cache,
+                                              n_embd=hparams.n_embd))
+        # per sequence, the positions its recurrent state has taken in (-1: unknown)
+        self._state_pos = np.zeros(1, np.int64)
         self.allocator = Allocator(self.kv)
         self.cache = GraphCache(self._prepare)
         self._build_fn = graph_builder_for(hparams.arch)
@@ -255,10 +268,39 @@ class Engine:
         return self.forward_batch(Batch.single(tokens, start_pos, n_out),
                                   batch_invariant=batch_invariant)
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model carries recurrent state (rewinding it means recomputing)."""
+        return self.hparams.recurrent
+
+    def hold_sequences(self, n_seq: int) -> None:
+        """Split the cells into n_seq equal ranges, each a sequence with its own recurrent
+        state (the server's slots); states start empty. A model without recurrent layers
+        needs nothing: its sequences are their cells."""
+        if not self.recurrent or n_seq == self.kv.n_seq:
+            return
+        self.wait_ready()
+        self.kv.hold_sequences(n_seq)
+        self._state_pos = np.zeros(n_seq, np.int64)
+        self.cache = GraphCache(self._prepare)  # tapes bound to the old state regions
+
+    def state_position(self, seq: int) -> int:
+        """How many tokens sequence seq's recurrent state has taken in (-1: unknown)."""
+        return int(self._state_pos[seq])
+
     def copy_cells(self, src: int, dst: int, n: int) -> None:
         """The KV of cells [src, src + n) into cells [dst, dst + n) (`KVRegions.copy_cells`):
-        the server's slots share a prompt prefix one of them computed."""
+        the server's slots share a prompt prefix one of them computed. A recurrent model's
+        state comes too only where the cells are the source sequence's whole history (the
+        state cannot be cut to a prefix); else the destination keeps its own."""
         self.kv.copy_cells(src, dst, n)
+        if not self.recurrent:
+            return
+        width = self.kv.seq_cells
+        s_seq, d_seq, start = src // width, dst // width, src % width
+        if start == dst % width and start + n == self._state_pos[s_seq]:
+            self.kv.copy_state(s_seq, d_seq)
+            self._state_pos[d_seq] = self._state_pos[s_seq]
 
     def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
         self._check(batch)
@@ -272,7 +314,7 @@ class Engine:
         prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
         buffers = self._buffers(prepared)
         graph = prepared.graph
-        self._fill(prepared, buffers, batch)
+        self._fill(prepared, buffers, batch, self.kv.seq_cells)
         tape = self._tape(prepared, buffers, self.batch_invariant or batch_invariant)
         if self.tracer is not None:
             self.tracer.trace_forward(prepared, tape, buffers, batch, self.weights)
@@ -280,6 +322,8 @@ class Engine:
             tape.run_observed(self._profiled(graph))
         else:
             tape.run()
+        if self.recurrent:
+            self._advance_states(batch)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:
@@ -309,7 +353,7 @@ class Engine:
                               batched=self.batched)
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
-
+        self._state_pos[0] = -1  # sequence 0's state took in placeholders
     def _profiled(self, graph: ComputeGraph) -> Callable[[int, float], None]:
         """The tape's observer that adds each node's seconds to `profile[op:role]`."""
         profile = self.profile
@@ -341,8 +385,10 @@ class Engine:
         return result
 
     @staticmethod
-    def _fill(prepared: PreparedGraph, buffers: list[np.ndarray | None], batch: Batch) -> None:
-        """The batch's data into the graph's input nodes."""
+    def _fill(prepared: PreparedGraph, buffers: list[np.ndarray | None], batch: Batch,
+              seq_cells: int) -> None:
+        """The batch's data into the graph's input nodes (a row's recurrent-state row: the
+        range of seq_cells cells its cell lies in)."""
         fills = {
             InputKind.TOKEN_IDS: batch.tokens,
             InputKind.POSITIONS: batch.positions,
@@ -355,6 +401,7 @@ class Engine:
             InputKind.SEQ_END: batch.seq_end,
             InputKind.OUT_START: batch.out_start,
             InputKind.OUT_END: batch.out_end,
+            InputKind.STATE_SEQ: batch.cells // seq_cells,
         }
         for kind, node_id in prepared.graph.inputs.items():
             buf = buffers[node_id]
@@ -398,6 +445,34 @@ class Engine:
             raise MinferError("output rows must index the batch")
         if len(rows) == nt and not np.array_equal(rows, np.arange(nt)):
             raise MinferError("a batch returning every row returns them in order")
+        if self.recurrent:
+            self._check_states(b)
+
+    def _sequences(self, b: Batch) -> list[tuple[int, np.ndarray]]:
+        """(sequence, its rows in batch order) of each sequence the batch feeds."""
+        seqs = b.cells // self.kv.seq_cells
+        return [(int(s), np.flatnonzero(seqs == s)) for s in np.unique(seqs)]
+
+    def _check_states(self, b: Batch) -> None:
+        """Each sequence's rows must take consecutive positions from where its recurrent state
+        stands, or from 0 (a fresh start): a state cannot be rewound or skip tokens."""
+        for seq, rows in self._sequences(b):
+            pos = b.positions[rows]
+            first = int(pos[0])
+            if not np.array_equal(pos, np.arange(first, first + len(rows))):
+                raise MinferError(f"a recurrent model takes each sequence's tokens in order: "
+                                  f"sequence {seq} got positions {pos.tolist()[:8]}...")
+            have = int(self._state_pos[seq])
+            if first not in (0, have):
+                raise MinferError(
+                    f"{self.hparams.arch}'s recurrent state of sequence {seq} holds "
+                    + (f"{have} tokens" if have >= 0 else "no known tokens")
+                    + f"; it cannot continue at position {first} (it cannot be rewound: "
+                    "recompute from position 0)")
+
+    def _advance_states(self, b: Batch) -> None:
+        for seq, rows in self._sequences(b):
+            self._state_pos[seq] = int(b.positions[rows[-1]]) + 1
 
     def _check_encoder(self, b: Batch) -> None:
         """An encoder's batch: whole inputs, each within the learned positions."""

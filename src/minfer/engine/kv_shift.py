@@ -95,6 +95,7 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
 
     Assumes the engine's usual single-sequence layout (the token in cell c sits at position c).
     Cells outside the destination are left as they are (those past the new cursor are stale).
+    A model with recurrent layers is refused: their state cannot be shifted.
     """
     n = src_end - src_start
     n_ctx = engine.n_ctx
@@ -104,6 +105,10 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
     if n == 0 or dst_start == src_start:
         return
     hp = engine.hparams
+    if hp.recurrent:
+        raise MinferError(f"a context shift cannot move {hp.arch}'s recurrent state: it holds "
+                          "every token so far and cannot drop the oldest ones (recompute the "
+                          "kept tokens instead)")
     src_pos = np.arange(src_start, src_end, dtype=np.int64)
     dst_pos = src_pos + (dst_start - src_start)
     factors_name = hp.rope_factors(n_ctx)

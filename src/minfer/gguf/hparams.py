@@ -21,8 +21,8 @@ from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
-SUPPORTED_ARCHS = ("bert", "gemma3", "llama", "phi3", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
-                   "smollm3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "lfm2", "llama", "phi3", "qwen2", "qwen2moe", "qwen3",
+                   "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
 # renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
@@ -50,6 +50,10 @@ GATE_UP_ARCHS = ("phi3",)
 LONGROPE_ARCHS = ("phi3",)
 # llama.cpp pads the context to a multiple of 256 cells before choosing LongRoPE's factors
 LONGROPE_CTX_PAD = 256
+# Hybrids whose layers are recurrent where `attention.head_count_kv` (an array, one entry per
+# layer) is 0, as llama.cpp's `llama_model_lfm2` decides: LFM2's gated short convolutions
+# (`shortconv.l_cache` taps) between GQA attention layers.
+RECURRENT_ARCHS = ("lfm2",)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class HParams:
     no_rope_step: int = 0  # layers il with (il + 1) % step == 0 skip RoPE (SmolLM3: 4); 0: none
     longrope_ctx: int = 0  # LongRoPE's original context: its long factors past it (0: none)
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor outside YaRN: cos, sin times it
+    # per layer: recurrent (LFM2's short convolution, no KV cells) rather than attention
+    recurrent_layers: tuple[bool, ...] = ()
+    shortconv_l_cache: int = 0  # taps of the short convolution (its state: the last taps - 1)
+    output_norm_name: str = "output_norm.weight"  # LFM2's is `token_embd_norm.weight`
 
     @property
     def reranker(self) -> bool:
@@ -172,6 +180,22 @@ class HParams:
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_swa(layer) else 0
 
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether the layer carries a recurrent state instead of KV cells."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[layer]
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether any layer carries a recurrent state (which cannot be rewound by truncation,
+        unlike KV cells)."""
+        return any(self.recurrent_layers)
+
+    @property
+    def state_width(self) -> int:
+        """Floats one sequence's state takes in one recurrent layer: the short convolution's
+        last `l_cache - 1` inputs of every channel."""
+        return (self.shortconv_l_cache - 1) * self.n_embd if self.recurrent else 0
+
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> HParams:
         arch = f.metadata.get("general.architecture")
@@ -187,7 +211,11 @@ class HParams:
             return hp
         n_embd = keys.get_int("embedding_length")
         n_head = keys.get_int("attention.head_count")
-        n_head_kv = keys.get_int("attention.head_count_kv", n_head)
+        recurrent: tuple[bool, ...] = ()
+        if arch in RECURRENT_ARCHS:
+            n_head_kv, recurrent = _layer_kv_heads(keys)
+        else:
+            n_head_kv = keys.get_int("attention.head_count_kv", n_head)
         if n_head % n_head_kv:
             raise GGUFError(f.path, f"head_count={n_head} is not a multiple of "
                                     f"head_count_kv={n_head_kv}")
@@ -240,6 +268,8 @@ class HParams:
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
+        if recurrent:
+            hp = _lfm2(hp, keys, recurrent)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
                                                                   allow_zero=True)):
             hp = _moe(hp, keys)
@@ -254,7 +284,7 @@ class HParams:
             yield from self._encoder_shapes(q_dim, kv_dim)
             return
         yield "token_embd.weight", (self.n_embd, self.n_vocab)
-        yield "output_norm.weight", (self.n_embd,)
+        yield self.output_norm_name, (self.n_embd,)
         if self.n_cls_out:  # a decoder reranker's head (Qwen3-Reranker: yes / no)
             yield "cls.output.weight", (self.n_embd, self.n_cls_out)
         if self.has_rope_freqs:
@@ -267,24 +297,8 @@ class HParams:
         for i in range(self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
-            if self.qkv_fused:
-                yield f"{blk}.attn_qkv.weight", (self.n_embd, q_dim + 2 * kv_dim)
-                if self.has_qkv_bias:
-                    yield f"{blk}.attn_qkv.bias", (q_dim + 2 * kv_dim,)
-            else:
-                yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
-                yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
-                yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
-            if self.has_qkv_bias and not self.qkv_fused:
-                yield f"{blk}.attn_q.bias", (q_dim,)
-                yield f"{blk}.attn_k.bias", (kv_dim,)
-                yield f"{blk}.attn_v.bias", (kv_dim,)
-            if self.has_qk_norm:
-                yield f"{blk}.attn_q_norm.weight", (self.head_dim,)
-                yield f"{blk}.attn_k_norm.weight", (self.head_dim,)
-            yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
-            if self.has_out_bias:
-                yield f"{blk}.attn_output.bias", (self.n_embd,)
+            yield from (self._shortconv_shapes(blk) if self.is_recurrent(i)
+                        else self._attention_shapes(blk, q_dim, kv_dim))
             if self.arch == "gemma3":
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
@@ -303,6 +317,35 @@ class HParams:
                 yield f"{blk}.ffn_gate.bias", (self.n_ff,)
                 yield f"{blk}.ffn_up.bias", (self.n_ff,)
                 yield f"{blk}.ffn_down.bias", (self.n_embd,)
+
+    def _attention_shapes(self, blk: str, q_dim: int,
+                          kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """An attention layer's projections (fused or not, optionally biased) and q/k norms."""
+        if self.qkv_fused:
+            yield f"{blk}.attn_qkv.weight", (self.n_embd, q_dim + 2 * kv_dim)
+            if self.has_qkv_bias:
+                yield f"{blk}.attn_qkv.bias", (q_dim + 2 * kv_dim,)
+        else:
+            yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
+            yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
+            yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
+        if self.has_qkv_bias and not self.qkv_fused:
+            yield f"{blk}.attn_q.bias", (q_dim,)
+            yield f"{blk}.attn_k.bias", (kv_dim,)
+            yield f"{blk}.attn_v.bias", (kv_dim,)
+        if self.has_qk_norm:
+            yield f"{blk}.attn_q_norm.weight", (self.head_dim,)
+            yield f"{blk}.attn_k_norm.weight", (self.head_dim,)
+        yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
+        if self.has_out_bias:
+            yield f"{blk}.attn_output.bias", (self.n_embd,)
+
+    def _shortconv_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """LFM2's short-convolution block: B | C | x projected at once, the depthwise taps
+        (`[l_cache, n_embd]`), the output projection."""
+        yield f"{blk}.shortconv.in_proj.weight", (self.n_embd, 3 * self.n_embd)
+        yield f"{blk}.shortconv.conv.weight", (self.shortconv_l_cache, self.n_embd)
+        yield f"{blk}.shortconv.out_proj.weight", (self.n_embd, self.n_embd)
 
     def _expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
         """A MoE block's FFN tensors as llama.cpp names them: the router, the experts' gate /
@@ -594,3 +637,42 @@ def _gemma3(hp: HParams, keys: _Keys) -> HParams:
         scale = 1.0 / math.sqrt(hp.head_dim)
     return replace(hp, sliding_window=window, swa_layers=swa, attn_scale=scale,
                    rope_base_swa=keys.get_float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA))
+
+
+def _layer_kv_heads(keys: _Keys) -> tuple[int, tuple[bool, ...]]:
+    """A hybrid's `attention.head_count_kv` array: the K/V heads of its attention layers (one
+    count for all), and per layer whether it is recurrent (0 heads)."""
+    n_layer = keys.get_int("block_count")
+    value = keys.f.metadata.get(f"{keys.arch}.attention.head_count_kv")
+    heads: list[int] = []
+    if isinstance(value, int) and not isinstance(value, bool):
+        heads = [value] * n_layer
+    elif value is not None and not isinstance(value, str | bool):
+        heads = [int(h) for h in value]
+    if len(heads) != n_layer:
+        raise GGUFError(keys.f.path, f"{keys.arch}.attention.head_count_kv must give each of "
+                                     f"the {n_layer} layers its K/V heads (0: recurrent)")
+    counts = {h for h in heads if h > 0}
+    if len(counts) != 1:
+        raise ModelError(f"{keys.f.path}: {keys.arch} attention layers with K/V heads "
+                         f"{sorted(counts) or 'none'} are not supported (minfer runs one "
+                         "count for every attention layer)")
+    return counts.pop(), tuple(h == 0 for h in heads)
+
+
+def _lfm2(hp: HParams, keys: _Keys, recurrent: tuple[bool, ...]) -> HParams:
+    """LFM2's extras, as llama.cpp's `llama_model_lfm2` reads them: the short convolution's
+    taps, per-head q / k norms in every attention layer, the final norm stored as
+    `token_embd_norm`, and an optional sliding window over the attention layers (rope base
+    unchanged). A bidirectional LFM2 (an embedding model) is refused by name."""
+    if keys.f.metadata.get(f"{keys.arch}.attention.causal", True) is not True:
+        raise ModelError(f"{keys.f.path}: a bidirectional {keys.arch} is not supported (minfer "
+                         f"runs {keys.arch} as a causal decoder)")
+    l_cache = keys.get_int("shortconv.l_cache")
+    if l_cache < 2:
+        raise GGUFError(keys.f.path, f"{keys.arch}.shortconv.l_cache={l_cache} leaves no state")
+    window = keys.get_int("attention.sliding_window", 0, allow_zero=True)
+    return replace(hp, recurrent_layers=recurrent, shortconv_l_cache=l_cache, has_qk_norm=True,
+                   output_norm_name="token_embd_norm.weight", sliding_window=window,
+                   swa_layers=tuple(not r for r in recurrent) if window else (),
+                   rope_base_swa=hp.rope_base)

@@ -1,7 +1,9 @@
 """The allocator: persistent KV regions plus liveness-planned activation buffers.
 
 KV regions (one K and one V array per layer, `[n_ctx, n_kv_embd]`) are created once for the
-session and survive every graph rebuild; a rebuild only re-plans the activation buffers.
+session and survive every graph rebuild; a rebuild only re-plans the activation buffers. A
+recurrent layer (LFM2's short convolution) has no KV cells but a state region instead, one row
+per sequence, made by the backend and as persistent as the cells.
 
 Planning walks the graph in build (= execution) order: a node takes the smallest free slot that
 fits, and a slot returns to the free list after the node's last reader has run. Graph outputs are
@@ -13,7 +15,7 @@ buffer.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,21 +90,61 @@ def check_cell_copy(src: int, dst: int, n: int, n_ctx: int) -> None:
                          "cells)")
 
 
+_NO_STATE = np.empty((0, 0, 0), np.float32)
+
+
 class KVRegions:
     """Per-layer K and V arrays, sized once from n_ctx; they outlive every graph.
 
     Each is `[n_ctx, row]` in its cache format, made by the backend that owns the formats
-    (`new_cache(kv_type, n_ctx, n_kv_embd)`, `minfer.backends.base.KVHost.new_kv_cache`)."""
+    (`new_cache(kv_type, n_ctx, n_kv_embd)`, `minfer.backends.base.KVHost.new_kv_cache`).
+    A layer listed as `recurrent` has no cells (empty K and V) but a state region of n_seq
+    rows, `new_state(n_seq)` (`KVHost.new_conv_state`): the cells split into n_seq equal
+    ranges, one per sequence, and a sequence's recurrent state is the row of its range."""
 
     def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int,
                  new_cache: Callable[[str, int, int], np.ndarray], kv_type: str = "f16",
-                 k_type: str | None = None, v_type: str | None = None) -> None:
+                 k_type: str | None = None, v_type: str | None = None,
+                 recurrent: Sequence[bool] = (),
+                 new_state: Callable[[int], np.ndarray] | None = None, n_seq: int = 1) -> None:
         self.n_ctx = n_ctx
         self.n_kv_embd = n_kv_embd
         self.k_type = k_type or kv_type
         self.v_type = v_type or kv_type
-        self.k = [new_cache(self.k_type, n_ctx, n_kv_embd) for _ in range(n_layer)]
-        self.v = [new_cache(self.v_type, n_ctx, n_kv_embd) for _ in range(n_layer)]
+        self.recurrent = tuple(recurrent) or (False,) * n_layer
+        if len(self.recurrent) != n_layer or (any(self.recurrent) and new_state is None):
+            raise ValueError("recurrent layers need one flag per layer and a state maker")
+        self._new_state = new_state
+        self.k = [new_cache(self.k_type, 0 if r else n_ctx, n_kv_embd) for r in self.recurrent]
+        self.v = [new_cache(self.v_type, 0 if r else n_ctx, n_kv_embd) for r in self.recurrent]
+        self.n_seq = 0
+        self.states: list[np.ndarray] = []
+        self.hold_sequences(n_seq)
+
+    def hold_sequences(self, n_seq: int) -> None:
+        """Split the cells into n_seq sequences, each with a zeroed state row in every
+        recurrent layer (new regions: anything bound to the old ones must be bound again)."""
+        if n_seq < 1 or self.n_ctx % n_seq:
+            raise ValueError(f"{self.n_ctx} cells do not split into {n_seq} sequences")
+        self.n_seq = n_seq
+        self.states = [self._new_state(n_seq) if r and self._new_state else _NO_STATE
+                       for r in self.recurrent]
+
+    @property
+    def seq_cells(self) -> int:
+        """Cells of each sequence's range."""
+        return self.n_ctx // self.n_seq
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """Recurrent-state bytes one sequence takes over all layers."""
+        return sum(s.nbytes for s in self.states) // self.n_seq
+
+    def copy_state(self, src: int, dst: int) -> None:
+        """Sequence src's recurrent state (every layer) into sequence dst's."""
+        for state in self.states:
+            if state.size:
+                state[dst] = state[src]
 
     @property
     def nbytes(self) -> int:

@@ -252,6 +252,20 @@ class GraphBuilder:
         return self._append(f"kv_load.{layer}", ir.KvcacheLoad(layer), (store,),
                             (2, n_ctx, n_kv_embd), meta=NodeMeta(role="kv_load", layer=layer))
 
+    def short_conv(self, bcx: int, positions: int, seq: int, taps: str,
+                   op: ir.ShortConv) -> int:
+        """LFM2's short convolution of layer op.layer (`ir.ShortConv`) -> [nt, n_embd]."""
+        name = f"shortconv.{op.layer}"
+        nt, width = self.shape(bcx)
+        if width != 3 * op.n_embd:
+            raise GraphError(f"{name}: input width {width} is not B | C | x of {op.n_embd}")
+        if self._weight(taps) != (op.l_cache, op.n_embd) or op.l_cache < 2:
+            raise GraphError(f"{name}: taps {taps} are not [{op.l_cache}, {op.n_embd}]")
+        if self.shape(positions) != (nt,) or self.shape(seq) != (nt,):
+            raise GraphError(f"{name}: positions and sequences must give each row one")
+        meta = NodeMeta(role="shortconv", layer=op.layer, weights=(taps,))
+        return self._append(name, op, (bcx, positions, seq), (nt, op.n_embd), meta=meta)
+
     def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn) -> int:
         if self.shape(q)[-1] != op.n_head * op.head_dim:
             raise GraphError(f"attn.{op.layer}: q width does not match the heads")

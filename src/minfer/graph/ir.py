@@ -36,6 +36,7 @@ class InputKind(StrEnum):
     SEQ_END = "seq_end"  # [nt] one past the last batch row of the token's sequence
     OUT_START = "out_start"  # [n_out] first batch row pooled into each output row
     OUT_END = "out_end"  # [n_out] one past the last batch row pooled into each output row
+    STATE_SEQ = "state_seq"  # [nt] the recurrent-state row (sequence) each token reads and writes
 
 
 class Op:
@@ -191,6 +192,22 @@ class KvcacheLoad(Op):
     """A view of the layer's persistent KV region; its source orders it after the store."""
 
     layer: int
+
+
+@dataclass(frozen=True)
+class ShortConv(Op):
+    """LFM2's gated short convolution with carried state, as llama.cpp computes it. Source
+    `bcx` [nt, 3 * n_embd] is B | C | x; per channel c, token t: bx = B * x; the output is
+    C * sum_i window[i] * taps[c, i] over the window of the sequence's last `l_cache - 1` bx
+    (its persistent state, in the layer's state region) then this bx, summed in f32 from
+    i = 0 (oldest) up; the state then drops its oldest bx and keeps this one. A token at
+    position 0 starts from a zero state. Sources: bcx, positions, state_seq (each token's
+    sequence: its state row); the taps named in the meta. Rows are taken in batch order, each
+    reading and writing only its own sequence's state."""
+
+    layer: int
+    n_embd: int
+    l_cache: int
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class Layer:
     start: int
     end: int
     tail: int  # -1 where every row is kept to the end (decode graphs, mean / no pooling)
+    seq: int = -1  # each row's recurrent-state row (a model with recurrent layers), else -1
 
     @property
     def prefill(self) -> bool:
@@ -76,6 +77,7 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         start=b.input(InputKind.KV_START, nt),
         end=b.input(InputKind.KV_END, nt),
         tail=b.input(InputKind.TAIL_IDS, params.n_out) if prefill else -1,
+        seq=b.input(InputKind.STATE_SEQ, nt) if hp.recurrent else -1,
     )
     if pooling == "mean":
         out_start = b.input(InputKind.OUT_START, params.n_out)
@@ -85,7 +87,7 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         h = b.scale("inp_scaled", h, embd_scale)
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
-    x = b.rms_norm("output_norm", h, "output_norm.weight", hp.rms_eps)
+    x = b.rms_norm("output_norm", h, hp.output_norm_name, hp.rms_eps)
     if pooling == "rank":  # a reranker: its head on each input's last row, as llama.cpp's
         bias = "cls.output.bias" if "cls.output.bias" in weight_shapes else None
         x = b.matmul("cls_out", x, "cls.output.weight", bias=bias)
@@ -108,10 +110,12 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
 
 def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
     """h + attn(norm(h)), then + ffn(norm(.)): Qwen's and Llama's block (SiLU gate; the FFN a
-    mixture of experts where the model has them)."""
+    mixture of experts where the model has them); LFM2's, with its short convolution in place
+    of attention in the recurrent layers."""
     hp, blk = ctx.hp, f"blk.{il}."
     x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
-    o = attention(b, ctx, il, x)  # [nt, n_embd]
+    mixer = short_conv if hp.is_recurrent(il) else attention
+    o = mixer(b, ctx, il, x)  # [nt, n_embd]
     o, h = keep_tail(b, ctx, il, o, h)
     h = b.add("attn_resid", h, o, layer=il)
     x = b.rms_norm("ffn_norm", h, blk + "ffn_norm.weight", hp.rms_eps, layer=il)
@@ -140,6 +144,17 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     a = b.attn(q, kv, ctx.start, ctx.end, op)
     return b.matmul("attn_output", a, blk + "attn_output.weight",
                     bias=blk + "attn_output.bias" if hp.has_out_bias else None, layer=il)
+
+
+def short_conv(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
+    """LFM2's gated short convolution of layer il on the normed input x: B | C | x projected
+    at once, the convolution over the sequence's carried state (`ir.ShortConv`), the output
+    projection."""
+    hp, blk = ctx.hp, f"blk.{il}."
+    bcx = b.matmul("shortconv_in", x, blk + "shortconv.in_proj.weight", layer=il)
+    y = b.short_conv(bcx, ctx.pos, ctx.seq, blk + "shortconv.conv.weight",
+                     ir.ShortConv(il, hp.n_embd, hp.shortconv_l_cache))
+    return b.matmul("shortconv_out", y, blk + "shortconv.out_proj.weight", layer=il)
 
 
 def _qkv(b: GraphBuilder, hp: HParams, il: int, x: int) -> tuple[int, int, int]:

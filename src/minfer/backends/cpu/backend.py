@@ -93,6 +93,9 @@ class CpuBackend:
     def new_kv_cache(self, kv_type: str, n_ctx: int, width: int) -> np.ndarray:
         return new_cache(kv_type, n_ctx, width)
 
+    def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
+        return K.new_state(n_seq, l_cache, n_embd)
+
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
                 rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
@@ -402,6 +405,15 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
                             softcap=op.softcap)
 
 
+def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,
+                     ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.ShortConv)
+    taps = ctx.weights.vector(node.meta.weights[0]).reshape(op.n_embd, op.l_cache)
+    bcx, positions, seq = srcs
+    return [K.bind_short_conv(bcx, taps, ctx.kv.states[op.layer], positions, seq, out)]
+
+
 def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
@@ -503,6 +515,7 @@ _BINDERS: dict[type, Binder] = {
     ir.QkNorm: _bind_qk_norm,
     ir.KvcacheStore: _bind_kv_store,
     ir.Attn: _bind_attn,
+    ir.ShortConv: _bind_short_conv,
     ir.Gelu: _bind_call(K.gelu),
     ir.GeGLU: _bind_call(K.geglu),
     ir.GeluErf: _bind_call(K.gelu_erf),

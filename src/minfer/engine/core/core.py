@@ -31,7 +31,7 @@ from minfer.engine.core.proposer import DraftAsk, Proposer
 from minfer.engine.core.request import Emitted, GenRequest, Request, Vocab
 from minfer.engine.core.runner import StepRunner
 from minfer.engine.core.scheduler import Plan, Scheduler, Sequence
-from minfer.engine.speculative import SpecConfig
+from minfer.engine.speculative import RECURRENT_SPECULATION, SpecConfig, SpeculativeError
 
 log = logging.getLogger("minfer.engine")
 
@@ -73,16 +73,27 @@ class EngineCore:
     def __init__(self, runner: StepRunner, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  chunk: int = 128, max_waiting: int = 64, proposer: Proposer | None = None,
                  speculation: SpecConfig | None = None, idle_chunk: int | None = None) -> None:
-        self.runner = runner
         self.vocab = vocab
         self.n_ctx_slot = n_ctx_slot
         self.scheduler = Scheduler(n_slots=n_slots, n_ctx_slot=n_ctx_slot, chunk=chunk,
                                    max_waiting=max_waiting, idle_chunk=idle_chunk)
+        self.runner = runner
         self.proposer = proposer
         self.speculation = (speculation or SpecConfig()) if proposer is not None else None
         self.requests: dict[int, Request] = {}
         self.step_cost = StepCost()  # the batch's price of a row (caps proposals: `_asks`)
         self.payoff = BatchPayoff()  # whether proposing pays at a stream count (`_asks`)
+
+    @property
+    def runner(self) -> StepRunner:
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner: StepRunner) -> None:
+        """The runner; its model's recurrent state (if any) sets how the scheduler reuses
+        slots' caches (`Scheduler.recurrent`)."""
+        self._runner = runner
+        self.scheduler.recurrent = bool(getattr(runner, "recurrent", False))
 
     # -- requests in and out -------------------------------------------------------------------
     def add(self, seq_id: int, req: GenRequest, *, length: DraftLength | None = None) -> Request:
@@ -138,6 +149,8 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if self.proposer is None:
             return Scheduled(plan)
+        if self.scheduler.recurrent:
+            raise SpeculativeError(RECURRENT_SPECULATION)
         return Scheduled(plan, tuple(self._asks(plan)))
 
     def execute(self, scheduled: Scheduled) -> Executed:

@@ -4,7 +4,8 @@
 n_ctx_slot, (s + 1) * n_ctx_slot) of an engine created with n_ctx = n_slots * n_ctx_slot. A token
 at position p of slot s writes cell s * n_ctx_slot + p and reads cells [s * n_ctx_slot, its cell];
 positions restart at 0 in every slot. So batching several sequences changes only the data of the
-batch, never the graph's topology.
+batch, never the graph's topology. A model with recurrent layers holds one state per slot (the
+engine's sequences are the slots' cell ranges: `Engine.hold_sequences`).
 
 `SequenceRunner` runs the plans of a one-slot core (`minfer run`, chat, the Python API) through
 `forward(tokens, start_pos, n_out)`: an Engine, or a `KVMirror` that records what the KV holds.
@@ -95,6 +96,10 @@ class Runner:
     def __init__(self, engine: BatchEngine, n_ctx_slot: int) -> None:
         self.engine = engine
         self.n_ctx_slot = n_ctx_slot
+        # a model with recurrent layers keeps one state per slot (`Engine.hold_sequences`)
+        self.recurrent = bool(getattr(engine, "recurrent", False))
+        if self.recurrent:
+            cast("Engine", engine).hold_sequences(engine.n_ctx // n_ctx_slot)
 
     def warm_up(self) -> None:
         """Compile and build what the first requests need (a prompt chunk, then a decode step)
@@ -132,6 +137,7 @@ class SequenceRunner:
 
     def __init__(self, engine: SequenceEngine) -> None:
         self.engine = engine
+        self.recurrent = bool(getattr(engine, "recurrent", False))
 
     def run(self, plan: Plan) -> dict[int, np.ndarray]:
         """As `Runner.run`, for a plan of at most one work (slot 0)."""

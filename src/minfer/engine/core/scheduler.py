@@ -31,6 +31,11 @@ Rows are batch-invariant, so the scores taken are the very ones its rows would g
 sequence takes the cells alone; the slot's scores end with it. The scheduler only moves the
 score records; the request computes them (`Request.score_prompt`, into `Sequence.scores`).
 
+A model with recurrent layers (`recurrent`: LFM2) keeps per slot a state of every token so far,
+which cannot be cut back to a prefix: a slot's cache (or another slot's cells, copied with their
+state) serves a prompt only when the prompt extends the whole cached sequence by at least one
+token (a chat's next turn); anything else starts at position 0, which resets the slot's state.
+
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
 the verified prefix (`accept_drafted`) and the rest of those cells are simply overwritten later.
@@ -181,16 +186,22 @@ def _scores_serve(have: int | None, want: int | None) -> bool:
     return want is None or (have is not None and have >= want)
 
 
-def _reach(seq: Sequence, held: Held) -> int:
+def _reach(seq: Sequence, held: Held, recurrent: bool = False) -> int:
     """How many of seq's first tokens held cells give it: their common prefix; for a scored
     prompt at most h tokens such that the scores of tokens 1..h come too (token h is common,
-    its score known: h <= len(scores)), and none if those lack alternatives it asks for."""
+    its score known: h <= len(scores)), and none if those lack alternatives it asks for.
+    recurrent: all the held tokens, where the prompt extends them (its last token, whose
+    logits are wanted, still to compute), or none: a recurrent state is not cut to a prefix."""
     common = common_prefix(held.tokens, seq.tokens)
     if seq.score_k is None:
-        return min(common, held.n)
-    if not _scores_serve(held.score_k, seq.score_k):
+        n = min(common, held.n)
+    elif not _scores_serve(held.score_k, seq.score_k):
+        n = 0
+    else:
+        n = max(0, min(common - 1, held.n, len(held.scores)))
+    if recurrent and not (n == held.n < seq.n_prompt):
         return 0
-    return max(0, min(common - 1, held.n, len(held.scores)))
+    return n
 
 
 def _take_scores(seq: Sequence, scores: Tokens[TokenLogprob], start: int, end: int) -> None:
@@ -203,8 +214,10 @@ def _take_scores(seq: Sequence, scores: Tokens[TokenLogprob], start: int, end: i
 
 class Scheduler:
     def __init__(self, *, n_slots: int, n_ctx_slot: int, chunk: int = 128,
-                 max_waiting: int = 64, idle_chunk: int | None = None) -> None:
-        """idle_chunk: the prompt tokens of a step in which nothing decodes (None: chunk)."""
+                 max_waiting: int = 64, idle_chunk: int | None = None,
+                 recurrent: bool = False) -> None:
+        """idle_chunk: the prompt tokens of a step in which nothing decodes (None: chunk);
+        recurrent: the model's slots carry recurrent state (reused only whole)."""
         idle_chunk = chunk if idle_chunk is None else idle_chunk
         if n_slots < 1 or n_ctx_slot < 1 or min(chunk, idle_chunk) < 1 or max_waiting < 0:
             raise MinferError("slots, context, chunk must be positive and the queue >= 0")
@@ -212,6 +225,7 @@ class Scheduler:
         self.chunk = chunk
         self.idle_chunk = idle_chunk
         self.max_waiting = max_waiting
+        self.recurrent = recurrent
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # in admission order
@@ -270,7 +284,8 @@ class Scheduler:
             if copy is not None:
                 copies.append(copy)
             upto = seq.n_computed + SHARE_MIN
-            if budget == 0 or (upto < seq.n_prompt and any(
+            # (a recurrent prompt does not wait: the state of a part it shares is not copied)
+            if budget == 0 or (upto < seq.n_prompt and not self.recurrent and any(
                     _scores_serve(k, seq.score_k) and common_prefix(done, seq.tokens[:upto]) == upto
                     for done, k in planned)):
                 continue
@@ -294,7 +309,7 @@ class Scheduler:
                 continue
             held = self._holding(s)
             if held.n > length:  # no reach is longer than the cells
-                n = _reach(seq, held)
+                n = _reach(seq, held, self.recurrent)
                 if n > length:
                     best, length = s.index, n
         length = min(length, seq.n_prompt - 1)
@@ -352,7 +367,8 @@ class Scheduler:
     def _pick_slot(self, seq: Sequence) -> tuple[Slot, int]:
         """The free slot whose cache reaches furthest into seq (`_reach`), and how far; on a
         tie the least recently used."""
-        free = [(s, _reach(seq, self._holding(s))) for s in self.slots if s.seq_id is None]
+        free = [(s, _reach(seq, self._holding(s), self.recurrent)) for s in self.slots
+                if s.seq_id is None]
         return max(free, key=lambda f: (f[1], -f[0].last_used))
 
     # -- gauges --------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Grouped by role, each package's docstring its map: `linear` (the projections: dispatch, the
 per-type row drivers, sgemm prefill), `attn` (attention over the KV cache and the cache's
 formats), `quant` (block types, dequantization, activation quantization, repacking),
-`elementwise` (norms, RoPE, activations), `simd` (the vector IR the others inline);
+`elementwise` (norms, RoPE, activations), `recurrent` (ops carrying a per-sequence state),
+`simd` (the vector IR the others inline);
 `reference` holds the slow numpy references the kernels are tested against.
 
 Public API (see docs/interfaces.md):
@@ -20,6 +21,8 @@ Public API (see docs/interfaces.md):
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
   gelu_erf, tanh, scale, softcap, sigmoid_gate, softmax_rows, bind_pool (mean / cls / last rows
   of each sequence) -- `elementwise`
+- short_conv(bcx, taps, state, positions, seq, out), new_state(n_seq, l_cache, n_embd): LFM2's
+  gated short convolution over each sequence's carried state -- `recurrent.shortconv`
 - sequence_attention (an encoder's: within each sequence of the batch, no cache) --
   `attn.sequences`
 - attention (blocked=True: the sgemm kernel of `attn.blocked`, used from
@@ -119,6 +122,11 @@ from minfer.backends.cpu.kernels.quant.dequant import (
     get_rows,
 )
 from minfer.backends.cpu.kernels.quant.types import QType, row_bytes
+from minfer.backends.cpu.kernels.recurrent.shortconv import (
+    bind_short_conv,
+    new_state,
+    short_conv,
+)
 
 __all__ = [
     "ATTN_BLOCKED_MIN_TOKENS",
@@ -152,6 +160,7 @@ __all__ = [
     "bind_rms_norm",
     "bind_rope",
     "bind_sequence_attention",
+    "bind_short_conv",
     "bind_silu",
     "bind_store_kv",
     "bind_swiglu",
@@ -173,6 +182,7 @@ __all__ = [
     "matmul_sgemm",
     "mul",
     "new_activation",
+    "new_state",
     "packable",
     "prefill_min_tokens",
     "quantize_activation",
@@ -186,6 +196,7 @@ __all__ = [
     "scale",
     "sequence_attention",
     "sequence_attention_scratch_size",
+    "short_conv",
     "sigmoid_gate",
     "silu",
     "softcap",
