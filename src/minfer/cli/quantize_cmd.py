@@ -1,4 +1,6 @@
-"""`minfer quantize IN OUT TYPE`: requantize a GGUF like llama-quantize (same bytes, no imatrix)."""
+"""`minfer quantize IN OUT TYPE`: requantize a GGUF like llama-quantize (the same bytes), with
+`--imatrix FILE` (ggml's importance-weighted quantizers), `--tensor-type PATTERN=TYPE` overrides,
+`--output-tensor-type`, `--token-embedding-type`."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ if TYPE_CHECKING:  # the quantizer (numba kernels) is imported when the command 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "quantize", help="quantize a GGUF model (llama-quantize's types and mixes)",
-        description="Quantize IN to OUT as llama.cpp's llama-quantize does without an "
-                    "importance matrix: the same per-tensor choices and the same bytes.")
+        description="Quantize IN to OUT as llama.cpp's llama-quantize does: the same "
+                    "per-tensor choices and the same bytes, with or without an importance "
+                    "matrix.")
     p.add_argument("input", metavar="IN", help="source .gguf (F32/F16/BF16, or quantized with "
                                                "--allow-requantize)")
     p.add_argument("output", metavar="OUT", help="the .gguf to write")
@@ -35,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="allow a source whose tensors are already quantized (loses quality)")
     p.add_argument("--output-tensor-type", metavar="T", help="type of output.weight")
     p.add_argument("--token-embedding-type", metavar="T", help="type of token_embd.weight")
+    p.add_argument("--tensor-type", metavar="PATTERN=TYPE", action="append", default=[],
+                   help="TYPE for the tensors whose name PATTERN (a regular expression) matches, "
+                        "e.g. attn_q=q8_0; repeatable, the first match wins")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="importance matrix (minfer imatrix / llama-imatrix, GGUF or legacy "
+                        ".dat): quantize with ggml's importance-weighted quantizers")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_argument("--force", action="store_true", help="replace OUT if it already exists")
     p.set_defaults(func=run)
@@ -85,6 +94,7 @@ def _summary(report: QuantizeReport, out: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from minfer.tools.quantize import MixOptions, parse_ftype, parse_tensor_type, quantize_model
+    from minfer.tools.quantize.mix import parse_tensor_type_override
 
     if Path(args.output).exists() and not args.force:
         raise MinferError(f"{args.output} already exists; not overwriting it (--force "
@@ -94,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         output_tensor_type=(parse_tensor_type(args.output_tensor_type)
                             if args.output_tensor_type else None),
         token_embedding_type=(parse_tensor_type(args.token_embedding_type)
-                              if args.token_embedding_type else None))
+                              if args.token_embedding_type else None),
+        tensor_types=tuple(parse_tensor_type_override(t) for t in args.tensor_type))
     if args.threads is not None:
         from minfer.engine.forward import set_threads
 
@@ -103,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         report = quantize_model(args.input, args.output, opts,
-                                allow_requantize=args.allow_requantize, progress=bar)
+                                allow_requantize=args.allow_requantize, imatrix=args.imatrix,
+                                progress=bar)
     finally:
         bar.close()
     report.seconds = time.perf_counter() - t0
