@@ -1,6 +1,10 @@
 """`minfer quantize IN OUT TYPE`: requantize a GGUF like llama-quantize (the same bytes), with
 `--imatrix FILE` (ggml's importance-weighted quantizers), `--tensor-type PATTERN=TYPE` overrides,
-`--output-tensor-type`, `--token-embedding-type`."""
+`--output-tensor-type`, `--token-embedding-type`.
+
+`minfer imatrix [MODEL] -f TEXT [-o imatrix.gguf] [-c 512] [-b 512] [--chunks N]
+[--process-output]`: llama-imatrix's importance matrix of TEXT (minfer.tools.imatrix), for
+`quantize --imatrix`."""
 
 from __future__ import annotations
 
@@ -47,6 +51,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_argument("--force", action="store_true", help="replace OUT if it already exists")
     p.set_defaults(func=run)
+
+    m = subparsers.add_parser(
+        "imatrix", help="an importance matrix for quantize --imatrix (llama-imatrix's)",
+        description="Sum each matmul input's squared activations per column over TEXT's "
+                    "chunks, as llama.cpp's llama-imatrix does; write its GGUF format.")
+    m.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
+    m.add_argument("-m", "--model", dest="model_opt", help="the model, as a flag")
+    m.add_argument("-f", "--file", required=True, help="the calibration text ('-' reads stdin)")
+    m.add_argument("-o", "--output", default="imatrix.gguf", help="output file (imatrix.gguf)")
+    m.add_argument("-c", "--n-ctx", type=int, default=512, help="chunk length in tokens (512)")
+    m.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="tokens per forward (512; capped at -c)")
+    m.add_argument("--chunks", type=int, default=None, help="use at most this many chunks")
+    m.add_argument("--process-output", action="store_true",
+                   help="also collect output.weight's input")
+    m.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    m.set_defaults(func=run_imatrix)
 
 
 class _Bar:
@@ -120,4 +141,40 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     report.seconds = time.perf_counter() - t0
     print(_summary(report, args.output), file=sys.stderr)
+    return 0
+
+
+def run_imatrix(args: argparse.Namespace) -> int:
+    import minfer
+    from minfer.tools.imatrix import collect
+    from minfer.tools.quantize.imatrix_file import write_gguf
+
+    if args.chunks is not None and args.chunks < 1:
+        raise MinferError("--chunks must be at least 1")
+    if args.batch_size < 1:
+        raise MinferError("-b must be at least 1")
+    batch_size = min(args.batch_size, args.n_ctx)  # as llama-imatrix caps n_batch
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+    except OSError as exc:
+        raise MinferError(f"cannot read {args.file}: {exc.strerror}") from None
+    model = minfer.load(args.model_opt or args.model, n_ctx=args.n_ctx,
+                        batch_size=batch_size)
+    if args.threads:
+        model.set_threads(args.threads)
+    tok = model.tokenizer
+    ids = tok.encode(text, special=False)
+    bos = tok.bos_id if tok.add_bos else None
+
+    def progress(done: int, total: int) -> None:
+        print(f"[{done}/{total}]", end=" ", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    im = collect(model.engine(args.n_ctx), ids, args.n_ctx, bos=bos,
+                 batch_size=batch_size, max_chunks=args.chunks,
+                 process_output=args.process_output,
+                 dataset="" if args.file == "-" else args.file, progress=progress)
+    write_gguf(args.output, im)
+    print(f"\nminfer: wrote {args.output}: {len(im.entries)} matrices, {im.chunk_count} chunks "
+          f"of {args.n_ctx} tokens in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
