@@ -147,3 +147,37 @@ def row_inputs() -> np.ndarray:
 ROW_TYPES = (QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
              QType.Q8_0, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
              QType.IQ4_NL)
+
+
+IMATRIX_FIXTURE = Path(__file__).parent / "fixtures" / "quantize_imatrix_ggml.json"
+GGML_LIB_ENV = "MINFER_GGML_QUANTS_LIB"  # a shared library exporting ggml's quantize_<type>
+IMATRIX_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0, QType.Q2_K,
+                 QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL)
+
+
+def imatrix_weights() -> dict[str, np.ndarray]:
+    """Importance vectors for row_inputs(): log-normal with 5% zero columns, and flat."""
+    rng = np.random.default_rng(7)
+    skewed = rng.lognormal(0.0, 1.5, 512).astype(np.float32)
+    skewed[rng.random(512) < 0.05] = 0.0
+    return {"skewed": skewed, "flat": np.full(512, 0.25, np.float32)}
+
+
+def ggml_quantize(lib_path: str, x: np.ndarray, qtype: QType,
+                  qw: np.ndarray | None) -> np.ndarray:
+    """ggml's quantize_<type>(x, …, qw) from a library built from ggml-quants.c."""
+    import ctypes
+
+    from gguf import GGML_QUANT_SIZES
+
+    lib = ctypes.CDLL(lib_path)
+    fn = getattr(lib, "quantize_" + qtype.name.lower().replace("_k", "_K"))
+    fn.restype = ctypes.c_size_t
+    block, size = GGML_QUANT_SIZES[qtype]
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.zeros((x.shape[0], x.shape[1] // block * size), np.uint8)
+    w = None if qw is None else np.ascontiguousarray(qw, np.float32)
+    fn(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+       ctypes.c_int64(x.shape[0]), ctypes.c_int64(x.shape[1]),
+       None if w is None else w.ctypes.data_as(ctypes.c_void_p))
+    return out

@@ -14,9 +14,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minfer.errors import MinferError
 
-Scorer = Callable[[list[int]], list[float]]  # a chunk's ids -> logprob of ids[1:] each
+# a chunk's ids -> the logprobs of its last tokens, each given those before it: ids[1:] or any
+# tail of them that holds the scored second half
+Scorer = Callable[[list[int]], Sequence[float]]
+Forward = Callable[[Sequence[int], int, int], np.ndarray]  # (ids, start pos, n_out) -> logits
 
 
 @dataclass
@@ -74,11 +79,27 @@ def perplexity(scorer: Scorer, ids: Sequence[int], n_ctx: int, bos: int | None, 
     """The text's perplexity with chunks of n_ctx (see the module docstring); `progress` is
     called after each chunk."""
     result = Perplexity(n_ctx)
-    first = n_ctx // 2
+    n_scored = n_ctx - 1 - n_ctx // 2
     for chunk in chunks(ids, n_ctx, bos, max_chunks):
         logprobs = scorer(chunk)
-        assert len(logprobs) == n_ctx - 1
-        result.add(logprobs[first:])
+        assert n_scored <= len(logprobs) <= n_ctx - 1
+        result.add(logprobs[len(logprobs) - n_scored:])
         if progress is not None:
             progress(result)
     return result
+
+
+def scored_logits(forward: Forward, chunk: Sequence[int], batch_size: int) -> np.ndarray:
+    """The logits of a chunk's scored rows (positions n_ctx/2 .. n_ctx - 2, each predicting the
+    token after it), the chunk run from position 0 in batches of batch_size tokens: rows
+    before the second half are not asked for, the last token is not run."""
+    n = len(chunk)
+    first = n // 2
+    out = []
+    for start in range(0, n - 1, batch_size):
+        end = min(n - 1, start + batch_size)
+        n_out = end - max(start, first)
+        logits = forward(chunk[start:end], start, max(n_out, 1))
+        if n_out > 0:
+            out.append(logits[-n_out:])
+    return np.concatenate(out)

@@ -8,7 +8,10 @@ bandwidth.weights_read_bandwidth`): the ceiling of those pages, sizes and calls.
 
 `minfer perplexity [MODEL] -f FILE [-c 512] [--chunks N] [-t N] [--json]`: the text's perplexity
 as llama.cpp's `llama-perplexity` measures it (minfer.bench.perplexity): a quantization's cost
-in quality, beside `bench`'s speed."""
+in quality, beside `bench`'s speed. `--kl-divergence-base OUT` also writes the model's
+log-probabilities in llama-perplexity's file format; `--kl-divergence-base IN --kl-divergence`
+runs this model on that file's tokens and prints the KL divergence from it, the Δppl and the
+same-top-token rate as llama-perplexity prints them (minfer.bench.kld)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import io
 import json
 import statistics
 import sys
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +31,7 @@ from minfer.cli.common import add_kv_args, kv_types, warm_up_announced
 from minfer.errors import MinferError
 
 if TYPE_CHECKING:
+    from minfer.api import Model
     from minfer.bench.runner import BenchRow
     from minfer.engine.forward import Engine
 
@@ -69,12 +75,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "each chunk, as llama.cpp's llama-perplexity does.")
     q.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
     q.add_argument("-m", "--model", dest="model_opt", help="the model, as a flag")
-    q.add_argument("-f", "--file", required=True, help="the text ('-' reads stdin)")
+    q.add_argument("-f", "--file", help="the text ('-' reads stdin; not with --kl-divergence)")
     q.add_argument("-c", "--n-ctx", type=int, default=512, help="chunk length in tokens (512)")
     q.add_argument("--chunks", type=int, default=None, help="score at most this many chunks")
     q.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (default: all)")
     add_kv_args(q)
+    q.add_argument("--kl-divergence-base", metavar="FILE",
+                   help="write the log-probabilities to FILE (llama-perplexity's format); with "
+                        "--kl-divergence, read them from it")
+    q.add_argument("--kl-divergence", action="store_true",
+                   help="compare with --kl-divergence-base FILE on its tokens: KLD, Δppl, Δp, "
+                        "same top token")
     q.add_argument("--json", action="store_true", help="print the result as JSON")
     q.set_defaults(func=run_perplexity)
 
@@ -149,6 +161,10 @@ def run_perplexity(args: argparse.Namespace) -> int:
 
     if args.chunks is not None and args.chunks < 1:
         raise MinferError("--chunks must be at least 1")
+    if args.kl_divergence:
+        return _run_kl_divergence(args)
+    if args.file is None:
+        raise MinferError("perplexity needs the text: -f FILE")
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
     except OSError as exc:
@@ -163,7 +179,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     warm_up_announced(model, min(args.n_ctx, max(len(ids), 1)))
     bos = tok.bos_id if tok.add_bos else None
 
-    def scorer(chunk: list[int]) -> list[float]:
+    def score(chunk: list[int]) -> Sequence[float]:
         return [lp.logprob for lp in model.score(chunk)]
 
     def progress(p: Perplexity) -> None:
@@ -174,13 +190,92 @@ def run_perplexity(args: argparse.Namespace) -> int:
         scored = args.n_ctx - 1 - args.n_ctx // 2
         print(f"{len(ids)} tokens; chunks of {args.n_ctx}, the last {scored} tokens of each "
               "scored", file=sys.stderr)
-    result = perplexity(scorer, ids, args.n_ctx, bos, max_chunks=args.chunks, progress=progress)
+    with ExitStack() as stack:
+        scorer = _base_writer(stack, args, model, ids) if args.kl_divergence_base else score
+        result = perplexity(scorer, ids, args.n_ctx, bos, max_chunks=args.chunks,
+                            progress=progress)
     if args.json:
         print(json.dumps({"model": model.name, "n_ctx": args.n_ctx, "n_tokens": len(ids),
                           "n_chunks": result.n_chunks, "n_scored": result.n_scored,
                           "ppl": result.ppl, "error": result.error, "running": result.running}))
     else:
         print(f"\nFinal estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}")
+    return 0
+
+
+def _base_writer(stack: ExitStack, args: argparse.Namespace, model: Model, ids: list[int]
+                 ) -> Callable[[list[int]], Sequence[float]]:
+    """A scorer that runs each chunk's scored rows and writes their log-probabilities to
+    --kl-divergence-base as llama-perplexity does (its NLLs are the ones it scores with)."""
+    import numpy as np
+
+    from minfer.bench.kld import LogitsWriter
+    from minfer.bench.perplexity import scored_logits
+
+    engine = model.engine(args.n_ctx)
+    n_chunks = len(ids) // args.n_ctx if args.chunks is None else min(args.chunks,
+                                                                       len(ids) // args.n_ctx)
+    try:
+        out = stack.enter_context(open(args.kl_divergence_base, "wb"))  # noqa: SIM115
+    except OSError as exc:
+        raise MinferError(f"cannot write {args.kl_divergence_base}: {exc.strerror}") from None
+    writer = LogitsWriter(out, args.n_ctx, model.hparams.n_vocab,
+                          np.asarray(ids[:n_chunks * args.n_ctx], np.int32))
+    first = args.n_ctx // 2
+
+    def scorer(chunk: list[int]) -> Sequence[float]:
+        logits = scored_logits(engine.forward, chunk, model.batch_size)
+        return list(-writer.add_chunk(logits, np.asarray(chunk[first + 1:])))
+
+    return scorer
+
+
+def _run_kl_divergence(args: argparse.Namespace) -> int:
+    """--kl-divergence: this model on the base file's tokens, compared row by row."""
+    import numpy as np
+
+    import minfer
+    from minfer.bench.kld import CHUNK_HEADER, BaseFile, KLDResult
+    from minfer.bench.perplexity import scored_logits
+
+    if not args.kl_divergence_base:
+        raise MinferError("--kl-divergence reads the base model's log-probabilities: give them "
+                          "with --kl-divergence-base FILE")
+    try:
+        stream = open(args.kl_divergence_base, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise MinferError(f"cannot read {args.kl_divergence_base}: {exc.strerror}") from None
+    with stream:
+        base = BaseFile.open(stream, args.kl_divergence_base)
+        n_ctx = base.n_ctx
+        model = minfer.load(args.model_opt or args.model, n_ctx=n_ctx,
+                            k_type=kv_types(args)[0], v_type=kv_types(args)[1], batch_size=n_ctx)
+        if args.threads:
+            model.set_threads(args.threads)
+        if base.n_vocab != model.hparams.n_vocab:
+            raise MinferError(f"inconsistent vocabulary ({base.n_vocab} in "
+                              f"{args.kl_divergence_base} vs {model.hparams.n_vocab})")
+        tok = model.tokenizer
+        warm_up_announced(model, n_ctx)
+        engine = model.engine(n_ctx)
+        first = n_ctx // 2
+        n_chunks = base.n_chunk if args.chunks is None else min(args.chunks, base.n_chunk)
+        result = KLDResult()
+        if not args.json:
+            print(f"computing over {n_chunks} chunks, n_ctx={n_ctx}\n\n{CHUNK_HEADER}")
+        for i, rows in zip(range(n_chunks), base.chunks(), strict=False):
+            chunk = [int(t) for t in base.tokens[i * n_ctx:(i + 1) * n_ctx]]
+            if tok.add_bos and tok.bos_id is not None:
+                chunk[0] = tok.bos_id
+            logits = scored_logits(engine.forward, chunk, model.batch_size)
+            result.add(logits, rows, np.asarray(chunk[first + 1:]))
+            if not args.json:
+                print(result.chunk_line(i + 1), flush=True)
+    if args.json:
+        print(json.dumps({"model": model.name, "n_ctx": n_ctx, "n_chunks": n_chunks,
+                          **result.stats()}))
+    elif result.count >= 100:  # llama-perplexity does no statistics on fewer
+        print(f"\n{result.report()}")
     return 0
 
 

@@ -1,4 +1,10 @@
-"""`minfer quantize IN OUT TYPE`: requantize a GGUF like llama-quantize (same bytes, no imatrix)."""
+"""`minfer quantize IN OUT TYPE`: requantize a GGUF like llama-quantize (the same bytes), with
+`--imatrix FILE` (ggml's importance-weighted quantizers), `--tensor-type PATTERN=TYPE` overrides,
+`--output-tensor-type`, `--token-embedding-type`.
+
+`minfer imatrix [MODEL] -f TEXT [-o imatrix.gguf] [-c 512] [-b 512] [--chunks N]
+[--process-output]`: llama-imatrix's importance matrix of TEXT (minfer.tools.imatrix), for
+`quantize --imatrix`."""
 
 from __future__ import annotations
 
@@ -20,8 +26,9 @@ if TYPE_CHECKING:  # the quantizer (numba kernels) is imported when the command 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "quantize", help="quantize a GGUF model (llama-quantize's types and mixes)",
-        description="Quantize IN to OUT as llama.cpp's llama-quantize does without an "
-                    "importance matrix: the same per-tensor choices and the same bytes.")
+        description="Quantize IN to OUT as llama.cpp's llama-quantize does: the same "
+                    "per-tensor choices and the same bytes, with or without an importance "
+                    "matrix.")
     p.add_argument("input", metavar="IN", help="source .gguf (F32/F16/BF16, or quantized with "
                                                "--allow-requantize)")
     p.add_argument("output", metavar="OUT", help="the .gguf to write")
@@ -35,9 +42,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="allow a source whose tensors are already quantized (loses quality)")
     p.add_argument("--output-tensor-type", metavar="T", help="type of output.weight")
     p.add_argument("--token-embedding-type", metavar="T", help="type of token_embd.weight")
+    p.add_argument("--tensor-type", metavar="PATTERN=TYPE", action="append", default=[],
+                   help="TYPE for the tensors whose name PATTERN (a regular expression) matches, "
+                        "e.g. attn_q=q8_0; repeatable, the first match wins")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="importance matrix (minfer imatrix / llama-imatrix, GGUF or legacy "
+                        ".dat): quantize with ggml's importance-weighted quantizers")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_argument("--force", action="store_true", help="replace OUT if it already exists")
     p.set_defaults(func=run)
+
+    m = subparsers.add_parser(
+        "imatrix", help="an importance matrix for quantize --imatrix (llama-imatrix's)",
+        description="Sum each matmul input's squared activations per column over TEXT's "
+                    "chunks, as llama.cpp's llama-imatrix does; write its GGUF format.")
+    m.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
+    m.add_argument("-m", "--model", dest="model_opt", help="the model, as a flag")
+    m.add_argument("-f", "--file", required=True, help="the calibration text ('-' reads stdin)")
+    m.add_argument("-o", "--output", default="imatrix.gguf", help="output file (imatrix.gguf)")
+    m.add_argument("-c", "--n-ctx", type=int, default=512, help="chunk length in tokens (512)")
+    m.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="tokens per forward (512; capped at -c)")
+    m.add_argument("--chunks", type=int, default=None, help="use at most this many chunks")
+    m.add_argument("--process-output", action="store_true",
+                   help="also collect output.weight's input")
+    m.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    m.set_defaults(func=run_imatrix)
 
 
 class _Bar:
@@ -85,6 +115,7 @@ def _summary(report: QuantizeReport, out: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from minfer.tools.quantize import MixOptions, parse_ftype, parse_tensor_type, quantize_model
+    from minfer.tools.quantize.mix import parse_tensor_type_override
 
     if Path(args.output).exists() and not args.force:
         raise MinferError(f"{args.output} already exists; not overwriting it (--force "
@@ -94,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         output_tensor_type=(parse_tensor_type(args.output_tensor_type)
                             if args.output_tensor_type else None),
         token_embedding_type=(parse_tensor_type(args.token_embedding_type)
-                              if args.token_embedding_type else None))
+                              if args.token_embedding_type else None),
+        tensor_types=tuple(parse_tensor_type_override(t) for t in args.tensor_type))
     if args.threads is not None:
         from minfer.engine.forward import set_threads
 
@@ -103,9 +135,46 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         report = quantize_model(args.input, args.output, opts,
-                                allow_requantize=args.allow_requantize, progress=bar)
+                                allow_requantize=args.allow_requantize, imatrix=args.imatrix,
+                                progress=bar)
     finally:
         bar.close()
     report.seconds = time.perf_counter() - t0
     print(_summary(report, args.output), file=sys.stderr)
+    return 0
+
+
+def run_imatrix(args: argparse.Namespace) -> int:
+    import minfer
+    from minfer.tools.imatrix import collect
+    from minfer.tools.quantize.imatrix_file import write_gguf
+
+    if args.chunks is not None and args.chunks < 1:
+        raise MinferError("--chunks must be at least 1")
+    if args.batch_size < 1:
+        raise MinferError("-b must be at least 1")
+    batch_size = min(args.batch_size, args.n_ctx)  # as llama-imatrix caps n_batch
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+    except OSError as exc:
+        raise MinferError(f"cannot read {args.file}: {exc.strerror}") from None
+    model = minfer.load(args.model_opt or args.model, n_ctx=args.n_ctx,
+                        batch_size=batch_size)
+    if args.threads:
+        model.set_threads(args.threads)
+    tok = model.tokenizer
+    ids = tok.encode(text, special=False)
+    bos = tok.bos_id if tok.add_bos else None
+
+    def progress(done: int, total: int) -> None:
+        print(f"[{done}/{total}]", end=" ", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    im = collect(model.engine(args.n_ctx), ids, args.n_ctx, bos=bos,
+                 batch_size=batch_size, max_chunks=args.chunks,
+                 process_output=args.process_output,
+                 dataset="" if args.file == "-" else args.file, progress=progress)
+    write_gguf(args.output, im)
+    print(f"\nminfer: wrote {args.output}: {len(im.entries)} matrices, {im.chunk_count} chunks "
+          f"of {args.n_ctx} tokens in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

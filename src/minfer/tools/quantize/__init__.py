@@ -1,8 +1,11 @@
 """`minfer quantize`: GGUF quantization byte-identical to llama.cpp's `llama_model_quantize`.
 
 - `blocks32`, `kquants`: ggml's reference quantizers ported to numba, one row at a time.
-- `rows`: `quantize_rows`, the parallel entry point per type.
-- `mix`: llama.cpp's file types and per-tensor type rules (Q4_K_M, …, --pure, overrides).
+- `weighted`: ggml's importance-weighted quantizers (`--imatrix`).
+- `rows`: `quantize_rows`, the parallel entry point per type (weighted given an imatrix).
+- `mix`: llama.cpp's file types and per-tensor type rules (Q4_K_M, …, --pure, --tensor-type
+  and the other overrides, the imatrix rules).
+- `imatrix_file`: importance-matrix files (llama-imatrix's GGUF, and its legacy .dat read).
 - `gguf_out`: the output header, as llama.cpp lays it out.
 - `driver`: `quantize_model`, streaming tensor by tensor.
 """

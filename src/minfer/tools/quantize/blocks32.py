@@ -216,11 +216,29 @@ def _best_index_iq4nl(values, x):
 def iq4_nl_row(x, out):
     """quantize_iq4_nl without an importance matrix: quantize_row_iq4_nl_impl(32, 32, …,
     ntry=7) per block; block_iq4_nl is d f16 | qs[16] (18 bytes)."""
+    iq4_nl_rows(x, x, False, out)
+
+
+@njit(inline="always", error_model="numpy")
+def iq4_nl_rows(x, qw, use_qw, out):
+    """quantize_row_iq4_nl_impl per 32-block, its weights qw[j] * sqrt(sigma2 + x[j]^2)
+    (sigma2: twice the block's mean square) when use_qw, else x[j]^2."""
     values = IQ4NL_VALUES
     L = np.zeros(32, dtype=np.int64)
+    weight = np.zeros(32, dtype=np.float32)
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 18
+        if use_qw:
+            sigma2 = F(0.0)
+            for j in range(32):
+                sigma2 += x[b + j] * x[b + j]
+            sigma2 *= F(2.0) / F(32.0)
+            for j in range(32):
+                weight[j] = qw[b + j] * np.sqrt(sigma2 + x[b + j] * x[b + j])
+        else:
+            for j in range(32):
+                weight[j] = x[b + j] * x[b + j]
         amax, mx = absmax_signed(x, b, 32)
         scale = F(0.0)
         if amax >= F(1e-15):
@@ -231,7 +249,7 @@ def iq4_nl_row(x, out):
             for j in range(32):
                 xj = x[b + j]
                 q = F(values[_best_index_iq4nl(values, idv * xj)])
-                w = xj * xj
+                w = weight[j]
                 sumqx += w * q * xj
                 sumq2 += w * q * q
             d = sumqx / sumq2 if sumq2 > F(0.0) else F(0.0)
@@ -243,7 +261,7 @@ def iq4_nl_row(x, out):
                 for j in range(32):
                     xj = x[b + j]
                     q = F(values[_best_index_iq4nl(values, idv * xj)])
-                    w = xj * xj
+                    w = weight[j]
                     sumqx += w * q * xj
                     sumq2 += w * q * q
                 if sumq2 > F(0.0) and sumqx * sumqx > best * sumq2:

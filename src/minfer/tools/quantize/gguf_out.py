@@ -63,8 +63,12 @@ def _string(s: str) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def _u32_kv(key: str, value: int) -> bytes:
-    return _string(key) + struct.pack("<II", GGUFValueType.UINT32, value)
+def u32_kv(key: str, value: int) -> tuple[str, bytes]:
+    return key, _string(key) + struct.pack("<II", GGUFValueType.UINT32, value)
+
+
+def str_kv(key: str, value: str) -> tuple[str, bytes]:
+    return key, _string(key) + struct.pack("<I", GGUFValueType.STRING) + _string(value)
 
 
 def pad(n: int, alignment: int) -> int:
@@ -79,11 +83,16 @@ def _n_dims(shape: Sequence[int]) -> int:
 
 
 def header_bytes(kv: Sequence[tuple[str, bytes]], tensors: Sequence[OutTensor], *,
-                 file_type: int, alignment: int) -> bytes:
-    """Header, metadata and tensor infos, zero-padded to the alignment (data starts after)."""
-    entries = [raw for key, raw in kv if key not in DROPPED_KEYS]
-    entries.append(_u32_kv("general.quantization_version", GGML_QNT_VERSION))
-    entries.append(_u32_kv("general.file_type", file_type))
+                 file_type: int, alignment: int,
+                 extra: Sequence[tuple[str, bytes]] = ()) -> bytes:
+    """Header, metadata and tensor infos, zero-padded to the alignment (data starts after).
+    extra: entries set after the file type (llama-quantize's kv_overrides), each replacing a
+    source entry of its key by moving it to the end, as gguf_set_val does."""
+    replaced = DROPPED_KEYS | {key for key, _ in extra}
+    entries = [raw for key, raw in kv if key not in replaced]
+    entries.append(u32_kv("general.quantization_version", GGML_QNT_VERSION)[1])
+    entries.append(u32_kv("general.file_type", file_type)[1])
+    entries += [raw for _, raw in extra]
     parts = [b"GGUF", struct.pack("<Iqq", GGUF_VERSION, len(tensors), len(entries)), *entries]
     offset = 0
     for t in tensors:

@@ -36,11 +36,18 @@ def _f16_at(out, off):
 
 
 @njit(inline="always", error_model="numpy")
-def _first_pass(n, nmax, x, L, shift):
+def _weight(x, qw, i, use_qw):
+    """make_qx_quants' weight of value i: the importance weight when given, else x^2."""
+    return qw[i] if use_qw else x[i] * x[i]
+
+
+@njit(inline="always", error_model="numpy")
+def _first_pass(n, nmax, x, L, shift, qw, use_qw):
     """The start both make_qx_quants and make_q3_quants share: (small, mx, sumlx, suml2). small:
     the group's largest |x| is under GROUP_MAX_EPS (L zeroed, the scale is 0). Otherwise L[i] =
     clamp(nearest_int(-nmax / mx * x[i]), -nmax, nmax - 1) + shift, mx the value of largest
-    magnitude, with the x^2-weighted sums of l*x and l*l accumulated in ggml's order."""
+    magnitude, with the weighted sums of l*x and l*l accumulated in ggml's order (weights qw[i]
+    when use_qw, else x[i]^2)."""
     amax, mx = absmax_signed(x, 0, n)
     sumlx = F(0.0)
     suml2 = F(0.0)
@@ -53,7 +60,7 @@ def _first_pass(n, nmax, x, L, shift):
         xi = x[i]
         lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
         L[i] = lv + shift
-        w = xi * xi
+        w = _weight(x, qw, i, use_qw)
         fl = F(lv)
         sumlx += w * xi * fl
         suml2 += w * fl * fl
@@ -61,9 +68,10 @@ def _first_pass(n, nmax, x, L, shift):
 
 
 @njit(inline="always", error_model="numpy")
-def make_qx_quants_rmse1(n, nmax, x, L):
-    """make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) on n-long views; L gets codes+nmax."""
-    small, mx, sumlx, suml2 = _first_pass(n, nmax, x, L, nmax)
+def make_qx_quants(n, nmax, x, L, qw, use_qw):
+    """make_qx_quants(n, nmax, x, L, rmse_type=1, qw) on n-long views (qw is NULL unless
+    use_qw); L gets codes + nmax."""
+    small, mx, sumlx, suml2 = _first_pass(n, nmax, x, L, nmax, qw, use_qw)
     if small:
         return F(0.0)
     scale = sumlx / suml2 if suml2 != F(0.0) else F(0.0)
@@ -77,7 +85,7 @@ def make_qx_quants_rmse1(n, nmax, x, L):
         for i in range(n):
             xi = x[i]
             fl = F(max(-nmax, min(nmax - 1, nearest_int(iscale * xi))))
-            w = xi * xi
+            w = _weight(x, qw, i, use_qw)
             sumlx += w * xi * fl
             suml2 += w * fl * fl
         if suml2 > F(0.0) and sumlx * sumlx > best * suml2:
@@ -91,7 +99,7 @@ def make_qx_quants_rmse1(n, nmax, x, L):
 @njit(inline="always", error_model="numpy")
 def make_q3_quants(n, nmax, x, L):
     """make_q3_quants(n, nmax, x, L, do_rmse=true) on n-long views; L gets codes + nmax."""
-    small, _, sumlx, suml2 = _first_pass(n, nmax, x, L, 0)
+    small, _, sumlx, suml2 = _first_pass(n, nmax, x, L, 0, x, False)
     if small:
         return F(0.0)
     for _ in range(5):
@@ -281,31 +289,38 @@ def q3_k_row(x, out):
             put_f16(out, o + 108, F(1.0) / iscale)
         else:
             put_f16(out, o + 108, F(0.0))
-        d_all = _f16_at(out, o + 108)
-        for j in range(16):
-            if j < 8:
-                sc = np.int64(out[sc_off + j] & np.uint8(0xF))
-            else:
-                sc = np.int64(out[sc_off + j - 8] >> np.uint8(4))
-            sc = i8((sc | (((np.int64(out[sc_off + 8 + j % 4]) >> (2 * (j // 4))) & 3) << 4)) - 32)
-            d = d_all * F(sc)
-            if d == F(0.0):
-                continue
-            for m in range(16):
-                L[16 * j + m] = max(-4, min(3, nearest_int(x[b + 16 * j + m] / d))) + 4
-        for k in range(32):
-            out[o + k] = 0
-        m = 0
-        hm = 1
-        for j in range(256):
-            if L[j] > 3:
-                out[o + m] |= np.uint8(hm)
-                L[j] -= 4
-            m += 1
-            if m == 32:
-                m = 0
-                hm <<= 1
-        _pack_2bit(L, out, o + 32)
+        _q3_k_codes(x, b, out, o, L)
+
+
+@njit(inline="always", error_model="numpy")
+def _q3_k_codes(x, b, out, o, L):
+    """A Q3_K block's codes from its stored d and scales: hmask and the 2-bit qs."""
+    sc_off = o + 96
+    d_all = _f16_at(out, o + 108)
+    for j in range(16):
+        if j < 8:
+            sc = np.int64(out[sc_off + j] & np.uint8(0xF))
+        else:
+            sc = np.int64(out[sc_off + j - 8] >> np.uint8(4))
+        sc = i8((sc | (((np.int64(out[sc_off + 8 + j % 4]) >> (2 * (j // 4))) & 3) << 4)) - 32)
+        d = d_all * F(sc)
+        if d == F(0.0):
+            continue
+        for m in range(16):
+            L[16 * j + m] = max(-4, min(3, nearest_int(x[b + 16 * j + m] / d))) + 4
+    for k in range(32):
+        out[o + k] = 0
+    m = 0
+    hm = 1
+    for j in range(256):
+        if L[j] > 3:
+            out[o + m] |= np.uint8(hm)
+            L[j] -= 4
+        m += 1
+        if m == 32:
+            m = 0
+            hm <<= 1
+    _pack_2bit(L, out, o + 32)
 
 
 @njit(error_model="numpy")
@@ -349,19 +364,31 @@ def _q45_k_block(x, b, out, o, nmax, rmin, nstep, scratch):
     max_scale, max_min = _q45_k_scales(x, b, nmax, rmin, nstep, L, Laux, weights, scales, mins)
     inv_scale = F(63.0) / max_scale if max_scale > F(0.0) else F(0.0)
     inv_min = F(63.0) / max_min if max_min > F(0.0) else F(0.0)
-    s = o + 4
     for j in range(8):
-        ls = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)
-        lm = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
-        if j < 4:
-            out[s + j] = np.uint8(ls)
-            out[s + j + 4] = np.uint8(lm)
-        else:
-            out[s + j + 4] = np.uint8((ls & 0xF) | ((lm & 0xF) << 4))
-            out[s + j - 4] |= np.uint8((ls >> 4) << 6)
-            out[s + j] |= np.uint8((lm >> 4) << 6)
+        _q45_k_scale_min(out, o, j, min(63, nearest_int(inv_scale * scales[j]) & 0xFF),
+                         min(63, nearest_int(inv_min * mins[j]) & 0xFF))
     put_f16(out, o, max_scale / F(63.0))
     put_f16(out, o + 2, max_min / F(63.0))
+    _q45_k_requantize(x, b, out, o, nmax, L)
+
+
+@njit(inline="always", error_model="numpy")
+def _q45_k_scale_min(out, o, j, ls, lm):
+    """Sub-block j's 6-bit scale and min into the block's 12 packed bytes."""
+    s = o + 4
+    if j < 4:
+        out[s + j] = np.uint8(ls)
+        out[s + j + 4] = np.uint8(lm)
+    else:
+        out[s + j + 4] = np.uint8((ls & 0xF) | ((lm & 0xF) << 4))
+        out[s + j - 4] |= np.uint8((ls >> 4) << 6)
+        out[s + j] |= np.uint8((lm >> 4) << 6)
+
+
+@njit(inline="always", error_model="numpy")
+def _q45_k_requantize(x, b, out, o, nmax, L):
+    """The codes L (0..nmax) of a Q4_K / Q5_K block from its stored d, dmin, scales, mins."""
+    s = o + 4
     d_all = _f16_at(out, o)
     m_all = _f16_at(out, o + 2)
     for j in range(8):
@@ -387,9 +414,14 @@ def q4_k_row(x, out):
     for i in range(x.shape[0] // 256):
         o = i * 144
         _q45_k_block(x, i * 256, out, o, 15, F(-1.0), 20, scratch)
-        for j in range(4):
-            for m in range(32):
-                out[o + 16 + 32 * j + m] = np.uint8(L[64 * j + m] | (L[64 * j + m + 32] << 4))
+        _q4_k_codes(L, out, o)
+
+
+@njit(inline="always", error_model="numpy")
+def _q4_k_codes(L, out, o):
+    for j in range(4):
+        for m in range(32):
+            out[o + 16 + 32 * j + m] = np.uint8(L[64 * j + m] | (L[64 * j + m + 32] << 4))
 
 
 @njit(error_model="numpy")
@@ -400,28 +432,40 @@ def q5_k_row(x, out):
     for i in range(x.shape[0] // 256):
         o = i * 176
         _q45_k_block(x, i * 256, out, o, 31, F(-0.5), 15, scratch)
-        for m in range(32):
-            out[o + 16 + m] = 0
-        m1 = 1
-        m2 = 2
-        for n in range(4):
-            for j in range(32):
-                l1 = L[64 * n + j]
-                if l1 > 15:
-                    l1 -= 16
-                    out[o + 16 + j] |= np.uint8(m1)
-                l2 = L[64 * n + j + 32]
-                if l2 > 15:
-                    l2 -= 16
-                    out[o + 16 + j] |= np.uint8(m2)
-                out[o + 48 + 32 * n + j] = np.uint8(l1 | (l2 << 4))
-            m1 <<= 2
-            m2 <<= 2
+        _q5_k_codes(L, out, o)
+
+
+@njit(inline="always", error_model="numpy")
+def _q5_k_codes(L, out, o):
+    for m in range(32):
+        out[o + 16 + m] = 0
+    m1 = 1
+    m2 = 2
+    for n in range(4):
+        for j in range(32):
+            l1 = L[64 * n + j]
+            if l1 > 15:
+                l1 -= 16
+                out[o + 16 + j] |= np.uint8(m1)
+            l2 = L[64 * n + j + 32]
+            if l2 > 15:
+                l2 -= 16
+                out[o + 16 + j] |= np.uint8(m2)
+            out[o + 48 + 32 * n + j] = np.uint8(l1 | (l2 << 4))
+        m1 <<= 2
+        m2 <<= 2
 
 
 @njit(error_model="numpy")
 def q6_k_row(x, out):
     """block_q6_K: ql[128], qh[64], scales[16] (int8), d (210 bytes)."""
+    q6_k_rows(x, x, False, out)
+
+
+@njit(inline="always", error_model="numpy")
+def q6_k_rows(x, qw, use_qw, out):
+    """quantize_row_q6_K_impl: the sub-block scales by make_qx_quants weighted by qw (the
+    row's importance, used as is) when use_qw, else by x^2 (the reference)."""
     L = np.zeros(256, dtype=np.int64)
     scales = np.zeros(16, dtype=np.float32)
     for i in range(x.shape[0] // 256):
@@ -430,8 +474,9 @@ def q6_k_row(x, out):
         max_scale = F(0.0)
         max_abs_scale = F(0.0)
         for ib in range(16):
-            scale = make_qx_quants_rmse1(16, 32, x[b + 16 * ib:b + 16 * ib + 16],
-                                         L[16 * ib:16 * ib + 16])
+            lo = b + 16 * ib
+            scale = make_qx_quants(16, 32, x[lo:lo + 16], L[16 * ib:16 * ib + 16],
+                                   qw[lo:lo + 16], use_qw)
             scales[ib] = scale
             if abs(scale) > max_abs_scale:
                 max_abs_scale = abs(scale)

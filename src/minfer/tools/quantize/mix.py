@@ -9,6 +9,11 @@ tensor order (`tensor_order`: non-block tensors first, then by layer, names byte
 matters because attn_v's rule counts attn_v tensors rather than reading the layer number.
 Rows that are not a whole number of blocks fall back (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0,
 Q2_K/Q3_K → Q4_0, then F16). Importance-matrix-only types (IQ*, Q2_K_S) are refused.
+`--tensor-type PATTERN=TYPE` overrides (`tensor_types`) are searched in order in each
+quantizable tensor's name (a regular expression, the first match wins) before the mix's rules,
+which then do not run for it (nor count it); the fallback still applies. With an importance
+matrix (`imatrix`), Q4_0 / Q5_0 put the first eighth of ffn_down at Q4_1 / Q5_1 and IQ4_NL
+keeps those at IQ4_NL, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -170,6 +175,25 @@ class MixOptions:
     pure: bool = False
     output_tensor_type: QT | None = None
     token_embedding_type: QT | None = None
+    tensor_types: tuple[tuple[str, QT], ...] = ()  # (pattern, type), llama.cpp's tt_overrides
+    imatrix: bool = False  # an importance matrix is given (has_imatrix)
+
+
+def parse_tensor_type_override(text: str) -> tuple[str, QT]:
+    """`--tensor-type NAME=TYPE` as llama-quantize parses it: the name lowercased (a regular
+    expression searched in tensor names), TYPE a ggml type name."""
+    name, sep, qtype = text.partition("=")
+    if not sep:
+        raise QuantizeError(f"malformed tensor type {text!r} (expected PATTERN=TYPE)")
+    if not name:
+        raise QuantizeError("missing tensor name in --tensor-type")
+    if not qtype:
+        raise QuantizeError("missing quantization type in --tensor-type")
+    try:
+        re.compile(name.lower())
+    except re.error as exc:
+        raise QuantizeError(f"--tensor-type {text!r}: bad pattern ({exc})") from None
+    return name.lower(), parse_tensor_type(qtype)
 
 
 class _Chooser:
@@ -238,12 +262,14 @@ class _Chooser:
                            QT.Q5_K if _use_more_bits(i, n) else QT.Q4_K)
                 elif _use_more_bits(i, n):
                     new = QT.Q6_K
-            elif i < n // 8 and ft == F.MOSTLY_IQ4_NL:  # (no imatrix)
+            elif i < n // 8 and ft == F.MOSTLY_IQ4_NL and not self.o.imatrix:
                 new = QT.Q5_K
             elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
                 new = QT.Q6_K
             elif ft == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
                 new = QT.Q5_K
+            elif ft in (F.MOSTLY_Q4_0, F.MOSTLY_Q5_0) and self.o.imatrix and i < n // 8:
+                new = QT.Q4_1 if ft == F.MOSTLY_Q4_0 else QT.Q5_1
             self.i_ffn_down += 1
         elif cat == "attn_output":
             if not falcon:
@@ -278,19 +304,29 @@ def choose_types(tensors: Sequence[tuple[str, tuple[int, ...], QT]], model: Mode
     """name → target type for (name, ne shape, current type) given in llama.cpp's order."""
     chooser = _Chooser(model, opts, [t[0] for t in tensors])
     default = DEFAULT_TYPE[opts.ftype]
+    patterns = [(re.compile(p), qt) for p, qt in opts.tensor_types]
+
+    def manual(name: str) -> QT | None:
+        return next((qt for p, qt in patterns if p.search(name)), None)
+
     out: dict[str, QT] = {}
     for name, shape, cur in tensors:
         cat = category(name)
         if not allows_quantization(name, shape):
             new = cur
-        elif opts.token_embedding_type is not None and cat == "token_embd":
+        elif (opts.token_embedding_type is not None and cat == "token_embd"
+              and (name != "per_layer_token_embd.weight" or manual(name) is None)):
             new = opts.token_embedding_type
         elif opts.output_tensor_type is not None and cat == "output":
             new = opts.output_tensor_type
         elif default in _FLOATS:
             new = default
         else:
-            new = default if opts.pure else chooser.impl(default, name, shape[0], cat)
+            override = manual(name)
+            if override is not None:
+                new = override
+            else:
+                new = default if opts.pure else chooser.impl(default, name, shape[0], cat)
             new = _fallback(name, shape[0], new)
         if shape[0] % GGML_QUANT_SIZES[new][0]:
             raise QuantizeError(f"{name}: rows of {shape[0]} values cannot be {new.name} "
