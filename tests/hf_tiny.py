@@ -168,10 +168,12 @@ def _config(family: str, vocab: int) -> Any:
 
 def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "float32",
                      post_processor: str | None = None,
-                     generation: dict[str, Any] | None = None) -> Path:
+                     generation: dict[str, Any] | None = None, legacy: bool = False) -> Path:
     """A random `family` checkpoint with its tokenizer in `out`; returns out. A byte-level
     BPE tokenizer gets `post_processor` (see write_bpe_tokenizer); `generation` is added to
-    the generation_config.json transformers writes (sampling defaults, as real ones carry)."""
+    the generation_config.json transformers writes (sampling defaults, as real ones carry);
+    `legacy` rewrites config.json's rope settings the way transformers 4 wrote them (as most
+    Hub checkpoints still have them): `rope_theta`, `rope_scaling`, `rope_local_base_freq`."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -189,11 +191,26 @@ def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "flo
             if "norm" in name:
                 p.copy_(torch.randn_like(p) * 0.1 + (0.0 if "gemma3" in family else 1.0))
     model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    if legacy:
+        _legacy_rope(out / "config.json")
     if generation:
         path = out / "generation_config.json"
         saved = json.loads(path.read_text()) if path.is_file() else {}
         path.write_text(json.dumps({**saved, **generation}, indent=2))
     return out
+
+
+def _legacy_rope(path: Path) -> None:
+    """config.json's `rope_parameters` as transformers 4 spelled them."""
+    cfg = json.loads(path.read_text())
+    rope = cfg.pop("rope_parameters")
+    if "sliding_attention" in rope:
+        cfg["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+        rope = rope["full_attention"]
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def write_reranker_checkpoint(out: Path, *, tied: bool = True, seed: int = 0) -> Path:

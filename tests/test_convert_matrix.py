@@ -30,19 +30,23 @@ def _ckpt(family: str, **kw: Any) -> Callable[[Path], Path]:
 # case → (checkpoint writer, the BPE / WordPiece pre-tokenizer name the tiny tokenizer is
 # given: its hash is unknown to llama.cpp). Byte-level BPE tokenizers carry the post-processor
 # their family's real ones have; some checkpoints are bf16 and carry sampling defaults in
-# generation_config.json, as real ones do.
+# generation_config.json, as real ones do; some spell their rope settings as transformers 4 did.
 CASES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
     "qwen2": (_ckpt("qwen2", post_processor="bytelevel", dtype="bfloat16",
                     generation=_SAMPLING), "qwen2"),
     "qwen3": (_ckpt("qwen3", post_processor="bytelevel"), "qwen2"),
     "qwen3_yarn": (_ckpt("qwen3_yarn", post_processor="bytelevel"), "qwen2"),
+    "qwen3_yarn_legacy": (_ckpt("qwen3_yarn", post_processor="bytelevel", legacy=True),
+                          "qwen2"),
     "llama2": (_ckpt("llama"), None),
     "llama3": (_ckpt("llama3", post_processor="bos", generation=_SAMPLING), "llama-bpe"),
     "mistral": (_ckpt("mistral", dtype="bfloat16"), None),
-    "tinyllama": (_ckpt("tinyllama"), None),
+    "tinyllama": (_ckpt("tinyllama", legacy=True), None),
+    "llama3_legacy": (_ckpt("llama3", post_processor="bos", legacy=True), "llama-bpe"),
     "gemma3": (_ckpt("gemma3", dtype="bfloat16", generation={"top_k": 64, "top_p": 0.95}),
                None),
     "gemma3_scaled": (_ckpt("gemma3_scaled"), None),
+    "gemma3_legacy": (_ckpt("gemma3_scaled", legacy=True), None),
     "qwen2moe": (_ckpt("qwen2moe", post_processor="bytelevel"), "qwen2"),
     "qwen3moe": (_ckpt("qwen3moe", post_processor="bytelevel", dtype="bfloat16",
                        generation=_SAMPLING), "qwen2"),
