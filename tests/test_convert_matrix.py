@@ -10,14 +10,23 @@ order, types and values; tensors, their order, names, types, shapes and data) be
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from minfer.convert import OUTTYPES, convert_hf
-from tests.hf_tiny import write_bert_checkpoint, write_checkpoint, write_reranker_checkpoint
+from minfer.gguf.reader import GGUFFile
+from tests.hf_tiny import (
+    write_bert_checkpoint,
+    write_bpe_tokenizer,
+    write_checkpoint,
+    write_reranker_checkpoint,
+)
 from tests.llama_convert import reference_convert
 
 _SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
@@ -137,3 +146,55 @@ def test_same_bytes_as_llama_cpp(case: str, outtype: str, matrix_ckpts: dict[str
                       tokenizer_pre=CASES[case][1], progress=False)
     diffs = gguf_differences(ours, matrix_reference[(case, outtype)])
     assert not diffs, f"{case} {outtype} differs from llama.cpp:\n" + "\n".join(diffs)
+
+
+def test_experts_stacked_per_layer_in_llama_cpps_order(tmp_path: Path) -> None:
+    """A hand-made Qwen2-MoE checkpoint (no transformers needed): each layer's experts become
+    one 3-D tensor per projection, written where the layer's last expert tensor is read, down /
+    gate / up; the routers stay f32 at q8_0; the expert counts and the size label say so."""
+    n_vocab, n_embd, n_ff, n_expert = write_bpe_tokenizer(tmp_path), 64, 32, 3
+    rng = np.random.default_rng(0)
+    tensors = {"model.embed_tokens.weight": (n_vocab, n_embd),
+               "lm_head.weight": (n_vocab, n_embd), "model.norm.weight": (n_embd,)}
+    for b in range(2):
+        pre = f"model.layers.{b}."
+        tensors |= {pre + "input_layernorm.weight": (n_embd,),
+                    pre + "post_attention_layernorm.weight": (n_embd,),
+                    pre + "mlp.gate.weight": (n_expert, n_embd),
+                    pre + "mlp.shared_expert_gate.weight": (1, n_embd)}
+        for p in ("q", "k", "v", "o"):
+            tensors[pre + f"self_attn.{p}_proj.weight"] = (n_embd, n_embd)
+        for x in range(n_expert):
+            for proj, shape in (("gate_proj", (n_ff, n_embd)), ("up_proj", (n_ff, n_embd)),
+                                ("down_proj", (n_embd, n_ff))):
+                tensors[pre + f"mlp.experts.{x}.{proj}.weight"] = shape
+        for proj, shape in (("gate_proj", (n_ff, n_embd)), ("up_proj", (n_ff, n_embd)),
+                            ("down_proj", (n_embd, n_ff))):
+            tensors[pre + f"mlp.shared_expert.{proj}.weight"] = shape
+    arrays = {k: rng.standard_normal(s).astype(np.float32) for k, s in tensors.items()}
+    save_file(arrays, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2MoeForCausalLM"], "vocab_size": n_vocab, "hidden_size": n_embd,
+        "intermediate_size": 128, "moe_intermediate_size": n_ff,
+        "shared_expert_intermediate_size": n_ff, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": n_expert,
+        "num_experts_per_tok": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        "rope_theta": 1e6, "tie_word_embeddings": False}))
+    out = convert_hf(tmp_path, tmp_path / "moe.gguf", outtype="q8_0", progress=False)
+    with GGUFFile.open(out) as f:
+        names = list(f.tensors)
+        block0 = [n.removeprefix("blk.0.") for n in names if n.startswith("blk.0.")]
+        assert block0[:4] == ["attn_norm.weight", "ffn_down_exps.weight",
+                              "ffn_gate_exps.weight", "ffn_up_exps.weight"]
+        assert f.tensors["blk.0.ffn_gate_inp.weight"].type_name == "F32"
+        assert f.tensors["blk.0.ffn_gate_inp_shexp.weight"].type_name == "F32"
+        assert f.tensors["blk.1.ffn_down_exps.weight"].type_name == "Q8_0"
+        assert f.metadata["qwen2moe.expert_count"] == n_expert
+        assert f.metadata["qwen2moe.expert_used_count"] == 2
+        assert f.metadata["qwen2moe.expert_feed_forward_length"] == n_ff
+        assert f.metadata["general.size_label"].startswith(f"{n_expert}x")
+    out = convert_hf(tmp_path, tmp_path / "moe32.gguf", outtype="f32", progress=False)
+    with GGUFFile.open(out) as f:
+        want = np.stack([arrays[f"model.layers.1.mlp.experts.{x}.up_proj.weight"]
+                         for x in range(n_expert)])
+        np.testing.assert_array_equal(f.array("blk.1.ffn_up_exps.weight"), want)

@@ -5,9 +5,11 @@ header, metadata and tensor table are written first, then each tensor is read fr
 fixed up for its family, converted to the output type (`gguf.quants`, the same code llama.cpp's
 converter uses) in row chunks and appended — so at most one output tensor plus one 64 MiB
 float32 chunk is in memory (a bf16 0.2B checkpoint: peak RSS 0.42 GB vs llama.cpp's 1.08 GB).
-Type rule (llama.cpp's): 1-D tensors and `*_norm.weight` stay F32; the rest take the output
-type, Q8_0 falling back to F16 for rows that are not a multiple of 32. The file appears by
-rename only once complete.
+Type rule (llama.cpp's): 1-D tensors, `*_norm.weight`, the MoE routers, positions and token
+types stay F32; the rest take the output type, Q8_0 falling back to F16 for rows that are not a
+multiple of 32. A mixture's experts are stacked on a new first axis, converted one by one.
+The hyper-parameters follow llama.cpp's `TextModel.set_gguf_parameters` key by key. The file
+appears by rename only once complete.
 """
 
 from __future__ import annotations

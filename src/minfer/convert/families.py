@@ -15,6 +15,10 @@ hyper-parameters in its own order (`Family.hparams`), its LongRoPE magnitude fir
 (`Family.first_kv`), as llama.cpp's `Phi3MiniModel` does; its fused `qkv_proj` and
 `gate_up_proj` keep their layout (`attn_qkv`, `ffn_up`).
 
+The mixtures of experts (Qwen2-MoE with its gated shared expert, Qwen3-MoE, and Mixtral written
+as a `llama` file) store one matrix per expert and projection; `Experts` says how to find them
+and what the stacked `ffn_{gate,up,down}_exps` tensor is called before the name map.
+
 A Qwen3 checkpoint that is a Qwen3-Reranker (`qwen3_reranker`: llama.cpp's tests, the README's
 title, the folder's or the config's name, a sequence-classification architecture) is written as
 llama.cpp writes one: rank pooling, the labels "yes" / "no", the `rerank` prompt template, and
