@@ -26,11 +26,13 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPLIT,
-                        tokenizer_class: str = "PreTrainedTokenizerFast") -> int:
+                        tokenizer_class: str = "PreTrainedTokenizerFast",
+                        post_processor: str | None = None) -> int:
     """A byte-level BPE tokenizer.json + tokenizer_config.json; returns the vocabulary size.
     (Phi-4-mini names its class GPT2Tokenizer, which llama.cpp's Phi-3 converter reads as
-    BPE.)"""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    BPE.) `post_processor`: None (none), "bytelevel" (Qwen2's: adds nothing) or "bos" (Llama
+    3's: ByteLevel, then a template putting the BOS `<|endoftext|>` first)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -41,13 +43,21 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPL
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TEXT], trainer)
     tok.add_special_tokens(SPECIALS)
+    bos = SPECIALS[0] if post_processor == "bos" else None
+    if post_processor is not None:
+        steps = [processors.ByteLevel(trim_offsets=False)]
+        if bos is not None:
+            bos_id = tok.token_to_id(bos)
+            steps.append(processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]))
+        tok.post_processor = processors.Sequence(steps) if len(steps) > 1 else steps[0]
     tok.save(str(out / "tokenizer.json"))
     n = tok.get_vocab_size()
     decoder = {str(tok.token_to_id(s)): {"content": s, "special": True, "normalized": False,
                                          "lstrip": False, "rstrip": False, "single_word": False}
                for s in SPECIALS}
     config = {"tokenizer_class": tokenizer_class, "eos_token": "<|im_end|>",
-              "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
+              "pad_token": "<|endoftext|>", "bos_token": bos, "add_bos_token": bos is not None,
               "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder,
               "model_max_length": 512}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
@@ -125,28 +135,82 @@ def _config(family: str, vocab: int) -> Any:
         return tf.Gemma3TextConfig(**common, head_dim=32, sliding_window=16,
                                    query_pre_attn_scalar=32, bos_token_id=1, eos_token_id=2,
                                    pad_token_id=0), tf.Gemma3ForCausalLM
+    if family == "gemma3_scaled":  # Gemma 3 4B+'s: linear scaling on global layers, local theta
+        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        return tf.Gemma3TextConfig(**common, head_dim=32, sliding_window=16,
+                                   query_pre_attn_scalar=32, rope_parameters=rope,
+                                   bos_token_id=1, eos_token_id=2, pad_token_id=0), \
+            tf.Gemma3ForCausalLM
+    if family == "mistral":  # Mistral 7B's: SentencePiece, MistralForCausalLM, no window
+        return tf.MistralConfig(**common, head_dim=16, rope_theta=1e6, sliding_window=None,
+                                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), \
+            tf.MistralForCausalLM
+    if family == "tinyllama":  # TinyLlama-style SentencePiece Llama: tied, linear rope scaling
+        rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+        return tf.LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope,
+                              bos_token_id=1, eos_token_id=2), tf.LlamaForCausalLM
+    moe: dict[str, Any] = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    if family == "qwen2moe":  # Qwen1.5-MoE's: q/k/v biases, a gated shared expert
+        return tf.Qwen2MoeConfig(**common, num_experts=4, shared_expert_intermediate_size=48,
+                                 tie_word_embeddings=False, rope_theta=1e6,
+                                 eos_token_id=vocab - 1, **moe), tf.Qwen2MoeForCausalLM
+    if family == "qwen3moe":  # Qwen3-30B-A3B's: q/k norms, renormalised top-k, tied here
+        return tf.Qwen3MoeConfig(**common, num_experts=4, head_dim=16, norm_topk_prob=True,
+                                 tie_word_embeddings=True, rope_theta=1e6,
+                                 eos_token_id=vocab - 1, **moe), tf.Qwen3MoeForCausalLM
+    if family == "mixtral":  # Mixtral's: a `llama` file with experts, SentencePiece
+        return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2,
+                                rope_theta=1e6, tie_word_embeddings=False, bos_token_id=1,
+                                eos_token_id=2), tf.MixtralForCausalLM
     raise ValueError(family)
 
 
-def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "float32") -> Path:
-    """A random `family` checkpoint with its tokenizer in `out`; returns out."""
+def write_checkpoint(out: Path, family: str, *, seed: int = 0, dtype: str = "float32",
+                     post_processor: str | None = None,
+                     generation: dict[str, Any] | None = None, legacy: bool = False) -> Path:
+    """A random `family` checkpoint with its tokenizer in `out`; returns out. A byte-level
+    BPE tokenizer gets `post_processor` (see write_bpe_tokenizer); `generation` is added to
+    the generation_config.json transformers writes (sampling defaults, as real ones carry);
+    `legacy` rewrites config.json's rope settings the way transformers 4 wrote them (as most
+    Hub checkpoints still have them): `rope_theta`, `rope_scaling`, `rope_local_base_freq`."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
-    spm = family in ("llama", "gemma3", "phi3_longrope")
+    spm = family in ("llama", "gemma3", "gemma3_scaled", "phi3_longrope", "mistral", "tinyllama",
+                     "mixtral")
     split = LLAMA3_SPLIT if family in ("llama3", "smollm3") else QWEN2_SPLIT
     tok_class = "GPT2Tokenizer" if family == "phi3" else "PreTrainedTokenizerFast"
-    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(out, split=split,
-                                                                     tokenizer_class=tok_class)
+    vocab = write_spm_tokenizer(out) if spm else write_bpe_tokenizer(
+        out, split=split, tokenizer_class=tok_class, post_processor=post_processor)
     config, cls = _config(family, vocab)
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():  # random norms, so a wrong norm convention shows in the logits
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if family == "gemma3" else 1.0))
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if "gemma3" in family else 1.0))
     model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    if legacy:
+        _legacy_rope(out / "config.json")
+    if generation:
+        path = out / "generation_config.json"
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        path.write_text(json.dumps({**saved, **generation}, indent=2))
     return out
+
+
+def _legacy_rope(path: Path) -> None:
+    """config.json's `rope_parameters` as transformers 4 spelled them."""
+    cfg = json.loads(path.read_text())
+    rope = cfg.pop("rope_parameters")
+    if "sliding_attention" in rope:
+        cfg["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+        rope = rope["full_attention"]
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def write_reranker_checkpoint(out: Path, *, tied: bool = True, seed: int = 0) -> Path:

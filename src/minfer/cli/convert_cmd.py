@@ -1,5 +1,6 @@
 """`minfer convert HF_DIR OUT.gguf`: a Hugging Face safetensors checkpoint to GGUF, as
-llama.cpp's convert_hf_to_gguf.py writes it (Qwen2, Qwen3, Llama/Mistral, Gemma 3)."""
+llama.cpp's convert_hf_to_gguf.py writes it (Qwen2, Qwen3, Llama/Mistral, SmolLM3, Phi-3,
+Gemma 3, Qwen2-MoE, Qwen3-MoE, Mixtral, BERT)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,11 @@ header, metadata and tensor table are written first, then each tensor is read fr
 fixed up for its family, converted to the output type (`gguf.quants`, the same code llama.cpp's
 converter uses) in row chunks and appended — so at most one output tensor plus one 64 MiB
 float32 chunk is in memory (a bf16 0.2B checkpoint: peak RSS 0.42 GB vs llama.cpp's 1.08 GB).
-Type rule (llama.cpp's): 1-D tensors and `*_norm.weight` stay F32; the rest take the output
-type, Q8_0 falling back to F16 for rows that are not a multiple of 32. The file appears by
-rename only once complete.
+Type rule (llama.cpp's): 1-D tensors, `*_norm.weight`, the MoE routers, positions and token
+types stay F32; the rest take the output type, Q8_0 falling back to F16 for rows that are not a
+multiple of 32. A mixture's experts are stacked on a new first axis, converted one by one.
+The hyper-parameters follow llama.cpp's `TextModel.set_gguf_parameters` key by key. The file
+appears by rename only once complete.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,10 @@ from minfer.convert.checkpoint import CheckpointError, SafeTensor, checkpoint_te
 from minfer.convert.families import (
     RERANK_LABELS,
     Config,
+    Experts,
     Family,
     family_for,
+    find,
     qwen3_reranker,
     rope_params,
 )
@@ -59,6 +63,7 @@ class Planned:
     source: SafeTensor | None = None
     generated: np.ndarray | None = None
     rows: tuple[int, ...] | None = None  # only these rows of the source, in this order
+    stacked: tuple[SafeTensor, ...] = ()  # a mixture's experts, stacked on a new first axis
 
     @property
     def nbytes(self) -> int:
@@ -66,10 +71,15 @@ class Planned:
         return math.prod(self.shape) // block * size
 
 
-def _out_type(name: str, shape: tuple[int, ...], want: QType,
-              keep_f32: tuple[str, ...] = ()) -> QType:
+# kept f32 whatever the output type (llama.cpp's list, of the tensors minfer's families have):
+# the routers, positions and token types
+_KEEP_F32 = (".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight", "position_embd.weight",
+             "token_types.weight")
+
+
+def _out_type(name: str, shape: tuple[int, ...], want: QType) -> QType:
     if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") \
-            or name in keep_f32:
+            or name.endswith(_KEEP_F32):
         return QType.F32
     if want == QType.Q8_0 and shape[-1] % 32:
         return QType.F16
@@ -131,9 +141,19 @@ def plan_tensors(family: Family, cfg: Config, tensors: list[SafeTensor], vocab: 
     names = gguf.get_tensor_name_map(family.arch, int(cfg["num_hidden_layers"]))
     plan = [Planned(name, arr.shape, QType.F32, generated=arr)
             for name, arr in family.extra_tensors(cfg)]
+    experts: dict[int, dict[tuple[int, str], SafeTensor]] = {}  # layer → its experts so far
     for t in tensors:
         hf_name = family.rename(t.name, cfg)
         if t.name.endswith(_SKIP) or hf_name is None:
+            continue
+        if family.experts is not None and (where := family.experts.parse(t.name)) is not None:
+            bid, xid, proj = where
+            layer = experts.setdefault(bid, {})
+            layer[xid, proj] = t
+            n_expert = family.experts.count(cfg)
+            if len(layer) >= 3 * n_expert:  # the layer's last expert: its stacks, as llama.cpp
+                plan.extend(_stack_experts(family.experts, names, bid, n_expert,
+                                           experts.pop(bid), want))
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
@@ -146,9 +166,33 @@ def plan_tensors(family: Family, cfg: Config, tensors: list[SafeTensor], vocab: 
             plan.append(_rerank_head(t, vocab, want))
             if name == "output.weight":  # llama.cpp writes the head alone
                 continue
-        plan.append(Planned(name, shape, _out_type(name, shape, want, family.keep_f32),
-                            source=t))
+        plan.append(Planned(name, shape, _out_type(name, shape, want), source=t))
+    if experts:
+        left = sorted(t.name for layer in experts.values() for t in layer.values())
+        raise CheckpointError(f"experts missing beside {left[:3]} (the config says "
+                              f"{family.experts and family.experts.count(cfg)} per layer)")
     return plan
+
+
+def _stack_experts(layout: Experts, names: gguf.TensorNameMap, bid: int, n_expert: int,
+                   layer: dict[tuple[int, str], SafeTensor], want: QType) -> list[Planned]:
+    """One layer's experts as `ffn_{gate,up,down}_exps`: each projection's n_expert matrices
+    stacked on a new first axis, in the layout's projection order."""
+    out = []
+    for proj in layout.projs:
+        try:
+            parts = tuple(layer[xid, proj] for xid in range(n_expert))
+        except KeyError as exc:
+            raise CheckpointError(f"layer {bid}: expert {exc.args[0][0]} has no {proj}") from None
+        if len({p.shape for p in parts}) != 1:
+            raise CheckpointError(f"layer {bid}: the experts' {proj} differ in shape")
+        hf_name = layout.merged.format(bid=bid, proj=proj)
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise CheckpointError(f"stacked experts {hf_name!r} have no GGUF name")
+        shape = (n_expert, *parts[0].shape)
+        out.append(Planned(name, shape, _out_type(name, shape, want), stacked=parts))
+    return out
 
 
 def _rerank_head(t: SafeTensor, vocab: Vocab, want: QType) -> Planned:
@@ -170,12 +214,57 @@ def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: Llama
         family.extra_kv(w, cfg)
         return
     w.add_block_count(int(cfg["num_hidden_layers"]))
-    w.add_context_length(int(cfg["max_position_embeddings"]))
-    w.add_embedding_length(int(cfg["hidden_size"]))
-    w.add_feed_forward_length(int(cfg["intermediate_size"]))
-    w.add_head_count(int(cfg["num_attention_heads"]))
-    if cfg.get("num_key_value_heads"):
-        w.add_head_count_kv(int(cfg["num_key_value_heads"]))
+    for keys, add in _COMMON_KEYS:
+        if (value := find(cfg, keys)) is not None:
+            add(w, value)
+    if cfg.get("is_causal") is False:
+        w.add_causal_attention(False)
+    _write_rope(w, family, cfg)
+    for keys, add in _NORM_AND_EXPERT_KEYS:
+        if (value := find(cfg, keys)) is not None:
+            add(w, value)
+    if (score := find(cfg, _SCORE_FUNC_KEYS)) is not None:
+        if score not in _GATING:
+            raise CheckpointError(f"expert score function {score!r} is not one minfer converts "
+                                  f"({', '.join(_GATING)})")
+        w.add_expert_gating_func(_GATING[score])
+    if cfg.get("head_dim") is not None:
+        w.add_key_length(int(cfg["head_dim"]))
+        w.add_value_length(int(cfg["head_dim"]))
+    w.add_file_type(ftype)
+    family.extra_kv(w, cfg)
+
+
+_Add = Callable[[gguf.GGUFWriter, Any], None]
+# TextModel.set_gguf_parameters's keys in its order, each from the first config key it finds
+_COMMON_KEYS: tuple[tuple[tuple[str, ...], _Add], ...] = (
+    (("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length",
+      "model_max_length"), lambda w, v: w.add_context_length(int(v))),
+    (("hidden_size", "n_embd", "dim"), lambda w, v: w.add_embedding_length(int(v))),
+    (("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size",
+      "n_inner", "hidden_dim"), lambda w, v: w.add_feed_forward_length(int(v))),
+    (("num_attention_heads", "n_head", "n_heads"), lambda w, v: w.add_head_count(int(v))),
+    (("num_key_value_heads", "n_kv_heads"), lambda w, v: w.add_head_count_kv(int(v))),
+)
+_NORM_AND_EXPERT_KEYS: tuple[tuple[tuple[str, ...], _Add], ...] = (
+    (("rms_norm_eps", "norm_eps"), lambda w, v: w.add_layer_norm_rms_eps(float(v))),
+    (("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
+     lambda w, v: w.add_layer_norm_eps(float(v))),
+    (("num_local_experts", "num_experts", "n_routed_experts"),
+     lambda w, v: w.add_expert_count(int(v))),
+    (("num_experts_per_tok", "num_experts_per_token", "top_k_experts"),
+     lambda w, v: w.add_expert_used_count(int(v))),
+    (("n_group",), lambda w, v: w.add_expert_group_count(int(v))),
+    (("topk_group",), lambda w, v: w.add_expert_group_used_count(int(v))),
+)
+_SCORE_FUNC_KEYS = ("score_function", "scoring_func", "score_func", "moe_router_activation",
+                    "moe_router_activation_func", "expert_selection_fn")
+_GATING = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID,
+           "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+
+
+def _write_rope(w: gguf.GGUFWriter, family: Family, cfg: Config) -> None:
+    """The rope scaling and bases, as TextModel.set_gguf_parameters writes them."""
     full, swa = rope_params(cfg)
     kind, factor = full.get("rope_type"), full.get("factor")
     if kind == "linear" and factor is not None:
@@ -189,34 +278,50 @@ def _write_hparams(w: gguf.GGUFWriter, family: Family, cfg: Config, ftype: Llama
                          ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
                          ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
                          ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
-            if full.get(key) is not None:  # what llama.cpp's converter writes too
-                add(full[key])
-    elif kind not in (None, "default", "llama3"):
+            value = full.get(key, full.get("attn_factor") if key == "attention_factor" else None)
+            if value is not None:  # what llama.cpp's converter writes too
+                add(value)
+    elif kind in ("su", "longrope"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+    elif kind not in (None, "default", "llama3", "linear", "yarn"):
         raise CheckpointError(f"rope_type {kind!r} is not one minfer converts "
-                              "(default, linear, yarn, llama3)")
+                              "(default, linear, yarn, llama3, longrope)")
     theta = full.get("rope_theta", 1e6 if family.arch == gguf.MODEL_ARCH.GEMMA3 else None)
     if theta is not None:
         w.add_rope_freq_base(theta)
     if (theta_swa := swa.get("rope_theta")) is not None:
         w.add_rope_freq_base_swa(theta_swa)
-    if "rms_norm_eps" in cfg:
-        w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    if "layer_norm_eps" in cfg:
-        w.add_layer_norm_eps(float(cfg["layer_norm_eps"]))
-    if "head_dim" in cfg:
-        w.add_key_length(int(cfg["head_dim"]))
-        w.add_value_length(int(cfg["head_dim"]))
-    w.add_file_type(ftype)
-    family.extra_kv(w, cfg)
+
+
+def parameter_counts(plan: list[Planned]) -> tuple[int, int, int, int]:
+    """(total, shared, per-expert, expert count) parameters, as GGUFWriter counts them for
+    the size label: a mixture is labelled `{experts}x{shared + one expert's}`."""
+    total = shared = expert = expert_sum = n_stacks = 0
+    for p in plan:
+        size = math.prod(p.shape)
+        total += size
+        if "_exps." in p.name and len(p.shape) >= 3:
+            count = p.shape[-2 if ".bias" in p.name else -3]
+            expert += size // count
+            expert_sum += count
+            n_stacks += 1
+        else:
+            shared += size
+    return total, shared, expert, expert_sum // n_stacks if n_stacks else 0
 
 
 def _write_metadata(w: gguf.GGUFWriter, model_dir: Path, family: Family, cfg: Config,
                     vocab: Vocab, plan: list[Planned], ftype: LlamaFileType) -> None:
     w.add_type(gguf.GGUFType.MODEL)
-    total = sum(math.prod(p.shape) for p in plan)
+    total, shared, expert, n_expert = parameter_counts(plan)
     meta = gguf.Metadata.load(None, model_dir, None, total)
+    generation = gguf.Metadata.load_generation_config(model_dir)
+    if "penalty_repeat" not in generation and "repetition_penalty" in generation:
+        # llama.cpp's gguf-py reads transformers' name too; the index's `gguf` release does not
+        meta.sampling_penalty_repeat = generation["repetition_penalty"]
     meta.name = meta.name or model_dir.name
-    meta.size_label = meta.size_label or gguf.size_label(total, 0, 0, 0)
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
     meta.set_gguf_meta_model(w)
     _write_hparams(w, family, cfg, ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -242,6 +347,9 @@ def _tensor_data(p: Planned, family: Family, cfg: Config) -> np.ndarray:
     output type here is row-wise), so the float32 copy never exceeds _CHUNK_ELEMS."""
     if p.generated is not None:
         return p.generated
+    if p.stacked:  # every output type is row-wise: the experts one by one
+        return np.stack([_tensor_data(Planned(p.name, p.shape[1:], p.qtype, source=t), family,
+                                      cfg) for t in p.stacked])
     assert p.source is not None
     if p.rows is not None:  # every output type is row-wise: the chosen rows one by one
         return np.concatenate([_convert(p, family, cfg, (r, r + 1)) for r in p.rows])

@@ -15,6 +15,10 @@ hyper-parameters in its own order (`Family.hparams`), its LongRoPE magnitude fir
 (`Family.first_kv`), as llama.cpp's `Phi3MiniModel` does; its fused `qkv_proj` and
 `gate_up_proj` keep their layout (`attn_qkv`, `ffn_up`).
 
+The mixtures of experts (Qwen2-MoE with its gated shared expert, Qwen3-MoE, and Mixtral written
+as a `llama` file) store one matrix per expert and projection; `Experts` says how to find them
+and what the stacked `ffn_{gate,up,down}_exps` tensor is called before the name map.
+
 A Qwen3 checkpoint that is a Qwen3-Reranker (`qwen3_reranker`: llama.cpp's tests, the README's
 title, the folder's or the config's name, a sequence-classification architecture) is written as
 llama.cpp writes one: rank pooling, the labels "yes" / "no", the `rerank` prompt template, and
@@ -38,15 +42,33 @@ from minfer.convert.checkpoint import CheckpointError
 Config = dict[str, Any]
 
 
+def find(cfg: Config, keys: tuple[str, ...]) -> Any:
+    """The value of the first of `keys` the config has (llama.cpp's `find_hparam`), or None."""
+    return next((cfg[k] for k in keys if k in cfg), None)
+
+
 def rope_params(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(full-attention, sliding-attention) rope settings from either config spelling."""
-    rp: dict[str, Any] | None = cfg.get("rope_parameters")
-    if rp is None:
-        rp = {**(cfg.get("rope_scaling") or {})}
-        if "rope_theta" in cfg:
-            rp["rope_theta"] = cfg["rope_theta"]
-    if "type" in rp and "rope_type" not in rp:
-        rp = {**rp, "rope_type": rp["type"]}
+    """(full-attention, sliding-attention) rope settings from any config spelling: transformers
+    5's `rope_parameters` (per attention kind or not) or 4's `rope_scaling` beside `rope_theta`,
+    `rope_local_base_freq` and the like, gathered as llama.cpp's `TextModel` gathers them."""
+    rp: dict[str, Any] = {**(cfg.get("rope_parameters", cfg.get("rope_scaling")) or {})}
+    if "full_attention" not in rp and "sliding_attention" not in rp:
+        local = find(cfg, ("local_rope_theta", "rope_local_theta", "rope_theta_local",
+                           "swa_rope_theta", "rope_local_base_freq"))
+        if local is not None:
+            rp["sliding_attention"] = {"rope_theta": local}
+        theta = find(cfg, ("global_rope_theta", "rope_global_theta", "rope_theta_global",
+                           "rope_theta", "rotary_emb_base"))
+        if "rope_theta" not in rp and theta is not None:
+            rp["rope_theta"] = theta
+        if "rope_type" not in rp and rp.get("type") is not None:
+            rp["rope_type"] = rp["type"]
+        partial = find(cfg, ("partial_rotary_factor", "rope_pct", "rope_percent"))
+        if "partial_rotary_factor" not in rp and partial is not None:
+            rp["partial_rotary_factor"] = partial
+        orig = cfg.get("original_max_position_embeddings")
+        if "original_max_position_embeddings" not in rp and orig is not None:
+            rp["original_max_position_embeddings"] = orig
     full: dict[str, Any] = rp.get("full_attention", rp)
     swa: dict[str, Any] = rp.get("sliding_attention", {})
     return full, swa
@@ -273,6 +295,54 @@ def _bert_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """How a mixture-of-experts checkpoint stores its experts, one 2-D tensor per expert and
+    projection (`model.layers.{bid}.{infix}.{xid}.{proj}.weight`), and the stacked 3-D tensor
+    each projection becomes (`merged`, mapped to `ffn_{gate,up,down}_exps`), written as
+    llama.cpp writes them: once the layer's last expert tensor is read, projections in `projs`
+    order."""
+
+    infix: str
+    projs: tuple[str, str, str]
+    merged: str  # the stacked tensor's name before the GGUF name map: {bid}, {proj}
+    count_keys: tuple[str, ...]  # the config's expert count, first found
+
+    def count(self, cfg: Config) -> int:
+        key = next((k for k in self.count_keys if cfg.get(k) is not None), None)
+        if key is None:
+            raise CheckpointError("the config names no expert count "
+                                  f"({', '.join(self.count_keys)})")
+        return int(cfg[key])
+
+    def parse(self, name: str) -> tuple[int, int, str] | None:
+        """(layer, expert, projection) of an expert tensor's name; None for any other."""
+        head, sep, tail = name.partition(f".{self.infix}.")
+        if not sep or not head.rsplit(".", 1)[-1].isdecimal():
+            return None
+        xid, _, rest = tail.partition(".")
+        proj = rest.removesuffix(".weight")
+        if not xid.isdecimal() or proj not in self.projs or not rest.endswith(".weight"):
+            return None
+        return int(head.rsplit(".", 1)[-1]), int(xid), proj
+
+
+_QWEN_EXPERTS = Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                        "model.layers.{bid}.mlp.experts.{proj}.weight",
+                        ("num_local_experts", "num_experts"))
+_MIXTRAL_EXPERTS = Experts("block_sparse_moe.experts", ("w1", "w2", "w3"),
+                           "layers.{bid}.feed_forward.experts.{proj}.weight",
+                           ("num_local_experts",))
+
+
+def _qwen_moe_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    """Qwen2MoeModel's keys (Qwen3-MoE's too): the experts' and the shared expert's widths."""
+    if (n_ff := cfg.get("moe_intermediate_size")) is not None:
+        w.add_expert_feed_forward_length(int(n_ff))
+    if (n_ff := cfg.get("shared_expert_intermediate_size")) is not None:
+        w.add_expert_shared_feed_forward_length(int(n_ff))
+
+
+@dataclass(frozen=True)
 class Family:
     arch: gguf.MODEL_ARCH
     hf_archs: tuple[str, ...]
@@ -285,11 +355,11 @@ class Family:
     whole_tensor: tuple[str, ...] = ()
     # a checkpoint tensor's name before the GGUF name map (None: not converted)
     rename: Callable[[str, Config], str | None] = _keep_name
-    keep_f32: tuple[str, ...] = ()  # GGUF tensors kept f32 whatever the output type
     # the family's own hyper-parameter keys in its converter's order (None: the common ones)
     hparams: Callable[[gguf.GGUFWriter, Config, gguf.LlamaFileType], None] | None = None
     first_kv: Callable[[gguf.GGUFWriter, Config], None] = _no_kv  # right after the arch
     llama_vocab: bool = False  # llama.cpp's LlamaModel vocabulary (its add_space_prefix)
+    experts: Experts | None = None  # a mixture of experts: how its experts are stacked
 
     @property
     def name(self) -> str:
@@ -300,9 +370,14 @@ _QK_NAMES = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
 FAMILIES = (
     Family(gguf.MODEL_ARCH.QWEN2, ("Qwen2ForCausalLM",), extra_kv=_pooling_kv),
     Family(gguf.MODEL_ARCH.QWEN3, ("Qwen3ForCausalLM",), extra_kv=_qwen3_kv),
-    Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM"), fix=_llama_fix,
+    Family(gguf.MODEL_ARCH.QWEN2MOE, ("Qwen2MoeForCausalLM",), extra_kv=_qwen_moe_kv,
+           experts=_QWEN_EXPERTS),
+    Family(gguf.MODEL_ARCH.QWEN3MOE, ("Qwen3MoeForCausalLM",), extra_kv=_qwen_moe_kv,
+           experts=_QWEN_EXPERTS),
+    Family(gguf.MODEL_ARCH.LLAMA, ("LlamaForCausalLM", "MistralForCausalLM",
+                                   "MixtralForCausalLM"), fix=_llama_fix,
            extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs, whole_tensor=_QK_NAMES,
-           llama_vocab=True),
+           llama_vocab=True, experts=_MIXTRAL_EXPERTS),
     Family(gguf.MODEL_ARCH.SMOLLM3, ("SmolLM3ForCausalLM",), fix=_llama_fix,
            extra_kv=_llama_kv, extra_tensors=_llama3_rope_freqs, whole_tensor=_QK_NAMES,
            llama_vocab=True),
@@ -314,8 +389,7 @@ FAMILIES = (
                      "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "head_dim": 256}),
     Family(gguf.MODEL_ARCH.BERT, ("BertModel", "BertForMaskedLM",
                                   "BertForSequenceClassification"),
-           extra_kv=_bert_kv, rename=_bert_name,
-           keep_f32=("position_embd.weight", "token_types.weight")),
+           extra_kv=_bert_kv, rename=_bert_name),
 )
 
 

@@ -5,8 +5,9 @@ form), a byte-level BPE `tokenizer.json` (`tokenizer.ggml.model = gpt2`, tokens 
 the config's vocab_size with `[PADi]`, merges, and `tokenizer.ggml.pre` named from the split
 regex) or a SentencePiece `tokenizer.model` read with `sentencepiece` (`llama` model, scores
 and token types, added tokens from `added_tokens.json` / `tokenizer_config.json`). Special
-token ids, add-BOS/EOS flags, merges and the chat template come from `gguf.SpecialVocab`, the
-`gguf` library's reader of `tokenizer_config.json` / `config.json` (the one llama.cpp uses).
+token ids, add-BOS/EOS flags, merges, the chat template and the normalizer flags come from
+`special.SpecialVocab` (llama.cpp's own reader of `tokenizer.json` / `tokenizer_config.json` /
+`config.json`).
 The pre-tokenizer is recognised by its regex, not guessed: an unknown one is refused unless
 `pre` names it.
 """
@@ -22,6 +23,7 @@ import gguf
 from gguf import TokenType
 
 from minfer.convert.checkpoint import CheckpointError
+from minfer.convert.special import SpecialVocab
 from minfer.tokenizer.pretok import LLAMA3, QWEN2
 
 _SPM_UNUSED_SCORE = -10000.0
@@ -55,42 +57,10 @@ class Vocab:
             w.add_token_scores(self.scores)
         w.add_token_types(self.types)
         if self.kind == "bpe":
-            special = gguf.SpecialVocab(self.model_dir, load_merges=True)
+            special = SpecialVocab(self.model_dir, load_merges=True)
         else:
-            special = gguf.SpecialVocab(self.model_dir, n_vocab=self.n_tokens)
-        special.add_to_gguf(w, quiet=True)
-        if self.kind == "wpm" and not hasattr(special, "normalizer_lowercase"):
-            # a `gguf` release older than the one llama.cpp's converter ships: its flags here
-            lowercase, strip = normalizer_flags(self.model_dir)
-            if lowercase is not None:
-                w.add_bool("tokenizer.ggml.normalizer.lowercase", lowercase)
-            if strip is not None:
-                w.add_bool("tokenizer.ggml.normalizer.strip_accents", strip)
-
-
-def normalizer_flags(model_dir: Path) -> tuple[bool | None, bool | None]:
-    """(lowercase, strip_accents) of a tokenizer.json's normalizer, None where it does not say:
-    `Lowercase` / `StripAccents` steps, a `BertNormalizer`'s fields, `Sequence`s of them."""
-    path = model_dir / "tokenizer.json"
-    found: dict[str, bool | None] = {"lowercase": None, "strip_accents": None}
-
-    def walk(norm: dict[str, Any]) -> None:
-        kind = norm.get("type")
-        if kind == "Lowercase":
-            found["lowercase"] = True
-        elif kind == "StripAccents":
-            found["strip_accents"] = True
-        elif kind == "BertNormalizer":
-            for key in found:
-                if key in norm:
-                    found[key] = norm[key]
-        elif kind == "Sequence":
-            for step in norm.get("normalizers", []):
-                walk(step)
-
-    if path.is_file():
-        walk(json.loads(path.read_text(encoding="utf-8")).get("normalizer") or {})
-    return found["lowercase"], found["strip_accents"]
+            special = SpecialVocab(self.model_dir, n_vocab=self.n_tokens)
+        special.add_to_gguf(w)
 
 
 def looks_special(token: str) -> bool:
