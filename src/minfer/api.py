@@ -116,6 +116,11 @@ class Model:
     def chat_template(self) -> ChatTemplate:
         return self.parts.chat_template
 
+    @chat_template.setter
+    def chat_template(self, template: ChatTemplate) -> None:
+        """Use another template than the file's (as llama-server's `--chat-template-file`)."""
+        self.parts.chat_template = template
+
     @property
     def kv_type(self) -> str:
         """Both cache formats in one name ("q8_0", or "q8_0/f16" when K and V differ)."""
