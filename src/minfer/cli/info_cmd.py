@@ -57,7 +57,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
         ("architecture", hp.arch), ("quantization", model_quantization(f)),
         ("layers", hp.n_layer), ("embedding", hp.n_embd),
-        ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", hp.head_dim),
+        ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", _head_dim_text(hp)),
         *_ffn_rows(hp), ("vocabulary", hp.n_vocab),
         ("context length (trained)", hp.n_ctx_train),
         ("rope", _rope_text(hp)),
@@ -66,6 +66,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         *_fused_rows(hp),
         *_attention_rows(hp),
         *_recurrent_rows(hp),
+        *_gemma4_rows(hp),
         ("KV cache per token", _kv_per_token(hp)),
     ]
 
@@ -97,10 +98,35 @@ def _kv_per_token(hp: HParams) -> str:
         bytes_per_token,
     )
 
-    n = hp.n_head_kv * hp.head_dim
-    n_layer = hp.n_layer - sum(hp.recurrent_layers)  # recurrent layers hold no cells
-    return ", ".join(f"{t} {human_bytes(round(bytes_per_token(n_layer, n, t, t)))}"
-                     for t in KV_TYPES if t not in QUANT_TYPES or hp.head_dim % QK == 0)
+    # recurrent layers hold no cells, nor do layers reading an earlier layer's (Gemma 4)
+    widths = [hp.layer_kv_embd(il) for il in range(hp.n_layer) if not hp.is_recurrent(il)]
+    return ", ".join(
+        f"{t} {human_bytes(round(sum(bytes_per_token(1, w, t, t) for w in widths)))}"
+        for t in KV_TYPES if t not in QUANT_TYPES or min(widths, default=0) % QK == 0)
+
+
+def _head_dim_text(hp: HParams) -> str:
+    if hp.head_dim_swa and hp.head_dim_swa != hp.head_dim:
+        return f"{hp.head_dim} (global layers) / {hp.head_dim_swa} (sliding-window layers)"
+    return str(hp.head_dim)
+
+
+def _gemma4_rows(hp: HParams) -> list[tuple[str, object]]:
+    """Gemma 4's extras: per-layer token embeddings, the shared-KV tail, attention scale 1."""
+    rows: list[tuple[str, object]] = []
+    if hp.n_embd_per_layer:
+        rows.append(("per-layer embeddings", f"{hp.n_embd_per_layer} per layer from each token "
+                                             "and from the token embedding (gated, projected "
+                                             "back after each layer's FFN)"))
+    if hp.n_layer_kv:
+        sources = ", ".join(f"{il}<-{hp.kv_layer(il)}" for il in range(hp.n_layer_kv, hp.n_layer))
+        rows.append(("shared KV", f"the last {hp.n_layer - hp.n_layer_kv} layers attend over an "
+                                  f"earlier layer's cells ({sources})"))
+    if hp.v_norm:
+        rows.append(("attention", f"scale {hp.kq_scale:g}, V RMS-normed per head"))
+    if hp.layer_scales:
+        rows.append(("layer output scales", " ".join(f"{s:.3g}" for s in hp.layer_scales)))
+    return rows
 
 
 def _vocab_only_rows(f: GGUFFile) -> list[tuple[str, object]]:
@@ -128,7 +154,8 @@ def _rope_text(hp: HParams) -> str:
     if hp.no_rope_step:
         text += f"; none in every {hp.no_rope_step}th layer (NoPE)"
     if hp.sliding_window:
-        text += f" (sliding-window layers: base {hp.rope_base_swa:g})"
+        dims = f", {hp.rope_dim_swa} dims" if hp.rope_dim_swa != hp.rope_dim else ""
+        text += f" (sliding-window layers: base {hp.rope_base_swa:g}{dims})"
     return text
 
 

@@ -21,8 +21,8 @@ from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
-SUPPORTED_ARCHS = ("bert", "gemma3", "lfm2", "llama", "phi3", "qwen2", "qwen2moe", "qwen3",
-                   "qwen3moe", "smollm3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "lfm2", "llama", "phi3", "qwen2", "qwen2moe",
+                   "qwen3", "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
 # renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
@@ -39,6 +39,8 @@ DEFAULT_ROPE_BASE = 10000.0
 # own rope base (llama.cpp's defaults when the file names neither).
 GEMMA3_SWA_PATTERN = 6
 DEFAULT_ROPE_BASE_SWA = 10000.0
+# Gemma 3's sandwich norms (post-attention, post-FFN); Gemma 4 has them too.
+SANDWICH_ARCHS = ("gemma3", "gemma4")
 # Architectures that rotate adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM); the rest NEOX.
 NORM_ROPE_ARCHS = ("llama", "smollm3")
 # SmolLM3: every 4th layer attends without RoPE (llama.cpp fixes n_no_rope_layer_step at 4 and
@@ -107,6 +109,13 @@ class HParams:
     recurrent_layers: tuple[bool, ...] = ()
     shortconv_l_cache: int = 0  # taps of the short convolution (its state: the last taps - 1)
     output_norm_name: str = "output_norm.weight"  # LFM2's is `token_embd_norm.weight`
+    # Gemma 4: the sliding-window layers' own head size and rotary dims (0: head_dim, rope_dim)
+    head_dim_swa: int = 0
+    rope_dim_swa: int = 0
+    n_layer_kv: int = 0  # layers with their own KV; the later ones reuse an earlier one's (0: all)
+    n_embd_per_layer: int = 0  # width of each layer's per-layer token embedding (0: none)
+    v_norm: bool = False  # V rows RMS-normed per head, without a weight (Gemma 4)
+    layer_scales: tuple[float, ...] = ()  # per layer: its output times this (Gemma 4)
 
     @property
     def reranker(self) -> bool:
@@ -176,6 +185,26 @@ class HParams:
         padded = -(-n_ctx // LONGROPE_CTX_PAD) * LONGROPE_CTX_PAD
         return ("rope_factors_long.weight" if padded > self.longrope_ctx
                 else "rope_factors_short.weight")
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_swa(layer) else self.head_dim
+
+    def layer_rope_dim(self, layer: int) -> int:
+        return self.rope_dim_swa if self.rope_dim_swa and self.is_swa(layer) else self.rope_dim
+
+    def layer_kv_embd(self, layer: int) -> int:
+        """Width of the layer's K (and V) rows; 0 where it reuses an earlier layer's KV."""
+        return self.n_head_kv * self.layer_head_dim(layer) if self.kv_layer(layer) == layer \
+            else 0
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cells this one attends over: itself, or past `n_layer_kv` (Gemma
+        4's shared-KV layers) the last layer of the same kind (sliding or global) with its own
+        KV, as transformers picks it (llama.cpp's n_layer_kv - 2 / - 1 is the same layer in
+        every released file)."""
+        if not self.n_layer_kv or layer < self.n_layer_kv:
+            return layer
+        return max(il for il in range(self.n_layer_kv) if self.is_swa(il) == self.is_swa(layer))
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_swa(layer) else 0
@@ -268,6 +297,8 @@ class HParams:
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
+        if arch == "gemma4":
+            hp = _gemma4(_gemma3(hp, keys), keys)
         if recurrent:
             hp = _lfm2(hp, keys, recurrent)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
@@ -294,14 +325,21 @@ class HParams:
             yield "rope_factors_short.weight", (self.rope_dim // 2,)
         if not self.tie_embeddings:
             yield "output.weight", (self.n_embd, self.n_vocab)
+        yield from self._per_layer_embd_shapes()
         for i in range(self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
             yield from (self._shortconv_shapes(blk) if self.is_recurrent(i)
-                        else self._attention_shapes(blk, q_dim, kv_dim))
-            if self.arch == "gemma3":
+                        else self._attention_shapes(blk, i))
+            if self.arch in SANDWICH_ARCHS:
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
+            if self.n_embd_per_layer:
+                yield f"{blk}.inp_gate.weight", (self.n_embd, self.n_embd_per_layer)
+                yield f"{blk}.proj.weight", (self.n_embd_per_layer, self.n_embd)
+                yield f"{blk}.post_norm.weight", (self.n_embd,)
+            if self.layer_scales:
+                yield f"{blk}.layer_output_scale.weight", (1,)
             yield f"{blk}.ffn_norm.weight", (self.n_embd,)
             if self.n_expert:
                 yield from self._expert_shapes(blk)
@@ -318,9 +356,26 @@ class HParams:
                 yield f"{blk}.ffn_up.bias", (self.n_ff,)
                 yield f"{blk}.ffn_down.bias", (self.n_embd,)
 
-    def _attention_shapes(self, blk: str, q_dim: int,
-                          kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
-        """An attention layer's projections (fused or not, optionally biased) and q/k norms."""
+    def _per_layer_embd_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Gemma 4's per-layer token embeddings: n_embd_per_layer for every layer from each
+        token, and from the scaled token embedding through a projection and a norm."""
+        if not self.n_embd_per_layer:
+            return
+        width = self.n_embd_per_layer * self.n_layer
+        yield "per_layer_token_embd.weight", (width, self.n_vocab)
+        yield "per_layer_model_proj.weight", (self.n_embd, width)
+        yield "per_layer_proj_norm.weight", (self.n_embd_per_layer,)
+
+    def _attention_shapes(self, blk: str, il: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """An attention layer's projections (fused or not, optionally biased) and q/k norms
+        (only q's where the layer reuses an earlier layer's KV)."""
+        head_dim = self.layer_head_dim(il)
+        q_dim, kv_dim = self.n_head * head_dim, self.n_head_kv * head_dim
+        if self.kv_layer(il) != il:
+            yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
+            yield f"{blk}.attn_q_norm.weight", (head_dim,)
+            yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
+            return
         if self.qkv_fused:
             yield f"{blk}.attn_qkv.weight", (self.n_embd, q_dim + 2 * kv_dim)
             if self.has_qkv_bias:
@@ -334,8 +389,8 @@ class HParams:
             yield f"{blk}.attn_k.bias", (kv_dim,)
             yield f"{blk}.attn_v.bias", (kv_dim,)
         if self.has_qk_norm:
-            yield f"{blk}.attn_q_norm.weight", (self.head_dim,)
-            yield f"{blk}.attn_k_norm.weight", (self.head_dim,)
+            yield f"{blk}.attn_q_norm.weight", (head_dim,)
+            yield f"{blk}.attn_k_norm.weight", (head_dim,)
         yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
         if self.has_out_bias:
             yield f"{blk}.attn_output.bias", (self.n_embd,)
@@ -620,7 +675,7 @@ def _gemma3(hp: HParams, keys: _Keys) -> HParams:
     if window > 0:
         pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
                                       GEMMA3_SWA_PATTERN)
-        if isinstance(pattern, list | tuple):
+        if isinstance(pattern, list | tuple) or getattr(pattern, "ndim", 0) == 1:
             if len(pattern) != hp.n_layer:
                 raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
                                              f"for {hp.n_layer} layers")
@@ -637,6 +692,36 @@ def _gemma3(hp: HParams, keys: _Keys) -> HParams:
         scale = 1.0 / math.sqrt(hp.head_dim)
     return replace(hp, sliding_window=window, swa_layers=swa, attn_scale=scale,
                    rope_base_swa=keys.get_float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA))
+
+
+def _gemma4(hp: HParams, keys: _Keys) -> HParams:
+    """Gemma 4's extras over Gemma 3's, as llama.cpp's `llama_model_gemma4::load_arch_hparams`
+    reads them: attention scale 1 (q and k are normed), the sliding layers' own head size and
+    rotary dims, the shared-KV tail (`attention.shared_kv_layers`), the per-layer token
+    embeddings' width, V normed per head, and each layer's output scale (a one-element tensor,
+    read here as a number)."""
+    n_shared = keys.get_int("attention.shared_kv_layers", 0, allow_zero=True)
+    if not 0 <= n_shared < hp.n_layer:
+        raise GGUFError(keys.f.path, f"shared_kv_layers={n_shared} leaves no layer its own KV")
+    hp = replace(hp, attn_scale=1.0, v_norm=True,
+                 head_dim_swa=keys.get_int("attention.key_length_swa", hp.head_dim),
+                 rope_dim_swa=keys.get_int("rope.dimension_count_swa", hp.rope_dim),
+                 n_layer_kv=hp.n_layer - n_shared if n_shared else 0,
+                 n_embd_per_layer=keys.get_int("embedding_length_per_layer_input", 0,
+                                               allow_zero=True))
+    if keys.get_int("attention.value_length_swa", hp.head_dim_swa) != hp.head_dim_swa:
+        raise GGUFError(keys.f.path, "attention.value_length_swa differs from key_length_swa")
+    if hp.rope_dim_swa > hp.head_dim_swa or hp.rope_dim_swa % 2:
+        raise GGUFError(keys.f.path, f"rope.dimension_count_swa={hp.rope_dim_swa} does not fit "
+                                     f"head_dim_swa={hp.head_dim_swa}")
+    if n_shared and any(not any(hp.is_swa(j) == hp.is_swa(il) for j in range(hp.n_layer_kv))
+                        for il in range(hp.n_layer_kv, hp.n_layer)):
+        raise GGUFError(keys.f.path, "a shared-KV layer has no earlier layer of its kind")
+    names = [f"blk.{il}.layer_output_scale.weight" for il in range(hp.n_layer)]
+    if all(n in keys.f.tensors for n in names):
+        scales = tuple(float(keys.f.array(n).reshape(-1)[0]) for n in names)
+        hp = replace(hp, layer_scales=scales)
+    return hp
 
 
 def _layer_kv_heads(keys: _Keys) -> tuple[int, tuple[bool, ...]]:

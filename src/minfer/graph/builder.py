@@ -235,10 +235,14 @@ class GraphBuilder:
         return self._append(name, op, (x, positions), self.shape(x),
                             meta=NodeMeta(role=name, layer=layer, weights=weights))
 
-    def qk_norm(self, name: str, x: int, weight: str, op: ir.QkNorm, *, layer: int) -> int:
-        if self._weight(weight) != (op.head_dim,):
+    def qk_norm(self, name: str, x: int, weight: str | None, op: ir.QkNorm, *,
+                layer: int) -> int:
+        """Per-head RMSNorm of x's op.n_head heads, times the one-head-wide weight (none: 1)."""
+        if self.shape(x)[-1] != op.n_head * op.head_dim:
+            raise GraphError(f"{name}: rows are not {op.n_head} heads of {op.head_dim}")
+        if weight is not None and self._weight(weight) != (op.head_dim,):
             raise GraphError(f"{name}: {weight} is not one head wide")
-        meta = NodeMeta(role=name, layer=layer, weights=(weight,))
+        meta = NodeMeta(role=name, layer=layer, weights=(weight,) if weight else ())
         return self._append(name, op, (x,), self.shape(x), meta=meta)
 
     def kv_store(self, layer: int, k: int, v: int, cells: int, *, head_dim: int) -> int:

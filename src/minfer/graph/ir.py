@@ -215,7 +215,8 @@ class Attn(Op):
     """Query t reads cells [max(kv_start[t], kv_end[t] - window), kv_end[t]) (window 0: the
     whole [kv_start, kv_end) range; a sliding-window layer's window is part of its op, its
     bounds stay data). Scores are scale * q.k, soft-capped to softcap * tanh(s / softcap) when
-    softcap > 0, then soft-maxed."""
+    softcap > 0, then soft-maxed. The cells are layer's own, or kv_layer's where that is set
+    (Gemma 4's shared-KV layers read an earlier layer's)."""
 
     layer: int
     n_head: int
@@ -224,6 +225,12 @@ class Attn(Op):
     scale: float
     window: int = 0
     softcap: float = 0.0
+    kv_layer: int = -1
+
+    @property
+    def cache_layer(self) -> int:
+        """The layer whose KV region the query reads."""
+        return self.layer if self.kv_layer < 0 else self.kv_layer
 
 
 @dataclass(frozen=True)

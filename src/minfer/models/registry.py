@@ -15,6 +15,7 @@ from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
 from minfer.models.bert import build_bert
 from minfer.models.gemma3 import build_gemma3
+from minfer.models.gemma4 import build_gemma4
 from minfer.models.lfm2 import build_lfm2
 from minfer.models.llama import build_llama
 from minfer.models.phi3 import build_phi3
@@ -26,6 +27,7 @@ GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], C
 ARCHITECTURES: dict[str, GraphBuildFn] = {
     "bert": build_bert,
     "gemma3": build_gemma3,
+    "gemma4": build_gemma4,
     "lfm2": build_lfm2,
     "llama": build_llama,
     "phi3": build_phi3,

@@ -382,8 +382,10 @@ def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,
                   ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
     assert isinstance(op, ir.QkNorm)
-    return [K.bind_head_rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]),
-                                 n_head=op.n_head, head_dim=op.head_dim, eps=op.eps, out=out)]
+    weight = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights \
+        else np.ones(op.head_dim, np.float32)  # a norm without a weight (Gemma 4's of V)
+    return [K.bind_head_rms_norm(srcs[0], weight, n_head=op.n_head, head_dim=op.head_dim,
+                                 eps=op.eps, out=out)]
 
 
 def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
@@ -399,7 +401,8 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     op = node.op
     assert isinstance(op, ir.Attn)
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
-    return K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
+    k_cache, v_cache = ctx.kv.k[op.cache_layer], ctx.kv.v[op.cache_layer]
+    return K.bind_attention(srcs[0], k_cache, v_cache, srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
                             softcap=op.softcap)

@@ -1,0 +1,167 @@
+"""Gemma 4 (`gemma4`, the E2B / E4B text decoder) as llama.cpp 0.3.36 reads and runs it,
+against transformers on the same weights and token ids.
+
+tests/fixtures/gemma4/ comes from benchmarks/make_gemma4_fixtures.py: a tiny random
+`Gemma4ForCausalLM` (n_embd 64, 7 layers [swa, swa, full, swa, full, swa, full], window 5,
+head size 16 sliding / 32 global with a quarter of it rotated, per-layer embeddings of 8, the
+last 2 layers on layers 3's and 4's KV, layer scalars away from 1, final soft-cap 30)
+converted by llama.cpp's `convert_hf_to_gguf.py` to f32. minfer's GELU is ggml's (the input
+rounded to f16 and looked up in a table), so against transformers' own GELU the logits differ
+by that rounding carried through 7 layers (about 5e-3 of the largest logit); against
+transformers with ggml's GELU (`gemma4.hf_gelu_table`) only f32 rounding and an occasional
+f16 tie flipped remain (2.5e-4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minfer.engine.forward import Batch, Engine
+from minfer.engine.kv_shift import shift_kv
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+from minfer.graph.params import ContextParams, GraphParams
+from minfer.models.registry import graph_builder_for
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gemma4"
+MODEL = FIXTURES / "gemma4.gguf"
+REF = np.load(FIXTURES / "logits.npz")
+IDS = REF["ids"].tolist()
+RNG = np.random.default_rng(4)
+LONG = RNG.integers(3, 254, 40).tolist()
+OTHER = RNG.integers(3, 254, 12).tolist()
+
+
+def _model() -> tuple[GGUFFile, HParams]:
+    f = GGUFFile.open(MODEL)
+    return f, HParams.from_gguf(f)
+
+
+def _engine(**kw: object) -> Engine:
+    f, hp = _model()
+    kw.setdefault("n_ctx", 128)
+    kw.setdefault("kv_type", "f32")
+    return Engine(f, hp, **kw)  # type: ignore[arg-type]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def test_hparams_are_read_as_llamacpp_reads_them() -> None:
+    _, hp = _model()
+    assert hp.arch == "gemma4" and hp.kq_scale == 1.0 and hp.v_norm
+    assert hp.swa_layers == (True, True, False, True, False, True, False)
+    assert [hp.layer_head_dim(il) for il in range(7)] == [16, 16, 32, 16, 32, 16, 32]
+    assert [hp.layer_rope_dim(il) for il in range(7)] == [16, 16, 32, 16, 32, 16, 32]
+    assert (hp.rope_base, hp.rope_base_swa, hp.sliding_window) == (1e6, 1e4, 5)
+    assert hp.n_layer_kv == 5 and [hp.kv_layer(il) for il in range(7)] == [0, 1, 2, 3, 4, 3, 4]
+    assert [hp.layer_kv_embd(il) for il in range(7)] == [32, 32, 64, 32, 64, 0, 0]
+    assert hp.n_embd_per_layer == 8 and hp.final_softcap == 30.0
+    assert len(hp.layer_scales) == 7 and min(hp.layer_scales) < 0.9 < 1.1 < max(hp.layer_scales)
+
+
+def test_graph_shares_kv_and_adds_the_per_layer_inputs() -> None:
+    f, hp = _model()
+    params = GraphParams.for_batch(5, 1, ContextParams(n_ctx=64))
+    graph = graph_builder_for("gemma4")(hp, params, {n: t.shape for n, t in f.tensors.items()})
+    stores = [n.op.layer for n in graph.nodes if n.op.kind == "KvcacheStore"]  # type: ignore[attr-defined]
+    assert stores == [0, 1, 2, 3, 4]  # the shared layers store nothing
+    attn = [n.op for n in graph.nodes if n.op.kind == "Attn"]
+    assert [a.cache_layer for a in attn] == [0, 1, 2, 3, 4, 3, 4]  # type: ignore[attr-defined]
+    assert [a.window for a in attn] == [5, 5, 0, 5, 0, 5, 0]  # type: ignore[attr-defined]
+    assert [a.scale for a in attn] == [1.0] * 7  # type: ignore[attr-defined]
+    ropes = [n for n in graph.nodes if n.name == "rope_q"]
+    assert [bool(n.meta.weights) for n in ropes] == [False, False, True, False, True, False, True]
+    names = [n.name for n in graph.nodes]
+    assert names.count("attn_v_norm") == 5 and names.count("per_layer_resid") == 7
+    assert names.count("layer_out_scale") == 7 and "output_softcap" in names
+
+
+def test_matches_transformers() -> None:
+    got = _engine().forward(IDS, 0, n_out=len(IDS))
+    table = REF["gemma4.hf_gelu_table"]  # transformers with ggml's GELU: the same function
+    assert _rel(got[-1], table[-1]) < 1e-3
+    assert _rel(got, table) < 1e-3
+    plain = REF["gemma4.hf"]  # transformers' own GELU: its f16 rounding carried through
+    assert _rel(got[-1], plain[-1]) < 1e-2 and (got.argmax(-1) == plain.argmax(-1)).all()
+    f16 = _engine(kv_type="f16").forward(IDS, 0, n_out=len(IDS))
+    assert _rel(f16, table) < 3e-2 and (f16.argmax(-1) == table.argmax(-1)).all()
+
+
+def test_prefill_chunks_and_decode_are_bitwise_the_whole_prompt() -> None:
+    """Batch invariance: 1-, 7- and 16-row chunks give each row the whole prompt's bits,
+    past the window and through the shared-KV layers."""
+    e = _engine(batch_invariant=True)
+    whole = e.forward(LONG, 0, n_out=len(LONG))
+    for chunk in (1, 7, 16):
+        rows = [e.forward(LONG[s:s + chunk], s, n_out=len(LONG[s:s + chunk]))
+                for s in range(0, len(LONG), chunk)]
+        assert np.array_equal(np.concatenate(rows), whole), chunk
+
+
+def test_rows_beside_another_sequence_are_bitwise_alone() -> None:
+    alone = _engine(batch_invariant=True).forward(LONG, 0, n_out=len(LONG))
+    other = _engine(batch_invariant=True).forward(OTHER, 0, n_out=len(OTHER))
+    e = _engine(batch_invariant=True)
+    n = len(OTHER)
+    tokens = np.array([*LONG[:n], *OTHER], np.int32)
+    pos = np.concatenate([np.arange(n), np.arange(n)]).astype(np.int32)
+    base = np.repeat([0, 64], n).astype(np.int32)
+    batch = Batch(tokens=tokens, positions=pos, cells=base + pos, kv_start=base,
+                  kv_end=base + pos + 1, out_rows=np.arange(2 * n, dtype=np.int32))
+    rows = e.forward_batch(batch)
+    assert np.array_equal(rows[:n], alone[:n]) and np.array_equal(rows[n:], other)
+
+
+def test_kv_cache_holds_only_the_layers_with_their_own_kv() -> None:
+    e = _engine(n_ctx=16)
+    assert [k.shape for k in e.kv.k] == [(16, 32), (16, 32), (16, 64), (16, 32), (16, 64),
+                                         (0, 64), (0, 64)]
+    assert e.kv.bytes_per_token == 2 * 4 * (3 * 32 + 2 * 64)
+
+
+def test_shifted_block_equals_the_block_prefilled_at_its_new_place() -> None:
+    """The context shift re-rotates each layer's keys with its own head size, rotary dims and
+    rope (the factors only in the global layers) and skips the shared-KV layers."""
+    src, dst, n = 50, 6, len(IDS)
+
+    def block(start: int) -> Batch:  # tokens at cells start.. reading only their own block
+        b = Batch.single(IDS, start, 1)
+        return Batch(b.tokens, b.positions, b.cells, np.full(n, start, np.int32), b.kv_end,
+                     b.out_rows)
+
+    moved, fresh = _engine(), _engine()
+    moved.forward_batch(block(src))
+    shift_kv(moved, src_start=src, src_end=src + n, dst_start=dst)
+    fresh.forward_batch(block(dst))
+    for layer in range(5):
+        got, want = moved.kv.k[layer][dst:dst + n], fresh.kv.k[layer][dst:dst + n]
+        assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max(), layer
+
+
+def test_torch_backend_runs_it() -> None:
+    """The torch backend takes the weightless V norm and the shared-KV attention too. Its bf16
+    products alone (claim="matmul") move this model's large random logits by 11% of the
+    largest; claiming every op adds about 1% more."""
+    pytest.importorskip("torch")
+    from minfer.backends.cpu.backend import CpuBackend
+    from minfer.backends.torch_backend.backend import TorchBackend
+
+    ref = _engine().forward(IDS, 0, n_out=len(IDS))
+    e = _engine(backends=[TorchBackend(device="cpu", min_rows=1), CpuBackend()])
+    assert _rel(e.forward(IDS, 0, n_out=len(IDS)), ref) < 0.15
+
+
+def test_info_explains_the_family(capsys: pytest.CaptureFixture[str]) -> None:
+    from minfer.cli.main import main
+
+    assert main(["info", str(MODEL)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "32 (global layers) / 16 (sliding-window layers)" in out
+    assert "(5<-3, 6<-4)" in out and "8 per layer" in out
+    assert "scale 1, V RMS-normed per head" in out
+    assert "f32 1.8 KiB" in out  # 3 x 32 + 2 x 64 floats of K and V a token, 4 bytes each
