@@ -19,14 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minfer.chat.reasoning import GEMMA4, THINK, ReasoningOptions, ReasoningStream, template_thinks
 from minfer.engine.forward import Batch, Engine
 from minfer.engine.kv_shift import shift_kv
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.graph.params import ContextParams, GraphParams
 from minfer.models.registry import graph_builder_for
+from minfer.tokenizer.chat import ChatTemplate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gemma4"
+TEMPLATE = Path(__file__).parent / "fixtures" / "templates" / "google-gemma-4-31B-it.jinja"
 MODEL = FIXTURES / "gemma4.gguf"
 REF = np.load(FIXTURES / "logits.npz")
 IDS = REF["ids"].tolist()
@@ -165,3 +168,67 @@ def test_info_explains_the_family(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(5<-3, 6<-4)" in out and "8 per layer" in out
     assert "scale 1, V RMS-normed per head" in out
     assert "f32 1.8 KiB" in out  # 3 x 32 + 2 x 64 floats of K and V a token, 4 bytes each
+
+
+# -- the chat template and its thinking -------------------------------------------------------
+MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Weather?"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather now", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "description": "City"}},
+        "required": ["city"]}}}]
+CALL = [{"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "name": "get_weather", "content": "18C, sunny"}]
+TURNS = "<|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n<|turn>user\nWeather?<turn|>\n"
+DECL = ("<|tool>declaration:get_weather{description:<|\"|>Weather now<|\"|>,parameters:{"
+        "properties:{city:{description:<|\"|>City<|\"|>,type:<|\"|>STRING<|\"|>}},required:"
+        "[<|\"|>city<|\"|>],type:<|\"|>OBJECT<|\"|>}}<tool|>")
+
+
+def _template() -> ChatTemplate:
+    return ChatTemplate(TEMPLATE.read_text(),
+                        special_tokens={"bos_token": "<bos>", "eos_token": "<eos>"})
+
+
+@pytest.mark.parametrize(("messages", "tools", "kwargs", "want"), [
+    (MSGS, None, {}, "<bos><|turn>system\nBe brief.<turn|>\n" + TURNS
+     + "<|turn>model\n<|channel>thought\n<channel|>"),
+    (MSGS, None, {"enable_thinking": True},
+     "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n" + TURNS + "<|turn>model\n"),
+    (CALL, TOOLS, {}, "<bos><|turn>system\n" + DECL + "<turn|>\n<|turn>user\nWeather?<turn|>\n"
+     "<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"
+     "<|tool_response>response:get_weather{value:<|\"|>18C, sunny<|\"|>}<tool_response|>"),
+])
+def test_chat_template_renders_as_transformers(messages: list[dict[str, object]],
+                                               tools: list[dict[str, object]] | None,
+                                               kwargs: dict[str, object], want: str) -> None:
+    """Gemma 4's template (llama.cpp's copy) renders what transformers 5.x's
+    `render_jinja_template` renders (checked when these strings were written): the empty
+    thought channel without thinking, the `<|think|>` switch with it, tool declarations,
+    calls and responses in its own syntax."""
+    assert _template().render(messages, add_generation_prompt=True, tools=tools,
+                              **kwargs) == want
+
+
+def test_thinking_is_split_from_the_thought_channel() -> None:
+    t = _template()
+    assert template_thinks(t.source, t.variables)
+    encode = lambda s: [ord(c) for c in s]  # noqa: E731  (the tags' ids do not matter here)
+    opts = ReasoningOptions()
+    thinking = opts.plan(t.render(MSGS, enable_thinking=True), encode,
+                         template_source=t.source)
+    assert thinking.tags == GEMMA4 and not thinking.in_reasoning
+    reply = "<|channel>thought\nThe user asks.\n<channel|>Sunny."
+    split = thinking.split(reply)
+    assert (split.content, split.reasoning) == ("Sunny.", "The user asks.")
+    # streamed a character at a time: the same values, nothing given out too early
+    stream = ReasoningStream(tags=GEMMA4)
+    pieces = [stream.push(c) for c in reply] + [stream.finish()]
+    assert "".join(c for c, _ in pieces) == "Sunny."
+    assert "".join(r for _, r in pieces) == "The user asks."
+    # without a template source (the Python API) the rendered prompt tells the tags apart
+    off = opts.plan(t.render(MSGS), encode)
+    assert off.tags == GEMMA4 and off.split("Sunny.").content == "Sunny."
+    assert opts.plan("<|im_start|>assistant\n", encode).tags == THINK
