@@ -35,20 +35,27 @@ from make_llama_fixtures import IDS, N_VOCAB, _tokenizer
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gemma4"
 
 
-def _config() -> object:
+def _configs() -> dict[str, object]:
     from transformers import Gemma4TextConfig
 
-    return Gemma4TextConfig(
-        vocab_size=N_VOCAB, vocab_size_per_layer_input=N_VOCAB, hidden_size=64,
-        intermediate_size=128, num_hidden_layers=7, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, global_head_dim=32,
-        hidden_size_per_layer_input=8, num_kv_shared_layers=2, sliding_window=5,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                     "sliding_attention", "full_attention", "sliding_attention",
-                     "full_attention"],
-        final_logit_softcapping=30.0, rms_norm_eps=1e-6, max_position_embeddings=256,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
-        tie_word_embeddings=True)
+    common = {"vocab_size": N_VOCAB, "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+              "sliding_window": 5, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 0, "initializer_range": 0.3, "tie_word_embeddings": True}
+    return {
+        "gemma4": Gemma4TextConfig(
+            **common, vocab_size_per_layer_input=N_VOCAB, intermediate_size=128,
+            num_hidden_layers=7, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                         "sliding_attention", "full_attention", "sliding_attention",
+                         "full_attention"]),
+        "gemma4_31b": Gemma4TextConfig(
+            **common, intermediate_size=96, num_hidden_layers=4, hidden_size_per_layer_input=0,
+            num_kv_shared_layers=0, attention_k_eq_v=True, num_global_key_value_heads=1,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                         "full_attention"]),
+    }
 
 
 def main() -> None:
@@ -60,32 +67,33 @@ def main() -> None:
 
     OUT.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": args.gguf_py}
+    arrays: dict[str, np.ndarray] = {"ids": np.array(IDS, np.int32)}
     with tempfile.TemporaryDirectory() as tmp:
-        torch.manual_seed(0)
-        hf = Path(tmp) / "gemma4"
-        hf.mkdir()
-        model = Gemma4ForCausalLM._from_config(_config(), attn_implementation="eager")
-        with torch.no_grad():  # norms and layer scalars away from 1, so a wrong one shows
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            for name, buf in model.named_buffers():
-                if name.endswith("layer_scalar"):
-                    buf.copy_(0.5 + torch.rand_like(buf))
-        model.save_pretrained(hf)
-        _tokenizer(hf)
-        AutoTokenizer.from_pretrained(hf).save_pretrained(hf)  # llama.cpp reads tokenizer.json
-        subprocess.run([sys.executable, args.convert, str(hf), "--outtype", "f32",
-                        "--outfile", str(OUT / "gemma4.gguf")], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
-        model = model.float().eval()
-        with torch.no_grad():
-            logits = model(torch.tensor([IDS])).logits[0].numpy()
-            for layer in model.model.layers:  # GELU as llama.cpp (and minfer) computes it
-                layer.mlp.act_fn = layer.act_fn = _TableGelu()
-            table = model(torch.tensor([IDS])).logits[0].numpy()
-    np.savez_compressed(OUT / "logits.npz", ids=np.array(IDS, np.int32),
-                        **{"gemma4.hf": logits, "gemma4.hf_gelu_table": table})
+        for name, config in _configs().items():
+            torch.manual_seed(0)
+            hf = Path(tmp) / name
+            hf.mkdir()
+            model = Gemma4ForCausalLM._from_config(config, attn_implementation="eager")
+            with torch.no_grad():  # norms and layer scalars away from 1, so a wrong one shows
+                for p_name, p in model.named_parameters():
+                    if p_name.endswith("norm.weight"):
+                        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                for b_name, buf in model.named_buffers():
+                    if b_name.endswith("layer_scalar"):
+                        buf.copy_(0.5 + torch.rand_like(buf))
+            model.save_pretrained(hf)
+            _tokenizer(hf)
+            AutoTokenizer.from_pretrained(hf).save_pretrained(hf)  # llama.cpp reads its json
+            subprocess.run([sys.executable, args.convert, str(hf), "--outtype", "f32",
+                            "--outfile", str(OUT / f"{name}.gguf")], check=True, env=env,
+                           stdout=subprocess.DEVNULL)
+            model = model.float().eval()
+            with torch.no_grad():
+                arrays[f"{name}.hf"] = model(torch.tensor([IDS])).logits[0].numpy()
+                for layer in model.model.layers:  # GELU as llama.cpp (and minfer) computes it
+                    layer.mlp.act_fn = layer.act_fn = _TableGelu()
+                arrays[f"{name}.hf_gelu_table"] = model(torch.tensor([IDS])).logits[0].numpy()
+    np.savez_compressed(OUT / "logits.npz", **arrays)  # type: ignore[arg-type]
 
 
 def _table_gelu(x: torch.Tensor) -> torch.Tensor:

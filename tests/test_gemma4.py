@@ -38,13 +38,13 @@ LONG = RNG.integers(3, 254, 40).tolist()
 OTHER = RNG.integers(3, 254, 12).tolist()
 
 
-def _model() -> tuple[GGUFFile, HParams]:
-    f = GGUFFile.open(MODEL)
+def _model(name: str = "gemma4") -> tuple[GGUFFile, HParams]:
+    f = GGUFFile.open(FIXTURES / f"{name}.gguf")
     return f, HParams.from_gguf(f)
 
 
-def _engine(**kw: object) -> Engine:
-    f, hp = _model()
+def _engine(name: str = "gemma4", **kw: object) -> Engine:
+    f, hp = _model(name)
     kw.setdefault("n_ctx", 128)
     kw.setdefault("kv_type", "f32")
     return Engine(f, hp, **kw)  # type: ignore[arg-type]
@@ -93,6 +93,18 @@ def test_matches_transformers() -> None:
     assert _rel(got[-1], plain[-1]) < 1e-2 and (got.argmax(-1) == plain.argmax(-1)).all()
     f16 = _engine(kv_type="f16").forward(IDS, 0, n_out=len(IDS))
     assert _rel(f16, table) < 3e-2 and (f16.argmax(-1) == table.argmax(-1)).all()
+
+
+def test_dense_31b_layout_matches_transformers() -> None:
+    """The 26B / 31B's attention: global layers with 1 K/V head of 2 and no attn_v (V is K's
+    projection, normed on its own), sliding ones as E2B's."""
+    _, hp = _model("gemma4_31b")
+    assert hp.layer_kv_heads == (2, 1, 2, 1) and hp.v_from_k == (False, True, False, True)
+    assert not hp.n_embd_per_layer and not hp.n_layer_kv
+    got = _engine("gemma4_31b").forward(IDS, 0, n_out=len(IDS))
+    assert _rel(got, REF["gemma4_31b.hf_gelu_table"]) < 1e-4
+    plain = REF["gemma4_31b.hf"]
+    assert _rel(got[-1], plain[-1]) < 1e-3 and (got.argmax(-1) == plain.argmax(-1)).all()
 
 
 def test_prefill_chunks_and_decode_are_bitwise_the_whole_prompt() -> None:
@@ -168,6 +180,10 @@ def test_info_explains_the_family(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(5<-3, 6<-4)" in out and "8 per layer" in out
     assert "scale 1, V RMS-normed per head" in out
     assert "f32 1.8 KiB" in out  # 3 x 32 + 2 x 64 floats of K and V a token, 4 bytes each
+    assert main(["info", str(FIXTURES / "gemma4_31b.gguf")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "4 / 1 (global layers), 2 (sliding-window layers)" in out
+    assert "V is K's" in out and "projection in layers 1, 3" in out
 
 
 # -- the chat template and its thinking -------------------------------------------------------

@@ -57,7 +57,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
         ("architecture", hp.arch), ("quantization", model_quantization(f)),
         ("layers", hp.n_layer), ("embedding", hp.n_embd),
-        ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", _head_dim_text(hp)),
+        ("heads (q / kv)", _heads_text(hp)), ("head dim", _head_dim_text(hp)),
         *_ffn_rows(hp), ("vocabulary", hp.n_vocab),
         ("context length (trained)", hp.n_ctx_train),
         ("rope", _rope_text(hp)),
@@ -105,6 +105,16 @@ def _kv_per_token(hp: HParams) -> str:
         for t in KV_TYPES if t not in QUANT_TYPES or min(widths, default=0) % QK == 0)
 
 
+def _heads_text(hp: HParams) -> str:
+    if not hp.layer_kv_heads:
+        return f"{hp.n_head} / {hp.n_head_kv}"
+    kinds = (("global", False), ("sliding-window", True))
+    kv = [(name, {h for il, h in enumerate(hp.layer_kv_heads) if hp.is_swa(il) == swa})
+          for name, swa in kinds]
+    return f"{hp.n_head} / " + ", ".join(f"{'/'.join(map(str, sorted(hs)))} ({name} layers)"
+                                        for name, hs in kv if hs)
+
+
 def _head_dim_text(hp: HParams) -> str:
     if hp.head_dim_swa and hp.head_dim_swa != hp.head_dim:
         return f"{hp.head_dim} (global layers) / {hp.head_dim_swa} (sliding-window layers)"
@@ -123,7 +133,10 @@ def _gemma4_rows(hp: HParams) -> list[tuple[str, object]]:
         rows.append(("shared KV", f"the last {hp.n_layer - hp.n_layer_kv} layers attend over an "
                                   f"earlier layer's cells ({sources})"))
     if hp.v_norm:
-        rows.append(("attention", f"scale {hp.kq_scale:g}, V RMS-normed per head"))
+        v_from_k = [il for il in range(hp.n_layer) if hp.layer_v_from_k(il)]
+        shared = f"; V is K's projection in layers {', '.join(map(str, v_from_k))}" \
+            if v_from_k else ""
+        rows.append(("attention", f"scale {hp.kq_scale:g}, V RMS-normed per head{shared}"))
     if hp.layer_scales:
         rows.append(("layer output scales", " ".join(f"{s:.3g}" for s in hp.layer_scales)))
     return rows

@@ -121,7 +121,7 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
             engine.kv_host.move_kv(k, v, src_start=src_start, src_end=src_end,
                                    dst_start=dst_start, head_dim=head_dim, rekey=None)
             continue
-        rekey = partial(rerotate, src_pos=src_pos, dst_pos=dst_pos, n_head=hp.n_head_kv,
+        rekey = partial(rerotate, src_pos=src_pos, dst_pos=dst_pos, n_head=hp.layer_n_head_kv(il),
                         head_dim=head_dim, rope_dim=hp.layer_rope_dim(il),
                         base=hp.layer_rope_base(il), style=hp.rope_style,
                         freq_scale=hp.layer_rope_freq_scale(il),

@@ -116,6 +116,8 @@ class HParams:
     n_embd_per_layer: int = 0  # width of each layer's per-layer token embedding (0: none)
     v_norm: bool = False  # V rows RMS-normed per head, without a weight (Gemma 4)
     layer_scales: tuple[float, ...] = ()  # per layer: its output times this (Gemma 4)
+    layer_kv_heads: tuple[int, ...] = ()  # per layer K/V heads (Gemma 4's array; () n_head_kv)
+    v_from_k: tuple[bool, ...] = ()  # per layer: no attn_v, V is K's projection (Gemma 4 31B)
 
     @property
     def reranker(self) -> bool:
@@ -192,10 +194,16 @@ class HParams:
     def layer_rope_dim(self, layer: int) -> int:
         return self.rope_dim_swa if self.rope_dim_swa and self.is_swa(layer) else self.rope_dim
 
+    def layer_n_head_kv(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.n_head_kv
+
+    def layer_v_from_k(self, layer: int) -> bool:
+        return bool(self.v_from_k) and self.v_from_k[layer]
+
     def layer_kv_embd(self, layer: int) -> int:
         """Width of the layer's K (and V) rows; 0 where it reuses an earlier layer's KV."""
-        return self.n_head_kv * self.layer_head_dim(layer) if self.kv_layer(layer) == layer \
-            else 0
+        return self.layer_n_head_kv(layer) * self.layer_head_dim(layer) \
+            if self.kv_layer(layer) == layer else 0
 
     def kv_layer(self, layer: int) -> int:
         """The layer whose KV cells this one attends over: itself, or past `n_layer_kv` (Gemma
@@ -241,8 +249,17 @@ class HParams:
         n_embd = keys.get_int("embedding_length")
         n_head = keys.get_int("attention.head_count")
         recurrent: tuple[bool, ...] = ()
+        kv_heads: tuple[int, ...] = ()
         if arch in RECURRENT_ARCHS:
             n_head_kv, recurrent = _layer_kv_heads(keys)
+        elif arch == "gemma4" and not isinstance(
+                heads := f.metadata.get(f"{arch}.attention.head_count_kv"), int | None):
+            kv_heads = tuple(int(h) for h in heads)  # Gemma 4 26B / 31B: fewer in global layers
+            n_head_kv = max(kv_heads, default=0)
+            if len(kv_heads) != keys.get_int("block_count") or any(
+                    h < 1 or n_head % h for h in kv_heads):
+                raise GGUFError(f.path, f"head_count_kv={list(kv_heads)} does not give each "
+                                        f"layer a divisor of head_count={n_head}")
         else:
             n_head_kv = keys.get_int("attention.head_count_kv", n_head)
         if n_head % n_head_kv:
@@ -298,7 +315,7 @@ class HParams:
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
         if arch == "gemma4":
-            hp = _gemma4(_gemma3(hp, keys), keys)
+            hp = _gemma4(replace(_gemma3(hp, keys), layer_kv_heads=kv_heads), keys)
         if recurrent:
             hp = _lfm2(hp, keys, recurrent)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
@@ -370,7 +387,7 @@ class HParams:
         """An attention layer's projections (fused or not, optionally biased) and q/k norms
         (only q's where the layer reuses an earlier layer's KV)."""
         head_dim = self.layer_head_dim(il)
-        q_dim, kv_dim = self.n_head * head_dim, self.n_head_kv * head_dim
+        q_dim, kv_dim = self.n_head * head_dim, self.layer_n_head_kv(il) * head_dim
         if self.kv_layer(il) != il:
             yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
             yield f"{blk}.attn_q_norm.weight", (head_dim,)
@@ -383,7 +400,8 @@ class HParams:
         else:
             yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
             yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
-            yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
+            if not self.layer_v_from_k(il):
+                yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
         if self.has_qkv_bias and not self.qkv_fused:
             yield f"{blk}.attn_q.bias", (q_dim,)
             yield f"{blk}.attn_k.bias", (kv_dim,)
@@ -699,7 +717,8 @@ def _gemma4(hp: HParams, keys: _Keys) -> HParams:
     reads them: attention scale 1 (q and k are normed), the sliding layers' own head size and
     rotary dims, the shared-KV tail (`attention.shared_kv_layers`), the per-layer token
     embeddings' width, V normed per head, and each layer's output scale (a one-element tensor,
-    read here as a number)."""
+    read here as a number); the 26B / 31B's global layers with fewer K/V heads
+    (`head_count_kv` an array) and without `attn_v` (V is K's projection, before K's norm)."""
     n_shared = keys.get_int("attention.shared_kv_layers", 0, allow_zero=True)
     if not 0 <= n_shared < hp.n_layer:
         raise GGUFError(keys.f.path, f"shared_kv_layers={n_shared} leaves no layer its own KV")
@@ -717,6 +736,9 @@ def _gemma4(hp: HParams, keys: _Keys) -> HParams:
     if n_shared and any(not any(hp.is_swa(j) == hp.is_swa(il) for j in range(hp.n_layer_kv))
                         for il in range(hp.n_layer_kv, hp.n_layer)):
         raise GGUFError(keys.f.path, "a shared-KV layer has no earlier layer of its kind")
+    v_from_k = tuple(hp.kv_layer(il) == il and f"blk.{il}.attn_v.weight" not in keys.f.tensors
+                     for il in range(hp.n_layer))
+    hp = replace(hp, v_from_k=v_from_k if any(v_from_k) else ())
     names = [f"blk.{il}.layer_output_scale.weight" for il in range(hp.n_layer)]
     if all(n in keys.f.tensors for n in names):
         scales = tuple(float(keys.f.array(n).reshape(-1)[0]) for n in names)

@@ -1,4 +1,4 @@
-"""The Gemma 4 forward pass (text decoder: E2B / E4B) as builder calls, after llama.cpp's
+"""The Gemma 4 forward pass (text decoder: E2B / E4B / 31B) as builder calls, after llama.cpp's
 `src/models/gemma4.cpp`: Gemma 3's block (`gemma3_layer`: sandwich norms, per-head q / k
 norms, GeGLU, interleaved sliding-window and global layers with their own rope bases) with
 the parts `HParams` reads for Gemma 4 and `models.transformer` builds:
@@ -14,8 +14,9 @@ the parts `HParams` reads for Gemma 4 and `models.transformer` builds:
   `layer_output_scale`;
 - the final logit soft-cap (`HParams.final_softcap`, in `build_decoder`).
 
-The 26B-A4B mixture of experts (a dense FFN beside routed experts) and the 31B's V-less
-global layers (`attention_k_eq_v`) are not built here: their files fail the tensor check.
+The 26B / 31B's global layers with fewer K/V heads and no `attn_v` (V is K's projection) run
+through the same pieces. The 26B-A4B's mixture of experts (a dense FFN beside routed experts
+with fused gate|up and per-expert output scales) is not built: its files fail the tensor check.
 """
 
 from __future__ import annotations

@@ -160,6 +160,7 @@ def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
 def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     """Self-attention of layer il on the normed input x, through the output projection."""
     hp, blk, head_dim = ctx.hp, f"blk.{il}.", ctx.hp.layer_head_dim(il)
+    n_head_kv = hp.layer_n_head_kv(il)
     own_kv = hp.kv_layer(il) == il  # else: only q, over an earlier layer's KV (Gemma 4)
     q, k, v = _qkv(b, hp, il, x, own_kv)
     if hp.has_qk_norm:
@@ -167,22 +168,22 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
                       ir.QkNorm(hp.rms_eps, hp.n_head, head_dim), layer=il)
         if own_kv:
             k = b.qk_norm("attn_k_norm", k, blk + "attn_k_norm.weight",
-                          ir.QkNorm(hp.rms_eps, hp.n_head_kv, head_dim), layer=il)
+                          ir.QkNorm(hp.rms_eps, n_head_kv, head_dim), layer=il)
     if hp.v_norm and own_kv:
-        v = b.qk_norm("attn_v_norm", v, None, ir.QkNorm(hp.rms_eps, hp.n_head_kv, head_dim),
+        v = b.qk_norm("attn_v_norm", v, None, ir.QkNorm(hp.rms_eps, n_head_kv, head_dim),
                       layer=il)
     if hp.layer_has_rope(il):
         # rope factors (Llama 3.1's, LongRoPE's, Gemma 4's) turn only the global layers
         factors = None if hp.is_swa(il) else hp.rope_factors(ctx.params.ctx.n_ctx)
         q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
         if own_kv:
-            k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, hp.n_head_kv), layer=il,
+            k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, n_head_kv), layer=il,
                        factors=factors)
     if own_kv:
         store = b.kv_store(il, k, v, ctx.cells, head_dim=head_dim)
         ctx.kv[il] = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx,
                                n_kv_embd=hp.layer_kv_embd(il))
-    op = ir.Attn(il, hp.n_head, hp.n_head_kv, head_dim, hp.kq_scale,
+    op = ir.Attn(il, hp.n_head, n_head_kv, head_dim, hp.kq_scale,
                  window=hp.layer_window(il), softcap=hp.attn_softcap,
                  kv_layer=-1 if own_kv else hp.kv_layer(il))
     a = b.attn(q, ctx.kv[hp.kv_layer(il)], ctx.start, ctx.end, op)
@@ -208,6 +209,9 @@ def _qkv(b: GraphBuilder, hp: HParams, il: int, x: int,
     blk = f"blk.{il}."
     if not own_kv:
         return b.matmul("attn_q", x, blk + "attn_q.weight", layer=il), -1, -1
+    if hp.layer_v_from_k(il):  # no attn_v: V is K's projection (Gemma 4's global layers)
+        q, k = (b.matmul(f"attn_{w}", x, f"{blk}attn_{w}.weight", layer=il) for w in "qk")
+        return q, k, k
     if not hp.qkv_fused:
         q, k, v = (b.matmul(f"attn_{w}", x, f"{blk}attn_{w}.weight",
                             bias=_bias(hp, f"{blk}attn_{w}"), layer=il) for w in "qkv")
