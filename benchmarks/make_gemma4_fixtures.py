@@ -17,6 +17,12 @@ logits (eager attention, `gemma4.hf`) and the same with its GELU computed as lla
 (`gemma4.hf_gelu_table`: the input rounded to f16 and looked up in ggml's table, which minfer
 reproduces bit for bit). Both are committed, so the tests need neither transformers nor
 llama.cpp.
+
+Two more models, 4 layers each, no per-layer embeddings, no shared KV: `gemma4_31b`, the 31B's
+attention at toy size ([swa, full, swa, full], the global layers with 1 K/V head of 2 and no
+`v_proj`: V is K's projection, `attention_k_eq_v`), and `gemma4_26b`, the same attention with
+the 26B-A4B's experts ([swa, swa, full, full], 4 experts of width 32, top 2, beside each
+layer's dense FFN; router and per-expert scales away from 1).
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ def _configs() -> dict[str, object]:
             num_kv_shared_layers=0, attention_k_eq_v=True, num_global_key_value_heads=1,
             layer_types=["sliding_attention", "full_attention", "sliding_attention",
                          "full_attention"]),
+        "gemma4_26b": Gemma4TextConfig(
+            **common, intermediate_size=96, num_hidden_layers=4, hidden_size_per_layer_input=0,
+            num_kv_shared_layers=0, attention_k_eq_v=True, num_global_key_value_heads=1,
+            enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                         "full_attention"]),
     }
 
 
@@ -76,7 +88,7 @@ def main() -> None:
             model = Gemma4ForCausalLM._from_config(config, attn_implementation="eager")
             with torch.no_grad():  # norms and layer scalars away from 1, so a wrong one shows
                 for p_name, p in model.named_parameters():
-                    if p_name.endswith("norm.weight"):
+                    if p_name.endswith(("norm.weight", "router.scale", "per_expert_scale")):
                         p.copy_(1.0 + 0.1 * torch.randn_like(p))
                 for b_name, buf in model.named_buffers():
                     if b_name.endswith("layer_scalar"):
@@ -92,6 +104,8 @@ def main() -> None:
                 arrays[f"{name}.hf"] = model(torch.tensor([IDS])).logits[0].numpy()
                 for layer in model.model.layers:  # GELU as llama.cpp (and minfer) computes it
                     layer.mlp.act_fn = layer.act_fn = _TableGelu()
+                    if hasattr(layer, "experts"):
+                        layer.experts.act_fn = _TableGelu()
                 arrays[f"{name}.hf_gelu_table"] = model(torch.tensor([IDS])).logits[0].numpy()
     np.savez_compressed(OUT / "logits.npz", **arrays)  # type: ignore[arg-type]
 

@@ -107,6 +107,26 @@ def test_dense_31b_layout_matches_transformers() -> None:
     assert _rel(got[-1], plain[-1]) < 1e-3 and (got.argmax(-1) == plain.argmax(-1)).all()
 
 
+def test_26b_a4b_experts_match_transformers() -> None:
+    """The 26B-A4B's FFN: the dense GeGLU and 2 of 4 experts ([gate | up] in one tensor,
+    renormalised top-k weights times each expert's scale) behind their own norms, summed."""
+    f, hp = _model("gemma4_26b")
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff) == (4, 2, 32, 96)
+    params = GraphParams.for_batch(5, 1, ContextParams(n_ctx=64))
+    graph = graph_builder_for("gemma4")(hp, params, {n: t.shape for n, t in f.tensors.items()})
+    moe = [n.op for n in graph.nodes if n.op.kind == "Moe"]
+    assert len(moe) == 4 and all(m.fused_gate_up and m.down_scale and m.norm  # type: ignore[attr-defined]
+                                 and m.act == "gelu" for m in moe)  # type: ignore[attr-defined]
+    got = _engine("gemma4_26b").forward(IDS, 0, n_out=len(IDS))
+    assert _rel(got, REF["gemma4_26b.hf_gelu_table"]) < 1e-4
+    plain = REF["gemma4_26b.hf"]
+    assert _rel(got[-1], plain[-1]) < 1e-3 and (got.argmax(-1) == plain.argmax(-1)).all()
+    decode = _engine("gemma4_26b", batch_invariant=True)
+    whole = decode.forward(IDS, 0, n_out=len(IDS))
+    rows = [decode.forward([t], i, n_out=1) for i, t in enumerate(IDS)]
+    assert np.array_equal(np.concatenate(rows), whole)
+
+
 def test_prefill_chunks_and_decode_are_bitwise_the_whole_prompt() -> None:
     """Batch invariance: 1-, 7- and 16-row chunks give each row the whole prompt's bits,
     past the window and through the shared-KV layers."""
@@ -184,6 +204,9 @@ def test_info_explains_the_family(capsys: pytest.CaptureFixture[str]) -> None:
     out = " ".join(capsys.readouterr().out.split())
     assert "4 / 1 (global layers), 2 (sliding-window layers)" in out
     assert "V is K's" in out and "projection in layers 1, 3" in out
+    assert main(["info", str(FIXTURES / "gemma4_26b.gguf")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 of 4 per token, each 32 wide" in out and "FFN 96 wide" in out
 
 
 # -- the chat template and its thinking -------------------------------------------------------

@@ -187,8 +187,10 @@ def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
     if not hp.n_expert:
         return [("feed-forward", hp.n_ff)]
     total, active = hp.n_params()
+    beside = f" beside a dense FFN {hp.n_ff} wide" if hp.n_ff_exp else ""  # Gemma 4 26B-A4B
     rows: list[tuple[str, object]] = [
-        ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each {hp.n_ff} wide"
+        ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each "
+                    f"{hp.n_ff_exp or hp.n_ff} wide{beside}"
                     f"{' (weights renormalised)' if hp.expert_norm else ''}")]
     if hp.n_ff_shexp:
         rows.append(("shared expert", f"{hp.n_ff_shexp} wide, sigmoid-gated"))

@@ -118,6 +118,7 @@ class HParams:
     layer_scales: tuple[float, ...] = ()  # per layer: its output times this (Gemma 4)
     layer_kv_heads: tuple[int, ...] = ()  # per layer K/V heads (Gemma 4's array; () n_head_kv)
     v_from_k: tuple[bool, ...] = ()  # per layer: no attn_v, V is K's projection (Gemma 4 31B)
+    n_ff_exp: int = 0  # Gemma 4 26B-A4B: its experts' width, beside the dense FFN's n_ff
 
     @property
     def reranker(self) -> bool:
@@ -358,7 +359,9 @@ class HParams:
             if self.layer_scales:
                 yield f"{blk}.layer_output_scale.weight", (1,)
             yield f"{blk}.ffn_norm.weight", (self.n_embd,)
-            if self.n_expert:
+            if self.n_ff_exp:  # Gemma 4's experts beside its dense FFN
+                yield from self._gemma4_expert_shapes(blk)
+            elif self.n_expert:
                 yield from self._expert_shapes(blk)
                 continue
             if self.ffn_up_gate:
@@ -433,6 +436,18 @@ class HParams:
             yield f"{blk}.ffn_gate_shexp.weight", (n_embd, self.n_ff_shexp)
             yield f"{blk}.ffn_up_shexp.weight", (n_embd, self.n_ff_shexp)
             yield f"{blk}.ffn_down_shexp.weight", (self.n_ff_shexp, n_embd)
+
+    def _gemma4_expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Gemma 4 26B-A4B's experts: a router over the RMS-normed input scaled per channel,
+        their own pre / post norms, [gate | up] stacked in one tensor, a scale per expert."""
+        n_embd, n_ff, n_exp = self.n_embd, self.n_ff_exp, self.n_expert
+        yield f"{blk}.ffn_gate_inp.weight", (n_embd, n_exp)
+        yield f"{blk}.ffn_gate_inp.scale", (n_embd,)
+        for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+            yield f"{blk}.{norm}.weight", (n_embd,)
+        yield f"{blk}.ffn_gate_up_exps.weight", (n_embd, 2 * n_ff, n_exp)
+        yield f"{blk}.ffn_down_exps.weight", (n_ff, n_embd, n_exp)
+        yield f"{blk}.ffn_down_exps.scale", (n_exp,)
 
     def active_share(self, name: str, n: int) -> int:
         """Of the n parameters (or bytes) of tensor `name`, those one token reads: a stacked
@@ -736,6 +751,12 @@ def _gemma4(hp: HParams, keys: _Keys) -> HParams:
     if n_shared and any(not any(hp.is_swa(j) == hp.is_swa(il) for j in range(hp.n_layer_kv))
                         for il in range(hp.n_layer_kv, hp.n_layer)):
         raise GGUFError(keys.f.path, "a shared-KV layer has no earlier layer of its kind")
+    if n_expert := keys.get_int("expert_count", 0, allow_zero=True):  # 26B-A4B
+        n_used = keys.get_int("expert_used_count")
+        if not 0 < n_used <= n_expert:
+            raise GGUFError(keys.f.path, f"expert_used_count={n_used} of {n_expert} experts")
+        hp = replace(hp, n_expert=n_expert, n_expert_used=n_used, expert_norm=True,
+                     n_ff_exp=keys.get_int("expert_feed_forward_length"))
     v_from_k = tuple(hp.kv_layer(il) == il and f"blk.{il}.attn_v.weight" not in keys.f.tensors
                      for il in range(hp.n_layer))
     hp = replace(hp, v_from_k=v_from_k if any(v_from_k) else ())

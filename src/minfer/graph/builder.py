@@ -120,10 +120,12 @@ class GraphBuilder:
         return self._append(name, ir.FusedGateUp(act), (x,), (self.shape(x)[0], n_ff),
                             meta=meta)
 
-    def moe(self, name: str, x: int, logits: int, weights: tuple[str, str, str],
+    def moe(self, name: str, x: int, logits: int, weights: tuple[str, ...],
             op: ir.Moe) -> int:
         """The experts of `op` on x routed by `logits`; weights: the stacked gate, up and down
-        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert])."""
+        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert]; with
+        `op.fused_gate_up` gate and up name one [n_embd, 2 n_ff, n_expert] tensor), then with
+        `op.down_scale` the experts' output scales ([n_expert])."""
         n_embd = self.shape(x)[-1]
         if self.shape(logits) != (self.shape(x)[0], op.n_expert):
             raise GraphError(f"{name}: router logits {self.shape(logits)} are not "
@@ -132,7 +134,15 @@ class GraphBuilder:
             raise GraphError(f"{name}: {op.n_used} experts used of {op.n_expert}")
         if op.act not in ("silu", "gelu"):
             raise GraphError(f"{name}: unknown gate activation {op.act!r}")
-        gate, up, down = (self._weight(w) for w in weights)
+        if len(weights) != 3 + op.down_scale or (op.down_scale and _squeeze(
+                self._weight(weights[3])) != (op.n_expert,)):
+            raise GraphError(f"{name}: weights {weights} are not gate, up, down"
+                             f"{' and the experts scales' if op.down_scale else ''}")
+        gate, up, down = (self._weight(w) for w in weights[:3])
+        if op.fused_gate_up:
+            if weights[0] != weights[1] or len(gate) != 3 or gate[1] % 2:
+                raise GraphError(f"{name}: a fused gate|up names one tensor of two halves")
+            gate = up = (gate[0], gate[1] // 2, gate[2])
         n_ff = gate[1] if len(gate) == 3 else -1
         if gate != (n_embd, n_ff, op.n_expert) or up != gate or \
                 down != (n_ff, n_embd, op.n_expert):
@@ -279,3 +289,10 @@ class GraphBuilder:
             raise GraphError(f"attn.{op.layer}: window and soft-cap must not be negative")
         return self._append(f"attn.{op.layer}", op, (q, kv, start, end), self.shape(q),
                             meta=NodeMeta(role="attn", layer=op.layer))
+
+
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A GGUF ne shape without its trailing ones (a vector may be written [n, 1])."""
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape

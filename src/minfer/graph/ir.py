@@ -275,6 +275,10 @@ class Moe(Op):
     n_used: int
     norm: bool
     act: str = "silu"
+    # Gemma 4: one stacked tensor holds [gate | up] (the meta names it as both), and each
+    # expert's output is scaled by its entry of a 4th weight, [n_expert]
+    fused_gate_up: bool = False
+    down_scale: bool = False
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,21 @@ def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
     return ew
 
 
+def _expert_halves(ctx: ExecContext, w_name: str) -> tuple[K.ExpertWeight, K.ExpertWeight]:
+    """A stacked [gate | up] expert tensor as two (contiguous copies of its halves, made once
+    per model weights)."""
+    key = ("cpu-expert-halves", w_name, ctx.batched)
+    halves = ctx.weights.state.get(key)
+    if halves is None:
+        both = _expert_weight(ctx, w_name)
+        n_ff = both.w3.shape[1] // 2
+        halves = ctx.weights.state[key] = tuple(
+            K.ExpertWeight(np.ascontiguousarray(both.w3[:, part]), both.qtype)
+            for part in (slice(0, n_ff), slice(n_ff, 2 * n_ff)))
+    assert isinstance(halves, tuple)
+    return halves
+
+
 def _widened(w: np.ndarray, qt: int, n_in: int, n_out: int, batched: bool
               ) -> tuple[np.ndarray, int]:
     """`K.integer_weight`'s copy (IQ4_NL, Q3_K, the i-quants, TQ*, MXFP4: widened once, shared
@@ -451,9 +466,16 @@ def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,
                  for name, arr in vars(empty).items()}
         return type(empty)(**parts)
 
-    gate, up, down = (_expert_weight(ctx, name) for name in node.meta.weights)
+    names = node.meta.weights
+    if op.fused_gate_up:  # Gemma 4: [gate | up] in one tensor, its halves copied apart once
+        gate, up = _expert_halves(ctx, names[0])
+    else:
+        gate, up = (_expert_weight(ctx, name) for name in names[:2])
+    down = _expert_weight(ctx, names[2])
+    scale = ctx.weights.vector(names[3]) if op.down_scale else None
     return K.bind_moe(srcs[0], srcs[1], gate, up, down, n_used=op.n_used, norm=op.norm,
-                      act=op.act, out=out, scratch=scratch, activation=activation)
+                      act=op.act, out=out, scratch=scratch, activation=activation,
+                      expert_scale=scale)
 
 
 def _bind_sigmoid_gate(node: Node, srcs: Srcs, out: np.ndarray,

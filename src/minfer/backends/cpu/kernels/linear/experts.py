@@ -160,6 +160,14 @@ def _combine_small(ys: np.ndarray, pos: np.ndarray, wts: np.ndarray, out: np.nda
         _combine_row(ys, pos, wts, out, t)
 
 
+@njit(cache=True)
+def _scale_routes(wts: np.ndarray, ids: np.ndarray, scale: np.ndarray) -> None:
+    """Each routing weight times its expert's output scale."""
+    for t in range(wts.shape[0]):
+        for s in range(wts.shape[1]):
+            wts[t, s] *= scale[ids[t, s]]
+
+
 @dataclass(frozen=True)
 class ExpertWeight:
     """One stacked expert tensor as the integer / float drivers read it: `w3[n_expert, n_out,
@@ -179,9 +187,11 @@ ActivationBuffer = Callable[[str, np.ndarray, int], Activation]
 
 def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWeight,
              down: ExpertWeight, *, n_used: int, norm: bool, act: str, out: np.ndarray,
-             scratch: Scratch, activation: ActivationBuffer) -> list[Callable[[], None]]:
+             scratch: Scratch, activation: ActivationBuffer,
+             expert_scale: np.ndarray | None = None) -> list[Callable[[], None]]:
     """The calls of one MoE node over fixed buffers: x [nt, n_embd], logits [nt, n_expert],
-    out [nt, n_embd]; the gate / up / down experts' stacked weights."""
+    out [nt, n_embd]; the gate / up / down experts' stacked weights; expert_scale [n_expert]
+    (Gemma 4): each expert's output times its entry, folded into the routing weights."""
     nt, n_embd = x.shape
     n_expert = logits.shape[1]
     n_ff = gate.w3.shape[1]
@@ -201,6 +211,8 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
     route = _route_and_group_small if small else route_and_group
     steps: list[Callable[[], None]] = [
         partial(route, logits, x, n_used, norm, ids, wts, groups, n_groups, order, pos, xs)]
+    if expert_scale is not None:
+        steps.append(partial(_scale_routes, wts, ids, expert_scale))
     quantized: dict[type, Activation] = {}  # gate and up read one quantization of xs
     for w, y in ((gate, g), (up, u)):
         xq = activation("moe-xs-q", xs, w.qtype)
