@@ -1,8 +1,7 @@
 """The Gemma 4 forward pass (text decoder: E2B / E4B / 31B / 26B-A4B) as builder calls,
-after llama.cpp's
-`src/models/gemma4.cpp`: Gemma 3's block (`gemma3_layer`: sandwich norms, per-head q / k
-norms, GeGLU, interleaved sliding-window and global layers with their own rope bases) with
-the parts `HParams` reads for Gemma 4 and `models.transformer` builds:
+after llama.cpp's `src/models/gemma4.cpp`: Gemma 3's block (`gemma3_layer`: sandwich norms,
+per-head q / k norms, GeGLU, interleaved sliding-window and global layers with their own rope
+bases) with the parts `HParams` reads for Gemma 4 and `models.transformer` builds:
 
 - attention scale 1 and V RMS-normed per head without a weight;
 - the sliding and the global layers with their own head sizes and rotary dims; the global
