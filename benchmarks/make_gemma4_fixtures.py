@@ -9,7 +9,8 @@ transformers 5.x's `Gemma4ForCausalLM` (random weights, seed 0, norms away from 
 320-piece SentencePiece vocabulary of make_llama_fixtures.py) with every part of E2B / E4B's
 text path at toy size: 7 layers `[swa, swa, full, swa, full, swa, full]` (sliding window 5, so the
 16-token run slides), head size 16 in the sliding layers and 32 in the global ones (rotary on
-a quarter of it, "proportional"), per-layer token embeddings of 8 per layer, the last 2
+a quarter of it, "proportional"), per-layer token embeddings of 8 per layer, the last 2 (with
+double-wide FFNs, `use_double_wide_mlp`)
 layers reading the KV of layers 3 (sliding) and 4 (global; the layers llama.cpp's rule and
 transformers' agree on), layer scalars away from 1 and a
 final soft-cap of 30. Converted to f32; `logits.npz` holds `ids`, transformers' float32
@@ -53,6 +54,7 @@ def _configs() -> dict[str, object]:
         "gemma4": Gemma4TextConfig(
             **common, vocab_size_per_layer_input=N_VOCAB, intermediate_size=128,
             num_hidden_layers=7, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
             layer_types=["sliding_attention", "sliding_attention", "full_attention",
                          "sliding_attention", "full_attention", "sliding_attention",
                          "full_attention"]),

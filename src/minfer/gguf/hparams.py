@@ -119,6 +119,7 @@ class HParams:
     layer_kv_heads: tuple[int, ...] = ()  # per layer K/V heads (Gemma 4's array; () n_head_kv)
     v_from_k: tuple[bool, ...] = ()  # per layer: no attn_v, V is K's projection (Gemma 4 31B)
     n_ff_exp: int = 0  # Gemma 4 26B-A4B: its experts' width, beside the dense FFN's n_ff
+    layer_ff: tuple[int, ...] = ()  # per layer FFN width (Gemma 4's double-wide MLP); () n_ff
 
     @property
     def reranker(self) -> bool:
@@ -251,6 +252,10 @@ class HParams:
         n_head = keys.get_int("attention.head_count")
         recurrent: tuple[bool, ...] = ()
         kv_heads: tuple[int, ...] = ()
+        layer_ff: tuple[int, ...] = ()
+        if arch == "gemma4" and not isinstance(
+                ff := f.metadata.get(f"{arch}.feed_forward_length"), int | None):
+            layer_ff = tuple(int(x) for x in ff)  # use_double_wide_mlp: the shared layers 2x
         if arch in RECURRENT_ARCHS:
             n_head_kv, recurrent = _layer_kv_heads(keys)
         elif arch == "gemma4" and not isinstance(
@@ -286,8 +291,9 @@ class HParams:
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_ff=keys.get_int("feed_forward_length", 0 if arch in MOE_ARCHS else None,
-                              allow_zero=arch in MOE_ARCHS),
+            n_ff=layer_ff[0] if layer_ff else keys.get_int(
+                "feed_forward_length", 0 if arch in MOE_ARCHS else None,
+                allow_zero=arch in MOE_ARCHS),
             n_vocab=embd.shape[1],
             n_ctx_train=keys.get_int("context_length"),
             rms_eps=keys.get_float("attention.layer_norm_rms_epsilon"),
@@ -316,7 +322,8 @@ class HParams:
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
         if arch == "gemma4":
-            hp = _gemma4(replace(_gemma3(hp, keys), layer_kv_heads=kv_heads), keys)
+            hp = _gemma4(replace(_gemma3(hp, keys), layer_kv_heads=kv_heads, layer_ff=layer_ff),
+                         keys)
         if recurrent:
             hp = _lfm2(hp, keys, recurrent)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
@@ -368,9 +375,10 @@ class HParams:
                 yield f"{blk}.ffn_up.weight", (self.n_embd, 2 * self.n_ff)
                 yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
                 continue
-            yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
-            yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
-            yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
+            n_ff = self.layer_ff[i] if self.layer_ff else self.n_ff
+            yield f"{blk}.ffn_gate.weight", (self.n_embd, n_ff)
+            yield f"{blk}.ffn_up.weight", (self.n_embd, n_ff)
+            yield f"{blk}.ffn_down.weight", (n_ff, self.n_embd)
             if self.has_ffn_bias:
                 yield f"{blk}.ffn_gate.bias", (self.n_ff,)
                 yield f"{blk}.ffn_up.bias", (self.n_ff,)
@@ -734,6 +742,9 @@ def _gemma4(hp: HParams, keys: _Keys) -> HParams:
     embeddings' width, V normed per head, and each layer's output scale (a one-element tensor,
     read here as a number); the 26B / 31B's global layers with fewer K/V heads
     (`head_count_kv` an array) and without `attn_v` (V is K's projection, before K's norm)."""
+    if hp.layer_ff and len(hp.layer_ff) != hp.n_layer:
+        raise GGUFError(keys.f.path, f"feed_forward_length has {len(hp.layer_ff)} entries for "
+                                     f"{hp.n_layer} layers")
     n_shared = keys.get_int("attention.shared_kv_layers", 0, allow_zero=True)
     if not 0 <= n_shared < hp.n_layer:
         raise GGUFError(keys.f.path, f"shared_kv_layers={n_shared} leaves no layer its own KV")
