@@ -9,11 +9,10 @@ transformers 5.x's `Gemma4ForCausalLM` (random weights, seed 0, norms away from 
 320-piece SentencePiece vocabulary of make_llama_fixtures.py) with every part of E2B / E4B's
 text path at toy size: 7 layers `[swa, swa, full, swa, full, swa, full]` (sliding window 5, so the
 16-token run slides), head size 16 in the sliding layers and 32 in the global ones (rotary on
-a quarter of it, "proportional"), per-layer token embeddings of 8 per layer, the last 2 (with
-double-wide FFNs, `use_double_wide_mlp`)
+a quarter of it, "proportional"), per-layer token embeddings of 8 per layer, the last 2
 layers reading the KV of layers 3 (sliding) and 4 (global; the layers llama.cpp's rule and
-transformers' agree on), layer scalars away from 1 and a
-final soft-cap of 30. Converted to f32; `logits.npz` holds `ids`, transformers' float32
+transformers' agree on) with double-wide FFNs (`use_double_wide_mlp`), layer scalars away from
+1 and a final soft-cap of 30. Converted to f32; `logits.npz` holds `ids`, transformers' float32
 logits (eager attention, `gemma4.hf`) and the same with its GELU computed as llama.cpp's
 (`gemma4.hf_gelu_table`: the input rounded to f16 and looked up in ggml's table, which minfer
 reproduces bit for bit). Both are committed, so the tests need neither transformers nor

@@ -201,7 +201,7 @@ def test_info_explains_the_family(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", str(MODEL)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "32 (global layers) / 16 (sliding-window layers)" in out
-    assert "(5<-3, 6<-4)" in out and "8 per layer" in out
+    assert "(5<-3, 6<-4)" in out and "8 per layer" in out and "128 (256 in layers 5-6)" in out
     assert "scale 1, V RMS-normed per head" in out
     assert "f32 1.8 KiB" in out  # 3 x 32 + 2 x 64 floats of K and V a token, 4 bytes each
     assert main(["info", str(FIXTURES / "gemma4_31b.gguf")]) == 0

@@ -184,6 +184,10 @@ def _fused_rows(hp: HParams) -> list[tuple[str, object]]:
 
 def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
     """The FFN's width; for a mixture of experts its experts and the parameters a token reads."""
+    if hp.layer_ff and len(set(hp.layer_ff)) > 1:  # Gemma 4's double-wide shared-KV layers
+        wide = [il for il, n in enumerate(hp.layer_ff) if n != hp.n_ff]
+        return [("feed-forward", f"{hp.n_ff} ({hp.layer_ff[wide[0]]} in layers {wide[0]}-"
+                                 f"{wide[-1]})")]
     if not hp.n_expert:
         return [("feed-forward", hp.n_ff)]
     total, active = hp.n_params()
