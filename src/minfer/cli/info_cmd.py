@@ -128,7 +128,8 @@ def _rope_text(hp: HParams) -> str:
     if hp.no_rope_step:
         text += f"; none in every {hp.no_rope_step}th layer (NoPE)"
     if hp.sliding_window:
-        text += f" (sliding-window layers: base {hp.rope_base_swa:g})"
+        scaled = ", scaled alike" if hp.rope_freq_scale_swa != 1.0 else ""
+        text += f" (sliding-window layers: base {hp.rope_base_swa:g}{scaled})"
     return text
 
 
@@ -150,6 +151,13 @@ def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [
         ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each {hp.n_ff} wide"
                     f"{' (weights renormalised)' if hp.expert_norm else ''}")]
+    if hp.moe_gating == "softmax_weight":
+        rows.append(("routing", "top-k router logits, soft-maxed among themselves"
+                                f"{' (router biased)' if hp.moe_bias else ''}"))
+    if hp.moe_act == "swiglu_oai":
+        rows.append(("expert activation", "clamped SwiGLU (gate <= 7, |up| <= 7, "
+                                          "sigmoid(1.702 gate), up + 1)"
+                                          f"{', biased experts' if hp.moe_bias else ''}"))
     if hp.n_ff_shexp:
         rows.append(("shared expert", f"{hp.n_ff_shexp} wide, sigmoid-gated"))
     rows.append(("parameters (total / active)",
@@ -180,6 +188,8 @@ def _attention_rows(hp: HParams) -> list[tuple[str, object]]:
         n_global = hp.swa_layers.count(False)
         rows.append(("sliding window", f"{hp.sliding_window} ({hp.n_layer - n_global} layers; "
                                         f"{n_global} global)"))
+    if hp.attn_sinks:
+        rows.append(("attention sinks", "a learned logit per head in every softmax"))
     if hp.attn_softcap or hp.final_softcap:
         rows.append(("soft-cap (attn / logits)", f"{hp.attn_softcap:g} / {hp.final_softcap:g}"))
     return rows

@@ -21,15 +21,17 @@ from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
-SUPPORTED_ARCHS = ("bert", "gemma3", "lfm2", "llama", "phi3", "qwen2", "qwen2moe", "qwen3",
-                   "qwen3moe", "smollm3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "gpt-oss", "lfm2", "llama", "phi3", "qwen2", "qwen2moe",
+                   "qwen3", "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
 # renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
 # otherwise. A llama file with `llama.expert_count` is one (Mixtral, as llama.cpp's converter
-# writes it: experts as wide as `feed_forward_length`).
-MOE_ARCHS = ("qwen2moe", "qwen3moe")
-_MOE_NORM_DEFAULT = {"qwen2moe": False, "qwen3moe": True, "llama": True}
+# writes it: experts as wide as `feed_forward_length`). gpt-oss routes on the biased router
+# logits' top k, soft-maxed among themselves (`moe_gating` "softmax_weight"), through experts
+# with biases and the clamped SwiGLU (`moe_act` "swiglu_oai").
+MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen3moe")
+_MOE_NORM_DEFAULT = {"gpt-oss": False, "qwen2moe": False, "qwen3moe": True, "llama": True}
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # Encoders: bidirectional attention without a KV cache, LayerNorm, learned positions
@@ -38,6 +40,10 @@ DEFAULT_ROPE_BASE = 10000.0
 # Gemma 3: every 6th layer attends globally, the others through a sliding window, with their
 # own rope base (llama.cpp's defaults when the file names neither).
 GEMMA3_SWA_PATTERN = 6
+# gpt-oss: every other layer (the even ones) attends through the sliding window, at the global
+# layers' rope base and scaling unless the file names a base of its own (llama.cpp's
+# `llama_model_openai_moe`).
+GPTOSS_SWA_PATTERN = 2
 DEFAULT_ROPE_BASE_SWA = 10000.0
 # Architectures that rotate adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM); the rest NEOX.
 NORM_ROPE_ARCHS = ("llama", "smollm3")
@@ -87,6 +93,8 @@ class HParams:
     sliding_window: int = 0  # window of the sliding-window layers (0: none)
     swa_layers: tuple[bool, ...] = ()  # per layer: whether it uses the sliding window
     rope_base_swa: float = DEFAULT_ROPE_BASE  # rope base of the sliding-window layers
+    rope_freq_scale_swa: float = 1.0  # their rope scaling (llama.cpp's rope_freq_scale_train_swa)
+    attn_sinks: bool = False  # a learned logit per head in each softmax's sum (`attn_sinks`)
     causal: bool = True  # False: an encoder (bidirectional attention within each input)
     pooling: str = "none"  # the file's `pooling_type` (POOLING_TYPES), for embeddings
     n_token_types: int = 0  # rows of an encoder's token-type embedding (0: none)
@@ -97,6 +105,11 @@ class HParams:
     n_expert_used: int = 0  # experts each token is routed to (top-k)
     expert_norm: bool = False  # renormalise the top-k soft-max weights to sum to 1
     n_ff_shexp: int = 0  # width of the shared expert (0: none)
+    moe_gating: str = "softmax"  # "softmax": top-k of soft-maxed logits; "softmax_weight":
+    # top-k of the logits, soft-maxed among themselves (gpt-oss)
+    moe_act: str = "silu"  # the experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss)
+    moe_bias: bool = False  # router and expert biases (`ffn_gate_inp.bias`, `ffn_*_exps.bias`)
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: `post_attention_norm`)
     # (n_ff: in a MoE model, the width of each expert)
     qkv_fused: bool = False  # one `attn_qkv` projection, its output [q | k | v] (Phi-3)
     ffn_up_gate: bool = False  # `ffn_up` holds [gate | up], 2 n_ff wide; no `ffn_gate` (Phi-3)
@@ -147,9 +160,9 @@ class HParams:
         return self.rope_base_swa if self.is_swa(layer) else self.rope_base
 
     def layer_rope_freq_scale(self, layer: int) -> float:
-        """Linear rope scaling applies to the global layers only (llama.cpp keeps the
-        sliding-window layers at their trained scale, 1)."""
-        return 1.0 if self.is_swa(layer) else self.rope_freq_scale
+        """Rope scaling of the layer: the sliding-window layers' own (llama.cpp keeps Gemma 3's
+        at their trained scale, 1; gpt-oss scales them as the global ones)."""
+        return self.rope_freq_scale_swa if self.is_swa(layer) else self.rope_freq_scale
 
     def layer_rope_yarn(self, layer: int) -> YarnRope:
         """The layer's YaRN terms, from its own base and scale; without YaRN only the magnitude
@@ -270,6 +283,8 @@ class HParams:
             hp = _gemma3(hp, keys)
         if recurrent:
             hp = _lfm2(hp, keys, recurrent)
+        if arch == "gpt-oss":
+            hp = _gptoss(hp, keys)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
                                                                   allow_zero=True)):
             hp = _moe(hp, keys)
@@ -302,7 +317,7 @@ class HParams:
             if self.arch == "gemma3":
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
-            yield f"{blk}.ffn_norm.weight", (self.n_embd,)
+            yield f"{blk}.{self.ffn_norm}.weight", (self.n_embd,)
             if self.n_expert:
                 yield from self._expert_shapes(blk)
                 continue
@@ -339,6 +354,8 @@ class HParams:
         yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
         if self.has_out_bias:
             yield f"{blk}.attn_output.bias", (self.n_embd,)
+        if self.attn_sinks:
+            yield f"{blk}.attn_sinks.weight", (self.n_head,)
 
     def _shortconv_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
         """LFM2's short-convolution block: B | C | x projected at once, the depthwise taps
@@ -355,6 +372,11 @@ class HParams:
         yield f"{blk}.ffn_gate_exps.weight", (n_embd, n_ff, n_exp)
         yield f"{blk}.ffn_up_exps.weight", (n_embd, n_ff, n_exp)
         yield f"{blk}.ffn_down_exps.weight", (n_ff, n_embd, n_exp)
+        if self.moe_bias:
+            yield f"{blk}.ffn_gate_inp.bias", (n_exp,)
+            yield f"{blk}.ffn_gate_exps.bias", (n_ff, n_exp)
+            yield f"{blk}.ffn_up_exps.bias", (n_ff, n_exp)
+            yield f"{blk}.ffn_down_exps.bias", (n_embd, n_exp)
         if self.n_ff_shexp:
             yield f"{blk}.ffn_gate_inp_shexp.weight", (n_embd,)
             yield f"{blk}.ffn_gate_shexp.weight", (n_embd, self.n_ff_shexp)
@@ -367,10 +389,14 @@ class HParams:
         return n * self.n_expert_used // self.n_expert if "_exps." in name else n
 
     def n_params(self) -> tuple[int, int]:
-        """(total, active per token) parameter counts of the tensors the forward pass reads."""
+        """(total, active per token) parameter counts of the tensors the forward pass reads.
+        A token reads one row of an untied embedding table (OpenAI's count: gpt-oss-20b's
+        20.9 B total, 3.6 B active); a tied one is read whole as the output projection."""
         sizes = [(name, math.prod(shape)) for name, shape in self.expected_shapes()]
-        return (sum(n for _, n in sizes),
-                sum(self.active_share(name, n) for name, n in sizes))
+        active = sum(self.active_share(name, n) for name, n in sizes)
+        if not self.tie_embeddings and self.causal:
+            active -= self.n_embd * (self.n_vocab - 1)
+        return sum(n for _, n in sizes), active
 
     def _encoder_shapes(self, q_dim: int, kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
         """BERT's tensors as llama.cpp names them (every projection with its bias, post-norm
@@ -615,20 +641,7 @@ def _gemma3(hp: HParams, keys: _Keys) -> HParams:
     sliding window and its layer pattern (every Nth layer global, N = 6 by default, or an
     explicit per-layer array), the local rope base, and the attention scale (the 27B model,
     62 layers, scales by n_embd / n_head instead of head_dim; `attention.scale` wins if set)."""
-    window = keys.get_int("attention.sliding_window", 0, allow_zero=True)
-    swa: tuple[bool, ...] = ()
-    if window > 0:
-        pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
-                                      GEMMA3_SWA_PATTERN)
-        if isinstance(pattern, list | tuple):
-            if len(pattern) != hp.n_layer:
-                raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
-                                             f"for {hp.n_layer} layers")
-            swa = tuple(bool(x) for x in pattern)
-        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
-            swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(hp.n_layer))
-        else:
-            raise GGUFError(keys.f.path, f"sliding_window_pattern={pattern!r} is not valid")
+    window, swa = _swa(hp, keys, GEMMA3_SWA_PATTERN)
     if "attention.scale" in keys:
         scale = keys.get_float("attention.scale")
     elif hp.n_layer == 62:
@@ -676,3 +689,36 @@ def _lfm2(hp: HParams, keys: _Keys, recurrent: tuple[bool, ...]) -> HParams:
                    output_norm_name="token_embd_norm.weight", sliding_window=window,
                    swa_layers=tuple(not r for r in recurrent) if window else (),
                    rope_base_swa=hp.rope_base)
+
+
+def _swa(hp: HParams, keys: _Keys, default_pattern: int) -> tuple[int, tuple[bool, ...]]:
+    """The sliding window and which layers use it, as llama.cpp's `load_swa_pattern` reads
+    them: an explicit per-layer `sliding_window_pattern` array, or a period n (the file's, else
+    the architecture's default) where every layer but the last of each n slides (0: all)."""
+    window = keys.get_int("attention.sliding_window", 0, allow_zero=True)
+    if window == 0:
+        return 0, ()
+    pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
+                                  default_pattern)
+    if isinstance(pattern, list | tuple):
+        if len(pattern) != hp.n_layer:
+            raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
+                                         f"for {hp.n_layer} layers")
+        return window, tuple(bool(x) for x in pattern)
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+        return window, tuple(pattern == 0 or il % pattern < pattern - 1
+                             for il in range(hp.n_layer))
+    raise GGUFError(keys.f.path, f"sliding_window_pattern={pattern!r} is not valid")
+
+
+def _gptoss(hp: HParams, keys: _Keys) -> HParams:
+    """gpt-oss's extras, as llama.cpp's `llama_model_openai_moe` reads and builds them: the
+    sliding window on every other layer (pattern 2: the even layers) with the global layers'
+    rope base (unless `rope.freq_base_swa`) and scaling, attention sinks, the router's and
+    experts' biases, top-k routing soft-maxed over the chosen logits, the clamped SwiGLU, and
+    the pre-FFN norm named `post_attention_norm`."""
+    window, swa = _swa(hp, keys, GPTOSS_SWA_PATTERN)
+    return replace(hp, sliding_window=window, swa_layers=swa, attn_sinks=True,
+                   rope_base_swa=keys.get_float("rope.freq_base_swa", hp.rope_base),
+                   rope_freq_scale_swa=hp.rope_freq_scale, moe_gating="softmax_weight",
+                   moe_act="swiglu_oai", moe_bias=True, ffn_norm="post_attention_norm")

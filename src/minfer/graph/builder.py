@@ -120,24 +120,33 @@ class GraphBuilder:
         return self._append(name, ir.FusedGateUp(act), (x,), (self.shape(x)[0], n_ff),
                             meta=meta)
 
-    def moe(self, name: str, x: int, logits: int, weights: tuple[str, str, str],
-            op: ir.Moe) -> int:
+    def moe(self, name: str, x: int, logits: int, weights: tuple[str, ...], op: ir.Moe) -> int:
         """The experts of `op` on x routed by `logits`; weights: the stacked gate, up and down
-        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert])."""
+        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert]), then with
+        `op.biased` their stacked biases ([n_ff, n_expert] twice, [n_embd, n_expert])."""
         n_embd = self.shape(x)[-1]
         if self.shape(logits) != (self.shape(x)[0], op.n_expert):
             raise GraphError(f"{name}: router logits {self.shape(logits)} are not "
                              f"[rows, {op.n_expert}]")
         if not 0 < op.n_used <= op.n_expert:
             raise GraphError(f"{name}: {op.n_used} experts used of {op.n_expert}")
-        if op.act not in ("silu", "gelu"):
+        if op.act not in ("silu", "gelu", "swiglu_oai"):
             raise GraphError(f"{name}: unknown gate activation {op.act!r}")
-        gate, up, down = (self._weight(w) for w in weights)
+        if op.gating not in ("softmax", "softmax_weight"):
+            raise GraphError(f"{name}: unknown gating {op.gating!r}")
+        if len(weights) != (6 if op.biased else 3):
+            raise GraphError(f"{name}: {len(weights)} expert tensors named for "
+                             f"{'biased' if op.biased else 'unbiased'} experts")
+        gate, up, down = (self._weight(w) for w in weights[:3])
         n_ff = gate[1] if len(gate) == 3 else -1
         if gate != (n_embd, n_ff, op.n_expert) or up != gate or \
                 down != (n_ff, n_embd, op.n_expert):
             raise GraphError(f"{name}: expert weights {gate}, {up}, {down} do not match "
                              f"{op.n_expert} experts over width {n_embd}")
+        biases = [self._weight(w) for w in weights[3:]]
+        if biases and biases != [(n_ff, op.n_expert), (n_ff, op.n_expert),
+                                 (n_embd, op.n_expert)]:
+            raise GraphError(f"{name}: expert biases {biases} do not match the experts")
         meta = NodeMeta(role=name, layer=op.layer, weights=weights)
         return self._append(name, op, (x, logits), self.shape(x), meta=meta)
 
@@ -266,7 +275,14 @@ class GraphBuilder:
         meta = NodeMeta(role="shortconv", layer=op.layer, weights=(taps,))
         return self._append(name, op, (bcx, positions, seq), (nt, op.n_embd), meta=meta)
 
-    def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn) -> int:
+    def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn, *,
+             sinks: str | None = None) -> int:
+        """Attention of q over the KV view; `sinks` names the [n_head] sink logits of an op
+        with `sinks`."""
+        if op.sinks != (sinks is not None):
+            raise GraphError(f"attn.{op.layer}: sinks {sinks!r} for an op with sinks={op.sinks}")
+        if sinks is not None and self._weight(sinks) != (op.n_head,):
+            raise GraphError(f"attn.{op.layer}: {sinks} is not one logit per head")
         if self.shape(q)[-1] != op.n_head * op.head_dim:
             raise GraphError(f"attn.{op.layer}: q width does not match the heads")
         if self.shape(kv)[-1] != op.n_head_kv * op.head_dim:
@@ -274,4 +290,5 @@ class GraphBuilder:
         if op.window < 0 or op.softcap < 0:
             raise GraphError(f"attn.{op.layer}: window and soft-cap must not be negative")
         return self._append(f"attn.{op.layer}", op, (q, kv, start, end), self.shape(q),
-                            meta=NodeMeta(role="attn", layer=op.layer))
+                            meta=NodeMeta(role="attn", layer=op.layer,
+                                          weights=(sinks,) if sinks else ()))

@@ -215,7 +215,9 @@ class Attn(Op):
     """Query t reads cells [max(kv_start[t], kv_end[t] - window), kv_end[t]) (window 0: the
     whole [kv_start, kv_end) range; a sliding-window layer's window is part of its op, its
     bounds stay data). Scores are scale * q.k, soft-capped to softcap * tanh(s / softcap) when
-    softcap > 0, then soft-maxed."""
+    softcap > 0, then soft-maxed. With `sinks`, each head's learned logit (the [n_head] vector
+    named in the meta, gpt-oss's `attn_sinks`) joins the softmax's max and sum as a cell
+    without a value (ggml_soft_max_ext's sinks): the weights sum to less than 1."""
 
     layer: int
     n_head: int
@@ -224,6 +226,7 @@ class Attn(Op):
     scale: float
     window: int = 0
     softcap: float = 0.0
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,15 +262,22 @@ class Moe(Op):
     """A mixture-of-experts FFN (llama.cpp's `build_moe_ffn` with soft-max gating): each row's
     router logits are soft-maxed, its `n_used` most probable experts chosen (ties: the lower
     expert id), their probabilities renormalised to sum 1 when `norm`, and the row's output is
-    sum_s p_s * down_e(act(gate_e(x)) * up_e(x)) over its experts e in that order. Sources: x,
-    the router logits; the experts' stacked gate / up / down weights named in the meta. A row's
-    routing and result depend on that row alone."""
+    sum_s p_s * down_e(act(gate_e(x)) * up_e(x)) over its experts e in that order. `gating`
+    "softmax_weight" (gpt-oss) chooses the `n_used` largest logits and soft-maxes those among
+    themselves instead. act "silu" (SwiGLU), "gelu" (GeGLU) or "swiglu_oai" (gpt-oss's clamped
+    SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)). With
+    `biased`, each expert's gate / up / down outputs add its own bias row (the stacked biases
+    named in the meta after the weights). Sources: x, the router logits; the experts' stacked
+    gate / up / down weights named in the meta. A row's routing and result depend on that row
+    alone."""
 
     layer: int
     n_expert: int
     n_used: int
     norm: bool
     act: str = "silu"
+    gating: str = "softmax"
+    biased: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 An architecture not listed here is refused by name; nothing falls back to a look-alike.
 DeepSeek-R1-Distill-Qwen files declare `qwen2` and load as such; Mistral 7B, TinyLlama and
-SmolLM files declare `llama` (SmolLM3 its own `smollm3`); Phi-4-mini files declare `phi3`.
+SmolLM files declare `llama` (SmolLM3 its own `smollm3`); Phi-4-mini files declare `phi3`;
+gpt-oss files `gpt-oss`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
 from minfer.models.bert import build_bert
 from minfer.models.gemma3 import build_gemma3
+from minfer.models.gptoss import build_gptoss
 from minfer.models.lfm2 import build_lfm2
 from minfer.models.llama import build_llama
 from minfer.models.phi3 import build_phi3
@@ -26,6 +28,7 @@ GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], C
 ARCHITECTURES: dict[str, GraphBuildFn] = {
     "bert": build_bert,
     "gemma3": build_gemma3,
+    "gpt-oss": build_gptoss,
     "lfm2": build_lfm2,
     "llama": build_llama,
     "phi3": build_phi3,

@@ -10,12 +10,13 @@ rows kept as the tail): a decoder's embeddings; "rank" runs the file's classifie
 pieces: `attention` (q/k/v projections with optional biases, or one fused q|k|v projection
 sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling / frequency
 factors, or none in the layers that skip it; KV store and load, attention with the layer's
-sliding window and soft-cap, output projection, optionally biased), `gated_ffn` (gate/up, or
-one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where the file has Llama's
-mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed experts, optional
-gated shared expert: Qwen2/3-MoE) and `keep_tail` (a prefill keeps only its last `n_out` rows
-after the last layer's attention). Which of the optional parts a model has is read from its
-HParams, never guessed from the architecture name here.
+sliding window, soft-cap and sink logits, output projection, optionally biased), `gated_ffn`
+(gate/up, or one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where the file
+has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed experts,
+optional gated shared expert: Qwen2/3-MoE; gpt-oss's biases, gating and clamped SwiGLU) and
+`keep_tail` (a prefill keeps only its last `n_out` rows after the last layer's attention).
+Which of the optional parts a model has is read from its HParams, never guessed from the
+architecture name here.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
     o = mixer(b, ctx, il, x)  # [nt, n_embd]
     o, h = keep_tail(b, ctx, il, o, h)
     h = b.add("attn_resid", h, o, layer=il)
-    x = b.rms_norm("ffn_norm", h, blk + "ffn_norm.weight", hp.rms_eps, layer=il)
+    x = b.rms_norm("ffn_norm", h, f"{blk}{hp.ffn_norm}.weight", hp.rms_eps, layer=il)
     d = moe_ffn(b, ctx, il, x) if hp.n_expert else gated_ffn(b, ctx, il, x, act="silu")
     return b.add("ffn_resid", h, d, layer=il)
 
@@ -140,8 +141,9 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     store = b.kv_store(il, k, v, ctx.cells, head_dim=hp.head_dim)
     kv = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx, n_kv_embd=hp.n_head_kv * hp.head_dim)
     op = ir.Attn(il, hp.n_head, hp.n_head_kv, hp.head_dim, hp.kq_scale,
-                 window=hp.layer_window(il), softcap=hp.attn_softcap)
-    a = b.attn(q, kv, ctx.start, ctx.end, op)
+                 window=hp.layer_window(il), softcap=hp.attn_softcap, sinks=hp.attn_sinks)
+    a = b.attn(q, kv, ctx.start, ctx.end, op,
+               sinks=blk + "attn_sinks.weight" if hp.attn_sinks else None)
     return b.matmul("attn_output", a, blk + "attn_output.weight",
                     bias=blk + "attn_output.bias" if hp.has_out_bias else None, layer=il)
 
@@ -220,10 +222,12 @@ def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     """A mixture-of-experts FFN on the normed input x: the router's logits, the routed experts
     (`ir.Moe`), plus the shared expert gated by sigmoid(x . w) where the model has one."""
     hp, blk = ctx.hp, f"blk.{il}."
-    logits = b.matmul("ffn_moe_logits", x, blk + "ffn_gate_inp.weight", layer=il)
-    op = ir.Moe(il, hp.n_expert, hp.n_expert_used, hp.expert_norm)
-    weights = (f"{blk}ffn_gate_exps.weight", f"{blk}ffn_up_exps.weight",
-               f"{blk}ffn_down_exps.weight")
+    logits = b.matmul("ffn_moe_logits", x, blk + "ffn_gate_inp.weight",
+                      bias=blk + "ffn_gate_inp.bias" if hp.moe_bias else None, layer=il)
+    op = ir.Moe(il, hp.n_expert, hp.n_expert_used, hp.expert_norm, act=hp.moe_act,
+                gating=hp.moe_gating, biased=hp.moe_bias)
+    kinds = ("weight", "bias") if hp.moe_bias else ("weight",)
+    weights = tuple(f"{blk}ffn_{w}_exps.{kind}" for kind in kinds for w in ("gate", "up", "down"))
     y = b.moe("ffn_moe", x, logits, weights, op)
     if not hp.n_ff_shexp:
         return y

@@ -399,10 +399,11 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     op = node.op
     assert isinstance(op, ir.Attn)
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
+    sinks = ctx.weights.vector(node.meta.weights[0]) if op.sinks else None
     return K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
-                            softcap=op.softcap)
+                            softcap=op.softcap, sinks=sinks)
 
 
 def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,
@@ -448,9 +449,14 @@ def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,
                  for name, arr in vars(empty).items()}
         return type(empty)(**parts)
 
-    gate, up, down = (_expert_weight(ctx, name) for name in node.meta.weights)
+    gate, up, down = (_expert_weight(ctx, name) for name in node.meta.weights[:3])
+    biases = None
+    if op.biased:
+        gate_b, up_b, down_b = (ctx.weights.vector(name) for name in node.meta.weights[3:])
+        biases = (gate_b, up_b, down_b)
     return K.bind_moe(srcs[0], srcs[1], gate, up, down, n_used=op.n_used, norm=op.norm,
-                      act=op.act, out=out, scratch=scratch, activation=activation)
+                      act=op.act, out=out, scratch=scratch, activation=activation,
+                      gating=op.gating, biases=biases)
 
 
 def _bind_sigmoid_gate(node: Node, srcs: Srcs, out: np.ndarray,

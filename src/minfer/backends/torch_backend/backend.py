@@ -79,8 +79,8 @@ class TorchBackend:
             return False
         if isinstance(node.op, ir.MatMul) and node.op.rows:
             return False  # a row-limited head (a draft's) is small: the CPU runs it
-        if isinstance(node.op, ir.Attn) and node.op.softcap:
-            return False  # SDPA has no soft-capped scores: the CPU kernels run these layers
+        if isinstance(node.op, ir.Attn) and (node.op.softcap or node.op.sinks):
+            return False  # SDPA has no soft-capped scores nor sinks: the CPU kernels run these
         if isinstance(node.op, ir.GetRows) and node.meta.weights and self.io.copies:
             return False  # embedding rows are gathered on the host; keep them there
         self._remember(graph)

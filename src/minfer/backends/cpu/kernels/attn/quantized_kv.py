@@ -45,12 +45,13 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     rotate,
     rotations,
     row_width,
+    sink_logits,
 )
 from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, sinks,
                  out):  # pragma: no cover - compiled
     nt = q.shape[0]
     group = n_head // n_head_kv
@@ -71,7 +72,7 @@ def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
                 for j in range(head_dim):
                     dot += qh[j] * row[j]
                 scores[g, c] = dot * scale
-        inv = softmax_groups(scores, group, n)
+        inv = softmax_groups(scores, group, n, sinks, kvh * group)
         acc = np.zeros((group, head_dim), np.float32)
         for c in range(n):
             load_head(v[s0 + c], kb, head_dim, row)
@@ -107,17 +108,19 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
 
 def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
          n_head: int, n_head_kv: int, head_dim: int, scale: float, out: np.ndarray,
-         blocked: bool, rot: tuple[int, int]) -> None:
+         blocked: bool, rot: tuple[int, int], sinks: np.ndarray) -> None:
     rot_k, rot_v = rot
     if rot_k:  # the keys are stored rotated: rotate the query alike (q.k is kept)
         q = np.array(q, dtype=np.float32, order="C")
         rotate(q, rot_k)
     if blocked and q.shape[0] and blocked_available():
-        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
+        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
+                          sinks=sinks)
     else:
         if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
             q = q.astype(np.float16).astype(np.float32)
-        _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+        _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), sinks,
+                     out)
     rotate(out, rot_v)  # so were the values: the mix comes out rotated
 
 
@@ -132,9 +135,10 @@ def _window_softcap(window: int, softcap: float) -> None:
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
               out: np.ndarray, blocked: bool = False, window: int = 0,
-              softcap: float = 0.0) -> None:
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> None:
     """`attn.attend.attention` with K and/or V quantized (same contract; a sliding `window` narrows
-    each query's cells the same way; soft-capping is refused)."""
+    each query's cells the same way, `sinks` join the softmax alike; soft-capping is
+    refused)."""
     _window_softcap(window, softcap)
     k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     nt = q.shape[0]
@@ -147,13 +151,14 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     if window:
         lo = np.maximum(lo, hi - window)
     _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked,
-         rotations(k, v, head_dim))
+         rotations(k, v, head_dim), sink_logits(sinks, n_head))
 
 
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    kv_start: np.ndarray, kv_end: np.ndarray, *, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, out: np.ndarray, blocked: bool = False,
-                   window: int = 0, softcap: float = 0.0) -> Callable[[], None]:
+                   window: int = 0, softcap: float = 0.0,
+                   sinks: np.ndarray | None = None) -> Callable[[], None]:
     """`attention` over fixed arrays (the op tape), as one call (`attn.attend.bind_attention`
     lists it)."""
     _window_softcap(window, softcap)
@@ -162,11 +167,12 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
         raise ValueError("kv_start / kv_end need one entry per query row")
     rot = rotations(k, v, head_dim)
+    sk = sink_logits(sinks, n_head)
 
     def step() -> None:
         lo, hi = kv_start.astype(np.int64), kv_end.astype(np.int64)
         if window:
             lo = np.maximum(lo, hi - window)
-        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked, rot)
+        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked, rot, sk)
 
     return step
