@@ -200,3 +200,49 @@ def test_info_shows_the_layer_pattern_and_the_state(capsys: pytest.CaptureFixtur
     state = _engine(n_ctx=16).kv.state_bytes_per_seq
     assert f"16.5 KiB ({state:,} bytes)" in out
     assert "f32 512 B" in out  # K and V of the one attention layer: 2 x 64 f32 a token
+
+
+def _with_mtp(src: Path, out: Path) -> None:
+    """The fixture plus one MTP (NextN) block after the trunk, as llama.cpp's converter writes
+    it without --no-mtp: block_count + 1, `nextn_predict_layers` 1, a full-attention block
+    `blk.4.*` with its `nextn.*` tensors (random)."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(out, "qwen35")
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = field.contents()
+        if name == "qwen35.block_count":
+            value += 1
+        if name == "qwen35.attention.recurrent_layers":
+            value = [*value, False]
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, value, field.types[0], sub_type=sub)
+    w.add_uint32("qwen35.nextn_predict_layers", 1)
+    rng = np.random.default_rng(0)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data))
+    for t in r.tensors:
+        if t.name.startswith("blk.3."):
+            w.add_tensor("blk.4." + t.name[6:],
+                         rng.standard_normal(t.data.shape).astype(np.float32))
+    for name, shape in (("eh_proj", (64, 128)), ("enorm", (64,)), ("hnorm", (64,)),
+                        ("shared_head_norm", (64,))):
+        w.add_tensor(f"blk.4.nextn.{name}.weight", rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_file_with_an_mtp_block_loads_and_runs_its_trunk(tmp_path: Path) -> None:
+    """llama.cpp's `nextn_predict_layers`: the MTP block after the trunk is kept in the file,
+    not run; the trunk's logits are the fixture's."""
+    path = tmp_path / "qwen35-mtp.gguf"
+    _with_mtp(MODEL, path)
+    f = GGUFFile.open(path)
+    hp = HParams.from_gguf(f)
+    assert (hp.n_layer, hp.n_layer_nextn) == (4, 1) and "blk.4.nextn.eh_proj.weight" in f.tensors
+    got = Engine(f, hp, n_ctx=64, kv_type="f32").forward(IDS, 0, n_out=len(IDS))
+    np.testing.assert_allclose(got, REF["hf"], rtol=0, atol=1e-3)
