@@ -174,10 +174,13 @@ def _recurrent_rows(hp: HParams) -> list[tuple[str, object]]:
     recurrent state each sequence holds besides its KV cells (f32, every recurrent layer)."""
     if not hp.recurrent:
         return []
-    pattern = "".join("C" if r else "A" for r in hp.recurrent_layers)
+    mark, kind = ("D", f"Gated DeltaNet, {hp.ssm_v_heads} value heads of {hp.ssm_head_dim} "
+                       f"over {hp.ssm_k_heads} key heads, conv") if hp.ssm_head_dim \
+        else ("C", "short conv,")
+    pattern = "".join(mark if r else "A" for r in hp.recurrent_layers)
     n_conv = sum(hp.recurrent_layers)
     state = n_conv * hp.state_width * 4
-    return [("layer pattern", f"{pattern} (C: short conv, {hp.shortconv_l_cache} taps, "
+    return [("layer pattern", f"{pattern} ({mark}: {kind} {hp.shortconv_l_cache} taps, "
                               f"{n_conv} layers; A: attention, {hp.n_layer - n_conv} layers)"),
             ("recurrent state per sequence", f"{human_bytes(state)} ({state:,} bytes)")]
 

@@ -185,7 +185,11 @@ class Engine:
                             recurrent=hparams.recurrent_layers,
                             new_state=partial(host.new_conv_state,
                                               l_cache=hparams.shortconv_l_cache,
-                                              n_embd=hparams.n_embd))
+                                              n_embd=hparams.conv_channels),
+                            new_matrix_state=partial(host.new_delta_state,
+                                                     n_v_heads=hparams.ssm_v_heads,
+                                                     head_dim=hparams.ssm_head_dim)
+                            if hparams.ssm_head_dim else None)
         # per sequence, the positions its recurrent state has taken in (-1: unknown)
         self._state_pos = np.zeros(1, np.int64)
         self.allocator = Allocator(self.kv)

@@ -22,7 +22,7 @@ log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
 SUPPORTED_ARCHS = ("bert", "gemma3", "gpt-oss", "lfm2", "llama", "phi3", "qwen2", "qwen2moe",
-                   "qwen3", "qwen3moe", "smollm3")
+                   "qwen3", "qwen35", "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
 # renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
@@ -109,7 +109,6 @@ class HParams:
     # top-k of the logits, soft-maxed among themselves (gpt-oss)
     moe_act: str = "silu"  # the experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss)
     moe_bias: bool = False  # router and expert biases (`ffn_gate_inp.bias`, `ffn_*_exps.bias`)
-    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: `post_attention_norm`)
     # (n_ff: in a MoE model, the width of each expert)
     qkv_fused: bool = False  # one `attn_qkv` projection, its output [q | k | v] (Phi-3)
     ffn_up_gate: bool = False  # `ffn_up` holds [gate | up], 2 n_ff wide; no `ffn_gate` (Phi-3)
@@ -120,6 +119,16 @@ class HParams:
     recurrent_layers: tuple[bool, ...] = ()
     shortconv_l_cache: int = 0  # taps of the short convolution (its state: the last taps - 1)
     output_norm_name: str = "output_norm.weight"  # LFM2's is `token_embd_norm.weight`
+    # the pre-FFN norm's tensor (gpt-oss and Qwen3.5: `post_attention_norm`)
+    ffn_norm_name: str = "ffn_norm"
+    # Qwen3.5's Gated DeltaNet layers (ssm.*): key heads (group_count), value heads
+    # (time_step_rank), each head_dim (state_size) wide; 0: none. Their convolution's taps are
+    # `shortconv_l_cache` (ssm.conv_kernel) over q | k | v.
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head_dim: int = 0
+    attn_gated: bool = False  # q projection doubled per head: query | gate (sigmoid on output)
+    n_layer_nextn: int = 0  # MTP (NextN) blocks stored after the n_layer trunk (kept, unused)
 
     @property
     def reranker(self) -> bool:
@@ -204,10 +213,21 @@ class HParams:
         return any(self.recurrent_layers)
 
     @property
+    def conv_channels(self) -> int:
+        """Channels of a recurrent layer's convolution: LFM2's n_embd, Qwen3.5's q | k | v."""
+        if self.ssm_head_dim:
+            return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim
+        return self.n_embd
+
+    @property
     def state_width(self) -> int:
-        """Floats one sequence's state takes in one recurrent layer: the short convolution's
-        last `l_cache - 1` inputs of every channel."""
-        return (self.shortconv_l_cache - 1) * self.n_embd if self.recurrent else 0
+        """Floats one sequence's state takes in one recurrent layer: the convolution's last
+        `l_cache - 1` inputs of every channel, and a Gated DeltaNet's state matrix per value
+        head."""
+        if not self.recurrent:
+            return 0
+        return (self.shortconv_l_cache - 1) * self.conv_channels + \
+            self.ssm_v_heads * self.ssm_head_dim ** 2
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> HParams:
@@ -285,6 +305,8 @@ class HParams:
             hp = _lfm2(hp, keys, recurrent)
         if arch == "gpt-oss":
             hp = _gptoss(hp, keys)
+        if arch == "qwen35":
+            hp = _qwen35(hp, keys)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
                                                                   allow_zero=True)):
             hp = _moe(hp, keys)
@@ -312,12 +334,16 @@ class HParams:
         for i in range(self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
-            yield from (self._shortconv_shapes(blk) if self.is_recurrent(i)
-                        else self._attention_shapes(blk, q_dim, kv_dim))
+            if not self.is_recurrent(i):
+                yield from self._attention_shapes(blk, q_dim, kv_dim)
+            elif self.ssm_head_dim:
+                yield from self._delta_net_shapes(blk)
+            else:
+                yield from self._shortconv_shapes(blk)
             if self.arch == "gemma3":
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
-            yield f"{blk}.{self.ffn_norm}.weight", (self.n_embd,)
+            yield f"{blk}.{self.ffn_norm_name}.weight", (self.n_embd,)
             if self.n_expert:
                 yield from self._expert_shapes(blk)
                 continue
@@ -341,7 +367,7 @@ class HParams:
             if self.has_qkv_bias:
                 yield f"{blk}.attn_qkv.bias", (q_dim + 2 * kv_dim,)
         else:
-            yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
+            yield f"{blk}.attn_q.weight", (self.n_embd, 2 * q_dim if self.attn_gated else q_dim)
             yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
             yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
         if self.has_qkv_bias and not self.qkv_fused:
@@ -363,6 +389,21 @@ class HParams:
         yield f"{blk}.shortconv.in_proj.weight", (self.n_embd, 3 * self.n_embd)
         yield f"{blk}.shortconv.conv.weight", (self.shortconv_l_cache, self.n_embd)
         yield f"{blk}.shortconv.out_proj.weight", (self.n_embd, self.n_embd)
+
+    def _delta_net_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Qwen3.5's Gated DeltaNet block: q | k | v and the z gate projected, the convolution's
+        taps, the step bias and decay per value head, their alpha / beta projections, the
+        gated norm (one head wide), the output projection."""
+        n_v, value_dim = self.ssm_v_heads, self.ssm_v_heads * self.ssm_head_dim
+        yield f"{blk}.attn_qkv.weight", (self.n_embd, self.conv_channels)
+        yield f"{blk}.attn_gate.weight", (self.n_embd, value_dim)
+        yield f"{blk}.ssm_conv1d.weight", (self.shortconv_l_cache, self.conv_channels)
+        yield f"{blk}.ssm_dt.bias", (n_v,)
+        yield f"{blk}.ssm_a", (n_v,)
+        yield f"{blk}.ssm_alpha.weight", (self.n_embd, n_v)
+        yield f"{blk}.ssm_beta.weight", (self.n_embd, n_v)
+        yield f"{blk}.ssm_norm.weight", (self.ssm_head_dim,)
+        yield f"{blk}.ssm_out.weight", (value_dim, self.n_embd)
 
     def _expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
         """A MoE block's FFN tensors as llama.cpp names them: the router, the experts' gate /
@@ -721,4 +762,47 @@ def _gptoss(hp: HParams, keys: _Keys) -> HParams:
     return replace(hp, sliding_window=window, swa_layers=swa, attn_sinks=True,
                    rope_base_swa=keys.get_float("rope.freq_base_swa", hp.rope_base),
                    rope_freq_scale_swa=hp.rope_freq_scale, moe_gating="softmax_weight",
-                   moe_act="swiglu_oai", moe_bias=True, ffn_norm="post_attention_norm")
+                   moe_act="swiglu_oai", moe_bias=True, ffn_norm_name="post_attention_norm")
+
+
+def _qwen35(hp: HParams, keys: _Keys) -> HParams:
+    """Qwen3.5's (dense) extras, as llama.cpp's `llama_model_qwen35` reads them: the trunk is
+    block_count - nextn_predict_layers layers (the MTP blocks after it are kept, unused); its
+    recurrent layers from `attention.recurrent_layers` or else every layer but each
+    `full_attention_interval`-th; the Gated DeltaNet sizes (ssm.*); the gated attention's
+    doubled q projection with q / k norms; interleaved MRoPE, which on text positions is NEOX
+    RoPE over the rotated dims where its sections cover them; the FFN's pre-norm stored as
+    `post_attention_norm`."""
+    path = keys.f.path
+    n_nextn = keys.get_int("nextn_predict_layers", 0, allow_zero=True)
+    n_all = keys.get_int("block_count")
+    n_layer = n_all - n_nextn
+    if n_layer < 1:
+        raise GGUFError(path, f"{n_nextn} MTP layers leave no trunk of the {n_all} blocks")
+    flags = keys.f.metadata.get(f"{keys.arch}.attention.recurrent_layers")
+    if flags is not None:
+        recurrent = tuple(bool(r) for r in flags)[:n_layer]
+    else:
+        interval = keys.get_int("full_attention_interval", 4)
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+    if len(recurrent) != n_layer:
+        raise GGUFError(path, f"{keys.arch}.attention.recurrent_layers does not give each of "
+                              f"the {n_layer} layers a flag")
+    head = keys.get_int("ssm.state_size")
+    k_heads, v_heads = keys.get_int("ssm.group_count"), keys.get_int("ssm.time_step_rank")
+    if v_heads % k_heads or keys.get_int("ssm.inner_size") != v_heads * head:
+        raise ModelError(f"{path}: {keys.arch} with {k_heads} key heads, {v_heads} value heads "
+                         f"of {head} and inner size {keys.get_int('ssm.inner_size')} is not "
+                         "supported (value heads grouped over key heads, key and value heads "
+                         "equally wide)")
+    d_conv = keys.get_int("ssm.conv_kernel")
+    if d_conv < 2:
+        raise GGUFError(path, f"{keys.arch}.ssm.conv_kernel={d_conv} leaves no state")
+    sections = keys.f.metadata.get(f"{keys.arch}.rope.dimension_sections")
+    if sections is None or 2 * sum(int(s) for s in list(sections)[:3]) < hp.rope_dim:
+        raise ModelError(f"{path}: {keys.arch}'s MRoPE sections {sections} do not cover the "
+                         f"{hp.rope_dim} rotated dims (minfer runs text positions only)")
+    return replace(hp, n_layer=n_layer, n_layer_nextn=n_nextn, recurrent_layers=recurrent,
+                   shortconv_l_cache=d_conv, ssm_k_heads=k_heads, ssm_v_heads=v_heads,
+                   ssm_head_dim=head, attn_gated=True, has_qk_norm=True, qkv_fused=False,
+                   ffn_norm_name="post_attention_norm")

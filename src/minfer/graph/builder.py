@@ -158,13 +158,17 @@ class GraphBuilder:
         meta = NodeMeta(role=name, layer=layer, weights=(weight,))
         return self._append(name, ir.SigmoidGate(), (x, h), self.shape(x), meta=meta)
 
-    def slice(self, name: str, x: int, start: int, width: int, *, layer: int = -1) -> int:
-        """Columns [start, start + width) of each row of a 2-D x."""
+    def slice(self, name: str, x: int, start: int, width: int, *, layer: int = -1,
+              n_head: int = 1) -> int:
+        """Columns [start, start + width) of each row of a 2-D x (of each of its n_head
+        heads)."""
         shape = self.shape(x)
-        if len(shape) != 2 or start < 0 or width < 1 or start + width > shape[1]:
+        if len(shape) != 2 or n_head < 1 or shape[1] % n_head:
+            raise GraphError(f"{name}: {n_head} heads of {shape}")
+        if start < 0 or width < 1 or start + width > shape[1] // n_head:
             raise GraphError(f"{name}: columns [{start}, {start + width}) of {shape}")
-        return self._append(name, ir.Slice(start, width), (x,), (shape[0], width),
-                            meta=NodeMeta(role=name, layer=layer))
+        return self._append(name, ir.Slice(start, width, n_head), (x,),
+                            (shape[0], width * n_head), meta=NodeMeta(role=name, layer=layer))
 
     def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, a, b)
@@ -274,6 +278,43 @@ class GraphBuilder:
             raise GraphError(f"{name}: positions and sequences must give each row one")
         meta = NodeMeta(role="shortconv", layer=op.layer, weights=(taps,))
         return self._append(name, op, (bcx, positions, seq), (nt, op.n_embd), meta=meta)
+
+    def ssm_conv(self, x: int, positions: int, seq: int, taps: str, op: ir.SsmConv) -> int:
+        """Qwen3.5's convolution of layer op.layer then SiLU (`ir.SsmConv`) -> [nt, channels]."""
+        name = f"ssm_conv.{op.layer}"
+        nt, width = self.shape(x)
+        if width != op.channels:
+            raise GraphError(f"{name}: input width {width} is not {op.channels} channels")
+        if self._weight(taps) != (op.d_conv, op.channels) or op.d_conv < 2:
+            raise GraphError(f"{name}: taps {taps} are not [{op.d_conv}, {op.channels}]")
+        if self.shape(positions) != (nt,) or self.shape(seq) != (nt,):
+            raise GraphError(f"{name}: positions and sequences must give each row one")
+        meta = NodeMeta(role="ssm_conv", layer=op.layer, weights=(taps,))
+        return self._append(name, op, (x, positions, seq), (nt, op.channels), meta=meta)
+
+    def delta_net(self, qkv: int, alpha: int, beta: int, positions: int, seq: int,
+                  weights: tuple[str, str], op: ir.DeltaNet) -> int:
+        """Qwen3.5's gated delta rule of layer op.layer (`ir.DeltaNet`); weights: dt_bias, a
+        -> [nt, n_v_heads * head_dim]."""
+        name = f"delta_net.{op.layer}"
+        nt, width = self.shape(qkv)
+        if width != (2 * op.n_k_heads + op.n_v_heads) * op.head_dim or \
+                op.n_v_heads % op.n_k_heads:
+            raise GraphError(f"{name}: input width {width} is not q | k | v of the heads")
+        if self.shape(alpha) != (nt, op.n_v_heads) or self.shape(beta) != (nt, op.n_v_heads):
+            raise GraphError(f"{name}: alpha and beta must give each row each value head")
+        if any(self._weight(w) != (op.n_v_heads,) for w in weights):
+            raise GraphError(f"{name}: {weights} are not one value per value head")
+        if self.shape(positions) != (nt,) or self.shape(seq) != (nt,):
+            raise GraphError(f"{name}: positions and sequences must give each row one")
+        meta = NodeMeta(role="delta_net", layer=op.layer, weights=weights)
+        return self._append(name, op, (qkv, alpha, beta, positions, seq),
+                            (nt, op.n_v_heads * op.head_dim), meta=meta)
+
+    def sigmoid_mul(self, name: str, x: int, g: int, *, layer: int = -1) -> int:
+        shape = self._same_shape(name, x, g)
+        return self._append(name, ir.SigmoidMul(), (x, g), shape,
+                            meta=NodeMeta(role=name, layer=layer))
 
     def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn, *,
              sinks: str | None = None) -> int:

@@ -85,10 +85,12 @@ class MatMul(Op):
 class Slice(Op):
     """Columns [start, start + width) of each row, copied out: one part of a fused
     projection's output (Phi-3's q | k | v, its gate | up), as llama.cpp's ggml_view_2d of
-    it."""
+    it. With n_head > 1 the row is n_head equal heads and each gives its columns [start, start
+    + width), concatenated (Qwen3.5's per-head query | gate, a ggml_view_3d)."""
 
     start: int
     width: int
+    n_head: int = 1
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,44 @@ class ShortConv(Op):
     layer: int
     n_embd: int
     l_cache: int
+
+
+@dataclass(frozen=True)
+class SsmConv(Op):
+    """Qwen3.5's causal depthwise convolution with carried state, then SiLU (ggml's
+    `ssm_conv` then `silu`): per channel c, token t, silu(sum_i window[i] * taps[c, i]) over the
+    sequence's last `d_conv - 1` inputs (its persistent state, the layer's conv-state region)
+    then this input, summed in f32 from i = 0 (oldest) up; the state then drops its oldest
+    input and keeps this one. A token at position 0 starts from a zero state. Sources: x [nt,
+    channels], positions, state_seq; the taps [d_conv, channels] named in the meta."""
+
+    layer: int
+    channels: int
+    d_conv: int
+
+
+@dataclass(frozen=True)
+class DeltaNet(Op):
+    """Qwen3.5's gated delta rule with a per-sequence f32 state matrix per value head (the
+    layer's second state region), as ggml's `gated_delta_net` with a scalar gate: q and k of
+    each key head L2-normalised (eps), value head h reading key head h % n_k_heads; g =
+    softplus(alpha + dt_bias) * a, beta = sigmoid(beta_raw); S *= exp(g); S += k ((v - S^T k)
+    * beta)^T; out = S^T q / sqrt(head_dim). A token at position 0 starts from a zero state.
+    Sources: qkv [nt, (2 n_k_heads + n_v_heads) head_dim] = q | k | v, alpha, beta_raw [nt,
+    n_v_heads], positions, state_seq; dt_bias and a named in the meta. Rows are taken in batch
+    order, each reading and writing only its own sequence's state."""
+
+    layer: int
+    n_k_heads: int
+    n_v_heads: int
+    head_dim: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class SigmoidMul(Op):
+    """x * sigmoid(g) elementwise (Qwen3.5's gated attention: the output times the sigmoid of
+    the q projection's gate half). Sources: x, g."""
 
 
 @dataclass(frozen=True)

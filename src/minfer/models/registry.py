@@ -21,6 +21,7 @@ from minfer.models.lfm2 import build_lfm2
 from minfer.models.llama import build_llama
 from minfer.models.phi3 import build_phi3
 from minfer.models.qwen import build_qwen
+from minfer.models.qwen35 import build_qwen35
 from minfer.models.smollm3 import build_smollm3
 
 GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], ComputeGraph]
@@ -35,6 +36,7 @@ ARCHITECTURES: dict[str, GraphBuildFn] = {
     "qwen2": build_qwen,
     "qwen2moe": build_qwen,
     "qwen3": build_qwen,
+    "qwen35": build_qwen35,
     "qwen3moe": build_qwen,
     "smollm3": build_smollm3,
 }

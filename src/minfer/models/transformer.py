@@ -109,25 +109,36 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     return b.graph
 
 
-def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
+Mixer = LayerFn  # (b, ctx, layer, normed x) -> the mixer's output [nt, n_embd]
+
+
+def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int, *,
+                  recurrent: Mixer | None = None) -> int:
     """h + attn(norm(h)), then + ffn(norm(.)): Qwen's and Llama's block (SiLU gate; the FFN a
     mixture of experts where the model has them); LFM2's, with its short convolution in place
-    of attention in the recurrent layers."""
+    of attention in the recurrent layers (`recurrent`: another model's recurrent mixer, as
+    Qwen3.5's Gated DeltaNet)."""
     hp, blk = ctx.hp, f"blk.{il}."
     x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
-    mixer = short_conv if hp.is_recurrent(il) else attention
+    mixer = (recurrent or short_conv) if hp.is_recurrent(il) else attention
     o = mixer(b, ctx, il, x)  # [nt, n_embd]
     o, h = keep_tail(b, ctx, il, o, h)
     h = b.add("attn_resid", h, o, layer=il)
-    x = b.rms_norm("ffn_norm", h, f"{blk}{hp.ffn_norm}.weight", hp.rms_eps, layer=il)
+    x = b.rms_norm("ffn_norm", h, f"{blk}{hp.ffn_norm_name}.weight", hp.rms_eps, layer=il)
     d = moe_ffn(b, ctx, il, x) if hp.n_expert else gated_ffn(b, ctx, il, x, act="silu")
     return b.add("ffn_resid", h, d, layer=il)
 
 
 def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
-    """Self-attention of layer il on the normed input x, through the output projection."""
+    """Self-attention of layer il on the normed input x, through the output projection; where
+    the q projection is doubled (Qwen3.5: each head's query | gate), the output times the
+    sigmoid of the gate."""
     hp, blk = ctx.hp, f"blk.{il}."
     q, k, v = _qkv(b, hp, il, x)
+    gate = -1
+    if hp.attn_gated:
+        gate = b.slice("attn_gate", q, hp.head_dim, hp.head_dim, layer=il, n_head=hp.n_head)
+        q = b.slice("attn_q_heads", q, 0, hp.head_dim, layer=il, n_head=hp.n_head)
     if hp.has_qk_norm:
         q = b.qk_norm("attn_q_norm", q, blk + "attn_q_norm.weight",
                       ir.QkNorm(hp.rms_eps, hp.n_head, hp.head_dim), layer=il)
@@ -144,6 +155,8 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
                  window=hp.layer_window(il), softcap=hp.attn_softcap, sinks=hp.attn_sinks)
     a = b.attn(q, kv, ctx.start, ctx.end, op,
                sinks=blk + "attn_sinks.weight" if hp.attn_sinks else None)
+    if gate >= 0:
+        a = b.sigmoid_mul("attn_gated", a, gate, layer=il)
     return b.matmul("attn_output", a, blk + "attn_output.weight",
                     bias=blk + "attn_output.bias" if hp.has_out_bias else None, layer=il)
 

@@ -96,6 +96,9 @@ class CpuBackend:
     def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
         return K.new_state(n_seq, l_cache, n_embd)
 
+    def new_delta_state(self, n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
+        return K.new_delta_state(n_seq, n_v_heads, head_dim)
+
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
                 rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
@@ -358,7 +361,11 @@ def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
                 ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
     assert isinstance(op, ir.Slice)
-    return [partial(np.copyto, out, srcs[0][:, op.start:op.start + op.width])]
+    x = srcs[0]
+    if op.n_head > 1:  # each head's columns: through [nt, n_head, head] views
+        heads = x.reshape(x.shape[0], op.n_head, -1)[:, :, op.start:op.start + op.width]
+        return [partial(np.copyto, out.reshape(heads.shape), heads)]
+    return [partial(np.copyto, out, x[:, op.start:op.start + op.width])]
 
 
 def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
@@ -413,6 +420,25 @@ def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,
     taps = ctx.weights.vector(node.meta.weights[0]).reshape(op.n_embd, op.l_cache)
     bcx, positions, seq = srcs
     return [K.bind_short_conv(bcx, taps, ctx.kv.states[op.layer], positions, seq, out)]
+
+
+def _bind_ssm_conv(node: Node, srcs: Srcs, out: np.ndarray,
+                   ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.SsmConv)
+    taps = ctx.weights.vector(node.meta.weights[0]).reshape(op.channels, op.d_conv)
+    x, positions, seq = srcs
+    return [K.bind_ssm_conv(x, taps, ctx.kv.states[op.layer], positions, seq, out)]
+
+
+def _bind_delta_net(node: Node, srcs: Srcs, out: np.ndarray,
+                    ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.DeltaNet)
+    dt_bias, a = (ctx.weights.vector(w) for w in node.meta.weights)
+    qkv, alpha, beta, positions, seq = srcs
+    return [K.bind_delta_net(qkv, alpha, beta, dt_bias, a, ctx.kv.matrix_states[op.layer],
+                             positions, seq, out, n_k_heads=op.n_k_heads, eps=op.eps)]
 
 
 def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
@@ -522,6 +548,9 @@ _BINDERS: dict[type, Binder] = {
     ir.KvcacheStore: _bind_kv_store,
     ir.Attn: _bind_attn,
     ir.ShortConv: _bind_short_conv,
+    ir.SsmConv: _bind_ssm_conv,
+    ir.DeltaNet: _bind_delta_net,
+    ir.SigmoidMul: _bind_call(K.sigmoid_mul),
     ir.Gelu: _bind_call(K.gelu),
     ir.GeGLU: _bind_call(K.geglu),
     ir.GeluErf: _bind_call(K.gelu_erf),

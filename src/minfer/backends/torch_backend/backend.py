@@ -255,8 +255,12 @@ def _scale(node: Node, x: torch.Tensor) -> torch.Tensor:
 
 
 def _slice(node: Node, x: torch.Tensor) -> torch.Tensor:
-    assert isinstance(node.op, ir.Slice)
-    return x[:, node.op.start:node.op.start + node.op.width]
+    op = node.op
+    assert isinstance(op, ir.Slice)
+    if op.n_head > 1:  # each head's columns (Qwen3.5's query | gate)
+        heads = x.reshape(x.shape[0], op.n_head, -1)[:, :, op.start:op.start + op.width]
+        return heads.reshape(x.shape[0], -1)
+    return x[:, op.start:op.start + op.width]
 
 
 def _softcap(node: Node, x: torch.Tensor) -> torch.Tensor:

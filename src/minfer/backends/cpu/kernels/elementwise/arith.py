@@ -264,6 +264,15 @@ def sigmoid_gate(x: np.ndarray, h: np.ndarray, w: np.ndarray, out: np.ndarray) -
 
 
 @njit(cache=True, error_model="numpy")
+def sigmoid_mul(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """out = x * sigmoid(g) elementwise over 2-D arrays (Qwen3.5's gated attention output),
+    the sigmoid in f32 as ggml's."""
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[t, j] = x[t, j] * (np.float32(1.0) / (np.float32(1.0) + np.exp(-g[t, j])))
+
+
+@njit(cache=True, error_model="numpy")
 def softmax_rows(x: np.ndarray, out: np.ndarray) -> None:
     """out[r] = softmax(x[r]) for every row of a 2-D f32 array, as ggml_soft_max without mask
     or scale: exp(x - max) in f32 (libm's expf), their sum in f64, each scaled by 1/sum. A
