@@ -64,7 +64,8 @@ class KVHost(Protocol):
     op falls back to it, so it also says which weight types a model may hold. A recurrent
     layer's state is the same kind of memory: `new_conv_state` makes one layer's region
     holding every sequence's short-convolution state (LFM2), read and written only by the
-    backend's kernels."""
+    backend's kernels; `snapshot_state` / `restore_state` copy one sequence's row of such a
+    region out and back (a state checkpoint, `minfer.backends.checkpoints`)."""
 
     kv_types: tuple[str, ...]
 
@@ -79,6 +80,14 @@ class KVHost(Protocol):
     def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
         """The zeroed short-convolution state of one layer for n_seq sequences (each: the
         last l_cache - 1 inputs of every channel)."""
+        ...
+
+    def snapshot_state(self, state: np.ndarray, seq: int) -> np.ndarray:
+        """An owned copy of sequence seq's row of one layer's state region."""
+        ...
+
+    def restore_state(self, state: np.ndarray, seq: int, snapshot: np.ndarray) -> None:
+        """Sequence seq's row of one layer's state region back to a `snapshot_state` copy."""
         ...
 
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,

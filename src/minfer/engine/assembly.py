@@ -117,11 +117,9 @@ class Assembly:
         """The draft model `spec` (None: the config's) names, or None: its file narrowed as
         `draft_quant` says (`draft_file`), refused unless its vocabulary is this model's; its
         engines are this model's settings scoring the first `draft_vocab` ids."""
-        from minfer.engine.speculative import check_same_vocab, draft_file, refuse_recurrent
+        from minfer.engine.speculative import check_same_vocab, draft_file
 
         spec = spec or self.config.spec
-        if spec is not None:  # lookup alone too: no proposal can be taken back out of a state
-            refuse_recurrent(self.hparams)
         if spec is None or spec.draft_model is None:
             return None
         path = draft_file(spec.draft_model, spec.draft_quant)

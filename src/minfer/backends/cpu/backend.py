@@ -96,6 +96,12 @@ class CpuBackend:
     def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
         return K.new_state(n_seq, l_cache, n_embd)
 
+    def snapshot_state(self, state: np.ndarray, seq: int) -> np.ndarray:
+        return state[seq].copy()
+
+    def restore_state(self, state: np.ndarray, seq: int, snapshot: np.ndarray) -> None:
+        state[seq] = snapshot
+
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
                 rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
