@@ -65,7 +65,8 @@ class KVHost(Protocol):
     layer's state is the same kind of memory: `new_conv_state` makes one layer's region
     holding every sequence's short-convolution state (LFM2, Qwen3.5), `new_delta_state` a
     Gated DeltaNet layer's second region (its state matrices), read and written only by the
-    backend's kernels."""
+    backend's kernels; `snapshot_state` / `restore_state` copy one sequence's row of such a
+    region out and back (a state checkpoint, `minfer.backends.checkpoints`)."""
 
     kv_types: tuple[str, ...]
 
@@ -85,6 +86,14 @@ class KVHost(Protocol):
     def new_delta_state(self, n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
         """The zeroed gated-delta-rule state of one layer for n_seq sequences (each: one
         head_dim x head_dim f32 matrix per value head)."""
+        ...
+
+    def snapshot_state(self, state: np.ndarray, seq: int) -> np.ndarray:
+        """An owned copy of sequence seq's row of one layer's state region."""
+        ...
+
+    def restore_state(self, state: np.ndarray, seq: int, snapshot: np.ndarray) -> None:
+        """Sequence seq's row of one layer's state region back to a `snapshot_state` copy."""
         ...
 
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,

@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         raise MinferError("--replicas, --autoscale and --address need --ray")
     engine = EngineConfig.build(n_ctx=args.n_ctx, k_type=kv_types(args)[0],
                                 v_type=kv_types(args)[1], threads=args.threads,
-                                fuse=not args.no_fuse)
+                                fuse=not args.no_fuse,
+                                state_checkpoints=max(0, args.state_checkpoints))
     config = ServerConfig(
         model_path=primary, engine=engine, spec=spec_from_args(args),  # bad values refused
         extra_models=tuple(extra), keep_alive=args.keep_alive, models_max=args.models_max,

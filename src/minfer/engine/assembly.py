@@ -52,11 +52,12 @@ class ModelConfig:
     def build(cls, *, n_ctx: int = 4096, kv_type: str = "f16", k_type: str | None = None,
               v_type: str | None = None, threads: int | None = None, batch_size: int = 512,
               backend: str = "auto", fuse: bool = True, batch_invariant: bool = False,
-              spec: SpecConfig | None = None) -> ModelConfig:
+              spec: SpecConfig | None = None, state_checkpoints: int = 4) -> ModelConfig:
         """A config from a surface's flat options (`EngineConfig.build` for the engine's)."""
         return cls(EngineConfig.build(n_ctx=n_ctx, kv_type=kv_type, k_type=k_type,
                                       v_type=v_type, threads=threads, fuse=fuse,
-                                      batch_invariant=batch_invariant),
+                                      batch_invariant=batch_invariant,
+                                      state_checkpoints=state_checkpoints),
                    spec, backend, batch_size)
 
 
@@ -117,11 +118,9 @@ class Assembly:
         """The draft model `spec` (None: the config's) names, or None: its file narrowed as
         `draft_quant` says (`draft_file`), refused unless its vocabulary is this model's; its
         engines are this model's settings scoring the first `draft_vocab` ids."""
-        from minfer.engine.speculative import check_same_vocab, draft_file, refuse_recurrent
+        from minfer.engine.speculative import check_same_vocab, draft_file
 
         spec = spec or self.config.spec
-        if spec is not None:  # lookup alone too: no proposal can be taken back out of a state
-            refuse_recurrent(self.hparams)
         if spec is None or spec.draft_model is None:
             return None
         path = draft_file(spec.draft_model, spec.draft_quant)

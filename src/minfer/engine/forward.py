@@ -11,7 +11,9 @@ A model with recurrent layers (LFM2) also holds, per sequence, a state the backe
 the KV cells (`KVRegions.states`: the cells split into `hold_sequences(n)` equal ranges, a
 row's sequence is its cell's range, given to the graph as data). That state holds every token
 so far and cannot be rewound by truncation: a sequence's rows continue exactly where its state
-stands, or restart at position 0 (which zeroes it); anything else is refused loudly.
+stands, restart at position 0 (which zeroes it), or continue from a state checkpoint (kept
+per sequence at the end of each multi-row forward and on request: `StateCheckpoints`, restored
+when the rows start there); anything else is refused loudly.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from numba.core import config
 
 from minfer import env, jit_cache
 from minfer.backends.base import Backend, ExecContext, KVHost
+from minfer.backends.checkpoints import StateCheckpoints
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.engine.config import EngineConfig
 from minfer.engine.threads import ThreadTuner
@@ -192,6 +195,8 @@ class Engine:
                             if hparams.ssm_head_dim else None)
         # per sequence, the positions its recurrent state has taken in (-1: unknown)
         self._state_pos = np.zeros(1, np.int64)
+        # copies of each sequence's state at positions its cells still hold (prefix reuse)
+        self.checkpoints = StateCheckpoints(host, self.kv, config.state_checkpoints)
         self.allocator = Allocator(self.kv)
         self.cache = GraphCache(self._prepare)
         self._build_fn = graph_builder_for(hparams.arch)
@@ -286,11 +291,29 @@ class Engine:
         self.wait_ready()
         self.kv.hold_sequences(n_seq)
         self._state_pos = np.zeros(n_seq, np.int64)
+        self.checkpoints.reset()
         self.cache = GraphCache(self._prepare)  # tapes bound to the old state regions
 
     def state_position(self, seq: int) -> int:
         """How many tokens sequence seq's recurrent state has taken in (-1: unknown)."""
         return int(self._state_pos[seq])
+
+    def checkpoint_positions(self, seq: int) -> list[int]:
+        """Positions sequence seq's rows may restart from besides 0: its checkpoints and where
+        its state stands."""
+        live = int(self._state_pos[seq])
+        return sorted({*self.checkpoints.positions(seq), *([live] if live > 0 else [])})
+
+    def save_state(self, seq: int, *, spare: bool = False) -> None:
+        """Checkpoint sequence seq's state where it stands (spare: in its one spare, the state
+        a speculative verify starts from, which counts against no limit)."""
+        pos = int(self._state_pos[seq])
+        if pos < 0:
+            return
+        if spare:
+            self.checkpoints.save_spare(seq, pos)
+        else:
+            self.checkpoints.save(seq, pos)
 
     def copy_cells(self, src: int, dst: int, n: int) -> None:
         """The KV of cells [src, src + n) into cells [dst, dst + n) (`KVRegions.copy_cells`):
@@ -302,12 +325,19 @@ class Engine:
             return
         width = self.kv.seq_cells
         s_seq, d_seq, start = src // width, dst // width, src % width
+        self.checkpoints.invalidate(d_seq, dst % width)
         if start == dst % width and start + n == self._state_pos[s_seq]:
             self.kv.copy_state(s_seq, d_seq)
             self._state_pos[d_seq] = self._state_pos[s_seq]
 
-    def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
+    def forward_batch(self, batch: Batch, *, batch_invariant: bool = False,
+                      checkpoint: Sequence[int] | None = None) -> np.ndarray:
+        """The batch's logits. On a recurrent model, each sequence's state is checkpointed
+        after its rows if it is in `checkpoint` (None: every sequence fed more than one row,
+        unless batch_invariant: a speculative verify, whose rows may be rejected)."""
         self._check(batch)
+        if self.recurrent:
+            self._enter_states(batch)
         self.wait_ready()
         key = (batch.n_tokens, len(batch.out_rows))
         tuner = self.tuner if batch.n_tokens <= TUNED_MAX_TOKENS else None
@@ -327,7 +357,7 @@ class Engine:
         else:
             tape.run()
         if self.recurrent:
-            self._advance_states(batch)
+            self._advance_states(batch, checkpoint, batch_invariant)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:
@@ -358,6 +388,7 @@ class Engine:
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
         self._state_pos[0] = -1  # sequence 0's state took in placeholders
+        self.checkpoints.invalidate(0, 0)
     def _profiled(self, graph: ComputeGraph) -> Callable[[int, float], None]:
         """The tape's observer that adds each node's seconds to `profile[op:role]`."""
         profile = self.profile
@@ -459,7 +490,8 @@ class Engine:
 
     def _check_states(self, b: Batch) -> None:
         """Each sequence's rows must take consecutive positions from where its recurrent state
-        stands, or from 0 (a fresh start): a state cannot be rewound or skip tokens."""
+        stands, from 0 (a fresh start) or from a checkpoint: a state cannot otherwise be
+        rewound or skip tokens."""
         for seq, rows in self._sequences(b):
             pos = b.positions[rows]
             first = int(pos[0])
@@ -467,16 +499,30 @@ class Engine:
                 raise MinferError(f"a recurrent model takes each sequence's tokens in order: "
                                   f"sequence {seq} got positions {pos.tolist()[:8]}...")
             have = int(self._state_pos[seq])
-            if first not in (0, have):
+            if first not in (0, have) and not self.checkpoints.has(seq, first):
                 raise MinferError(
                     f"{self.hparams.arch}'s recurrent state of sequence {seq} holds "
                     + (f"{have} tokens" if have >= 0 else "no known tokens")
                     + f"; it cannot continue at position {first} (it cannot be rewound: "
                     "recompute from position 0)")
 
-    def _advance_states(self, b: Batch) -> None:
+    def _enter_states(self, b: Batch) -> None:
+        """Each sequence's state where its rows start (a checkpoint restored); its cells from
+        there on are rewritten, so the checkpoints past that go."""
+        for seq, rows in self._sequences(b):
+            first = int(b.positions[rows[0]])
+            if first not in (0, int(self._state_pos[seq])):
+                self.checkpoints.restore(seq, first)
+                self._state_pos[seq] = first
+            self.checkpoints.invalidate(seq, first)
+
+    def _advance_states(self, b: Batch, checkpoint: Sequence[int] | None,
+                        batch_invariant: bool) -> None:
         for seq, rows in self._sequences(b):
             self._state_pos[seq] = int(b.positions[rows[-1]]) + 1
+            if (seq in checkpoint if checkpoint is not None
+                    else len(rows) > 1 and not batch_invariant):
+                self.checkpoints.save(seq, int(self._state_pos[seq]))
 
     def _check_encoder(self, b: Batch) -> None:
         """An encoder's batch: whole inputs, each within the learned positions."""

@@ -144,15 +144,20 @@ class KVRegions:
         return self.n_ctx // self.n_seq
 
     @property
+    def state_regions(self) -> list[np.ndarray]:
+        """Every recurrent state region (each recurrent layer's conv state, then its matrix
+        state where it has one): what a sequence's state is, for copies and checkpoints."""
+        return [s for s in self.states + self.matrix_states if s.size]
+
+    @property
     def state_bytes_per_seq(self) -> int:
         """Recurrent-state bytes one sequence takes over all layers."""
-        return sum(s.nbytes for s in self.states + self.matrix_states) // self.n_seq
+        return sum(s.nbytes for s in self.state_regions) // self.n_seq
 
     def copy_state(self, src: int, dst: int) -> None:
         """Sequence src's recurrent state (every layer) into sequence dst's."""
-        for state in self.states + self.matrix_states:
-            if state.size:
-                state[dst] = state[src]
+        for state in self.state_regions:
+            state[dst] = state[src]
 
     @property
     def nbytes(self) -> int:

@@ -99,6 +99,12 @@ class CpuBackend:
     def new_delta_state(self, n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
         return K.new_delta_state(n_seq, n_v_heads, head_dim)
 
+    def snapshot_state(self, state: np.ndarray, seq: int) -> np.ndarray:
+        return state[seq].copy()
+
+    def restore_state(self, state: np.ndarray, seq: int, snapshot: np.ndarray) -> None:
+        state[seq] = snapshot
+
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
                 rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
