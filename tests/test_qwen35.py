@@ -246,3 +246,19 @@ def test_a_file_with_an_mtp_block_loads_and_runs_its_trunk(tmp_path: Path) -> No
     assert (hp.n_layer, hp.n_layer_nextn) == (4, 1) and "blk.4.nextn.eh_proj.weight" in f.tensors
     got = Engine(f, hp, n_ctx=64, kv_type="f32").forward(IDS, 0, n_out=len(IDS))
     np.testing.assert_allclose(got, REF["hf"], rtol=0, atol=1e-3)
+
+
+def test_an_edit_near_the_end_restarts_from_a_checkpoint_bitwise() -> None:
+    """State checkpoints hold both of a DeltaNet layer's regions (the convolution's tail and the
+    delta rule's matrices): a prompt edited near its end continues from the checkpoint before
+    the edit with every row bitwise a full recompute's."""
+    e = _engine(batch_invariant=True, state_checkpoints=2)
+    for start in range(0, len(LONG), 32):
+        e.forward(LONG[start:start + 32], start)
+    assert e.checkpoints.positions(0) == [96, 100]
+    assert e.checkpoints.nbytes == 2 * e.kv.state_bytes_per_seq
+    assert e.kv.state_bytes_per_seq > sum(s.nbytes for s in e.kv.states) // e.kv.n_seq
+    edited = [*LONG[:98], 5, 6, 7]
+    rows = e.forward(edited[96:], 96, n_out=5)
+    fresh = _engine(batch_invariant=True).forward(edited, 0, n_out=len(edited))
+    assert np.array_equal(rows, fresh[96:])
