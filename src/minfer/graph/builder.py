@@ -44,6 +44,10 @@ class GraphBuilder:
             raise GraphError(f"node {node_id} does not exist yet")
         return self.graph.nodes[node_id].shape
 
+    def weight_shape(self, name: str) -> tuple[int, ...]:
+        """A weight's shape (GGUF ne order)."""
+        return self._weight(name)
+
     def _weight(self, name: str) -> tuple[int, ...]:
         try:
             return self._weights[name]
@@ -58,6 +62,12 @@ class GraphBuilder:
     # -- leaves -----------------------------------------------------------------------------
     def input(self, kind: InputKind, n: int) -> int:
         node_id = self._append(kind.value, ir.Input(kind), (), (n,), dtype=DType.I32)
+        self.graph.inputs[kind] = node_id
+        return node_id
+
+    def input_rows(self, kind: InputKind, n: int, width: int) -> int:
+        """An f32 input of n rows of `width` (an image's unfolded patches)."""
+        node_id = self._append(kind.value, ir.Input(kind), (), (n, width))
         self.graph.inputs[kind] = node_id
         return node_id
 

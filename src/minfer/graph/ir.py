@@ -37,6 +37,8 @@ class InputKind(StrEnum):
     OUT_START = "out_start"  # [n_out] first batch row pooled into each output row
     OUT_END = "out_end"  # [n_out] one past the last batch row pooled into each output row
     STATE_SEQ = "state_seq"  # [nt] the recurrent-state row (sequence) each token reads and writes
+    PIXELS = "pixels"  # [n_patches, 3 * patch^2] f32: an image's patches unfolded (c, y, x)
+    POOL_ROWS = "pool_rows"  # [n_patches] batch rows in pooling order (each window contiguous)
 
 
 class Op:

@@ -1,0 +1,84 @@
+"""Gemma 3's vision tower (mmproj) against transformers on the same pixels.
+
+tests/fixtures/vision/ comes from benchmarks/make_vision_fixtures.py: a tiny random
+Gemma3ForConditionalGeneration's tower converted by llama.cpp 0.3.36 (`--mmproj`, f32), a
+generated 48 x 48 image, transformers' pixel values (Gemma3ImageProcessorPil) and image
+features (get_image_features, float32).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minfer.errors import ModelError
+from minfer.gguf.clip import ClipParams
+from minfer.gguf.reader import GGUFFile
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vision"
+REF = np.load(FIXTURES / "ref.npz")
+
+
+def test_clip_params_read_as_clip_cpp() -> None:
+    cp = ClipParams.from_gguf(GGUFFile.open(FIXTURES / "mmproj.gguf"))
+    assert (cp.projector, cp.image_size, cp.patch_size, cp.n_merge) == ("gemma3", 64, 8, 4)
+    assert (cp.n_embd, cp.n_layer, cp.n_head, cp.n_embd_text) == (48, 2, 4, 64)
+    assert cp.n_image_tokens == 4
+    assert cp.image_mean == pytest.approx((0.48, 0.45, 0.41))
+
+
+def test_unsupported_projector_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = GGUFFile.open(FIXTURES / "mmproj.gguf")
+    monkeypatch.setitem(f.metadata, "clip.projector_type", "qwen3vl")
+    with pytest.raises(ModelError, match="'qwen3vl'"):
+        ClipParams.from_gguf(f)
+
+
+def test_preprocessing_equals_transformers() -> None:
+    from minfer.engine.vision.image import preprocess
+
+    cp = ClipParams.from_gguf(GGUFFile.open(FIXTURES / "mmproj.gguf"))
+    got = preprocess((FIXTURES / "image.png").read_bytes(), cp)
+    assert got.shape == REF["pixels"].shape
+    np.testing.assert_allclose(got, REF["pixels"], atol=1e-5)
+
+
+def test_corrupt_image_is_a_clear_error() -> None:
+    from minfer.engine.vision.image import ImageError, decode
+
+    with pytest.raises(ImageError, match="cannot be decoded"):
+        decode(b"not an image")
+    png = (FIXTURES / "image.png").read_bytes()
+    with pytest.raises(ImageError):
+        decode(png[:200])
+
+
+def test_gif_first_frame_and_letterbox() -> None:
+    from PIL import Image
+
+    from minfer.engine.vision.image import decode, resized
+
+    buf = io.BytesIO()
+    frames = [Image.new("RGB", (20, 10), c) for c in ((255, 0, 0), (0, 255, 0))]
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    img = decode(buf.getvalue())
+    sq = resized(img, 40)  # 20 x 10 -> 40 x 20, centred on black
+    assert sq.shape == (40, 40, 3)
+    assert sq[20, 20, 0] > 200 and sq[20, 20, 1] < 50
+    assert sq[0, 20].max() == 0 and sq[39, 20].max() == 0
+
+
+def test_image_features_match_transformers() -> None:
+    from minfer.engine.vision.encoder import VisionEncoder
+
+    enc = VisionEncoder(FIXTURES / "mmproj.gguf")
+    got = enc.encode_pixels(REF["pixels"])
+    want = REF["features"]
+    assert got.shape == want.shape
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4
+    # batch-invariant and repeatable: the same image again gives the same bits
+    np.testing.assert_array_equal(enc.encode((FIXTURES / "image.png").read_bytes()),
+                                  enc.encode_pixels(REF["pixels"]))
