@@ -216,7 +216,8 @@ def test_layout_reads_as_llamacpp_reads_it() -> None:
     assert (hp.sliding_window, hp.swa_layers) == (8, (True, False))  # even layers slide
     assert hp.rope_freq_scale == hp.rope_freq_scale_swa == 0.25 and hp.yarn is not None
     assert (hp.attn_sinks, hp.moe_bias, hp.expert_norm) == (True, True, False)
-    assert (hp.has_qkv_bias, hp.has_out_bias, hp.ffn_norm_name) == (True, True, "post_attention_norm")
+    assert (hp.has_qkv_bias, hp.has_out_bias, hp.ffn_norm_name) == \
+        (True, True, "post_attention_norm")
     g = graph_builder_for("gpt-oss")(hp, GraphParams.for_batch(4, 1, ContextParams(n_ctx=64)),
                                      {n: tuple(t.shape) for n, t in f.tensors.items()})
     attn = [n for n in g.nodes if isinstance(n.op, ir.Attn)]
