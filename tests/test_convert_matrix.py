@@ -63,6 +63,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
     "smollm3": (_ckpt("smollm3", post_processor="bytelevel"), "llama-bpe"),
     "phi3": (_ckpt("phi3", post_processor="bytelevel"), "qwen2"),
     "phi3_longrope": (_ckpt("phi3_longrope"), None),
+    "lfm2": (_ckpt("lfm2", post_processor="bytelevel"), "qwen2"),
     "bert": (write_bert_checkpoint, "default"),
     "qwen3_reranker": (write_reranker_checkpoint, "qwen2"),
 }

@@ -19,6 +19,10 @@ The mixtures of experts (Qwen2-MoE with its gated shared expert, Qwen3-MoE, and 
 as a `llama` file) store one matrix per expert and projection; `Experts` says how to find them
 and what the stacked `ffn_{gate,up,down}_exps` tensor is called before the name map.
 
+LFM2 (`Lfm2ForCausalLM`) is rewritten first as llama.cpp's `LFM2Model` rewrites it
+(`Family.prepare`: the K/V head count per layer, 0 in the short-convolution layers), its FFN
+width auto-adjusted, its convolution taps squeezed to 2-D (`Family.squeezed`).
+
 A Qwen3 checkpoint that is a Qwen3-Reranker (`qwen3_reranker`: llama.cpp's tests, the README's
 title, the folder's or the config's name, a sequence-classification architecture) is written as
 llama.cpp writes one: rank pooling, the labels "yes" / "no", the `rerank` prompt template, and
@@ -213,6 +217,10 @@ def _no_extra(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
     return iter(())
 
 
+def _same_config(cfg: Config) -> Config:
+    return cfg
+
+
 def _keep_name(name: str, cfg: Config) -> str | None:
     return name
 
@@ -342,6 +350,31 @@ def _qwen_moe_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
         w.add_expert_shared_feed_forward_length(int(n_ff))
 
 
+def _lfm2_config(cfg: Config) -> Config:
+    """LFM2Model.set_gguf_parameters's first step: the K/V head count per layer, 0 in the
+    short-convolution layers."""
+    n_kv = cfg["num_key_value_heads"]
+    return {**cfg, "num_key_value_heads": [0 if kind == "conv" else n_kv
+                                           for kind in cfg["layer_types"]]}
+
+
+def _lfm2_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    """LFM2Model's keys after the common ones: the vocabulary size, the convolution's cache,
+    the norm epsilon and the FFN width (auto-adjusted: 2/3 of it, times the multiplier, rounded
+    up to a multiple), the last two overwriting the common keys' values in place."""
+    w.add_vocab_size(int(cfg["vocab_size"]))
+    w.add_shortconv_l_cache(int(cfg["conv_L_cache"]))
+    w.add_layer_norm_rms_eps(float(cfg["norm_eps"]))
+    ff = int(find(cfg, ("block_ff_dim", "intermediate_size")))
+    if cfg["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if (mult := cfg.get("block_ffn_dim_multiplier")) is not None:
+            ff = int(mult * ff)
+        of = int(cfg["block_multiple_of"])
+        ff = of * ((ff + of - 1) // of)
+    w.add_feed_forward_length(ff)
+
+
 @dataclass(frozen=True)
 class Family:
     arch: gguf.MODEL_ARCH
@@ -360,6 +393,10 @@ class Family:
     first_kv: Callable[[gguf.GGUFWriter, Config], None] = _no_kv  # right after the arch
     llama_vocab: bool = False  # llama.cpp's LlamaModel vocabulary (its add_space_prefix)
     experts: Experts | None = None  # a mixture of experts: how its experts are stacked
+    # the config as the family's converter rewrites it before writing its keys
+    prepare: Callable[[Config], Config] = _same_config
+    # HF names whose size-1 second axis is dropped (a depthwise convolution's taps)
+    squeezed: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -387,6 +424,8 @@ FAMILIES = (
            extra_kv=_gemma3_kv, trims_embedding=True,
            defaults={"max_position_embeddings": 131072, "num_attention_heads": 8,
                      "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "head_dim": 256}),
+    Family(gguf.MODEL_ARCH.LFM2, ("Lfm2ForCausalLM", "LFM2ForCausalLM"), extra_kv=_lfm2_kv,
+           prepare=_lfm2_config, squeezed=("conv.conv.weight",)),
     Family(gguf.MODEL_ARCH.BERT, ("BertModel", "BertForMaskedLM",
                                   "BertForSequenceClassification"),
            extra_kv=_bert_kv, rename=_bert_name),
