@@ -159,6 +159,21 @@ def _config(family: str, vocab: int) -> Any:
                              tie_word_embeddings=True, bos_token_id=None,
                              eos_token_id=vocab - 1, pad_token_id=vocab - 3), \
             tf.Lfm2ForCausalLM
+    q35: dict[str, Any] = dict(
+        **{**common, "num_hidden_layers": 4}, head_dim=32, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=vocab - 1)
+    if family == "qwen35":  # Qwen3.5's: DeltaNet x 3 | gated attention, interleaved MRoPE
+        rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+        return tf.Qwen3_5TextConfig(**q35, rope_parameters=rope), tf.Qwen3_5ForCausalLM
+    if family == "qwen35moe":  # its MoE: experts and a gated shared expert, MRoPE by default
+        q35.pop("intermediate_size")
+        return tf.Qwen3_5MoeTextConfig(**q35, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=48), \
+            tf.Qwen3_5MoeForCausalLM
     moe: dict[str, Any] = dict(num_experts_per_tok=2, moe_intermediate_size=32)
     if family == "qwen2moe":  # Qwen1.5-MoE's: q/k/v biases, a gated shared expert
         return tf.Qwen2MoeConfig(**common, num_experts=4, shared_expert_intermediate_size=48,

@@ -290,6 +290,8 @@ def _write_rope(w: gguf.GGUFWriter, family: Family, cfg: Config) -> None:
     elif kind not in (None, "default", "llama3", "linear", "yarn"):
         raise CheckpointError(f"rope_type {kind!r} is not one minfer converts "
                               "(default, linear, yarn, llama3, longrope)")
+    if (sections := full.get("mrope_section")) is not None:  # padded to 4 (Qwen3.5)
+        w.add_rope_dimension_sections([*sections, 0, 0, 0, 0][:4])
     theta = full.get("rope_theta", 1e6 if family.arch == gguf.MODEL_ARCH.GEMMA3 else None)
     if theta is not None:
         w.add_rope_freq_base(theta)
