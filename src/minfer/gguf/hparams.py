@@ -22,16 +22,22 @@ log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
 SUPPORTED_ARCHS = ("bert", "gemma3", "gpt-oss", "lfm2", "llama", "phi3", "qwen2", "qwen2moe",
-                   "qwen3", "qwen35", "qwen3moe", "smollm3")
+                   "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
-# with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
-# renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
-# otherwise. A llama file with `llama.expert_count` is one (Mixtral, as llama.cpp's converter
-# writes it: experts as wide as `feed_forward_length`). gpt-oss routes on the biased router
-# logits' top k, soft-maxed among themselves (`moe_gating` "softmax_weight"), through experts
-# with biases and the clamped SwiGLU (`moe_act` "swiglu_oai").
-MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen3moe")
-_MOE_NORM_DEFAULT = {"gpt-oss": False, "qwen2moe": False, "qwen3moe": True, "llama": True}
+# and qwen35moe's with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing
+# weights are renormalised to sum to 1 where llama.cpp does it (qwen3moe, qwen35moe, llama)
+# unless the file says otherwise. A llama file with `llama.expert_count` is one (Mixtral, as
+# llama.cpp's converter writes it: experts as wide as `feed_forward_length`). gpt-oss routes
+# on the biased router logits' top k, soft-maxed among themselves (`moe_gating`
+# "softmax_weight"), through experts with biases and the clamped SwiGLU (`moe_act`
+# "swiglu_oai").
+MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen35moe", "qwen3moe")
+_MOE_NORM_DEFAULT = {"gpt-oss": False, "qwen2moe": False, "qwen35moe": True, "qwen3moe": True,
+                     "llama": True}
+# Archs whose MoE blocks may carry a shared expert (`blk.0.ffn_gate_inp_shexp` says they do)
+_SHEXP_ARCHS = ("qwen2moe", "qwen35moe")
+# Qwen3.5's trunk (Gated DeltaNet and gated attention), dense or with MoE FFNs
+QWEN35_ARCHS = ("qwen35", "qwen35moe")
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # Encoders: bidirectional attention without a KV cache, LayerNorm, learned positions
@@ -305,7 +311,7 @@ class HParams:
             hp = _lfm2(hp, keys, recurrent)
         if arch == "gpt-oss":
             hp = _gptoss(hp, keys)
-        if arch == "qwen35":
+        if arch in QWEN35_ARCHS:
             hp = _qwen35(hp, keys)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
                                                                   allow_zero=True)):
@@ -609,7 +615,7 @@ def _moe(hp: HParams, keys: _Keys) -> HParams:
     n_ff_exp = keys.get_int("expert_feed_forward_length",
                             hp.n_ff if keys.arch == "llama" else hp.n_ff // n_used or None)
     shexp = 0
-    if keys.arch == "qwen2moe" and "blk.0.ffn_gate_inp_shexp.weight" in keys.f.tensors:
+    if keys.arch in _SHEXP_ARCHS and "blk.0.ffn_gate_inp_shexp.weight" in keys.f.tensors:
         shexp = keys.get_int("expert_shared_feed_forward_length", hp.n_ff or None)
     return replace(hp, n_ff=n_ff_exp, n_expert=n_expert, n_expert_used=n_used,
                    expert_norm=norm, n_ff_shexp=shexp)
@@ -766,7 +772,8 @@ def _gptoss(hp: HParams, keys: _Keys) -> HParams:
 
 
 def _qwen35(hp: HParams, keys: _Keys) -> HParams:
-    """Qwen3.5's (dense) extras, as llama.cpp's `llama_model_qwen35` reads them: the trunk is
+    """Qwen3.5's extras (dense or MoE: the FFNs are read by `_moe`), as llama.cpp's
+    `llama_model_qwen35` / `llama_model_qwen35moe` read them: the trunk is
     block_count - nextn_predict_layers layers (the MTP blocks after it are kept, unused); its
     recurrent layers from `attention.recurrent_layers` or else every layer but each
     `full_attention_interval`-th; the Gated DeltaNet sizes (ssm.*); the gated attention's

@@ -1,12 +1,14 @@
-"""Qwen3.5's forward pass (`qwen35`, dense) as builder calls.
+"""Qwen3.5's forward pass (`qwen35` dense, `qwen35moe`) as builder calls.
 
 The pre-norm block of `models.transformer.prenorm_layer`, its FFN pre-norm stored as
 `post_attention_norm`, in every layer: three of every four (the file's `recurrent_layers`)
 mix with a Gated DeltaNet (`gated_delta_net`), the others with gated full attention (the q
 projection doubled per head into query | gate, q / k RMS norms, NEOX RoPE over the rotated
 quarter, the output times sigmoid(gate): `transformer.attention` where `HParams.attn_gated`);
-every FFN is SwiGLU. The MTP (NextN) blocks after the trunk are not run. All of it read from
-the HParams, as llama.cpp's `llama_model_qwen35` builds it.
+every FFN is SwiGLU, or in `qwen35moe` a mixture of experts (`transformer.moe_ffn`: soft-maxed
+router, top k renormalised, the shared expert behind its sigmoid gate). The MTP (NextN) blocks
+after the trunk are not run. All of it read from the HParams, as llama.cpp's
+`llama_model_qwen35` / `llama_model_qwen35moe` build it.
 """
 
 from __future__ import annotations

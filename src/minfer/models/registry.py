@@ -3,7 +3,8 @@
 An architecture not listed here is refused by name; nothing falls back to a look-alike.
 DeepSeek-R1-Distill-Qwen files declare `qwen2` and load as such; Mistral 7B, TinyLlama and
 SmolLM files declare `llama` (SmolLM3 its own `smollm3`); Phi-4-mini files declare `phi3`;
-gpt-oss files `gpt-oss`.
+gpt-oss files `gpt-oss`. Qwen3.5's MoE (`qwen35moe`) is Qwen3.5's builder: the FFNs are
+experts where the HParams say so.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ARCHITECTURES: dict[str, GraphBuildFn] = {
     "qwen2moe": build_qwen,
     "qwen3": build_qwen,
     "qwen35": build_qwen35,
+    "qwen35moe": build_qwen35,
     "qwen3moe": build_qwen,
     "smollm3": build_smollm3,
 }
