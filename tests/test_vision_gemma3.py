@@ -8,14 +8,18 @@ features (get_image_features, float32).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from minfer.engine.forward import Engine
 from minfer.errors import ModelError
 from minfer.gguf.clip import ClipParams
+from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vision"
@@ -82,3 +86,59 @@ def test_image_features_match_transformers() -> None:
     # batch-invariant and repeatable: the same image again gives the same bits
     np.testing.assert_array_equal(enc.encode((FIXTURES / "image.png").read_bytes()),
                                   enc.encode_pixels(REF["pixels"]))
+
+
+def _engine(**fields: Any) -> Engine:
+    f = GGUFFile.open(FIXTURES / "model.gguf")
+    return Engine(f, HParams.from_gguf(f), n_ctx=64, **fields)
+
+
+def _image_rows() -> np.ndarray:
+    from minfer.engine.vision.encoder import VisionEncoder
+
+    return VisionEncoder(FIXTURES / "mmproj.gguf").encode((FIXTURES / "image.png").read_bytes())
+
+
+def test_logits_after_an_image_match_transformers() -> None:
+    """The image's rows replace the token embeddings of its 4 tokens (after Gemma's sqrt(n_embd)
+    scaling, unscaled themselves), the image tokens read each other both ways, and every
+    position's logits are transformers' (the image between <start_of_image> and
+    <end_of_image>, as llama.cpp's mtmd lays it out)."""
+    from minfer.engine.forward import Batch
+
+    ref = np.load(FIXTURES / "ref_logits.npz")
+    ids = ref["ids"].tolist()
+    at = ids.index(5)
+    engine = _engine()
+    batch = Batch.single(ids, 0, n_out=len(ids)).with_rows(at, _image_rows())
+    assert batch.kv_end[at:at + 4].tolist() == [at + 4] * 4
+    got = engine.forward_batch(batch)
+    want = ref["logits"]
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-3
+    # causal image rows would differ: the image's first token reads its last ones
+    causal = Batch.single(ids, 0, n_out=len(ids)).with_rows(at, _image_rows())
+    causal = dataclasses.replace(causal, kv_end=np.arange(1, len(ids) + 1, dtype=np.int32))
+    assert np.abs(engine.forward_batch(causal) - want).max() > 1e-2
+
+
+def test_image_rows_are_batch_invariant() -> None:
+    """A text row's result does not depend on an image elsewhere in the batch: two sequences
+    packed, one with the image, give the text-only sequence's logits bitwise as run alone."""
+    from minfer.engine.forward import Batch
+
+    ref = np.load(FIXTURES / "ref_logits.npz")
+    ids = ref["ids"].tolist()
+    text = [1, 60, 61, 62, 63, 64]
+    engine = _engine(batch_invariant=True)
+    alone = engine.forward_batch(Batch.single(text, 0, n_out=len(text)))
+    one = Batch.single(ids, 0, n_out=len(ids))
+    two = Batch.single(text, 0, n_out=len(text))
+    off = 32  # the second sequence's cells
+    both = Batch(tokens=np.concatenate([one.tokens, two.tokens]),
+                 positions=np.concatenate([one.positions, two.positions]),
+                 cells=np.concatenate([one.cells, two.cells + off]),
+                 kv_start=np.concatenate([one.kv_start, two.kv_start + off]),
+                 kv_end=np.concatenate([one.kv_end, two.kv_end + off]),
+                 out_rows=np.arange(len(ids) + len(text), dtype=np.int32))
+    got = engine.forward_batch(both.with_rows(ids.index(5), _image_rows()))
+    np.testing.assert_array_equal(got[len(ids):], alone)
