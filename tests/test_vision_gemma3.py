@@ -8,6 +8,7 @@ features (get_image_features, float32).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 from pathlib import Path
@@ -142,3 +143,63 @@ def test_image_rows_are_batch_invariant() -> None:
                  out_rows=np.arange(len(ids) + len(text), dtype=np.int32))
     got = engine.forward_batch(both.with_rows(ids.index(5), _image_rows()))
     np.testing.assert_array_equal(got[len(ids):], alone)
+
+
+def _image_part(kind: str) -> dict[str, Any]:
+    png = (FIXTURES / "image.png").read_bytes()
+    if kind == "path":
+        return {"type": "image", "path": str(FIXTURES / "image.png")}
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+MESSAGES = [{"role": "user", "content": [{"type": "text", "text": "look "}, _image_part("url"),
+                                         {"type": "text", "text": " here"}]}]
+
+
+def test_chat_prompt_lays_the_image_out_as_mtmd() -> None:
+    """The image part becomes <start_of_image>, one placeholder per image row, <end_of_image>
+    where the template put the part; the placeholders are prompt tokens."""
+    from minfer.api import Model
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=64)  # mmproj.gguf beside it: found
+    ids, _, embd = model.chat_images(MESSAGES)
+    (block,) = embd
+    assert ids[block.at - 1] == 3 and ids[block.at:block.at + 4] == [5] * 4
+    assert ids[block.at + 4] == 4 and block.rows.shape == (4, 64)
+    text = model.tokenizer.decode(ids)
+    assert "look <start_of_image>" in text and "<end_of_image> here" in text
+
+
+@pytest.mark.parametrize("batch_size", [512, 3])
+def test_chat_with_an_image_decodes_the_image_block_whole(batch_size: int) -> None:
+    """Model.chat with an image part: the first token is the argmax of the logits of the
+    prompt with the image's rows, computed in one forward; small prompt chunks never split
+    the image block (the same reply)."""
+    from minfer.api import Model
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=64, batch_size=batch_size)
+    ids, _, embd = model.chat_images(MESSAGES)
+    logits = _engine().forward(ids, 0, embd=[(e.at, e.rows) for e in embd])
+    first = model.tokenizer.decode([int(np.argmax(logits[0]))])
+    reply = "".join(model.chat([{"role": "user", "content": [_image_part("path"),
+                                                            {"type": "text", "text": "x"}]}],
+                               max_tokens=4, temp=0.0))
+    again = "".join(model.chat(MESSAGES, max_tokens=4, temp=0.0))
+    assert again.startswith(first)
+    assert reply  # a path part reads the same file
+
+
+def test_text_only_model_refuses_an_image(tmp_path: Path) -> None:
+    from minfer.api import Model
+    from minfer.engine.vision.image import ImageError
+
+    (tmp_path / "model.gguf").write_bytes((FIXTURES / "model.gguf").read_bytes())
+    model = Model(tmp_path / "model.gguf", n_ctx=64)
+    assert model.vision is None
+    with pytest.raises(ImageError, match="takes no images"):
+        "".join(model.chat(MESSAGES, max_tokens=2))
+    bad = [{"role": "user", "content": [{"type": "image_url",
+                                         "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    with pytest.raises(ImageError, match="cannot be decoded"):
+        "".join(Model(FIXTURES / "model.gguf", n_ctx=64).chat(bad, max_tokens=2))

@@ -294,12 +294,17 @@ class Engine:
 
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
-                batch_invariant: bool = False) -> np.ndarray:
+                batch_invariant: bool = False,
+                embd: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
         """One sequence's tokens at start_pos..; logits of the last n_out rows.
         batch_invariant: this forward's rows are bitwise their one-token decode rows (a
-        speculative verify), even on an engine made without `batch_invariant`."""
-        return self.forward_batch(Batch.single(tokens, start_pos, n_out),
-                                  batch_invariant=batch_invariant)
+        speculative verify), even on an engine made without `batch_invariant`.
+        embd: (row, rows) blocks given in place of those tokens' embeddings (`Batch.with_rows`:
+        an image's)."""
+        batch = Batch.single(tokens, start_pos, n_out)
+        for at, rows in embd:
+            batch = batch.with_rows(at, rows)
+        return self.forward_batch(batch, batch_invariant=batch_invariant)
 
     @property
     def recurrent(self) -> bool:
