@@ -203,3 +203,25 @@ def test_text_only_model_refuses_an_image(tmp_path: Path) -> None:
                                          "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
     with pytest.raises(ImageError, match="cannot be decoded"):
         "".join(Model(FIXTURES / "model.gguf", n_ctx=64).chat(bad, max_tokens=2))
+
+
+def test_minfer_run_with_an_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`minfer run --image FILE`: the mmproj found beside the model, or named with --mmproj
+    (the same reply); the image's placeholders are prompt tokens; a model without one refuses."""
+    import json
+
+    from minfer.cli.main import main
+
+    image = str(FIXTURES / "image.png")
+    args = ["run", "--json", "hi", "--temp", "0", "-n", "3", "-c", "64", "--image", image]
+    assert main([args[0], str(FIXTURES / "model.gguf"), *args[1:]]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["prompt_ids"].count(5) == 4
+    text_only = tmp_path / "model.gguf"
+    text_only.write_bytes((FIXTURES / "model.gguf").read_bytes())
+    assert main([args[0], str(text_only), *args[1:], "-mm",
+                 str(FIXTURES / "mmproj.gguf")]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert named["ids"] == found["ids"] and named["prompt_ids"] == found["prompt_ids"]
+    assert main([args[0], str(text_only), *args[1:]]) != 0
+    assert "takes no images" in capsys.readouterr().err
