@@ -11,7 +11,10 @@ to the Hub's layout (`vision_tower.vision_model.*`), which llama.cpp's converter
 projection is rounded to f16 first (the converter stores it in f16). Written: `mmproj.gguf`
 (f32), `image.png` (48 x 48, square: llama.cpp letterboxes other shapes, transformers
 stretches them), and `ref.npz`: `pixels` (Gemma3ImageProcessorPil's [3, 64, 64]) and
-`features` (get_image_features, float32, [4, 64]).
+`features` (get_image_features, float32, [4, 64]); the text model too (`model.gguf`, f32, its
+SentencePiece vocabulary holding Gemma 3's image markers) and `ref_logits.npz`: a prompt's
+`ids` with the image between `<start_of_image>` and `<end_of_image>` and transformers'
+float32 `logits` of every position.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from hf_tiny import write_spm_tokenizer
 
+MARKERS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vision"
 
 
@@ -53,7 +57,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         hf.mkdir()
-        vocab = write_spm_tokenizer(hf)
+        vocab = write_spm_tokenizer(hf, symbols=MARKERS)
+        boi, eoi, img = 3, 4, 5  # MARKERS' ids
         text = tf.Gemma3TextConfig(
             vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=16,
@@ -63,8 +68,8 @@ def main() -> None:
                                     num_attention_heads=4, image_size=64, patch_size=8,
                                     layer_norm_eps=1e-6, vision_use_head=False)
         cfg = tf.Gemma3Config(text_config=text, vision_config=vis, mm_tokens_per_image=4,
-                              boi_token_index=vocab - 3, eoi_token_index=vocab - 2,
-                              image_token_index=vocab - 1)
+                              boi_token_index=boi, eoi_token_index=eoi,
+                              image_token_index=img)
         torch.manual_seed(0)
         model = tf.Gemma3ForConditionalGeneration(cfg).eval()
         with torch.no_grad():
@@ -89,6 +94,8 @@ def main() -> None:
         subprocess.run([sys.executable, args.convert, str(hf), "--outfile",
                         str(OUT / "mmproj.gguf"), "--outtype", "f32", "--mmproj"],
                        check=True, env=env)
+        subprocess.run([sys.executable, args.convert, str(hf), "--outfile",
+                        str(OUT / "model.gguf"), "--outtype", "f32"], check=True, env=env)
         image = _image()
         image.save(OUT / "image.png")  # type: ignore[attr-defined]
         pixels = proc(images=[image], return_tensors="pt")["pixel_values"]
@@ -97,6 +104,15 @@ def main() -> None:
         feats = getattr(feats, "pooler_output", feats)
         np.savez(OUT / "ref.npz", pixels=pixels[0].numpy().astype(np.float32),
                  features=feats.reshape(-1, 64).numpy().astype(np.float32))
+        # a prompt with the image as llama.cpp's mtmd lays it out, its image tokens reading each
+        # other both ways (token_type_ids 1: transformers' bidirectional image mask)
+        ids = [1, 60, 61, 62, boi, *[img] * 4, eoi, 63, 64, 65]
+        types = [int(t == img) for t in ids]
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), pixel_values=pixels,
+                        token_type_ids=torch.tensor([types]))
+        np.savez(OUT / "ref_logits.npz", ids=np.array(ids, np.int32),
+                 logits=out.logits[0].float().numpy())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ with `sentencepiece`) — and a `tokenizer_config.json` holding the specials and
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,9 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPL
     return n
 
 
-def write_spm_tokenizer(out: Path, vocab_size: int = 384) -> int:
-    """A SentencePiece tokenizer.model (Llama style: <unk> <s> </s>, byte fallback)."""
+def write_spm_tokenizer(out: Path, vocab_size: int = 384, symbols: Sequence[str] = ()) -> int:
+    """A SentencePiece tokenizer.model (Llama style: <unk> <s> </s>, byte fallback; `symbols`:
+    user-defined tokens, ids 3.. in order)."""
     import sentencepiece as spm
 
     text = out / "train.txt"
@@ -73,7 +75,8 @@ def write_spm_tokenizer(out: Path, vocab_size: int = 384) -> int:
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(out / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=1.0,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        user_defined_symbols=list(symbols))
     text.unlink()
     (out / "tokenizer.vocab").unlink()
     config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",

@@ -102,6 +102,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "batch_size": args.batch_size, "backend": args.backend, "fuse": not args.no_fuse,
         "state_checkpoints": args.state_checkpoints,
+        "mmproj": getattr(args, "mmproj", None),
     }
 
 

@@ -70,10 +70,33 @@ class Batch:
     token_types: np.ndarray | None = None
     out_start: np.ndarray | None = None
     out_end: np.ndarray | None = None
+    # Given embedding rows (an image's, `with_rows`): each row's row of `embd` in place of its
+    # token's embedding (-1: its token's), and the rows [k, n_embd] float32.
+    embd_ids: np.ndarray | None = None
+    embd: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+    def with_rows(self, at: int, rows: np.ndarray) -> Batch:
+        """This batch with `rows` in place of the token embeddings of batch rows [at, at + k)
+        (an image's), which read each other both ways: each one's KV window ends at the
+        block's end (llama.cpp decodes an image chunk non-causally). The rows enter unscaled."""
+        k = int(rows.shape[0])
+        if not 0 <= at <= self.n_tokens - k or k == 0:
+            raise MinferError(f"{k} given rows at batch row {at} do not fit {self.n_tokens} rows")
+        ids = np.full(self.n_tokens, -1, np.int32) if self.embd_ids is None \
+            else self.embd_ids.copy()
+        if np.any(ids[at:at + k] >= 0):
+            raise MinferError("given rows overlap")
+        base = 0 if self.embd is None else int(self.embd.shape[0])
+        ids[at:at + k] = np.arange(base, base + k, dtype=np.int32)
+        kv_end = self.kv_end.copy()
+        kv_end[at:at + k] = kv_end[at + k - 1]
+        embd = np.asarray(rows, np.float32)
+        return replace(self, embd_ids=ids, kv_end=kv_end,
+                       embd=embd if self.embd is None else np.concatenate([self.embd, embd]))
 
     @classmethod
     def sequences(cls, seqs: Sequence[Sequence[int]], *, pooling: str,
@@ -222,8 +245,9 @@ class Engine:
         """"" when the forward returns logits; else how its embeddings are pooled."""
         return self.ctx_params.pooling
 
-    def params_for(self, n_tokens: int, n_out: int) -> GraphParams:
-        return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version)
+    def params_for(self, n_tokens: int, n_out: int, *, embd_input: bool = False) -> GraphParams:
+        return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version,
+                                     embd_input=embd_input)
 
     def _prepare(self, params: GraphParams) -> PreparedGraph:
         graph = self._build_fn(self.hparams, params, self._shapes)
@@ -270,12 +294,17 @@ class Engine:
 
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
-                batch_invariant: bool = False) -> np.ndarray:
+                batch_invariant: bool = False,
+                embd: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
         """One sequence's tokens at start_pos..; logits of the last n_out rows.
         batch_invariant: this forward's rows are bitwise their one-token decode rows (a
-        speculative verify), even on an engine made without `batch_invariant`."""
-        return self.forward_batch(Batch.single(tokens, start_pos, n_out),
-                                  batch_invariant=batch_invariant)
+        speculative verify), even on an engine made without `batch_invariant`.
+        embd: (row, rows) blocks given in place of those tokens' embeddings (`Batch.with_rows`:
+        an image's)."""
+        batch = Batch.single(tokens, start_pos, n_out)
+        for at, rows in embd:
+            batch = batch.with_rows(at, rows)
+        return self.forward_batch(batch, batch_invariant=batch_invariant)
 
     @property
     def recurrent(self) -> bool:
@@ -345,7 +374,8 @@ class Engine:
         if n_threads:  # numba's thread count is per calling thread: set it where we run
             set_threads(n_threads)
         t0 = time.perf_counter()
-        prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
+        prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows),
+                                                  embd_input=batch.embd is not None))
         buffers = self._buffers(prepared)
         graph = prepared.graph
         self._fill(prepared, buffers, batch, self.kv.seq_cells)
@@ -437,10 +467,15 @@ class Engine:
             InputKind.OUT_START: batch.out_start,
             InputKind.OUT_END: batch.out_end,
             InputKind.STATE_SEQ: batch.cells // seq_cells,
+            InputKind.EMBD_IDS: batch.embd_ids,
         }
         for kind, node_id in prepared.graph.inputs.items():
             buf = buffers[node_id]
             assert buf is not None
+            if kind is InputKind.EMBD:  # the given rows first; the rest is never read
+                assert batch.embd is not None
+                buf[:len(batch.embd)] = batch.embd
+                continue
             data = fills[kind]
             if data is None:
                 raise MinferError(f"this graph reads {kind.value}, which only a batch of whole "
@@ -480,8 +515,20 @@ class Engine:
             raise MinferError("output rows must index the batch")
         if len(rows) == nt and not np.array_equal(rows, np.arange(nt)):
             raise MinferError("a batch returning every row returns them in order")
+        if b.embd is not None:
+            self._check_embd(b)
         if self.recurrent:
             self._check_states(b)
+
+    def _check_embd(self, b: Batch) -> None:
+        assert b.embd is not None
+        if self.recurrent:
+            raise MinferError(f"{self.hparams.arch} takes no given embedding rows (images)")
+        ids = b.embd_ids
+        if b.embd.shape[1:] != (self.hparams.n_embd,) or ids is None \
+                or ids.shape != (b.n_tokens,) or int(ids.max()) >= len(b.embd):
+            raise MinferError(f"given embedding rows must be [k, {self.hparams.n_embd}], each "
+                              "used at one batch row")
 
     def _sequences(self, b: Batch) -> list[tuple[int, np.ndarray]]:
         """(sequence, its rows in batch order) of each sequence the batch feeds."""

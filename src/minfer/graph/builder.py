@@ -89,6 +89,12 @@ class GraphBuilder:
         return self._append(name, ir.GetRows(), (x, ids), shape,
                             meta=NodeMeta(role=name, layer=layer))
 
+    def replace_rows(self, name: str, x: int, ids: int, rows: int) -> int:
+        if self.shape(rows)[1:] != self.shape(x)[1:]:
+            raise GraphError(f"{name}: rows {self.shape(rows)} do not fit {self.shape(x)}")
+        return self._append(name, ir.ReplaceRows(), (x, ids, rows), self.shape(x),
+                            meta=NodeMeta(role=name))
+
     def rms_norm(self, name: str, x: int, weight: str, eps: float, *, layer: int = -1) -> int:
         if self._weight(weight) != (self.shape(x)[-1],):
             raise GraphError(f"{name}: norm weight {weight} does not match width {self.shape(x)}")

@@ -39,6 +39,8 @@ class InputKind(StrEnum):
     STATE_SEQ = "state_seq"  # [nt] the recurrent-state row (sequence) each token reads and writes
     PIXELS = "pixels"  # [n_patches, 3 * patch^2] f32: an image's patches unfolded (c, y, x)
     POOL_ROWS = "pool_rows"  # [n_patches] batch rows in pooling order (each window contiguous)
+    EMBD_IDS = "embd_ids"  # [nt] row of EMBD that replaces the token's embedding, -1: none
+    EMBD = "embd"  # [nt, n_embd] f32: given embedding rows (an image's), the first ones used
 
 
 class Op:
@@ -60,6 +62,12 @@ class Input(Op):
 @dataclass(frozen=True)
 class GetRows(Op):
     """Rows of a weight table (embedding) or of an activation (tail selection)."""
+
+
+@dataclass(frozen=True)
+class ReplaceRows(Op):
+    """x with row t replaced by rows[ids[t]] where ids[t] >= 0 (sources x, ids, rows): given
+    embedding rows (an image's) in place of the token embedding at their positions."""
 
 
 @dataclass(frozen=True)

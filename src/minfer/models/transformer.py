@@ -1,20 +1,21 @@
 """The decoder skeleton every supported family shares, as builder calls.
 
-`build_decoder` lays out the graph inputs, the token embedding (optionally scaled), one block per
-layer (the family's `LayerFn`) and the output head (final norm, projection tied to the
-embedding when `output.weight` is absent, optional logit soft-capping). The pieces a block is
-made of live here too. With the context's `pooling` set the graph ends at the final norm's
-hidden states instead of the logits (every row, their mean per sequence, or the cls / last
-rows kept as the tail): a decoder's embeddings; "rank" runs the file's classifier head
-(`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each input's last row. The
-pieces: `attention` (q/k/v projections with optional biases, or one fused q|k|v projection
-sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling / frequency
-factors, or none in the layers that skip it; KV store and load, attention with the layer's
-sliding window, soft-cap and sink logits, output projection, optionally biased), `gated_ffn`
-(gate/up, or one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where the file
-has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed experts,
-optional gated shared expert: Qwen2/3-MoE; gpt-oss's biases, gating and clamped SwiGLU) and
-`keep_tail` (a prefill keeps only its last `n_out` rows after the last layer's attention).
+`build_decoder` lays out the graph inputs, the token embedding (optionally scaled; with
+GraphParams.embd_input, given rows such as an image's replace it at the rows the EMBD_IDS input
+names: data, not topology), one block per layer (the family's `LayerFn`) and the output head
+(final norm, projection tied to the embedding when `output.weight` is absent, optional logit
+soft-capping). The pieces a block is made of live here too. With the context's `pooling` set the
+graph ends at the final norm's hidden states instead of the logits (every row, their mean per
+sequence, or the cls / last rows kept as the tail): a decoder's embeddings; "rank" runs the
+file's classifier head (`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each
+input's last row. The pieces: `attention` (q/k/v projections with optional biases, or one fused
+q|k|v projection sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling
+/ frequency factors, or none in the layers that skip it; KV store and load, attention with the
+layer's sliding window, soft-cap and sink logits, output projection, optionally biased),
+`gated_ffn` (gate/up, or one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where
+the file has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed
+experts, optional gated shared expert: Qwen2/3-MoE; gpt-oss's biases, gating and clamped SwiGLU)
+and `keep_tail` (a prefill keeps only its last `n_out` rows after the last layer's attention).
 Which of the optional parts a model has is read from its HParams, never guessed from the
 architecture name here.
 """
@@ -83,9 +84,14 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     if pooling == "mean":
         out_start = b.input(InputKind.OUT_START, params.n_out)
         out_end = b.input(InputKind.OUT_END, params.n_out)
+    if params.embd_input:
+        embd_ids = b.input(InputKind.EMBD_IDS, nt)
+        embd = b.input_rows(InputKind.EMBD, nt, hp.n_embd)
     h = b.embedding("token_embd.weight", ids)  # [nt, n_embd]
     if embd_scale != 1.0:
         h = b.scale("inp_scaled", h, embd_scale)
+    if params.embd_input:  # given rows (an image's) as they are: unscaled, as llama.cpp's
+        h = b.replace_rows("inp_embd", h, embd_ids, embd)
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
     x = b.rms_norm("output_norm", h, hp.output_norm_name, hp.rms_eps)

@@ -363,6 +363,13 @@ def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.take, x, rows, axis=0, out=out)]
 
 
+def _replace_rows(x: np.ndarray, ids: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, x)
+    given = np.flatnonzero(ids >= 0)
+    if len(given):
+        out[given] = rows[ids[given]]
+
+
 def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
                 ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
@@ -542,6 +549,7 @@ def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
 _BINDERS: dict[type, Binder] = {
     ir.GetRows: _bind_get_rows,
     ir.Slice: _bind_slice,
+    ir.ReplaceRows: _bind_call(_replace_rows),
     ir.RmsNorm: _bind_rms_norm,
     ir.MatMul: _bind_matmul,
     ir.FusedGateUp: _bind_fused_gate_up,

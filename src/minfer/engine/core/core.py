@@ -108,7 +108,8 @@ class EngineCore:
             length = DraftLength(spec.draft_max, adaptive=spec.adaptive)
         state = Request(req, self.vocab, n_ctx_slot=self.n_ctx_slot, length=length)
         self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt),
-                                    score_k=req.prompt_logprobs, scores=state.prompt_logprobs))
+                                    score_k=req.prompt_logprobs, scores=state.prompt_logprobs,
+                                    embd=req.embd))
         self.requests[seq_id] = state
         return state
 

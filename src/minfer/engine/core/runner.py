@@ -76,8 +76,10 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
     bases: list[np.ndarray] = []
     out_rows: list[int] = []
     out_ids: list[int] = []
+    firsts: list[int] = []  # each work's first batch row
     for w in plan.works:
         n = len(w.tokens) + len(w.draft)
+        firsts.append(len(tokens))
         tokens.extend(w.tokens)
         tokens.extend(w.draft)
         positions.append(np.arange(w.start_pos, w.start_pos + n, dtype=np.int32))
@@ -89,6 +91,8 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
                 out_ids.append(w.seq_id)
     if not out_rows:  # a step of prompt chunks only: the graph still returns one row
         out_rows.append(len(tokens) - 1)
+    given = [(first + e.at, e.rows) for first, w in zip(firsts, plan.works, strict=True)
+             for e in w.embd]
     pos = np.concatenate(positions)
     base = np.concatenate(bases)
     cells = base + pos
@@ -100,6 +104,8 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
         kv_end=cells + 1,
         out_rows=np.asarray(out_rows, dtype=np.int32),
     )
+    for at, rows in given:
+        batch = batch.with_rows(at, rows)
     return batch, out_ids
 
 
@@ -181,6 +187,12 @@ class SequenceRunner:
                 verify.save_state(0, spare=True)
             rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
             return {w.seq_id: rows}
+        if w.embd:  # an image's rows: the engine itself (a chat's mirror takes none)
+            engine = cast("Engine", self.engine)
+            n_out = len(w.tokens) if w.rows else 1
+            rows = engine.forward(w.tokens, w.start_pos, n_out,
+                                  embd=[(e.at, e.rows) for e in w.embd])
+            return {w.seq_id: rows} if w.rows else ({w.seq_id: rows[0]} if w.logits else {})
         if w.rows:
             return {w.seq_id: self.engine.forward(w.tokens, w.start_pos, len(w.tokens))}
         logits = self.engine.forward(w.tokens, w.start_pos)

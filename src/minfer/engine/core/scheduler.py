@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minfer.engine.core.request import TokenLogprob
+from minfer.engine.core.request import PromptRows, TokenLogprob
 from minfer.errors import MinferError
 
 # prompt tokens of a step in which nothing decodes, where the server's chunk is not set
@@ -82,6 +82,23 @@ class Sequence:
     # the scores of tokens 1..len(scores) so far: those a cached prefix brought, then those its
     # rows gave (one list with the request's, `Request.prompt_logprobs`)
     scores: list[TokenLogprob] = field(default_factory=list)
+    # rows given for some prompt tokens (images): each block is fed whole in one work, and no
+    # cached prefix reaches into the first (equal placeholder ids, different images)
+    embd: tuple[PromptRows, ...] = ()
+
+    @property
+    def embd_start(self) -> int:
+        """The first prompt token with given rows (len(tokens) when none)."""
+        return self.embd[0].at if self.embd else len(self.tokens)
+
+    def chunk(self, n: int) -> int:
+        """n tokens from n_computed, cut before a block of given rows they would split (or
+        taken to its end where the block starts the chunk)."""
+        start = self.n_computed
+        for e in self.embd:
+            if e.at < start + n < e.at + e.n:
+                return e.at - start if e.at > start else e.at + e.n - start
+        return n
 
     @property
     def prompt_rows(self) -> bool:
@@ -121,6 +138,7 @@ class Work:
     logits: bool  # the last token's logits are wanted (the sequence samples after this step)
     draft: tuple[int, ...] = ()  # proposed continuation, fed after `tokens` to be verified
     rows: bool = False  # every fed token's logits are wanted (a prompt scored token by token)
+    embd: tuple[PromptRows, ...] = ()  # given rows of the fed tokens, `at` counted from start_pos
 
 
 @dataclass(frozen=True)
@@ -196,7 +214,7 @@ def _reach(seq: Sequence, held: Held, recurrent: bool = False,
     recurrent: all the held tokens, where the prompt extends them (its last token, whose
     logits are wanted, still to compute), or the furthest of `checkpoints` (the positions the
     slot's state was kept at) within them: a recurrent state is not cut to a prefix."""
-    common = common_prefix(held.tokens, seq.tokens)
+    common = min(common_prefix(held.tokens, seq.tokens), seq.embd_start)
     if seq.score_k is None:
         n = min(common, held.n)
     elif not _scores_serve(held.score_k, seq.score_k):
@@ -295,10 +313,10 @@ class Scheduler:
                     _scores_serve(k, seq.score_k) and common_prefix(done, seq.tokens[:upto]) == upto
                     for done, k in planned)):
                 continue
-            n = min(seq.n_pending, budget)
+            n = seq.chunk(min(seq.n_pending, budget))
             works.append(self._work(seq, n))
             planned.append((seq.tokens[: seq.n_computed + n], seq.score_k))
-            budget -= n
+            budget = max(0, budget - n)
         if len(works) > 1:
             works.sort(key=lambda w: w.slot)
         assert works or not copies, "copies ride on a forward: a plan without work is skipped"
@@ -357,7 +375,9 @@ class Scheduler:
             raise MinferError(f"sequence {seq.seq_id} would pass the slot's context")
         return Work(seq.seq_id, seq.slot, start, tuple(seq.tokens[start : start + n]),
                     logits=start + n == len(seq.tokens),
-                    rows=seq.prompt_rows and start < seq.n_prompt)
+                    rows=seq.prompt_rows and start < seq.n_prompt,
+                    embd=tuple(e.shifted(-start) for e in seq.embd
+                               if start <= e.at < start + n))
 
     def _admit(self) -> None:
         while self.waiting and self.n_free:

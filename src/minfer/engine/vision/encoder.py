@@ -9,6 +9,7 @@ projection (stored [n_embd_vision, n_embd_text], applied as x @ W) transposed.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,7 @@ class VisionEncoder:
         kv = KVRegions(n_layer=0, n_ctx=1, n_kv_embd=1, new_cache=None)  # type: ignore[arg-type]
         self._buffers = Allocator(kv).buffers(graph, plan)
         self._graph = graph
+        self._lock = threading.Lock()  # one image at a time through the shared buffers
         ctx = ExecContext(weights=self.weights, kv=kv, batch_invariant=True, dense_f32=True)
         self._tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live),
                                           self._buffers, {backend.name: backend}, ctx)
@@ -100,11 +102,12 @@ class VisionEncoder:
         if chw.shape != (3, cp.image_size, cp.image_size):
             raise ValueError(f"pixels {chw.shape}, expected (3, {cp.image_size}, "
                              f"{cp.image_size})")
-        self._fill(cp, patches(np.asarray(chw, np.float32), cp.patch_size))
-        self._tape.run()
-        out = self._buffers[self._graph.outputs[0]]
-        assert out is not None
-        return out.copy()
+        with self._lock:
+            self._fill(cp, patches(np.asarray(chw, np.float32), cp.patch_size))
+            self._tape.run()
+            out = self._buffers[self._graph.outputs[0]]
+            assert out is not None
+            return out.copy()
 
     def encode(self, data: bytes) -> np.ndarray:
         """An image file's bytes to its embedding rows."""
