@@ -9,6 +9,7 @@ with `sentencepiece`) — and a `tokenizer_config.json` holding the specials and
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,9 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPL
     return n
 
 
-def write_spm_tokenizer(out: Path, vocab_size: int = 384) -> int:
-    """A SentencePiece tokenizer.model (Llama style: <unk> <s> </s>, byte fallback)."""
+def write_spm_tokenizer(out: Path, vocab_size: int = 384, symbols: Sequence[str] = ()) -> int:
+    """A SentencePiece tokenizer.model (Llama style: <unk> <s> </s>, byte fallback; `symbols`:
+    user-defined tokens, ids 3.. in order)."""
     import sentencepiece as spm
 
     text = out / "train.txt"
@@ -73,7 +75,8 @@ def write_spm_tokenizer(out: Path, vocab_size: int = 384) -> int:
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(out / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=1.0,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        user_defined_symbols=list(symbols))
     text.unlink()
     (out / "tokenizer.vocab").unlink()
     config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
@@ -150,6 +153,30 @@ def _config(family: str, vocab: int) -> Any:
         rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
         return tf.LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope,
                               bos_token_id=1, eos_token_id=2), tf.LlamaForCausalLM
+    if family == "lfm2":  # LFM2's: short convolutions around one attention layer, FFN width
+        # auto-adjusted (2/3, times the multiplier, rounded up to a multiple), tied output
+        return tf.Lfm2Config(**{**common, "num_hidden_layers": 4}, norm_eps=1e-5,
+                             conv_L_cache=3, block_auto_adjust_ff_dim=True,
+                             block_ffn_dim_multiplier=1.5, block_multiple_of=32,
+                             layer_types=["conv", "full_attention", "conv", "conv"],
+                             tie_word_embeddings=True, bos_token_id=None,
+                             eos_token_id=vocab - 1, pad_token_id=vocab - 3), \
+            tf.Lfm2ForCausalLM
+    q35: dict[str, Any] = dict(
+        **{**common, "num_hidden_layers": 4}, head_dim=32, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=vocab - 1)
+    if family == "qwen35":  # Qwen3.5's: DeltaNet x 3 | gated attention, interleaved MRoPE
+        rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+        return tf.Qwen3_5TextConfig(**q35, rope_parameters=rope), tf.Qwen3_5ForCausalLM
+    if family == "qwen35moe":  # its MoE: experts and a gated shared expert, MRoPE by default
+        q35.pop("intermediate_size")
+        return tf.Qwen3_5MoeTextConfig(**q35, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=48), \
+            tf.Qwen3_5MoeForCausalLM
     moe: dict[str, Any] = dict(num_experts_per_tok=2, moe_intermediate_size=32)
     if family == "qwen2moe":  # Qwen1.5-MoE's: q/k/v biases, a gated shared expert
         return tf.Qwen2MoeConfig(**common, num_experts=4, shared_expert_intermediate_size=48,

@@ -28,11 +28,12 @@ root = Path(sys.argv[1])
 sys.path[:0] = [str(root), str(root / "gguf-py")]
 import conversion.base as base
 detect = base.TextModel.get_vocab_base_pre
-for model_dir, out, outtype, pre in json.loads(sys.argv[2]):
+extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else []
+for model_dir, out, outtype, pre, *flags in json.loads(sys.argv[2]):
     # The tiny test tokenizers' hashes are unknown to llama.cpp: name their pre-tokenizer.
     base.TextModel.get_vocab_base_pre = (lambda self, tok, pre=pre: pre) if pre else detect
     sys.argv = [str(root / "convert_hf_to_gguf.py"), model_dir, "--outfile", out,
-                "--outtype", outtype]
+                "--outtype", outtype, *extra, *(flags[0] if flags else [])]
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as exc:
@@ -83,11 +84,17 @@ def llama_converter() -> Path:
     return dest
 
 
-def reference_convert(jobs: list[tuple[Path, Path, str, str | None]]) -> None:
+def reference_convert(jobs: list[tuple[Path, Path, str, str | None]],
+                      extra: tuple[str, ...] = (),
+                      flags: dict[Path, tuple[str, ...]] | None = None) -> None:
     """Run llama.cpp's converter on each (model_dir, out, outtype, pre-tokenizer or None), all
-    in one interpreter (this one's torch, transformers, sentencepiece): imports paid once."""
+    in one interpreter (this one's torch, transformers, sentencepiece): imports paid once.
+    extra: more converter flags for every job (`--no-mtp`); flags: for the jobs of a model_dir
+    only."""
     root = llama_converter()
-    spec = json.dumps([[str(d), str(o), t, p] for d, o, t, p in jobs])
-    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(root), spec], capture_output=True,
+    flags = flags or {}
+    spec = json.dumps([[str(d), str(o), t, p, list(flags.get(d, ()))] for d, o, t, p in jobs])
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(root), spec, json.dumps(extra)],
+                          capture_output=True,
                           text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

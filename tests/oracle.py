@@ -266,3 +266,40 @@ def short_conv(bcx: np.ndarray, taps: np.ndarray,
     conv = np.stack([(window[t:t + n_taps] * taps.T.astype(np.float64)).sum(axis=0)
                      for t in range(len(bcx))])
     return c * conv, window[len(bcx):]
+
+
+def ssm_conv(x: np.ndarray, taps: np.ndarray) -> np.ndarray:
+    """Qwen3.5's causal depthwise convolution then SiLU of one sequence from a zero state, in
+    float64: x [nt, d], taps [d, L]."""
+    d, n_taps = taps.shape
+    window = np.concatenate([np.zeros((n_taps - 1, d)), x.astype(np.float64)])
+    conv = np.stack([(window[t:t + n_taps] * taps.T.astype(np.float64)).sum(axis=0)
+                     for t in range(len(x))])
+    return conv / (1.0 + np.exp(-conv))
+
+
+def delta_net(qkv: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray,
+              a: np.ndarray, n_k_heads: int, eps: float) -> np.ndarray:
+    """The gated delta rule of one sequence from a zero state in float64, as transformers'
+    `torch_recurrent_gated_delta_rule` writes it (S [d_k, d_v] per value head, value head h on
+    key head h % n_k_heads, llama.cpp's tiled order): qkv [nt, (2 n_k + n_v) d]."""
+    nt, n_v = alpha.shape
+    d = qkv.shape[1] // (2 * n_k_heads + n_v)
+    x = qkv.astype(np.float64)
+    out = np.zeros((nt, n_v * d))
+    state = np.zeros((n_v, d, d))
+    for t in range(nt):
+        for h in range(n_v):
+            kh = h % n_k_heads
+            q = x[t, kh * d:(kh + 1) * d]
+            k = x[t, (n_k_heads + kh) * d:(n_k_heads + kh + 1) * d]
+            v = x[t, (2 * n_k_heads + h) * d:(2 * n_k_heads + h + 1) * d]
+            q = q / max(np.linalg.norm(q), eps)
+            k = k / max(np.linalg.norm(k), eps)
+            g = np.log1p(np.exp(float(alpha[t, h]) + float(dt_bias[h]))) * float(a[h])
+            b = 1.0 / (1.0 + np.exp(-float(beta[t, h])))
+            s = state[h] * np.exp(g)
+            s = s + np.outer(k, (v - s.T @ k) * b)
+            state[h] = s
+            out[t, h * d:(h + 1) * d] = s.T @ q / np.sqrt(d)
+    return out

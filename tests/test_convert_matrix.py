@@ -63,9 +63,16 @@ CASES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
     "smollm3": (_ckpt("smollm3", post_processor="bytelevel"), "llama-bpe"),
     "phi3": (_ckpt("phi3", post_processor="bytelevel"), "qwen2"),
     "phi3_longrope": (_ckpt("phi3_longrope"), None),
+    "lfm2": (_ckpt("lfm2", post_processor="bytelevel"), "qwen2"),
+    "qwen35": (_ckpt("qwen35", post_processor="bytelevel"), "qwen2"),
+    "qwen35moe": (_ckpt("qwen35moe", post_processor="bytelevel", dtype="bfloat16"), "qwen2"),
     "bert": (write_bert_checkpoint, "default"),
     "qwen3_reranker": (write_reranker_checkpoint, "qwen2"),
 }
+
+
+# llama.cpp's converter wants --no-mtp for a Qwen3.5 checkpoint without an MTP block
+NO_MTP, NO_MTP_CASES = ("--no-mtp",), ("qwen35", "qwen35moe")
 
 
 def gguf_differences(ours: Path, ref: Path) -> list[str]:
@@ -132,7 +139,8 @@ def matrix_reference(matrix_ckpts: dict[str, Path], tmp_path_factory: pytest.Tem
     """llama.cpp's file for every (case, outtype), all made in one interpreter."""
     root = tmp_path_factory.mktemp("matrix-ref")
     jobs = {(c, t): root / f"{c}-{t}.gguf" for c in CASES for t in OUTTYPES}
-    reference_convert([(matrix_ckpts[c], out, t, CASES[c][1]) for (c, t), out in jobs.items()])
+    reference_convert([(matrix_ckpts[c], out, t, CASES[c][1]) for (c, t), out in jobs.items()],
+                      flags={matrix_ckpts[c]: NO_MTP for c in NO_MTP_CASES})
     return jobs
 
 

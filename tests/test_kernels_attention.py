@@ -154,11 +154,13 @@ def test_softmax_passes_in_ir_match_numpy(n: int) -> None:
 @pytest.mark.parametrize(("n_head", "n_kv", "head_dim", "dtype"),
                          [(14, 2, 64, np.float16), (8, 8, 64, np.float32), (8, 1, 128, np.float16),
                           (6, 2, 64, np.float32)])
-@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize(("softcap", "sinks"), [(0.0, False), (30.0, False), (0.0, True)])
 def test_row_blocked_kernel_is_bitwise_the_per_row_kernel(n_head: int, n_kv: int, head_dim: int,
-                                                          dtype: type, softcap: float) -> None:
+                                                          dtype: type, softcap: float,
+                                                          sinks: bool) -> None:
     """`_attention_rows` (rows in blocks, cells in tiles) gives the per-row kernel's bits for
-    every row, whatever the block and tile sizes: the batch-invariant path may take either."""
+    every row, whatever the block and tile sizes: the batch-invariant path may take either
+    (attention sinks included)."""
     import importlib
 
     from minfer.backends.cpu.kernels.attn.vector_ir import HAS_MIX
@@ -177,7 +179,9 @@ def test_row_blocked_kernel_is_bitwise_the_per_row_kernel(n_head: int, n_kv: int
     start = np.concatenate([np.zeros(20), np.full(20, 150), [9], 180 + np.arange(4)])
     end = np.concatenate([100 + np.arange(20), 151 + np.arange(20), [9], 230 + np.arange(4)])
     start, end = start.astype(np.int64), end.astype(np.int64)
-    args = (n_head, n_kv, head_dim, np.float32(0.125), np.float32(softcap))
+    sink = (rng.standard_normal(n_head) * 3).astype(np.float32) if sinks else \
+        np.zeros(0, np.float32)
+    args = (n_head, n_kv, head_dim, np.float32(0.125), np.float32(softcap), sink)
     want = np.full_like(q, np.nan)
     mod._attention(q, k, v, start, end, *args, want)
     for rows, tile in ((8, 64), (3, 7), (1, 1), (16, 300)):

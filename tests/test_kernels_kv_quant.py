@@ -193,6 +193,19 @@ def _filled(k_type: str, v_type: str, n_ctx: int, n: int, hd: int) -> tuple[np.n
             dequantize_rows(v, n, rot=v_rotation(v_type, hd)))
 
 
+def _query_as_dotted(q: np.ndarray, k_type: str, hd: int) -> np.ndarray:
+    """The query llama.cpp's CPU flash attention dots K with, in the unrotated basis: K's
+    vec_dot_type, so f16 for an f16 K and, for a q8_0 / q4_0 K, the rotated query's Q8_0
+    blocks (quantize_row_q8_0), rotated back."""
+    if k_type == "f16":
+        return _f16(q)
+    if k_type not in ("q8_0", "q4_0"):
+        return q
+    rot = k_rotation(k_type, hd)
+    d, codes = ref_q8_0(ref_rotate(q, rot))
+    return ref_rotate((codes.astype(np.float32) * d[:, None]).reshape(q.shape), rot)
+
+
 PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "q4_0"), ("f16", "q8_0")]
 
 
@@ -203,7 +216,8 @@ def test_attention_equals_attention_on_dequantized_cache(k_type: str, v_type: st
                                                          blocked: bool, hd: int) -> None:
     """The stored rows are rotated (head_dim 64: K and V by 64-chunks; 128: K by 128, V by 64;
     96: not at all), the query and the output rotated to match: the result is attention over
-    the values read back, unrotated."""
+    the values read back, unrotated, with the query as llama.cpp's flash attention dots it
+    (`_query_as_dotted`): not the f32 query's."""
     if blocked and not blocked_available():
         pytest.skip("no BLAS sgemm for the blocked kernel")
     nt, n_head, n_kv, n_ctx = 40, 4, 2, 72
@@ -217,11 +231,14 @@ def test_attention_equals_attention_on_dequantized_cache(k_type: str, v_type: st
     out = np.empty_like(q)
     attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale,
               out=out, blocked=blocked)
-    qr = _f16(q) if k_type == "f16" else q
-    ref = ref_attention(qr, kf, vf, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd,
-                        scale=scale)
+    ref = ref_attention(_query_as_dotted(q, k_type, hd), kf, vf, start, end, n_head=n_head,
+                        n_head_kv=n_kv, head_dim=hd, scale=scale)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
     assert not out[3].any()
+    if k_type in ("q8_0", "q4_0"):  # the query's Q8_0 rounding shows
+        f32_query = ref_attention(q, kf, vf, start, end, n_head=n_head, n_head_kv=n_kv,
+                                  head_dim=hd, scale=scale)
+        assert np.abs(out - f32_query).max() > 1e-4
 
 
 def test_attention_refuses_heads_off_block_boundaries() -> None:

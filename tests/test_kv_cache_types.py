@@ -8,9 +8,9 @@ heads of 32 (tiny_qwen3), by 128-value chunks for K and 64 for V with heads of 1
 (benchmarks/make_kv_quant_fixture.py) holds llama.cpp's layer-0 cache blocks and its logits
 with each cache type: minfer's blocks are llama.cpp's byte for byte, and minfer's quantized
 caches depart from llama.cpp's same caches by well under what llama.cpp's depart from its f16
-cache (measured, mean |dlogit| over the f16 cache's top-10 at 595 positions: q8_0 0.086 against
-llama.cpp's own 0.15, q4_0 0.60 against 2.32; with the 32-value rotation minfer had before,
-0.20 and 1.83)."""
+cache (measured, mean |dlogit| over the f16 cache's top-10 at 595 positions: q8_0 0.077 against
+llama.cpp's own 0.15, q4_0 0.42 against 2.32; with an f32 query rather than llama.cpp's Q8_0
+one, 0.086 and 0.59; with the 32-value rotation minfer had before, 0.20 and 1.83)."""
 
 from __future__ import annotations
 
@@ -199,11 +199,13 @@ def test_context_shift_requantizes_the_rotated_keys(tiny_model: Path, kv: str) -
         np.testing.assert_array_equal(e.kv.v[layer][4:34], v_src[layer])
 
 
-@pytest.mark.parametrize(("kv", "tol"), [("q8_0", 0.05), ("q4_0", 0.25)])
+@pytest.mark.parametrize(("kv", "tol"), [("q8_0", 0.05), ("q4_0", 0.3)])
 def test_a_shifted_block_decodes_like_one_prefilled_in_place(tiny_model: Path, kv: str,
                                                              tol: float) -> None:
     """As tests/test_kv_shift.py: a block reading only itself, moved from cells 50.. to 6..,
-    against the block prefilled at 6.. (here K is requantized, so near rather than equal)."""
+    against the block prefilled at 6.. (here K is requantized, so near rather than equal;
+    measured max |d| / max |logit|, hd32 / hd128: q8_0 0.031 / 0.006, q4_0 0.251 / 0.158, the
+    random tiny model's q4_0 at 0.234 / 0.152 with an f32 query rather than a Q8_0 one)."""
     src, dst, n = 50, 6, 20
     moved, fresh = (_engine(tiny_model, kv, kv, n_ctx=96) for _ in range(2))
     moved.forward_batch(_block(PROMPT[:n], src))
@@ -295,13 +297,14 @@ def test_layer0_cache_blocks_are_llamacpp_blocks(real_model_path: Path, kv: str)
 
 @pytest.mark.real_model
 @pytest.mark.slow
-@pytest.mark.parametrize(("kv", "bound"), [("q8_0", 0.75), ("q4_0", 0.5)])
+@pytest.mark.parametrize(("kv", "bound"), [("q8_0", 0.65), ("q4_0", 0.3)])
 def test_quantized_cache_logits_follow_llamacpp_same_cache(real_model_path: Path, kv: str,
                                                           bound: float) -> None:
     """The public prompts with their continuations and the 378-token long prompt, every
     position: minfer's cache against llama.cpp's same cache type, mean |dlogit| over llama.cpp
     f16's top-10, at most `bound` times what llama.cpp's own cache departs from its f16 cache
-    (measured 0.56 for q8_0, 0.26 for q4_0; 1.33 and 0.79 with the 32-value rotation)."""
+    (measured 0.51 for q8_0, 0.18 for q4_0; 0.56 and 0.25 with an f32 query, where llama.cpp
+    dots a Q8_0 one; 1.33 and 0.79 with the 32-value rotation)."""
     ref = _llamacpp()
     e = _engine(real_model_path, kv, kv, n_ctx=512)
     ours, theirs = [], []

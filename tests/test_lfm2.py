@@ -18,6 +18,7 @@ import pytest
 from minfer.backends.cpu import kernels as K
 from minfer.chat.session import ChatConfig, ChatSession, TurnReport
 from minfer.engine.core.core import EngineCore
+from minfer.engine.core.policy import Proposal
 from minfer.engine.core.request import GenRequest, Request
 from minfer.engine.core.runner import Runner
 from minfer.engine.core.scheduler import Held, _reach
@@ -273,7 +274,7 @@ def test_a_chats_next_turn_reuses_the_slots_state() -> None:
     assert fresh.n_cached == 0
     assert second.ids == fresh.ids and second.tops == fresh.tops
     (edited,) = _run(core, [[*LONG[:30], *OTHER[:5]]])  # shares 30 tokens, not the whole cache
-    assert edited.n_cached == 0
+    assert edited.n_cached == 16  # from the state checkpointed after the first 16-row chunk
     (alone,) = _run(_core(1), [[*LONG[:30], *OTHER[:5]]])
     assert edited.ids == alone.ids and edited.tops == alone.tops
 
@@ -286,6 +287,9 @@ def test_scheduler_takes_a_recurrent_cache_only_whole() -> None:
     assert _reach(partial, held) == 3 and _reach(partial, held, recurrent=True) == 0
     same = SchedSequence(0, [1, 2, 3, 4], 4)  # its last token must be computed again
     assert _reach(same, held, recurrent=True) == 0
+    # with the slot's state checkpointed at 2 and 4: the furthest within the common prefix
+    assert _reach(partial, held, recurrent=True, checkpoints=(2, 4)) == 2
+    assert _reach(same, held, recurrent=True, checkpoints=(2, 4)) == 2
 
 
 def test_a_copied_prefix_brings_the_state_only_whole() -> None:
@@ -306,13 +310,85 @@ def test_a_copied_prefix_brings_the_state_only_whole() -> None:
     assert e.state_position(1) == 21
 
 
-def test_speculation_is_refused_by_name() -> None:
-    from minfer.engine.assembly import Assembly, ModelConfig
-    from minfer.engine.speculative import SpecConfig, SpeculativeError
+def test_an_edit_near_the_end_restarts_from_a_checkpoint_bitwise() -> None:
+    """Prefill chunks checkpoint the state (at most `state_checkpoints`, the furthest kept: the
+    memory is bounded); a prompt edited near its end continues from the checkpoint before the
+    edit with every row bitwise a full recompute's; a position with no checkpoint is refused."""
+    e = _engine(batch_invariant=True, state_checkpoints=2)
+    for start in range(0, len(LONG), 32):
+        e.forward(LONG[start:start + 32], start)
+    assert e.checkpoints.positions(0) == [96, 100]
+    assert e.checkpoints.nbytes == 2 * e.kv.state_bytes_per_seq
+    edited = [*LONG[:98], 5, 6, 7]
+    rows = e.forward(edited[96:], 96, n_out=5)
+    fresh = _engine(batch_invariant=True).forward(edited, 0, n_out=len(edited))
+    assert np.array_equal(rows, fresh[96:])
+    assert e.checkpoints.positions(0) == [96, 101]  # 100's cells were rewritten
+    with pytest.raises(MinferError, match="cannot continue at position 50"):
+        e.forward(edited[50:], 50)
 
-    parts = Assembly(MODEL, ModelConfig(spec=SpecConfig(lookup_ngram=3)))
-    with pytest.raises(SpeculativeError, match="recurrent"):
-        parts.draft()
+
+def test_no_checkpoints_keeps_the_whole_only_rule() -> None:
+    e = _engine(batch_invariant=True, state_checkpoints=0)
+    e.forward(LONG[:64], 0)
+    e.forward(LONG[64:], 64)
+    assert e.checkpoints.positions(0) == [] and e.checkpoints.nbytes == 0
+    with pytest.raises(MinferError, match="cannot continue at position 64"):
+        e.forward(LONG[64:], 64)
+
+
+class _Guesses:
+    """A proposer that knows plain greedy's continuation and spoils every third guess, so
+    verifies keep some proposals and reject the rest."""
+
+    def __init__(self, plain: dict[tuple[int, ...], list[int]]) -> None:
+        self.plain = plain
+        self.n = 0
+
+    def propose(self, asks: object) -> dict[int, Proposal]:
+        out = {}
+        for a in asks:  # type: ignore[attr-defined]
+            for prompt, ids in self.plain.items():
+                if a.tokens[:len(prompt)] == prompt:
+                    done = len(a.tokens) - len(prompt)
+                    guess = list(ids[done:done + a.k])
+                    self.n += 1
+                    if guess and self.n % 3 == 0:
+                        guess[len(guess) // 2] = (guess[len(guess) // 2] + 1) % 300
+                    out[a.seq_id] = Proposal(guess)
+        return out
+
+    def warm_up(self) -> None:
+        pass
+
+    def forget(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["lookup", "guesses"])
+def test_speculation_greedy_is_plain_greedy(kind: str) -> None:
+    """Speculation on the hybrid target (prompt lookup; a proposer right at times, wrong at
+    others): a rejected proposal's state is taken back (the verify's start restored, the kept
+    tokens recomputed), so every drawn token and its logits are plain greedy's, bitwise."""
+    from minfer.engine.core.proposer import LookupProposer
+    from minfer.engine.speculative import SpecConfig
+
+    prompts = [[*LONG[:20], *LONG[:20]], OTHER[:24]]
+    plain = _run(_core(2), prompts, max_tokens=20)
+    proposer = (LookupProposer(2) if kind == "lookup" else
+                _Guesses({tuple(p): s.ids for p, s in zip(prompts, plain, strict=True)}))
+    engine = _engine(n_ctx=2 * N_CTX_SLOT, batch_invariant=True)
+    core = EngineCore(Runner(engine, N_CTX_SLOT), Tokenizer.from_gguf(GGUFFile.open(MODEL)),
+                      n_slots=2, n_ctx_slot=N_CTX_SLOT, chunk=16, proposer=proposer,
+                      speculation=SpecConfig(draft_max=4, adaptive=False))
+    spec = _run(core, prompts, max_tokens=20)
+    for a, b in zip(plain, spec, strict=True):
+        assert a.ids == b.ids and a.tops == b.tops
+    drafted = sum(s.spec.drafted for s in spec)
+    accepted = sum(s.spec.accepted for s in spec)
+    assert drafted > 0
+    if kind == "guesses":
+        assert 0 < accepted < drafted  # some kept, some taken back
 
 
 # -- a chat session (minfer chat, the REPL) ------------------------------------------------------
@@ -346,7 +422,7 @@ def _turn(chat: ChatSession, text: str) -> TurnReport:
     return report
 
 
-def test_chat_turns_prefill_the_delta_and_regen_recomputes() -> None:
+def test_chat_turns_prefill_the_delta_and_regen_prefills_only_the_turn() -> None:
     e = _engine()
     chat = _chat(e)
     _turn(chat, "Hello world!")
@@ -357,9 +433,10 @@ def test_chat_turns_prefill_the_delta_and_regen_recomputes() -> None:
     fresh = _chat(_engine())
     _turn(fresh, "Hello world!")
     assert _turn(fresh, "The quick brown fox").ids == second.ids
-    *_, again = chat.regen()  # the state cannot go back to the turn's start: all of it again
-    assert isinstance(again, TurnReport) and again.n_prefilled > second.n_prefilled
+    *_, again = chat.regen()  # from the state checkpointed at the turn's start
+    assert isinstance(again, TurnReport) and again.n_prefilled == second.n_prefilled
     assert again.ids == second.ids  # greedy: the same reply
+    assert chat.kv.tokens == fresh.kv.tokens
 
 
 def test_info_shows_the_layer_pattern_and_the_state(capsys: pytest.CaptureFixture[str]) -> None:
@@ -385,7 +462,8 @@ def test_the_python_api_generates() -> None:
 def test_the_server_reuses_a_chats_state_and_reports_it() -> None:
     """`minfer serve` on the real tiny engine: a chat's next turn is answered from the slot's
     state (usage's cached tokens) with the reply a full recompute gives (the same body again,
-    which does not extend the cache, is recomputed from 0)."""
+    which does not extend the cache, continues from the state checkpointed at the end of the
+    first turn's prompt)."""
     from minfer.engine.config import EngineConfig
     from minfer.server.state import ServerConfig, ServerState
 
@@ -408,5 +486,5 @@ def test_the_server_reuses_a_chats_state_and_reports_it() -> None:
     finally:
         st.stop()
     cached = [g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got]
-    assert cached[0] > first["usage"]["prompt_tokens"] and cached[1] == 0
+    assert cached[0] > first["usage"]["prompt_tokens"] == cached[1]
     assert got[0]["choices"][0]["message"] == got[1]["choices"][0]["message"]

@@ -154,7 +154,7 @@ def test_routing_ties_and_bad_rows() -> None:
     order = np.empty(nt * k, np.int64)
     pos = np.empty(nt * k, np.int64)
     xs = np.empty((nt * k, 3), np.float32)
-    X.route_and_group(logits, x, k, True, ids, wts, groups, ng, order, pos, xs)
+    X.route_and_group(logits, x, k, True, False, ids, wts, groups, ng, order, pos, xs)
     assert ids[0].tolist() == [1, 2] and ids[1].tolist() == [0, 1] and ids[3].tolist() == [1, 3]
     assert ((ids >= 0) & (ids < 5)).all()
     np.testing.assert_allclose(wts[[0, 1, 3]].sum(1), 1.0, rtol=1e-6)
@@ -166,7 +166,7 @@ def test_routing_ties_and_bad_rows() -> None:
             a, b = e_of[int(ids[t, s])]
             assert a <= i < b and order[i] == t and np.array_equal(xs[i], x[t])
     small = [np.empty_like(a) for a in (ids, wts, groups, ng, order, pos, xs)]
-    X._route_and_group_small(logits, x, k, True, *small)
+    X._route_and_group_small(logits, x, k, True, False, *small)
     assert np.array_equal(small[0], ids) and np.array_equal(small[4], order)
 
 

@@ -326,3 +326,33 @@ def test_generation_stops_at_the_slot_context() -> None:
             w.stop()
 
     asyncio.run(main())
+
+
+def test_an_image_block_is_fed_whole_and_never_taken_from_a_cache() -> None:
+    """Prompt chunks end before a block of given rows (an image's) they would split, or take it
+    whole where it starts the chunk; a cached prefix stops at the first image (the same
+    placeholder ids stand for different images); build_batch places the rows, non-causal."""
+    import numpy as np
+
+    from minfer.engine.core.request import PromptRows
+
+    rows = np.ones((4, 8), np.float32)
+    prompt = [1, 2, 3, 9, 9, 9, 9, 4, 5]
+    s = Scheduler(n_slots=1, n_ctx_slot=64, chunk=5)
+    s.add(Sequence(1, list(prompt), len(prompt), embd=(PromptRows(3, rows),)))
+    plan = s.schedule()
+    assert plan.works[0].tokens == (1, 2, 3) and not plan.works[0].embd  # stops before it
+    _run_fake(s, plan)
+    plan = s.schedule()
+    (w,) = plan.works
+    assert w.tokens == (9, 9, 9, 9, 4) and w.embd[0].at == 0
+    batch, _ = build_batch(plan, 64)
+    assert batch.embd_ids is not None and batch.embd_ids.tolist() == [0, 1, 2, 3, -1]
+    assert batch.kv_end.tolist() == [7, 7, 7, 7, 8]
+    _run_fake(s, plan)
+    _run_fake(s, s.schedule())
+    s.finish(1)
+    again = Sequence(2, list(prompt), len(prompt), embd=(PromptRows(3, rows),))
+    s.add(again)
+    s.schedule()
+    assert again.n_cached == 3  # the text before the image, not the image's cells

@@ -33,9 +33,10 @@ from minfer.tools.fetch import resolve
 if TYPE_CHECKING:
     from minfer.chat.reasoning import ReasoningOptions, ReplyPlan
     from minfer.engine.core.proposer import Speculator
-    from minfer.engine.core.request import TokenLogprob
+    from minfer.engine.core.request import PromptRows, TokenLogprob
     from minfer.engine.generate import Constraint, Finished, Piece
     from minfer.engine.speculative import SpecConfig
+    from minfer.engine.vision.encoder import VisionEncoder
     from minfer.engine.warmup import Progress
     from minfer.sampling.grammar import GrammarMask, GrammarVocab
     from minfer.sampling.mask import LogitMask
@@ -249,6 +250,45 @@ class Model:
         plan = opts.plan(text, lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
         return self.tokenizer.encode_prompt(text), plan
 
+    @property
+    def vision(self) -> VisionEncoder | None:
+        """The image encoder (an mmproj file named or found beside the model), None: text."""
+        return self.parts.vision
+
+    def image_prompt(self, text: str, images: Sequence[bytes]
+                     ) -> tuple[list[int], tuple[PromptRows, ...]]:
+        """A rendered prompt's ids with each image marker expanded (`vision.prompt.layout`),
+        and the images' embedding rows where they go. ImageError: a text-only model, or an
+        image that cannot be read."""
+        from minfer.engine.vision.image import ImageError
+        from minfer.engine.vision.prompt import ImageTokens, layout
+
+        encoder = self.vision
+        if encoder is None:
+            raise ImageError(f"{self.name} takes no images: it has no vision encoder (an "
+                             "mmproj file: --mmproj FILE, or mmproj*.gguf beside the model)")
+        tokens = ImageTokens.lookup(self.tokenizer.token_id)
+        rows = [encoder.encode(data) for data in images]
+        return layout(text, rows, tokens, first=self.tokenizer.encode_prompt,
+                      rest=lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
+
+    def chat_images(self, messages: Sequence[Mapping[str, Any]], *,
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    reasoning: ReasoningOptions | None = None
+                    ) -> tuple[list[int], ReplyPlan, tuple[PromptRows, ...]]:
+        """`chat_prompt` for messages that may hold image parts (`vision.prompt`): the ids,
+        the reply's plan, and the images' rows where they go."""
+        from minfer.engine.vision.prompt import split_images
+
+        messages, images = split_images(messages)
+        ids, plan = self.chat_prompt(messages, tools=tools, reasoning=reasoning)
+        if not images:
+            return ids, plan, ()
+        text = self.render_chat(messages, tools=tools,
+                                **(reasoning.template_vars() if reasoning else {}))
+        ids, embd = self.image_prompt(text, images)
+        return ids, plan, embd
+
     def stream(
         self,
         prompt_ids: Sequence[int],
@@ -261,6 +301,7 @@ class Model:
         logit_mask: LogitMask | None = None,
         speculator: Speculator | None = None,
         constraint: Constraint | None = None,
+        embd: Sequence[PromptRows] = (),
     ) -> Iterator[Piece | Finished]:
         """Events of one generation from a fresh context: Pieces, then one Finished.
 
@@ -269,6 +310,7 @@ class Model:
         (constraint: that grammar, when logit_mask chains it with others).
         speculator: verify proposals in batches (`self.speculator(...)`); Finished.speculation
         then counts drafted and accepted tokens.
+        embd: rows given for some prompt tokens (images: `chat_images`).
         """
         from minfer.engine.generate import Constraint, generate
 
@@ -284,7 +326,7 @@ class Model:
                             stops=stop, batch_size=self.batch_size, top_logits=top_logits,
                             constraint=constraint or (logit_mask if isinstance(
                                 logit_mask, Constraint) else None),
-                            speculator=speculator)
+                            speculator=speculator, embd=embd)
 
     def speculator(self, config: SpecConfig | None = None, *, draft: str | Path | None = None,
                    temp: float = 0.0, seed: int | None = None) -> Speculator:
@@ -361,10 +403,11 @@ class Model:
         server splits it (reasoning: format, budget, template variables; default auto)."""
         from minfer.engine.generate import Finished
 
-        ids, plan = self.chat_prompt(messages, tools=tools, reasoning=reasoning)
+        ids, plan, embd = self.chat_images(messages, tools=tools, reasoning=reasoning)
         finished: Finished | None = None
         for event in self.stream(ids, max_tokens=max_tokens, stop=stop, seed=seed,
-                                 sampling=SamplerParams(**sampling), logit_mask=plan.budget):
+                                 sampling=SamplerParams(**sampling), logit_mask=plan.budget,
+                                 embd=embd):
             if isinstance(event, Finished):
                 finished = event
         assert finished is not None
@@ -375,12 +418,25 @@ class Model:
              stop: Sequence[str] = (), seed: int | None = None,
              tools: Sequence[Mapping[str, Any]] | None = None, **sampling: Any) -> Iterator[str]:
         """Reply to a conversation (a string: one user message) rendered with the model's
-        chat template."""
+        chat template; a message's content may hold image parts (`minfer.engine.vision.prompt`:
+        {"type": "image_url", "image_url": {"url": "data:..."}}, {"type": "image", "path": ...})
+        where the model has a vision encoder."""
+        from minfer.engine.generate import Piece
+        from minfer.engine.vision.prompt import split_images
+
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        messages, images = split_images(messages)
         prompt = self.render_chat(messages, tools=tools)
-        yield from self.generate(self.tokenizer.encode(prompt), max_tokens=max_tokens, stop=stop,
-                                 seed=seed, **sampling)
+        if not images:
+            yield from self.generate(self.tokenizer.encode(prompt), max_tokens=max_tokens,
+                                     stop=stop, seed=seed, **sampling)
+            return
+        ids, embd = self.image_prompt(prompt, images)
+        for event in self.stream(ids, max_tokens=max_tokens, stop=stop, seed=seed,
+                                 sampling=SamplerParams(**sampling), embd=embd):
+            if isinstance(event, Piece):
+                yield event.text
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,10 @@ class KVHost(Protocol):
     caller). The engine asks it; nothing above the backends knows a format's layout. Every
     op falls back to it, so it also says which weight types a model may hold. A recurrent
     layer's state is the same kind of memory: `new_conv_state` makes one layer's region
-    holding every sequence's short-convolution state (LFM2), read and written only by the
-    backend's kernels."""
+    holding every sequence's short-convolution state (LFM2, Qwen3.5), `new_delta_state` a
+    Gated DeltaNet layer's second region (its state matrices), read and written only by the
+    backend's kernels; `snapshot_state` / `restore_state` copy one sequence's row of such a
+    region out and back (a state checkpoint, `minfer.backends.checkpoints`)."""
 
     kv_types: tuple[str, ...]
 
@@ -79,6 +81,19 @@ class KVHost(Protocol):
     def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
         """The zeroed short-convolution state of one layer for n_seq sequences (each: the
         last l_cache - 1 inputs of every channel)."""
+        ...
+
+    def new_delta_state(self, n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
+        """The zeroed gated-delta-rule state of one layer for n_seq sequences (each: one
+        head_dim x head_dim f32 matrix per value head)."""
+        ...
+
+    def snapshot_state(self, state: np.ndarray, seq: int) -> np.ndarray:
+        """An owned copy of sequence seq's row of one layer's state region."""
+        ...
+
+    def restore_state(self, state: np.ndarray, seq: int, snapshot: np.ndarray) -> None:
+        """Sequence seq's row of one layer's state region back to a `snapshot_state` copy."""
         ...
 
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,

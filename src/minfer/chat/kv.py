@@ -9,8 +9,9 @@ never reads them, because a token's window ends at its own cell, and the next fo
 them.
 
 A model with recurrent layers (LFM2) holds a state of every token so far, which cannot be cut
-back: there a rewind to any cell before the cursor forgets everything (the cursor goes to 0 and
-the next forward recomputes from the start), and nothing shifts.
+back: there a rewind to a cell before the cursor goes back to the furthest state checkpoint at
+or before it (`Engine.checkpoint_positions`; 0 where there is none) and the next forward
+continues from there; `checkpoint` keeps the state at the cursor; nothing shifts.
 
 The mirror is append-only at the cursor: a forward that would leave a gap is refused. The one
 other edit is `shift`: cells [src_start, src_end) move down to dst_start (the engine re-rotates
@@ -129,10 +130,26 @@ class KVMirror:
 
     def rewind(self, cursor: int) -> None:
         """Move the cursor back to `cursor` (no-op when it is already there or before); on a
-        recurrent model, back to 0 unless `cursor` is where it is (read `cursor` after)."""
+        recurrent model, back to the furthest checkpoint at or before it (read `cursor`)."""
         if cursor < 0:
             raise MinferError(f"cannot rewind the KV to {cursor}")
         if cursor < len(self._tokens) and getattr(self.engine, "recurrent", False):
-            cursor = 0
+            cursor = max((p for p in self.checkpoint_positions(0) if p <= cursor), default=0)
         del self._tokens[cursor:]
+
+    def checkpoint_positions(self, seq: int) -> list[int]:
+        """Where the engine's recurrent state may restart from (none without one)."""
+        positions = getattr(self.engine, "checkpoint_positions", None)
+        return positions(seq) if callable(positions) else []
+
+    def save_state(self, seq: int, *, spare: bool = False) -> None:
+        """The engine's recurrent state kept where it stands (`Engine.save_state`)."""
+        save = getattr(self.engine, "save_state", None)
+        if callable(save):
+            save(seq, spare=spare)
+
+    def checkpoint(self) -> None:
+        """Keep a recurrent state at the cursor, for a later rewind to come back to."""
+        if getattr(self.engine, "recurrent", False):
+            self.save_state(0)
 

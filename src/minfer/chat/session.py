@@ -10,9 +10,10 @@ O(history). A template that rewrites history (Qwen3 drops earlier `<think>` bloc
 prefix; the session then rewinds to the longest common prefix, re-prefills the rest and counts a
 re-render. Rows are position-addressed and a token's attention window ends at its own cell, so
 rewinding is just moving the cursor: stale rows beyond it are never read and get overwritten.
-A model with recurrent layers (LFM2) cannot rewind its state: there a turn that would rewind
-(a re-render, /regen, a trimmed reply, an overflow) prefills the whole conversation again
-(`KVMirror.rewind` goes back to 0), and an overflow never shifts.
+A model with recurrent layers (LFM2) cannot rewind its state by truncation: there a turn that
+would rewind (a re-render, /regen, a trimmed reply, an overflow) goes back to the furthest state
+checkpoint before that point (`KVMirror.rewind`: one is kept at each turn's end, and after each
+prefill chunk) and prefills from there, and an overflow never shifts.
 
 KV-consistency invariant (between turns): the KV holds a prefix of the template's canonical
 render of the conversation. Hence an end-of-generation token is written into the KV before a turn
@@ -371,6 +372,7 @@ class ChatSession:
         else:
             self._trim_to_text(reply_start, text)
         report.n_kv = self.kv.cursor
+        self.kv.checkpoint()  # the next turn, or a /regen of it, starts here
         report.n_re_renders = self.n_re_renders
 
     def _trim_to_text(self, reply_start: int, text: str) -> None:

@@ -41,6 +41,9 @@ def add_kv_args(p: argparse.ArgumentParser) -> None:
                    default=None, help="V cache type (default f16, as llama.cpp)")
     p.add_argument("--kv-type", choices=KV_CHOICES, default=None,
                    help="K and V cache type at once (the two flags above take precedence)")
+    p.add_argument("--state-checkpoints", type=int, default=4, metavar="N",
+                   help="recurrent models (LFM2): copies of each slot's state kept at prompt "
+                        "chunk and turn ends, to reuse a prefix of its cache (default 4)")
 
 
 def kv_types(args: argparse.Namespace) -> tuple[str, str]:
@@ -92,10 +95,14 @@ def sampling_from_args(args: argparse.Namespace) -> SamplerParams:
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.n_ctx < 1 or args.batch_size < 1:
         raise MinferError("--n-ctx and --batch-size must be positive")
+    if args.state_checkpoints < 0:
+        raise MinferError("--state-checkpoints must be >= 0")
     return {
         "n_ctx": args.n_ctx, "k_type": kv_types(args)[0], "v_type": kv_types(args)[1],
         "threads": args.threads,
         "batch_size": args.batch_size, "backend": args.backend, "fuse": not args.no_fuse,
+        "state_checkpoints": args.state_checkpoints,
+        "mmproj": getattr(args, "mmproj", None),
     }
 
 

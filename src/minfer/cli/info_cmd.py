@@ -168,7 +168,8 @@ def _rope_text(hp: HParams) -> str:
         text += f"; none in every {hp.no_rope_step}th layer (NoPE)"
     if hp.sliding_window:
         dims = f", {hp.rope_dim_swa} dims" if hp.rope_dim_swa != hp.rope_dim else ""
-        text += f" (sliding-window layers: base {hp.rope_base_swa:g}{dims})"
+        scaled = ", scaled alike" if hp.rope_freq_scale_swa != 1.0 else ""
+        text += f" (sliding-window layers: base {hp.rope_base_swa:g}{dims}{scaled})"
     return text
 
 
@@ -196,6 +197,13 @@ def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
         ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each "
                     f"{hp.n_ff_exp or hp.n_ff} wide{beside}"
                     f"{' (weights renormalised)' if hp.expert_norm else ''}")]
+    if hp.moe_gating == "softmax_weight":
+        rows.append(("routing", "top-k router logits, soft-maxed among themselves"
+                                f"{' (router biased)' if hp.moe_bias else ''}"))
+    if hp.moe_act == "swiglu_oai":
+        rows.append(("expert activation", "clamped SwiGLU (gate <= 7, |up| <= 7, "
+                                          "sigmoid(1.702 gate), up + 1)"
+                                          f"{', biased experts' if hp.moe_bias else ''}"))
     if hp.n_ff_shexp:
         rows.append(("shared expert", f"{hp.n_ff_shexp} wide, sigmoid-gated"))
     rows.append(("parameters (total / active)",
@@ -212,10 +220,13 @@ def _recurrent_rows(hp: HParams) -> list[tuple[str, object]]:
     recurrent state each sequence holds besides its KV cells (f32, every recurrent layer)."""
     if not hp.recurrent:
         return []
-    pattern = "".join("C" if r else "A" for r in hp.recurrent_layers)
+    mark, kind = ("D", f"Gated DeltaNet, {hp.ssm_v_heads} value heads of {hp.ssm_head_dim} "
+                       f"over {hp.ssm_k_heads} key heads, conv") if hp.ssm_head_dim \
+        else ("C", "short conv,")
+    pattern = "".join(mark if r else "A" for r in hp.recurrent_layers)
     n_conv = sum(hp.recurrent_layers)
     state = n_conv * hp.state_width * 4
-    return [("layer pattern", f"{pattern} (C: short conv, {hp.shortconv_l_cache} taps, "
+    return [("layer pattern", f"{pattern} ({mark}: {kind} {hp.shortconv_l_cache} taps, "
                               f"{n_conv} layers; A: attention, {hp.n_layer - n_conv} layers)"),
             ("recurrent state per sequence", f"{human_bytes(state)} ({state:,} bytes)")]
 
@@ -226,6 +237,8 @@ def _attention_rows(hp: HParams) -> list[tuple[str, object]]:
         n_global = hp.swa_layers.count(False)
         rows.append(("sliding window", f"{hp.sliding_window} ({hp.n_layer - n_global} layers; "
                                         f"{n_global} global)"))
+    if hp.attn_sinks:
+        rows.append(("attention sinks", "a learned logit per head in every softmax"))
     if hp.attn_softcap or hp.final_softcap:
         rows.append(("soft-cap (attn / logits)", f"{hp.attn_softcap:g} / {hp.final_softcap:g}"))
     return rows

@@ -7,7 +7,8 @@ the graph the prompt would run and exits. `--grammar(-file)`, `-j/--json-schema`
 A reasoning model's thinking (`<think>` … `</think>`) is shown dimmed on a terminal, sent to
 stderr when stdout is piped, dropped with `--hide-reasoning`; `--json` carries `content` and
 `reasoning_content` beside `text` (`--reasoning-format`, `--reasoning-budget`, `--reasoning`,
-`--chat-template-kwargs` as for serve).
+`--chat-template-kwargs` as for serve). `--image FILE` (repeatable) puts images before the
+prompt, read by the model's vision encoder (`-mm/--mmproj FILE`, else an mmproj*.gguf beside it).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minfer import env
 from minfer.chat.reasoning import ReplyPlan
@@ -35,6 +37,9 @@ from minfer.cli.common import (
 )
 from minfer.errors import MinferError
 from minfer.sampling.mask import BannedTokens, chain
+
+if TYPE_CHECKING:
+    from minfer.engine.core.request import PromptRows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-logits", type=int, default=0, metavar="K",
                    help="with --json: the K highest raw logits at every sampled step")
     p.add_argument("--cnv", action="store_true", help="start an interactive chat instead")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image before the prompt (repeatable; needs the model's mmproj)")
+    p.add_argument("-mm", "--mmproj", metavar="FILE",
+                   help="the vision encoder (default: an mmproj*.gguf beside the model)")
     f = p.add_argument_group("fill-in-the-middle (code completion with a coder model's FIM "
                              "tokens; the prompt, if any, starts the cursor's line)")
     f.add_argument("--fim-prefix", metavar="TEXT", help="the text before the cursor")
@@ -129,13 +138,20 @@ def run(args: argparse.Namespace) -> int:
         return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args))
     if prompt is None:
         prompt = read_stdin_prompt()
-    plan = None
+    plan, embd = None, ()
     if args.raw:
+        if args.image:
+            raise MinferError("--image goes through the chat template: drop --raw")
         prompt_ids = model.tokenizer.encode(prompt, special=not args.no_special)
     else:
-        messages = [{"role": "system", "content": args.system}] if args.system else []
-        messages.append({"role": "user", "content": prompt})
-        prompt_ids, plan = model.chat_prompt(messages, reasoning=reasoning_from_args(args))
+        messages: list[dict[str, Any]] = \
+            [{"role": "system", "content": args.system}] if args.system else []
+        # the images first, then the text (as llama.cpp's mtmd-cli places them)
+        content = [{"type": "image", "path": f} for f in args.image]
+        messages.append({"role": "user", "content": [
+            *content, {"type": "text", "text": prompt}] if content else prompt})
+        prompt_ids, plan, embd = model.chat_images(messages,
+                                                   reasoning=reasoning_from_args(args))
     if args.dump_graph or args.dump_graph_json:
         return dump_graphs(model, args, len(prompt_ids))
     if len(prompt_ids) > args.n_ctx:  # (llama.cpp refuses; the session grows to hold it)
@@ -143,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
               f"context grows to {model.session_n_ctx(len(prompt_ids))}", file=sys.stderr)
     if progress is not None:
         model.warm_up(len(prompt_ids), progress)
-    return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args), plan)
+    return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args), plan,
+                              embd)
 
 
 def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
@@ -166,8 +183,10 @@ def dump_graphs(model: Any, args: argparse.Namespace, n_prompt: int) -> int:
 
 
 def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[int],
-                       speculator: Any = None, plan: ReplyPlan | None = None) -> int:
-    """Generate and print; plan: a chat reply's reasoning split and budget (None: raw)."""
+                       speculator: Any = None, plan: ReplyPlan | None = None,
+                       embd: Sequence[PromptRows] = ()) -> int:
+    """Generate and print; plan: a chat reply's reasoning split and budget (None: raw); embd:
+    the prompt's image rows."""
     from minfer.engine.generate import Finished, Piece
 
     if args.n_predict < 0:
@@ -181,7 +200,7 @@ def generate_and_print(model: Any, args: argparse.Namespace, prompt_ids: list[in
     events = model.stream(prompt_ids, max_tokens=args.n_predict, stop=args.stop, seed=args.seed,
                           top_logits=args.top_logits, sampling=sampling_from_args(args),
                           logit_mask=chain(mask, banned, plan.budget if plan else None),
-                          speculator=speculator, constraint=mask)
+                          speculator=speculator, constraint=mask, embd=embd)
     out_text = ReplyPrinter(plan, hide=getattr(args, "hide_reasoning", False))
     for event in events:
         if isinstance(event, Piece):

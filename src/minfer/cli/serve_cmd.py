@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--model", dest="model_opt", action="append", default=[],
                    help="model path or cached name; repeat it to serve several models (the "
                         "first stays loaded, the others load on their first request)")
+    p.add_argument("-mm", "--mmproj", metavar="FILE",
+                   help="the first model's vision encoder, for image parts (default: an "
+                        "mmproj*.gguf beside the model)")
     p.add_argument("--models-dir", metavar="DIR", default=None,
                    help="also serve every .gguf in DIR (each loads on its first request)")
     p.add_argument("--strict-model-names", action="store_true",
@@ -132,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         raise MinferError("--replicas, --autoscale and --address need --ray")
     engine = EngineConfig.build(n_ctx=args.n_ctx, k_type=kv_types(args)[0],
                                 v_type=kv_types(args)[1], threads=args.threads,
-                                fuse=not args.no_fuse)
+                                fuse=not args.no_fuse,
+                                state_checkpoints=max(0, args.state_checkpoints))
     config = ServerConfig(
         model_path=primary, engine=engine, spec=spec_from_args(args),  # bad values refused
         extra_models=tuple(extra), keep_alive=args.keep_alive, models_max=args.models_max,
@@ -144,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         embeddings=args.embeddings or args.reranking or args.pooling is not None,
         pooling="rank" if args.reranking else args.pooling,
         embd_normalize=args.embd_normalize,
+        mmproj=None if args.mmproj is None else Path(args.mmproj),
     )
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)

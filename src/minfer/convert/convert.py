@@ -8,7 +8,8 @@ float32 chunk is in memory (a bf16 0.2B checkpoint: peak RSS 0.42 GB vs llama.cp
 Type rule (llama.cpp's): 1-D tensors, `*_norm.weight`, the MoE routers, positions and token
 types stay F32; the rest take the output type, Q8_0 falling back to F16 for rows that are not a
 multiple of 32. A mixture's experts are stacked on a new first axis, converted one by one.
-The hyper-parameters follow llama.cpp's `TextModel.set_gguf_parameters` key by key. The file
+The hyper-parameters follow llama.cpp's `TextModel.set_gguf_parameters` key by key (a
+family's own keys after them, overwriting a common key's value in place as llama.cpp's do). The file
 appears by rename only once complete.
 """
 
@@ -72,9 +73,9 @@ class Planned:
 
 
 # kept f32 whatever the output type (llama.cpp's list, of the tensors minfer's families have):
-# the routers, positions and token types
+# the routers, positions, token types and the recurrent layers' convolution taps
 _KEEP_F32 = (".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight", "position_embd.weight",
-             "token_types.weight")
+             "token_types.weight", ".ssm_conv1d.weight", ".shortconv.conv.weight")
 
 
 def _out_type(name: str, shape: tuple[int, ...], want: QType) -> QType:
@@ -93,7 +94,7 @@ def load_config(model_dir: Path) -> tuple[Family, Config]:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot read the model config ({exc})") from None
     family = family_for(raw)
-    cfg = {**family.defaults, **{k: v for k, v in raw.items() if v is not None}}
+    cfg = family.prepare({**family.defaults, **{k: v for k, v in raw.items() if v is not None}})
     pooling = sentence_pooling(model_dir)
     if pooling is not None:
         cfg["_pooling_type"] = pooling
@@ -159,6 +160,8 @@ def plan_tensors(family: Family, cfg: Config, tensors: list[SafeTensor], vocab: 
         if name is None:
             raise CheckpointError(f"tensor {t.name!r} has no {family.name} GGUF name")
         shape = t.shape
+        if t.name.endswith(family.squeezed) and len(shape) > 2 and shape[1] == 1:
+            shape = (shape[0], *shape[2:])
         if family.trims_embedding and name == "token_embd.weight":
             shape = (min(shape[0], vocab.n_tokens), *shape[1:])
         head = "token_embd.weight" if cfg.get("tie_word_embeddings") else "output.weight"
@@ -244,7 +247,8 @@ _COMMON_KEYS: tuple[tuple[tuple[str, ...], _Add], ...] = (
     (("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size",
       "n_inner", "hidden_dim"), lambda w, v: w.add_feed_forward_length(int(v))),
     (("num_attention_heads", "n_head", "n_heads"), lambda w, v: w.add_head_count(int(v))),
-    (("num_key_value_heads", "n_kv_heads"), lambda w, v: w.add_head_count_kv(int(v))),
+    (("num_key_value_heads", "n_kv_heads"),  # one per layer where the family says so (LFM2)
+     lambda w, v: w.add_head_count_kv([int(n) for n in v] if isinstance(v, list) else int(v))),
 )
 _NORM_AND_EXPERT_KEYS: tuple[tuple[tuple[str, ...], _Add], ...] = (
     (("rms_norm_eps", "norm_eps"), lambda w, v: w.add_layer_norm_rms_eps(float(v))),
@@ -286,6 +290,8 @@ def _write_rope(w: gguf.GGUFWriter, family: Family, cfg: Config) -> None:
     elif kind not in (None, "default", "llama3", "linear", "yarn"):
         raise CheckpointError(f"rope_type {kind!r} is not one minfer converts "
                               "(default, linear, yarn, llama3, longrope)")
+    if (sections := full.get("mrope_section")) is not None:  # padded to 4 (Qwen3.5)
+        w.add_rope_dimension_sections([*sections, 0, 0, 0, 0][:4])
     theta = full.get("rope_theta", 1e6 if family.arch == gguf.MODEL_ARCH.GEMMA3 else None)
     if theta is not None:
         w.add_rope_freq_base(theta)
@@ -338,7 +344,7 @@ def _write_metadata(w: gguf.GGUFWriter, model_dir: Path, family: Family, cfg: Co
 
 def _convert(p: Planned, family: Family, cfg: Config, rows: tuple[int, int]) -> np.ndarray:
     assert p.source is not None
-    data = family.fix(p.source.name, p.source.load(rows), cfg)
+    data = family.fix(p.source.name, p.source.load(rows), cfg).reshape(-1, *p.shape[1:])
     return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), p.qtype)
 
 

@@ -19,6 +19,15 @@ The mixtures of experts (Qwen2-MoE with its gated shared expert, Qwen3-MoE, and 
 as a `llama` file) store one matrix per expert and projection; `Experts` says how to find them
 and what the stacked `ffn_{gate,up,down}_exps` tensor is called before the name map.
 
+LFM2 (`Lfm2ForCausalLM`) is rewritten first as llama.cpp's `LFM2Model` rewrites it
+(`Family.prepare`: the K/V head count per layer, 0 in the short-convolution layers), its FFN
+width auto-adjusted, its convolution taps squeezed to 2-D (`Family.squeezed`).
+
+Qwen3.5 (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM` with per-expert tensors) is fixed up as
+llama.cpp's `Qwen3_5TextModel` / `Qwen3_5MoeTextModel` do with `--no-mtp` (MTP blocks are not
+written): the Gated DeltaNet's value heads tiled over its key heads, A = -exp(A_log), the
+RMSNorms as 1 + w, the step bias renamed, the conv taps squeezed to 2-D.
+
 A Qwen3 checkpoint that is a Qwen3-Reranker (`qwen3_reranker`: llama.cpp's tests, the README's
 title, the folder's or the config's name, a sequence-classification architecture) is written as
 llama.cpp writes one: rank pooling, the labels "yes" / "no", the `rerank` prompt template, and
@@ -213,6 +222,10 @@ def _no_extra(cfg: Config) -> Iterator[tuple[str, np.ndarray]]:
     return iter(())
 
 
+def _same_config(cfg: Config) -> Config:
+    return cfg
+
+
 def _keep_name(name: str, cfg: Config) -> str | None:
     return name
 
@@ -342,6 +355,114 @@ def _qwen_moe_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
         w.add_expert_shared_feed_forward_length(int(n_ff))
 
 
+def _lfm2_config(cfg: Config) -> Config:
+    """LFM2Model.set_gguf_parameters's first step: the K/V head count per layer, 0 in the
+    short-convolution layers."""
+    n_kv = cfg["num_key_value_heads"]
+    return {**cfg, "num_key_value_heads": [0 if kind == "conv" else n_kv
+                                           for kind in cfg["layer_types"]]}
+
+
+def _lfm2_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    """LFM2Model's keys after the common ones: the vocabulary size, the convolution's cache,
+    the norm epsilon and the FFN width (auto-adjusted: 2/3 of it, times the multiplier, rounded
+    up to a multiple), the last two overwriting the common keys' values in place."""
+    w.add_vocab_size(int(cfg["vocab_size"]))
+    w.add_shortconv_l_cache(int(cfg["conv_L_cache"]))
+    w.add_layer_norm_rms_eps(float(cfg["norm_eps"]))
+    ff = int(find(cfg, ("block_ff_dim", "intermediate_size")))
+    if cfg["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if (mult := cfg.get("block_ffn_dim_multiplier")) is not None:
+            ff = int(mult * ff)
+        of = int(cfg["block_multiple_of"])
+        ff = of * ((ff + of - 1) // of)
+    w.add_feed_forward_length(ff)
+
+
+def reorder_v_heads(w: np.ndarray, axis: int, n_k: int, head: int) -> np.ndarray:
+    """Value heads grouped by key head ([k0: v0 v1 .., k1: v0 v1 ..]) → tiled ([k0 v0, k1 v0,
+    k0 v1, ..]) along `axis`, each head `head` wide (llama.cpp's `_reorder_v_heads`)."""
+    shape = w.shape
+    n_per_k = shape[axis] // (n_k * head)
+    grouped = w.reshape(*shape[:axis], n_k, n_per_k, head, *shape[axis + 1:])
+    return np.swapaxes(grouped, axis, axis + 1).reshape(shape)
+
+
+# Qwen3.5's Gated DeltaNet tensors whose rows (or columns) hold value heads
+_V_HEAD_TENSORS = ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight",
+                   "in_proj_b.weight", "A_log", "dt_bias", "conv1d.weight", "out_proj.weight")
+
+
+def _qwen35_fix(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
+    """llama.cpp's `_LinearAttentionVReorderBase` and `Qwen3NextModel` fixes: the value heads
+    tiled over the key heads where there are more of them (the q | k rows of `in_proj_qkv`
+    and the conv taps kept); A_log as A = -exp(A_log); every RMSNorm but the DeltaNet's gated
+    one stored as 1 + w (HF's Qwen3.5 norms compute x * (1 + w))."""
+    n_k, n_v = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    if ".linear_attn." in name and n_k != n_v and name.endswith(_V_HEAD_TENSORS):
+        head = int(cfg["linear_value_head_dim"])
+        if name.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
+            w = reorder_v_heads(w, 0, n_k, 1)
+        elif name.endswith("out_proj.weight"):
+            w = reorder_v_heads(w, 1, n_k, head)
+        elif name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            qk = 2 * n_k * int(cfg["linear_key_head_dim"])
+            w = np.concatenate([w[:qk], reorder_v_heads(w[qk:], 0, n_k, head)])
+        else:  # in_proj_z
+            w = reorder_v_heads(w, 0, n_k, head)
+    if name.endswith(".A_log"):
+        return -_exp(w)
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return w + np.float32(1.0)
+    return w
+
+
+def _exp(w: np.ndarray) -> np.ndarray:
+    """exp as llama.cpp's converter computes it (torch's float32 exp, where torch is
+    installed: its last bit can differ from a correctly rounded one), else correctly rounded."""
+    try:
+        import torch
+    except ImportError:
+        return np.exp(w.astype(np.float64)).astype(np.float32)
+    return torch.exp(torch.from_numpy(np.ascontiguousarray(w, np.float32))).numpy()
+
+
+def _qwen35_name(name: str, cfg: Config) -> str | None:
+    """The step bias under the name the GGUF map knows (`dt_proj.bias` → `ssm_dt.bias`); the
+    MTP block's tensors (`mtp.*`) left out, as `--no-mtp` leaves them."""
+    if name.startswith(("mtp.", "model.mtp.")):
+        return None
+    return name.removesuffix(".dt_bias") + ".dt_proj.bias" if name.endswith(".dt_bias") \
+        else name
+
+
+_QWEN35_MROPE_DEFAULT = [11, 11, 10, 0]  # llama.cpp's, where rope_parameters names none
+
+
+def _qwen35_kv(w: gguf.GGUFWriter, cfg: Config) -> None:
+    """Qwen3_5TextModel's keys after the common ones: the experts' widths (MoE), the Gated
+    DeltaNet's sizes, which layers are recurrent, the full-attention interval, the rotated
+    dims (partial_rotary_factor of a head, 0.25 unless given), default MRoPE sections."""
+    _qwen_moe_kv(w, cfg)
+    w.add_ssm_conv_kernel(int(cfg["linear_conv_kernel_dim"]))
+    w.add_ssm_state_size(int(cfg["linear_key_head_dim"]))
+    w.add_ssm_group_count(int(cfg["linear_num_key_heads"]))
+    w.add_ssm_time_step_rank(int(cfg["linear_num_value_heads"]))
+    w.add_ssm_inner_size(int(cfg["linear_value_head_dim"]) * int(cfg["linear_num_value_heads"]))
+    if (kinds := cfg.get("layer_types")) is not None:
+        if len(kinds) != int(cfg["num_hidden_layers"]):
+            raise CheckpointError(f"layer_types has {len(kinds)} entries for "
+                                  f"{cfg['num_hidden_layers']} layers")
+        w.add_array(f"{w.arch}.attention.recurrent_layers",
+                    [kind == "linear_attention" for kind in kinds])
+    w.add_full_attention_interval(int(cfg.get("full_attention_interval", 4)))
+    rope, _ = rope_params(cfg)
+    w.add_rope_dimension_count(int(head_dim(cfg) * rope.get("partial_rotary_factor", 0.25)))
+    if "mrope_section" not in rope:
+        w.add_rope_dimension_sections(_QWEN35_MROPE_DEFAULT)
+
+
 @dataclass(frozen=True)
 class Family:
     arch: gguf.MODEL_ARCH
@@ -360,6 +481,10 @@ class Family:
     first_kv: Callable[[gguf.GGUFWriter, Config], None] = _no_kv  # right after the arch
     llama_vocab: bool = False  # llama.cpp's LlamaModel vocabulary (its add_space_prefix)
     experts: Experts | None = None  # a mixture of experts: how its experts are stacked
+    # the config as the family's converter rewrites it before writing its keys
+    prepare: Callable[[Config], Config] = _same_config
+    # HF names whose size-1 second axis is dropped (a depthwise convolution's taps)
+    squeezed: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -387,6 +512,14 @@ FAMILIES = (
            extra_kv=_gemma3_kv, trims_embedding=True,
            defaults={"max_position_embeddings": 131072, "num_attention_heads": 8,
                      "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "head_dim": 256}),
+    Family(gguf.MODEL_ARCH.QWEN35, ("Qwen3_5ForCausalLM",), fix=_qwen35_fix,
+           extra_kv=_qwen35_kv, rename=_qwen35_name, whole_tensor=_V_HEAD_TENSORS,
+           squeezed=("conv1d.weight",)),
+    Family(gguf.MODEL_ARCH.QWEN35MOE, ("Qwen3_5MoeForCausalLM",), fix=_qwen35_fix,
+           extra_kv=_qwen35_kv, rename=_qwen35_name, whole_tensor=_V_HEAD_TENSORS,
+           squeezed=("conv1d.weight",), experts=_QWEN_EXPERTS),
+    Family(gguf.MODEL_ARCH.LFM2, ("Lfm2ForCausalLM", "LFM2ForCausalLM"), extra_kv=_lfm2_kv,
+           prepare=_lfm2_config, squeezed=("conv.conv.weight",)),
     Family(gguf.MODEL_ARCH.BERT, ("BertModel", "BertForMaskedLM",
                                   "BertForSequenceClassification"),
            extra_kv=_bert_kv, rename=_bert_name),

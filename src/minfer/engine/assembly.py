@@ -6,6 +6,8 @@ One `ModelConfig` configures a loaded model: the engines' `EngineConfig`, specul
 
     file -> hparams -> tokenizer -> chat template -> engines -> embedders -> draft / proposers
 
+and, beside them, the vision encoder (`vision`: an mmproj file, named or found beside the model).
+
 The file and its hyper-parameters are read at once; the tokenizer and the chat template on first
 use (a warm `minfer run` starts readying its engine before it imports the text side, whose
 imports then overlap the kernel loads), and the compiled engine is imported only where an engine
@@ -35,6 +37,7 @@ if TYPE_CHECKING:  # imported where first used (see the module docstring)
     from minfer.engine.embed import Embedder
     from minfer.engine.forward import Engine
     from minfer.engine.speculative import SpecConfig
+    from minfer.engine.vision.encoder import VisionEncoder
     from minfer.tokenizer.chat import ChatTemplate
     from minfer.tokenizer.tokenizer import Tokenizer
 
@@ -47,17 +50,21 @@ class ModelConfig:
     spec: SpecConfig | None = None  # speculative decoding (None: off)
     backend: str = "auto"  # which backends generating engines run on (`select_backends`)
     batch_size: int = 512  # prompt tokens per forward (and a draft's catch-up)
+    # the vision encoder's file (None: an mmproj*.gguf beside the model, if one fits it)
+    mmproj: Path | None = None
 
     @classmethod
     def build(cls, *, n_ctx: int = 4096, kv_type: str = "f16", k_type: str | None = None,
               v_type: str | None = None, threads: int | None = None, batch_size: int = 512,
               backend: str = "auto", fuse: bool = True, batch_invariant: bool = False,
-              spec: SpecConfig | None = None) -> ModelConfig:
+              spec: SpecConfig | None = None, state_checkpoints: int = 4,
+              mmproj: str | Path | None = None) -> ModelConfig:
         """A config from a surface's flat options (`EngineConfig.build` for the engine's)."""
         return cls(EngineConfig.build(n_ctx=n_ctx, kv_type=kv_type, k_type=k_type,
                                       v_type=v_type, threads=threads, fuse=fuse,
-                                      batch_invariant=batch_invariant),
-                   spec, backend, batch_size)
+                                      batch_invariant=batch_invariant,
+                                      state_checkpoints=state_checkpoints),
+                   spec, backend, batch_size, None if mmproj is None else Path(mmproj))
 
 
 class Assembly:
@@ -84,6 +91,30 @@ class Assembly:
         from minfer.tokenizer.chat import ChatTemplate
 
         return ChatTemplate.from_gguf(self.file, self.tokenizer)
+
+    @cached_property
+    def vision(self) -> VisionEncoder | None:
+        """The image encoder (`ModelConfig.mmproj`, else the one mmproj*.gguf beside the model
+        whose projection fits this model's width), opened on first use; None: text only."""
+        from minfer.engine.vision.encoder import VisionEncoder
+        from minfer.errors import MinferError, ModelError
+
+        path = self.config.mmproj
+        if path is not None:
+            enc = VisionEncoder(path)
+            if enc.params.n_embd_text != self.hparams.n_embd:
+                raise ModelError(f"{path.name} projects images to width "
+                                 f"{enc.params.n_embd_text}, this model's is "
+                                 f"{self.hparams.n_embd}: not its mmproj")
+            return enc
+        for beside in sorted(self.path.parent.glob("mmproj*.gguf")):
+            try:
+                enc = VisionEncoder(beside)
+            except MinferError:  # not a vision encoder minfer reads
+                continue
+            if enc.params.n_embd_text == self.hparams.n_embd:
+                return enc
+        return None
 
     # -- engines --------------------------------------------------------------------------------
     def engine(self, n_ctx: int | None = None, *, backends: list[Backend] | None = None,
@@ -117,11 +148,9 @@ class Assembly:
         """The draft model `spec` (None: the config's) names, or None: its file narrowed as
         `draft_quant` says (`draft_file`), refused unless its vocabulary is this model's; its
         engines are this model's settings scoring the first `draft_vocab` ids."""
-        from minfer.engine.speculative import check_same_vocab, draft_file, refuse_recurrent
+        from minfer.engine.speculative import check_same_vocab, draft_file
 
         spec = spec or self.config.spec
-        if spec is not None:  # lookup alone too: no proposal can be taken back out of a state
-            refuse_recurrent(self.hparams)
         if spec is None or spec.draft_model is None:
             return None
         path = draft_file(spec.draft_model, spec.draft_quant)

@@ -16,6 +16,9 @@ environment (`minfer.env`), so a default is the same wherever an engine is made.
 - batched: the weights take the layouts fastest for many rows (`ExecContext.batched`); None:
   as batch_invariant (the server's steps carry many rows, a lone run's decode one);
 - vocab_limit: score only the first N token ids (a draft model's head);
+- state_checkpoints: per sequence, how many copies of a recurrent model's state (LFM2) the
+  engine keeps at chunk boundaries and prompt ends, to reuse a prefix of its cells
+  (`minfer.backends.checkpoints`; 0: none, only a prompt extending everything reuses);
 - pooling: None for the model's own output (a decoder's logits, an encoder's embeddings pooled
   as its file says); "none" / "mean" / "cls" / "last" / "rank" for embeddings pooled so (a
   decoder then returns its final hidden states, `--embeddings --pooling`).
@@ -42,18 +45,20 @@ class EngineConfig:
     batched: bool | None = None
     vocab_limit: int = 0
     pooling: str | None = None
+    state_checkpoints: int = 4
 
     @classmethod
     def build(cls, *, n_ctx: int = 4096, kv_type: str = "f16", k_type: str | None = None,
               v_type: str | None = None, threads: int | None = None, fuse: bool = True,
-              batch_invariant: bool = False) -> EngineConfig:
+              batch_invariant: bool = False, state_checkpoints: int = 4) -> EngineConfig:
         """A surface's config from its options: `kv_type` sets both caches unless k_type /
         v_type say otherwise; without `threads` (nor MINFER_THREADS) every usable core, with
         decode steps picking their count by measurement."""
         chosen = threads or env.threads()
         return cls(n_ctx=n_ctx, k_type=k_type or kv_type, v_type=v_type or kv_type,
                    fuse_swiglu=fuse, n_threads=chosen or usable_cores(),
-                   adaptive_threads=chosen is None, batch_invariant=batch_invariant)
+                   adaptive_threads=chosen is None, batch_invariant=batch_invariant,
+                   state_checkpoints=state_checkpoints)
 
 
 def usable_cores() -> int:

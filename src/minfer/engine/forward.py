@@ -11,7 +11,9 @@ A model with recurrent layers (LFM2) also holds, per sequence, a state the backe
 the KV cells (`KVRegions.states`: the cells split into `hold_sequences(n)` equal ranges, a
 row's sequence is its cell's range, given to the graph as data). That state holds every token
 so far and cannot be rewound by truncation: a sequence's rows continue exactly where its state
-stands, or restart at position 0 (which zeroes it); anything else is refused loudly.
+stands, restart at position 0 (which zeroes it), or continue from a state checkpoint (kept
+per sequence at the end of each multi-row forward and on request: `StateCheckpoints`, restored
+when the rows start there); anything else is refused loudly.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from numba.core import config
 
 from minfer import env, jit_cache
 from minfer.backends.base import Backend, ExecContext, KVHost
+from minfer.backends.checkpoints import StateCheckpoints
 from minfer.backends.cpu.backend import CpuBackend
 from minfer.engine.config import EngineConfig
 from minfer.engine.threads import ThreadTuner
@@ -67,10 +70,33 @@ class Batch:
     token_types: np.ndarray | None = None
     out_start: np.ndarray | None = None
     out_end: np.ndarray | None = None
+    # Given embedding rows (an image's, `with_rows`): each row's row of `embd` in place of its
+    # token's embedding (-1: its token's), and the rows [k, n_embd] float32.
+    embd_ids: np.ndarray | None = None
+    embd: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+    def with_rows(self, at: int, rows: np.ndarray) -> Batch:
+        """This batch with `rows` in place of the token embeddings of batch rows [at, at + k)
+        (an image's), which read each other both ways: each one's KV window ends at the
+        block's end (llama.cpp decodes an image chunk non-causally). The rows enter unscaled."""
+        k = int(rows.shape[0])
+        if not 0 <= at <= self.n_tokens - k or k == 0:
+            raise MinferError(f"{k} given rows at batch row {at} do not fit {self.n_tokens} rows")
+        ids = np.full(self.n_tokens, -1, np.int32) if self.embd_ids is None \
+            else self.embd_ids.copy()
+        if np.any(ids[at:at + k] >= 0):
+            raise MinferError("given rows overlap")
+        base = 0 if self.embd is None else int(self.embd.shape[0])
+        ids[at:at + k] = np.arange(base, base + k, dtype=np.int32)
+        kv_end = self.kv_end.copy()
+        kv_end[at:at + k] = kv_end[at + k - 1]
+        embd = np.asarray(rows, np.float32)
+        return replace(self, embd_ids=ids, kv_end=kv_end,
+                       embd=embd if self.embd is None else np.concatenate([self.embd, embd]))
 
     @classmethod
     def sequences(cls, seqs: Sequence[Sequence[int]], *, pooling: str,
@@ -186,9 +212,15 @@ class Engine:
                             recurrent=hparams.recurrent_layers,
                             new_state=partial(host.new_conv_state,
                                               l_cache=hparams.shortconv_l_cache,
-                                              n_embd=hparams.n_embd))
+                                              n_embd=hparams.conv_channels),
+                            new_matrix_state=partial(host.new_delta_state,
+                                                     n_v_heads=hparams.ssm_v_heads,
+                                                     head_dim=hparams.ssm_head_dim)
+                            if hparams.ssm_head_dim else None)
         # per sequence, the positions its recurrent state has taken in (-1: unknown)
         self._state_pos = np.zeros(1, np.int64)
+        # copies of each sequence's state at positions its cells still hold (prefix reuse)
+        self.checkpoints = StateCheckpoints(host, self.kv, config.state_checkpoints)
         self.allocator = Allocator(self.kv)
         self.cache = GraphCache(self._prepare)
         self._build_fn = graph_builder_for(hparams.arch)
@@ -214,8 +246,9 @@ class Engine:
         """"" when the forward returns logits; else how its embeddings are pooled."""
         return self.ctx_params.pooling
 
-    def params_for(self, n_tokens: int, n_out: int) -> GraphParams:
-        return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version)
+    def params_for(self, n_tokens: int, n_out: int, *, embd_input: bool = False) -> GraphParams:
+        return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version,
+                                     embd_input=embd_input)
 
     def _prepare(self, params: GraphParams) -> PreparedGraph:
         graph = self._build_fn(self.hparams, params, self._shapes)
@@ -262,12 +295,17 @@ class Engine:
 
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
-                batch_invariant: bool = False) -> np.ndarray:
+                batch_invariant: bool = False,
+                embd: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
         """One sequence's tokens at start_pos..; logits of the last n_out rows.
         batch_invariant: this forward's rows are bitwise their one-token decode rows (a
-        speculative verify), even on an engine made without `batch_invariant`."""
-        return self.forward_batch(Batch.single(tokens, start_pos, n_out),
-                                  batch_invariant=batch_invariant)
+        speculative verify), even on an engine made without `batch_invariant`.
+        embd: (row, rows) blocks given in place of those tokens' embeddings (`Batch.with_rows`:
+        an image's)."""
+        batch = Batch.single(tokens, start_pos, n_out)
+        for at, rows in embd:
+            batch = batch.with_rows(at, rows)
+        return self.forward_batch(batch, batch_invariant=batch_invariant)
 
     @property
     def recurrent(self) -> bool:
@@ -283,11 +321,29 @@ class Engine:
         self.wait_ready()
         self.kv.hold_sequences(n_seq)
         self._state_pos = np.zeros(n_seq, np.int64)
+        self.checkpoints.reset()
         self.cache = GraphCache(self._prepare)  # tapes bound to the old state regions
 
     def state_position(self, seq: int) -> int:
         """How many tokens sequence seq's recurrent state has taken in (-1: unknown)."""
         return int(self._state_pos[seq])
+
+    def checkpoint_positions(self, seq: int) -> list[int]:
+        """Positions sequence seq's rows may restart from besides 0: its checkpoints and where
+        its state stands."""
+        live = int(self._state_pos[seq])
+        return sorted({*self.checkpoints.positions(seq), *([live] if live > 0 else [])})
+
+    def save_state(self, seq: int, *, spare: bool = False) -> None:
+        """Checkpoint sequence seq's state where it stands (spare: in its one spare, the state
+        a speculative verify starts from, which counts against no limit)."""
+        pos = int(self._state_pos[seq])
+        if pos < 0:
+            return
+        if spare:
+            self.checkpoints.save_spare(seq, pos)
+        else:
+            self.checkpoints.save(seq, pos)
 
     def copy_cells(self, src: int, dst: int, n: int) -> None:
         """The KV of cells [src, src + n) into cells [dst, dst + n) (`KVRegions.copy_cells`):
@@ -299,12 +355,19 @@ class Engine:
             return
         width = self.kv.seq_cells
         s_seq, d_seq, start = src // width, dst // width, src % width
+        self.checkpoints.invalidate(d_seq, dst % width)
         if start == dst % width and start + n == self._state_pos[s_seq]:
             self.kv.copy_state(s_seq, d_seq)
             self._state_pos[d_seq] = self._state_pos[s_seq]
 
-    def forward_batch(self, batch: Batch, *, batch_invariant: bool = False) -> np.ndarray:
+    def forward_batch(self, batch: Batch, *, batch_invariant: bool = False,
+                      checkpoint: Sequence[int] | None = None) -> np.ndarray:
+        """The batch's logits. On a recurrent model, each sequence's state is checkpointed
+        after its rows if it is in `checkpoint` (None: every sequence fed more than one row,
+        unless batch_invariant: a speculative verify, whose rows may be rejected)."""
         self._check(batch)
+        if self.recurrent:
+            self._enter_states(batch)
         self.wait_ready()
         key = (batch.n_tokens, len(batch.out_rows))
         tuner = self.tuner if batch.n_tokens <= TUNED_MAX_TOKENS else None
@@ -312,7 +375,8 @@ class Engine:
         if n_threads:  # numba's thread count is per calling thread: set it where we run
             set_threads(n_threads)
         t0 = time.perf_counter()
-        prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows)))
+        prepared = self.cache.get(self.params_for(batch.n_tokens, len(batch.out_rows),
+                                                  embd_input=batch.embd is not None))
         buffers = self._buffers(prepared)
         graph = prepared.graph
         self._fill(prepared, buffers, batch, self.kv.seq_cells)
@@ -324,7 +388,7 @@ class Engine:
         else:
             tape.run()
         if self.recurrent:
-            self._advance_states(batch)
+            self._advance_states(batch, checkpoint, batch_invariant)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
         if tuner and n_threads:
@@ -355,6 +419,7 @@ class Engine:
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
         self._state_pos[0] = -1  # sequence 0's state took in placeholders
+        self.checkpoints.invalidate(0, 0)
     def _profiled(self, graph: ComputeGraph) -> Callable[[int, float], None]:
         """The tape's observer that adds each node's seconds to `profile[op:role]`."""
         profile = self.profile
@@ -403,10 +468,15 @@ class Engine:
             InputKind.OUT_START: batch.out_start,
             InputKind.OUT_END: batch.out_end,
             InputKind.STATE_SEQ: batch.cells // seq_cells,
+            InputKind.EMBD_IDS: batch.embd_ids,
         }
         for kind, node_id in prepared.graph.inputs.items():
             buf = buffers[node_id]
             assert buf is not None
+            if kind is InputKind.EMBD:  # the given rows first; the rest is never read
+                assert batch.embd is not None
+                buf[:len(batch.embd)] = batch.embd
+                continue
             data = fills[kind]
             if data is None:
                 raise MinferError(f"this graph reads {kind.value}, which only a batch of whole "
@@ -446,8 +516,20 @@ class Engine:
             raise MinferError("output rows must index the batch")
         if len(rows) == nt and not np.array_equal(rows, np.arange(nt)):
             raise MinferError("a batch returning every row returns them in order")
+        if b.embd is not None:
+            self._check_embd(b)
         if self.recurrent:
             self._check_states(b)
+
+    def _check_embd(self, b: Batch) -> None:
+        assert b.embd is not None
+        if self.recurrent:
+            raise MinferError(f"{self.hparams.arch} takes no given embedding rows (images)")
+        ids = b.embd_ids
+        if b.embd.shape[1:] != (self.hparams.n_embd,) or ids is None \
+                or ids.shape != (b.n_tokens,) or int(ids.max()) >= len(b.embd):
+            raise MinferError(f"given embedding rows must be [k, {self.hparams.n_embd}], each "
+                              "used at one batch row")
 
     def _sequences(self, b: Batch) -> list[tuple[int, np.ndarray]]:
         """(sequence, its rows in batch order) of each sequence the batch feeds."""
@@ -456,7 +538,8 @@ class Engine:
 
     def _check_states(self, b: Batch) -> None:
         """Each sequence's rows must take consecutive positions from where its recurrent state
-        stands, or from 0 (a fresh start): a state cannot be rewound or skip tokens."""
+        stands, from 0 (a fresh start) or from a checkpoint: a state cannot otherwise be
+        rewound or skip tokens."""
         for seq, rows in self._sequences(b):
             pos = b.positions[rows]
             first = int(pos[0])
@@ -464,16 +547,30 @@ class Engine:
                 raise MinferError(f"a recurrent model takes each sequence's tokens in order: "
                                   f"sequence {seq} got positions {pos.tolist()[:8]}...")
             have = int(self._state_pos[seq])
-            if first not in (0, have):
+            if first not in (0, have) and not self.checkpoints.has(seq, first):
                 raise MinferError(
                     f"{self.hparams.arch}'s recurrent state of sequence {seq} holds "
                     + (f"{have} tokens" if have >= 0 else "no known tokens")
                     + f"; it cannot continue at position {first} (it cannot be rewound: "
                     "recompute from position 0)")
 
-    def _advance_states(self, b: Batch) -> None:
+    def _enter_states(self, b: Batch) -> None:
+        """Each sequence's state where its rows start (a checkpoint restored); its cells from
+        there on are rewritten, so the checkpoints past that go."""
+        for seq, rows in self._sequences(b):
+            first = int(b.positions[rows[0]])
+            if first not in (0, int(self._state_pos[seq])):
+                self.checkpoints.restore(seq, first)
+                self._state_pos[seq] = first
+            self.checkpoints.invalidate(seq, first)
+
+    def _advance_states(self, b: Batch, checkpoint: Sequence[int] | None,
+                        batch_invariant: bool) -> None:
         for seq, rows in self._sequences(b):
             self._state_pos[seq] = int(b.positions[rows[-1]]) + 1
+            if (seq in checkpoint if checkpoint is not None
+                    else len(rows) > 1 and not batch_invariant):
+                self.checkpoints.save(seq, int(self._state_pos[seq]))
 
     def _check_encoder(self, b: Batch) -> None:
         """An encoder's batch: whole inputs, each within the learned positions."""

@@ -25,6 +25,7 @@ from minfer.engine.core.proposer import Speculator
 from minfer.engine.core.request import (
     GenRequest,
     Piece,
+    PromptRows,
     Request,
     Timings,
     TokenLogprob,
@@ -98,9 +99,11 @@ def generate(
     constraint: Constraint | None = None,
     speculator: Speculator | None = None,
     context: Sequence[int] = (),
+    embd: Sequence[PromptRows] = (),
 ) -> Iterator[Piece | Finished]:
     """Generate after prompt_ids (prefilled at start_pos). `context`: the start_pos tokens
-    already in the KV (the proposers of a `speculator` read the whole sequence)."""
+    already in the KV (the proposers of a `speculator` read the whole sequence). `embd`: rows
+    given for some prompt tokens (an image's; `at` counted in prompt_ids)."""
     check_fits(engine, len(prompt_ids), start_pos)
     if speculator is not None and len(context) != start_pos:
         raise SpeculativeError(f"speculative decoding needs the {start_pos} tokens before the "
@@ -113,7 +116,8 @@ def generate(
                       speculation=None if speculator is None else speculator.config)
     core.scheduler.slots[0].cached = held  # the KV holds them: the prompt cache starts after
     req = GenRequest([*held, *prompt_ids], max_tokens, sampler, list(stops),
-                     constraint=constraint, top_logits=top_logits)
+                     constraint=constraint, top_logits=top_logits,
+                     embd=tuple(e.shifted(start_pos) for e in embd))
     state = core.add(SEQ, req, length=None if speculator is None else speculator.length)
     state.timings.prefill_tokens = len(prompt_ids)
     try:

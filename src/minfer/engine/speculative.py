@@ -8,7 +8,6 @@ holds what the flags and the model's assembly (minfer.engine.assembly) need:
 
 - `SpecConfig`: llama.cpp's speculative flags and prompt lookup's, checked once;
 - `check_same_vocab`, which refuses a draft whose vocabulary is not the target's;
-- `refuse_recurrent`, which refuses speculation on a model with recurrent layers;
 - `draft_file`: the draft's weights at 4 bits, the file speculative decoding loads as its draft.
 
 A draft step is worth taking only while it costs a small part of a target step, and decode
@@ -36,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minfer.errors import MinferError
-from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.store.catalog import minfer_home
 
@@ -48,18 +46,6 @@ NARROW_BITS = 5.0  # a draft whose matrix weights average more bits a value is n
 
 class SpeculativeError(MinferError):
     """Speculative decoding that cannot run as asked (mismatched draft vocabulary, bad flags)."""
-
-
-RECURRENT_SPECULATION = (
-    "speculative decoding (a draft model or prompt lookup) is not supported on a model with "
-    "recurrent layers (LFM2): rejected proposals would have to be taken back out of the "
-    "recurrent state, which cannot be rewound (state snapshots are to come)")
-
-
-def refuse_recurrent(hparams: HParams) -> None:
-    """Refuse speculation on a model whose recurrent state cannot drop rejected proposals."""
-    if hparams.recurrent:
-        raise SpeculativeError(f"{hparams.arch}: {RECURRENT_SPECULATION}")
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,23 @@ from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
-SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "lfm2", "llama", "phi3", "qwen2", "qwen2moe",
-                   "qwen3", "qwen3moe", "smollm3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "gpt-oss", "lfm2", "llama", "phi3", "qwen2",
+                   "qwen2moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
-# with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing weights are
-# renormalised to sum to 1 where llama.cpp does it (qwen3moe, llama) unless the file says
-# otherwise. A llama file with `llama.expert_count` is one (Mixtral, as llama.cpp's converter
-# writes it: experts as wide as `feed_forward_length`).
-MOE_ARCHS = ("qwen2moe", "qwen3moe")
-_MOE_NORM_DEFAULT = {"qwen2moe": False, "qwen3moe": True, "llama": True}
+# and qwen35moe's with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing
+# weights are renormalised to sum to 1 where llama.cpp does it (qwen3moe, qwen35moe, llama)
+# unless the file says otherwise. A llama file with `llama.expert_count` is one (Mixtral, as
+# llama.cpp's converter writes it: experts as wide as `feed_forward_length`). gpt-oss routes
+# on the biased router logits' top k, soft-maxed among themselves (`moe_gating`
+# "softmax_weight"), through experts with biases and the clamped SwiGLU (`moe_act`
+# "swiglu_oai").
+MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen35moe", "qwen3moe")
+_MOE_NORM_DEFAULT = {"gpt-oss": False, "qwen2moe": False, "qwen35moe": True, "qwen3moe": True,
+                     "llama": True}
+# Archs whose MoE blocks may carry a shared expert (`blk.0.ffn_gate_inp_shexp` says they do)
+_SHEXP_ARCHS = ("qwen2moe", "qwen35moe")
+# Qwen3.5's trunk (Gated DeltaNet and gated attention), dense or with MoE FFNs
+QWEN35_ARCHS = ("qwen35", "qwen35moe")
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 # Encoders: bidirectional attention without a KV cache, LayerNorm, learned positions
@@ -38,6 +46,10 @@ DEFAULT_ROPE_BASE = 10000.0
 # Gemma 3: every 6th layer attends globally, the others through a sliding window, with their
 # own rope base (llama.cpp's defaults when the file names neither).
 GEMMA3_SWA_PATTERN = 6
+# gpt-oss: every other layer (the even ones) attends through the sliding window, at the global
+# layers' rope base and scaling unless the file names a base of its own (llama.cpp's
+# `llama_model_openai_moe`).
+GPTOSS_SWA_PATTERN = 2
 DEFAULT_ROPE_BASE_SWA = 10000.0
 # Gemma 3's sandwich norms (post-attention, post-FFN); Gemma 4 has them too.
 SANDWICH_ARCHS = ("gemma3", "gemma4")
@@ -89,6 +101,8 @@ class HParams:
     sliding_window: int = 0  # window of the sliding-window layers (0: none)
     swa_layers: tuple[bool, ...] = ()  # per layer: whether it uses the sliding window
     rope_base_swa: float = DEFAULT_ROPE_BASE  # rope base of the sliding-window layers
+    rope_freq_scale_swa: float = 1.0  # their rope scaling (llama.cpp's rope_freq_scale_train_swa)
+    attn_sinks: bool = False  # a learned logit per head in each softmax's sum (`attn_sinks`)
     causal: bool = True  # False: an encoder (bidirectional attention within each input)
     pooling: str = "none"  # the file's `pooling_type` (POOLING_TYPES), for embeddings
     n_token_types: int = 0  # rows of an encoder's token-type embedding (0: none)
@@ -99,6 +113,10 @@ class HParams:
     n_expert_used: int = 0  # experts each token is routed to (top-k)
     expert_norm: bool = False  # renormalise the top-k soft-max weights to sum to 1
     n_ff_shexp: int = 0  # width of the shared expert (0: none)
+    moe_gating: str = "softmax"  # "softmax": top-k of soft-maxed logits; "softmax_weight":
+    # top-k of the logits, soft-maxed among themselves (gpt-oss)
+    moe_act: str = "silu"  # the experts' gate: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss)
+    moe_bias: bool = False  # router and expert biases (`ffn_gate_inp.bias`, `ffn_*_exps.bias`)
     # (n_ff: in a MoE model, the width of each expert)
     qkv_fused: bool = False  # one `attn_qkv` projection, its output [q | k | v] (Phi-3)
     ffn_up_gate: bool = False  # `ffn_up` holds [gate | up], 2 n_ff wide; no `ffn_gate` (Phi-3)
@@ -120,6 +138,16 @@ class HParams:
     v_from_k: tuple[bool, ...] = ()  # per layer: no attn_v, V is K's projection (Gemma 4 31B)
     n_ff_exp: int = 0  # Gemma 4 26B-A4B: its experts' width, beside the dense FFN's n_ff
     layer_ff: tuple[int, ...] = ()  # per layer FFN width (Gemma 4's double-wide MLP); () n_ff
+    # the pre-FFN norm's tensor (gpt-oss and Qwen3.5: `post_attention_norm`)
+    ffn_norm_name: str = "ffn_norm"
+    # Qwen3.5's Gated DeltaNet layers (ssm.*): key heads (group_count), value heads
+    # (time_step_rank), each head_dim (state_size) wide; 0: none. Their convolution's taps are
+    # `shortconv_l_cache` (ssm.conv_kernel) over q | k | v.
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head_dim: int = 0
+    attn_gated: bool = False  # q projection doubled per head: query | gate (sigmoid on output)
+    n_layer_nextn: int = 0  # MTP (NextN) blocks stored after the n_layer trunk (kept, unused)
 
     @property
     def reranker(self) -> bool:
@@ -160,9 +188,9 @@ class HParams:
         return self.rope_base_swa if self.is_swa(layer) else self.rope_base
 
     def layer_rope_freq_scale(self, layer: int) -> float:
-        """Linear rope scaling applies to the global layers only (llama.cpp keeps the
-        sliding-window layers at their trained scale, 1)."""
-        return 1.0 if self.is_swa(layer) else self.rope_freq_scale
+        """Rope scaling of the layer: the sliding-window layers' own (llama.cpp keeps Gemma 3's
+        at their trained scale, 1; gpt-oss scales them as the global ones)."""
+        return self.rope_freq_scale_swa if self.is_swa(layer) else self.rope_freq_scale
 
     def layer_rope_yarn(self, layer: int) -> YarnRope:
         """The layer's YaRN terms, from its own base and scale; without YaRN only the magnitude
@@ -230,10 +258,21 @@ class HParams:
         return any(self.recurrent_layers)
 
     @property
+    def conv_channels(self) -> int:
+        """Channels of a recurrent layer's convolution: LFM2's n_embd, Qwen3.5's q | k | v."""
+        if self.ssm_head_dim:
+            return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim
+        return self.n_embd
+
+    @property
     def state_width(self) -> int:
-        """Floats one sequence's state takes in one recurrent layer: the short convolution's
-        last `l_cache - 1` inputs of every channel."""
-        return (self.shortconv_l_cache - 1) * self.n_embd if self.recurrent else 0
+        """Floats one sequence's state takes in one recurrent layer: the convolution's last
+        `l_cache - 1` inputs of every channel, and a Gated DeltaNet's state matrix per value
+        head."""
+        if not self.recurrent:
+            return 0
+        return (self.shortconv_l_cache - 1) * self.conv_channels + \
+            self.ssm_v_heads * self.ssm_head_dim ** 2
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> HParams:
@@ -326,6 +365,10 @@ class HParams:
                          keys)
         if recurrent:
             hp = _lfm2(hp, keys, recurrent)
+        if arch == "gpt-oss":
+            hp = _gptoss(hp, keys)
+        if arch in QWEN35_ARCHS:
+            hp = _qwen35(hp, keys)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
                                                                   allow_zero=True)):
             hp = _moe(hp, keys)
@@ -354,8 +397,12 @@ class HParams:
         for i in range(self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
-            yield from (self._shortconv_shapes(blk) if self.is_recurrent(i)
-                        else self._attention_shapes(blk, i))
+            if not self.is_recurrent(i):
+                yield from self._attention_shapes(blk, i)
+            elif self.ssm_head_dim:
+                yield from self._delta_net_shapes(blk)
+            else:
+                yield from self._shortconv_shapes(blk)
             if self.arch in SANDWICH_ARCHS:
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
@@ -365,7 +412,7 @@ class HParams:
                 yield f"{blk}.post_norm.weight", (self.n_embd,)
             if self.layer_scales:
                 yield f"{blk}.layer_output_scale.weight", (1,)
-            yield f"{blk}.ffn_norm.weight", (self.n_embd,)
+            yield f"{blk}.{self.ffn_norm_name}.weight", (self.n_embd,)
             if self.n_ff_exp:  # Gemma 4's experts beside its dense FFN
                 yield from self._gemma4_expert_shapes(blk)
             elif self.n_expert:
@@ -409,7 +456,7 @@ class HParams:
             if self.has_qkv_bias:
                 yield f"{blk}.attn_qkv.bias", (q_dim + 2 * kv_dim,)
         else:
-            yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
+            yield f"{blk}.attn_q.weight", (self.n_embd, 2 * q_dim if self.attn_gated else q_dim)
             yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
             if not self.layer_v_from_k(il):
                 yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
@@ -423,6 +470,8 @@ class HParams:
         yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
         if self.has_out_bias:
             yield f"{blk}.attn_output.bias", (self.n_embd,)
+        if self.attn_sinks:
+            yield f"{blk}.attn_sinks.weight", (self.n_head,)
 
     def _shortconv_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
         """LFM2's short-convolution block: B | C | x projected at once, the depthwise taps
@@ -430,6 +479,21 @@ class HParams:
         yield f"{blk}.shortconv.in_proj.weight", (self.n_embd, 3 * self.n_embd)
         yield f"{blk}.shortconv.conv.weight", (self.shortconv_l_cache, self.n_embd)
         yield f"{blk}.shortconv.out_proj.weight", (self.n_embd, self.n_embd)
+
+    def _delta_net_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Qwen3.5's Gated DeltaNet block: q | k | v and the z gate projected, the convolution's
+        taps, the step bias and decay per value head, their alpha / beta projections, the
+        gated norm (one head wide), the output projection."""
+        n_v, value_dim = self.ssm_v_heads, self.ssm_v_heads * self.ssm_head_dim
+        yield f"{blk}.attn_qkv.weight", (self.n_embd, self.conv_channels)
+        yield f"{blk}.attn_gate.weight", (self.n_embd, value_dim)
+        yield f"{blk}.ssm_conv1d.weight", (self.shortconv_l_cache, self.conv_channels)
+        yield f"{blk}.ssm_dt.bias", (n_v,)
+        yield f"{blk}.ssm_a", (n_v,)
+        yield f"{blk}.ssm_alpha.weight", (self.n_embd, n_v)
+        yield f"{blk}.ssm_beta.weight", (self.n_embd, n_v)
+        yield f"{blk}.ssm_norm.weight", (self.ssm_head_dim,)
+        yield f"{blk}.ssm_out.weight", (value_dim, self.n_embd)
 
     def _expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
         """A MoE block's FFN tensors as llama.cpp names them: the router, the experts' gate /
@@ -439,6 +503,11 @@ class HParams:
         yield f"{blk}.ffn_gate_exps.weight", (n_embd, n_ff, n_exp)
         yield f"{blk}.ffn_up_exps.weight", (n_embd, n_ff, n_exp)
         yield f"{blk}.ffn_down_exps.weight", (n_ff, n_embd, n_exp)
+        if self.moe_bias:
+            yield f"{blk}.ffn_gate_inp.bias", (n_exp,)
+            yield f"{blk}.ffn_gate_exps.bias", (n_ff, n_exp)
+            yield f"{blk}.ffn_up_exps.bias", (n_ff, n_exp)
+            yield f"{blk}.ffn_down_exps.bias", (n_embd, n_exp)
         if self.n_ff_shexp:
             yield f"{blk}.ffn_gate_inp_shexp.weight", (n_embd,)
             yield f"{blk}.ffn_gate_shexp.weight", (n_embd, self.n_ff_shexp)
@@ -463,10 +532,14 @@ class HParams:
         return n * self.n_expert_used // self.n_expert if "_exps." in name else n
 
     def n_params(self) -> tuple[int, int]:
-        """(total, active per token) parameter counts of the tensors the forward pass reads."""
+        """(total, active per token) parameter counts of the tensors the forward pass reads.
+        A token reads one row of an untied embedding table (OpenAI's count: gpt-oss-20b's
+        20.9 B total, 3.6 B active); a tied one is read whole as the output projection."""
         sizes = [(name, math.prod(shape)) for name, shape in self.expected_shapes()]
-        return (sum(n for _, n in sizes),
-                sum(self.active_share(name, n) for name, n in sizes))
+        active = sum(self.active_share(name, n) for name, n in sizes)
+        if not self.tie_embeddings and self.causal:
+            active -= self.n_embd * (self.n_vocab - 1)
+        return sum(n for _, n in sizes), active
 
     def _encoder_shapes(self, q_dim: int, kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
         """BERT's tensors as llama.cpp names them (every projection with its bias, post-norm
@@ -638,7 +711,7 @@ def _moe(hp: HParams, keys: _Keys) -> HParams:
     n_ff_exp = keys.get_int("expert_feed_forward_length",
                             hp.n_ff if keys.arch == "llama" else hp.n_ff // n_used or None)
     shexp = 0
-    if keys.arch == "qwen2moe" and "blk.0.ffn_gate_inp_shexp.weight" in keys.f.tensors:
+    if keys.arch in _SHEXP_ARCHS and "blk.0.ffn_gate_inp_shexp.weight" in keys.f.tensors:
         shexp = keys.get_int("expert_shared_feed_forward_length", hp.n_ff or None)
     return replace(hp, n_ff=n_ff_exp, n_expert=n_expert, n_expert_used=n_used,
                    expert_norm=norm, n_ff_shexp=shexp)
@@ -711,20 +784,7 @@ def _gemma3(hp: HParams, keys: _Keys) -> HParams:
     sliding window and its layer pattern (every Nth layer global, N = 6 by default, or an
     explicit per-layer array), the local rope base, and the attention scale (the 27B model,
     62 layers, scales by n_embd / n_head instead of head_dim; `attention.scale` wins if set)."""
-    window = keys.get_int("attention.sliding_window", 0, allow_zero=True)
-    swa: tuple[bool, ...] = ()
-    if window > 0:
-        pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
-                                      GEMMA3_SWA_PATTERN)
-        if isinstance(pattern, list | tuple) or getattr(pattern, "ndim", 0) == 1:
-            if len(pattern) != hp.n_layer:
-                raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
-                                             f"for {hp.n_layer} layers")
-            swa = tuple(bool(x) for x in pattern)
-        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
-            swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(hp.n_layer))
-        else:
-            raise GGUFError(keys.f.path, f"sliding_window_pattern={pattern!r} is not valid")
+    window, swa = _swa(hp, keys, GEMMA3_SWA_PATTERN)
     if "attention.scale" in keys:
         scale = keys.get_float("attention.scale")
     elif hp.n_layer == 62:
@@ -815,3 +875,80 @@ def _lfm2(hp: HParams, keys: _Keys, recurrent: tuple[bool, ...]) -> HParams:
                    output_norm_name="token_embd_norm.weight", sliding_window=window,
                    swa_layers=tuple(not r for r in recurrent) if window else (),
                    rope_base_swa=hp.rope_base)
+
+
+def _swa(hp: HParams, keys: _Keys, default_pattern: int) -> tuple[int, tuple[bool, ...]]:
+    """The sliding window and which layers use it, as llama.cpp's `load_swa_pattern` reads
+    them: an explicit per-layer `sliding_window_pattern` array, or a period n (the file's, else
+    the architecture's default) where every layer but the last of each n slides (0: all)."""
+    window = keys.get_int("attention.sliding_window", 0, allow_zero=True)
+    if window == 0:
+        return 0, ()
+    pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
+                                  default_pattern)
+    if isinstance(pattern, list | tuple) or getattr(pattern, "ndim", 0) == 1:
+        if len(pattern) != hp.n_layer:
+            raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
+                                         f"for {hp.n_layer} layers")
+        return window, tuple(bool(x) for x in pattern)
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+        return window, tuple(pattern == 0 or il % pattern < pattern - 1
+                             for il in range(hp.n_layer))
+    raise GGUFError(keys.f.path, f"sliding_window_pattern={pattern!r} is not valid")
+
+
+def _gptoss(hp: HParams, keys: _Keys) -> HParams:
+    """gpt-oss's extras, as llama.cpp's `llama_model_openai_moe` reads and builds them: the
+    sliding window on every other layer (pattern 2: the even layers) with the global layers'
+    rope base (unless `rope.freq_base_swa`) and scaling, attention sinks, the router's and
+    experts' biases, top-k routing soft-maxed over the chosen logits, the clamped SwiGLU, and
+    the pre-FFN norm named `post_attention_norm`."""
+    window, swa = _swa(hp, keys, GPTOSS_SWA_PATTERN)
+    return replace(hp, sliding_window=window, swa_layers=swa, attn_sinks=True,
+                   rope_base_swa=keys.get_float("rope.freq_base_swa", hp.rope_base),
+                   rope_freq_scale_swa=hp.rope_freq_scale, moe_gating="softmax_weight",
+                   moe_act="swiglu_oai", moe_bias=True, ffn_norm_name="post_attention_norm")
+
+
+def _qwen35(hp: HParams, keys: _Keys) -> HParams:
+    """Qwen3.5's extras (dense or MoE: the FFNs are read by `_moe`), as llama.cpp's
+    `llama_model_qwen35` / `llama_model_qwen35moe` read them: the trunk is
+    block_count - nextn_predict_layers layers (the MTP blocks after it are kept, unused); its
+    recurrent layers from `attention.recurrent_layers` or else every layer but each
+    `full_attention_interval`-th; the Gated DeltaNet sizes (ssm.*); the gated attention's
+    doubled q projection with q / k norms; interleaved MRoPE, which on text positions is NEOX
+    RoPE over the rotated dims where its sections cover them; the FFN's pre-norm stored as
+    `post_attention_norm`."""
+    path = keys.f.path
+    n_nextn = keys.get_int("nextn_predict_layers", 0, allow_zero=True)
+    n_all = keys.get_int("block_count")
+    n_layer = n_all - n_nextn
+    if n_layer < 1:
+        raise GGUFError(path, f"{n_nextn} MTP layers leave no trunk of the {n_all} blocks")
+    flags = keys.f.metadata.get(f"{keys.arch}.attention.recurrent_layers")
+    if flags is not None:
+        recurrent = tuple(bool(r) for r in flags)[:n_layer]
+    else:
+        interval = keys.get_int("full_attention_interval", 4)
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+    if len(recurrent) != n_layer:
+        raise GGUFError(path, f"{keys.arch}.attention.recurrent_layers does not give each of "
+                              f"the {n_layer} layers a flag")
+    head = keys.get_int("ssm.state_size")
+    k_heads, v_heads = keys.get_int("ssm.group_count"), keys.get_int("ssm.time_step_rank")
+    if v_heads % k_heads or keys.get_int("ssm.inner_size") != v_heads * head:
+        raise ModelError(f"{path}: {keys.arch} with {k_heads} key heads, {v_heads} value heads "
+                         f"of {head} and inner size {keys.get_int('ssm.inner_size')} is not "
+                         "supported (value heads grouped over key heads, key and value heads "
+                         "equally wide)")
+    d_conv = keys.get_int("ssm.conv_kernel")
+    if d_conv < 2:
+        raise GGUFError(path, f"{keys.arch}.ssm.conv_kernel={d_conv} leaves no state")
+    sections = keys.f.metadata.get(f"{keys.arch}.rope.dimension_sections")
+    if sections is None or 2 * sum(int(s) for s in list(sections)[:3]) < hp.rope_dim:
+        raise ModelError(f"{path}: {keys.arch}'s MRoPE sections {sections} do not cover the "
+                         f"{hp.rope_dim} rotated dims (minfer runs text positions only)")
+    return replace(hp, n_layer=n_layer, n_layer_nextn=n_nextn, recurrent_layers=recurrent,
+                   shortconv_l_cache=d_conv, ssm_k_heads=k_heads, ssm_v_heads=v_heads,
+                   ssm_head_dim=head, attn_gated=True, has_qk_norm=True, qkv_fused=False,
+                   ffn_norm_name="post_attention_norm")

@@ -2,8 +2,9 @@
 
 KV regions (one K and one V array per layer, `[n_ctx, n_kv_embd]`) are created once for the
 session and survive every graph rebuild; a rebuild only re-plans the activation buffers. A
-recurrent layer (LFM2's short convolution) has no KV cells but a state region instead, one row
-per sequence, made by the backend and as persistent as the cells.
+recurrent layer (LFM2's short convolution, Qwen3.5's Gated DeltaNet) has no KV cells but a
+state region instead, one row per sequence (a Gated DeltaNet layer a second one, its state
+matrices), made by the backend and as persistent as the cells.
 
 Planning walks the graph in build (= execution) order: a node takes the smallest free slot that
 fits, and a slot returns to the free list after the node's last reader has run. Graph outputs are
@@ -100,13 +101,16 @@ class KVRegions:
     (`new_cache(kv_type, n_ctx, n_kv_embd)`, `minfer.backends.base.KVHost.new_kv_cache`).
     A layer listed as `recurrent` has no cells (empty K and V) but a state region of n_seq
     rows, `new_state(n_seq)` (`KVHost.new_conv_state`): the cells split into n_seq equal
-    ranges, one per sequence, and a sequence's recurrent state is the row of its range."""
+    ranges, one per sequence, and a sequence's recurrent state is the row of its range. Where
+    `new_matrix_state(n_seq)` is given (`KVHost.new_delta_state`), every recurrent layer also
+    holds that second region (`matrix_states`: Qwen3.5's delta-rule matrices)."""
 
     def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int | Sequence[int],
                  new_cache: Callable[[str, int, int], np.ndarray], kv_type: str = "f16",
                  k_type: str | None = None, v_type: str | None = None,
                  recurrent: Sequence[bool] = (),
-                 new_state: Callable[[int], np.ndarray] | None = None, n_seq: int = 1) -> None:
+                 new_state: Callable[[int], np.ndarray] | None = None, n_seq: int = 1,
+                 new_matrix_state: Callable[[int], np.ndarray] | None = None) -> None:
         self.n_ctx = n_ctx
         # one row width for every layer, or each layer's (0: no cells, it reads another's)
         widths = [n_kv_embd] * n_layer if isinstance(n_kv_embd, int) else list(n_kv_embd)
@@ -119,12 +123,14 @@ class KVRegions:
         if len(self.recurrent) != n_layer or (any(self.recurrent) and new_state is None):
             raise ValueError("recurrent layers need one flag per layer and a state maker")
         self._new_state = new_state
+        self._new_matrix_state = new_matrix_state
         rows = [0 if r or not w else n_ctx for r, w in zip(self.recurrent, widths, strict=True)]
         widths = [w or self.n_kv_embd for w in widths]
         self.k = [new_cache(self.k_type, n, w) for n, w in zip(rows, widths, strict=True)]
         self.v = [new_cache(self.v_type, n, w) for n, w in zip(rows, widths, strict=True)]
         self.n_seq = 0
         self.states: list[np.ndarray] = []
+        self.matrix_states: list[np.ndarray] = []
         self.hold_sequences(n_seq)
 
     def hold_sequences(self, n_seq: int) -> None:
@@ -135,6 +141,8 @@ class KVRegions:
         self.n_seq = n_seq
         self.states = [self._new_state(n_seq) if r and self._new_state else _NO_STATE
                        for r in self.recurrent]
+        self.matrix_states = [self._new_matrix_state(n_seq) if r and self._new_matrix_state
+                              else _NO_STATE for r in self.recurrent]
 
     @property
     def seq_cells(self) -> int:
@@ -142,15 +150,20 @@ class KVRegions:
         return self.n_ctx // self.n_seq
 
     @property
+    def state_regions(self) -> list[np.ndarray]:
+        """Every recurrent state region (each recurrent layer's conv state, then its matrix
+        state where it has one): what a sequence's state is, for copies and checkpoints."""
+        return [s for s in self.states + self.matrix_states if s.size]
+
+    @property
     def state_bytes_per_seq(self) -> int:
         """Recurrent-state bytes one sequence takes over all layers."""
-        return sum(s.nbytes for s in self.states) // self.n_seq
+        return sum(s.nbytes for s in self.state_regions) // self.n_seq
 
     def copy_state(self, src: int, dst: int) -> None:
         """Sequence src's recurrent state (every layer) into sequence dst's."""
-        for state in self.states:
-            if state.size:
-                state[dst] = state[src]
+        for state in self.state_regions:
+            state[dst] = state[src]
 
     @property
     def nbytes(self) -> int:

@@ -44,6 +44,10 @@ class GraphBuilder:
             raise GraphError(f"node {node_id} does not exist yet")
         return self.graph.nodes[node_id].shape
 
+    def weight_shape(self, name: str) -> tuple[int, ...]:
+        """A weight's shape (GGUF ne order)."""
+        return self._weight(name)
+
     def _weight(self, name: str) -> tuple[int, ...]:
         try:
             return self._weights[name]
@@ -58,6 +62,12 @@ class GraphBuilder:
     # -- leaves -----------------------------------------------------------------------------
     def input(self, kind: InputKind, n: int) -> int:
         node_id = self._append(kind.value, ir.Input(kind), (), (n,), dtype=DType.I32)
+        self.graph.inputs[kind] = node_id
+        return node_id
+
+    def input_rows(self, kind: InputKind, n: int, width: int) -> int:
+        """An f32 input of n rows of `width` (an image's unfolded patches)."""
+        node_id = self._append(kind.value, ir.Input(kind), (), (n, width))
         self.graph.inputs[kind] = node_id
         return node_id
 
@@ -78,6 +88,12 @@ class GraphBuilder:
         shape = (self.shape(ids)[0], *self.shape(x)[1:])
         return self._append(name, ir.GetRows(), (x, ids), shape,
                             meta=NodeMeta(role=name, layer=layer))
+
+    def replace_rows(self, name: str, x: int, ids: int, rows: int) -> int:
+        if self.shape(rows)[1:] != self.shape(x)[1:]:
+            raise GraphError(f"{name}: rows {self.shape(rows)} do not fit {self.shape(x)}")
+        return self._append(name, ir.ReplaceRows(), (x, ids, rows), self.shape(x),
+                            meta=NodeMeta(role=name))
 
     def rms_norm(self, name: str, x: int, weight: str, eps: float, *, layer: int = -1) -> int:
         if self._weight(weight) != (self.shape(x)[-1],):
@@ -120,24 +136,30 @@ class GraphBuilder:
         return self._append(name, ir.FusedGateUp(act), (x,), (self.shape(x)[0], n_ff),
                             meta=meta)
 
-    def moe(self, name: str, x: int, logits: int, weights: tuple[str, ...],
-            op: ir.Moe) -> int:
+    def moe(self, name: str, x: int, logits: int, weights: tuple[str, ...], op: ir.Moe) -> int:
         """The experts of `op` on x routed by `logits`; weights: the stacked gate, up and down
         tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert]; with
         `op.fused_gate_up` gate and up name one [n_embd, 2 n_ff, n_expert] tensor), then with
-        `op.down_scale` the experts' output scales ([n_expert])."""
+        `op.biased` their stacked biases ([n_ff, n_expert] twice, [n_embd, n_expert]), then
+        with `op.down_scale` the experts' output scales ([n_expert])."""
         n_embd = self.shape(x)[-1]
         if self.shape(logits) != (self.shape(x)[0], op.n_expert):
             raise GraphError(f"{name}: router logits {self.shape(logits)} are not "
                              f"[rows, {op.n_expert}]")
         if not 0 < op.n_used <= op.n_expert:
             raise GraphError(f"{name}: {op.n_used} experts used of {op.n_expert}")
-        if op.act not in ("silu", "gelu"):
+        if op.act not in ("silu", "gelu", "swiglu_oai"):
             raise GraphError(f"{name}: unknown gate activation {op.act!r}")
-        if len(weights) != 3 + op.down_scale or (op.down_scale and _squeeze(
-                self._weight(weights[3])) != (op.n_expert,)):
-            raise GraphError(f"{name}: weights {weights} are not gate, up, down"
-                             f"{' and the experts scales' if op.down_scale else ''}")
+        if op.gating not in ("softmax", "softmax_weight"):
+            raise GraphError(f"{name}: unknown gating {op.gating!r}")
+        n_bias = 3 if op.biased else 0
+        if len(weights) != 3 + n_bias + op.down_scale:
+            raise GraphError(f"{name}: {len(weights)} expert tensors named for "
+                             f"{'biased' if op.biased else 'unbiased'} experts"
+                             f"{' with output scales' if op.down_scale else ''}")
+        if op.down_scale and _squeeze(self._weight(weights[-1])) != (op.n_expert,):
+            raise GraphError(f"{name}: the experts' scales {weights[-1]} are not "
+                             f"[{op.n_expert}]")
         gate, up, down = (self._weight(w) for w in weights[:3])
         if op.fused_gate_up:
             if weights[0] != weights[1] or len(gate) != 3 or gate[1] % 2:
@@ -148,6 +170,10 @@ class GraphBuilder:
                 down != (n_ff, n_embd, op.n_expert):
             raise GraphError(f"{name}: expert weights {gate}, {up}, {down} do not match "
                              f"{op.n_expert} experts over width {n_embd}")
+        biases = [self._weight(w) for w in weights[3:3 + n_bias]]
+        if biases and biases != [(n_ff, op.n_expert), (n_ff, op.n_expert),
+                                 (n_embd, op.n_expert)]:
+            raise GraphError(f"{name}: expert biases {biases} do not match the experts")
         meta = NodeMeta(role=name, layer=op.layer, weights=weights)
         return self._append(name, op, (x, logits), self.shape(x), meta=meta)
 
@@ -159,13 +185,17 @@ class GraphBuilder:
         meta = NodeMeta(role=name, layer=layer, weights=(weight,))
         return self._append(name, ir.SigmoidGate(), (x, h), self.shape(x), meta=meta)
 
-    def slice(self, name: str, x: int, start: int, width: int, *, layer: int = -1) -> int:
-        """Columns [start, start + width) of each row of a 2-D x."""
+    def slice(self, name: str, x: int, start: int, width: int, *, layer: int = -1,
+              n_head: int = 1) -> int:
+        """Columns [start, start + width) of each row of a 2-D x (of each of its n_head
+        heads)."""
         shape = self.shape(x)
-        if len(shape) != 2 or start < 0 or width < 1 or start + width > shape[1]:
+        if len(shape) != 2 or n_head < 1 or shape[1] % n_head:
+            raise GraphError(f"{name}: {n_head} heads of {shape}")
+        if start < 0 or width < 1 or start + width > shape[1] // n_head:
             raise GraphError(f"{name}: columns [{start}, {start + width}) of {shape}")
-        return self._append(name, ir.Slice(start, width), (x,), (shape[0], width),
-                            meta=NodeMeta(role=name, layer=layer))
+        return self._append(name, ir.Slice(start, width, n_head), (x,),
+                            (shape[0], width * n_head), meta=NodeMeta(role=name, layer=layer))
 
     def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, a, b)
@@ -280,7 +310,51 @@ class GraphBuilder:
         meta = NodeMeta(role="shortconv", layer=op.layer, weights=(taps,))
         return self._append(name, op, (bcx, positions, seq), (nt, op.n_embd), meta=meta)
 
-    def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn) -> int:
+    def ssm_conv(self, x: int, positions: int, seq: int, taps: str, op: ir.SsmConv) -> int:
+        """Qwen3.5's convolution of layer op.layer then SiLU (`ir.SsmConv`) -> [nt, channels]."""
+        name = f"ssm_conv.{op.layer}"
+        nt, width = self.shape(x)
+        if width != op.channels:
+            raise GraphError(f"{name}: input width {width} is not {op.channels} channels")
+        if self._weight(taps) != (op.d_conv, op.channels) or op.d_conv < 2:
+            raise GraphError(f"{name}: taps {taps} are not [{op.d_conv}, {op.channels}]")
+        if self.shape(positions) != (nt,) or self.shape(seq) != (nt,):
+            raise GraphError(f"{name}: positions and sequences must give each row one")
+        meta = NodeMeta(role="ssm_conv", layer=op.layer, weights=(taps,))
+        return self._append(name, op, (x, positions, seq), (nt, op.channels), meta=meta)
+
+    def delta_net(self, qkv: int, alpha: int, beta: int, positions: int, seq: int,
+                  weights: tuple[str, str], op: ir.DeltaNet) -> int:
+        """Qwen3.5's gated delta rule of layer op.layer (`ir.DeltaNet`); weights: dt_bias, a
+        -> [nt, n_v_heads * head_dim]."""
+        name = f"delta_net.{op.layer}"
+        nt, width = self.shape(qkv)
+        if width != (2 * op.n_k_heads + op.n_v_heads) * op.head_dim or \
+                op.n_v_heads % op.n_k_heads:
+            raise GraphError(f"{name}: input width {width} is not q | k | v of the heads")
+        if self.shape(alpha) != (nt, op.n_v_heads) or self.shape(beta) != (nt, op.n_v_heads):
+            raise GraphError(f"{name}: alpha and beta must give each row each value head")
+        if any(self._weight(w) != (op.n_v_heads,) for w in weights):
+            raise GraphError(f"{name}: {weights} are not one value per value head")
+        if self.shape(positions) != (nt,) or self.shape(seq) != (nt,):
+            raise GraphError(f"{name}: positions and sequences must give each row one")
+        meta = NodeMeta(role="delta_net", layer=op.layer, weights=weights)
+        return self._append(name, op, (qkv, alpha, beta, positions, seq),
+                            (nt, op.n_v_heads * op.head_dim), meta=meta)
+
+    def sigmoid_mul(self, name: str, x: int, g: int, *, layer: int = -1) -> int:
+        shape = self._same_shape(name, x, g)
+        return self._append(name, ir.SigmoidMul(), (x, g), shape,
+                            meta=NodeMeta(role=name, layer=layer))
+
+    def attn(self, q: int, kv: int, start: int, end: int, op: ir.Attn, *,
+             sinks: str | None = None) -> int:
+        """Attention of q over the KV view; `sinks` names the [n_head] sink logits of an op
+        with `sinks`."""
+        if op.sinks != (sinks is not None):
+            raise GraphError(f"attn.{op.layer}: sinks {sinks!r} for an op with sinks={op.sinks}")
+        if sinks is not None and self._weight(sinks) != (op.n_head,):
+            raise GraphError(f"attn.{op.layer}: {sinks} is not one logit per head")
         if self.shape(q)[-1] != op.n_head * op.head_dim:
             raise GraphError(f"attn.{op.layer}: q width does not match the heads")
         if self.shape(kv)[-1] != op.n_head_kv * op.head_dim:
@@ -288,7 +362,8 @@ class GraphBuilder:
         if op.window < 0 or op.softcap < 0:
             raise GraphError(f"attn.{op.layer}: window and soft-cap must not be negative")
         return self._append(f"attn.{op.layer}", op, (q, kv, start, end), self.shape(q),
-                            meta=NodeMeta(role="attn", layer=op.layer))
+                            meta=NodeMeta(role="attn", layer=op.layer,
+                                          weights=(sinks,) if sinks else ()))
 
 
 def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -37,6 +37,10 @@ class InputKind(StrEnum):
     OUT_START = "out_start"  # [n_out] first batch row pooled into each output row
     OUT_END = "out_end"  # [n_out] one past the last batch row pooled into each output row
     STATE_SEQ = "state_seq"  # [nt] the recurrent-state row (sequence) each token reads and writes
+    PIXELS = "pixels"  # [n_patches, 3 * patch^2] f32: an image's patches unfolded (c, y, x)
+    POOL_ROWS = "pool_rows"  # [n_patches] batch rows in pooling order (each window contiguous)
+    EMBD_IDS = "embd_ids"  # [nt] row of EMBD that replaces the token's embedding, -1: none
+    EMBD = "embd"  # [nt, n_embd] f32: given embedding rows (an image's), the first ones used
 
 
 class Op:
@@ -58,6 +62,12 @@ class Input(Op):
 @dataclass(frozen=True)
 class GetRows(Op):
     """Rows of a weight table (embedding) or of an activation (tail selection)."""
+
+
+@dataclass(frozen=True)
+class ReplaceRows(Op):
+    """x with row t replaced by rows[ids[t]] where ids[t] >= 0 (sources x, ids, rows): given
+    embedding rows (an image's) in place of the token embedding at their positions."""
 
 
 @dataclass(frozen=True)
@@ -85,10 +95,12 @@ class MatMul(Op):
 class Slice(Op):
     """Columns [start, start + width) of each row, copied out: one part of a fused
     projection's output (Phi-3's q | k | v, its gate | up), as llama.cpp's ggml_view_2d of
-    it."""
+    it. With n_head > 1 the row is n_head equal heads and each gives its columns [start, start
+    + width), concatenated (Qwen3.5's per-head query | gate, a ggml_view_3d)."""
 
     start: int
     width: int
+    n_head: int = 1
 
 
 @dataclass(frozen=True)
@@ -211,12 +223,53 @@ class ShortConv(Op):
 
 
 @dataclass(frozen=True)
+class SsmConv(Op):
+    """Qwen3.5's causal depthwise convolution with carried state, then SiLU (ggml's
+    `ssm_conv` then `silu`): per channel c, token t, silu(sum_i window[i] * taps[c, i]) over the
+    sequence's last `d_conv - 1` inputs (its persistent state, the layer's conv-state region)
+    then this input, summed in f32 from i = 0 (oldest) up; the state then drops its oldest
+    input and keeps this one. A token at position 0 starts from a zero state. Sources: x [nt,
+    channels], positions, state_seq; the taps [d_conv, channels] named in the meta."""
+
+    layer: int
+    channels: int
+    d_conv: int
+
+
+@dataclass(frozen=True)
+class DeltaNet(Op):
+    """Qwen3.5's gated delta rule with a per-sequence f32 state matrix per value head (the
+    layer's second state region), as ggml's `gated_delta_net` with a scalar gate: q and k of
+    each key head L2-normalised (eps), value head h reading key head h % n_k_heads; g =
+    softplus(alpha + dt_bias) * a, beta = sigmoid(beta_raw); S *= exp(g); S += k ((v - S^T k)
+    * beta)^T; out = S^T q / sqrt(head_dim). A token at position 0 starts from a zero state.
+    Sources: qkv [nt, (2 n_k_heads + n_v_heads) head_dim] = q | k | v, alpha, beta_raw [nt,
+    n_v_heads], positions, state_seq; dt_bias and a named in the meta. Rows are taken in batch
+    order, each reading and writing only its own sequence's state."""
+
+    layer: int
+    n_k_heads: int
+    n_v_heads: int
+    head_dim: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class SigmoidMul(Op):
+    """x * sigmoid(g) elementwise (Qwen3.5's gated attention: the output times the sigmoid of
+    the q projection's gate half). Sources: x, g."""
+
+
+@dataclass(frozen=True)
 class Attn(Op):
     """Query t reads cells [max(kv_start[t], kv_end[t] - window), kv_end[t]) (window 0: the
     whole [kv_start, kv_end) range; a sliding-window layer's window is part of its op, its
     bounds stay data). Scores are scale * q.k, soft-capped to softcap * tanh(s / softcap) when
-    softcap > 0, then soft-maxed. The cells are layer's own, or kv_layer's where that is set
-    (Gemma 4's shared-KV layers read an earlier layer's)."""
+    softcap > 0, then soft-maxed. With `sinks`, each head's learned logit (the [n_head] vector
+    named in the meta, gpt-oss's `attn_sinks`) joins the softmax's max and sum as a cell
+    without a value (ggml_soft_max_ext's sinks): the weights sum to less than 1. The cells are
+    layer's own, or kv_layer's where that is set (Gemma 4's shared-KV layers read an earlier
+    layer's)."""
 
     layer: int
     n_head: int
@@ -225,6 +278,7 @@ class Attn(Op):
     scale: float
     window: int = 0
     softcap: float = 0.0
+    sinks: bool = False
     kv_layer: int = -1
 
     @property
@@ -266,15 +320,22 @@ class Moe(Op):
     """A mixture-of-experts FFN (llama.cpp's `build_moe_ffn` with soft-max gating): each row's
     router logits are soft-maxed, its `n_used` most probable experts chosen (ties: the lower
     expert id), their probabilities renormalised to sum 1 when `norm`, and the row's output is
-    sum_s p_s * down_e(act(gate_e(x)) * up_e(x)) over its experts e in that order. Sources: x,
-    the router logits; the experts' stacked gate / up / down weights named in the meta. A row's
-    routing and result depend on that row alone."""
+    sum_s p_s * down_e(act(gate_e(x)) * up_e(x)) over its experts e in that order. `gating`
+    "softmax_weight" (gpt-oss) chooses the `n_used` largest logits and soft-maxes those among
+    themselves instead. act "silu" (SwiGLU), "gelu" (GeGLU) or "swiglu_oai" (gpt-oss's clamped
+    SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)). With
+    `biased`, each expert's gate / up / down outputs add its own bias row (the stacked biases
+    named in the meta after the weights). Sources: x, the router logits; the experts' stacked
+    gate / up / down weights named in the meta. A row's routing and result depend on that row
+    alone."""
 
     layer: int
     n_expert: int
     n_used: int
     norm: bool
     act: str = "silu"
+    gating: str = "softmax"
+    biased: bool = False
     # Gemma 4: one stacked tensor holds [gate | up] (the meta names it as both), and each
     # expert's output is scaled by its entry of a 4th weight, [n_expert]
     fused_gate_up: bool = False

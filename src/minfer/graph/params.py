@@ -47,12 +47,15 @@ class GraphParams:
     gtype: GraphType
     ctx: ContextParams
     weights_version: int = 0
+    # given embedding rows (an image's) replace token embeddings: two more inputs and a node
+    embd_input: bool = False
 
     @classmethod
     def for_batch(
-        cls, n_tokens: int, n_out: int, ctx: ContextParams, weights_version: int = 0
+        cls, n_tokens: int, n_out: int, ctx: ContextParams, weights_version: int = 0, *,
+        embd_input: bool = False,
     ) -> GraphParams:
         if n_tokens < 1 or not 1 <= n_out <= n_tokens:
             raise GraphError(f"bad batch shape: n_tokens={n_tokens}, n_out={n_out}")
         gtype = GraphType.DECODE if n_out == n_tokens else GraphType.PREFILL
-        return cls(n_tokens, n_out, gtype, ctx, weights_version)
+        return cls(n_tokens, n_out, gtype, ctx, weights_version, embd_input)

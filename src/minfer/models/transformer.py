@@ -1,21 +1,23 @@
 """The decoder skeleton every supported family shares, as builder calls.
 
-`build_decoder` lays out the graph inputs, the token embedding (optionally scaled), one block per
-layer (the family's `LayerFn`) and the output head (final norm, projection tied to the
-embedding when `output.weight` is absent, optional logit soft-capping). The pieces a block is
-made of live here too. With the context's `pooling` set the graph ends at the final norm's
-hidden states instead of the logits (every row, their mean per sequence, or the cls / last
-rows kept as the tail): a decoder's embeddings; "rank" runs the file's classifier head
-(`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each input's last row. The
-pieces: `attention` (q/k/v projections with optional biases, or one fused q|k|v projection
-sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling / frequency
-factors, or none in the layers that skip it; KV store and load, attention with the layer's
-sliding window and soft-cap, output projection, optionally biased), `gated_ffn` (gate/up, or
-one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where the file has Llama's
-mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed experts, optional
-gated shared expert: Qwen2/3-MoE) and `keep_tail` (a prefill keeps only its last `n_out` rows
-after the last layer's attention). Which of the optional parts a model has is read from its
-HParams, never guessed from the architecture name here.
+`build_decoder` lays out the graph inputs, the token embedding (optionally scaled; with
+GraphParams.embd_input, given rows such as an image's replace it at the rows the EMBD_IDS input
+names: data, not topology), one block per layer (the family's `LayerFn`) and the output head
+(final norm, projection tied to the embedding when `output.weight` is absent, optional logit
+soft-capping). The pieces a block is made of live here too. With the context's `pooling` set the
+graph ends at the final norm's hidden states instead of the logits (every row, their mean per
+sequence, or the cls / last rows kept as the tail): a decoder's embeddings; "rank" runs the
+file's classifier head (`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each
+input's last row. The pieces: `attention` (q/k/v projections with optional biases, or one fused
+q|k|v projection sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling
+/ frequency factors, or none in the layers that skip it; KV store and load, attention with the
+layer's sliding window, soft-cap and sink logits, output projection, optionally biased),
+`gated_ffn` (gate/up, or one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where
+the file has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed
+experts, optional gated shared expert: Qwen2/3-MoE; gpt-oss's biases, gating and clamped SwiGLU)
+and `keep_tail` (a prefill keeps only its last `n_out` rows after the last layer's attention).
+Which of the optional parts a model has is read from its HParams, never guessed from the
+architecture name here.
 """
 
 from __future__ import annotations
@@ -85,9 +87,14 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     if pooling == "mean":
         out_start = b.input(InputKind.OUT_START, params.n_out)
         out_end = b.input(InputKind.OUT_END, params.n_out)
+    if params.embd_input:
+        embd_ids = b.input(InputKind.EMBD_IDS, nt)
+        embd = b.input_rows(InputKind.EMBD, nt, hp.n_embd)
     h = b.embedding("token_embd.weight", ids)  # [nt, n_embd]
     if embd_scale != 1.0:
         h = b.scale("inp_scaled", h, embd_scale)
+    if params.embd_input:  # given rows (an image's) as they are: unscaled, as llama.cpp's
+        h = b.replace_rows("inp_embd", h, embd_ids, embd)
     if hp.n_embd_per_layer:
         ctx = replace(ctx, per_layer=_per_layer_inputs(b, hp, ids, h))
     for il in range(hp.n_layer):
@@ -142,27 +149,38 @@ def per_layer_embd(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
     return b.add("per_layer_resid", h, p, layer=il)
 
 
-def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
+Mixer = LayerFn  # (b, ctx, layer, normed x) -> the mixer's output [nt, n_embd]
+
+
+def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int, *,
+                  recurrent: Mixer | None = None) -> int:
     """h + attn(norm(h)), then + ffn(norm(.)): Qwen's and Llama's block (SiLU gate; the FFN a
     mixture of experts where the model has them); LFM2's, with its short convolution in place
-    of attention in the recurrent layers."""
+    of attention in the recurrent layers (`recurrent`: another model's recurrent mixer, as
+    Qwen3.5's Gated DeltaNet)."""
     hp, blk = ctx.hp, f"blk.{il}."
     x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
-    mixer = short_conv if hp.is_recurrent(il) else attention
+    mixer = (recurrent or short_conv) if hp.is_recurrent(il) else attention
     o = mixer(b, ctx, il, x)  # [nt, n_embd]
     o, h = keep_tail(b, ctx, il, o, h)
     h = b.add("attn_resid", h, o, layer=il)
-    x = b.rms_norm("ffn_norm", h, blk + "ffn_norm.weight", hp.rms_eps, layer=il)
+    x = b.rms_norm("ffn_norm", h, f"{blk}{hp.ffn_norm_name}.weight", hp.rms_eps, layer=il)
     d = moe_ffn(b, ctx, il, x) if hp.n_expert else gated_ffn(b, ctx, il, x, act="silu")
     return b.add("ffn_resid", h, d, layer=il)
 
 
 def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
-    """Self-attention of layer il on the normed input x, through the output projection."""
+    """Self-attention of layer il on the normed input x, through the output projection; where
+    the q projection is doubled (Qwen3.5: each head's query | gate), the output times the
+    sigmoid of the gate."""
     hp, blk, head_dim = ctx.hp, f"blk.{il}.", ctx.hp.layer_head_dim(il)
     n_head_kv = hp.layer_n_head_kv(il)
     own_kv = hp.kv_layer(il) == il  # else: only q, over an earlier layer's KV (Gemma 4)
     q, k, v = _qkv(b, hp, il, x, own_kv)
+    gate = -1
+    if hp.attn_gated:
+        gate = b.slice("attn_gate", q, head_dim, head_dim, layer=il, n_head=hp.n_head)
+        q = b.slice("attn_q_heads", q, 0, head_dim, layer=il, n_head=hp.n_head)
     if hp.has_qk_norm:
         q = b.qk_norm("attn_q_norm", q, blk + "attn_q_norm.weight",
                       ir.QkNorm(hp.rms_eps, hp.n_head, head_dim), layer=il)
@@ -184,9 +202,12 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
         ctx.kv[il] = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx,
                                n_kv_embd=hp.layer_kv_embd(il))
     op = ir.Attn(il, hp.n_head, n_head_kv, head_dim, hp.kq_scale,
-                 window=hp.layer_window(il), softcap=hp.attn_softcap,
+                 window=hp.layer_window(il), softcap=hp.attn_softcap, sinks=hp.attn_sinks,
                  kv_layer=-1 if own_kv else hp.kv_layer(il))
-    a = b.attn(q, ctx.kv[hp.kv_layer(il)], ctx.start, ctx.end, op)
+    a = b.attn(q, ctx.kv[hp.kv_layer(il)], ctx.start, ctx.end, op,
+               sinks=blk + "attn_sinks.weight" if hp.attn_sinks else None)
+    if gate >= 0:
+        a = b.sigmoid_mul("attn_gated", a, gate, layer=il)
     return b.matmul("attn_output", a, blk + "attn_output.weight",
                     bias=blk + "attn_output.bias" if hp.has_out_bias else None, layer=il)
 
@@ -271,10 +292,12 @@ def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     """A mixture-of-experts FFN on the normed input x: the router's logits, the routed experts
     (`ir.Moe`), plus the shared expert gated by sigmoid(x . w) where the model has one."""
     hp, blk = ctx.hp, f"blk.{il}."
-    logits = b.matmul("ffn_moe_logits", x, blk + "ffn_gate_inp.weight", layer=il)
-    op = ir.Moe(il, hp.n_expert, hp.n_expert_used, hp.expert_norm)
-    weights = (f"{blk}ffn_gate_exps.weight", f"{blk}ffn_up_exps.weight",
-               f"{blk}ffn_down_exps.weight")
+    logits = b.matmul("ffn_moe_logits", x, blk + "ffn_gate_inp.weight",
+                      bias=blk + "ffn_gate_inp.bias" if hp.moe_bias else None, layer=il)
+    op = ir.Moe(il, hp.n_expert, hp.n_expert_used, hp.expert_norm, act=hp.moe_act,
+                gating=hp.moe_gating, biased=hp.moe_bias)
+    kinds = ("weight", "bias") if hp.moe_bias else ("weight",)
+    weights = tuple(f"{blk}ffn_{w}_exps.{kind}" for kind in kinds for w in ("gate", "up", "down"))
     y = b.moe("ffn_moe", x, logits, weights, op)
     if not hp.n_ff_shexp:
         return y

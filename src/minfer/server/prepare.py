@@ -13,8 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from minfer.chat.reasoning import FORMATS, ReasoningOptions
-from minfer.engine.core.request import GenRequest
+from minfer.engine.core.request import GenRequest, PromptRows
+from minfer.engine.vision.image import ImageError
+from minfer.engine.vision.prompt import ImageTokens, image_bytes, layout
 from minfer.errors import MinferError
 from minfer.sampling.grammar import GrammarVocab
 from minfer.sampling.mask import BannedTokens, chain
@@ -58,6 +62,14 @@ class TokenizerLike(Protocol):
 
     def token_bytes(self, token_id: int) -> bytes: ...
 
+    def token_id(self, text: str) -> int | None: ...
+
+
+class ImageReader(Protocol):
+    """A model's vision encoder (`minfer.engine.vision.encoder.VisionEncoder`)."""
+
+    def encode(self, data: bytes) -> np.ndarray: ...
+
 
 class TemplateLike(Protocol):
     source: str
@@ -82,9 +94,12 @@ class Prepared:
 
 
 def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: TemplateLike,
-                output: OutputPlan, reasoning: ReasoningOptions) -> list[int]:
-    """The rendered chat prompt's ids; sets how the reply's thinking is split and adds the
-    thinking budget to the request's mask."""
+                output: OutputPlan, reasoning: ReasoningOptions,
+                vision: ImageReader | None = None) -> tuple[list[int], tuple[PromptRows, ...]]:
+    """The rendered chat prompt's ids and its images' rows where they go; sets how the reply's
+    thinking is split and adds the thinking budget to the request's mask."""
+    urls = [url for m in req.messages for url in m.image_urls()]
+    images = _read_images(urls, vision) if urls else []
     opts = request_reasoning(req, reasoning)
     try:
         opts.check_model(template.source, template.variables)
@@ -104,7 +119,27 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
         raise bad_request("a forced tool_choice is not supported for harmony (gpt-oss) models "
                           "yet: use 'auto'", param="tool_choice", code="unsupported_value")
     output.logit_mask = chain(output.logit_mask, output.reasoning.budget)
-    return tok.encode_prompt(text)
+    if not images:
+        return tok.encode_prompt(text), ()
+    try:
+        return layout(text, images, ImageTokens.lookup(tok.token_id), first=tok.encode_prompt,
+                      rest=lambda s: tok.encode(s, special=True, add_bos=False))
+    except ImageError as exc:
+        raise bad_request(str(exc), param="messages", code="invalid_image") from None
+
+
+def _read_images(urls: Sequence[str], vision: ImageReader | None) -> list[np.ndarray]:
+    """Each image's embedding rows; a 400 naming the problem for a model without a vision
+    encoder, a URL that is not a base64 data: URL, or an image that cannot be decoded."""
+    if vision is None:
+        raise APIError(400, "this model takes no images: it has no vision encoder (an mmproj "
+                       "file: serve --mmproj FILE, or mmproj*.gguf beside the model)",
+                       param="messages", code="unsupported_content")
+    try:
+        return [vision.encode(image_bytes({"type": "image_url", "image_url": url}))
+                for url in urls]
+    except ImageError as exc:
+        raise bad_request(str(exc), param="messages", code="invalid_image") from None
 
 
 def request_reasoning(req: ChatCompletionRequest, defaults: ReasoningOptions) -> ReasoningOptions:
@@ -248,17 +283,19 @@ def max_tokens(requested: int | None, limits: Limits, param: str) -> int:
 def prepare(req: GenerationRequest, tok: TokenizerLike, template: TemplateLike, limits: Limits, *,
             grammar_vocab: GrammarVocab | None = None,
             reasoning: ReasoningOptions = NO_OPTIONS,
-            context: Sequence[int] = ()) -> Prepared:
+            context: Sequence[int] = (), vision: ImageReader | None = None) -> Prepared:
     """Validate req against the model and build its GenRequest; APIError (4xx) when it cannot.
     grammar_vocab: the model's vocabulary view for structured output (None: refused);
     reasoning: the server's reasoning options (a chat request's fields override them);
     context: ids of an earlier exchange put before the prompt (Ollama's `context`), the
-    prompt's own BOS dropped after them."""
+    prompt's own BOS dropped after them; vision: the model's image encoder (None: text only,
+    an image part is a 400)."""
     output = plan_output(req, tok.n_vocab, grammar_vocab)
+    embd: tuple[PromptRows, ...] = ()
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs = true", param="top_logprobs")
-        prompt = chat_prompt(req, tok, template, output, reasoning)
+        prompt, embd = chat_prompt(req, tok, template, output, reasoning, vision)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -277,7 +314,9 @@ def prepare(req: GenerationRequest, tok: TokenizerLike, template: TemplateLike, 
         prompt = completion_prompt(req, tok, limits, output)
         param, requested, logprobs = "max_tokens", req.max_tokens, req.logprobs
     if context:
+        n = len(prompt)
         prompt = with_context(context, prompt, tok)
+        embd = tuple(e.shifted(len(prompt) - n) for e in embd)
     check_prompt(prompt, limits, "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     params = sampler_params(req)
     seed = None if req.seed is None or req.seed == -1 else req.seed & SEED_MASK
@@ -293,7 +332,7 @@ def prepare(req: GenerationRequest, tok: TokenizerLike, template: TemplateLike, 
     scored = logprobs if isinstance(req, CompletionRequest) and req.echo else None
     gen = GenRequest(prompt=prompt, max_tokens=n_max, sampler=sampler, stops=req.stops(),
                      logprobs=logprobs, constraint=output.constraint, t_max_predict_ms=t_limit,
-                     prompt_logprobs=scored)
+                     prompt_logprobs=scored, embd=embd)
     return Prepared(gen, output)
 
 

@@ -47,7 +47,7 @@ def prepare_for(lm: LoadedModel, req: GenerationRequest, context: Sequence[int] 
     """`prepare` against the loaded model (its tokenizer, template, limits, grammar vocabulary
     and reasoning options); tokenizing can take a while: routes run it on a worker thread."""
     return prepare(req, lm.tokenizer, lm.template, lm.limits, grammar_vocab=lm.grammar_vocab,
-                   reasoning=lm.reasoning, context=context)
+                   reasoning=lm.reasoning, context=context, vision=lm.vision)
 
 
 def submit(state: ServerState, lm: LoadedModel, gen: GenRequest) -> Handle:

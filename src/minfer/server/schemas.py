@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from minfer.engine.vision.prompt import MARKER
 from minfer.server.errors import APIError
 
 T = TypeVar("T", bound=BaseModel)
@@ -86,16 +87,32 @@ class TextPart(_Strict):
     text: str
 
 
-class MediaPart(_Strict):
-    """An image, audio or file part: read so that the answer can say what is wrong (this
-    server runs text-only models), not refused as a shape pydantic does not know."""
+class ImageUrl(_Strict):
+    url: str
+    detail: str | None = None
 
-    type: Literal["image_url", "input_audio", "file", "image", "audio"]
+
+class ImagePart(_Strict):
+    """OpenAI's image part: a data: URL (minfer fetches nothing), read by a model with a vision
+    encoder (`minfer.engine.vision.prompt`); it stands in the text as the media marker."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl | str
+
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+class MediaPart(_Strict):
+    """An audio or file part: read so that the answer can say what is wrong (this server reads
+    text and images), not refused as a shape pydantic does not know."""
+
+    type: Literal["input_audio", "file", "image", "audio"]
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[TextPart | MediaPart] | None = None
+    content: str | list[TextPart | ImagePart | MediaPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -105,11 +122,17 @@ class ChatMessage(_Strict):
         if isinstance(self.content, list):
             for part in self.content:
                 if isinstance(part, MediaPart):
-                    raise APIError(400, f"{part.type} content is not supported: this server runs "
-                                   "text-only models", param="messages",
+                    raise APIError(400, f"{part.type} content is not supported: this server "
+                                   "reads text and images", param="messages",
                                    code="unsupported_content")
-            return "".join(p.text for p in self.content if isinstance(p, TextPart))
+            return "".join(p.text if isinstance(p, TextPart) else MARKER for p in self.content)
         return self.content
+
+    def image_urls(self) -> list[str]:
+        """The data: URLs of its image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [p.url() for p in self.content if isinstance(p, ImagePart)]
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it (developer is the newer name of system)."""

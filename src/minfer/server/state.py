@@ -40,7 +40,7 @@ from minfer.sampling.grammar import GrammarVocab
 from minfer.server.embed_worker import EmbedWorker
 from minfer.server.errors import APIError, unavailable
 from minfer.server.metrics import Metrics
-from minfer.server.prepare import Limits, TemplateLike, TokenizerLike
+from minfer.server.prepare import ImageReader, Limits, TemplateLike, TokenizerLike
 from minfer.server.responses.store import ResponseStore
 from minfer.server.worker import EngineFactory, Worker
 from minfer.store.models import model_quantization
@@ -79,6 +79,7 @@ class ServerConfig:
     embeddings: bool = False
     pooling: str | None = None  # None: the model file's (a generative model: its last token)
     embd_normalize: int = 2  # pooled vectors' norm when a request names none (llama.cpp's)
+    mmproj: Path | None = None  # the first model's vision encoder (None: one found beside it)
 
     def model(self, *, primary: bool = True) -> ModelConfig:
         """A served model's configuration: batch-invariant engines on the CPU backend (a
@@ -89,7 +90,7 @@ class ServerConfig:
         if not primary and spec is not None and spec.draft_model is not None:
             spec = None
         return ModelConfig(replace(self.engine, batch_invariant=True), spec, backend="cpu",
-                           batch_size=self.chunk)
+                           batch_size=self.chunk, mmproj=self.mmproj if primary else None)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class LoadedModel:
     reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)
     facts: ModelFacts | None = None
     embed: EmbedWorker | None = None  # served for embeddings (an encoder, or `--embeddings`)
+    vision: ImageReader | None = None  # the image encoder (an mmproj file), None: text only
 
     @property
     def generator(self) -> Worker:
@@ -498,7 +500,8 @@ class ServerState:
                 raise embed.error
         return LoadedModel(model_name(path), tokenizer, template,
                            Limits(n_ctx_slot, cfg.n_predict), worker, grammar_vocab,
-                           cfg.reasoning, ModelFacts.of(parts.file, path), embed)
+                           cfg.reasoning, ModelFacts.of(parts.file, path), embed,
+                           parts.vision if generative else None)
 
     def _register_gauges(self) -> None:
         """Gauges summed over the loaded models."""

@@ -96,6 +96,15 @@ class CpuBackend:
     def new_conv_state(self, n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
         return K.new_state(n_seq, l_cache, n_embd)
 
+    def new_delta_state(self, n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
+        return K.new_delta_state(n_seq, n_v_heads, head_dim)
+
+    def snapshot_state(self, state: np.ndarray, seq: int) -> np.ndarray:
+        return state[seq].copy()
+
+    def restore_state(self, state: np.ndarray, seq: int, snapshot: np.ndarray) -> None:
+        state[seq] = snapshot
+
     def move_kv(self, k: np.ndarray, v: np.ndarray, *, src_start: int, src_end: int,
                 dst_start: int, head_dim: int,
                 rekey: Callable[[np.ndarray], np.ndarray] | None) -> None:
@@ -369,11 +378,22 @@ def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.take, x, rows, axis=0, out=out)]
 
 
+def _replace_rows(x: np.ndarray, ids: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, x)
+    given = np.flatnonzero(ids >= 0)
+    if len(given):
+        out[given] = rows[ids[given]]
+
+
 def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
                 ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
     assert isinstance(op, ir.Slice)
-    return [partial(np.copyto, out, srcs[0][:, op.start:op.start + op.width])]
+    x = srcs[0]
+    if op.n_head > 1:  # each head's columns: through [nt, n_head, head] views
+        heads = x.reshape(x.shape[0], op.n_head, -1)[:, :, op.start:op.start + op.width]
+        return [partial(np.copyto, out.reshape(heads.shape), heads)]
+    return [partial(np.copyto, out, x[:, op.start:op.start + op.width])]
 
 
 def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
@@ -417,10 +437,11 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     assert isinstance(op, ir.Attn)
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
     k_cache, v_cache = ctx.kv.k[op.cache_layer], ctx.kv.v[op.cache_layer]
+    sinks = ctx.weights.vector(node.meta.weights[0]) if op.sinks else None
     return K.bind_attention(srcs[0], k_cache, v_cache, srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
-                            softcap=op.softcap)
+                            softcap=op.softcap, sinks=sinks)
 
 
 def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,
@@ -430,6 +451,25 @@ def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,
     taps = ctx.weights.vector(node.meta.weights[0]).reshape(op.n_embd, op.l_cache)
     bcx, positions, seq = srcs
     return [K.bind_short_conv(bcx, taps, ctx.kv.states[op.layer], positions, seq, out)]
+
+
+def _bind_ssm_conv(node: Node, srcs: Srcs, out: np.ndarray,
+                   ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.SsmConv)
+    taps = ctx.weights.vector(node.meta.weights[0]).reshape(op.channels, op.d_conv)
+    x, positions, seq = srcs
+    return [K.bind_ssm_conv(x, taps, ctx.kv.states[op.layer], positions, seq, out)]
+
+
+def _bind_delta_net(node: Node, srcs: Srcs, out: np.ndarray,
+                    ctx: ExecContext) -> list[Callable[[], None]]:
+    op = node.op
+    assert isinstance(op, ir.DeltaNet)
+    dt_bias, a = (ctx.weights.vector(w) for w in node.meta.weights)
+    qkv, alpha, beta, positions, seq = srcs
+    return [K.bind_delta_net(qkv, alpha, beta, dt_bias, a, ctx.kv.matrix_states[op.layer],
+                             positions, seq, out, n_k_heads=op.n_k_heads, eps=op.eps)]
 
 
 def _bind_seq_attn(node: Node, srcs: Srcs, out: np.ndarray,
@@ -472,10 +512,14 @@ def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,
     else:
         gate, up = (_expert_weight(ctx, name) for name in names[:2])
     down = _expert_weight(ctx, names[2])
-    scale = ctx.weights.vector(names[3]) if op.down_scale else None
+    biases = None
+    if op.biased:
+        gate_b, up_b, down_b = (ctx.weights.vector(name) for name in names[3:6])
+        biases = (gate_b, up_b, down_b)
+    scale = ctx.weights.vector(names[-1]) if op.down_scale else None
     return K.bind_moe(srcs[0], srcs[1], gate, up, down, n_used=op.n_used, norm=op.norm,
                       act=op.act, out=out, scratch=scratch, activation=activation,
-                      expert_scale=scale)
+                      gating=op.gating, biases=biases, expert_scale=scale)
 
 
 def _bind_sigmoid_gate(node: Node, srcs: Srcs, out: np.ndarray,
@@ -529,6 +573,7 @@ def _bind_kernel(kernel: Callable[..., Callable[[], None]]) -> Binder:
 _BINDERS: dict[type, Binder] = {
     ir.GetRows: _bind_get_rows,
     ir.Slice: _bind_slice,
+    ir.ReplaceRows: _bind_call(_replace_rows),
     ir.RmsNorm: _bind_rms_norm,
     ir.MatMul: _bind_matmul,
     ir.FusedGateUp: _bind_fused_gate_up,
@@ -541,6 +586,9 @@ _BINDERS: dict[type, Binder] = {
     ir.KvcacheStore: _bind_kv_store,
     ir.Attn: _bind_attn,
     ir.ShortConv: _bind_short_conv,
+    ir.SsmConv: _bind_ssm_conv,
+    ir.DeltaNet: _bind_delta_net,
+    ir.SigmoidMul: _bind_call(K.sigmoid_mul),
     ir.Gelu: _bind_call(K.gelu),
     ir.GeGLU: _bind_call(K.geglu),
     ir.GeluErf: _bind_call(K.gelu_erf),

@@ -79,8 +79,8 @@ class TorchBackend:
             return False
         if isinstance(node.op, ir.MatMul) and node.op.rows:
             return False  # a row-limited head (a draft's) is small: the CPU runs it
-        if isinstance(node.op, ir.Attn) and node.op.softcap:
-            return False  # SDPA has no soft-capped scores: the CPU kernels run these layers
+        if isinstance(node.op, ir.Attn) and (node.op.softcap or node.op.sinks):
+            return False  # SDPA has no soft-capped scores nor sinks: the CPU kernels run these
         if isinstance(node.op, ir.GetRows) and node.meta.weights and self.io.copies:
             return False  # embedding rows are gathered on the host; keep them there
         self._remember(graph)
@@ -257,8 +257,12 @@ def _scale(node: Node, x: torch.Tensor) -> torch.Tensor:
 
 
 def _slice(node: Node, x: torch.Tensor) -> torch.Tensor:
-    assert isinstance(node.op, ir.Slice)
-    return x[:, node.op.start:node.op.start + node.op.width]
+    op = node.op
+    assert isinstance(op, ir.Slice)
+    if op.n_head > 1:  # each head's columns (Qwen3.5's query | gate)
+        heads = x.reshape(x.shape[0], op.n_head, -1)[:, :, op.start:op.start + op.width]
+        return heads.reshape(x.shape[0], -1)
+    return x[:, op.start:op.start + op.width]
 
 
 def _softcap(node: Node, x: torch.Tensor) -> torch.Tensor:

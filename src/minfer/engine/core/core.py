@@ -23,15 +23,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import numpy as np
 
 from minfer.engine.core.policy import BatchPayoff, DraftLength, Proposal, StepCost, bucket_floor
 from minfer.engine.core.proposer import DraftAsk, Proposer
 from minfer.engine.core.request import Emitted, GenRequest, Request, Vocab
-from minfer.engine.core.runner import StepRunner
+from minfer.engine.core.runner import ReplayRunner, StepRunner
 from minfer.engine.core.scheduler import Plan, Scheduler, Sequence
-from minfer.engine.speculative import RECURRENT_SPECULATION, SpecConfig, SpeculativeError
+from minfer.engine.speculative import SpecConfig
 
 log = logging.getLogger("minfer.engine")
 
@@ -94,6 +95,7 @@ class EngineCore:
         slots' caches (`Scheduler.recurrent`)."""
         self._runner = runner
         self.scheduler.recurrent = bool(getattr(runner, "recurrent", False))
+        self.scheduler.checkpoints = getattr(runner, "checkpoints", None)
 
     # -- requests in and out -------------------------------------------------------------------
     def add(self, seq_id: int, req: GenRequest, *, length: DraftLength | None = None) -> Request:
@@ -106,7 +108,8 @@ class EngineCore:
             length = DraftLength(spec.draft_max, adaptive=spec.adaptive)
         state = Request(req, self.vocab, n_ctx_slot=self.n_ctx_slot, length=length)
         self.scheduler.add(Sequence(seq_id, list(req.prompt), len(req.prompt),
-                                    score_k=req.prompt_logprobs, scores=state.prompt_logprobs))
+                                    score_k=req.prompt_logprobs, scores=state.prompt_logprobs,
+                                    embd=req.embd))
         self.requests[seq_id] = state
         return state
 
@@ -149,8 +152,6 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if self.proposer is None:
             return Scheduled(plan)
-        if self.scheduler.recurrent:
-            raise SpeculativeError(RECURRENT_SPECULATION)
         return Scheduled(plan, tuple(self._asks(plan)))
 
     def execute(self, scheduled: Scheduled) -> Executed:
@@ -189,6 +190,8 @@ class EngineCore:
                 if token is not None and state.finish is None:
                     done.next_token[seq_id] = token
             done.outputs.append(out)
+        if self.scheduler.recurrent:
+            self._replay_rejected(plan, done)
         if self.proposer is not None and decode_only:
             decodes = [w for w in plan.works if w.logits]
             tokens = sum(1 + len(done.kept.get(w.seq_id, ())) for w in decodes)
@@ -209,6 +212,16 @@ class EngineCore:
             elif out.seq_id in done.next_token:
                 self.scheduler.append(out.seq_id, done.next_token[out.seq_id])
         return done.outputs
+
+    def _replay_rejected(self, plan: Plan, done: Executed) -> None:
+        """A recurrent state took in every proposal a verify fed: where some were not kept,
+        it goes back to the verify's start and takes in the kept tokens again (bitwise their
+        decode rows), so it holds exactly the sequence's computed tokens."""
+        runner = cast(ReplayRunner, self.runner)
+        for w in plan.works:
+            kept = tuple(done.kept.get(w.seq_id, ()))
+            if w.draft and len(kept) < len(w.draft):
+                runner.replay(replace(w, tokens=w.tokens + kept, draft=(), logits=False))
 
     # -- drawing -------------------------------------------------------------------------------
     def _draw(self, state: Request, out: Output, rows: np.ndarray, draft: tuple[int, ...],

@@ -73,6 +73,22 @@ class TokenLogprob:
                                                             self.top[:k])
 
 
+@dataclass(frozen=True)
+class PromptRows:
+    """Embedding rows given for prompt tokens [at, at + n) (an image's), in place of theirs;
+    the block is computed in one forward, its rows reading each other both ways."""
+
+    at: int
+    rows: np.ndarray  # [n, n_embd] float32
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.shape[0])
+
+    def shifted(self, by: int) -> PromptRows:
+        return PromptRows(self.at + by, self.rows)
+
+
 @dataclass
 class GenRequest:
     prompt: list[int]  # the whole sequence from position 0 (a chat's KV rows first)
@@ -88,6 +104,8 @@ class GenRequest:
     # None: off; k: each prompt token after the first scored as `logprobs` scores a draw
     # (`Request.prompt_logprobs`; a cached prefix is taken only with the scores of its tokens)
     prompt_logprobs: int | None = None
+    # rows given for some prompt tokens (images), in prompt order
+    embd: tuple[PromptRows, ...] = ()
 
 
 @dataclass(frozen=True)

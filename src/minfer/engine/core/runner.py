@@ -5,7 +5,9 @@ n_ctx_slot, (s + 1) * n_ctx_slot) of an engine created with n_ctx = n_slots * n_
 at position p of slot s writes cell s * n_ctx_slot + p and reads cells [s * n_ctx_slot, its cell];
 positions restart at 0 in every slot. So batching several sequences changes only the data of the
 batch, never the graph's topology. A model with recurrent layers holds one state per slot (the
-engine's sequences are the slots' cell ranges: `Engine.hold_sequences`).
+engine's sequences are the slots' cell ranges: `Engine.hold_sequences`), checkpointed after each
+prompt chunk (`checkpoints` lists where, for the scheduler); before a speculative verify the
+runner keeps the slot's state in its spare, and `replay` recomputes the kept tokens from it.
 
 `SequenceRunner` runs the plans of a one-slot core (`minfer run`, chat, the Python API) through
 `forward(tokens, start_pos, n_out)`: an Engine, or a `KVMirror` that records what the KV holds.
@@ -54,6 +56,15 @@ class StepRunner(Protocol):
     def run(self, plan: Plan) -> dict[int, np.ndarray]: ...
 
 
+class ReplayRunner(StepRunner, Protocol):
+    """A runner over a recurrent model (`recurrent`), which can take rejected proposals back."""
+
+    def replay(self, work: Work) -> None:
+        """Recompute work's tokens from the recurrent state kept before a verify (only a
+        runner over a recurrent model is asked)."""
+        ...
+
+
 def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
     """The batch for plan, and the seq ids whose logits its out rows hold (in row order)."""
     # imported here: the engine module loads the compiled kernels, which the scheduler and the
@@ -65,8 +76,10 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
     bases: list[np.ndarray] = []
     out_rows: list[int] = []
     out_ids: list[int] = []
+    firsts: list[int] = []  # each work's first batch row
     for w in plan.works:
         n = len(w.tokens) + len(w.draft)
+        firsts.append(len(tokens))
         tokens.extend(w.tokens)
         tokens.extend(w.draft)
         positions.append(np.arange(w.start_pos, w.start_pos + n, dtype=np.int32))
@@ -78,6 +91,8 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
                 out_ids.append(w.seq_id)
     if not out_rows:  # a step of prompt chunks only: the graph still returns one row
         out_rows.append(len(tokens) - 1)
+    given = [(first + e.at, e.rows) for first, w in zip(firsts, plan.works, strict=True)
+             for e in w.embd]
     pos = np.concatenate(positions)
     base = np.concatenate(bases)
     cells = base + pos
@@ -89,6 +104,8 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
         kv_end=cells + 1,
         out_rows=np.asarray(out_rows, dtype=np.int32),
     )
+    for at, rows in given:
+        batch = batch.with_rows(at, rows)
     return batch, out_ids
 
 
@@ -116,7 +133,15 @@ class Runner:
             self.engine.copy_cells(c.src * self.n_ctx_slot + c.start,
                                    c.dst * self.n_ctx_slot + c.start, c.n)
         batch, out_ids = build_batch(plan, self.n_ctx_slot)
-        logits = self.engine.forward_batch(batch)
+        if self.recurrent:
+            real = cast("Engine", self.engine)
+            for w in plan.works:
+                if w.draft:
+                    real.save_state(w.slot, spare=True)
+            logits = real.forward_batch(batch, checkpoint=[
+                w.slot for w in plan.works if not w.draft and len(w.tokens) > 1])
+        else:
+            logits = self.engine.forward_batch(batch)
         out: dict[int, np.ndarray] = {}
         i = 0
         for w in plan.works:
@@ -130,6 +155,16 @@ class Runner:
                 i += n
         assert i == len(out_ids)
         return out
+
+    def checkpoints(self, slot: int) -> list[int]:
+        """Positions slot's recurrent state may restart from (`Engine.checkpoint_positions`)."""
+        return cast("Engine", self.engine).checkpoint_positions(slot)
+
+    def replay(self, work: Work) -> None:
+        """Recompute work's tokens (a verify's kept ones) from the state its start was kept at,
+        rows bitwise one-token decode rows: the slot's recurrent state then holds just them."""
+        batch, _ = build_batch(Plan((work,)), self.n_ctx_slot)
+        cast("Engine", self.engine).forward_batch(batch, batch_invariant=True, checkpoint=())
 
 
 class SequenceRunner:
@@ -148,9 +183,21 @@ class SequenceRunner:
         if w.draft:  # a verify: its rows bitwise the one-token decode rows
             tokens = [*w.tokens, *w.draft]
             verify = cast("Engine", self.engine)
+            if self.recurrent:
+                verify.save_state(0, spare=True)
             rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
             return {w.seq_id: rows}
+        if w.embd:  # an image's rows: the engine itself (a chat's mirror takes none)
+            engine = cast("Engine", self.engine)
+            n_out = len(w.tokens) if w.rows else 1
+            rows = engine.forward(w.tokens, w.start_pos, n_out,
+                                  embd=[(e.at, e.rows) for e in w.embd])
+            return {w.seq_id: rows} if w.rows else ({w.seq_id: rows[0]} if w.logits else {})
         if w.rows:
             return {w.seq_id: self.engine.forward(w.tokens, w.start_pos, len(w.tokens))}
         logits = self.engine.forward(w.tokens, w.start_pos)
         return {w.seq_id: logits[0]} if w.logits else {}
+
+    def replay(self, work: Work) -> None:
+        """As `Runner.replay`, for the one slot."""
+        cast("Engine", self.engine).forward(work.tokens, work.start_pos, batch_invariant=True)

@@ -33,8 +33,10 @@ score records; the request computes them (`Request.score_prompt`, into `Sequence
 
 A model with recurrent layers (`recurrent`: LFM2) keeps per slot a state of every token so far,
 which cannot be cut back to a prefix: a slot's cache (or another slot's cells, copied with their
-state) serves a prompt only when the prompt extends the whole cached sequence by at least one
-token (a chat's next turn); anything else starts at position 0, which resets the slot's state.
+state) serves a prompt whole when the prompt extends the whole cached sequence by at least one
+token (a chat's next turn); else the slot's own cache serves up to its longest state checkpoint
+within the common prefix (`checkpoints`: the positions the runner's engine kept the slot's state
+at, `minfer.backends.checkpoints`; the forward restores it), or nothing (position 0).
 
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
@@ -45,13 +47,13 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from minfer.engine.core.request import TokenLogprob
+from minfer.engine.core.request import PromptRows, TokenLogprob
 from minfer.errors import MinferError
 
 # prompt tokens of a step in which nothing decodes, where the server's chunk is not set
@@ -80,6 +82,23 @@ class Sequence:
     # the scores of tokens 1..len(scores) so far: those a cached prefix brought, then those its
     # rows gave (one list with the request's, `Request.prompt_logprobs`)
     scores: list[TokenLogprob] = field(default_factory=list)
+    # rows given for some prompt tokens (images): each block is fed whole in one work, and no
+    # cached prefix reaches into the first (equal placeholder ids, different images)
+    embd: tuple[PromptRows, ...] = ()
+
+    @property
+    def embd_start(self) -> int:
+        """The first prompt token with given rows (len(tokens) when none)."""
+        return self.embd[0].at if self.embd else len(self.tokens)
+
+    def chunk(self, n: int) -> int:
+        """n tokens from n_computed, cut before a block of given rows they would split (or
+        taken to its end where the block starts the chunk)."""
+        start = self.n_computed
+        for e in self.embd:
+            if e.at < start + n < e.at + e.n:
+                return e.at - start if e.at > start else e.at + e.n - start
+        return n
 
     @property
     def prompt_rows(self) -> bool:
@@ -119,6 +138,7 @@ class Work:
     logits: bool  # the last token's logits are wanted (the sequence samples after this step)
     draft: tuple[int, ...] = ()  # proposed continuation, fed after `tokens` to be verified
     rows: bool = False  # every fed token's logits are wanted (a prompt scored token by token)
+    embd: tuple[PromptRows, ...] = ()  # given rows of the fed tokens, `at` counted from start_pos
 
 
 @dataclass(frozen=True)
@@ -186,13 +206,15 @@ def _scores_serve(have: int | None, want: int | None) -> bool:
     return want is None or (have is not None and have >= want)
 
 
-def _reach(seq: Sequence, held: Held, recurrent: bool = False) -> int:
+def _reach(seq: Sequence, held: Held, recurrent: bool = False,
+           checkpoints: Tokens[int] = ()) -> int:
     """How many of seq's first tokens held cells give it: their common prefix; for a scored
     prompt at most h tokens such that the scores of tokens 1..h come too (token h is common,
     its score known: h <= len(scores)), and none if those lack alternatives it asks for.
     recurrent: all the held tokens, where the prompt extends them (its last token, whose
-    logits are wanted, still to compute), or none: a recurrent state is not cut to a prefix."""
-    common = common_prefix(held.tokens, seq.tokens)
+    logits are wanted, still to compute), or the furthest of `checkpoints` (the positions the
+    slot's state was kept at) within them: a recurrent state is not cut to a prefix."""
+    common = min(common_prefix(held.tokens, seq.tokens), seq.embd_start)
     if seq.score_k is None:
         n = min(common, held.n)
     elif not _scores_serve(held.score_k, seq.score_k):
@@ -200,7 +222,7 @@ def _reach(seq: Sequence, held: Held, recurrent: bool = False) -> int:
     else:
         n = max(0, min(common - 1, held.n, len(held.scores)))
     if recurrent and not (n == held.n < seq.n_prompt):
-        return 0
+        return max((c for c in checkpoints if c <= n and c < seq.n_prompt), default=0)
     return n
 
 
@@ -217,7 +239,8 @@ class Scheduler:
                  max_waiting: int = 64, idle_chunk: int | None = None,
                  recurrent: bool = False) -> None:
         """idle_chunk: the prompt tokens of a step in which nothing decodes (None: chunk);
-        recurrent: the model's slots carry recurrent state (reused only whole)."""
+        recurrent: the model's slots carry recurrent state (reused whole or from a
+        checkpoint: `checkpoints(slot)` lists the positions a slot's state was kept at)."""
         idle_chunk = chunk if idle_chunk is None else idle_chunk
         if n_slots < 1 or n_ctx_slot < 1 or min(chunk, idle_chunk) < 1 or max_waiting < 0:
             raise MinferError("slots, context, chunk must be positive and the queue >= 0")
@@ -226,6 +249,7 @@ class Scheduler:
         self.idle_chunk = idle_chunk
         self.max_waiting = max_waiting
         self.recurrent = recurrent
+        self.checkpoints: Callable[[int], Tokens[int]] | None = None
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # in admission order
@@ -289,10 +313,10 @@ class Scheduler:
                     _scores_serve(k, seq.score_k) and common_prefix(done, seq.tokens[:upto]) == upto
                     for done, k in planned)):
                 continue
-            n = min(seq.n_pending, budget)
+            n = seq.chunk(min(seq.n_pending, budget))
             works.append(self._work(seq, n))
             planned.append((seq.tokens[: seq.n_computed + n], seq.score_k))
-            budget -= n
+            budget = max(0, budget - n)
         if len(works) > 1:
             works.sort(key=lambda w: w.slot)
         assert works or not copies, "copies ride on a forward: a plan without work is skipped"
@@ -351,7 +375,9 @@ class Scheduler:
             raise MinferError(f"sequence {seq.seq_id} would pass the slot's context")
         return Work(seq.seq_id, seq.slot, start, tuple(seq.tokens[start : start + n]),
                     logits=start + n == len(seq.tokens),
-                    rows=seq.prompt_rows and start < seq.n_prompt)
+                    rows=seq.prompt_rows and start < seq.n_prompt,
+                    embd=tuple(e.shifted(-start) for e in seq.embd
+                               if start <= e.at < start + n))
 
     def _admit(self) -> None:
         while self.waiting and self.n_free:
@@ -364,11 +390,15 @@ class Scheduler:
             seq.slot, seq.n_computed, seq.n_cached = slot.index, hit, hit
             self.running[seq.seq_id] = seq
 
+    def _checkpoints(self, s: Slot) -> Tokens[int]:
+        """The positions slot s's recurrent state was kept at (none without a model's)."""
+        return self.checkpoints(s.index) if self.recurrent and self.checkpoints else ()
+
     def _pick_slot(self, seq: Sequence) -> tuple[Slot, int]:
         """The free slot whose cache reaches furthest into seq (`_reach`), and how far; on a
         tie the least recently used."""
-        free = [(s, _reach(seq, self._holding(s), self.recurrent)) for s in self.slots
-                if s.seq_id is None]
+        free = [(s, _reach(seq, self._holding(s), self.recurrent, self._checkpoints(s)))
+                for s in self.slots if s.seq_id is None]
         return max(free, key=lambda f: (f[1], -f[0].last_used))
 
     # -- gauges --------------------------------------------------------------------------------

@@ -19,10 +19,14 @@ Public API (see docs/interfaces.md):
   whose file stores weights below f32, where `amx_usable()`) -- `linear.amx`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
-  gelu_erf, tanh, scale, softcap, sigmoid_gate, softmax_rows, bind_pool (mean / cls / last rows
-  of each sequence) -- `elementwise`
+  gelu_erf, tanh, scale, softcap, sigmoid_gate, sigmoid_mul, softmax_rows, bind_pool (mean /
+  cls / last rows of each sequence) -- `elementwise`
 - short_conv(bcx, taps, state, positions, seq, out), new_state(n_seq, l_cache, n_embd): LFM2's
-  gated short convolution over each sequence's carried state -- `recurrent.shortconv`
+  gated short convolution over each sequence's carried state; ssm_conv (Qwen3.5's, then
+  SiLU) -- `recurrent.shortconv`
+- delta_net(qkv, alpha, beta, dt_bias, a, state, positions, seq, out), new_delta_state(n_seq,
+  n_v_heads, head_dim): Qwen3.5's gated delta rule over each sequence's state matrices --
+  `recurrent.delta_net`
 - sequence_attention (an encoder's: within each sequence of the batch, no cache) --
   `attn.sequences`
 - attention (blocked=True: the sgemm kernel of `attn.blocked`, used from
@@ -59,6 +63,7 @@ from minfer.backends.cpu.kernels.elementwise.arith import (
     bind_swiglu,
     mul,
     sigmoid_gate,
+    sigmoid_mul,
     silu,
     softmax_rows,
     swiglu,
@@ -122,10 +127,17 @@ from minfer.backends.cpu.kernels.quant.dequant import (
     get_rows,
 )
 from minfer.backends.cpu.kernels.quant.types import QType, row_bytes
+from minfer.backends.cpu.kernels.recurrent.delta_net import (
+    bind_delta_net,
+    delta_net,
+    new_delta_state,
+)
 from minfer.backends.cpu.kernels.recurrent.shortconv import (
     bind_short_conv,
+    bind_ssm_conv,
     new_state,
     short_conv,
+    ssm_conv,
 )
 
 __all__ = [
@@ -146,6 +158,7 @@ __all__ = [
     "attention",
     "bind_add",
     "bind_attention",
+    "bind_delta_net",
     "bind_gemm",
     "bind_gemm_amx",
     "bind_get_rows",
@@ -162,8 +175,10 @@ __all__ = [
     "bind_sequence_attention",
     "bind_short_conv",
     "bind_silu",
+    "bind_ssm_conv",
     "bind_store_kv",
     "bind_swiglu",
+    "delta_net",
     "dense_weight",
     "dequantize",
     "dequantize_into",
@@ -182,6 +197,7 @@ __all__ = [
     "matmul_sgemm",
     "mul",
     "new_activation",
+    "new_delta_state",
     "new_state",
     "packable",
     "prefill_min_tokens",
@@ -198,9 +214,11 @@ __all__ = [
     "sequence_attention_scratch_size",
     "short_conv",
     "sigmoid_gate",
+    "sigmoid_mul",
     "silu",
     "softcap",
     "softmax_rows",
+    "ssm_conv",
     "swiglu",
     "tanh",
 ]

@@ -161,9 +161,11 @@ def ref_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int
 
 def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_start: np.ndarray,
                   kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
-                  scale: float, window: int = 0, softcap: float = 0.0) -> np.ndarray:
+                  scale: float, window: int = 0, softcap: float = 0.0,
+                  sinks: np.ndarray | None = None) -> np.ndarray:
     """Windowed GQA softmax attention in float64 (caches given as f32/f16 arrays); with a
-    sliding `window`, query t reads [max(kv_start, kv_end - window), kv_end)."""
+    sliding `window`, query t reads [max(kv_start, kv_end - window), kv_end); `sinks`: one
+    logit per head in each softmax's max and sum, a cell without a value."""
     nt = q.shape[0]
     group = n_head // n_head_kv
     out = np.zeros((nt, n_head * head_dim))
@@ -179,8 +181,11 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_start: np.ndar
             if softcap:
                 s = softcap * np.tanh(s / softcap)
             if s.size:
-                p = np.exp(s - s.max())
-                out[t, h * head_dim : (h + 1) * head_dim] = (p / p.sum()) @ vw
+                sink = -np.inf if sinks is None else float(sinks[h])
+                mx = max(s.max(), sink)
+                p = np.exp(s - mx)
+                out[t, h * head_dim : (h + 1) * head_dim] = \
+                    (p / (p.sum() + np.exp(sink - mx))) @ vw
     return out
 
 

@@ -2,20 +2,22 @@
 cache writes that feed it.
 
 `attention`: query t attends to cache cells `[kv_start[t], kv_end[t])` (the window is data, so a
-batch mixing sequences needs no new code path). Query head h reads KV head h // (n_head /
-n_head_kv). Scores and softmax are f32 with max subtraction; the exp sum is accumulated in f64
-like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's SIMD softmax
-uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the
-q.k dot, as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32.
-Work is split over (token, KV head) so the K/V rows of a window are read once for the whole
-query-head group. Scores and value mix run as vector IR where they can (`attn.vector_ir`: scores
-summed sixteen cells at a time, the value mix's accumulators in registers). From
-`ROWS_MIN_TOKENS` rows on (a batch-invariant prefill, a speculative verify) reading shared cells,
-with a work item for every thread, the same arithmetic runs row-blocked
-(`_attention_rows`): each tile of K/V cells serves ROWS (16) rows while it is in L1, and every
-value keeps its bits, so a row's result never depends on which kernel computed it. One layer of a
-4,096-row causal prefill on the development model's shapes: 1,176 ms with numba's softmax loops,
-690 with the softmax in vector IR, 590-640 row-blocked (Intel Xeon, Sapphire Rapids, 2 threads).
+batch mixing sequences needs no new code path). Attention sinks (gpt-oss: one learned logit per
+head) join each softmax's denominator after its sum (`arith.sink_inv`); without them (`sinks`
+empty) every kernel computes the same bits as before they existed. Query head h reads KV head h //
+(n_head / n_head_kv). Scores and softmax are f32 with max subtraction; the exp sum is accumulated
+in f64 like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's SIMD softmax
+uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the q.k dot,
+as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32. Work is split
+over (token, KV head) so the K/V rows of a window are read once for the whole query-head group.
+Scores and value mix run as vector IR where they can (`attn.vector_ir`: scores summed sixteen cells
+at a time, the value mix's accumulators in registers). From `ROWS_MIN_TOKENS` rows on (a
+batch-invariant prefill, a speculative verify) reading shared cells, with a work item for every
+thread, the same arithmetic runs row-blocked (`_attention_rows`): each tile of K/V cells serves
+ROWS (16) rows while it is in L1, and every value keeps its bits, so a row's result never depends
+on which kernel computed it. One layer of a 4,096-row causal prefill on the development model's
+shapes: 1,176 ms with numba's softmax loops, 690 with the softmax in vector IR, 590-640 row-blocked
+(Intel Xeon, Sapphire Rapids, 2 threads).
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from numba import get_num_threads, njit, prange
 
 from minfer.backends.cpu.kernels.attn import quantized_kv as kv_quant
 from minfer.backends.cpu.kernels.attn.blocked import attention_blocked, blocked_available
-from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv, check_query_heads
+from minfer.backends.cpu.kernels.attn.kv_formats import (
+    bind_store_kv,
+    check_query_heads,
+    sink_logits,
+)
 from minfer.backends.cpu.kernels.attn.vector_ir import BLOCK as SCORE_BLOCK
 from minfer.backends.cpu.kernels.attn.vector_ir import (
     COLUMNS,
@@ -45,7 +51,8 @@ from minfer.backends.cpu.kernels.simd.llvm import as_f32, f16_to_f32, f32_to_f16
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap, out):
+def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap, sinks,
+               out):
     nt = q.shape[0]
     group = n_head // n_head_kv
     for item in prange(nt * n_head_kv):
@@ -75,7 +82,7 @@ def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, so
             for g in range(group):
                 for c in range(n):
                     scores[g, c] = np.tanh(scores[g, c] * (np.float32(1.0) / softcap)) * softcap
-        inv = softmax_groups(scores, group, n)
+        inv = softmax_groups(scores, group, n, sinks, kvh * group)
         acc = np.zeros((group, head_dim), np.float32)
         if HAS_MIX and head_dim % COLUMNS == 0:  # the same sums, accumulators in registers
             value_mix(scores, v, s0, n, kb, acc)
@@ -126,8 +133,8 @@ def _row_run(kv_start, kv_end, t0, i, nb, c0, c1):
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
-def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, out,
-               tile, sc, qg, acc, kt):
+def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap, sinks,
+               out, tile, sc, qg, acc, kt):
     """Rows [t0, t0+nb) of KV head kvh: every value as `_attention` computes it, bit for bit.
     Each cell's score is a dot of a fixed order whichever call computes it (`scores_from` on
     the tile `k_columns` transposed, as `ir_scores` computes it per row), the
@@ -169,7 +176,7 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
             for g in range(group):
                 for c in range(n):
                     sc[i, g, c] = np.tanh(sc[i, g, c] * (np.float32(1.0) / softcap)) * softcap
-        inv = softmax_groups(sc[i], group, n)
+        inv = softmax_groups(sc[i], group, n, sinks, kvh * group)
         for g in range(group):
             qg[i, g, 0] = inv[g]  # the query row is spent: keep 1/sum there
     ap = acc.reshape(acc.shape[0] * group, head_dim)
@@ -190,7 +197,7 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
 
 @njit(parallel=True, cache=True)
 def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
-                    out, rows, tile, n_workers):
+                    sinks, out, rows, tile, n_workers):
     """`_attention` with the vector-IR kernels, ROWS query rows per work item; items are dealt
     to the workers round-robin, one scratch set per worker (see `_rows_item`)."""
     nt = q.shape[0]
@@ -212,7 +219,7 @@ def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scal
             b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
             t0 = b * rows
             _rows_item(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + rows) - t0, group,
-                       head_dim, scale, softcap, out, tile, sc, qg, acc, kt)
+                       head_dim, scale, softcap, sinks, out, tile, sc, qg, acc, kt)
 
 
 def _rows_apply(nt: int, head_dim: int) -> bool:
@@ -252,15 +259,15 @@ def takes_rows(lo: np.ndarray, hi: np.ndarray, n_head_kv: int, head_dim: int,
 
 def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                n_head: int, n_head_kv: int, head_dim: int, scale: np.float32,
-               softcap: np.float32, out: np.ndarray) -> None:
+               softcap: np.float32, sinks: np.ndarray, out: np.ndarray) -> None:
     """The batch-invariant kernel: row-blocked for many rows reading shared cells, per row
     otherwise (the same bits either way)."""
     n_threads = get_num_threads()
     if takes_rows(lo, hi, n_head_kv, head_dim, n_threads):
-        _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out,
-                        ROWS, CELL_TILE, n_threads)
+        _attention_rows(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, sinks,
+                        out, ROWS, CELL_TILE, n_threads)
     else:
-        _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, out)
+        _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, sinks, out)
 
 
 def _cache_view(cache: np.ndarray) -> np.ndarray:
@@ -284,12 +291,13 @@ def _check_heads(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
               out: np.ndarray, blocked: bool = False, window: int = 0,
-              softcap: float = 0.0) -> None:
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> None:
     """out[t, h*hd:(h+1)*hd] = softmax(scale * q_h . K[window]) @ V[window] for every token/head.
 
     `window` > 0 (a sliding-window layer) narrows each query's cells to the last `window` of
     [kv_start, kv_end): [max(kv_start, kv_end - window), kv_end). `softcap` > 0 maps each scaled
-    score s to softcap * tanh(s / softcap) before the softmax (Gemma 2 style).
+    score s to softcap * tanh(s / softcap) before the softmax (Gemma 2 style). `sinks` ([n_head]
+    logits, gpt-oss's) join each head's softmax denominator as cells without a value.
 
     `blocked=True` takes the sgemm kernel of `attn.blocked` (from `BLOCKED_MIN_TOKENS` rows
     on it is faster; its rounding depends on the batch shape, so not for batch-invariant use).
@@ -300,8 +308,9 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     if kv_quant.uses_quant(k_cache, v_cache):  # q8_0 / q4_0 caches
         kv_quant.attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
                            n_head_kv=n_head_kv, head_dim=head_dim, scale=scale, out=out,
-                           blocked=blocked, window=window, softcap=softcap)
+                           blocked=blocked, window=window, softcap=softcap, sinks=sinks)
         return
+    sk = sink_logits(sinks, n_head)
     nt = q.shape[0]
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     lo = np.ascontiguousarray(kv_start, dtype=np.int64).reshape(-1)
@@ -316,18 +325,19 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
         lo = np.maximum(lo, hi - window)
     if blocked and nt and blocked_available():
         attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
-                          softcap=softcap)
+                          softcap=softcap, sinks=sk)
         return
     if k.dtype == np.uint16:
         q = q.astype(np.float16).astype(np.float32)
     _per_token(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
-               np.float32(softcap), out)
+               np.float32(softcap), sk, out)
 
 
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
                    kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
                    scale: float, out: np.ndarray, blocked: bool = False, window: int = 0,
-                   softcap: float = 0.0) -> list[Callable[[], None]]:
+                   softcap: float = 0.0,
+                   sinks: np.ndarray | None = None) -> list[Callable[[], None]]:
     """`attention` over fixed arrays (the op tape), as the calls to make in order: shapes
     checked once. The windows are data the batch fills in each time; their bounds are the
     caller's to check (the engine refuses a batch whose windows leave the context before it
@@ -336,7 +346,8 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
         return [kv_quant.bind_attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
                                         n_head_kv=n_head_kv, head_dim=head_dim, scale=scale,
                                         out=out, blocked=blocked, window=window,
-                                        softcap=softcap)]
+                                        softcap=softcap, sinks=sinks)]
+    sk = sink_logits(sinks, n_head)
     nt = q.shape[0]
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
@@ -352,7 +363,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
         def step_blocked() -> None:
             lo, hi = bounds()
             attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
-                              softcap=softcap)
+                              softcap=softcap, sinks=sk)
         return [step_blocked]
     f16 = k.dtype == np.uint16
     scale32, softcap32 = np.float32(scale), np.float32(softcap)
@@ -361,7 +372,8 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
         def step_rounding() -> None:
             lo[:], hi[:] = bounds()
             qr = q.astype(np.float16).astype(np.float32)
-            _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, out)
+            _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, sk,
+                       out)
         return [step_rounding]
     qr = np.empty_like(q) if f16 else q  # the query rounded to f16 (with an f16 cache)
     # `_per_token`'s choice is fixed by the shape; the row-blocked kernel reads the thread
@@ -369,7 +381,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
     kernel = _per_token if _rows_apply(nt, head_dim) else _attention
     return [partial(_prepare, q, qr, f16, kv_start, kv_end, window, lo, hi),
             partial(kernel, qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32,
-                    out)]
+                    sk, out)]
 
 
 # Up to this many query rows a bound attention holds its own buffer for the query rounded to

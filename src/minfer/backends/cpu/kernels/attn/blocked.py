@@ -11,7 +11,8 @@ maximum (a new maximum rescales the row's output and sum so far); `O += P @ V_ti
 sgemm. The score tile (448 x 256 f32 for Qwen2.5's 7-head groups) stays in L2, where one
 score matrix over the whole window (7 MB at 4,096 cells) went through memory on every pass.
 The softmax's passes are vector IR (`attn.vector_ir.scale_max` / `exp_sum`), sums in f64; the
-output is divided by the sum at the end. Queries are rounded to f16 first when the cache is f16.
+output is divided by the sum at the end (the sum with the head's sink logit, where the model
+has attention sinks: `arith.sink_inv`). Queries are rounded to f16 first when the cache is f16.
 
 The result equals `attention` up to f32 summation order, but that order depends on the block
 and tile shapes, so this is only for contexts that are not batch invariant. Work items are
@@ -28,9 +29,9 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from minfer.backends.cpu.kernels.attn.kv_formats import load_head
+from minfer.backends.cpu.kernels.attn.kv_formats import NO_SINKS, load_head
 from minfer.backends.cpu.kernels.attn.vector_ir import exp_sum, scale_max
-from minfer.backends.cpu.kernels.elementwise.arith import fast_exp
+from minfer.backends.cpu.kernels.elementwise.arith import fast_exp, sink_inv
 from minfer.backends.cpu.kernels.linear.sgemm import SET_THREADS_LOCAL, SGEMM
 from minfer.backends.cpu.kernels.simd.llvm import (
     call_int_fn,
@@ -81,7 +82,7 @@ def _span(kv_start, kv_end, t0, nb, n_ctx):
 
 @njit(fastmath=True, cache=True, error_model="numpy")
 def _block(q, kf, vt, base, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, softcap,
-           round_q, out, tile, sgemm, set_threads, scratch, total):
+           sinks, round_q, out, tile, sgemm, set_threads, scratch, total):
     """Query rows [t0, t0+nb) of KV head kvh's query group (one work item), over the KV cells
     of their windows in tiles of `tile` cells; `kf` / `vt` are the head's cells as f32 (V
     transposed) from cell `base` on. `scratch` / `total` are this worker's buffers."""
@@ -142,7 +143,12 @@ def _block(q, kf, vt, base, kv_start, kv_end, kvh, t0, nb, group, head_dim, scal
     for i in range(nb):
         for g in range(group):
             r = i * group + g
-            inv = np.float32(1.0 / total[r]) if total[r] > 0 else np.float32(0.0)
+            if total[r] <= 0:
+                inv = np.float32(0.0)
+            elif sinks.shape[0]:
+                inv = sink_inv(total[r], m[r], sinks[kvh * group + g])
+            else:
+                inv = np.float32(1.0 / total[r])
             for d in range(head_dim):
                 out[t0 + i, qb + g * head_dim + d] = o[r, d] * inv
 
@@ -162,7 +168,7 @@ def _load_kv(k, v, base, n_used, n_head_kv, head_dim):
 
 @njit(parallel=True, cache=True)
 def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
-                       round_q, out, block, tile, n_workers, sgemm, set_threads):
+                       sinks, round_q, out, block, tile, n_workers, sgemm, set_threads):
     nt = q.shape[0]
     group = n_head // n_head_kv
     base, end = _span(kv_start, kv_end, 0, nt, k.shape[0])
@@ -187,8 +193,8 @@ def _attention_blocked(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, s
             b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
             t0 = b * block
             _block(q, kf[kvh], vt[kvh], base, kv_start, kv_end, kvh, t0,
-                   min(nt, t0 + block) - t0, group, head_dim, scale, softcap, round_q, out,
-                   tile, sgemm, set_threads, scratch, total)
+                   min(nt, t0 + block) - t0, group, head_dim, scale, softcap, sinks, round_q,
+                   out, tile, sgemm, set_threads, scratch, total)
 
 
 def blocked_available() -> bool:
@@ -199,14 +205,15 @@ def blocked_available() -> bool:
 def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray,
                       hi: np.ndarray, n_head: int, n_head_kv: int, head_dim: int, scale: float,
                       out: np.ndarray, block: int = 0, softcap: float = 0.0,
-                      tile: int = _TILE) -> None:
+                      tile: int = _TILE, sinks: np.ndarray = NO_SINKS) -> None:
     """The blocked kernel on arguments already checked and normalised by `attention` (caches as
-    f32 or uint16 f16 bits; an f16 cache rounds the query to f16 here, on the fly)."""
+    f32 or uint16 f16 bits; an f16 cache rounds the query to f16 here, on the fly; `sinks`:
+    f32 [n_head] sink logits, or empty)."""
     qc = np.ascontiguousarray(q, dtype=np.float32)
     if block <= 0:  # smaller blocks while there are fewer than two work items per thread
         block = _BLOCK
         while block > 16 and -(-q.shape[0] // block) * n_head_kv < 2 * get_num_threads():
             block //= 2
     _attention_blocked(qc, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
-                       np.float32(softcap), k.dtype == np.uint16, out, block, tile,
+                       np.float32(softcap), sinks, k.dtype == np.uint16, out, block, tile,
                        get_num_threads(), SGEMM, SET_THREADS_LOCAL)

@@ -100,6 +100,19 @@ def check_query_heads(q: np.ndarray, out: np.ndarray, n_head: int, n_head_kv: in
                          f"over {n_head_kv} KV heads")
 
 
+NO_SINKS = np.zeros(0, np.float32)  # the attention kernels' `sinks` where a model has none
+
+
+def sink_logits(sinks: np.ndarray | None, n_head: int) -> np.ndarray:
+    """The attention kernels' form of a layer's sink logits: f32 [n_head], or empty (none)."""
+    if sinks is None:
+        return NO_SINKS
+    s = np.ascontiguousarray(sinks, dtype=np.float32).reshape(-1)
+    if s.shape[0] != n_head:
+        raise ValueError(f"{s.shape[0]} sink logits for {n_head} heads")
+    return s
+
+
 def cache_type(cache: np.ndarray) -> str:
     """The format of a cache array (uint16 counts as f16 bits)."""
     dt = np.dtype(cache.dtype)

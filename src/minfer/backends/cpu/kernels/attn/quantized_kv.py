@@ -3,21 +3,21 @@
 `attention` dispatches here when K or V is quantized (see `attn.kv_formats` for the layouts). Each
 cell's head slice is dequantized on the fly into an f32 row (`load_head`), then the per-token
 kernel proceeds as `attn.attend._attention`: f32 scores, max-subtracted softmax with an f64 exp sum,
-the value mix accumulated in f32. The result is therefore attention over the dequantized cache,
-up to f32 summation order, and it is per query row (batch invariant) like the f16 kernel.
+the value mix accumulated in f32. The result is therefore attention of the query as rounded
+below over the dequantized cache, up to f32 summation order, and it is per query row (batch
+invariant) like the f16 kernel.
 
-Why dequantize rather than quantize the query to Q8_0 and dot in integers (llama.cpp's CPU
-flash-attention path): the integer dot adds a second rounding (the query's) on top of the
-cache's, and it only pays off when the dot arithmetic dominates; at decode the kernel is bound by
-the bytes it reads, which the quantized cache already shrinks, and a 64-128 wide f32 dot per cell
-is cheap next to the dequantization it shares with the value mix. Keeping the query in f32 also
-keeps one exact reference (the dequantized cache) for the tests. It is also the one place left
-where minfer's quantized caches compute other numbers than llama.cpp's (the stored blocks are
-the same): tried on the development model, rounding the query through Q8_0 brought minfer's
-q4_0 logits closer to llama.cpp's q4_0 on the short public prompts (max |dlogit| 8.3 -> 4.9)
-but not on a 378-token prompt (14.4 either way, at positions where llama.cpp's own q4_0 is
-10-20 from its f16 cache). With an f16 K cache (V quantized) the query is rounded to f16 as
-in the f16 kernel.
+The query is dotted as llama.cpp's CPU flash attention dots it: converted to K's vec_dot_type,
+i.e. rounded through Q8_0 blocks (`quant.activations.quantize_q8_0`, the same per-row rounding
+as ggml's quantize_row_q8_0) for a q8_0 / q4_0 K, after its rotation; f16 for an f16 K. The
+scores are then llama.cpp's up to f32 summation order (its integer dot times d_k * d_q; here the
+dequantized products). Dequantizing the cache rather than dotting in integers keeps one kernel
+for every format: at decode the kernel is bound by the bytes it reads, which the quantized cache
+already shrinks. Measured against llama.cpp 0.3.36's same cache on the dev model
+(tests/fixtures/kv_quant_llamacpp.npz, 595 positions, mean / max |dlogit| over its f16 top-10):
+q4_0 0.59 / 15.0 with the f32 query, 0.42 / 11.7 with the Q8_0 query (llama.cpp's own q4_0
+departs from its f16 cache by 2.32 / 30.9); q8_0 0.086 / 2.66 -> 0.077 / 0.56 (its own 0.15 /
+8.7).
 
 Quantized rows are stored Hadamard-rotated as llama.cpp stores them (see `attn.kv_formats`): the
 query is rotated by K's chunk before a rotated K is read, and the output by V's chunk after a
@@ -45,12 +45,14 @@ from minfer.backends.cpu.kernels.attn.kv_formats import (
     rotate,
     rotations,
     row_width,
+    sink_logits,
 )
 from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
+from minfer.backends.cpu.kernels.quant.activations import dequantize_activation, quantize_q8_0
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, sinks,
                  out):  # pragma: no cover - compiled
     nt = q.shape[0]
     group = n_head // n_head_kv
@@ -71,7 +73,7 @@ def _attention_q(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
                 for j in range(head_dim):
                     dot += qh[j] * row[j]
                 scores[g, c] = dot * scale
-        inv = softmax_groups(scores, group, n)
+        inv = softmax_groups(scores, group, n, sinks, kvh * group)
         acc = np.zeros((group, head_dim), np.float32)
         for c in range(n):
             load_head(v[s0 + c], kb, head_dim, row)
@@ -107,17 +109,21 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_head: int,
 
 def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray,
          n_head: int, n_head_kv: int, head_dim: int, scale: float, out: np.ndarray,
-         blocked: bool, rot: tuple[int, int]) -> None:
+         blocked: bool, rot: tuple[int, int], sinks: np.ndarray) -> None:
     rot_k, rot_v = rot
     if rot_k:  # the keys are stored rotated: rotate the query alike (q.k is kept)
         q = np.array(q, dtype=np.float32, order="C")
         rotate(q, rot_k)
+    if is_quant(k):  # llama.cpp dots a quantized K with the (rotated) query as Q8_0 blocks
+        q = dequantize_activation(quantize_q8_0(q))
     if blocked and q.shape[0] and blocked_available():
-        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out)
+        attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
+                          sinks=sinks)
     else:
         if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
             q = q.astype(np.float16).astype(np.float32)
-        _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), out)
+        _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), sinks,
+                     out)
     rotate(out, rot_v)  # so were the values: the mix comes out rotated
 
 
@@ -132,9 +138,10 @@ def _window_softcap(window: int, softcap: float) -> None:
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
               kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int, scale: float,
               out: np.ndarray, blocked: bool = False, window: int = 0,
-              softcap: float = 0.0) -> None:
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> None:
     """`attn.attend.attention` with K and/or V quantized (same contract; a sliding `window` narrows
-    each query's cells the same way; soft-capping is refused)."""
+    each query's cells the same way, `sinks` join the softmax alike; soft-capping is
+    refused)."""
     _window_softcap(window, softcap)
     k, v = _check(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
     nt = q.shape[0]
@@ -147,13 +154,14 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
     if window:
         lo = np.maximum(lo, hi - window)
     _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked,
-         rotations(k, v, head_dim))
+         rotations(k, v, head_dim), sink_logits(sinks, n_head))
 
 
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    kv_start: np.ndarray, kv_end: np.ndarray, *, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, out: np.ndarray, blocked: bool = False,
-                   window: int = 0, softcap: float = 0.0) -> Callable[[], None]:
+                   window: int = 0, softcap: float = 0.0,
+                   sinks: np.ndarray | None = None) -> Callable[[], None]:
     """`attention` over fixed arrays (the op tape), as one call (`attn.attend.bind_attention`
     lists it)."""
     _window_softcap(window, softcap)
@@ -162,11 +170,12 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     if kv_start.shape != (nt,) or kv_end.shape != (nt,):
         raise ValueError("kv_start / kv_end need one entry per query row")
     rot = rotations(k, v, head_dim)
+    sk = sink_logits(sinks, n_head)
 
     def step() -> None:
         lo, hi = kv_start.astype(np.int64), kv_end.astype(np.int64)
         if window:
             lo = np.maximum(lo, hi - window)
-        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked, rot)
+        _run(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out, blocked, rot, sk)
 
     return step

@@ -1,5 +1,6 @@
-"""Element-wise activations and arithmetic: `silu`, `swiglu`, `add`, `mul`, `sigmoid_gate`,
-and `softmax_rows` (a classifier head's row softmax).
+"""Element-wise activations and arithmetic: `silu`, `swiglu` (and gpt-oss's clamped form),
+`add`, `mul`, `sigmoid_gate`, `softmax_rows` (a classifier head's row softmax), and the
+attention kernels' row softmax (`softmax_groups`, with attention sinks: `sink_inv`).
 
 silu(x) = x / (1 + exp(-x)) in f32, as ggml's `ggml_silu_f32`. Like ggml's SIMD path, exp is a
 polynomial (`fast_exp`, within a few ulp of expf) that LLVM vectorises -- a libm call per element
@@ -49,18 +50,36 @@ def fast_exp(x):
 
 
 @njit(inline="always")
-def softmax_groups(scores, group, n):
+def sink_inv(total, mx, sink):
+    """The factor that turns sum_c exp(s_c - mx) v_c into the softmax's mix when a sink logit
+    joins the denominator (no value of its own): 1 / (total + exp(sink - mx)), taken as
+    ggml's flash attention takes it, the sum rescaled to the sink where the sink is the larger
+    (exp(mx - sink) / (total * exp(mx - sink) + 1)). total: the f64 sum of the row's exps."""
+    if sink > mx:
+        ms = np.exp(np.float32(mx - sink))
+        return np.float32(ms / (total * ms + 1.0))
+    return np.float32(1.0 / (total + np.exp(np.float32(sink - mx))))
+
+
+@njit(inline="always")
+def softmax_groups(scores, group, n, sinks, h0):
     """scores[g, :n] = exp(scores[g, :n] - max) in place for each of `group` rows (the f64 sum
-    of ggml's softmax); returns 1/sum per row (0 for an empty row). Shared by the attention
-    kernels over plain and quantized caches. The max and exp passes are vector IR
-    (`attn.vector_ir`: numba's float max is a scalar compare-and-select chain, 1 ns a cell);
+    of ggml's softmax); returns 1/sum per row (0 for an empty row). With `sinks` (an [n_head]
+    array; empty: none) row g's is head h0 + g's sink logit, in the sum (`sink_inv`). Shared by
+    the attention kernels over plain and quantized caches. The max and exp passes are vector
+    IR (`attn.vector_ir`: numba's float max is a scalar compare-and-select chain, 1 ns a cell);
     `scores` must have contiguous rows."""
     inv = np.empty(group, np.float32)
     for g in range(group):
         row = scores[g]
         mx = scale_max(row, n, np.float32(1.0))
         total = exp_sum(row, n, mx)
-        inv[g] = np.float32(1.0 / total) if n > 0 else np.float32(0.0)
+        if n <= 0:
+            inv[g] = np.float32(0.0)
+        elif sinks.shape[0]:
+            inv[g] = sink_inv(total, mx, sinks[h0 + g])
+        else:
+            inv[g] = np.float32(1.0 / total)
     return inv
 
 
@@ -76,6 +95,20 @@ def _swiglu(g, u, out):
     for i in range(g.shape[0]):
         v = g[i]
         out[i] = v / (np.float32(1.0) + fast_exp(-v)) * u[i]
+
+
+# gpt-oss's clamped SwiGLU (ggml_swiglu_oai as llama.cpp's build_moe_ffn calls it for
+# LLM_FFN_SWIGLU_OAI_MOE: fixed there, not read from the file)
+SWIGLU_OAI_ALPHA = np.float32(1.702)
+SWIGLU_OAI_LIMIT = np.float32(7.0)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def _swiglu_oai(g, u, out):
+    for i in range(g.shape[0]):
+        x = min(g[i], SWIGLU_OAI_LIMIT)
+        y = min(max(u[i], -SWIGLU_OAI_LIMIT), SWIGLU_OAI_LIMIT)
+        out[i] = x / (np.float32(1.0) + fast_exp(SWIGLU_OAI_ALPHA * -x)) * (y + np.float32(1.0))
 
 
 # From this many elements on, silu / swiglu split their flat arrays over numba's threads in
@@ -99,6 +132,13 @@ def _swiglu_chunks(g, u, out):
     for c in prange((g.shape[0] + _CHUNK - 1) // _CHUNK):
         a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
         _swiglu(g[a:b], u[a:b], out[a:b])
+
+
+@njit(parallel=True, cache=True)
+def _swiglu_oai_chunks(g, u, out):
+    for c in prange((g.shape[0] + _CHUNK - 1) // _CHUNK):
+        a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
+        _swiglu_oai(g[a:b], u[a:b], out[a:b])
 
 
 def _by_size(serial: Callable[..., None], chunks: Callable[..., None],
@@ -192,11 +232,15 @@ def bind_mul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None
     return _binary(a, b, out, _mul, _mul_row)
 
 
-def bind_swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+def bind_swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray, *,
+                oai: bool = False) -> Callable[[], None]:
+    """out = silu(gate) * up; with `oai` gpt-oss's clamped form: g = min(gate, 7),
+    u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1)."""
     if not gate.shape == up.shape == out.shape:
         raise ValueError(f"shape mismatch {gate.shape}, {up.shape}, {out.shape}")
     flat = _flat(gate, up, out)
-    return partial(_by_size(_swiglu, _swiglu_chunks, flat), *flat)
+    kernels = (_swiglu_oai, _swiglu_oai_chunks) if oai else (_swiglu, _swiglu_chunks)
+    return partial(_by_size(*kernels, flat), *flat)
 
 
 def bind_silu(x: np.ndarray, out: np.ndarray) -> Callable[[], None]:
@@ -217,6 +261,15 @@ def sigmoid_gate(x: np.ndarray, h: np.ndarray, w: np.ndarray, out: np.ndarray) -
         g = np.float32(1.0) / (np.float32(1.0) + np.exp(-np.float32(acc)))
         for j in range(x.shape[1]):
             out[t, j] = x[t, j] * g
+
+
+@njit(cache=True, error_model="numpy")
+def sigmoid_mul(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """out = x * sigmoid(g) elementwise over 2-D arrays (Qwen3.5's gated attention output),
+    the sigmoid in f32 as ggml's."""
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[t, j] = x[t, j] * (np.float32(1.0) / (np.float32(1.0) + np.exp(-g[t, j])))
 
 
 @njit(cache=True, error_model="numpy")

@@ -4,12 +4,15 @@ llama.cpp's `build_moe_ffn` (soft-max gating) as one bound sequence of compiled 
 
 1. `route_and_group`: per row, the router logits soft-maxed (f32 exp, f64 sum, as ggml), the
    `n_used` most probable experts (ties: the lower id; a NaN row still picks valid ids), their
-   probabilities renormalised when asked (the sum clamped below at 2^-14, as llama.cpp); then
-   the (row, slot) pairs counted into groups by expert (a counting sort: within a group by row,
-   then slot) and the input rows gathered in that order;
+   probabilities renormalised when asked (the sum clamped below at 2^-14, as llama.cpp) --
+   or, with "softmax_weight" gating (gpt-oss), the `n_used` largest logits, soft-maxed among
+   themselves; then the (row, slot) pairs counted into groups by expert (a counting sort:
+   within a group by row, then slot) and the input rows gathered in that order;
 2. per expert group, the gate / up / down projections of the expert's own rows (the row
-   drivers' `_x` forms, `dispatch.bind_experts_into`): each expert's weights stream once per
-   batch, and a decode step touches only its `n_used` experts' bytes;
+   drivers' `_x` forms, `dispatch.bind_experts_into`), each plus the expert's bias row where
+   the model has expert biases (gpt-oss): each expert's weights stream once per batch, and a
+   decode step touches only its `n_used` experts' bytes; between them the gate (SwiGLU,
+   GeGLU, or gpt-oss's clamped SwiGLU);
 3. `combine`: each row's output = sum over its slots, in slot order, of p_s * y_s.
 
 Every step is row-wise: a row's routing, its projections (the integer dots give a row the same
@@ -34,24 +37,35 @@ from minfer.backends.cpu.kernels.quant.activations import Q8Blocks, Q8KBlocks
 _WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)  # llama.cpp's clamp of the top-k weights' sum
 
 
+@njit(inline="always")
+def _softmax_into(x: np.ndarray, p: np.ndarray) -> None:
+    """p = softmax(x) as ggml_soft_max: exp(x - max) in f32, their sum in f64, times 1/sum."""
+    mx = x[0]
+    for e in range(1, x.shape[0]):
+        mx = max(mx, x[e])
+    s = 0.0
+    for e in range(x.shape[0]):
+        p[e] = np.exp(x[e] - mx)
+        s += p[e]
+    inv = np.float32(1.0 / s)
+    for e in range(x.shape[0]):
+        p[e] *= inv
+
+
 @njit(cache=True)
-def _route(logits: np.ndarray, n_used: int, norm: bool, ids: np.ndarray,
+def _route(logits: np.ndarray, n_used: int, norm: bool, top_softmax: bool, ids: np.ndarray,
            wts: np.ndarray) -> None:
+    """Each row's experts and weights; `top_softmax`: chosen by logit, weights the soft-max of
+    the chosen logits (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT)."""
     nt, ne = logits.shape
     p = np.empty(ne, np.float32)
     taken = np.empty(ne, np.bool_)
     for t in range(nt):
-        mx = logits[t, 0]
-        for e in range(1, ne):
-            mx = max(mx, logits[t, e])
-        s = 0.0
-        for e in range(ne):
-            p[e] = np.exp(logits[t, e] - mx)
-            s += p[e]
-        inv = np.float32(1.0 / s)
-        for e in range(ne):
-            p[e] *= inv
-            taken[e] = False
+        if top_softmax:
+            p[:] = logits[t]
+        else:
+            _softmax_into(logits[t], p)
+        taken[:] = False
         total = np.float32(0.0)
         for k in range(n_used):
             best = -1
@@ -62,7 +76,9 @@ def _route(logits: np.ndarray, n_used: int, norm: bool, ids: np.ndarray,
             ids[t, k] = best
             wts[t, k] = p[best]
             total += p[best]
-        if norm:
+        if top_softmax:
+            _softmax_into(wts[t].copy(), wts[t])
+        elif norm:
             total = max(total, _WEIGHTS_SUM_MIN)
             for k in range(n_used):
                 wts[t, k] = wts[t, k] / total
@@ -101,32 +117,43 @@ def _gather(x: np.ndarray, order: np.ndarray, xs: np.ndarray) -> None:
 
 
 @njit(cache=True)
-def _route_group(logits: np.ndarray, n_used: int, norm: bool, ids: np.ndarray,
-                 wts: np.ndarray, groups: np.ndarray, n_groups: np.ndarray, order: np.ndarray,
-                 pos: np.ndarray) -> None:
-    _route(logits, n_used, norm, ids, wts)
+def _route_group(logits: np.ndarray, n_used: int, norm: bool, top_softmax: bool,
+                 ids: np.ndarray, wts: np.ndarray, groups: np.ndarray, n_groups: np.ndarray,
+                 order: np.ndarray, pos: np.ndarray) -> None:
+    _route(logits, n_used, norm, top_softmax, ids, wts)
     _group(ids, logits.shape[1], groups, n_groups, order, pos)
 
 
 @njit(cache=True)
 def _route_and_group_small(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
-                           ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
-                           n_groups: np.ndarray, order: np.ndarray, pos: np.ndarray,
-                           xs: np.ndarray) -> None:
+                           top_softmax: bool, ids: np.ndarray, wts: np.ndarray,
+                           groups: np.ndarray, n_groups: np.ndarray, order: np.ndarray,
+                           pos: np.ndarray, xs: np.ndarray) -> None:
     """`route_and_group` in one serial call (a decode step's few rows)."""
-    _route_group(logits, n_used, norm, ids, wts, groups, n_groups, order, pos)
+    _route_group(logits, n_used, norm, top_softmax, ids, wts, groups, n_groups, order, pos)
     for i in range(order.shape[0]):
         xs[i] = x[order[i]]
 
 
 def route_and_group(logits: np.ndarray, x: np.ndarray, n_used: int, norm: bool,
-                    ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
+                    top_softmax: bool, ids: np.ndarray, wts: np.ndarray, groups: np.ndarray,
                     n_groups: np.ndarray, order: np.ndarray, pos: np.ndarray,
                     xs: np.ndarray) -> None:
     """Routing and grouping of every row (see the module's docstring), the rows gathered by
     the threads."""
-    _route_group(logits, n_used, norm, ids, wts, groups, n_groups, order, pos)
+    _route_group(logits, n_used, norm, top_softmax, ids, wts, groups, n_groups, order, pos)
     _gather(x, order, xs)
+
+
+@njit(cache=True)
+def add_expert_bias(y: np.ndarray, groups: np.ndarray, n_groups: np.ndarray,
+                    bias: np.ndarray) -> None:
+    """y[i] += bias[e] for every row i of expert e's group (llama.cpp's ggml_add_id)."""
+    for g in range(n_groups[0]):
+        b = bias[groups[g, 0]]
+        for i in range(groups[g, 1], groups[g, 2]):
+            for j in range(y.shape[1]):
+                y[i, j] += b[j]
 
 
 _SERIAL_MAX_PAIRS = 64  # up to this many (row, slot) pairs, one serial call does it all
@@ -187,11 +214,17 @@ ActivationBuffer = Callable[[str, np.ndarray, int], Activation]
 
 def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWeight,
              down: ExpertWeight, *, n_used: int, norm: bool, act: str, out: np.ndarray,
-             scratch: Scratch, activation: ActivationBuffer,
+             scratch: Scratch, activation: ActivationBuffer, gating: str = "softmax",
+             biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
              expert_scale: np.ndarray | None = None) -> list[Callable[[], None]]:
     """The calls of one MoE node over fixed buffers: x [nt, n_embd], logits [nt, n_expert],
-    out [nt, n_embd]; the gate / up / down experts' stacked weights; expert_scale [n_expert]
-    (Gemma 4): each expert's output times its entry, folded into the routing weights."""
+    out [nt, n_embd]; the gate / up / down experts' stacked weights, and their stacked biases
+    ([n_expert, n_ff] twice, [n_expert, n_embd]) where the experts have them. gating
+    "softmax" or "softmax_weight", act "silu", "gelu" or "swiglu_oai" (`ir.Moe`);
+    expert_scale [n_expert] (Gemma 4): each expert's output times its entry, folded into the
+    routing weights."""
+    if gating not in ("softmax", "softmax_weight") or act not in ("silu", "gelu", "swiglu_oai"):
+        raise ValueError(f"unknown gating {gating!r} or activation {act!r}")
     nt, n_embd = x.shape
     n_expert = logits.shape[1]
     n_ff = gate.w3.shape[1]
@@ -209,12 +242,20 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
     ys = scratch("moe-ys", (pairs, n_embd), np.float32)
     small = pairs <= _SERIAL_MAX_PAIRS
     route = _route_and_group_small if small else route_and_group
+    def biased(i: int, y: np.ndarray) -> list[Callable[[], None]]:
+        """Expert bias i (gate, up, down) added to the group rows of y, where there is one."""
+        if biases is None:
+            return []
+        b = np.ascontiguousarray(biases[i], np.float32).reshape(n_expert, y.shape[1])
+        return [partial(add_expert_bias, y, groups, n_groups, b)]
+
     steps: list[Callable[[], None]] = [
-        partial(route, logits, x, n_used, norm, ids, wts, groups, n_groups, order, pos, xs)]
+        partial(route, logits, x, n_used, norm, gating == "softmax_weight", ids, wts, groups,
+                n_groups, order, pos, xs)]
     if expert_scale is not None:
         steps.append(partial(_scale_routes, wts, ids, expert_scale))
     quantized: dict[type, Activation] = {}  # gate and up read one quantization of xs
-    for w, y in ((gate, g), (up, u)):
+    for i, (w, y) in enumerate(((gate, g), (up, u))):
         xq = activation("moe-xs-q", xs, w.qtype)
         if xq is not None:
             if type(xq) in quantized:
@@ -223,10 +264,13 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
                 quantized[type(xq)] = xq
                 steps.append(bind_quantize(xs, xq))
         steps.append(bind_experts_into(w.w3, w.qtype, groups, n_groups, xq, xs, y))
-    steps.append(bind_swiglu(g, u, a) if act == "silu" else partial(geglu, g, u, a))
+        steps += biased(i, y)
+    steps.append(partial(geglu, g, u, a) if act == "gelu" else
+                 bind_swiglu(g, u, a, oai=act == "swiglu_oai"))
     aq = activation("moe-act-q", a, down.qtype)
     if aq is not None:
         steps.append(bind_quantize(a, aq))
     steps.append(bind_experts_into(down.w3, down.qtype, groups, n_groups, aq, a, ys))
+    steps += biased(2, ys)
     steps.append(partial(_combine_small if small else combine, ys, pos, wts, out))
     return steps

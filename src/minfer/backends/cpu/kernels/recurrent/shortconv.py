@@ -1,5 +1,7 @@
-"""LFM2's gated causal short convolution with carried state (llama.cpp's shortconv block:
-B * x, `ggml_ssm_conv` over the state then the new inputs, C * the result).
+"""Causal depthwise convolutions with carried state: LFM2's gated short convolution
+(llama.cpp's shortconv block: B * x, `ggml_ssm_conv` over the state then the new inputs, C *
+the result) and Qwen3.5's `ssm_conv` (`ggml_ssm_conv` of the mixed q | k | v, then SiLU), one
+loop for both.
 
 State: one `[l_cache - 1, n_embd]` f32 array per sequence (`new_state`), the sequence's last
 B * x rows, oldest first; the layer's `[n_seq, l_cache - 1, n_embd]` region is the backend's
@@ -27,7 +29,9 @@ def new_state(n_seq: int, l_cache: int, n_embd: int) -> np.ndarray:
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _short_conv(bcx, taps, state, positions, seq, out):
+def _causal_conv(src, taps, state, positions, seq, out, gated):
+    """The one convolution loop: gated (LFM2) reads B | C | x and convolves B * x, scaling by
+    C; else (`ssm_conv`) it convolves src itself and applies SiLU, as Qwen3.5's layer does."""
     nt, d = out.shape
     k = taps.shape[1] - 1
     n_blocks = (d + _CHANNEL_BLOCK - 1) // _CHANNEL_BLOCK
@@ -42,12 +46,17 @@ def _short_conv(bcx, taps, state, positions, seq, out):
                     for c in range(c0, c1):
                         st[j, c] = np.float32(0.0)
             for c in range(c0, c1):
-                bx = bcx[t, c] * bcx[t, 2 * d + c]
+                bx = src[t, c]
+                if gated:
+                    bx = bx * src[t, 2 * d + c]
                 acc = np.float32(0.0)
                 for j in range(k):
                     acc += st[j, c] * taps[c, j]
                 acc += bx * taps[c, k]
-                out[t, c] = bcx[t, d + c] * acc
+                if gated:
+                    out[t, c] = src[t, d + c] * acc
+                else:
+                    out[t, c] = acc / (np.float32(1.0) + np.exp(-acc))
                 for j in range(k - 1):
                     st[j, c] = st[j + 1, c]
                 st[k - 1, c] = bx
@@ -70,13 +79,42 @@ def bind_short_conv(bcx: np.ndarray, taps: np.ndarray, state: np.ndarray,
     if bcx.shape != (nt, 3 * d) or taps.shape != (d, k + 1) or d_state != d or k < 1:
         raise ValueError(f"short conv of {bcx.shape} with taps {taps.shape} and state "
                          f"{state.shape} into {out.shape}")
-    if positions.shape != (nt,) or seq.shape != (nt,):
-        raise ValueError("short conv: positions and sequences must give each row one")
-    for a in (bcx, taps, state, out):
-        if a.dtype != np.float32 or not a.flags.c_contiguous:
-            raise ValueError("short conv runs on contiguous f32 arrays")
-    run = partial(_short_conv, bcx, taps, state, positions, seq, out)
+    _check_rows(positions, seq, nt, (bcx, taps, state, out))
+    return _checked(partial(_causal_conv, bcx, taps, state, positions, seq, out, True), seq,
+                    n_seq)
 
+
+def ssm_conv(x: np.ndarray, taps: np.ndarray, state: np.ndarray, positions: np.ndarray,
+             seq: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = silu(conv(state of seq[t], x_t)) for x [nt, d], taps [d, d_conv], state
+    [n_seq, d_conv - 1, d] (updated in place), out [nt, d]."""
+    bind_ssm_conv(x, taps, state, positions, seq, out)()
+
+
+def bind_ssm_conv(x: np.ndarray, taps: np.ndarray, state: np.ndarray, positions: np.ndarray,
+                  seq: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """`ssm_conv` over fixed arrays, checked as `bind_short_conv`."""
+    nt, d = out.shape
+    n_seq, k, d_state = state.shape
+    if x.shape != (nt, d) or taps.shape != (d, k + 1) or d_state != d or k < 1:
+        raise ValueError(f"ssm conv of {x.shape} with taps {taps.shape} and state "
+                         f"{state.shape} into {out.shape}")
+    _check_rows(positions, seq, nt, (x, taps, state, out))
+    return _checked(partial(_causal_conv, x, taps, state, positions, seq, out, False), seq,
+                    n_seq)
+
+
+def _check_rows(positions: np.ndarray, seq: np.ndarray, nt: int,
+                arrays: tuple[np.ndarray, ...]) -> None:
+    if positions.shape != (nt,) or seq.shape != (nt,):
+        raise ValueError("causal conv: positions and sequences must give each row one")
+    for a in arrays:
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("causal conv runs on contiguous f32 arrays")
+
+
+def _checked(run: Callable[[], None], seq: np.ndarray, n_seq: int) -> Callable[[], None]:
+    """run, after checking that every row's sequence has a state row."""
     def call() -> None:
         if int(seq.min()) < 0 or int(seq.max()) >= n_seq:
             raise ValueError(f"a row's sequence is outside the {n_seq} state rows")

@@ -1,0 +1,1 @@
+"""Images in: an mmproj file's preprocessing and vision encoder (`image`, `encoder`)."""

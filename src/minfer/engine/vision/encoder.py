@@ -1,0 +1,114 @@
+"""A vision encoder over an mmproj file: images to the text model's embedding rows.
+
+The tower is a graph in the same IR (`minfer.models.siglip`), bound into an op tape on the CPU
+backend's kernels, its matmuls the dense-f32 GEMM an encoder uses (batch-invariant: an image's
+rows do not depend on anything else). Two weights are presented in the form a matmul reads:
+the patch embedding (a convolution kernel [n_embd, 3, p, p]) as [n_embd, 3 p^2], and Gemma 3's
+projection (stored [n_embd_vision, n_embd_text], applied as x @ W) transposed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from minfer.backends.base import ExecContext
+from minfer.backends.cpu.backend import CpuBackend
+from minfer.engine.vision.image import patches, preprocess
+from minfer.engine.weights import ModelWeights
+from minfer.gguf.clip import ClipParams
+from minfer.gguf.reader import GGUFFile
+from minfer.graph import scheduler
+from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
+from minfer.graph.ir import InputKind
+from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_gemma3_vision
+
+F32 = 0  # GGML type id
+
+
+class VisionWeights(ModelWeights):
+    """The mmproj's weights, with the patch embedding and the projection reshaped to matrices."""
+
+    def _reshaped(self, name: str) -> np.ndarray | None:
+        if name == PATCH_EMBD:
+            w = np.asarray(self.file.array(name), np.float32)
+            return np.ascontiguousarray(w.reshape(w.shape[0], -1))
+        if name == INPUT_PROJ:
+            return np.ascontiguousarray(np.asarray(self.file.array(name), np.float32).T)
+        return None
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = super().shapes()
+        for name in (PATCH_EMBD, INPUT_PROJ):
+            w = self._reshaped(name)
+            if w is not None and name in shapes:
+                shapes[name] = (w.shape[1], w.shape[0])
+        return shapes
+
+    def matrix(self, name: str) -> tuple[np.ndarray, int]:
+        if name in (PATCH_EMBD, INPUT_PROJ) and name not in self._matrices:
+            w = self._reshaped(name)
+            assert w is not None
+            self._matrices[name] = (w, F32)
+        return super().matrix(name)
+
+
+class VisionEncoder:
+    def __init__(self, path: str | Path) -> None:
+        self.file = GGUFFile.open(Path(path))
+        self.params = cp = ClipParams.from_gguf(self.file)
+        self.weights = VisionWeights(self.file)
+        graph = build_gemma3_vision(cp, self.weights.shapes())
+        backend = CpuBackend()
+        scheduler.assign_backends(graph, [backend])
+        graph.topo_order()
+        plan = plan_buffers(graph)
+        kv = KVRegions(n_layer=0, n_ctx=1, n_kv_embd=1, new_cache=None)  # type: ignore[arg-type]
+        self._buffers = Allocator(kv).buffers(graph, plan)
+        self._graph = graph
+        self._lock = threading.Lock()  # one image at a time through the shared buffers
+        ctx = ExecContext(weights=self.weights, kv=kv, batch_invariant=True, dense_f32=True)
+        self._tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live),
+                                          self._buffers, {backend.name: backend}, ctx)
+
+    @property
+    def n_image_tokens(self) -> int:
+        return self.params.n_image_tokens
+
+    def _input(self, kind: InputKind) -> np.ndarray:
+        buf = self._buffers[self._graph.inputs[kind]]
+        assert buf is not None
+        return buf
+
+    def _fill(self, cp: ClipParams, rows: np.ndarray) -> None:
+        """Every input, before every run (their buffers are reused once read)."""
+        self._input(InputKind.PIXELS)[:] = rows
+        n, side, m = cp.n_patches, cp.patches_per_side, cp.n_merge
+        self._input(InputKind.POSITIONS)[:] = np.arange(n)
+        self._input(InputKind.SEQ_START)[:] = 0
+        self._input(InputKind.SEQ_END)[:] = n
+        # each m x m window's patches together, windows row-major (ggml_pool_2d's output order)
+        grid = np.arange(n).reshape(side // m, m, side // m, m).transpose(0, 2, 1, 3)
+        self._input(InputKind.POOL_ROWS)[:] = grid.reshape(-1)
+        n_out = cp.n_image_tokens
+        self._input(InputKind.OUT_START)[:] = np.arange(n_out) * m * m
+        self._input(InputKind.OUT_END)[:] = (np.arange(n_out) + 1) * m * m
+
+    def encode_pixels(self, chw: np.ndarray) -> np.ndarray:
+        """A preprocessed [3, size, size] image's [n_image_tokens, n_embd_text] rows."""
+        cp = self.params
+        if chw.shape != (3, cp.image_size, cp.image_size):
+            raise ValueError(f"pixels {chw.shape}, expected (3, {cp.image_size}, "
+                             f"{cp.image_size})")
+        with self._lock:
+            self._fill(cp, patches(np.asarray(chw, np.float32), cp.patch_size))
+            self._tape.run()
+            out = self._buffers[self._graph.outputs[0]]
+            assert out is not None
+            return out.copy()
+
+    def encode(self, data: bytes) -> np.ndarray:
+        """An image file's bytes to its embedding rows."""
+        return self.encode_pixels(preprocess(data, self.params))

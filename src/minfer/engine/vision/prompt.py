@@ -1,0 +1,135 @@
+"""Images in a chat's messages: read from their content parts, laid out in the prompt's ids.
+
+As llama.cpp's mtmd: each image part becomes the media marker `<__media__>` in the message's
+text before the chat template renders it (so any template places images where their parts
+were); the rendered prompt is split at the markers, each text piece tokenized (special tokens
+parsed, BOS on the first only), and each marker expands to Gemma 3's `<start_of_image>`, one
+placeholder token (`<image_soft_token>`) per image embedding row, `<end_of_image>`. The
+placeholders count as prompt tokens (usage); their embedding rows are the encoder's
+(`PromptRows`).
+
+An image part is OpenAI's {"type": "image_url", "image_url": {"url": "data:image/...;base64,
+..."}} (or "image_url": "data:..."), or {"type": "image", "path": FILE} / {"type": "image",
+"data": bytes or base64 text}. Text parts ({"type": "text", "text": ...}) are joined with the
+markers into one string content.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minfer.engine.core.request import PromptRows
+from minfer.engine.vision.image import ImageError
+
+MARKER = "<__media__>"
+BEGIN, END, PLACEHOLDER = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+IMAGE_TYPES = ("image_url", "image", "input_image")
+
+
+def image_bytes(part: Mapping[str, Any]) -> bytes:
+    """An image content part's file bytes (ImageError: not an image part we read)."""
+    if part.get("type") == "image":
+        if "path" in part:
+            try:
+                return Path(part["path"]).read_bytes()
+            except OSError as exc:
+                raise ImageError(f"cannot read the image {part['path']}: {exc}") from None
+        data = part.get("data")
+        if isinstance(data, bytes | bytearray):
+            return bytes(data)
+        if isinstance(data, str):
+            return _base64(data)
+        raise ImageError('an "image" part needs "path" or "data"')
+    ref = part.get("image_url")
+    url = ref.get("url") if isinstance(ref, Mapping) else ref
+    if not isinstance(url, str):
+        raise ImageError('an "image_url" part needs {"url": "data:..."}')
+    if not url.startswith("data:"):
+        raise ImageError("only data: URLs are read (minfer fetches nothing), got "
+                         f"{url[:40]!r}")
+    head, _, body = url.partition(",")
+    if not head.endswith(";base64"):
+        raise ImageError("a data: URL of an image must be base64 (data:image/png;base64,...)")
+    return _base64(body)
+
+
+def _base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("the image's base64 data is corrupt") from None
+
+
+def split_images(messages: Sequence[Mapping[str, Any]]
+                 ) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The messages with each image part replaced by MARKER (a content list with images
+    joined into one string), and the images' bytes in order."""
+    out: list[dict[str, Any]] = []
+    images: list[bytes] = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list) or not any(
+                isinstance(p, Mapping) and p.get("type") in IMAGE_TYPES for p in content):
+            out.append(dict(message))
+            continue
+        text: list[str] = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind in IMAGE_TYPES:
+                images.append(image_bytes(part))
+                text.append(MARKER)
+            elif kind == "text":
+                text.append(str(part.get("text", "")))
+            else:
+                raise ImageError(f"a content part of type {kind!r} cannot be read "
+                                 "(text, image_url, image)")
+        out.append({**message, "content": "".join(text)})
+    return out, images
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """The ids that frame an image's rows in the prompt (Gemma 3's)."""
+
+    begin: int
+    end: int
+    placeholder: int
+
+    @classmethod
+    def lookup(cls, token_id: Callable[[str], int | None]) -> ImageTokens:
+        ids = [token_id(t) for t in (BEGIN, END, PLACEHOLDER)]
+        if None in ids:
+            missing = [t for t, i in zip((BEGIN, END, PLACEHOLDER), ids, strict=True)
+                       if i is None]
+            raise ImageError(f"the model's vocabulary lacks {', '.join(missing)}: it does not "
+                             "take images")
+        begin, end, placeholder = (int(i) for i in ids if i is not None)
+        return cls(begin, end, placeholder)
+
+
+def layout(text: str, images: Sequence[np.ndarray], tokens: ImageTokens, *,
+           first: Callable[[str], list[int]], rest: Callable[[str], list[int]]
+           ) -> tuple[list[int], tuple[PromptRows, ...]]:
+    """The rendered prompt's ids, each MARKER expanded to begin + a placeholder per row of its
+    image + end, and where each image's rows go. first / rest tokenize the first text piece
+    (BOS as the model adds it) and the others."""
+    pieces = text.split(MARKER)
+    if len(pieces) != len(images) + 1:
+        raise ImageError(f"the prompt has {len(pieces) - 1} image markers for {len(images)} "
+                         "images (a message's text contains the marker itself?)")
+    ids = first(pieces[0])
+    placed: list[PromptRows] = []
+    for rows, piece in zip(images, pieces[1:], strict=True):
+        ids.append(tokens.begin)
+        placed.append(PromptRows(len(ids), rows))
+        ids.extend([tokens.placeholder] * int(rows.shape[0]))
+        ids.append(tokens.end)
+        ids.extend(rest(piece))
+    return ids, tuple(placed)

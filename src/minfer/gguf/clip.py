@@ -1,0 +1,95 @@
+"""An mmproj file's vision settings (`clip.*` metadata), read as llama.cpp's clip.cpp reads them.
+
+Only the projector families minfer encodes are accepted; any other `clip.projector_type` is
+refused by name. Gemma 3 (`gemma3`): a SigLIP tower (LayerNorm, tanh GELU, learned positions,
+no pre-norm), its patches average-pooled by `n_merge` per side (4 unless the file says
+`clip.vision.projector.scale_factor`), then RMSNorm (`mm.soft_emb_norm`) and a projection to the
+text model's width (`mm.input_projection`); images resized to the fixed `image_size` square.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minfer.errors import ModelError
+from minfer.gguf.reader import GGUFFile
+
+SUPPORTED = ("gemma3",)
+LATER = ("qwen3vl", "idefics3", "lfm2")
+
+
+@dataclass(frozen=True)
+class ClipParams:
+    projector: str
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    eps: float
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    n_merge: int
+    n_embd_text: int
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        return self.patches_per_side ** 2
+
+    @property
+    def n_image_tokens(self) -> int:
+        """Embeddings one image becomes (the pooled grid)."""
+        return (self.patches_per_side // self.n_merge) ** 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> ClipParams:
+        meta = f.metadata
+        if not meta.get("clip.has_vision_encoder", False):
+            raise ModelError(f"{f.path.name} has no vision encoder (not an mmproj file with "
+                             "clip.has_vision_encoder)")
+        proj = str(meta.get("clip.vision.projector_type", meta.get("clip.projector_type", "")))
+        if proj not in SUPPORTED:
+            later = " (planned)" if proj in LATER else ""
+            raise ModelError(f"vision projector type {proj!r}{later} is not supported yet; "
+                             f"minfer encodes images for: {', '.join(SUPPORTED)}")
+
+        def get(key: str, default: object = None) -> object:
+            value = meta.get(f"clip.vision.{key}", default)
+            if value is None:
+                raise ModelError(f"{f.path.name}: clip.vision.{key} is missing")
+            return value
+
+        def triple(key: str) -> tuple[float, float, float]:
+            v = [float(x) for x in get(key)]  # type: ignore[attr-defined]
+            if len(v) != 3:
+                raise ModelError(f"{f.path.name}: clip.vision.{key} needs 3 values")
+            return (v[0], v[1], v[2])
+
+        cp = cls(
+            projector=proj,
+            image_size=int(get("image_size")),  # type: ignore[call-overload]
+            patch_size=int(get("patch_size")),  # type: ignore[call-overload]
+            n_embd=int(get("embedding_length")),  # type: ignore[call-overload]
+            n_ff=int(get("feed_forward_length")),  # type: ignore[call-overload]
+            n_layer=int(get("block_count")),  # type: ignore[call-overload]
+            n_head=int(get("attention.head_count")),  # type: ignore[call-overload]
+            eps=float(get("attention.layer_norm_epsilon", 1e-6)),  # type: ignore[arg-type]
+            image_mean=triple("image_mean"),
+            image_std=triple("image_std"),
+            n_merge=int(get("projector.scale_factor", 4)),  # type: ignore[call-overload]
+            n_embd_text=int(get("projection_dim")),  # type: ignore[call-overload]
+        )
+        side = cp.patches_per_side
+        if cp.image_size % cp.patch_size or side % cp.n_merge or cp.n_embd % cp.n_head:
+            raise ModelError(f"{f.path.name}: image {cp.image_size} / patch {cp.patch_size} / "
+                             f"merge {cp.n_merge} / {cp.n_head} heads do not tile")
+        return cp

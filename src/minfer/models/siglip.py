@@ -1,0 +1,72 @@
+"""Gemma 3's vision tower (SigLIP) and projector as builder calls, after llama.cpp's
+`tools/mtmd/models/siglip.cpp` and `clip_graph::build_vit`.
+
+- Input: one image's patches unfolded to rows of 3 * patch^2 (channel, y, x), in row-major
+  patch order; the patch embedding (a stride-patch convolution) is a matmul over them, with its
+  bias, then the learned position embedding of each patch (positions 0..n_patches-1).
+- Pre-norm blocks over all patches of the image at once (full bidirectional attention: the
+  encoder attention BERT uses, bounds as data): h += out(attn(LN1(h))); h += down(gelu(up(
+  LN2(h)))), every projection biased, GELU the tanh form (SigLIP's gelu_pytorch_tanh); then
+  `v.post_ln`.
+- Projector: the patch grid average-pooled n_merge x n_merge (the rows reordered so that each
+  window is contiguous, `POOL_ROWS`, then a mean per window: both data), RMSNorm times
+  `mm.soft_emb_norm`, and `mm.input_projection` to the text model's width.
+Older converters wrote SigLIP's fc1 / fc2 as ffn_down / ffn_up; as clip.cpp does, whichever
+reads the tower's width is the up projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from minfer.gguf.clip import ClipParams
+from minfer.graph import ir
+from minfer.graph.builder import GraphBuilder
+from minfer.graph.ir import ComputeGraph, InputKind
+
+PATCH_EMBD = "v.patch_embd.weight"
+INPUT_PROJ = "mm.input_projection.weight"
+
+
+def build_gemma3_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]]
+                        ) -> ComputeGraph:
+    b = GraphBuilder(weight_shapes)
+    n = cp.n_patches
+    n_out = cp.n_image_tokens
+    pixels = b.input_rows(InputKind.PIXELS, n, 3 * cp.patch_size ** 2)
+    pos = b.input(InputKind.POSITIONS, n)
+    start = b.input(InputKind.SEQ_START, n)
+    end = b.input(InputKind.SEQ_END, n)
+    order = b.input(InputKind.POOL_ROWS, n)
+    out_start = b.input(InputKind.OUT_START, n_out)
+    out_end = b.input(InputKind.OUT_END, n_out)
+    h = b.matmul("patch_embd", pixels, PATCH_EMBD, bias="v.patch_embd.bias")
+    h = b.add("pos_embd", h, b.weight_rows("pos_rows", "v.position_embd.weight", pos))
+    for il in range(cp.n_layer):
+        h = _block(b, cp, il, h, start, end)
+    h = b.layer_norm("post_ln", h, "v.post_ln.weight", "v.post_ln.bias", cp.eps)
+    h = b.get_rows("pool_order", h, order)
+    h = b.pool("pool", h, out_start, out_end, "mean")
+    h = b.rms_norm("soft_emb_norm", h, "mm.soft_emb_norm.weight", cp.eps)
+    b.output(b.matmul("input_projection", h, INPUT_PROJ))
+    return b.graph
+
+
+def _block(b: GraphBuilder, cp: ClipParams, il: int, h: int, start: int, end: int) -> int:
+    blk = f"v.blk.{il}."
+
+    def proj(name: str, x: int, w: str) -> int:
+        return b.matmul(name, x, f"{blk}{w}.weight", bias=f"{blk}{w}.bias", layer=il)
+
+    x = b.layer_norm("ln1", h, blk + "ln1.weight", blk + "ln1.bias", cp.eps, layer=il)
+    q, k, v = proj("attn_q", x, "attn_q"), proj("attn_k", x, "attn_k"), proj("attn_v", x, "attn_v")
+    a = b.seq_attn(q, k, v, start, end, ir.SeqAttn(il, cp.n_head, cp.n_head, cp.head_dim,
+                                                   cp.head_dim ** -0.5))
+    h = b.add("attn_resid", h, proj("attn_out", a, "attn_out"), layer=il)
+    x = b.layer_norm("ln2", h, blk + "ln2.weight", blk + "ln2.bias", cp.eps, layer=il)
+    up, down = "ffn_up", "ffn_down"
+    if b.weight_shape(f"{blk}ffn_down.weight")[0] == cp.n_embd:  # fc1 / fc2 swapped
+        up, down = down, up
+    f = b.gelu("ffn_gelu", proj("ffn_up", x, up), layer=il)
+    return b.add("ffn_resid", h, proj("ffn_down", f, down), layer=il)
+
