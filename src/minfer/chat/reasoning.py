@@ -1,5 +1,10 @@
 """A reply's reasoning (`<think>` … `</think>`) split from its content, as llama.cpp splits it.
 
+Gemma 4 writes its thinking as `<|channel>thought` … `<channel|>` instead (llama.cpp's
+common/parsers/gemma4.cpp tags): `reasoning_tags` picks that pair for a template (or, where no
+template source is at hand, a rendered prompt) that writes Gemma 4's channel or `<|think|>`
+switch; everything below works the same with either pair (`Tags`).
+
 Reasoning models (Qwen3, DeepSeek-R1 distills) think before they answer. With a reasoning format
 other than `none` the thinking leaves `content` for `reasoning_content`:
 
@@ -42,6 +47,25 @@ from minfer.sampling.reasoning_budget import ReasoningBudget
 
 OPEN, CLOSE = "<think>", "</think>"
 FORCED_CLOSE = CLOSE + "\n\n"  # what a budget forces: the model's own end tag, then a blank line
+
+
+@dataclass(frozen=True)
+class Tags:
+    """The text that opens and closes a reply's thinking, and what a budget forces to end it."""
+
+    open: str
+    close: str
+    forced: str
+
+
+THINK = Tags(OPEN, CLOSE, FORCED_CLOSE)
+GEMMA4 = Tags("<|channel>thought", "<channel|>", "<channel|>")
+_GEMMA4_MARKS = ("<|channel>", "<|think|>")  # a Gemma 4 template (or prompt) writes these
+
+
+def reasoning_tags(text: str) -> Tags:
+    """The thinking tags of a chat template's source (or of a prompt it rendered)."""
+    return GEMMA4 if any(m in text for m in _GEMMA4_MARKS) else THINK
 FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 SWITCHES = ("on", "off", "auto")  # --reasoning: Qwen3's enable_thinking true / false / unset
 
@@ -109,11 +133,13 @@ class ReasoningOptions:
                                     opens_header=prompt.endswith(START))
             return ReplyPlan(self.fmt, False, self.budget_mask(encode, in_reasoning=False,
                                                                harmony=True), harmony)
-        inside = prompt_opens_reasoning(prompt)
-        return ReplyPlan(self.fmt, inside, self.budget_mask(encode, in_reasoning=inside))
+        tags = reasoning_tags(template_source or prompt)
+        inside = prompt_opens_reasoning(prompt, tags)
+        return ReplyPlan(self.fmt, inside, self.budget_mask(encode, in_reasoning=inside,
+                                                            tags=tags), tags=tags)
 
     def budget_mask(self, encode: Callable[[str], list[int]], *, in_reasoning: bool,
-                    harmony: bool = False) -> ReasoningBudget | None:
+                    harmony: bool = False, tags: Tags = THINK) -> ReasoningBudget | None:
         """The mask that closes the thinking after `budget` tokens (None when unlimited): a
         `<think>` block, or harmony's analysis message (closed by `<|end|>`, as llama.cpp's
         gpt-oss tags say). encode: text to ids with special tokens parsed."""
@@ -122,8 +148,8 @@ class ReasoningOptions:
         if harmony:
             return ReasoningBudget(budget=self.budget, start=encode(ANALYSIS), end=encode(END),
                                    forced=encode(END))
-        return ReasoningBudget(budget=self.budget, start=encode(OPEN), end=encode(CLOSE),
-                               forced=encode(FORCED_CLOSE), inside=in_reasoning)
+        return ReasoningBudget(budget=self.budget, start=encode(tags.open), end=encode(tags.close),
+                               forced=encode(tags.forced), inside=in_reasoning)
 
 
 @dataclass(frozen=True)
@@ -134,12 +160,14 @@ class ReplyPlan:
     in_reasoning: bool  # the rendered prompt opened <think>
     budget: ReasoningBudget | None = None  # the logit mask that closes the thinking
     harmony: HarmonyFormat | None = None  # a harmony reply: parsed whole (tools added later)
+    tags: Tags = THINK  # the reply's thinking tags (Gemma 4's channel, or <think>)
 
     def split(self, text: str) -> Split:
-        return split_reasoning(text, fmt=self.fmt, in_reasoning=self.in_reasoning)
+        return split_reasoning(text, fmt=self.fmt, in_reasoning=self.in_reasoning,
+                               tags=self.tags)
 
     def stream(self) -> ReasoningStream:
-        return ReasoningStream(fmt=self.fmt, in_reasoning=self.in_reasoning)
+        return ReasoningStream(fmt=self.fmt, in_reasoning=self.in_reasoning, tags=self.tags)
 
 
 class ThinkingUnsupported(MinferError):
@@ -147,10 +175,10 @@ class ThinkingUnsupported(MinferError):
 
 
 def template_thinks(template_source: str, template_variables: Collection[str]) -> bool:
-    """Whether a chat template can think: it writes `<think>` or harmony's channels, or reads
-    `enable_thinking`."""
-    return OPEN in template_source or is_harmony(template_source) or \
-        "enable_thinking" in template_variables
+    """Whether a chat template can think: it writes `<think>`, Gemma 4's thought channel or
+    harmony's channels, or reads `enable_thinking`."""
+    return OPEN in template_source or GEMMA4.open in template_source or \
+        is_harmony(template_source) or "enable_thinking" in template_variables
 
 
 def check_budget(budget: int) -> int:
@@ -171,15 +199,16 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def prompt_opens_reasoning(prompt: str) -> bool:
+def prompt_opens_reasoning(prompt: str, tags: Tags = THINK) -> bool:
     """The rendered prompt ends inside a thinking block (the template opened `<think>`)."""
-    return prompt.rstrip().endswith(OPEN)
+    return prompt.rstrip().endswith(tags.open)
 
 
-def split_reasoning(text: str, *, fmt: str = "auto", in_reasoning: bool = False) -> Split:
+def split_reasoning(text: str, *, fmt: str = "auto", in_reasoning: bool = False,
+                    tags: Tags = THINK) -> Split:
     """The whole reply's content and reasoning."""
     content, reasoning, _ = _split(text, fmt=check_format(fmt), in_reasoning=in_reasoning,
-                                   final=True)
+                                   final=True, tags=tags)
     return Split(content, reasoning or None)
 
 
@@ -187,9 +216,11 @@ class ReasoningStream:
     """Split a reply as it streams: `push(text)` and `finish()` return (content, reasoning)
     pieces; every piece is final, so they concatenate to `split_reasoning`'s values."""
 
-    def __init__(self, *, fmt: str = "auto", in_reasoning: bool = False) -> None:
+    def __init__(self, *, fmt: str = "auto", in_reasoning: bool = False,
+                 tags: Tags = THINK) -> None:
         self.fmt = check_format(fmt)
         self.in_reasoning = in_reasoning
+        self.tags = tags
         self.text = ""
         self._content = 0  # characters of each value already given out
         self._reasoning = 0
@@ -206,41 +237,44 @@ class ReasoningStream:
 
     def _emit(self, *, final: bool) -> tuple[str, str]:
         content, reasoning, self._verbatim = _split(self.text, fmt=self.fmt,
-                                                    in_reasoning=self.in_reasoning, final=final)
+                                                    in_reasoning=self.in_reasoning, final=final,
+                                                    tags=self.tags)
         out = content[self._content:], reasoning[self._reasoning:]
         self._content, self._reasoning = len(content), len(reasoning)
         return out
 
 
-def _split(text: str, *, fmt: str, in_reasoning: bool, final: bool) -> tuple[str, str, bool]:
+def _split(text: str, *, fmt: str, in_reasoning: bool, final: bool,
+           tags: Tags = THINK) -> tuple[str, str, bool]:
     """(content, reasoning, verbatim): the values for `text` (final), or the parts of them that
     no further text can change (not final); verbatim: any text that follows is content as is."""
     if fmt == "none":
         return text, "", True
     lead, body = "", text
+    opening, closing = tags.open, tags.close
     if not in_reasoning:
         stripped = text.lstrip()
-        if not final and (not stripped or (OPEN.startswith(stripped) and stripped != OPEN)):
+        if not final and (not stripped or (opening.startswith(stripped) and stripped != opening)):
             return "", "", False  # may still open with <think>
-        if not stripped.startswith(OPEN):
+        if not stripped.startswith(opening):
             return text, "", True
-        lead, body = text[:len(text) - len(stripped)], stripped[len(OPEN):]
+        lead, body = text[:len(text) - len(stripped)], stripped[len(opening):]
     legacy = fmt == "deepseek-legacy"
-    end = body.find(CLOSE)
+    end = body.find(closing)
     if end < 0:
-        reasoning = body.strip() if final else _stable(body.lstrip())
+        reasoning = body.strip() if final else _stable(body.lstrip(), closing)
         content = text if legacy else lead
         return content, reasoning, False
-    after = body[end + len(CLOSE):].lstrip()
+    after = body[end + len(closing):].lstrip()
     content = text if legacy else lead + after
     return content, body[:end].strip(), legacy or bool(after)
 
 
-def _stable(reasoning: str) -> str:
+def _stable(reasoning: str, closing: str = CLOSE) -> str:
     """The part of unfinished reasoning that stays: without a tail that may become `</think>`,
     and without trailing whitespace (dropped if the thinking ends there)."""
-    for n in range(min(len(CLOSE) - 1, len(reasoning)), 0, -1):
-        if reasoning.endswith(CLOSE[:n]):
+    for n in range(min(len(closing) - 1, len(reasoning)), 0, -1):
+        if reasoning.endswith(closing[:n]):
             reasoning = reasoning[:-n]
             break
     return reasoning.rstrip()

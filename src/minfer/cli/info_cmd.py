@@ -57,7 +57,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         ("GGUF version", f.version), ("name", f.metadata.get("general.name", "-")),
         ("architecture", hp.arch), ("quantization", model_quantization(f)),
         ("layers", hp.n_layer), ("embedding", hp.n_embd),
-        ("heads (q / kv)", f"{hp.n_head} / {hp.n_head_kv}"), ("head dim", hp.head_dim),
+        ("heads (q / kv)", _heads_text(hp)), ("head dim", _head_dim_text(hp)),
         *_ffn_rows(hp), ("vocabulary", hp.n_vocab),
         ("context length (trained)", hp.n_ctx_train),
         ("rope", _rope_text(hp)),
@@ -66,6 +66,7 @@ def _model_rows(f: GGUFFile, hp: HParams) -> list[tuple[str, object]]:
         *_fused_rows(hp),
         *_attention_rows(hp),
         *_recurrent_rows(hp),
+        *_gemma4_rows(hp),
         ("KV cache per token", _kv_per_token(hp)),
     ]
 
@@ -97,10 +98,48 @@ def _kv_per_token(hp: HParams) -> str:
         bytes_per_token,
     )
 
-    n = hp.n_head_kv * hp.head_dim
-    n_layer = hp.n_layer - sum(hp.recurrent_layers)  # recurrent layers hold no cells
-    return ", ".join(f"{t} {human_bytes(round(bytes_per_token(n_layer, n, t, t)))}"
-                     for t in KV_TYPES if t not in QUANT_TYPES or hp.head_dim % QK == 0)
+    # recurrent layers hold no cells, nor do layers reading an earlier layer's (Gemma 4)
+    widths = [hp.layer_kv_embd(il) for il in range(hp.n_layer) if not hp.is_recurrent(il)]
+    return ", ".join(
+        f"{t} {human_bytes(round(sum(bytes_per_token(1, w, t, t) for w in widths)))}"
+        for t in KV_TYPES if t not in QUANT_TYPES or min(widths, default=0) % QK == 0)
+
+
+def _heads_text(hp: HParams) -> str:
+    if not hp.layer_kv_heads:
+        return f"{hp.n_head} / {hp.n_head_kv}"
+    kinds = (("global", False), ("sliding-window", True))
+    kv = [(name, {h for il, h in enumerate(hp.layer_kv_heads) if hp.is_swa(il) == swa})
+          for name, swa in kinds]
+    return f"{hp.n_head} / " + ", ".join(f"{'/'.join(map(str, sorted(hs)))} ({name} layers)"
+                                        for name, hs in kv if hs)
+
+
+def _head_dim_text(hp: HParams) -> str:
+    if hp.head_dim_swa and hp.head_dim_swa != hp.head_dim:
+        return f"{hp.head_dim} (global layers) / {hp.head_dim_swa} (sliding-window layers)"
+    return str(hp.head_dim)
+
+
+def _gemma4_rows(hp: HParams) -> list[tuple[str, object]]:
+    """Gemma 4's extras: per-layer token embeddings, the shared-KV tail, attention scale 1."""
+    rows: list[tuple[str, object]] = []
+    if hp.n_embd_per_layer:
+        rows.append(("per-layer embeddings", f"{hp.n_embd_per_layer} per layer from each token "
+                                             "and from the token embedding (gated, projected "
+                                             "back after each layer's FFN)"))
+    if hp.n_layer_kv:
+        sources = ", ".join(f"{il}<-{hp.kv_layer(il)}" for il in range(hp.n_layer_kv, hp.n_layer))
+        rows.append(("shared KV", f"the last {hp.n_layer - hp.n_layer_kv} layers attend over an "
+                                  f"earlier layer's cells ({sources})"))
+    if hp.v_norm:
+        v_from_k = [il for il in range(hp.n_layer) if hp.layer_v_from_k(il)]
+        shared = f"; V is K's projection in layers {', '.join(map(str, v_from_k))}" \
+            if v_from_k else ""
+        rows.append(("attention", f"scale {hp.kq_scale:g}, V RMS-normed per head{shared}"))
+    if hp.layer_scales:
+        rows.append(("layer output scales", " ".join(f"{s:.3g}" for s in hp.layer_scales)))
+    return rows
 
 
 def _vocab_only_rows(f: GGUFFile) -> list[tuple[str, object]]:
@@ -128,8 +167,9 @@ def _rope_text(hp: HParams) -> str:
     if hp.no_rope_step:
         text += f"; none in every {hp.no_rope_step}th layer (NoPE)"
     if hp.sliding_window:
+        dims = f", {hp.rope_dim_swa} dims" if hp.rope_dim_swa != hp.rope_dim else ""
         scaled = ", scaled alike" if hp.rope_freq_scale_swa != 1.0 else ""
-        text += f" (sliding-window layers: base {hp.rope_base_swa:g}{scaled})"
+        text += f" (sliding-window layers: base {hp.rope_base_swa:g}{dims}{scaled})"
     return text
 
 
@@ -145,11 +185,17 @@ def _fused_rows(hp: HParams) -> list[tuple[str, object]]:
 
 def _ffn_rows(hp: HParams) -> list[tuple[str, object]]:
     """The FFN's width; for a mixture of experts its experts and the parameters a token reads."""
+    if hp.layer_ff and len(set(hp.layer_ff)) > 1:  # Gemma 4's double-wide shared-KV layers
+        wide = [il for il, n in enumerate(hp.layer_ff) if n != hp.n_ff]
+        return [("feed-forward", f"{hp.n_ff} ({hp.layer_ff[wide[0]]} in layers {wide[0]}-"
+                                 f"{wide[-1]})")]
     if not hp.n_expert:
         return [("feed-forward", hp.n_ff)]
     total, active = hp.n_params()
+    beside = f" beside a dense FFN {hp.n_ff} wide" if hp.n_ff_exp else ""  # Gemma 4 26B-A4B
     rows: list[tuple[str, object]] = [
-        ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each {hp.n_ff} wide"
+        ("experts", f"{hp.n_expert_used} of {hp.n_expert} per token, each "
+                    f"{hp.n_ff_exp or hp.n_ff} wide{beside}"
                     f"{' (weights renormalised)' if hp.expert_norm else ''}")]
     if hp.moe_gating == "softmax_weight":
         rows.append(("routing", "top-k router logits, soft-maxed among themselves"

@@ -206,7 +206,8 @@ class Engine:
             else config.pooling,
         )
         self.kv = KVRegions(n_layer=0 if self.encoder else hparams.n_layer, n_ctx=n_ctx,
-                            n_kv_embd=hparams.n_head_kv * hparams.head_dim,
+                            n_kv_embd=0 if self.encoder else
+                            [hparams.layer_kv_embd(il) for il in range(hparams.n_layer)],
                             new_cache=host.new_kv_cache, k_type=k_type, v_type=v_type,
                             recurrent=hparams.recurrent_layers,
                             new_state=partial(host.new_conv_state,

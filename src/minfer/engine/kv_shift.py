@@ -114,14 +114,18 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
     factors_name = hp.rope_factors(n_ctx)
     factors = engine.weights.vector(factors_name) if factors_name else None
     for il, (k, v) in enumerate(zip(engine.kv.k, engine.kv.v, strict=True)):
+        if hp.kv_layer(il) != il:  # a shared-KV layer (Gemma 4) holds no cells of its own
+            continue
+        head_dim = hp.layer_head_dim(il)
         if not hp.layer_has_rope(il):  # a NoPE layer's keys hold no position: moved as they are
             engine.kv_host.move_kv(k, v, src_start=src_start, src_end=src_end,
-                                   dst_start=dst_start, head_dim=hp.head_dim, rekey=None)
+                                   dst_start=dst_start, head_dim=head_dim, rekey=None)
             continue
-        rekey = partial(rerotate, src_pos=src_pos, dst_pos=dst_pos, n_head=hp.n_head_kv,
-                        head_dim=hp.head_dim, rope_dim=hp.rope_dim,
+        rekey = partial(rerotate, src_pos=src_pos, dst_pos=dst_pos, n_head=hp.layer_n_head_kv(il),
+                        head_dim=head_dim, rope_dim=hp.layer_rope_dim(il),
                         base=hp.layer_rope_base(il), style=hp.rope_style,
-                        freq_scale=hp.layer_rope_freq_scale(il), factors=factors,
+                        freq_scale=hp.layer_rope_freq_scale(il),
+                        factors=None if hp.is_swa(il) else factors,  # as the graph's rope
                         yarn=hp.layer_rope_yarn(il))
         engine.kv_host.move_kv(k, v, src_start=src_start, src_end=src_end, dst_start=dst_start,
-                               head_dim=hp.head_dim, rekey=rekey)
+                               head_dim=head_dim, rekey=rekey)

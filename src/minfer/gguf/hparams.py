@@ -21,8 +21,8 @@ from minfer.gguf.rope_scaling import NO_YARN, Yarn, YarnRope
 log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
-SUPPORTED_ARCHS = ("bert", "gemma3", "gpt-oss", "lfm2", "llama", "phi3", "qwen2", "qwen2moe",
-                   "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3")
+SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "gpt-oss", "lfm2", "llama", "phi3", "qwen2",
+                   "qwen2moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # and qwen35moe's with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing
 # weights are renormalised to sum to 1 where llama.cpp does it (qwen3moe, qwen35moe, llama)
@@ -51,6 +51,8 @@ GEMMA3_SWA_PATTERN = 6
 # `llama_model_openai_moe`).
 GPTOSS_SWA_PATTERN = 2
 DEFAULT_ROPE_BASE_SWA = 10000.0
+# Gemma 3's sandwich norms (post-attention, post-FFN); Gemma 4 has them too.
+SANDWICH_ARCHS = ("gemma3", "gemma4")
 # Architectures that rotate adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM); the rest NEOX.
 NORM_ROPE_ARCHS = ("llama", "smollm3")
 # SmolLM3: every 4th layer attends without RoPE (llama.cpp fixes n_no_rope_layer_step at 4 and
@@ -125,6 +127,17 @@ class HParams:
     recurrent_layers: tuple[bool, ...] = ()
     shortconv_l_cache: int = 0  # taps of the short convolution (its state: the last taps - 1)
     output_norm_name: str = "output_norm.weight"  # LFM2's is `token_embd_norm.weight`
+    # Gemma 4: the sliding-window layers' own head size and rotary dims (0: head_dim, rope_dim)
+    head_dim_swa: int = 0
+    rope_dim_swa: int = 0
+    n_layer_kv: int = 0  # layers with their own KV; the later ones reuse an earlier one's (0: all)
+    n_embd_per_layer: int = 0  # width of each layer's per-layer token embedding (0: none)
+    v_norm: bool = False  # V rows RMS-normed per head, without a weight (Gemma 4)
+    layer_scales: tuple[float, ...] = ()  # per layer: its output times this (Gemma 4)
+    layer_kv_heads: tuple[int, ...] = ()  # per layer K/V heads (Gemma 4's array; () n_head_kv)
+    v_from_k: tuple[bool, ...] = ()  # per layer: no attn_v, V is K's projection (Gemma 4 31B)
+    n_ff_exp: int = 0  # Gemma 4 26B-A4B: its experts' width, beside the dense FFN's n_ff
+    layer_ff: tuple[int, ...] = ()  # per layer FFN width (Gemma 4's double-wide MLP); () n_ff
     # the pre-FFN norm's tensor (gpt-oss and Qwen3.5: `post_attention_norm`)
     ffn_norm_name: str = "ffn_norm"
     # Qwen3.5's Gated DeltaNet layers (ssm.*): key heads (group_count), value heads
@@ -205,6 +218,32 @@ class HParams:
         return ("rope_factors_long.weight" if padded > self.longrope_ctx
                 else "rope_factors_short.weight")
 
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_swa(layer) else self.head_dim
+
+    def layer_rope_dim(self, layer: int) -> int:
+        return self.rope_dim_swa if self.rope_dim_swa and self.is_swa(layer) else self.rope_dim
+
+    def layer_n_head_kv(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.n_head_kv
+
+    def layer_v_from_k(self, layer: int) -> bool:
+        return bool(self.v_from_k) and self.v_from_k[layer]
+
+    def layer_kv_embd(self, layer: int) -> int:
+        """Width of the layer's K (and V) rows; 0 where it reuses an earlier layer's KV."""
+        return self.layer_n_head_kv(layer) * self.layer_head_dim(layer) \
+            if self.kv_layer(layer) == layer else 0
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cells this one attends over: itself, or past `n_layer_kv` (Gemma
+        4's shared-KV layers) the last layer of the same kind (sliding or global) with its own
+        KV, as transformers picks it (llama.cpp's n_layer_kv - 2 / - 1 is the same layer in
+        every released file)."""
+        if not self.n_layer_kv or layer < self.n_layer_kv:
+            return layer
+        return max(il for il in range(self.n_layer_kv) if self.is_swa(il) == self.is_swa(layer))
+
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_swa(layer) else 0
 
@@ -251,8 +290,21 @@ class HParams:
         n_embd = keys.get_int("embedding_length")
         n_head = keys.get_int("attention.head_count")
         recurrent: tuple[bool, ...] = ()
+        kv_heads: tuple[int, ...] = ()
+        layer_ff: tuple[int, ...] = ()
+        if arch == "gemma4" and not isinstance(
+                ff := f.metadata.get(f"{arch}.feed_forward_length"), int | None):
+            layer_ff = tuple(int(x) for x in ff)  # use_double_wide_mlp: the shared layers 2x
         if arch in RECURRENT_ARCHS:
             n_head_kv, recurrent = _layer_kv_heads(keys)
+        elif arch == "gemma4" and not isinstance(
+                heads := f.metadata.get(f"{arch}.attention.head_count_kv"), int | None):
+            kv_heads = tuple(int(h) for h in heads)  # Gemma 4 26B / 31B: fewer in global layers
+            n_head_kv = max(kv_heads, default=0)
+            if len(kv_heads) != keys.get_int("block_count") or any(
+                    h < 1 or n_head % h for h in kv_heads):
+                raise GGUFError(f.path, f"head_count_kv={list(kv_heads)} does not give each "
+                                        f"layer a divisor of head_count={n_head}")
         else:
             n_head_kv = keys.get_int("attention.head_count_kv", n_head)
         if n_head % n_head_kv:
@@ -278,8 +330,9 @@ class HParams:
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_ff=keys.get_int("feed_forward_length", 0 if arch in MOE_ARCHS else None,
-                              allow_zero=arch in MOE_ARCHS),
+            n_ff=layer_ff[0] if layer_ff else keys.get_int(
+                "feed_forward_length", 0 if arch in MOE_ARCHS else None,
+                allow_zero=arch in MOE_ARCHS),
             n_vocab=embd.shape[1],
             n_ctx_train=keys.get_int("context_length"),
             rms_eps=keys.get_float("attention.layer_norm_rms_epsilon"),
@@ -307,6 +360,9 @@ class HParams:
         )
         if arch == "gemma3":
             hp = _gemma3(hp, keys)
+        if arch == "gemma4":
+            hp = _gemma4(replace(_gemma3(hp, keys), layer_kv_heads=kv_heads, layer_ff=layer_ff),
+                         keys)
         if recurrent:
             hp = _lfm2(hp, keys, recurrent)
         if arch == "gpt-oss":
@@ -337,37 +393,64 @@ class HParams:
             yield "rope_factors_short.weight", (self.rope_dim // 2,)
         if not self.tie_embeddings:
             yield "output.weight", (self.n_embd, self.n_vocab)
+        yield from self._per_layer_embd_shapes()
         for i in range(self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
             if not self.is_recurrent(i):
-                yield from self._attention_shapes(blk, q_dim, kv_dim)
+                yield from self._attention_shapes(blk, i)
             elif self.ssm_head_dim:
                 yield from self._delta_net_shapes(blk)
             else:
                 yield from self._shortconv_shapes(blk)
-            if self.arch == "gemma3":
+            if self.arch in SANDWICH_ARCHS:
                 yield f"{blk}.post_attention_norm.weight", (self.n_embd,)
                 yield f"{blk}.post_ffw_norm.weight", (self.n_embd,)
+            if self.n_embd_per_layer:
+                yield f"{blk}.inp_gate.weight", (self.n_embd, self.n_embd_per_layer)
+                yield f"{blk}.proj.weight", (self.n_embd_per_layer, self.n_embd)
+                yield f"{blk}.post_norm.weight", (self.n_embd,)
+            if self.layer_scales:
+                yield f"{blk}.layer_output_scale.weight", (1,)
             yield f"{blk}.{self.ffn_norm_name}.weight", (self.n_embd,)
-            if self.n_expert:
+            if self.n_ff_exp:  # Gemma 4's experts beside its dense FFN
+                yield from self._gemma4_expert_shapes(blk)
+            elif self.n_expert:
                 yield from self._expert_shapes(blk)
                 continue
             if self.ffn_up_gate:
                 yield f"{blk}.ffn_up.weight", (self.n_embd, 2 * self.n_ff)
                 yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
                 continue
-            yield f"{blk}.ffn_gate.weight", (self.n_embd, self.n_ff)
-            yield f"{blk}.ffn_up.weight", (self.n_embd, self.n_ff)
-            yield f"{blk}.ffn_down.weight", (self.n_ff, self.n_embd)
+            n_ff = self.layer_ff[i] if self.layer_ff else self.n_ff
+            yield f"{blk}.ffn_gate.weight", (self.n_embd, n_ff)
+            yield f"{blk}.ffn_up.weight", (self.n_embd, n_ff)
+            yield f"{blk}.ffn_down.weight", (n_ff, self.n_embd)
             if self.has_ffn_bias:
                 yield f"{blk}.ffn_gate.bias", (self.n_ff,)
                 yield f"{blk}.ffn_up.bias", (self.n_ff,)
                 yield f"{blk}.ffn_down.bias", (self.n_embd,)
 
-    def _attention_shapes(self, blk: str, q_dim: int,
-                          kv_dim: int) -> Iterator[tuple[str, tuple[int, ...]]]:
-        """An attention layer's projections (fused or not, optionally biased) and q/k norms."""
+    def _per_layer_embd_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Gemma 4's per-layer token embeddings: n_embd_per_layer for every layer from each
+        token, and from the scaled token embedding through a projection and a norm."""
+        if not self.n_embd_per_layer:
+            return
+        width = self.n_embd_per_layer * self.n_layer
+        yield "per_layer_token_embd.weight", (width, self.n_vocab)
+        yield "per_layer_model_proj.weight", (self.n_embd, width)
+        yield "per_layer_proj_norm.weight", (self.n_embd_per_layer,)
+
+    def _attention_shapes(self, blk: str, il: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """An attention layer's projections (fused or not, optionally biased) and q/k norms
+        (only q's where the layer reuses an earlier layer's KV)."""
+        head_dim = self.layer_head_dim(il)
+        q_dim, kv_dim = self.n_head * head_dim, self.layer_n_head_kv(il) * head_dim
+        if self.kv_layer(il) != il:
+            yield f"{blk}.attn_q.weight", (self.n_embd, q_dim)
+            yield f"{blk}.attn_q_norm.weight", (head_dim,)
+            yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
+            return
         if self.qkv_fused:
             yield f"{blk}.attn_qkv.weight", (self.n_embd, q_dim + 2 * kv_dim)
             if self.has_qkv_bias:
@@ -375,14 +458,15 @@ class HParams:
         else:
             yield f"{blk}.attn_q.weight", (self.n_embd, 2 * q_dim if self.attn_gated else q_dim)
             yield f"{blk}.attn_k.weight", (self.n_embd, kv_dim)
-            yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
+            if not self.layer_v_from_k(il):
+                yield f"{blk}.attn_v.weight", (self.n_embd, kv_dim)
         if self.has_qkv_bias and not self.qkv_fused:
             yield f"{blk}.attn_q.bias", (q_dim,)
             yield f"{blk}.attn_k.bias", (kv_dim,)
             yield f"{blk}.attn_v.bias", (kv_dim,)
         if self.has_qk_norm:
-            yield f"{blk}.attn_q_norm.weight", (self.head_dim,)
-            yield f"{blk}.attn_k_norm.weight", (self.head_dim,)
+            yield f"{blk}.attn_q_norm.weight", (head_dim,)
+            yield f"{blk}.attn_k_norm.weight", (head_dim,)
         yield f"{blk}.attn_output.weight", (q_dim, self.n_embd)
         if self.has_out_bias:
             yield f"{blk}.attn_output.bias", (self.n_embd,)
@@ -429,6 +513,18 @@ class HParams:
             yield f"{blk}.ffn_gate_shexp.weight", (n_embd, self.n_ff_shexp)
             yield f"{blk}.ffn_up_shexp.weight", (n_embd, self.n_ff_shexp)
             yield f"{blk}.ffn_down_shexp.weight", (self.n_ff_shexp, n_embd)
+
+    def _gemma4_expert_shapes(self, blk: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Gemma 4 26B-A4B's experts: a router over the RMS-normed input scaled per channel,
+        their own pre / post norms, [gate | up] stacked in one tensor, a scale per expert."""
+        n_embd, n_ff, n_exp = self.n_embd, self.n_ff_exp, self.n_expert
+        yield f"{blk}.ffn_gate_inp.weight", (n_embd, n_exp)
+        yield f"{blk}.ffn_gate_inp.scale", (n_embd,)
+        for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+            yield f"{blk}.{norm}.weight", (n_embd,)
+        yield f"{blk}.ffn_gate_up_exps.weight", (n_embd, 2 * n_ff, n_exp)
+        yield f"{blk}.ffn_down_exps.weight", (n_ff, n_embd, n_exp)
+        yield f"{blk}.ffn_down_exps.scale", (n_exp,)
 
     def active_share(self, name: str, n: int) -> int:
         """Of the n parameters (or bytes) of tensor `name`, those one token reads: a stacked
@@ -699,6 +795,49 @@ def _gemma3(hp: HParams, keys: _Keys) -> HParams:
                    rope_base_swa=keys.get_float("rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA))
 
 
+def _gemma4(hp: HParams, keys: _Keys) -> HParams:
+    """Gemma 4's extras over Gemma 3's, as llama.cpp's `llama_model_gemma4::load_arch_hparams`
+    reads them: attention scale 1 (q and k are normed), the sliding layers' own head size and
+    rotary dims, the shared-KV tail (`attention.shared_kv_layers`), the per-layer token
+    embeddings' width, V normed per head, and each layer's output scale (a one-element tensor,
+    read here as a number); the 26B / 31B's global layers with fewer K/V heads
+    (`head_count_kv` an array) and without `attn_v` (V is K's projection, before K's norm)."""
+    if hp.layer_ff and len(hp.layer_ff) != hp.n_layer:
+        raise GGUFError(keys.f.path, f"feed_forward_length has {len(hp.layer_ff)} entries for "
+                                     f"{hp.n_layer} layers")
+    n_shared = keys.get_int("attention.shared_kv_layers", 0, allow_zero=True)
+    if not 0 <= n_shared < hp.n_layer:
+        raise GGUFError(keys.f.path, f"shared_kv_layers={n_shared} leaves no layer its own KV")
+    hp = replace(hp, attn_scale=1.0, v_norm=True,
+                 head_dim_swa=keys.get_int("attention.key_length_swa", hp.head_dim),
+                 rope_dim_swa=keys.get_int("rope.dimension_count_swa", hp.rope_dim),
+                 n_layer_kv=hp.n_layer - n_shared if n_shared else 0,
+                 n_embd_per_layer=keys.get_int("embedding_length_per_layer_input", 0,
+                                               allow_zero=True))
+    if keys.get_int("attention.value_length_swa", hp.head_dim_swa) != hp.head_dim_swa:
+        raise GGUFError(keys.f.path, "attention.value_length_swa differs from key_length_swa")
+    if hp.rope_dim_swa > hp.head_dim_swa or hp.rope_dim_swa % 2:
+        raise GGUFError(keys.f.path, f"rope.dimension_count_swa={hp.rope_dim_swa} does not fit "
+                                     f"head_dim_swa={hp.head_dim_swa}")
+    if n_shared and any(not any(hp.is_swa(j) == hp.is_swa(il) for j in range(hp.n_layer_kv))
+                        for il in range(hp.n_layer_kv, hp.n_layer)):
+        raise GGUFError(keys.f.path, "a shared-KV layer has no earlier layer of its kind")
+    if n_expert := keys.get_int("expert_count", 0, allow_zero=True):  # 26B-A4B
+        n_used = keys.get_int("expert_used_count")
+        if not 0 < n_used <= n_expert:
+            raise GGUFError(keys.f.path, f"expert_used_count={n_used} of {n_expert} experts")
+        hp = replace(hp, n_expert=n_expert, n_expert_used=n_used, expert_norm=True,
+                     n_ff_exp=keys.get_int("expert_feed_forward_length"))
+    v_from_k = tuple(hp.kv_layer(il) == il and f"blk.{il}.attn_v.weight" not in keys.f.tensors
+                     for il in range(hp.n_layer))
+    hp = replace(hp, v_from_k=v_from_k if any(v_from_k) else ())
+    names = [f"blk.{il}.layer_output_scale.weight" for il in range(hp.n_layer)]
+    if all(n in keys.f.tensors for n in names):
+        scales = tuple(float(keys.f.array(n).reshape(-1)[0]) for n in names)
+        hp = replace(hp, layer_scales=scales)
+    return hp
+
+
 def _layer_kv_heads(keys: _Keys) -> tuple[int, tuple[bool, ...]]:
     """A hybrid's `attention.head_count_kv` array: the K/V heads of its attention layers (one
     count for all), and per layer whether it is recurrent (0 heads)."""
@@ -747,7 +886,7 @@ def _swa(hp: HParams, keys: _Keys, default_pattern: int) -> tuple[int, tuple[boo
         return 0, ()
     pattern = keys.f.metadata.get(f"{keys.arch}.attention.sliding_window_pattern",
                                   default_pattern)
-    if isinstance(pattern, list | tuple):
+    if isinstance(pattern, list | tuple) or getattr(pattern, "ndim", 0) == 1:
         if len(pattern) != hp.n_layer:
             raise GGUFError(keys.f.path, f"sliding_window_pattern has {len(pattern)} entries "
                                          f"for {hp.n_layer} layers")

@@ -105,14 +105,18 @@ class KVRegions:
     `new_matrix_state(n_seq)` is given (`KVHost.new_delta_state`), every recurrent layer also
     holds that second region (`matrix_states`: Qwen3.5's delta-rule matrices)."""
 
-    def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int,
+    def __init__(self, *, n_layer: int, n_ctx: int, n_kv_embd: int | Sequence[int],
                  new_cache: Callable[[str, int, int], np.ndarray], kv_type: str = "f16",
                  k_type: str | None = None, v_type: str | None = None,
                  recurrent: Sequence[bool] = (),
                  new_state: Callable[[int], np.ndarray] | None = None, n_seq: int = 1,
                  new_matrix_state: Callable[[int], np.ndarray] | None = None) -> None:
         self.n_ctx = n_ctx
-        self.n_kv_embd = n_kv_embd
+        # one row width for every layer, or each layer's (0: no cells, it reads another's)
+        widths = [n_kv_embd] * n_layer if isinstance(n_kv_embd, int) else list(n_kv_embd)
+        if len(widths) != n_layer:
+            raise ValueError("per-layer KV widths need one entry per layer")
+        self.n_kv_embd = max(widths, default=0)
         self.k_type = k_type or kv_type
         self.v_type = v_type or kv_type
         self.recurrent = tuple(recurrent) or (False,) * n_layer
@@ -120,8 +124,10 @@ class KVRegions:
             raise ValueError("recurrent layers need one flag per layer and a state maker")
         self._new_state = new_state
         self._new_matrix_state = new_matrix_state
-        self.k = [new_cache(self.k_type, 0 if r else n_ctx, n_kv_embd) for r in self.recurrent]
-        self.v = [new_cache(self.v_type, 0 if r else n_ctx, n_kv_embd) for r in self.recurrent]
+        rows = [0 if r or not w else n_ctx for r, w in zip(self.recurrent, widths, strict=True)]
+        widths = [w or self.n_kv_embd for w in widths]
+        self.k = [new_cache(self.k_type, n, w) for n, w in zip(rows, widths, strict=True)]
+        self.v = [new_cache(self.v_type, n, w) for n, w in zip(rows, widths, strict=True)]
         self.n_seq = 0
         self.states: list[np.ndarray] = []
         self.matrix_states: list[np.ndarray] = []

@@ -138,8 +138,10 @@ class GraphBuilder:
 
     def moe(self, name: str, x: int, logits: int, weights: tuple[str, ...], op: ir.Moe) -> int:
         """The experts of `op` on x routed by `logits`; weights: the stacked gate, up and down
-        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert]), then with
-        `op.biased` their stacked biases ([n_ff, n_expert] twice, [n_embd, n_expert])."""
+        tensors (GGUF ne [n_embd, n_ff, n_expert] and [n_ff, n_embd, n_expert]; with
+        `op.fused_gate_up` gate and up name one [n_embd, 2 n_ff, n_expert] tensor), then with
+        `op.biased` their stacked biases ([n_ff, n_expert] twice, [n_embd, n_expert]), then
+        with `op.down_scale` the experts' output scales ([n_expert])."""
         n_embd = self.shape(x)[-1]
         if self.shape(logits) != (self.shape(x)[0], op.n_expert):
             raise GraphError(f"{name}: router logits {self.shape(logits)} are not "
@@ -150,16 +152,25 @@ class GraphBuilder:
             raise GraphError(f"{name}: unknown gate activation {op.act!r}")
         if op.gating not in ("softmax", "softmax_weight"):
             raise GraphError(f"{name}: unknown gating {op.gating!r}")
-        if len(weights) != (6 if op.biased else 3):
+        n_bias = 3 if op.biased else 0
+        if len(weights) != 3 + n_bias + op.down_scale:
             raise GraphError(f"{name}: {len(weights)} expert tensors named for "
-                             f"{'biased' if op.biased else 'unbiased'} experts")
+                             f"{'biased' if op.biased else 'unbiased'} experts"
+                             f"{' with output scales' if op.down_scale else ''}")
+        if op.down_scale and _squeeze(self._weight(weights[-1])) != (op.n_expert,):
+            raise GraphError(f"{name}: the experts' scales {weights[-1]} are not "
+                             f"[{op.n_expert}]")
         gate, up, down = (self._weight(w) for w in weights[:3])
+        if op.fused_gate_up:
+            if weights[0] != weights[1] or len(gate) != 3 or gate[1] % 2:
+                raise GraphError(f"{name}: a fused gate|up names one tensor of two halves")
+            gate = up = (gate[0], gate[1] // 2, gate[2])
         n_ff = gate[1] if len(gate) == 3 else -1
         if gate != (n_embd, n_ff, op.n_expert) or up != gate or \
                 down != (n_ff, n_embd, op.n_expert):
             raise GraphError(f"{name}: expert weights {gate}, {up}, {down} do not match "
                              f"{op.n_expert} experts over width {n_embd}")
-        biases = [self._weight(w) for w in weights[3:]]
+        biases = [self._weight(w) for w in weights[3:3 + n_bias]]
         if biases and biases != [(n_ff, op.n_expert), (n_ff, op.n_expert),
                                  (n_embd, op.n_expert)]:
             raise GraphError(f"{name}: expert biases {biases} do not match the experts")
@@ -264,10 +275,14 @@ class GraphBuilder:
         return self._append(name, op, (x, positions), self.shape(x),
                             meta=NodeMeta(role=name, layer=layer, weights=weights))
 
-    def qk_norm(self, name: str, x: int, weight: str, op: ir.QkNorm, *, layer: int) -> int:
-        if self._weight(weight) != (op.head_dim,):
+    def qk_norm(self, name: str, x: int, weight: str | None, op: ir.QkNorm, *,
+                layer: int) -> int:
+        """Per-head RMSNorm of x's op.n_head heads, times the one-head-wide weight (none: 1)."""
+        if self.shape(x)[-1] != op.n_head * op.head_dim:
+            raise GraphError(f"{name}: rows are not {op.n_head} heads of {op.head_dim}")
+        if weight is not None and self._weight(weight) != (op.head_dim,):
             raise GraphError(f"{name}: {weight} is not one head wide")
-        meta = NodeMeta(role=name, layer=layer, weights=(weight,))
+        meta = NodeMeta(role=name, layer=layer, weights=(weight,) if weight else ())
         return self._append(name, op, (x,), self.shape(x), meta=meta)
 
     def kv_store(self, layer: int, k: int, v: int, cells: int, *, head_dim: int) -> int:
@@ -349,3 +364,10 @@ class GraphBuilder:
         return self._append(f"attn.{op.layer}", op, (q, kv, start, end), self.shape(q),
                             meta=NodeMeta(role="attn", layer=op.layer,
                                           weights=(sinks,) if sinks else ()))
+
+
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A GGUF ne shape without its trailing ones (a vector may be written [n, 1])."""
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape

@@ -267,7 +267,9 @@ class Attn(Op):
     bounds stay data). Scores are scale * q.k, soft-capped to softcap * tanh(s / softcap) when
     softcap > 0, then soft-maxed. With `sinks`, each head's learned logit (the [n_head] vector
     named in the meta, gpt-oss's `attn_sinks`) joins the softmax's max and sum as a cell
-    without a value (ggml_soft_max_ext's sinks): the weights sum to less than 1."""
+    without a value (ggml_soft_max_ext's sinks): the weights sum to less than 1. The cells are
+    layer's own, or kv_layer's where that is set (Gemma 4's shared-KV layers read an earlier
+    layer's)."""
 
     layer: int
     n_head: int
@@ -277,6 +279,12 @@ class Attn(Op):
     window: int = 0
     softcap: float = 0.0
     sinks: bool = False
+    kv_layer: int = -1
+
+    @property
+    def cache_layer(self) -> int:
+        """The layer whose KV region the query reads."""
+        return self.layer if self.kv_layer < 0 else self.kv_layer
 
 
 @dataclass(frozen=True)
@@ -328,6 +336,10 @@ class Moe(Op):
     act: str = "silu"
     gating: str = "softmax"
     biased: bool = False
+    # Gemma 4: one stacked tensor holds [gate | up] (the meta names it as both), and each
+    # expert's output is scaled by its entry of a 4th weight, [n_expert]
+    fused_gate_up: bool = False
+    down_scale: bool = False
 
 
 @dataclass(frozen=True)

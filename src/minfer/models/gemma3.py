@@ -24,7 +24,14 @@ from minfer.gguf.hparams import HParams
 from minfer.graph.builder import GraphBuilder
 from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
-from minfer.models.transformer import Layer, attention, build_decoder, gated_ffn, keep_tail
+from minfer.models.transformer import (
+    Layer,
+    LayerFn,
+    attention,
+    build_decoder,
+    gated_ffn,
+    keep_tail,
+)
 
 
 def build_gemma3(
@@ -34,14 +41,21 @@ def build_gemma3(
                          embd_scale=math.sqrt(hp.n_embd))
 
 
-def gemma3_layer(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
+def geglu_ffn(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
+    """The FFN of the residual h before its post-norm: GeGLU of ffn_norm(h)."""
+    x = b.rms_norm("ffn_norm", h, f"blk.{il}.ffn_norm.weight", ctx.hp.rms_eps, layer=il)
+    return gated_ffn(b, ctx, il, x, act="gelu")
+
+
+def gemma3_layer(b: GraphBuilder, ctx: Layer, il: int, h: int, ffn: LayerFn = geglu_ffn) -> int:
+    """The sandwich-normed block; `ffn` the FFN before its post-norm (Gemma 4's may add
+    experts to it)."""
     hp, blk = ctx.hp, f"blk.{il}."
     x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
     o = attention(b, ctx, il, x)  # [nt, n_embd]
     o, h = keep_tail(b, ctx, il, o, h)
     o = b.rms_norm("attn_post_norm", o, blk + "post_attention_norm.weight", hp.rms_eps, layer=il)
     h = b.add("attn_resid", h, o, layer=il)
-    x = b.rms_norm("ffn_norm", h, blk + "ffn_norm.weight", hp.rms_eps, layer=il)
-    d = gated_ffn(b, ctx, il, x, act="gelu")
+    d = ffn(b, ctx, il, h)
     d = b.rms_norm("ffn_post_norm", d, blk + "post_ffw_norm.weight", hp.rms_eps, layer=il)
     return b.add("ffn_resid", h, d, layer=il)

@@ -17,6 +17,7 @@ from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
 from minfer.models.bert import build_bert
 from minfer.models.gemma3 import build_gemma3
+from minfer.models.gemma4 import build_gemma4
 from minfer.models.gptoss import build_gptoss
 from minfer.models.lfm2 import build_lfm2
 from minfer.models.llama import build_llama
@@ -30,6 +31,7 @@ GraphBuildFn = Callable[[HParams, GraphParams, Mapping[str, tuple[int, ...]]], C
 ARCHITECTURES: dict[str, GraphBuildFn] = {
     "bert": build_bert,
     "gemma3": build_gemma3,
+    "gemma4": build_gemma4,
     "gpt-oss": build_gptoss,
     "lfm2": build_lfm2,
     "llama": build_llama,

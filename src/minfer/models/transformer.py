@@ -22,8 +22,9 @@ architecture name here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from minfer.errors import GraphError
 from minfer.gguf.hparams import HParams
@@ -45,6 +46,8 @@ class Layer:
     end: int
     tail: int  # -1 where every row is kept to the end (decode graphs, mean / no pooling)
     seq: int = -1  # each row's recurrent-state row (a model with recurrent layers), else -1
+    per_layer: int = -1  # Gemma 4's per-layer inputs [nt, n_layer * n_embd_per_layer], else -1
+    kv: dict[int, int] = field(default_factory=dict)  # layer -> its loaded KV (shared-KV reuse)
 
     @property
     def prefill(self) -> bool:
@@ -92,6 +95,8 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         h = b.scale("inp_scaled", h, embd_scale)
     if params.embd_input:  # given rows (an image's) as they are: unscaled, as llama.cpp's
         h = b.replace_rows("inp_embd", h, embd_ids, embd)
+    if hp.n_embd_per_layer:
+        ctx = replace(ctx, per_layer=_per_layer_inputs(b, hp, ids, h))
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
     x = b.rms_norm("output_norm", h, hp.output_norm_name, hp.rms_eps)
@@ -113,6 +118,35 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         logits = b.softcap("output_softcap", logits, hp.final_softcap)
     b.output(logits)
     return b.graph
+
+
+def _per_layer_inputs(b: GraphBuilder, hp: HParams, ids: int, h: int) -> int:
+    """Gemma 4's per-layer inputs, every layer's at once: the token's per-layer embedding
+    (scaled by sqrt(width)) plus the projected scaled token embedding (scaled by
+    1/sqrt(n_embd), RMS-normed per layer), times 1/sqrt(2)."""
+    npl = hp.n_embd_per_layer
+    e = b.weight_rows("per_layer_embd", "per_layer_token_embd.weight", ids)
+    e = b.scale("per_layer_embd_scaled", e, math.sqrt(npl))
+    p = b.matmul("per_layer_proj", h, "per_layer_model_proj.weight")
+    p = b.scale("per_layer_proj_scaled", p, 1.0 / math.sqrt(hp.n_embd))
+    p = b.qk_norm("per_layer_proj_norm", p, "per_layer_proj_norm.weight",
+                  ir.QkNorm(hp.rms_eps, hp.n_layer, npl), layer=-1)
+    return b.scale("per_layer_inp", b.add("per_layer_sum", p, e), 1.0 / math.sqrt(2.0))
+
+
+def per_layer_embd(b: GraphBuilder, ctx: Layer, il: int, h: int) -> int:
+    """h + norm(proj(gelu(gate(h)) * the layer's per-layer input)): Gemma 4's per-layer
+    embedding block (the input's tail rows only where the layer kept only those)."""
+    hp, blk, npl = ctx.hp, f"blk.{il}.", ctx.hp.n_embd_per_layer
+    inp = b.slice("per_layer_in", ctx.per_layer, il * npl, npl, layer=il)
+    if ctx.prefill and il == hp.n_layer - 1:
+        inp = b.get_rows("tail_per_layer_in", inp, ctx.tail, layer=il)
+    g = b.gelu("per_layer_gelu", b.matmul("per_layer_gate", h, blk + "inp_gate.weight",
+                                          layer=il), layer=il)
+    p = b.matmul("per_layer_out", b.mul("per_layer_mul", g, inp, layer=il),
+                 blk + "proj.weight", layer=il)
+    p = b.rms_norm("per_layer_post_norm", p, blk + "post_norm.weight", hp.rms_eps, layer=il)
+    return b.add("per_layer_resid", h, p, layer=il)
 
 
 Mixer = LayerFn  # (b, ctx, layer, normed x) -> the mixer's output [nt, n_embd]
@@ -139,27 +173,38 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     """Self-attention of layer il on the normed input x, through the output projection; where
     the q projection is doubled (Qwen3.5: each head's query | gate), the output times the
     sigmoid of the gate."""
-    hp, blk = ctx.hp, f"blk.{il}."
-    q, k, v = _qkv(b, hp, il, x)
+    hp, blk, head_dim = ctx.hp, f"blk.{il}.", ctx.hp.layer_head_dim(il)
+    n_head_kv = hp.layer_n_head_kv(il)
+    own_kv = hp.kv_layer(il) == il  # else: only q, over an earlier layer's KV (Gemma 4)
+    q, k, v = _qkv(b, hp, il, x, own_kv)
     gate = -1
     if hp.attn_gated:
-        gate = b.slice("attn_gate", q, hp.head_dim, hp.head_dim, layer=il, n_head=hp.n_head)
-        q = b.slice("attn_q_heads", q, 0, hp.head_dim, layer=il, n_head=hp.n_head)
+        gate = b.slice("attn_gate", q, head_dim, head_dim, layer=il, n_head=hp.n_head)
+        q = b.slice("attn_q_heads", q, 0, head_dim, layer=il, n_head=hp.n_head)
     if hp.has_qk_norm:
         q = b.qk_norm("attn_q_norm", q, blk + "attn_q_norm.weight",
-                      ir.QkNorm(hp.rms_eps, hp.n_head, hp.head_dim), layer=il)
-        k = b.qk_norm("attn_k_norm", k, blk + "attn_k_norm.weight",
-                      ir.QkNorm(hp.rms_eps, hp.n_head_kv, hp.head_dim), layer=il)
+                      ir.QkNorm(hp.rms_eps, hp.n_head, head_dim), layer=il)
+        if own_kv:
+            k = b.qk_norm("attn_k_norm", k, blk + "attn_k_norm.weight",
+                          ir.QkNorm(hp.rms_eps, n_head_kv, head_dim), layer=il)
+    if hp.v_norm and own_kv:
+        v = b.qk_norm("attn_v_norm", v, None, ir.QkNorm(hp.rms_eps, n_head_kv, head_dim),
+                      layer=il)
     if hp.layer_has_rope(il):
-        factors = hp.rope_factors(ctx.params.ctx.n_ctx)
+        # rope factors (Llama 3.1's, LongRoPE's, Gemma 4's) turn only the global layers
+        factors = None if hp.is_swa(il) else hp.rope_factors(ctx.params.ctx.n_ctx)
         q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
-        k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, hp.n_head_kv), layer=il,
-                   factors=factors)
-    store = b.kv_store(il, k, v, ctx.cells, head_dim=hp.head_dim)
-    kv = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx, n_kv_embd=hp.n_head_kv * hp.head_dim)
-    op = ir.Attn(il, hp.n_head, hp.n_head_kv, hp.head_dim, hp.kq_scale,
-                 window=hp.layer_window(il), softcap=hp.attn_softcap, sinks=hp.attn_sinks)
-    a = b.attn(q, kv, ctx.start, ctx.end, op,
+        if own_kv:
+            k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, n_head_kv), layer=il,
+                       factors=factors)
+    if own_kv:
+        store = b.kv_store(il, k, v, ctx.cells, head_dim=head_dim)
+        ctx.kv[il] = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx,
+                               n_kv_embd=hp.layer_kv_embd(il))
+    op = ir.Attn(il, hp.n_head, n_head_kv, head_dim, hp.kq_scale,
+                 window=hp.layer_window(il), softcap=hp.attn_softcap, sinks=hp.attn_sinks,
+                 kv_layer=-1 if own_kv else hp.kv_layer(il))
+    a = b.attn(q, ctx.kv[hp.kv_layer(il)], ctx.start, ctx.end, op,
                sinks=blk + "attn_sinks.weight" if hp.attn_sinks else None)
     if gate >= 0:
         a = b.sigmoid_mul("attn_gated", a, gate, layer=il)
@@ -178,10 +223,16 @@ def short_conv(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     return b.matmul("shortconv_out", y, blk + "shortconv.out_proj.weight", layer=il)
 
 
-def _qkv(b: GraphBuilder, hp: HParams, il: int, x: int) -> tuple[int, int, int]:
+def _qkv(b: GraphBuilder, hp: HParams, il: int, x: int,
+         own_kv: bool = True) -> tuple[int, int, int]:
     """q, k and v of the normed input: three projections, or one fused `attn_qkv` projection
-    whose output columns are q | k | v."""
+    whose output columns are q | k | v; q alone (k, v -1) where the layer reuses another's KV."""
     blk = f"blk.{il}."
+    if not own_kv:
+        return b.matmul("attn_q", x, blk + "attn_q.weight", layer=il), -1, -1
+    if hp.layer_v_from_k(il):  # no attn_v: V is K's projection (Gemma 4's global layers)
+        q, k = (b.matmul(f"attn_{w}", x, f"{blk}attn_{w}.weight", layer=il) for w in "qk")
+        return q, k, k
     if not hp.qkv_fused:
         q, k, v = (b.matmul(f"attn_{w}", x, f"{blk}attn_{w}.weight",
                             bias=_bias(hp, f"{blk}attn_{w}"), layer=il) for w in "qkv")
@@ -256,8 +307,9 @@ def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
 
 
 def _rope(hp: HParams, il: int, n_head: int) -> ir.Rope:
-    return ir.Rope(hp.rope_style, hp.layer_rope_base(il), n_head, hp.head_dim, hp.rope_dim,
-                   freq_scale=hp.layer_rope_freq_scale(il), yarn=hp.layer_rope_yarn(il))
+    return ir.Rope(hp.rope_style, hp.layer_rope_base(il), n_head, hp.layer_head_dim(il),
+                   hp.layer_rope_dim(il), freq_scale=hp.layer_rope_freq_scale(il),
+                   yarn=hp.layer_rope_yarn(il))
 
 
 def _bias(hp: HParams, prefix: str) -> str | None:

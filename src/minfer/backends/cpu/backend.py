@@ -260,6 +260,21 @@ def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
     return ew
 
 
+def _expert_halves(ctx: ExecContext, w_name: str) -> tuple[K.ExpertWeight, K.ExpertWeight]:
+    """A stacked [gate | up] expert tensor as two (contiguous copies of its halves, made once
+    per model weights)."""
+    key = ("cpu-expert-halves", w_name, ctx.batched)
+    halves = ctx.weights.state.get(key)
+    if halves is None:
+        both = _expert_weight(ctx, w_name)
+        n_ff = both.w3.shape[1] // 2
+        halves = ctx.weights.state[key] = tuple(
+            K.ExpertWeight(np.ascontiguousarray(both.w3[:, part]), both.qtype)
+            for part in (slice(0, n_ff), slice(n_ff, 2 * n_ff)))
+    assert isinstance(halves, tuple)
+    return halves
+
+
 def _widened(w: np.ndarray, qt: int, n_in: int, n_out: int, batched: bool
               ) -> tuple[np.ndarray, int]:
     """`K.integer_weight`'s copy (IQ4_NL, Q3_K, the i-quants, TQ*, MXFP4: widened once, shared
@@ -402,8 +417,10 @@ def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,
                   ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
     assert isinstance(op, ir.QkNorm)
-    return [K.bind_head_rms_norm(srcs[0], ctx.weights.vector(node.meta.weights[0]),
-                                 n_head=op.n_head, head_dim=op.head_dim, eps=op.eps, out=out)]
+    weight = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights \
+        else np.ones(op.head_dim, np.float32)  # a norm without a weight (Gemma 4's of V)
+    return [K.bind_head_rms_norm(srcs[0], weight, n_head=op.n_head, head_dim=op.head_dim,
+                                 eps=op.eps, out=out)]
 
 
 def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
@@ -419,8 +436,9 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     op = node.op
     assert isinstance(op, ir.Attn)
     blocked = not ctx.batch_invariant and srcs[0].shape[0] >= K.ATTN_BLOCKED_MIN_TOKENS
+    k_cache, v_cache = ctx.kv.k[op.cache_layer], ctx.kv.v[op.cache_layer]
     sinks = ctx.weights.vector(node.meta.weights[0]) if op.sinks else None
-    return K.bind_attention(srcs[0], ctx.kv.k[op.layer], ctx.kv.v[op.layer], srcs[2], srcs[3],
+    return K.bind_attention(srcs[0], k_cache, v_cache, srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
                             softcap=op.softcap, sinks=sinks)
@@ -488,14 +506,20 @@ def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,
                  for name, arr in vars(empty).items()}
         return type(empty)(**parts)
 
-    gate, up, down = (_expert_weight(ctx, name) for name in node.meta.weights[:3])
+    names = node.meta.weights
+    if op.fused_gate_up:  # Gemma 4: [gate | up] in one tensor, its halves copied apart once
+        gate, up = _expert_halves(ctx, names[0])
+    else:
+        gate, up = (_expert_weight(ctx, name) for name in names[:2])
+    down = _expert_weight(ctx, names[2])
     biases = None
     if op.biased:
-        gate_b, up_b, down_b = (ctx.weights.vector(name) for name in node.meta.weights[3:])
+        gate_b, up_b, down_b = (ctx.weights.vector(name) for name in names[3:6])
         biases = (gate_b, up_b, down_b)
+    scale = ctx.weights.vector(names[-1]) if op.down_scale else None
     return K.bind_moe(srcs[0], srcs[1], gate, up, down, n_used=op.n_used, norm=op.norm,
                       act=op.act, out=out, scratch=scratch, activation=activation,
-                      gating=op.gating, biases=biases)
+                      gating=op.gating, biases=biases, expert_scale=scale)
 
 
 def _bind_sigmoid_gate(node: Node, srcs: Srcs, out: np.ndarray,

@@ -192,7 +192,9 @@ def _qk_norm(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
              ctx: ExecContext) -> None:
     op = node.op
     assert isinstance(op, ir.QkNorm)
-    x, w = b.src(ctx, node, 0, srcs), b.torch_weights(ctx).vector(node.meta.weights[0])
+    x = b.src(ctx, node, 0, srcs)
+    w = b.torch_weights(ctx).vector(node.meta.weights[0]) if node.meta.weights \
+        else torch.ones(op.head_dim, dtype=x.dtype, device=x.device)  # no weight: Gemma 4's V
     b.run(ctx, node, out, lambda dst: ops.head_rms_norm(
         x, w, n_head=op.n_head, head_dim=op.head_dim, eps=op.eps, out=dst))
 
@@ -287,8 +289,8 @@ def _attn(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
     op = node.op
     assert isinstance(op, ir.Attn)
     q, start, end = (b.src(ctx, node, i, srcs) for i in (0, 2, 3))
-    k_cache = torch.from_numpy(ctx.kv.k[op.layer])
-    v_cache = torch.from_numpy(ctx.kv.v[op.layer])
+    k_cache = torch.from_numpy(ctx.kv.k[op.cache_layer])
+    v_cache = torch.from_numpy(ctx.kv.v[op.cache_layer])
     b.run(ctx, node, out, lambda dst: ops.attention(
         q, k_cache, v_cache, start, end, n_head=op.n_head, n_head_kv=op.n_head_kv,
         head_dim=op.head_dim, scale=op.scale, window=op.window, out=dst))

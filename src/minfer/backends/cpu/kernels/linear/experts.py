@@ -187,6 +187,14 @@ def _combine_small(ys: np.ndarray, pos: np.ndarray, wts: np.ndarray, out: np.nda
         _combine_row(ys, pos, wts, out, t)
 
 
+@njit(cache=True)
+def _scale_routes(wts: np.ndarray, ids: np.ndarray, scale: np.ndarray) -> None:
+    """Each routing weight times its expert's output scale."""
+    for t in range(wts.shape[0]):
+        for s in range(wts.shape[1]):
+            wts[t, s] *= scale[ids[t, s]]
+
+
 @dataclass(frozen=True)
 class ExpertWeight:
     """One stacked expert tensor as the integer / float drivers read it: `w3[n_expert, n_out,
@@ -208,11 +216,13 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
              down: ExpertWeight, *, n_used: int, norm: bool, act: str, out: np.ndarray,
              scratch: Scratch, activation: ActivationBuffer, gating: str = "softmax",
              biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-             ) -> list[Callable[[], None]]:
+             expert_scale: np.ndarray | None = None) -> list[Callable[[], None]]:
     """The calls of one MoE node over fixed buffers: x [nt, n_embd], logits [nt, n_expert],
     out [nt, n_embd]; the gate / up / down experts' stacked weights, and their stacked biases
     ([n_expert, n_ff] twice, [n_expert, n_embd]) where the experts have them. gating
-    "softmax" or "softmax_weight", act "silu", "gelu" or "swiglu_oai" (`ir.Moe`)."""
+    "softmax" or "softmax_weight", act "silu", "gelu" or "swiglu_oai" (`ir.Moe`);
+    expert_scale [n_expert] (Gemma 4): each expert's output times its entry, folded into the
+    routing weights."""
     if gating not in ("softmax", "softmax_weight") or act not in ("silu", "gelu", "swiglu_oai"):
         raise ValueError(f"unknown gating {gating!r} or activation {act!r}")
     nt, n_embd = x.shape
@@ -242,6 +252,8 @@ def bind_moe(x: np.ndarray, logits: np.ndarray, gate: ExpertWeight, up: ExpertWe
     steps: list[Callable[[], None]] = [
         partial(route, logits, x, n_used, norm, gating == "softmax_weight", ids, wts, groups,
                 n_groups, order, pos, xs)]
+    if expert_scale is not None:
+        steps.append(partial(_scale_routes, wts, ids, expert_scale))
     quantized: dict[type, Activation] = {}  # gate and up read one quantization of xs
     for i, (w, y) in enumerate(((gate, g), (up, u))):
         xq = activation("moe-xs-q", xs, w.qtype)
