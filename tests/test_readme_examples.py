@@ -106,14 +106,15 @@ def test_every_quick_readme_command_runs_on_a_fresh_cache(
     for argv in readme_commands():
         if _heavy(argv):
             continue
-        if argv[0] in ("run", "chat"):
-            argv = [*argv, "-n", "4"]
+        if argv[0] in ("run", "chat"):  # a few tokens, drawn alike on every run
+            argv = [*argv, "-n", "4", "--seed", "1"]
         monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n"))
         rc = main(argv)
         captured = capsys.readouterr()
         assert rc == 0, (argv, captured.err)
         shown = captured.out + (Path("g.dot").read_text() if "--dump-graph" in argv else "")
-        assert shown.strip(), (argv, captured.err)
+        # something printed (a random stand-in may draw control characters, which strip() eats)
+        assert shown.rstrip("\n"), (argv, captured.err)
         if argv[0] == "embed":
             lines = [json.loads(ln) for ln in captured.out.splitlines()]
             key = "relevance_score" if "--rerank" in argv else "embedding"
