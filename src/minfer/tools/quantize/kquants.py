@@ -203,6 +203,23 @@ def _pack_2bit(L, out, qs):
                                             | (L[j + m + 64] << 4) | (L[j + m + 96] << 6))
 
 
+@njit(inline="always", error_model="numpy")
+def _q2_k_codes(x, b, L, out, o):
+    """A Q2_K block's 2-bit codes against its stored scales and mins (each 4-bit value times
+    the block's f16 d / dmin, as ggml re-derives them), packed into qs; shared by the plain
+    and the importance-weighted quantizer."""
+    d_all = _f16_at(out, o + 80)
+    m_all = _f16_at(out, o + 82)
+    for j in range(16):
+        d = d_all * F(out[o + j] & np.uint8(0xF))
+        if d == F(0.0):
+            continue
+        dm = m_all * F(out[o + j] >> np.uint8(4))
+        for m in range(16):
+            L[16 * j + m] = max(0, min(3, nearest_int((x[b + 16 * j + m] + dm) / d)))
+    _pack_2bit(L, out, o + 16)
+
+
 @njit(error_model="numpy")
 def q2_k_row(x, out):
     """block_q2_K: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin (84 bytes)."""
@@ -244,16 +261,7 @@ def q2_k_row(x, out):
             put_f16(out, o + 82, max_min / q4scale)
         else:
             put_f16(out, o + 82, F(0.0))
-        d_all = _f16_at(out, o + 80)
-        m_all = _f16_at(out, o + 82)
-        for j in range(16):
-            d = d_all * F(out[o + j] & np.uint8(0xF))
-            if d == F(0.0):
-                continue
-            dm = m_all * F(out[o + j] >> np.uint8(4))
-            for m in range(16):
-                L[16 * j + m] = max(0, min(3, nearest_int((x[b + 16 * j + m] + dm) / d)))
-        _pack_2bit(L, out, o + 16)
+        _q2_k_codes(x, b, L, out, o)
 
 
 @njit(error_model="numpy")

@@ -25,8 +25,7 @@ from numba import njit
 from .blocks32 import _put_u32, iq4_nl_rows, put_f16
 from .kquants import (
     GROUP_MAX_EPS,
-    _f16_at,
-    _pack_2bit,
+    _q2_k_codes,
     _q3_k_codes,
     _q4_k_codes,
     _q5_k_codes,
@@ -218,18 +217,9 @@ def q2_k_row_w(x, qw, out):
         mm = make_qp_quants(16, 15, mins, Lm, sw)
         put_f16(out, o + 80, dm)
         put_f16(out, o + 82, mm)
-        dm = _f16_at(out, o + 80)
-        mm = _f16_at(out, o + 82)
         for j in range(16):
             out[o + j] = np.uint8((Ls[j] | (Lm[j] << 4)) & 0xFF)
-        for j in range(16):
-            d = dm * F(out[o + j] & np.uint8(0xF))
-            if d == F(0.0):
-                continue
-            m = mm * F(out[o + j] >> np.uint8(4))
-            for k in range(16):
-                L[16 * j + k] = max(0, min(3, nearest_int((x[b + 16 * j + k] + m) / d)))
-        _pack_2bit(L, out, o + 16)
+        _q2_k_codes(x, b, L, out, o)
 
 
 @njit(error_model="numpy")
