@@ -215,10 +215,21 @@ def direct(call: Callable[[], _T]) -> Callable[[], _T]:
     entry = _entries.get((call.func, sig))
     if entry is None:
         entry = _entries[(call.func, sig)] = call.func.compile(sig)
+        _kernels[entry] = call.func
     return cast(Callable[[], _T], functools.partial(entry, *call.args))
 
 
+def kernel_call(step: Callable[[], Any]) -> tuple[Dispatcher, tuple[Any, ...]] | None:
+    """(the numba function, its arguments) of a call `direct` made, or of a partial of a numba
+    function; None for any other call."""
+    if not isinstance(step, functools.partial) or step.keywords:
+        return None
+    func = step.func if isinstance(step.func, Dispatcher) else _kernels.get(step.func)
+    return None if func is None else (func, step.args)
+
+
 _entries: dict[tuple[Dispatcher, tuple[Any, ...]], Callable[..., Any]] = {}
+_kernels: dict[Callable[..., Any], Dispatcher] = {}  # each entry's numba function
 
 
 def _numba_type(a: object) -> Any:

@@ -54,6 +54,11 @@ class Backend(Protocol):
         everything resolved that stays fixed for them; run in order, they compute the node."""
         ...
 
+    def compose(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+        """A split's bound steps as the tape calls them, in order: the same work, and the
+        same results, perhaps fewer calls (the CPU backend's parallel regions)."""
+        ...
+
 
 @runtime_checkable
 class KVHost(Protocol):

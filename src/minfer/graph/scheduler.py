@@ -9,7 +9,9 @@ A prepared graph runs one way: as its op tape (`build_tape`, `Tape.run`), the no
 once by each node's backend (`bind_node`: weights, op fields, the path a shape takes and the
 shape checks resolved) into a flat list of calls over fixed buffers, rebuilt only when the graph
 or its buffers are. A decode step repeats one graph hundreds of times, so the lookups are done
-once. Profiling and tracing walk the same bound steps node by node (`Tape.run_observed`).
+once. The backend may then run a split's steps its own way (`Backend.compose`: the CPU backend
+runs each run of them as one parallel region); profiling and tracing walk the same bound steps
+node by node (`Tape.run_observed`).
 """
 
 from __future__ import annotations
@@ -82,11 +84,12 @@ class Tape:
     steps: list[Callable[[], None]]
     ctx: ExecContext  # held by the bound calls; its per-forward memo is cleared on each run
     spans: list[tuple[int, int, int]]  # (node id, first step, end step) per live node
+    program: list[Callable[[], None]]  # the steps as `run` calls them (`Backend.compose`)
 
     def run(self) -> None:
         self.ctx.memo.clear()
-        for step in self.steps:
-            step()
+        for call in self.program:
+            call()
 
     def run_observed(self, observe: Callable[[int, float], None]) -> None:
         """`run`, calling observe(node id, seconds) after each node's steps (the profiler and
@@ -113,8 +116,10 @@ def build_tape(
     wanted = None if node_ids is None else set(node_ids)
     steps: list[Callable[[], None]] = []
     spans: list[tuple[int, int, int]] = []
+    program: list[Callable[[], None]] = []
     for backend_name, ids in splits:
         backend = backends[backend_name]
+        split_first = len(steps)
         for node_id in ids:
             if wanted is not None and node_id not in wanted:
                 continue
@@ -123,5 +128,6 @@ def build_tape(
             steps.extend(backend.bind_node(node, [buffers[s] for s in node.srcs],
                                            buffers[node_id], ctx))
             spans.append((node_id, first, len(steps)))
+        program.extend(backend.compose(steps[split_first:]))
     ctx.memo.clear()  # what binding kept there is held by the calls now
-    return Tape(steps, ctx, spans)
+    return Tape(steps, ctx, spans, program)

@@ -30,6 +30,7 @@ import numpy as np
 from minfer import env, jit_cache
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu import kernels as K
+from minfer.backends.cpu import regions
 from minfer.backends.cpu.kernels.attn.kv_formats import (
     BLOCK_BYTES,
     KV_TYPES,
@@ -140,6 +141,11 @@ class CpuBackend:
         # each compiled kernel called past numba's per-call typing
         return [jit_cache.direct(step)
                 for step in binder(node, cast(Srcs, srcs), cast(np.ndarray, out), ctx)]
+
+
+    def compose(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+        """Each run of steps with a region form as one parallel region (`cpu.regions`)."""
+        return regions.compose(steps)
 
 
 Srcs = list[np.ndarray]  # KV loads/stores are the only nodes with a None buffer

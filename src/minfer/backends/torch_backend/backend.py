@@ -108,6 +108,9 @@ class TorchBackend:
             raise GraphError(f"torch backend has no kernel for {node.op.kind}")
         return [partial(self._run, handler, node, srcs, out, ctx)]
 
+    def compose(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+        return list(steps)
+
     def _run(self, handler: Handler, node: Node, srcs: Srcs, out: np.ndarray | None,
              ctx: ExecContext) -> None:
         if _THREADS not in ctx.memo:  # once per forward: follow numba's thread count

@@ -50,52 +50,69 @@ from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
 from minfer.backends.cpu.kernels.simd.llvm import as_f32, f16_to_f32, f32_to_f16
 
 
+@njit(inline="always")
+def _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                    softcap, sinks, out):
+    """Query row item // n_head_kv, KV head item % n_head_kv (every query head of its group)."""
+    group = n_head // n_head_kv
+    t = item // n_head_kv
+    kvh = item % n_head_kv
+    s0 = kv_start[t]
+    n = kv_end[t] - s0
+    kb = kvh * head_dim
+    qb = kvh * group * head_dim  # the group's query heads are adjacent
+    scores = np.empty((group, max(n, 1)), np.float32)
+    if HAS_MIX and head_dim % COLUMNS == 0 and head_dim <= MAX_HEAD_DIM:
+        qg = np.empty((group, head_dim), np.float32)  # (q may be any 2-D view)
+        for g in range(group):
+            for j in range(head_dim):
+                qg[g, j] = q[t, qb + g * head_dim + j]
+        ir_scores(qg, k, v, s0, n, kb, scale, scores)
+    else:
+        for c in range(n):  # each K row is read once for the whole group
+            krow = k[s0 + c, kb : kb + head_dim]
+            for g in range(group):
+                qh = q[t, qb + g * head_dim : qb + (g + 1) * head_dim]
+                dot = np.float32(0.0)
+                for j in range(head_dim):
+                    dot += qh[j] * as_f32(krow[j])
+                scores[g, c] = dot * scale
+    if softcap > 0:
+        for g in range(group):
+            for c in range(n):
+                scores[g, c] = np.tanh(scores[g, c] * (np.float32(1.0) / softcap)) * softcap
+    inv = softmax_groups(scores, group, n, sinks, kvh * group)
+    acc = np.zeros((group, head_dim), np.float32)
+    if HAS_MIX and head_dim % COLUMNS == 0:  # the same sums, accumulators in registers
+        value_mix(scores, v, s0, n, kb, acc)
+    else:
+        for c in range(n):
+            vrow = v[s0 + c, kb : kb + head_dim]
+            for g in range(group):
+                p = scores[g, c]
+                for j in range(head_dim):
+                    acc[g, j] += p * as_f32(vrow[j])
+    for g in range(group):
+        for j in range(head_dim):
+            out[t, qb + g * head_dim + j] = acc[g, j] * inv[g]
+
+
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
 def _attention(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap, sinks,
                out):
-    nt = q.shape[0]
-    group = n_head // n_head_kv
-    for item in prange(nt * n_head_kv):
-        t = item // n_head_kv
-        kvh = item % n_head_kv
-        s0 = kv_start[t]
-        n = kv_end[t] - s0
-        kb = kvh * head_dim
-        qb = kvh * group * head_dim  # the group's query heads are adjacent
-        scores = np.empty((group, max(n, 1)), np.float32)
-        if HAS_MIX and head_dim % COLUMNS == 0 and head_dim <= MAX_HEAD_DIM:
-            qg = np.empty((group, head_dim), np.float32)  # (q may be any 2-D view)
-            for g in range(group):
-                for j in range(head_dim):
-                    qg[g, j] = q[t, qb + g * head_dim + j]
-            ir_scores(qg, k, v, s0, n, kb, scale, scores)
-        else:
-            for c in range(n):  # each K row is read once for the whole group
-                krow = k[s0 + c, kb : kb + head_dim]
-                for g in range(group):
-                    qh = q[t, qb + g * head_dim : qb + (g + 1) * head_dim]
-                    dot = np.float32(0.0)
-                    for j in range(head_dim):
-                        dot += qh[j] * as_f32(krow[j])
-                    scores[g, c] = dot * scale
-        if softcap > 0:
-            for g in range(group):
-                for c in range(n):
-                    scores[g, c] = np.tanh(scores[g, c] * (np.float32(1.0) / softcap)) * softcap
-        inv = softmax_groups(scores, group, n, sinks, kvh * group)
-        acc = np.zeros((group, head_dim), np.float32)
-        if HAS_MIX and head_dim % COLUMNS == 0:  # the same sums, accumulators in registers
-            value_mix(scores, v, s0, n, kb, acc)
-        else:
-            for c in range(n):
-                vrow = v[s0 + c, kb : kb + head_dim]
-                for g in range(group):
-                    p = scores[g, c]
-                    for j in range(head_dim):
-                        acc[g, j] += p * as_f32(vrow[j])
-        for g in range(group):
-            for j in range(head_dim):
-                out[t, qb + g * head_dim + j] = acc[g, j] * inv[g]
+    for item in prange(q.shape[0] * n_head_kv):
+        _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                        softcap, sinks, out)
+
+
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _attention_part(part, n_parts, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim,
+                    scale, softcap, sinks, out):
+    """`_attention`'s items for part `part` of `n_parts` (a parallel region's thread)."""
+    n = q.shape[0] * n_head_kv
+    for item in range(part * n // n_parts, (part + 1) * n // n_parts):
+        _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                        softcap, sinks, out)
 
 
 # The row-blocked form of `_attention` (`_attention_rows`), from this many query rows on: a work

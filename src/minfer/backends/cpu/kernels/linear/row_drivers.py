@@ -96,6 +96,18 @@ def {name}(w, xq, xd, {aux}, out):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}
 
+@njit(cache=True)
+def {name}_part(part, n_parts, w, xq, xd, {aux}, out):
+    """{name}'s rows for part `part` of `n_parts` (a parallel region's thread): the chunks
+    its parallel loop would give that thread."""
+    n_out, nt = w.shape[0], xq.shape[0]
+{prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
+    t0, t1 = 0, nt
+    n_chunk = (n_out + _CHUNK - 1) // _CHUNK
+    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}
+
 @njit(parallel=True, cache=True)
 def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
     """{name} over stacked experts w3 [n_expert, n_out, ...]: activation rows
@@ -122,6 +134,16 @@ def {name}(w, x, out):
     n_out, nt = w.shape[0], x.shape[0]
     t0, t1 = 0, nt
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
+        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}
+
+@njit(cache=True)
+def {name}_part(part, n_parts, w, x, out):
+    """{name}'s rows for part `part` of `n_parts` (a parallel region's thread)."""
+    n_out, nt = w.shape[0], x.shape[0]
+    t0, t1 = 0, nt
+    n_chunk = (n_out + _CHUNK - 1) // _CHUNK
+    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}
 
@@ -214,6 +236,20 @@ def {name}(w, xq, xd, {fourth}, out):
     n_groups = n_out // ROWS
     n_parts = max(1, min(thread_count(), n_groups))
     for part in prange(n_parts):
+{scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
+            t1 = min(nt, t0 + ROWS_TOKEN_TILE)
+            for c in range(part * n_groups // n_parts, (part + 1) * n_groups // n_parts):
+{passes}
+
+@njit(cache=True)
+def {name}_part(part, n_parts, w, xq, xd, {fourth}, out):
+    """{name}'s row groups for part `part` of `n_parts` (a parallel region's thread): one
+    contiguous run of groups, as its parallel loop gives each thread."""
+    n_out, nt = w.shape[0], xq.shape[0]
+    aux = {aux}
+    n_groups = n_out // ROWS
+    if part < n_groups:
+        n_parts = min(n_parts, n_groups)
 {scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
             t1 = min(nt, t0 + ROWS_TOKEN_TILE)
             for c in range(part * n_groups // n_parts, (part + 1) * n_groups // n_parts):

@@ -1,0 +1,8 @@
+"""One parallel region per run of op-tape steps (issue #66).
+
+    sync        atomics, the spin-then-yield barrier's pieces, indirect calls (LLVM intrinsics)
+    runtime     the region: every thread walks the same steps, barriers between dependent ones
+    adapters    a C-callable form of each kernel the region runs, generated per argument types
+
+`minfer.backends.cpu.regions` groups a bound tape's steps into regions.
+"""

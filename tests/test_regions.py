@@ -1,0 +1,97 @@
+"""Parallel regions (issue #66): a bound tape's runs of steps as one numba parallel call each,
+the same bits as the steps called one by one, barriers only where a step depends on another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+from numba import njit
+
+from minfer.backends.cpu.kernels.region.adapters import Form, region_form
+from minfer.backends.cpu.regions import RegionRun, barriers
+from minfer.engine.forward import Engine
+from minfer.gguf.hparams import HParams
+from minfer.gguf.reader import GGUFFile
+
+PROMPT = [(5 * i + 1) % 50 for i in range(24)]
+
+
+def _run(path: Path) -> tuple[list[np.ndarray], Engine]:
+    f = GGUFFile.open(path)
+    e = Engine(f, HParams.from_gguf(f), n_ctx=64, kv_type="f16")
+    out = [e.forward(PROMPT, 0, n_out=2)]
+    for i, tok in enumerate((4, 8, 15)):
+        out.append(e.forward([tok], len(PROMPT) + i))
+    out.append(e.forward([1, 2, 3], len(PROMPT) + 3, n_out=3))
+    return out + [a.copy() for a in e.kv.k + e.kv.v], e
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3", "tiny_qwen3moe"])
+def test_regions_give_the_bits_of_the_steps_one_by_one(
+        model: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = request.getfixturevalue(model)
+    with_regions, e = _run(path)
+    monkeypatch.setenv("MINFER_REGIONS", "0")
+    without, e0 = _run(path)
+    for a, b in zip(with_regions, without, strict=True):
+        np.testing.assert_array_equal(a, b)
+    decode = e.cache.get(e.params_for(1, 1)).scratch["tape"][1]
+    regions = [c for c in decode.program if isinstance(c, RegionRun)]
+    assert regions, "a decode step runs in parallel regions"
+    if model != "tiny_qwen3moe":  # (its expert drivers have no region form yet)
+        assert len(regions) == 1 and len(regions[0].steps) >= len(decode.steps) - 2
+        assert 0 < regions[0].barriers.sum() < len(regions[0].steps)
+    plain = e0.cache.get(e0.params_for(1, 1)).scratch["tape"][1]
+    assert not any(isinstance(c, RegionRun) for c in plain.program)
+    assert len(plain.program) == len(plain.steps)
+
+
+def _form(reads: list[tuple[int, int]], writes: list[tuple[int, int]], split: bool) -> Form:
+    return Form(0, np.zeros(0, np.int64), split, tuple(reads), tuple(writes))
+
+
+def test_barriers_only_before_a_step_that_depends_on_one_since_the_last() -> None:
+    x, xq, q, k, y = (0, 10), (10, 20), (20, 30), (30, 40), (40, 50)
+    forms = [
+        _form([x, xq], [xq], False),  # quantize x (thread 0)
+        _form([xq, q], [q], True),  # q = W_q xq: reads what thread 0 wrote
+        _form([xq, k], [k], True),  # k = W_k xq: reads xq too, writes apart: no wait
+        _form([q, k, y], [y], False),  # reads q and k, which every thread wrote
+        _form([y], [y], False),  # thread 0 after thread 0: no wait
+        _form([x], [x], True),  # x was read before the last barrier: no wait
+        _form([y], [y], True),  # writes y, which thread 0 read since the barrier
+    ]
+    assert barriers(forms) == [False, True, False, True, False, False, True]
+
+
+@njit(parallel=True, cache=True)
+def _parallel_only(x, out):  # pragma: no cover - compiled
+    out[:] = x
+
+
+@njit(cache=True)
+def _serial(x, out):  # pragma: no cover - compiled
+    for i in range(x.shape[0]):
+        out[i] = x[i] * 2
+
+
+def test_region_forms_only_for_what_the_region_can_run() -> None:
+    x, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    assert region_form(_parallel_only, (x, out)) is None  # no _part form
+    assert region_form(_serial, (x[::2], out[:4])) is None  # not contiguous
+    assert region_form(print, (x, out)) is None  # not a numba function
+    form = region_form(_serial, (x, out))
+    assert form is not None and not form.split and len(form.writes) == 2  # not in WRITES: all
+
+
+def test_a_region_records_each_threads_timeline(tiny_qwen2: Path) -> None:
+    _, e = _run(tiny_qwen2)
+    decode = e.cache.get(e.params_for(1, 1)).scratch["tape"][1]
+    region = next(c for c in decode.program if isinstance(c, RegionRun))
+    stamps = region.timeline()
+    assert stamps.shape == (numba.get_num_threads(), 2 * len(region.steps))
+    for row in stamps:  # every thread passes every step, in order
+        assert (np.diff(row) >= 0).all() and row[0] > 0
