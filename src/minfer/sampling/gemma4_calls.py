@@ -7,7 +7,8 @@ Gemma 4 writes a call (several follow each other) as
 its own object notation, as llama.cpp's gemma4 parser reads it (common/chat-peg-parser.cpp,
 `gemma4_to_json`): an object `{key:value,...}` with bare keys (any characters but `:` and `}`),
 strings between `<|"|>` marks (anything but that mark inside), arrays `[...]`, JSON numbers,
-`true`, `false`, `null`; blanks after `{`, `[`, `,` and `:` and before the closing bracket.
+`true`, `false`, `null`; blanks after `{`, `[`, `,` and `:` and before the closing bracket (a
+key is read as written: `{"a":1}` has the key `"a"`, quotes and all).
 
 - `OPEN`, `CLOSE`: the tags around one call; `parse_call(body)`: (name, arguments as compact JSON
   text, as llama.cpp writes them) of the text between them, None when it is not a call in this
@@ -96,13 +97,13 @@ def _items(s: str, p: int, close: str, *, key: bool) -> tuple[str, int] | None:
         if got is None:
             return None
         out.append(name + got[0])
-        p = _blank(s, got[1])
-        if s.startswith(close, p):
+        end = _blank(s, got[1])
+        if s.startswith(close, end):
             text = ",".join(out)
-            return ("{" + text + "}" if key else "[" + text + "]"), p + 1
-        if not s.startswith(",", p):
+            return ("{" + text + "}" if key else "[" + text + "]"), end + 1
+        if not s.startswith(",", got[1]):  # a comma right after the value, as llama.cpp
             return None
-        p = _blank(s, p + 1)
+        p = _blank(s, got[1] + 1)
 
 
 # -- the tool history ------------------------------------------------------------------------------
