@@ -1,10 +1,16 @@
-"""OpenAI tool calls for Qwen2.5 / Qwen3 models: the grammar that forces them, and the parsers.
+"""OpenAI tool calls: the grammar that forces them, and the parsers, per model family.
 
-Those models write a call as (several calls are separated by a newline)
+Qwen2.5 / Qwen3 (and Hermes-style models) write a call as (several are separated by a newline)
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
+
+Each family's syntax is a `ToolSyntax` (its tags, its block parser, whether its arguments stream
+as they come, whether an untagged JSON call counts); `tool_syntax(template_source)` picks it:
+`HERMES` (the above) or `GEMMA4` (minfer.sampling.gemma4_calls). The parsers and the stream
+below take it as `syntax=` (default `HERMES`). A harmony template's (gpt-oss) calls are messages,
+parsed by minfer.sampling.harmony; `tool_choice_grammar` forces them with `template_source`.
 
 API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400):
 
