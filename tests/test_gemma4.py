@@ -275,3 +275,104 @@ def test_thinking_is_split_from_the_thought_channel() -> None:
     off = opts.plan(t.render(MSGS), encode)
     assert off.tags == GEMMA4 and off.split("Sunny.").content == "Sunny."
     assert opts.plan("<|im_start|>assistant\n", encode).tags == THINK
+
+
+# -- tool calls in Gemma 4's own notation ---------------------------------------------------------
+G4_CALL = ('<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,days:3,opts:{metric:true,'
+           'tags:[<|"|>a<|"|>, null, -1.5e2]}}<tool_call|>')
+G4_ARGS = '{"city":"Paris, \\"FR\\"","days":3,"opts":{"metric":true,"tags":["a",null,-1.5e2]}}'
+
+
+def test_gemma4_calls_parse_as_llama_cpp_writes_their_arguments() -> None:
+    """`gemma4_to_json`'s output: compact JSON, keys quoted, `<|"|>` strings escaped."""
+    from minfer.sampling.gemma4_calls import parse_call
+
+    assert parse_call(G4_CALL[len("<|tool_call>call:"):-len("<tool_call|>")]) == \
+        ("get_weather", G4_ARGS)
+    assert parse_call("f{}") == ("f", "{}")
+    assert parse_call("f{ a: 1, b:[ ] }") == ("f", '{"a":1,"b":[]}')
+    assert parse_call('f{"a":1}') == ("f", '{"\\"a\\"":1}')  # a key as written
+    for bad in ["f", "f{a:1", "f{a:1 ,b:2}", "f{a:<|\"|>x}", "f{a:1} tail", "{a:1}"]:
+        assert parse_call(bad) is None, bad
+
+
+def test_gemma4_replies_split_into_content_and_calls_whole_and_streamed() -> None:
+    from minfer.sampling.tool_calls import GEMMA4, ToolCallStream, tool_segments, tool_syntax
+
+    t = _template()
+    assert tool_syntax(t.source) is GEMMA4 and tool_syntax("{{ messages }}") is not GEMMA4
+    text = "Let me look.\n" + G4_CALL + G4_CALL.replace("get_weather", "get_time")
+    parts = tool_segments(text, new_id=lambda: "c", syntax=GEMMA4)
+    assert parts[0] == "Let me look.\n"
+    calls = [p for p in parts if not isinstance(p, str)]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        [("get_weather", G4_ARGS), ("get_time", G4_ARGS)]
+    # a Hermes block is text to Gemma 4; a Gemma 4 call that never closes stays text
+    assert tool_segments('<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+                         syntax=GEMMA4)[0].startswith("<tool_call>")
+    assert tool_segments(G4_CALL[:-3], syntax=GEMMA4) == [G4_CALL[:-3]]
+    for size in (1, 3, 7):
+        stream = ToolCallStream(new_id=lambda: "c", syntax=GEMMA4)
+        deltas = [d for i in range(0, len(text), size) for d in stream.push(text[i:i + size])]
+        deltas += stream.finish()
+        assert "".join(d.get("content", "") for d in deltas) == "Let me look."
+        assert [(c["function"]["name"], c["function"]["arguments"])
+                for c in stream.tool_calls] == [("get_weather", G4_ARGS), ("get_time", G4_ARGS)]
+
+
+def test_gemma4_tool_calls_through_the_output_plan() -> None:
+    """The server's plan reads a Gemma 4 reply's thinking and calls (whole and streamed, as
+    every API shapes them); a forced tool_choice is refused by name (not yet built)."""
+    from minfer.server.errors import APIError
+    from minfer.server.output import plan_output
+    from minfer.server.schemas import ChatCompletionRequest
+
+    t = _template()
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                tools=TOOLS)
+    plan = plan_output(req, 10, None, template_source=t.source)
+    plan.reasoning = ReasoningOptions().plan(t.render(MSGS, enable_thinking=True),
+                                             lambda s: [ord(c) for c in s],
+                                             template_source=t.source)
+    reply = "<|channel>thought\nUse the tool.<channel|>" + G4_CALL
+    fields, finish = plan.finalize(reply, "stop")
+    assert finish == "tool_calls" and fields["reasoning_content"] == "Use the tool."
+    assert fields["content"] is None
+    assert [c["function"]["arguments"] for c in fields["tool_calls"]] == [G4_ARGS]
+    stream = plan.reply_stream()
+    deltas = [d for c in reply for d in stream.push(c)] + stream.finish()
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Use the tool."
+    assert "".join(a["function"].get("arguments", "") for d in deltas
+                   for a in d.get("tool_calls", [])) == G4_ARGS
+    forced = req.model_copy(update={"tool_choice": "required"})
+    with pytest.raises(APIError, match="Gemma 4"):
+        plan_output(forced, 10, None, template_source=t.source)
+
+
+def test_tool_results_render_back_in_gemma4_form() -> None:
+    """The shipped template scans `tool` messages itself; an older one (without that scan)
+    gets them as the assistant message's `tool_responses`, as llama.cpp's workaround builds
+    them (a JSON result parsed), and both render the same turn."""
+    from minfer.sampling.gemma4_calls import SCANS_TOOL_MESSAGES, gemma4_history
+    from minfer.sampling.tool_calls import history_for
+
+    t = _template()
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 18}'},
+               {"role": "assistant", "content": "It is 18C."}]
+    assert gemma4_history(history, t.source) == history  # the shipped template: as they are
+    want = ('<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+            '<|tool_response>response:get_weather{value:<|"|>{"temp": 18}<|"|>}'
+            '<tool_response|>It is 18C.<turn|>\n')
+    assert want in t.render(history_for(history, t.source, t.variables, TOOLS), tools=TOOLS)
+    old = ChatTemplate(t.source.replace(SCANS_TOOL_MESSAGES, "{#- scan:"),
+                       special_tokens={"bos_token": "<bos>", "eos_token": "<eos>"})
+    (turn,) = [m for m in gemma4_history(history, old.source) if m["role"] == "assistant"]
+    assert turn["tool_responses"] == [{"name": "get_weather", "response": {"temp": 18}}]
+    assert turn["content"] == "It is 18C."
+    rendered = old.render(history_for(history, old.source, old.variables, TOOLS), tools=TOOLS)
+    assert ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+            '<|tool_response>response:get_weather{temp:18}<tool_response|>It is 18C.') in rendered

@@ -144,3 +144,121 @@ def test_a_harmony_plan_reads_harmony_and_budgets_the_analysis() -> None:
     assert ReasoningOptions(fmt="none").plan("x", encode, template_source=TEMPLATE).harmony == \
         HarmonyFormat(reasoning=False, opens_header=False)
     assert ReasoningOptions().plan("<think>", encode, template_source="").harmony is None
+
+
+# -- a forced tool_choice ------------------------------------------------------------------------
+GPTOSS = FIXTURES / "gptoss" / "gptoss.gguf"
+BOUNDED = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["city", "days"],
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+ASKED = "<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant"
+
+
+def _walk(mask: Any, tok: Any, text: str) -> bool:
+    """Feed text's tokens to a grammar mask: False at the first one it forbids."""
+    for tid in tok.encode(text, special=True, add_bos=False):
+        if not mask.allowed()[tid]:
+            return False
+        mask.accept(tid)
+    return True
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_a_forced_choice_grammar_ends_the_reply_in_a_commentary_call(choice: Any) -> None:
+    """As llama.cpp's gpt-oss grammar: analysis (or preamble) messages may come first, then
+    the reply must be a call to an offered function with arguments the schema allows."""
+    from minfer.gguf.reader import GGUFFile
+    from minfer.sampling.grammar import GrammarMask, GrammarVocab
+    from minfer.sampling.tool_calls import tool_choice_grammar
+    from minfer.tokenizer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile.open(GPTOSS))
+    vocab = GrammarVocab.from_tokenizer(tok)
+    grammar = tool_choice_grammar([WEATHER, BOUNDED | {"function": {
+        **BOUNDED["function"], "name": "get_forecast"}}], choice, template_source=TEMPLATE)
+    assert grammar is not None
+    call = ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            '{"city": "Paris"}')
+    thought = "<|channel|>analysis<|message|>Look it up; no <|end x yet.<|end|><|start|>assistant"
+    mask = GrammarMask(vocab, grammar)
+    assert _walk(mask, tok, thought + call) and mask.is_accepting()
+    got = HarmonyFormat(tools=("get_weather",)).parse(thought + call, new_id=str)
+    assert got.calls[0]["function"]["arguments"] == '{"city": "Paris"}'
+    for refused in ["<|channel|>final<|message|>Sunny.",
+                    '<|channel|>commentary to=functions.get_weather <|constrain|>json'
+                    '<|message|>{"town": "Paris"}']:
+        assert not _walk(GrammarMask(vocab, grammar), tok, refused)
+    if isinstance(choice, dict):  # the named function only
+        assert not _walk(GrammarMask(vocab, grammar), tok,
+                         "<|channel|>commentary to=functions.get_forecast")
+
+
+def test_the_random_gpt_oss_model_forced_to_call_writes_a_valid_call() -> None:
+    """The tiny random gpt-oss under the forcing grammar: its reply parses into one call
+    whose JSON arguments the function's schema accepts (seed 0 goes straight to the call)."""
+    import jsonschema
+
+    import minfer
+    from minfer.engine.generate import Finished
+    from minfer.sampling.tool_calls import tool_choice_grammar
+
+    model = minfer.load(str(GPTOSS), n_ctx=256, backend="cpu")
+    grammar = tool_choice_grammar([BOUNDED], "required", template_source=TEMPLATE)
+    assert grammar is not None
+    ids = model.tokenizer.encode(ASKED, special=True, add_bos=False)
+    events = list(model.stream(ids, max_tokens=200, seed=0, logit_mask=model.grammar_mask(grammar)))
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.reason in ("eos", "stop", "grammar")
+    got = HarmonyFormat(tools=("get_weather",)).parse(finished.text, new_id=str)
+    (call,) = got.calls
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]),
+                        BOUNDED["function"]["parameters"])
+
+
+# -- run and chat: the channels shown, never their marks ------------------------------------------
+REPLY = ("<|channel|>analysis<|message|>The user asks.<|end|>"
+         "<|start|>assistant<|channel|>final<|message|>It is sunny.")
+
+
+def test_run_splits_a_harmony_reply_into_thinking_and_answer() -> None:
+    """`minfer run`'s printer and `--json` read a harmony reply through its plan: the
+    analysis is the reasoning, the final message the content, streamed alike."""
+    plan = ReasoningOptions().plan(ASKED, lambda s: [ord(c) for c in s],
+                                   template_source=TEMPLATE)
+    split = plan.split(REPLY)
+    assert (split.content, split.reasoning) == ("It is sunny.", "The user asks.")
+    stream = plan.stream()
+    pieces = [stream.push(c) for c in REPLY] + [stream.finish()]
+    assert "".join(c for c, _ in pieces) == "It is sunny."
+    assert "".join(r for _, r in pieces) == "The user asks."
+
+
+def test_chat_shows_the_analysis_dimmed_and_keeps_the_final_message() -> None:
+    import io
+
+    from minfer.chat.repl import ReplyWriter
+    from minfer.chat.think import ThinkSplitter, reply_content_for, splitter_for
+
+    assert splitter_for("{{ messages }}") is ThinkSplitter
+    assert reply_content_for("{{ messages }}") is None
+    out = io.StringIO()
+    writer = ReplyWriter(color=False, interactive=False, out=out, hide_reasoning=True,
+                         splitter=splitter_for(TEMPLATE))
+    for c in REPLY:
+        writer.piece(c)
+    writer.end_reply()
+    assert out.getvalue() == "It is sunny.\n"  # no channel mark, the thinking hidden
+    shown = io.StringIO()
+    writer = ReplyWriter(color=False, interactive=False, out=shown, splitter=splitter_for(TEMPLATE))
+    writer.piece(REPLY)
+    writer.end_reply()
+    assert shown.getvalue() == "The user asks.It is sunny.\n"
+    splitter = splitter_for(TEMPLATE)()
+    assert splitter.push(REPLY) + splitter.flush() == [("The user asks.", True),
+                                                       ("It is sunny.", False)]
+    keep = reply_content_for(TEMPLATE)
+    assert keep is not None and keep(REPLY) == "It is sunny."

@@ -263,3 +263,33 @@ def test_ollama_thinking_and_tool_calls(served: tuple[ServerState, Script]) -> N
     assert tc.function.name == "get_weather" and dict(tc.function.arguments) == {"city": "Paris"}
     caps = with_ollama(state, lambda c: c.show("gpt-oss"))
     assert "thinking" in (caps.capabilities or [])
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_openai_forced_tool_choice(served: tuple[ServerState, Script], choice: Any) -> None:
+    """A forced tool_choice constrains the reply to end in a commentary call (the grammar
+    lets the scripted analysis and call through), whole and streamed."""
+    state, script = served
+    script.set(CALL)
+    choice_, joined = openai_chat(state, tools=[{"type": "function", "function": FUNCTION}],
+                                  tool_choice=choice)
+    (tc,) = choice_.message.tool_calls
+    assert (tc.function.name, tc.function.arguments) == ("get_weather", ARGS)
+    assert choice_.finish_reason == "tool_calls" and joined["calls"] == [["get_weather", ARGS]]
+    assert choice_.message.model_extra["reasoning_content"] == THINKING
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_anthropic_forced_tool_choice(served: tuple[ServerState, Script],
+                                      choice: dict[str, Any]) -> None:
+    state, script = served
+    script.set(CALL)
+    tool = {"name": FUNCTION["name"], "description": FUNCTION["description"],
+            "input_schema": FUNCTION["parameters"]}
+    msg = with_anthropic(state, lambda c: c.messages.create(
+        model="m", max_tokens=120, messages=ASK, tools=[tool],  # type: ignore[arg-type, list-item]
+        tool_choice=choice, extra_body={"temperature": 0}))  # type: ignore[arg-type]
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather"
+    assert uses[0].input == {"city": "Paris"} and msg.stop_reason == "tool_use"

@@ -247,7 +247,8 @@ class Model:
         opts = reasoning or ReasoningOptions()
         opts.check_model(self.chat_template.source, self.chat_template.variables)
         text = self.render_chat(messages, tools=tools, **opts.template_vars())
-        plan = opts.plan(text, lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
+        plan = opts.plan(text, lambda s: self.tokenizer.encode(s, special=True, add_bos=False),
+                         template_source=self.chat_template.source)
         return self.tokenizer.encode_prompt(text), plan
 
     @property

@@ -25,7 +25,8 @@ reply; `ReasoningStream` splits it piece by piece, holding back only what may st
 as Qwen3's `enable_thinking`); once the prompt is rendered, `ReasoningOptions.plan` gives the
 reply's `ReplyPlan`: whether it starts inside the thinking, how it is split, and the logit mask
 that closes the thinking at the budget (minfer.sampling.reasoning_budget). A harmony template's
-(gpt-oss) reply is read by minfer.sampling.harmony instead: its analysis channel is the thinking.
+(gpt-oss) reply is read by minfer.sampling.harmony instead: its analysis channel is the thinking,
+its final channel the content (`ReplyPlan.split` / `stream` give them, `HarmonySplit`).
 
 One rule on every surface (the CLI's `--reasoning on` / `--reasoning-budget N`, a chat request's
 `chat_template_kwargs.enable_thinking` / `reasoning_budget`, Anthropic's `thinking`, Ollama's
@@ -163,11 +164,39 @@ class ReplyPlan:
     tags: Tags = THINK  # the reply's thinking tags (Gemma 4's channel, or <think>)
 
     def split(self, text: str) -> Split:
+        """The whole reply's content and reasoning (a harmony reply's final and analysis
+        channels)."""
+        if self.harmony is not None:
+            got = self.harmony.parse(text, new_id=str)
+            return Split(got.content, got.reasoning)
         return split_reasoning(text, fmt=self.fmt, in_reasoning=self.in_reasoning,
                                tags=self.tags)
 
-    def stream(self) -> ReasoningStream:
+    def stream(self) -> ReasoningStream | HarmonySplit:
+        """`split` piece by piece: `push(text)` / `finish()` give (content, reasoning)."""
+        if self.harmony is not None:
+            return HarmonySplit(self.harmony)
         return ReasoningStream(fmt=self.fmt, in_reasoning=self.in_reasoning, tags=self.tags)
+
+
+class HarmonySplit:
+    """A harmony reply as (content, reasoning) pieces, as `ReasoningStream` gives them: its
+    final channel, its analysis channel; the channel marks never show (no tools are offered,
+    so a call is dropped)."""
+
+    def __init__(self, fmt: HarmonyFormat) -> None:
+        self._stream = fmt.stream(new_id=str)
+
+    def push(self, text: str) -> tuple[str, str]:
+        return self._pieces(self._stream.push(text))
+
+    def finish(self) -> tuple[str, str]:
+        return self._pieces(self._stream.finish())
+
+    @staticmethod
+    def _pieces(deltas: list[dict[str, Any]]) -> tuple[str, str]:
+        return ("".join(d.get("content", "") for d in deltas),
+                "".join(d.get("reasoning_content", "") for d in deltas))
 
 
 class ThinkingUnsupported(MinferError):

@@ -1,7 +1,8 @@
 """The chat REPL: read a message, stream the reply, repeat.
 
 Interactive (stdin is a terminal): prompt_toolkit line editing and history, a `>>> ` prompt,
-replies streamed as they are generated, Qwen3-style `<think>…</think>` dimmed (rich), commands
+replies streamed as they are generated, Qwen3-style `<think>…</think>` (a harmony reply's
+analysis channel) dimmed (rich), commands
 /regen /clear /help /exit /quit /bye (Ollama's), Ctrl-D to leave and Ctrl-C to stop the current
 reply (or drop the line being typed). `--multiline` collects lines until an empty one.
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 
 from minfer.chat.session import ChatSession, TurnEvents, TurnReport
-from minfer.chat.think import ThinkSplitter
+from minfer.chat.think import Splitter, ThinkSplitter
 from minfer.engine.generate import Piece
 from minfer.errors import MinferError
 
@@ -103,7 +104,8 @@ class ReplyWriter:
     """Writes replies (reasoning dimmed when colour is on) and notices."""
 
     def __init__(self, *, color: bool, interactive: bool, out: IO[str] | None = None,
-                 err: IO[str] | None = None, hide_reasoning: bool = False) -> None:
+                 err: IO[str] | None = None, hide_reasoning: bool = False,
+                 splitter: Callable[[], Splitter] = ThinkSplitter) -> None:
         from rich.console import Console
 
         self.out = out or sys.stdout
@@ -113,14 +115,15 @@ class ReplyWriter:
         self.hide_reasoning = hide_reasoning
         self._console = Console(file=self.out, force_terminal=color, no_color=not color,
                                 highlight=False, markup=False, emoji=False, soft_wrap=True)
-        self._think = ThinkSplitter()
+        self._splitter = splitter  # a reply's thinking / answer segments (think.splitter_for)
+        self._think = splitter()
 
     def piece(self, text: str) -> None:
         self._write(self._think.push(text))
 
     def end_reply(self) -> None:
         self._write(self._think.flush())
-        self._think = ThinkSplitter()
+        self._think = self._splitter()
         self.out.write("\n\n" if self.interactive else "\n")
         self.out.flush()
 

@@ -8,8 +8,10 @@ A user turn renders the whole conversation with the model's template
 render, and only the rest — the delta — is prefilled at the cursor: a turn costs O(delta), not
 O(history). A template that rewrites history (Qwen3 drops earlier `<think>` blocks) breaks the
 prefix; the session then rewinds to the longest common prefix, re-prefills the rest and counts a
-re-render. Rows are position-addressed and a token's attention window ends at its own cell, so
-rewinding is just moving the cursor: stale rows beyond it are never read and get overwritten.
+re-render (a harmony reply is kept as its final message, the `reply_content` the CLI gives, so
+every gpt-oss turn re-renders from the reply on). Rows are position-addressed and a token's
+attention window ends at its own cell, so rewinding is just moving the cursor: stale rows beyond
+it are never read and get overwritten.
 A model with recurrent layers (LFM2) cannot rewind its state by truncation: there a turn that
 would rewind (a re-render, /regen, a trimmed reply, an overflow) goes back to the furthest state
 checkpoint before that point (`KVMirror.rewind`: one is kept at each turn's end, and after each
@@ -40,7 +42,7 @@ bring the KV back to (a prefix of) the render of the kept conversation:
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -123,8 +125,11 @@ class ChatSession:
     def __init__(self, engine: ForwardEngine, tokenizer: ChatTokenizer, template: ChatRenderer,
                  sampler: ChatSampler, *, system: str | None = None,
                  config: ChatConfig | None = None, overflow: str | None = None,
-                 speculator: Speculator | None = None) -> None:
+                 speculator: Speculator | None = None,
+                 reply_content: Callable[[str], str] | None = None) -> None:
         self.kv = KVMirror(engine)
+        # what of a reply the history keeps (a harmony reply: its final message; None: all)
+        self.reply_content = reply_content
         self.speculator = speculator  # proposals verified in batches; the output is the same
         self.tokenizer = tokenizer
         self.template = template
@@ -356,7 +361,8 @@ class ChatSession:
 
     def _end_turn(self, report: TurnReport, ids: list[int], text: str, reason: str,
                   reply_start: int) -> None:
-        self.messages.append({"role": "assistant", "content": text})
+        content = text if self.reply_content is None else self.reply_content(text)
+        self.messages.append({"role": "assistant", "content": content})
         report.reason = reason
         report.ids = list(ids)
         report.n_generated = len(ids)

@@ -5,11 +5,39 @@ needs to know, piece by piece, which text lies inside the block. Tags may arrive
 several pieces (`<thi` + `nk>`), so `ThinkSplitter.push` holds back a tail that could still
 become a tag and releases it once it cannot (or at `flush`). The tags themselves are returned as
 part of the reasoning segment, so the printed text is exactly the reply.
+
+A harmony reply (gpt-oss) has no such tags: `HarmonySplitter` gives the same segments from its
+channels (the analysis is the thinking, the final message the answer), the channel marks never
+shown; `splitter_for(template_source)` picks the splitter for a chat template.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
+from minfer.sampling.harmony import HarmonyFormat, is_harmony
+
 OPEN, CLOSE = "<think>", "</think>"
+
+
+class Splitter(Protocol):
+    def push(self, text: str) -> list[tuple[str, bool]]: ...
+
+    def flush(self) -> list[tuple[str, bool]]: ...
+
+
+def splitter_for(template_source: str) -> Callable[[], Splitter]:
+    """A new splitter per reply for a chat template's replies."""
+    return HarmonySplitter if is_harmony(template_source) else ThinkSplitter
+
+
+def reply_content_for(template_source: str) -> Callable[[str], str] | None:
+    """What a conversation keeps of a reply: a harmony reply's final message (the template
+    writes it back in its own channel), None for the reply as written."""
+    if not is_harmony(template_source):
+        return None
+    return lambda text: HarmonyFormat().parse(text, new_id=str).content
 
 
 class ThinkSplitter:
@@ -63,3 +91,24 @@ def _partial_tag_len(buf: str, tag: str) -> int:
         if buf.endswith(tag[:n]):
             return n
     return 0
+
+
+class HarmonySplitter:
+    """A harmony reply's `(text, is_thinking)` segments: analysis, then the final message."""
+
+    def __init__(self) -> None:
+        self._stream = HarmonyFormat().stream(new_id=str)
+
+    def push(self, text: str) -> list[tuple[str, bool]]:
+        return self._segments(self._stream.push(text))
+
+    def flush(self) -> list[tuple[str, bool]]:
+        return self._segments(self._stream.finish())
+
+    @staticmethod
+    def _segments(deltas: list[dict[str, str]]) -> list[tuple[str, bool]]:
+        out: list[tuple[str, bool]] = []
+        for d in deltas:
+            _append(out, d.get("reasoning_content", ""), True)
+            _append(out, d.get("content", ""), False)
+        return out

@@ -66,6 +66,7 @@ def model_and_prompt(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def run(args: argparse.Namespace) -> int:
     from minfer.chat import store
     from minfer.chat.repl import PipeReader, PromptReader, Repl, ReplOptions, ReplyWriter
+    from minfer.chat.think import splitter_for
 
     model_arg, prompt = model_and_prompt(args)
     if args.n_predict < 0:
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     reader = (PromptReader(multiline=multiline) if interactive
               else PipeReader(sys.stdin, multiline=multiline))
     writer = ReplyWriter(color=color, interactive=interactive,
-                         hide_reasoning=bool(getattr(args, "hide_reasoning", False)))
+                         hide_reasoning=bool(getattr(args, "hide_reasoning", False)),
+                         splitter=splitter_for(model.chat_template.source))
 
     def save(s: Any) -> None:
         if session_path is not None:
@@ -107,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 def make_session(model: Any, args: argparse.Namespace) -> Any:
     from minfer.chat.session import ChatConfig, ChatSession
+    from minfer.chat.think import reply_content_for
 
     engine = model.engine()
     params = sampling_from_args(args)
@@ -118,7 +121,8 @@ def make_session(model: Any, args: argparse.Namespace) -> Any:
     template = BoundTemplate(model.chat_template, reasoning.template_vars())
     return ChatSession(engine, model.tokenizer, template, sampler,
                        system=args.system, config=config,
-                       speculator=speculator_from_args(model, args))
+                       speculator=speculator_from_args(model, args),
+                       reply_content=reply_content_for(model.chat_template.source))
 
 
 def _color(choice: str) -> bool:

@@ -1,10 +1,16 @@
-"""OpenAI tool calls for Qwen2.5 / Qwen3 models: the grammar that forces them, and the parsers.
+"""OpenAI tool calls: the grammar that forces them, and the parsers, per model family.
 
-Those models write a call as (several calls are separated by a newline)
+Qwen2.5 / Qwen3 (and Hermes-style models) write a call as (several are separated by a newline)
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
+
+Each family's syntax is a `ToolSyntax` (its tags, its block parser, whether its arguments stream
+as they come, whether an untagged JSON call counts); `tool_syntax(template_source)` picks it:
+`HERMES` (the above) or `GEMMA4` (minfer.sampling.gemma4_calls). The parsers and the stream
+below take it as `syntax=` (default `HERMES`). A harmony template's (gpt-oss) calls are messages,
+parsed by minfer.sampling.harmony; `tool_choice_grammar` forces them with `template_source`.
 
 API for the HTTP server (all errors are GrammarError, a MinferError → HTTP 400):
 
@@ -49,20 +55,51 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from minfer.errors import GrammarError
+from minfer.sampling import gemma4_calls
 from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
-from minfer.sampling.harmony import harmony_history, is_harmony
+from minfer.sampling.harmony import (
+    ANALYSIS,
+    CONSTRAIN,
+    END,
+    MESSAGE,
+    PREAMBLE,
+    RECIPIENT,
+    START,
+    TOOL_CHANNELS,
+    harmony_history,
+    is_harmony,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NL, NAME_KEY = "\n", '"name": '
-_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 _JSON_FENCE = "```json"
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 
 Delta = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How one family writes its calls: the tags around a call, the parser of what lies
+    between them ((name, arguments JSON text) or None), the regex of a call's head after which
+    its arguments stream as they come (None: a call goes out whole once closed), and whether a
+    reply that is one untagged JSON call object counts as a call."""
+
+    name: str
+    open: str
+    close: str
+    parse_block: Callable[[str], tuple[str, str] | None]
+    header: re.Pattern[str] | None
+    bare: bool
+
+    @property
+    def block(self) -> re.Pattern[str]:
+        return re.compile(re.escape(self.open) + r"(.*?)" + re.escape(self.close), re.S)
 
 
 def new_call_id() -> str:
@@ -111,8 +148,10 @@ def tools_for_prompt(tools: Sequence[Mapping[str, Any]] | None,
 
 def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
                         tool_choice: str | Mapping[str, Any] | None = None,
-                        *, parallel: bool = True) -> str | None:
-    """A grammar forcing tool calls for 'required' / a named function; None otherwise."""
+                        *, parallel: bool = True, template_source: str = "") -> str | None:
+    """A grammar forcing tool calls for 'required' / a named function; None otherwise.
+    template_source: the chat template's (a harmony template's calls are messages, see
+    `_harmony_call_rules`; Gemma 4's notation cannot be forced yet)."""
     choice = _choice(tool_choice)
     functions = _functions(tools)
     if choice in ("none", "auto"):
@@ -123,18 +162,42 @@ def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
         functions = [fn for fn in functions if fn["name"] == choice[3:]]
         if not functions:
             raise GrammarError(f"tool_choice names an unknown function {choice[3:]!r}")
+    if gemma4_calls.is_gemma4_calls(template_source):
+        raise GrammarError(f"a forced tool_choice ({choice!r}) is not supported for Gemma 4's "
+                           "tool-call syntax yet: use 'auto'")
     alternatives = " | ".join(f"fn{i}" for i in range(len(functions)))
-    rules = ["start: call" + (' ("\\n" call)*' if parallel else ""),
-             f"call: {_lit(OPEN + NL + '{' + NAME_KEY)} ({alternatives}) {_lit('}' + NL + CLOSE)}"]
-    for i, fn in enumerate(functions):
+    if is_harmony(template_source):
+        rules = _harmony_call_rules(alternatives)
+        heads = [_lit(f"{fn['name']} {CONSTRAIN}json{MESSAGE}") for fn in functions]
+    else:
+        rules = ["start: call" + (' ("\\n" call)*' if parallel else ""),
+                 f"call: {_lit(OPEN + NL + '{' + NAME_KEY)} ({alternatives}) "
+                 f"{_lit('}' + NL + CLOSE)}"]
+        heads = [_lit(json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": ')
+                 for fn in functions]
+    for i, (fn, head) in enumerate(zip(functions, heads, strict=True)):
         schema = fn.get("parameters") or {"type": "object"}
         if not isinstance(schema, Mapping):
             raise GrammarError(f"parameters of {fn['name']!r} must be a JSON schema object")
         schema = {**schema, "x-guidance": {**JSON_DEFAULTS, **schema.get("x-guidance", {})}}
-        header = json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
-        rules.append(f"fn{i}: {_lit(header)} args{i}")
+        rules.append(f"fn{i}: {head} args{i}")
         rules.append(f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return lark_grammar("\n".join(rules) + "\n")
+
+
+def _harmony_call_rules(alternatives: str) -> list[str]:
+    """A harmony reply that ends in a call, as llama.cpp's gpt-oss grammar forces one: any
+    analysis or preamble messages (each closed by `<|end|>`, the next opened by
+    `<|start|>assistant`: the prompt wrote the first), then
+    `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS` (the
+    generation ends there, or with `<|call|>`). The marks are text to the grammar: minfer's
+    vocabularies (as llama.cpp's) make them user-defined tokens, never control ones."""
+    return ["start: (message start_next)* call",
+            f"start_next: {_lit(START)}",
+            f"message: ({_lit(ANALYSIS)} | {_lit(PREAMBLE)}) body",
+            f"body[lazy]: BODY {_lit(END)}",
+            "BODY: /(?s:.*)/",
+            f"call: {_lit(TOOL_CHANNELS[0] + RECIPIENT)} ({alternatives})"]
 
 
 def _lit(text: str) -> str:
@@ -224,12 +287,14 @@ def history_for(messages: Sequence[Mapping[str, Any]], template_source: str,
                 tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """The messages as a chat template (its source and the variables it reads) can take them:
     the tool calls and results as they are where it writes them itself (it reads `tool_calls`),
-    else `history_as_text`; a harmony template's `thinking` (minfer.sampling.harmony); and
-    the tools described in the system message (`with_tools_text`) where the template never
-    reads `tools`."""
+    else `history_as_text`; a harmony template's `thinking` (minfer.sampling.harmony); an
+    older Gemma 4 template's `tool_responses` (minfer.sampling.gemma4_calls); and the tools
+    described in the system message (`with_tools_text`) where the template never reads
+    `tools`."""
     messages = template_calls(messages)
     if is_harmony(template_source):
         messages = harmony_history(messages)
+    messages = gemma4_calls.gemma4_history(messages, template_source)
     out = messages if "tool_calls" in template_source else history_as_text(messages)
     if tools and "tools" not in template_variables:
         out = with_tools_text(out, tools, template_source)
@@ -276,22 +341,24 @@ def _arguments(fn: Mapping[str, Any]) -> Any:
 
 # -- parsing a finished text ----------------------------------------------------------------------
 
-def parse_tool_calls(text: str, *, new_id: Callable[[], str] = new_call_id
-                     ) -> tuple[str, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, *, new_id: Callable[[], str] = new_call_id,
+                     syntax: ToolSyntax | None = None) -> tuple[str, list[dict[str, Any]]]:
     """(content, tool_calls) of a finished generation; see the module docstring."""
-    parts = tool_segments(text, new_id=new_id)
+    parts = tool_segments(text, new_id=new_id, syntax=syntax)
     return ("".join(p for p in parts if isinstance(p, str)).strip(),
             [p for p in parts if not isinstance(p, str)])
 
 
-def tool_segments(text: str, *, new_id: Callable[[], str] = new_call_id
-                  ) -> list[str | dict[str, Any]]:
+def tool_segments(text: str, *, new_id: Callable[[], str] = new_call_id,
+                  syntax: ToolSyntax | None = None) -> list[str | dict[str, Any]]:
     """A finished generation in its order: the texts around the parsed blocks (as they are,
-    possibly empty) and the OpenAI calls between them; `parse_tool_calls` joins the texts."""
+    possibly empty) and the OpenAI calls between them; `parse_tool_calls` joins the texts.
+    syntax: the family's (`tool_syntax`; None: Qwen's `<tool_call>` blocks)."""
+    syntax = syntax or HERMES
     parts: list[str | dict[str, Any]] = []
     last = 0
-    for m in _BLOCK.finditer(text):
-        call = parse_block(m.group(1))
+    for m in syntax.block.finditer(text):
+        call = syntax.parse_block(m.group(1))
         if call is None:
             continue
         parts.append(text[last:m.start()])
@@ -299,7 +366,7 @@ def tool_segments(text: str, *, new_id: Callable[[], str] = new_call_id
         name, arguments = call
         parts.append(_call(new_id(), name, arguments))
     parts.append(text[last:])
-    if len(parts) == 1:
+    if len(parts) == 1 and syntax.bare:
         bare = parse_bare_call(text)
         if bare is not None:
             return [_call(new_id(), *bare)]
@@ -374,6 +441,20 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+# -- the families' syntaxes ----------------------------------------------------------------------
+
+HERMES = ToolSyntax("hermes", OPEN, CLOSE, parse_block, _HEADER, bare=True)
+GEMMA4 = ToolSyntax("gemma4", gemma4_calls.OPEN, gemma4_calls.CLOSE, gemma4_calls.parse_call,
+                    None, bare=False)
+
+
+def tool_syntax(template_source: str) -> ToolSyntax:
+    """The syntax a chat template's model writes its calls in: Gemma 4's own, else the
+    `<tool_call>` JSON blocks (Qwen, Hermes, and what `tools_as_text` teaches). A harmony
+    template's calls are messages, read by minfer.sampling.harmony instead."""
+    return GEMMA4 if gemma4_calls.is_gemma4_calls(template_source) else HERMES
+
+
 # -- parsing a stream -----------------------------------------------------------------------------
 
 class ToolCallStream:
@@ -385,7 +466,9 @@ class ToolCallStream:
     opens like an untagged call object, held whole until `finish`).
     """
 
-    def __init__(self, *, new_id: Callable[[], str] = new_call_id) -> None:
+    def __init__(self, *, new_id: Callable[[], str] = new_call_id,
+                 syntax: ToolSyntax = HERMES) -> None:
+        self.syntax = syntax
         self.tool_calls: list[dict[str, Any]] = []
         self._new_id = new_id
         self._state = "text"
@@ -416,7 +499,7 @@ class ToolCallStream:
         elif self._state == "text":
             self._content(self._buf, out)
         elif self._state == "head":
-            self._content(OPEN + self._buf, out)
+            self._content(self.syntax.open + self._buf, out)
         elif self._state == "args":
             self._send_args(len(self._buf), out)
         self._buf, self._state = "", "text"
@@ -436,7 +519,7 @@ class ToolCallStream:
         return self._step_tail()
 
     def _step_text(self, out: list[Delta]) -> bool:
-        if not self._started and not self.tool_calls:
+        if not self._started and not self.tool_calls and self.syntax.bare:
             head = self._buf.lstrip()
             opens_call = head.startswith(("{", _JSON_FENCE))
             if opens_call:  # may be a call without tags: decide at the end
@@ -445,19 +528,21 @@ class ToolCallStream:
                 return False
             if not head:
                 return False
-        at = self._buf.find(OPEN)
+        tag = self.syntax.open
+        at = self._buf.find(tag)
         if at >= 0:
             self._content(self._buf[:at], out)
-            self._buf, self._state = self._buf[at + len(OPEN):], "head"
+            self._buf, self._state = self._buf[at + len(tag):], "head"
             return True
-        keep = _partial_suffix(self._buf, OPEN)
+        keep = _partial_suffix(self._buf, tag)
         self._content(self._buf[:len(self._buf) - keep], out)
         self._buf = self._buf[len(self._buf) - keep:]
         return False
 
     def _step_head(self, out: list[Delta]) -> bool:
-        m = _HEADER.match(self._buf)
-        close = self._buf.find(CLOSE)
+        syntax = self.syntax
+        m = syntax.header.match(self._buf) if syntax.header is not None else None
+        close = self._buf.find(syntax.close)
         name = _json_string(m.group(1)) if m is not None else None
         if m is not None and name is not None and (close < 0 or m.end() < close):
             self._begin_call(name, out)
@@ -465,10 +550,10 @@ class ToolCallStream:
             return True
         if close < 0:
             return False
-        body, self._buf = self._buf[:close], self._buf[close + len(CLOSE):]
-        call = parse_block(body)  # a block in another shape: all at once, or left as text
+        body, self._buf = self._buf[:close], self._buf[close + len(syntax.close):]
+        call = syntax.parse_block(body)  # another shape: all at once, or left as text
         if call is None:
-            self._content(OPEN + body + CLOSE, out)
+            self._content(syntax.open + body + syntax.close, out)
         else:
             self._begin_call(call[0], out)
             self._args_delta(call[1], out)
@@ -477,7 +562,7 @@ class ToolCallStream:
 
     def _step_args(self, out: list[Delta]) -> bool:
         end = scan_value(self._buf, 0)
-        close = self._buf.find(CLOSE)
+        close = self._buf.find(self.syntax.close)
         if end is not None and (close < 0 or end <= close):
             value = self._buf[:end]
             if value.startswith('"'):  # arguments given as a JSON string: send its text
@@ -491,17 +576,17 @@ class ToolCallStream:
             return True
         if close >= 0:  # closed inside the value: malformed, but already announced
             self._send_args(close, out)
-            self._buf, self._state = self._buf[close + len(CLOSE):], "text"
+            self._buf, self._state = self._buf[close + len(self.syntax.close):], "text"
             return True
         if self._buf[:1] in ("{", "["):  # send what cannot be the closing tag's start
-            self._send_args(len(self._buf) - _partial_suffix(self._buf, CLOSE), out)
+            self._send_args(len(self._buf) - _partial_suffix(self._buf, self.syntax.close), out)
         return False
 
     def _step_tail(self) -> bool:
-        close = self._buf.find(CLOSE)
+        close = self._buf.find(self.syntax.close)
         if close < 0:
             return False
-        self._buf, self._state = self._buf[close + len(CLOSE):], "text"
+        self._buf, self._state = self._buf[close + len(self.syntax.close):], "text"
         return True
 
     # -- emitting -----------------------------------------------------------------------------

@@ -167,7 +167,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         """llama-server's: the chat template applied to messages, not generated from."""
         lm = await state.acquire(body.model)
         chat = ChatCompletionRequest.model_validate(body.model_dump(exclude_none=True))
-        plan = plan_output(chat, lm.tokenizer.n_vocab, lm.grammar_vocab)
+        plan = plan_output(chat, lm.tokenizer.n_vocab, lm.grammar_vocab,
+                           template_source=lm.template.source)
         try:
             text = lm.template.render(chat_messages(chat.messages, lm.template.source,
                                                     lm.template.variables, plan.tools),

@@ -3,8 +3,9 @@ message, and its tokens' logprob entries.
 
 - `response_format` (`text`, `json_object`, `json_schema`) and llama-server's `grammar` (GBNF)
   compile to an llguidance grammar (minfer.sampling.grammar); a forced `tool_choice` (`required`
-  or a named function) compiles to a grammar that can only write well-formed `<tool_call>` blocks
-  (minfer.sampling.tool_calls). The request gets its own `GrammarMask` over the model's
+  or a named function) compiles to a grammar that can only write well-formed calls in the
+  template's syntax (minfer.sampling.tool_calls: `<tool_call>` blocks, or a harmony reply
+  ending in a commentary call). The request gets its own `GrammarMask` over the model's
   `GrammarVocab` (built once at load), applied first in its sampler, then `logit_bias`. A bad
   schema, grammar or tool list is a 400 naming the problem, before anything is queued.
 - `OutputPlan.constraint` is that mask: the generation loop asks `is_stopped()` and ends the
@@ -13,7 +14,8 @@ message, and its tokens' logprob entries.
   content and tool call at once, whole and streamed.
 - Another chat reply's thinking is split into `reasoning_content` first
   (minfer.chat.reasoning); `tools` are rendered by the chat template (not with `tool_choice:
-  "none"`) and the rest of the text is parsed into OpenAI `tool_calls` (`finalize`; `reply`
+  "none"`) and the rest of the text is parsed into OpenAI `tool_calls` in the template's
+  syntax (`tool_calls.tool_syntax`: `<tool_call>` blocks, Gemma 4's own) (`finalize`; `reply`
   keeps the texts and calls in the order written, for the Anthropic and Responses APIs' lists
   of blocks), or streamed through a `ReplyStream`.
 - `template_messages` turns request messages into what chat templates expect (assistant
@@ -45,12 +47,15 @@ from minfer.sampling.grammar import (
 from minfer.sampling.harmony import HarmonyFormat, HarmonyStream
 from minfer.sampling.mask import LogitMask, chain
 from minfer.sampling.tool_calls import (
+    HERMES,
     ToolCallStream,
+    ToolSyntax,
     call_arguments,
     history_for,
     new_call_id,
     tool_choice_grammar,
     tool_segments,
+    tool_syntax,
     tools_for_prompt,
 )
 from minfer.server.errors import bad_request
@@ -83,6 +88,7 @@ class OutputPlan:
     constraint: GrammarMask | None = None  # the grammar part of it (ends the generation)
     tools: list[dict[str, Any]] | None = None  # rendered into the prompt; output parsed
     reasoning: ReplyPlan | None = None  # chat replies: the thinking split from the content
+    syntax: ToolSyntax = HERMES  # how the model writes its tool calls (its template's family)
     echo: str = ""  # completions with `echo`: the prompt's text, put before the reply
 
     def finalize(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
@@ -107,7 +113,7 @@ class OutputPlan:
             text, reasoning = split.content, split.reasoning
         if self.tools is None:
             return Reply(reasoning, [self.echo + text], finish)
-        parts = tool_segments(text)
+        parts = tool_segments(text, syntax=self.syntax)
         if all(isinstance(p, str) for p in parts):
             return Reply(reasoning, ["".join(parts).strip()], finish)  # type: ignore[arg-type]
         return Reply(reasoning, parts, "tool_calls" if finish == "stop" else finish)
@@ -157,7 +163,7 @@ class ReplyStream:
             else plan.reasoning.stream()
         self.tools: ToolCallStream | HarmonyStream | None = None
         if plan.tools is not None:
-            self.tools = self.harmony or ToolCallStream()
+            self.tools = self.harmony or ToolCallStream(syntax=plan.syntax)
 
     @property
     def tool_calls(self) -> bool:
@@ -189,13 +195,14 @@ class ReplyStream:
         return [{"content": text}] if text else []
 
 
-def plan_output(req: SamplingFields, n_vocab: int,
-                vocab: GrammarVocab | None = None) -> OutputPlan:
-    """What shapes this request's output; a 400 for a bad schema, grammar or tool list."""
-    plan = OutputPlan()
+def plan_output(req: SamplingFields, n_vocab: int, vocab: GrammarVocab | None = None, *,
+                template_source: str = "") -> OutputPlan:
+    """What shapes this request's output; a 400 for a bad schema, grammar or tool list.
+    template_source: the chat template's, whose family writes the tool calls its own way."""
+    plan = OutputPlan(syntax=tool_syntax(template_source))
     grammar = _request_grammar(req)
     if isinstance(req, ChatCompletionRequest):
-        plan.tools, tool_grammar = _tools(req)
+        plan.tools, tool_grammar = _tools(req, template_source)
         if tool_grammar is not None:
             if grammar is not None:
                 raise bad_request(f"{grammar[1]} cannot be combined with a forced tool_choice",
@@ -229,7 +236,8 @@ def _request_grammar(req: SamplingFields) -> tuple[str, str] | None:
         raise bad_request(f"grammar: {exc}", param="grammar", code="invalid_value") from None
 
 
-def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str | None]:
+def _tools(req: ChatCompletionRequest,
+           template_source: str = "") -> tuple[list[dict[str, Any]] | None, str | None]:
     """(tools to render, grammar forcing a call or None)."""
     param = "tools"
     try:
@@ -240,7 +248,8 @@ def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str
         # small model forced to call otherwise writes the call again until max_tokens, the cut
         # copy left as text)
         grammar = tool_choice_grammar(req.tools, req.tool_choice,
-                                      parallel=req.parallel_tool_calls is True)
+                                      parallel=req.parallel_tool_calls is True,
+                                      template_source=template_source)
     except GrammarError as exc:
         raise bad_request(f"{param}: {exc}", param=param, code="invalid_value") from None
     return (None if tools is None else [dict(t) for t in tools]), grammar

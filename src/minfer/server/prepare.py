@@ -115,9 +115,6 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
         raise from_minfer_error(exc, param=param) from None
     output.reasoning = opts.plan(text, lambda s: tok.encode(s, special=True, add_bos=False),
                                  template_source=template.source)
-    if output.reasoning.harmony is not None and req.tool_choice not in (None, "auto", "none"):
-        raise bad_request("a forced tool_choice is not supported for harmony (gpt-oss) models "
-                          "yet: use 'auto'", param="tool_choice", code="unsupported_value")
     output.logit_mask = chain(output.logit_mask, output.reasoning.budget)
     if not images:
         return tok.encode_prompt(text), ()
@@ -290,7 +287,7 @@ def prepare(req: GenerationRequest, tok: TokenizerLike, template: TemplateLike, 
     context: ids of an earlier exchange put before the prompt (Ollama's `context`), the
     prompt's own BOS dropped after them; vision: the model's image encoder (None: text only,
     an image part is a 400)."""
-    output = plan_output(req, tok.n_vocab, grammar_vocab)
+    output = plan_output(req, tok.n_vocab, grammar_vocab, template_source=template.source)
     embd: tuple[PromptRows, ...] = ()
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
