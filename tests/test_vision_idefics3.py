@@ -35,6 +35,15 @@ def test_clip_params_read_as_clip_cpp() -> None:
     assert cp.longest_edge == 64 and cp.n_image_tokens == 4
 
 
+def test_old_file_without_longest_edge_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from minfer.errors import ModelError
+
+    f = GGUFFile.open(FIXTURES / "mmproj.gguf")
+    monkeypatch.delitem(f.metadata, "clip.vision.preproc_image_size")
+    with pytest.raises(ModelError, match="preproc_image_size"):
+        ClipParams.from_gguf(f)
+
+
 def test_tiles_and_overview_equal_transformers() -> None:
     """Resized to the longest edge (64 x 42), stretched to whole tiles (64 x 64), 2 x 2 tiles
     row-major then the overview: the pixels Idefics3ImageProcessorPil computes."""

@@ -98,6 +98,10 @@ class ClipParams:
             longest_edge=int(get("preproc_image_size", 0))  # type: ignore[call-overload]
             if proj == "idefics3" else 0,
         )
+        if proj == "idefics3" and cp.longest_edge <= 0:
+            raise ModelError(f"{f.path.name}: an idefics3 mmproj without "
+                             "clip.vision.preproc_image_size (an older conversion, which "
+                             "llama.cpp slices another way) is not supported: reconvert it")
         side = cp.patches_per_side
         if cp.image_size % cp.patch_size or side % cp.n_merge or cp.n_embd % cp.n_head:
             raise ModelError(f"{f.path.name}: image {cp.image_size} / patch {cp.patch_size} / "
