@@ -141,7 +141,6 @@ def test_greedy_answer_matches_transformers_generate() -> None:
     assert isinstance(done, Finished) and done.ids == want
 
 
-@pytest.mark.slow
 def test_minfer_run_with_an_image(capsys: pytest.CaptureFixture[str]) -> None:
     """`minfer run --image FILE` on the tiny SmolVLM (its mmproj found beside it): the prompt
     holds the image's 20 placeholders and the reply's first tokens are transformers' greedy
