@@ -46,7 +46,9 @@ def test_preprocessing_equals_transformers() -> None:
     from minfer.engine.vision.image import preprocess
 
     cp = ClipParams.from_gguf(GGUFFile.open(FIXTURES / "mmproj.gguf"))
-    got = preprocess((FIXTURES / "image.png").read_bytes(), cp)
+    px = preprocess((FIXTURES / "image.png").read_bytes(), cp)
+    assert px.grid == (0, 0) and px.chunks.shape[0] == 1
+    got = px.chunks[0]
     assert got.shape == REF["pixels"].shape
     np.testing.assert_allclose(got, REF["pixels"], atol=1e-5)
 
@@ -85,7 +87,7 @@ def test_image_features_match_transformers() -> None:
     assert got.shape == want.shape
     assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4
     # batch-invariant and repeatable: the same image again gives the same bits
-    np.testing.assert_array_equal(enc.encode((FIXTURES / "image.png").read_bytes()),
+    np.testing.assert_array_equal(enc.encode((FIXTURES / "image.png").read_bytes()).rows,
                                   enc.encode_pixels(REF["pixels"]))
 
 
@@ -97,7 +99,8 @@ def _engine(**fields: Any) -> Engine:
 def _image_rows() -> np.ndarray:
     from minfer.engine.vision.encoder import VisionEncoder
 
-    return VisionEncoder(FIXTURES / "mmproj.gguf").encode((FIXTURES / "image.png").read_bytes())
+    return VisionEncoder(FIXTURES / "mmproj.gguf").encode(
+        (FIXTURES / "image.png").read_bytes()).rows
 
 
 def test_logits_after_an_image_match_transformers() -> None:

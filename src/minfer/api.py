@@ -262,15 +262,14 @@ class Model:
         and the images' embedding rows where they go. ImageError: a text-only model, or an
         image that cannot be read."""
         from minfer.engine.vision.image import ImageError
-        from minfer.engine.vision.prompt import ImageTokens, layout
+        from minfer.engine.vision.prompt import layout
 
         encoder = self.vision
         if encoder is None:
             raise ImageError(f"{self.name} takes no images: it has no vision encoder (an "
                              "mmproj file: --mmproj FILE, or mmproj*.gguf beside the model)")
-        tokens = ImageTokens.lookup(self.tokenizer.token_id)
         rows = [encoder.encode(data) for data in images]
-        return layout(text, rows, tokens, first=self.tokenizer.encode_prompt,
+        return layout(text, rows, self.tokenizer.token_id, first=self.tokenizer.encode_prompt,
                       rest=lambda s: self.tokenizer.encode(s, special=True, add_bos=False))
 
     def chat_images(self, messages: Sequence[Mapping[str, Any]], *,

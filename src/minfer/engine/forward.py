@@ -79,10 +79,11 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.tokens.shape[0])
 
-    def with_rows(self, at: int, rows: np.ndarray) -> Batch:
+    def with_rows(self, at: int, rows: np.ndarray, *, causal: bool = False) -> Batch:
         """This batch with `rows` in place of the token embeddings of batch rows [at, at + k)
         (an image's), which read each other both ways: each one's KV window ends at the
-        block's end (llama.cpp decodes an image chunk non-causally). The rows enter unscaled."""
+        block's end (llama.cpp decodes a Gemma 3 image chunk non-causally; `causal`: as text,
+        as it decodes the others). The rows enter unscaled."""
         k = int(rows.shape[0])
         if not 0 <= at <= self.n_tokens - k or k == 0:
             raise MinferError(f"{k} given rows at batch row {at} do not fit {self.n_tokens} rows")
@@ -93,7 +94,8 @@ class Batch:
         base = 0 if self.embd is None else int(self.embd.shape[0])
         ids[at:at + k] = np.arange(base, base + k, dtype=np.int32)
         kv_end = self.kv_end.copy()
-        kv_end[at:at + k] = kv_end[at + k - 1]
+        if not causal:
+            kv_end[at:at + k] = kv_end[at + k - 1]
         embd = np.asarray(rows, np.float32)
         return replace(self, embd_ids=ids, kv_end=kv_end,
                        embd=embd if self.embd is None else np.concatenate([self.embd, embd]))
@@ -296,15 +298,16 @@ class Engine:
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
                 batch_invariant: bool = False,
-                embd: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
+                embd: Sequence[tuple[int, np.ndarray] | tuple[int, np.ndarray, bool]] = ()
+                ) -> np.ndarray:
         """One sequence's tokens at start_pos..; logits of the last n_out rows.
         batch_invariant: this forward's rows are bitwise their one-token decode rows (a
         speculative verify), even on an engine made without `batch_invariant`.
         embd: (row, rows) blocks given in place of those tokens' embeddings (`Batch.with_rows`:
-        an image's)."""
+        an image's; a third element True: the block is causal)."""
         batch = Batch.single(tokens, start_pos, n_out)
-        for at, rows in embd:
-            batch = batch.with_rows(at, rows)
+        for at, rows, *causal in embd:
+            batch = batch.with_rows(at, rows, causal=bool(causal and causal[0]))
         return self.forward_batch(batch, batch_invariant=batch_invariant)
 
     @property

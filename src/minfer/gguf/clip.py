@@ -5,6 +5,11 @@ refused by name. Gemma 3 (`gemma3`): a SigLIP tower (LayerNorm, tanh GELU, learn
 no pre-norm), its patches average-pooled by `n_merge` per side (4 unless the file says
 `clip.vision.projector.scale_factor`), then RMSNorm (`mm.soft_emb_norm`) and a projection to the
 text model's width (`mm.input_projection`); images resized to the fixed `image_size` square.
+Idefics3 (`idefics3`, SmolVLM): the same SigLIP tower over tiles of `image_size`, its patches
+pixel-shuffled by `n_merge` per side (the scale factor, 2 unless the file says otherwise: each
+n_merge x n_merge window's rows joined into one), then `mm.model.fc` to the text model's width;
+an image is resized to `longest_edge` (`clip.vision.preproc_image_size`) and cut into tiles
+plus an overview (`minfer.engine.vision.image`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from dataclasses import dataclass
 from minfer.errors import ModelError
 from minfer.gguf.reader import GGUFFile
 
-SUPPORTED = ("gemma3",)
-LATER = ("qwen3vl", "idefics3", "lfm2")
+SUPPORTED = ("gemma3", "idefics3")
+LATER = ("qwen3vl", "lfm2")
+DEFAULT_MERGE = {"gemma3": 4, "idefics3": 2}
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class ClipParams:
     image_std: tuple[float, float, float]
     n_merge: int
     n_embd_text: int
+    longest_edge: int = 0  # idefics3: the image's longest side before tiling (0: no tiling)
 
     @property
     def patches_per_side(self) -> int:
@@ -43,7 +50,7 @@ class ClipParams:
 
     @property
     def n_image_tokens(self) -> int:
-        """Embeddings one image becomes (the pooled grid)."""
+        """Embeddings one encoder input (an image, a tile) becomes: the merged grid."""
         return (self.patches_per_side // self.n_merge) ** 2
 
     @property
@@ -85,9 +92,16 @@ class ClipParams:
             eps=float(get("attention.layer_norm_epsilon", 1e-6)),  # type: ignore[arg-type]
             image_mean=triple("image_mean"),
             image_std=triple("image_std"),
-            n_merge=int(get("projector.scale_factor", 4)),  # type: ignore[call-overload]
+            n_merge=int(get("projector.scale_factor",  # type: ignore[call-overload]
+                            DEFAULT_MERGE[proj])),
             n_embd_text=int(get("projection_dim")),  # type: ignore[call-overload]
+            longest_edge=int(get("preproc_image_size", 0))  # type: ignore[call-overload]
+            if proj == "idefics3" else 0,
         )
+        if proj == "idefics3" and cp.longest_edge <= 0:
+            raise ModelError(f"{f.path.name}: an idefics3 mmproj without "
+                             "clip.vision.preproc_image_size (an older conversion, which "
+                             "llama.cpp slices another way) is not supported: reconvert it")
         side = cp.patches_per_side
         if cp.image_size % cp.patch_size or side % cp.n_merge or cp.n_embd % cp.n_head:
             raise ModelError(f"{f.path.name}: image {cp.image_size} / patch {cp.patch_size} / "

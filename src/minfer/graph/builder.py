@@ -234,6 +234,14 @@ class GraphBuilder:
         return self._append(name, ir.Pool(kind), (x, start, end), shape,
                             meta=NodeMeta(role=name))
 
+    def join_rows(self, name: str, x: int, group: int) -> int:
+        shape = self.shape(x)
+        if len(shape) != 2 or group < 1 or shape[0] % group:
+            raise GraphError(f"{name}: rows of {shape} do not join in groups of {group}")
+        return self._append(name, ir.JoinRows(group), (x,), (shape[0] // group,
+                                                             shape[1] * group),
+                            meta=NodeMeta(role=name))
+
     def seq_attn(self, q: int, k: int, v: int, start: int, end: int, op: ir.SeqAttn) -> int:
         if self.shape(q)[-1] != op.n_head * op.head_dim:
             raise GraphError(f"attn.{op.layer}: q width does not match the heads")

@@ -309,6 +309,14 @@ class Pool(Op):
 
 
 @dataclass(frozen=True)
+class JoinRows(Op):
+    """Each `group` consecutive rows joined into one row, [n, w] -> [n / group, w * group] (a
+    reshape of the row-major data: Idefics3's pixel shuffle after its window-order rows)."""
+
+    group: int
+
+
+@dataclass(frozen=True)
 class FusedGateUp(Op):
     """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
 

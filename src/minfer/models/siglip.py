@@ -1,5 +1,6 @@
-"""Gemma 3's vision tower (SigLIP) and projector as builder calls, after llama.cpp's
-`tools/mtmd/models/siglip.cpp` and `clip_graph::build_vit`.
+"""The SigLIP vision tower and its projectors (Gemma 3's, Idefics3's) as builder calls, after
+llama.cpp's `tools/mtmd/models/siglip.cpp` and `clip_graph::build_vit`: one tower, the projector
+a branch on `clip.projector_type`.
 
 - Input: one image's patches unfolded to rows of 3 * patch^2 (channel, y, x), in row-major
   patch order; the patch embedding (a stride-patch convolution) is a matmul over them, with its
@@ -8,9 +9,11 @@
   encoder attention BERT uses, bounds as data): h += out(attn(LN1(h))); h += down(gelu(up(
   LN2(h)))), every projection biased, GELU the tanh form (SigLIP's gelu_pytorch_tanh); then
   `v.post_ln`.
-- Projector: the patch grid average-pooled n_merge x n_merge (the rows reordered so that each
-  window is contiguous, `POOL_ROWS`, then a mean per window: both data), RMSNorm times
-  `mm.soft_emb_norm`, and `mm.input_projection` to the text model's width.
+- Gemma 3's projector: the patch grid average-pooled n_merge x n_merge (the rows reordered so
+  that each window is contiguous, `POOL_ROWS`, then a mean per window: both data), RMSNorm
+  times `mm.soft_emb_norm`, and `mm.input_projection` to the text model's width.
+- Idefics3's: pixel shuffle (`build_patch_merge_permute`: the same window order, each window's
+  n_merge^2 rows joined into one, row-major within the window) and `mm.model.fc` (no bias).
 Older converters wrote SigLIP's fc1 / fc2 as ffn_down / ffn_up; as clip.cpp does, whichever
 reads the tower's width is the up projection.
 """
@@ -28,24 +31,29 @@ PATCH_EMBD = "v.patch_embd.weight"
 INPUT_PROJ = "mm.input_projection.weight"
 
 
-def build_gemma3_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]]
-                        ) -> ComputeGraph:
+def build_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]]) -> ComputeGraph:
+    """The tower over one image (tile) of `image_size`, then the file's projector."""
     b = GraphBuilder(weight_shapes)
     n = cp.n_patches
-    n_out = cp.n_image_tokens
     pixels = b.input_rows(InputKind.PIXELS, n, 3 * cp.patch_size ** 2)
     pos = b.input(InputKind.POSITIONS, n)
     start = b.input(InputKind.SEQ_START, n)
     end = b.input(InputKind.SEQ_END, n)
     order = b.input(InputKind.POOL_ROWS, n)
-    out_start = b.input(InputKind.OUT_START, n_out)
-    out_end = b.input(InputKind.OUT_END, n_out)
+    pooled = cp.projector == "gemma3"
+    if pooled:  # inputs first: an input's buffer is live from the start (all filled at once)
+        out_start = b.input(InputKind.OUT_START, cp.n_image_tokens)
+        out_end = b.input(InputKind.OUT_END, cp.n_image_tokens)
     h = b.matmul("patch_embd", pixels, PATCH_EMBD, bias="v.patch_embd.bias")
     h = b.add("pos_embd", h, b.weight_rows("pos_rows", "v.position_embd.weight", pos))
     for il in range(cp.n_layer):
         h = _block(b, cp, il, h, start, end)
     h = b.layer_norm("post_ln", h, "v.post_ln.weight", "v.post_ln.bias", cp.eps)
-    h = b.get_rows("pool_order", h, order)
+    h = b.get_rows("merge_order", h, order)  # each n_merge x n_merge window's rows together
+    if not pooled:  # idefics3
+        h = b.join_rows("pixel_shuffle", h, cp.n_merge ** 2)
+        b.output(b.matmul("mm_fc", h, "mm.model.fc.weight"))
+        return b.graph
     h = b.pool("pool", h, out_start, out_end, "mean")
     h = b.rms_norm("soft_emb_norm", h, "mm.soft_emb_norm.weight", cp.eps)
     b.output(b.matmul("input_projection", h, INPUT_PROJ))

@@ -13,12 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from minfer.chat.reasoning import FORMATS, ReasoningOptions
 from minfer.engine.core.request import GenRequest, PromptRows
-from minfer.engine.vision.image import ImageError
-from minfer.engine.vision.prompt import ImageTokens, image_bytes, layout
+from minfer.engine.vision.image import EncodedImage, ImageError
+from minfer.engine.vision.prompt import image_bytes, layout
 from minfer.errors import MinferError
 from minfer.sampling.grammar import GrammarVocab
 from minfer.sampling.mask import BannedTokens, chain
@@ -68,7 +66,7 @@ class TokenizerLike(Protocol):
 class ImageReader(Protocol):
     """A model's vision encoder (`minfer.engine.vision.encoder.VisionEncoder`)."""
 
-    def encode(self, data: bytes) -> np.ndarray: ...
+    def encode(self, data: bytes) -> EncodedImage: ...
 
 
 class TemplateLike(Protocol):
@@ -119,13 +117,13 @@ def chat_prompt(req: ChatCompletionRequest, tok: TokenizerLike, template: Templa
     if not images:
         return tok.encode_prompt(text), ()
     try:
-        return layout(text, images, ImageTokens.lookup(tok.token_id), first=tok.encode_prompt,
+        return layout(text, images, tok.token_id, first=tok.encode_prompt,
                       rest=lambda s: tok.encode(s, special=True, add_bos=False))
     except ImageError as exc:
         raise bad_request(str(exc), param="messages", code="invalid_image") from None
 
 
-def _read_images(urls: Sequence[str], vision: ImageReader | None) -> list[np.ndarray]:
+def _read_images(urls: Sequence[str], vision: ImageReader | None) -> list[EncodedImage]:
     """Each image's embedding rows; a 400 naming the problem for a model without a vision
     encoder, a URL that is not a base64 data: URL, or an image that cannot be decoded."""
     if vision is None:

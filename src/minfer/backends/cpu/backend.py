@@ -547,6 +547,10 @@ def _bind_pool(node: Node, srcs: Srcs, out: np.ndarray,
     return [K.bind_pool(srcs[0], srcs[1], srcs[2], node.op.mode, out)]
 
 
+def _join_rows(x: np.ndarray, out: np.ndarray) -> None:
+    out[:] = x.reshape(out.shape)
+
+
 def _bind_scale(node: Node, srcs: Srcs, out: np.ndarray,
                 ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.Scale)
@@ -603,6 +607,7 @@ _BINDERS: dict[type, Binder] = {
     ir.LayerNorm: _bind_layer_norm,
     ir.SeqAttn: _bind_seq_attn,
     ir.Pool: _bind_pool,
+    ir.JoinRows: _bind_call(_join_rows),
     ir.Moe: _bind_moe,
     ir.SigmoidGate: _bind_sigmoid_gate,
     ir.Scale: _bind_scale,

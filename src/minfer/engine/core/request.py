@@ -76,17 +76,19 @@ class TokenLogprob:
 @dataclass(frozen=True)
 class PromptRows:
     """Embedding rows given for prompt tokens [at, at + n) (an image's), in place of theirs;
-    the block is computed in one forward, its rows reading each other both ways."""
+    the block is computed in one forward, its rows reading each other both ways (Gemma 3's) or
+    causally as text (`causal`: Idefics3's, as llama.cpp's mtmd decodes them)."""
 
     at: int
     rows: np.ndarray  # [n, n_embd] float32
+    causal: bool = False
 
     @property
     def n(self) -> int:
         return int(self.rows.shape[0])
 
     def shifted(self, by: int) -> PromptRows:
-        return PromptRows(self.at + by, self.rows)
+        return PromptRows(self.at + by, self.rows, self.causal)
 
 
 @dataclass

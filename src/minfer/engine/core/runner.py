@@ -91,7 +91,7 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
                 out_ids.append(w.seq_id)
     if not out_rows:  # a step of prompt chunks only: the graph still returns one row
         out_rows.append(len(tokens) - 1)
-    given = [(first + e.at, e.rows) for first, w in zip(firsts, plan.works, strict=True)
+    given = [(first + e.at, e.rows, e.causal) for first, w in zip(firsts, plan.works, strict=True)
              for e in w.embd]
     pos = np.concatenate(positions)
     base = np.concatenate(bases)
@@ -104,8 +104,8 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
         kv_end=cells + 1,
         out_rows=np.asarray(out_rows, dtype=np.int32),
     )
-    for at, rows in given:
-        batch = batch.with_rows(at, rows)
+    for at, rows, causal in given:
+        batch = batch.with_rows(at, rows, causal=causal)
     return batch, out_ids
 
 
@@ -191,7 +191,7 @@ class SequenceRunner:
             engine = cast("Engine", self.engine)
             n_out = len(w.tokens) if w.rows else 1
             rows = engine.forward(w.tokens, w.start_pos, n_out,
-                                  embd=[(e.at, e.rows) for e in w.embd])
+                                  embd=[(e.at, e.rows, e.causal) for e in w.embd])
             return {w.seq_id: rows} if w.rows else ({w.seq_id: rows[0]} if w.logits else {})
         if w.rows:
             return {w.seq_id: self.engine.forward(w.tokens, w.start_pos, len(w.tokens))}

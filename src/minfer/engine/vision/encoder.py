@@ -1,8 +1,10 @@
 """A vision encoder over an mmproj file: images to the text model's embedding rows.
 
-The tower is a graph in the same IR (`minfer.models.siglip`), bound into an op tape on the CPU
-backend's kernels, its matmuls the dense-f32 GEMM an encoder uses (batch-invariant: an image's
-rows do not depend on anything else). Two weights are presented in the form a matmul reads:
+The tower is a graph in the same IR (`minfer.models.siglip.build_vision`, its projector a branch
+on `clip.projector_type`), bound into an op tape on the CPU backend's kernels, its matmuls the
+dense-f32 GEMM an encoder uses (batch-invariant: an image's rows do not depend on anything
+else). An image is one or more chunks of `image_size` (Idefics3's tiles and overview), each run
+through the same tape. Two weights are presented in the form a matmul reads:
 the patch embedding (a convolution kernel [n_embd, 3, p, p]) as [n_embd, 3 p^2], and Gemma 3's
 projection (stored [n_embd_vision, n_embd_text], applied as x @ W) transposed.
 """
@@ -16,14 +18,14 @@ import numpy as np
 
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu.backend import CpuBackend
-from minfer.engine.vision.image import patches, preprocess
+from minfer.engine.vision.image import EncodedImage, patches, preprocess
 from minfer.engine.weights import ModelWeights
 from minfer.gguf.clip import ClipParams
 from minfer.gguf.reader import GGUFFile
 from minfer.graph import scheduler
 from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
 from minfer.graph.ir import InputKind
-from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_gemma3_vision
+from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_vision
 
 F32 = 0  # GGML type id
 
@@ -32,6 +34,8 @@ class VisionWeights(ModelWeights):
     """The mmproj's weights, with the patch embedding and the projection reshaped to matrices."""
 
     def _reshaped(self, name: str) -> np.ndarray | None:
+        if name not in self.file.tensors:
+            return None
         if name == PATCH_EMBD:
             w = np.asarray(self.file.array(name), np.float32)
             return np.ascontiguousarray(w.reshape(w.shape[0], -1))
@@ -60,7 +64,7 @@ class VisionEncoder:
         self.file = GGUFFile.open(Path(path))
         self.params = cp = ClipParams.from_gguf(self.file)
         self.weights = VisionWeights(self.file)
-        graph = build_gemma3_vision(cp, self.weights.shapes())
+        graph = build_vision(cp, self.weights.shapes())
         backend = CpuBackend()
         scheduler.assign_backends(graph, [backend])
         graph.topo_order()
@@ -75,6 +79,7 @@ class VisionEncoder:
 
     @property
     def n_image_tokens(self) -> int:
+        """Embedding rows per chunk (a whole image for Gemma 3, a tile for Idefics3)."""
         return self.params.n_image_tokens
 
     def _input(self, kind: InputKind) -> np.ndarray:
@@ -89,15 +94,18 @@ class VisionEncoder:
         self._input(InputKind.POSITIONS)[:] = np.arange(n)
         self._input(InputKind.SEQ_START)[:] = 0
         self._input(InputKind.SEQ_END)[:] = n
-        # each m x m window's patches together, windows row-major (ggml_pool_2d's output order)
+        # each m x m window's patches together (row-major within it), windows row-major:
+        # ggml_pool_2d's output order, and Idefics3's pixel shuffle once joined
         grid = np.arange(n).reshape(side // m, m, side // m, m).transpose(0, 2, 1, 3)
         self._input(InputKind.POOL_ROWS)[:] = grid.reshape(-1)
+        if InputKind.OUT_START not in self._graph.inputs:
+            return
         n_out = cp.n_image_tokens
         self._input(InputKind.OUT_START)[:] = np.arange(n_out) * m * m
         self._input(InputKind.OUT_END)[:] = (np.arange(n_out) + 1) * m * m
 
     def encode_pixels(self, chw: np.ndarray) -> np.ndarray:
-        """A preprocessed [3, size, size] image's [n_image_tokens, n_embd_text] rows."""
+        """A preprocessed [3, size, size] chunk's [n_image_tokens, n_embd_text] rows."""
         cp = self.params
         if chw.shape != (3, cp.image_size, cp.image_size):
             raise ValueError(f"pixels {chw.shape}, expected (3, {cp.image_size}, "
@@ -109,6 +117,8 @@ class VisionEncoder:
             assert out is not None
             return out.copy()
 
-    def encode(self, data: bytes) -> np.ndarray:
-        """An image file's bytes to its embedding rows."""
-        return self.encode_pixels(preprocess(data, self.params))
+    def encode(self, data: bytes) -> EncodedImage:
+        """An image file's bytes to its embedding rows, its chunks' in prompt order."""
+        px = preprocess(data, self.params)
+        rows = np.concatenate([self.encode_pixels(c) for c in px.chunks])
+        return EncodedImage(rows, self.n_image_tokens, px.grid, self.params.projector)

@@ -1,18 +1,30 @@
-"""Image bytes to an encoder's input, as llama.cpp's mtmd does it for a fixed-size projector.
+"""Image bytes to an encoder's inputs, as llama.cpp's mtmd preprocesses them per projector.
 
 Decoded by Pillow (JPEG, PNG, WebP, GIF's first frame; anything else, or a corrupt file, is an
-`ImageError`), converted to RGB, then `mtmd_image_preprocessor_fixed_size`: scaled to fit the
-`image_size` square keeping its aspect (each side ceil(side * scale), at most image_size),
-resized with Pillow's bilinear filter (clip.cpp's `resize_pillow` is Pillow's algorithm) and
-centred on black (llama.cpp's PAD_CEIL letterbox; transformers' Gemma3 processor stretches a
-non-square image instead: the two agree on square images), then x / 255, (x - mean) / std per
-channel, and unfolded into patch rows (channel, y, x), patches in row-major order.
+`ImageError`) and converted to RGB; then, by `clip.projector_type`:
+
+- gemma3 (`mtmd_image_preprocessor_fixed_size`): scaled to fit the `image_size` square keeping
+  its aspect (each side ceil(side * scale), at most image_size), resized with Pillow's bilinear
+  filter (clip.cpp's `resize_pillow` is Pillow's algorithm) and centred on black (llama.cpp's
+  PAD_CEIL letterbox; transformers' Gemma3 processor stretches a non-square image instead: the
+  two agree on square images). One chunk.
+- idefics3 (`mtmd_image_preprocessor_idefics3`, Pillow's Lanczos filter throughout): resized so
+  its longer side is `longest_edge` (the other int(longest_edge / aspect), rounded up to even),
+  then stretched to whole tiles (each side rounded up to a multiple of `image_size`), cut into
+  grid_y x grid_x tiles (row-major), and the overview: that refined image resized to one tile.
+  The chunks are the tiles, then the overview (the order mtmd places them in the prompt).
+  transformers' Idefics3 processor does the same except that it does not split an image that
+  fits one tile (llama.cpp: one tile plus the overview).
+
+Each chunk then x / 255, (x - mean) / std per channel (f32, as clip.cpp), and is unfolded into
+patch rows (channel, y, x), patches in row-major order, by the encoder.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,6 +36,29 @@ FORMATS = ("JPEG", "PNG", "WEBP", "GIF")
 
 class ImageError(MinferError):
     """An image that cannot be read (corrupt, or in a format minfer does not decode)."""
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """An image as the encoder's inputs: `chunks` [k, 3, size, size] in their prompt order;
+    `grid` (rows, cols): the tiles before the last chunk (the overview), (0, 0): one chunk."""
+
+    chunks: np.ndarray
+    grid: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image's embedding rows, `per_chunk` rows for each of its chunks in prompt order (the
+    layout of `grid` as `Pixels`), for the projector family `projector` (its prompt markers)."""
+
+    rows: np.ndarray  # [n_chunks * per_chunk, n_embd_text] float32
+    per_chunk: int
+    grid: tuple[int, int]
+    projector: str
+
+    def chunk(self, i: int) -> np.ndarray:
+        return self.rows[i * self.per_chunk:(i + 1) * self.per_chunk]
 
 
 def decode(data: bytes) -> object:
@@ -74,6 +109,34 @@ def patches(chw: np.ndarray, patch: int) -> np.ndarray:
     return np.ascontiguousarray(grid.transpose(1, 3, 0, 2, 4).reshape(-1, c * patch * patch))
 
 
-def preprocess(data: bytes, cp: ClipParams) -> np.ndarray:
-    """An image file's bytes as the encoder's [3, size, size] input."""
-    return normalized(resized(decode(data), cp.image_size), cp)
+def tiles(img: object, tile: int, longest_edge: int) -> tuple[list[np.ndarray], tuple[int, int]]:
+    """Idefics3's [tile, tile, 3] uint8 chunks (tiles row-major, then the overview) and the
+    tile grid (rows, cols); see the module docstring."""
+    from PIL import Image
+
+    assert isinstance(img, Image.Image)
+    lanczos = Image.Resampling.LANCZOS
+    w, h = img.size
+    aspect = w / h
+    if w >= h:
+        rw, rh = longest_edge, int(longest_edge / aspect)
+        rh += rh % 2
+    else:
+        rw, rh = int(longest_edge * aspect), longest_edge
+        rw += rw % 2
+    cols, rows = -(-rw // tile), -(-rh // tile)
+    refined = img.resize((rw, rh), lanczos).resize((cols * tile, rows * tile), lanczos)
+    overview = refined.resize((tile, tile), lanczos)
+    grid = np.asarray(refined, np.uint8)
+    chunks = [grid[r * tile:(r + 1) * tile, c * tile:(c + 1) * tile]
+              for r in range(rows) for c in range(cols)]
+    return [*chunks, np.asarray(overview, np.uint8)], (rows, cols)
+
+
+def preprocess(data: bytes, cp: ClipParams) -> Pixels:
+    """An image file's bytes as the encoder's chunks."""
+    img = decode(data)
+    if cp.projector == "idefics3":
+        chunks, grid = tiles(img, cp.image_size, cp.longest_edge)
+        return Pixels(np.stack([normalized(c, cp) for c in chunks]), grid)
+    return Pixels(normalized(resized(img, cp.image_size), cp)[None])

@@ -3,9 +3,16 @@
 As llama.cpp's mtmd: each image part becomes the media marker `<__media__>` in the message's
 text before the chat template renders it (so any template places images where their parts
 were); the rendered prompt is split at the markers, each text piece tokenized (special tokens
-parsed, BOS on the first only), and each marker expands to Gemma 3's `<start_of_image>`, one
-placeholder token (`<image_soft_token>`) per image embedding row, `<end_of_image>`. The
-placeholders count as prompt tokens (usage); their embedding rows are the encoder's
+parsed, BOS on the first only), and each marker expands to the image's chunks framed by its
+family's markers, one placeholder token per embedding row:
+
+- gemma3: `<start_of_image>`, `<image_soft_token>` per row, `<end_of_image>`; the block reads
+  itself both ways.
+- idefics3: per tile `<fake_token_around_image><row_r_col_c>` and its rows (`<image>` each),
+  `\n` between tile rows; then `\n\n<fake_token_around_image><global-img>`, the overview's
+  rows, `<fake_token_around_image>`; causal blocks (mtmd's `MTMD_SLICE_TMPL_IDEFICS3`).
+
+The placeholders count as prompt tokens (usage); their embedding rows are the encoder's
 (`PromptRows`).
 
 An image part is OpenAI's {"type": "image_url", "image_url": {"url": "data:image/...;base64,
@@ -19,17 +26,15 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from minfer.engine.core.request import PromptRows
-from minfer.engine.vision.image import ImageError
+from minfer.engine.vision.image import EncodedImage, ImageError
 
 MARKER = "<__media__>"
 BEGIN, END, PLACEHOLDER = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+FAKE, GLOBAL, IMAGE = "<fake_token_around_image>", "<global-img>", "<image>"
 IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
@@ -94,42 +99,58 @@ def split_images(messages: Sequence[Mapping[str, Any]]
     return out, images
 
 
-@dataclass(frozen=True)
-class ImageTokens:
-    """The ids that frame an image's rows in the prompt (Gemma 3's)."""
-
-    begin: int
-    end: int
-    placeholder: int
-
-    @classmethod
-    def lookup(cls, token_id: Callable[[str], int | None]) -> ImageTokens:
-        ids = [token_id(t) for t in (BEGIN, END, PLACEHOLDER)]
-        if None in ids:
-            missing = [t for t, i in zip((BEGIN, END, PLACEHOLDER), ids, strict=True)
-                       if i is None]
-            raise ImageError(f"the model's vocabulary lacks {', '.join(missing)}: it does not "
-                             "take images")
-        begin, end, placeholder = (int(i) for i in ids if i is not None)
-        return cls(begin, end, placeholder)
+def _lookup(token_id: Callable[[str], int | None], *texts: str) -> list[int]:
+    """The ids of the family's marker tokens (ImageError naming those the vocabulary lacks)."""
+    ids = [token_id(t) for t in texts]
+    missing = [t for t, i in zip(texts, ids, strict=True) if i is None]
+    if missing:
+        raise ImageError(f"the model's vocabulary lacks {', '.join(missing)}: it does not "
+                         "take images")
+    return [int(i) for i in ids if i is not None]
 
 
-def layout(text: str, images: Sequence[np.ndarray], tokens: ImageTokens, *,
+def _image_ids(image: EncodedImage, ids: list[int], placed: list[PromptRows],
+               token_id: Callable[[str], int | None], rest: Callable[[str], list[int]]) -> None:
+    """Append one image's markers and placeholders to ids, its blocks to placed."""
+
+    def block(chunk: int, placeholder: int, causal: bool) -> None:
+        rows = image.chunk(chunk)
+        placed.append(PromptRows(len(ids), rows, causal))
+        ids.extend([placeholder] * int(rows.shape[0]))
+
+    if image.projector == "idefics3":
+        fake, glob, img = _lookup(token_id, FAKE, GLOBAL, IMAGE)
+        n_row, n_col = image.grid
+        for r in range(n_row):
+            for c in range(n_col):
+                ids.extend([fake, *_lookup(token_id, f"<row_{r + 1}_col_{c + 1}>")])
+                block(r * n_col + c, img, True)
+            if r != n_row - 1:
+                ids.extend(rest("\n"))
+        ids.extend([*rest("\n\n"), fake, glob])
+        block(n_row * n_col, img, True)
+        ids.append(fake)
+        return
+    begin, end, placeholder = _lookup(token_id, BEGIN, END, PLACEHOLDER)
+    ids.append(begin)
+    block(0, placeholder, False)
+    ids.append(end)
+
+
+def layout(text: str, images: Sequence[EncodedImage], token_id: Callable[[str], int | None], *,
            first: Callable[[str], list[int]], rest: Callable[[str], list[int]]
            ) -> tuple[list[int], tuple[PromptRows, ...]]:
-    """The rendered prompt's ids, each MARKER expanded to begin + a placeholder per row of its
-    image + end, and where each image's rows go. first / rest tokenize the first text piece
-    (BOS as the model adds it) and the others."""
+    """The rendered prompt's ids, each MARKER expanded to its image's markers and a
+    placeholder per row (see the module docstring), and where each block of rows goes.
+    token_id: a vocabulary string's id; first / rest tokenize the first text piece (BOS as
+    the model adds it) and the others."""
     pieces = text.split(MARKER)
     if len(pieces) != len(images) + 1:
         raise ImageError(f"the prompt has {len(pieces) - 1} image markers for {len(images)} "
                          "images (a message's text contains the marker itself?)")
     ids = first(pieces[0])
     placed: list[PromptRows] = []
-    for rows, piece in zip(images, pieces[1:], strict=True):
-        ids.append(tokens.begin)
-        placed.append(PromptRows(len(ids), rows))
-        ids.extend([tokens.placeholder] * int(rows.shape[0]))
-        ids.append(tokens.end)
+    for image, piece in zip(images, pieces[1:], strict=True):
+        _image_ids(image, ids, placed, token_id, rest)
         ids.extend(rest(piece))
     return ids, tuple(placed)
