@@ -39,7 +39,7 @@ class _Images(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/slow.png":
-            time.sleep(1.0)
+            time.sleep(1.5)
         body, kind = {"/image.png": (PNG, "image/png"), "/slow.png": (PNG, "image/png"),
                       "/page.html": (b"<html>hi</html>", "text/html; charset=utf-8"),
                       "/big.png": (b"\0" * (LIMIT + 1), "image/png"),
@@ -74,7 +74,7 @@ def web() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetch, "MAX_BYTES", LIMIT)
-    monkeypatch.setattr(fetch, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(fetch, "TIMEOUT_S", 0.5)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_a_follow_up_about_the_same_image_does_not_encode_it_again(gemma: Server
     ("/page.html", "not an image (Content-Type text/html)"),
     ("/big.png", "more than the 8192 bytes limit"),
     ("/stream.png", "more than the 8192 bytes limit"),
-    ("/slow.png", "timed out after 0.3 s"),
+    ("/slow.png", "timed out after 0.5 s"),
 ])
 def test_a_url_that_cannot_be_fetched_is_a_400_naming_the_problem(
         gemma: ServerState, web: str, path: str, words: str) -> None:
