@@ -187,7 +187,7 @@ def test_thinking_is_a_thinking_block(think_model: Callable[..., Path]) -> None:
     ({"model": "m", "max_tokens": 4, "messages": []}, "messages"),
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
-     "not supported"),
+     "takes no images"),
     ({"model": "m", "max_tokens": 4, "messages": MSG, "temperature": 1.5}, "temperature"),
     ({"model": "m", "max_tokens": 4, "messages": MSG, "tool_choice": {"type": "tool"}},
      "tool_choice"),

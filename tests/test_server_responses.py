@@ -7,7 +7,7 @@ conversation; instructions and message items; a forced function tool as a `funct
 (and its argument deltas); a tool round trip in the input (function_call /
 function_call_output items) rendered as the chat request's tool turns; `text.format` JSON;
 `max_output_tokens` reached is `incomplete`; what this server cannot do is a 400 naming the
-field (stored responses, images, non-function tools).
+field (stored responses, an image for a text-only model, files, non-function tools).
 """
 
 from __future__ import annotations
@@ -147,7 +147,11 @@ def test_text_format_json_schema_constrains_the_output(state: ServerState) -> No
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "messages"),  # a text-only model: the image is refused where the prompt is read
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "input.0.content.0"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+     "input.0.content.0.image_url"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": "x", "tool_choice": {"type": "mcp"}}, "tool_choice"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),

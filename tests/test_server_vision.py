@@ -1,6 +1,7 @@
 """/v1/chat/completions with OpenAI image parts on the tiny Gemma 3 fixture (tests/fixtures/vision:
 the text model with its mmproj beside it): the image read into the prompt, counted in usage; a
-text-only model, a corrupt image or a URL that is not a data: URL answered with a 400."""
+text-only model, a corrupt image or a URL that is neither data: nor http(s) answered with a 400
+(the other surfaces, and http(s) URLs: test_server_vision_apis.py)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_an_image_part_is_read_into_the_prompt(gemma: ServerState) -> None:
 @pytest.mark.parametrize(("url", "words"), [
     ("data:image/png;base64,AAAA", "cannot be decoded"),
     ("data:image/png;base64,@@", "base64"),
-    ("https://example.com/a.png", "data: URLs"),
+    ("ftp://example.com/a.png", "data: URL or http(s)"),
 ])
 def test_a_bad_image_is_a_400(gemma: ServerState, url: str, words: str) -> None:
     r = call(gemma, "POST", CHAT, json=_body(url))

@@ -92,15 +92,20 @@ class KVMirror:
         return len(self._tokens)
 
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
-                batch_invariant: bool = False) -> np.ndarray:
+                batch_invariant: bool = False,
+                embd: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
         """Write tokens at start_pos.. (≤ cursor) and return the engine's logits
-        (`batch_invariant` as minfer.engine.forward.Engine.forward: a speculative verify)."""
+        (`batch_invariant` as minfer.engine.forward.Engine.forward: a speculative verify;
+        `embd`: rows given for some of the tokens, an image's)."""
         if start_pos > len(self._tokens):
             raise MinferError(
                 f"KV write at {start_pos} would leave a gap (cursor at {len(self._tokens)})")
         # Forget first: if the engine fails half-way, the mirror must not claim rows it lost.
         del self._tokens[start_pos:]
-        if batch_invariant:
+        if embd:
+            logits = cast("Engine", self.engine).forward(tokens, start_pos, n_out,
+                                                         embd=list(embd))
+        elif batch_invariant:
             logits = cast("Engine", self.engine).forward(tokens, start_pos, n_out,
                                                          batch_invariant=True)
         else:

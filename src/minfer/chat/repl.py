@@ -3,7 +3,8 @@
 Interactive (stdin is a terminal): prompt_toolkit line editing and history, a `>>> ` prompt,
 replies streamed as they are generated, Qwen3-style `<think>…</think>` (a harmony reply's
 analysis channel) dimmed (rich), commands
-/regen /clear /help /exit /quit /bye (Ollama's), Ctrl-D to leave and Ctrl-C to stop the current
+/regen /clear /help /exit /quit /bye (Ollama's) and `/image PATH` (the image goes with the next
+message; a model with a vision encoder), Ctrl-D to leave and Ctrl-C to stop the current
 reply (or drop the line being typed). `--multiline` collects lines until an empty one.
 
 Piped (stdin is not a terminal): every input line is one user turn (with `--multiline`, every
@@ -17,6 +18,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Protocol
 
 from minfer.chat.session import ChatSession, TurnEvents, TurnReport
@@ -25,12 +27,14 @@ from minfer.engine.generate import Piece
 from minfer.errors import MinferError
 
 HELP = """commands:
+  /image PATH         attach an image to the next message (a model with an mmproj)
   /regen              generate the last reply again
   /clear              forget the conversation (the system prompt stays)
   /help               this list
   /exit, /quit, /bye  leave (Ctrl-D too); Ctrl-C stops a reply"""
-COMMANDS = ("/regen", "/clear", "/help", "/exit", "/quit", "/bye")
+COMMANDS = ("/image", "/regen", "/clear", "/help", "/exit", "/quit", "/bye")
 _COMMAND_RE = re.compile(r"/[A-Za-z]+")
+_IMAGE_RE = re.compile(r"/image(?:\s+(.*))?", re.IGNORECASE | re.DOTALL)
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # everything but \t and \n
 
 
@@ -164,6 +168,7 @@ class Repl:
         self.on_change = on_change
         self.banner = banner
         self.n_errors = 0
+        self.images: list[bytes] = []  # attached by /image, sent with the next message
 
     def run(self) -> int:
         """The loop; returns the exit status (2 when a piped turn failed, else 0)."""
@@ -184,10 +189,46 @@ class Repl:
         text = line.strip()
         if not text:
             return True
+        image = _IMAGE_RE.fullmatch(text)
+        if image is not None:
+            self.attach(image.group(1))
+            return True
         if is_command(text):
             return self.command(text.lower())
-        self._turn(lambda: self.session.say(line))
+        images, self.images = self.images, []
+        self._turn(lambda: self.session.say(line, images))
         return True
+
+    def attach(self, path: str | None) -> None:
+        """`/image PATH`: read and check the image now, send it with the next message."""
+        problem = self._image(path)
+        if problem is not None:
+            self.n_errors += 1
+            self.writer.error(problem)
+            return
+        n = len(self.images)
+        self.writer.notice(f"(image attached{f', {n} now' if n > 1 else ''}: it goes with "
+                           "your next message)")
+
+    def _image(self, path: str | None) -> str | None:
+        """Attach the image at path; what is wrong, if anything."""
+        from minfer.engine.vision.image import ImageError, decode
+
+        if self.session.images is None:
+            return ("this model takes no images: it has no vision encoder (an mmproj file: "
+                    "--mmproj FILE, or mmproj*.gguf beside the model)")
+        if not path or not path.strip():
+            return "/image needs a file: /image PATH"
+        file = Path(path.strip().strip("'\"")).expanduser()
+        try:
+            data = file.read_bytes()
+            decode(data)
+        except OSError as exc:
+            return f"cannot read the image {file}: {exc.strerror or exc}"
+        except ImageError as exc:
+            return f"{file}: {exc}"
+        self.images.append(data)
+        return None
 
     def command(self, cmd: str) -> bool:
         if cmd in ("/exit", "/quit", "/bye"):

@@ -38,6 +38,13 @@ bring the KV back to (a prefix of) the render of the kept conversation:
   `n_shift_fallbacks`).
 - `overflow="reprefill"`: the kept history after the shared prefix (the system rows) is prefilled
   again (exact; its cost is reported as that turn's `n_prefilled`).
+
+Images (`say(text, images=...)`, given an `ImagePrompt`: a model's vision encoder): a user
+message keeps its images' file bytes; each render puts the media marker before its text and the
+prompt's image blocks take the encoder's rows (minfer.engine.vision.prompt). Two images of the
+same size are the same placeholder ids, so no turn reuses KV rows from the first image of the
+conversation on: each prefills from there again, the encoder's cache sparing the tower
+(`VisionEncoder.encode`). A saved transcript keeps the text, not the images.
 """
 
 from __future__ import annotations
@@ -47,14 +54,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from minfer.chat.kv import ForwardEngine, KVMirror, common_prefix
+from minfer.engine.core.request import PromptRows
 from minfer.engine.generate import Finished, Piece, generate, prefill
+from minfer.engine.vision.prompt import MARKER
 from minfer.errors import ContextOverflowError, MinferError, TemplateError
 
 if TYPE_CHECKING:
     from minfer.engine.core.proposer import Speculator
     from minfer.engine.forward import Engine
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role, content (text), and a user message's images (file bytes)
+# a rendered prompt with image markers and the images' bytes -> its ids and the images' rows
+ImagePrompt = Callable[[str, Sequence[bytes]], tuple[list[int], tuple[PromptRows, ...]]]
 
 
 class ChatError(MinferError):
@@ -126,10 +137,13 @@ class ChatSession:
                  sampler: ChatSampler, *, system: str | None = None,
                  config: ChatConfig | None = None, overflow: str | None = None,
                  speculator: Speculator | None = None,
-                 reply_content: Callable[[str], str] | None = None) -> None:
+                 reply_content: Callable[[str], str] | None = None,
+                 images: ImagePrompt | None = None) -> None:
         self.kv = KVMirror(engine)
         # what of a reply the history keeps (a harmony reply: its final message; None: all)
         self.reply_content = reply_content
+        self.images = images  # None: the model takes no images
+        self._embd: tuple[PromptRows, ...] = ()  # the last render's image rows, where they go
         self.speculator = speculator  # proposals verified in batches; the output is the same
         self.tokenizer = tokenizer
         self.template = template
@@ -159,10 +173,17 @@ class ChatSession:
         return self.reports[-1] if self.reports else None
 
     # -- commands ------------------------------------------------------------------------------
-    def say(self, text: str) -> TurnEvents:
-        """A user turn: prefill its delta, stream the reply, end with the turn's report."""
+    def say(self, text: str, images: Sequence[bytes] = ()) -> TurnEvents:
+        """A user turn (its images, file bytes, before its text): prefill its delta, stream
+        the reply, end with the turn's report."""
+        if images and self.images is None:
+            raise ChatError("this model takes no images: it has no vision encoder (an mmproj "
+                            "file: --mmproj FILE, or mmproj*.gguf beside the model)")
         saved = self._snapshot()
-        self.messages.append({"role": "user", "content": text})
+        message: Message = {"role": "user", "content": text}
+        if images:
+            message["images"] = list(images)
+        self.messages.append(message)
         report = TurnReport(turn=len(self.reports) + 1)
         try:
             prompt = self._prompt_for_turn(report)
@@ -188,9 +209,11 @@ class ChatSession:
         return self._reply(report, prompt)
 
     def transcript(self) -> list[Message]:
-        """The whole conversation: the messages in the context and those dropped for room."""
+        """The whole conversation: the messages in the context and those dropped for room
+        (their text: images are not kept)."""
         head = [m for m in self.messages[:1] if m["role"] == "system"]
-        return [*head, *self.dropped, *self.messages[len(head):]]
+        return [{k: v for k, v in m.items() if k != "images"}
+                for m in (*head, *self.dropped, *self.messages[len(head):])]
 
     def clear(self) -> None:
         """Forget the conversation (the system prompt stays, and its KV rows with it)."""
@@ -249,8 +272,8 @@ class ChatSession:
         if start < self.kv.cursor and not report.n_dropped:
             report.re_rendered = True
             self.n_re_renders += 1
-        start = min(start, len(target) - 1)  # the last prompt token is forwarded for its logits
-        self.kv.rewind(start)
+        start = min(start, len(target) - 1, self._first_image())  # the last prompt token is
+        self.kv.rewind(start)  # forwarded for its logits; image rows are never reused
         start = self.kv.cursor  # start, or 0 where a recurrent state cannot go back
         eot = self.end_of_turn_id
         report.eot_inserted = self._eot_pending and eot is not None and eot in target[start:]
@@ -273,7 +296,8 @@ class ChatSession:
                 events = generate(self._engine(), self.tokenizer, self.sampler, prompt,
                                   max_tokens=cfg.max_tokens - len(ids), stops=cfg.stops,
                                   start_pos=self.kv.cursor, batch_size=cfg.batch_size,
-                                  speculator=self.speculator, context=self.kv.tokens)
+                                  speculator=self.speculator, context=self.kv.tokens,
+                                  embd=[e.shifted(-self.kv.cursor) for e in self._embd])
                 for event in events:
                     if isinstance(event, Piece):
                         text.append(event.text)
@@ -312,7 +336,8 @@ class ChatSession:
         report.n_dropped += dropped
         self._shift_after_drop(report, before, target, ids)
         full = target + ids
-        self.kv.rewind(min(common_prefix(self.kv.tokens, full), len(full) - 1))
+        self.kv.rewind(min(common_prefix(self.kv.tokens, full), len(full) - 1,
+                           self._first_image()))
         start = self.kv.cursor
         self.turn_start = min(self.turn_start, start)
         return full[start:], len(target)
@@ -409,9 +434,28 @@ class ChatSession:
 
     def _render_ids(self, add_generation_prompt: bool,
                     messages: Sequence[Message] | None = None) -> list[int]:
-        text = self.template.render(self.messages if messages is None else messages,
-                                    add_generation_prompt=add_generation_prompt)
-        return self.tokenizer.encode_prompt(text)
+        """The render's ids; of the conversation itself (messages None), its images' rows are
+        kept where they go (`_embd`)."""
+        msgs = self.messages if messages is None else messages
+        images = [data for m in msgs for data in m.get("images", ())]
+        text = self.template.render(
+            [{"role": m["role"], "content": MARKER * len(m["images"]) + m["content"]}
+             if m.get("images") else m for m in msgs],
+            add_generation_prompt=add_generation_prompt)
+        embd: tuple[PromptRows, ...] = ()
+        if not images:
+            ids = self.tokenizer.encode_prompt(text)
+        elif self.images is None:
+            raise ChatError("this model takes no images")
+        else:
+            ids, embd = self.images(text, images)
+        if messages is None:
+            self._embd = embd
+        return ids
+
+    def _first_image(self) -> int:
+        """Where the conversation's first image rows begin (past the end: none)."""
+        return self._embd[0].at if self._embd else 1 << 62
 
     def _reserve(self) -> int:
         if self.config.reserve is not None:

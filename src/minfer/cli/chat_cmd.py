@@ -31,7 +31,8 @@ from minfer.errors import MinferError
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("chat", help="chat with a model (multi-turn REPL)",
-                       description="Chat with a model: a REPL with /regen /clear /help /exit.")
+                       description="Chat with a model: a REPL with /image /regen /clear /help "
+                                   "/exit.")
     p.add_argument("model_pos", nargs="?", metavar="MODEL",
                    help="model path or cached name (default model if omitted)")
     p.add_argument("-p", "--prompt", help="the first user message")
@@ -46,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="restore the conversation from FILE and save it there after every turn")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="per-turn prefill counts on stderr")
+    p.add_argument("-mm", "--mmproj", metavar="FILE",
+                   help="the vision encoder, for /image (default: an mmproj*.gguf beside the "
+                        "model)")
     add_model_args(p)
     add_sampling_args(p)
     add_reasoning_args(p, split=False)
@@ -122,7 +126,8 @@ def make_session(model: Any, args: argparse.Namespace) -> Any:
     return ChatSession(engine, model.tokenizer, template, sampler,
                        system=args.system, config=config,
                        speculator=speculator_from_args(model, args),
-                       reply_content=reply_content_for(model.chat_template.source))
+                       reply_content=reply_content_for(model.chat_template.source),
+                       images=model.image_prompt if model.vision is not None else None)
 
 
 def _color(choice: str) -> bool:

@@ -159,7 +159,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
                                                 "n_predict": cfg.n_predict},
                 "total_slots": cfg.slots, "model_path": str(cfg.model_path),
                 "chat_template": getattr(lm.template, "source", ""),
-                "modalities": {"vision": False, "audio": False},
+                "modalities": {"vision": lm.vision is not None, "audio": False},
                 "build_info": f"minfer {minfer.__version__}"}
 
     @app.post("/apply-template")
@@ -189,7 +189,14 @@ def _model_routes(app: FastAPI, state: ServerState) -> None:
             n_ctx = facts.metadata.get(f"{facts.architecture}.context_length")
             return model_info(name, facts.modified, n_ctx if isinstance(n_ctx, int) else None)
         return {"id": name, "object": "model", "created": int(facts.modified),
-                "owned_by": "minfer"}
+                "owned_by": "minfer", "capabilities": capabilities(name, facts.role)}
+
+    def capabilities(name: str, role: str) -> list[str]:
+        """What the model does, as llama-server lists it: "completion" (or "embedding" for an
+        encoder), and "vision" where a vision encoder (an mmproj) is loaded with it."""
+        vision = any(lm.name == name and lm.vision is not None for lm in state.loaded())
+        return ["completion" if role == "generate" else "embedding"] + (
+            ["vision"] if vision else [])
 
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)

@@ -93,8 +93,9 @@ class ImageUrl(_Strict):
 
 
 class ImagePart(_Strict):
-    """OpenAI's image part: a data: URL (minfer fetches nothing), read by a model with a vision
-    encoder (`minfer.engine.vision.prompt`); it stands in the text as the media marker."""
+    """OpenAI's image part: a base64 data: URL or an http(s) URL (downloaded with limits:
+    `minfer.engine.vision.fetch`), read by a model with a vision encoder
+    (`minfer.engine.vision.prompt`); it stands in the text as the media marker."""
 
     type: Literal["image_url"]
     image_url: ImageUrl | str
@@ -129,7 +130,7 @@ class ChatMessage(_Strict):
         return self.content
 
     def image_urls(self) -> list[str]:
-        """The data: URLs of its image parts, in order."""
+        """The URLs (data: or http(s)) of its image parts, in order."""
         if not isinstance(self.content, list):
             return []
         return [p.url() for p in self.content if isinstance(p, ImagePart)]
@@ -267,6 +268,32 @@ def translated(model: type[T], body: dict[str, Any]) -> T:
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise APIError(400, f"{where}: {first.get('msg', 'invalid value')}",
                        param=where or None) from None
+
+
+Content = str | list[dict[str, Any]]
+
+
+def image_part(url: str) -> dict[str, Any]:
+    """An OpenAI image part of a URL (data: or http(s)): how every other API's image reaches
+    the chat request (Anthropic's image blocks, Ollama's `images`, Responses' input_image)."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def chat_content(pieces: list[str | dict[str, Any]], sep: str = "") -> Content:
+    """A chat message's content from its texts and image parts (`image_part`) in order: the
+    texts joined by sep where there is no image, else text and image parts (sep between two
+    texts that follow each other)."""
+    if all(isinstance(p, str) for p in pieces):
+        return sep.join(p for p in pieces if isinstance(p, str))
+    out: list[dict[str, Any]] = []
+    after_text = False
+    for piece in pieces:
+        if isinstance(piece, str):
+            out.append({"type": "text", "text": (sep if after_text else "") + piece})
+        else:
+            out.append(piece)
+        after_text = isinstance(piece, str)
+    return out
 
 
 class TokenizeRequest(_Strict):

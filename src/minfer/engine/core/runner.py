@@ -187,7 +187,7 @@ class SequenceRunner:
                 verify.save_state(0, spare=True)
             rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
             return {w.seq_id: rows}
-        if w.embd:  # an image's rows: the engine itself (a chat's mirror takes none)
+        if w.embd:  # an image's rows (an Engine, or a chat's KVMirror in front of one)
             engine = cast("Engine", self.engine)
             n_out = len(w.tokens) if w.rows else 1
             rows = engine.forward(w.tokens, w.start_pos, n_out,

@@ -7,11 +7,17 @@ else). An image is one or more chunks of `image_size` (Idefics3's tiles and over
 through the same tape. Two weights are presented in the form a matmul reads:
 the patch embedding (a convolution kernel [n_embd, 3, p, p]) as [n_embd, 3 p^2], and Gemma 3's
 projection (stored [n_embd_vision, n_embd_text], applied as x @ W) transposed.
+
+`encode` keeps the rows of the last `CACHE_IMAGES` images by the sha256 of their file bytes (an
+LRU): a follow-up question about the same image, a retried or trimmed request, or each of `n`
+choices reads the rows again instead of running the tower again (`n_encoded` counts the runs).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +34,7 @@ from minfer.graph.ir import InputKind
 from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_vision
 
 F32 = 0  # GGML type id
+CACHE_IMAGES = 16  # images whose rows `encode` keeps (Gemma 3 27B: 5.5 MB each)
 
 
 class VisionWeights(ModelWeights):
@@ -73,6 +80,9 @@ class VisionEncoder:
         self._buffers = Allocator(kv).buffers(graph, plan)
         self._graph = graph
         self._lock = threading.Lock()  # one image at a time through the shared buffers
+        self._cache: OrderedDict[bytes, EncodedImage] = OrderedDict()  # sha256 -> rows, LRU
+        self._cache_lock = threading.Lock()
+        self.n_encoded = 0  # images run through the tower
         ctx = ExecContext(weights=self.weights, kv=kv, batch_invariant=True, dense_f32=True)
         self._tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live),
                                           self._buffers, {backend.name: backend}, ctx)
@@ -113,12 +123,26 @@ class VisionEncoder:
         with self._lock:
             self._fill(cp, patches(np.asarray(chw, np.float32), cp.patch_size))
             self._tape.run()
+            self.n_encoded += 1
             out = self._buffers[self._graph.outputs[0]]
             assert out is not None
             return out.copy()
 
     def encode(self, data: bytes) -> EncodedImage:
-        """An image file's bytes to its embedding rows, its chunks' in prompt order."""
+        """An image file's bytes to its embedding rows, its chunks' in prompt order (the rows
+        read-only: shared with the cache, keyed by the bytes' sha256)."""
+        key = hashlib.sha256(data).digest()
+        with self._cache_lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
         px = preprocess(data, self.params)
         rows = np.concatenate([self.encode_pixels(c) for c in px.chunks])
-        return EncodedImage(rows, self.n_image_tokens, px.grid, self.params.projector)
+        rows.setflags(write=False)
+        image = EncodedImage(rows, self.n_image_tokens, px.grid, self.params.projector)
+        with self._cache_lock:
+            self._cache[key] = image
+            while len(self._cache) > CACHE_IMAGES:
+                self._cache.popitem(last=False)
+        return image

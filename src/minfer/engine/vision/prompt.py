@@ -16,20 +16,20 @@ The placeholders count as prompt tokens (usage); their embedding rows are the en
 (`PromptRows`).
 
 An image part is OpenAI's {"type": "image_url", "image_url": {"url": "data:image/...;base64,
-..."}} (or "image_url": "data:..."), or {"type": "image", "path": FILE} / {"type": "image",
-"data": bytes or base64 text}. Text parts ({"type": "text", "text": ...}) are joined with the
-markers into one string content.
+..."}} (or "image_url": "data:...", or an http(s) URL: downloaded by `fetch`), the Responses
+API's {"type": "input_image", "image_url": ...}, or {"type": "image", "path": FILE} /
+{"type": "image", "data": bytes or base64 text}. Text parts ({"type": "text", "text": ...})
+are joined with the markers into one string content.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from minfer.engine.core.request import PromptRows
+from minfer.engine.vision.fetch import base64_bytes, url_bytes
 from minfer.engine.vision.image import EncodedImage, ImageError
 
 MARKER = "<__media__>"
@@ -50,26 +50,14 @@ def image_bytes(part: Mapping[str, Any]) -> bytes:
         if isinstance(data, bytes | bytearray):
             return bytes(data)
         if isinstance(data, str):
-            return _base64(data)
+            return base64_bytes(data)
         raise ImageError('an "image" part needs "path" or "data"')
     ref = part.get("image_url")
     url = ref.get("url") if isinstance(ref, Mapping) else ref
     if not isinstance(url, str):
-        raise ImageError('an "image_url" part needs {"url": "data:..."}')
-    if not url.startswith("data:"):
-        raise ImageError("only data: URLs are read (minfer fetches nothing), got "
-                         f"{url[:40]!r}")
-    head, _, body = url.partition(",")
-    if not head.endswith(";base64"):
-        raise ImageError("a data: URL of an image must be base64 (data:image/png;base64,...)")
-    return _base64(body)
-
-
-def _base64(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ImageError("the image's base64 data is corrupt") from None
+        raise ImageError(f'an "{part.get("type")}" part needs an image URL ({{"url": '
+                         '"data:..."}} or "https://...")')
+    return url_bytes(url)
 
 
 def split_images(messages: Sequence[Mapping[str, Any]]

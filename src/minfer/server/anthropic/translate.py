@@ -1,11 +1,12 @@
 """Anthropic Messages ⇄ the OpenAI chat request the core's request path takes.
 
 `chat_request` turns a Messages body into a `ChatCompletionRequest` (consecutive messages of one
-role combined into one turn, as Anthropic's API does; system → a system message,
-`tool_result` blocks → tool messages, `tool_use` → assistant tool calls, `thinking` → the
-assistant's reasoning_content, tools / tool_choice / stop_sequences / thinking mapped), so both
-APIs share prepare, sampling, stops, tools and the reasoning split. `message_body` and
-`BlockEvents` shape the result as a `message` object or as the streamed event sequence.
+role combined into one turn, as Anthropic's API does; system → a system message, `tool_result`
+blocks → tool messages, `tool_use` → assistant tool calls, `thinking` → the assistant's
+reasoning_content, `image` blocks (a base64 or url source) → image parts, tools / tool_choice /
+stop_sequences / thinking mapped), so both APIs share prepare, sampling, stops, tools and the
+reasoning split. `message_body` and `BlockEvents` shape the result as a `message` object or as
+the streamed event sequence.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from minfer.server.anthropic.schemas import (
 )
 from minfer.server.errors import bad_request
 from minfer.server.output import Reply
-from minfer.server.schemas import ChatCompletionRequest, translated
+from minfer.server.schemas import (
+    ChatCompletionRequest,
+    Content,
+    chat_content,
+    image_part,
+    translated,
+)
 from minfer.server.worker import Usage
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -101,16 +108,17 @@ def _turns(messages: Sequence[Message]) -> list[tuple[str, list[tuple[str, Block
 
 def _messages(role: str, blocks: Sequence[tuple[str, Block]]) -> list[dict[str, Any]]:
     """One Anthropic turn as OpenAI chat messages (a user turn's tool results become tool
-    messages, in order around its text; its texts are joined by newlines)."""
+    messages, in order around its text and images; its texts are joined by newlines)."""
     out: list[dict[str, Any]] = []
-    text: list[str] = []
+    text: list[str | dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     thinking: list[str] = []
     for at, block in blocks:
         if isinstance(block, ImageBlock):
-            raise bad_request(f"{at}: {block.type} blocks are not supported (this server runs "
-                              "text-only models)", param=at)
-        if isinstance(block, DocumentBlock):
+            if role != "user":
+                raise bad_request(f"{at}: image blocks belong to user turns", param=at)
+            text.append(_image(block, at))
+        elif isinstance(block, DocumentBlock):
             text.append(_document_text(block, at))
         elif isinstance(block, TextBlock):
             text.append(block.text)
@@ -123,35 +131,56 @@ def _messages(role: str, blocks: Sequence[tuple[str, Block]]) -> list[dict[str, 
             if role != "user":
                 raise bad_request(f"{at}: tool_result blocks belong to user turns", param=at)
             if text:
-                out.append({"role": "user", "content": "\n".join(text)})
+                out.append({"role": "user", "content": chat_content(text, "\n")})
                 text = []
             out.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                        "content": _result_text(block, at)})
+                        "content": _result_content(block, at)})
         elif isinstance(block, ThinkingBlock):
             thinking.append(block.thinking)
     if role == "assistant":
-        turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(text)}
+        turn: dict[str, Any] = {"role": "assistant", "content": chat_content(text, "\n")}
         if calls:
             turn["tool_calls"] = calls
         if thinking:
             turn["reasoning_content"] = "\n".join(thinking)
         return [turn]
     if text or not out:
-        out.append({"role": "user", "content": "\n".join(text)})
+        out.append({"role": "user", "content": chat_content(text, "\n")})
     return out
 
 
-def _result_text(block: ToolResultBlock, at: str) -> str:
+def _result_content(block: ToolResultBlock, at: str) -> Content:
     if block.content is None or isinstance(block.content, str):
         return block.content or ""
-    parts = []
+    parts: list[str | dict[str, Any]] = []
     for k, part in enumerate(block.content):
+        where = f"{at}.content.{k}"
         if isinstance(part, ImageBlock):
-            raise bad_request(f"{at}.content.{k}: {part.type} blocks are not supported",
-                              param=f"{at}.content.{k}")
-        parts.append(_document_text(part, f"{at}.content.{k}")
-                     if isinstance(part, DocumentBlock) else part.text)
-    return "\n".join(parts)
+            parts.append(_image(part, where))
+        else:
+            parts.append(_document_text(part, where) if isinstance(part, DocumentBlock)
+                         else part.text)
+    return chat_content(parts, "\n")
+
+
+def _image(block: ImageBlock, at: str) -> dict[str, Any]:
+    """An image block as an image part: a base64 source as a data: URL, a url source as it
+    is (downloaded when the prompt is read: `minfer.engine.vision.fetch`)."""
+    source = block.source or {}
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise bad_request(f"{at}: a base64 image source needs media_type and data",
+                              param=f"{at}.source")
+        return image_part(f"data:{media};base64,{data}")
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str):
+            raise bad_request(f"{at}: a url image source needs url", param=f"{at}.source.url")
+        return image_part(url)
+    raise bad_request(f"{at}: image blocks are supported with a base64 or url source (got "
+                      f"{kind!r})", param=f"{at}.source")
 
 
 def _document_text(block: DocumentBlock, at: str) -> str:

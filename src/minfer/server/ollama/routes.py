@@ -294,7 +294,7 @@ def fit_history(req: ChatCompletionRequest, lm: LoadedModel) -> ChatCompletionRe
     def fits(messages: list[ChatMessage]) -> bool:
         trial = req.model_copy(update={"messages": messages})
         plan = OutputPlan(tools=None if tools is None else [dict(t) for t in tools])
-        ids, _ = chat_prompt(trial, lm.tokenizer, lm.template, plan, lm.reasoning)
+        ids, _ = chat_prompt(trial, lm.tokenizer, lm.template, plan, lm.reasoning, lm.vision)
         return len(ids) + room <= n_ctx
 
     msgs = req.messages

@@ -3,6 +3,9 @@
 `/api/chat` becomes a chat completion, `/api/generate` a chat completion of one user turn (its
 `system` first), a raw completion with `raw`, a fill-in-the-middle completion with `suffix`, or
 a completion of the request's own `template` (gotemplate.py's subset of Go's templates).
+A message's `images` (base64 files, as the generate body's `images` with the prompt) become
+image parts before its text, as Ollama puts them; read by a model with a vision encoder,
+refused with a 400 by a text-only one (minfer.server.prepare).
 `options` map onto the sampling fields, `format` onto `response_format`, `think` onto the chat
 template's `enable_thinking` (a level onto `reasoning_effort` too). `capabilities` says what a
 model does as Ollama infers it (its kind, and the template's `tools`, suffix and thinking); a
@@ -25,6 +28,9 @@ from minfer.server.ollama.schemas import ChatRequest, GenerateRequest, Message
 from minfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    Content,
+    chat_content,
+    image_part,
     translated,
 )
 from minfer.server.state import LoadedModel, ModelFacts
@@ -33,6 +39,7 @@ from minfer.server.worker import Done
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
             "repeat_last_n", "presence_penalty", "frequency_penalty", "mirostat", "mirostat_tau",
             "mirostat_eta", "seed", "stop")
+IMAGE_TYPE = "application/octet-stream"  # Ollama's images carry no type: the bytes decide
 
 
 def names(lm: LoadedModel) -> tuple[str, str]:
@@ -69,8 +76,8 @@ def _common(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
 def capabilities(lm: LoadedModel) -> list[str]:
     """Ollama's capabilities of a served model, in its order: "completion" (it generates),
     "embedding" (it is served for embeddings), then what its chat template handles: "tools"
-    (it writes the `tools` into the prompt), "insert" (fill-in-the-middle tokens), "thinking"
-    (`<think>`, or a thinking switch)."""
+    (it writes the `tools` into the prompt), "insert" (fill-in-the-middle tokens), "vision"
+    (a vision encoder, an mmproj, is loaded), "thinking" (`<think>`, or a thinking switch)."""
     caps = (["completion"] if lm.worker is not None else []) + (
         ["embedding"] if lm.embed is not None else [])
     if lm.worker is None:
@@ -80,6 +87,8 @@ def capabilities(lm: LoadedModel) -> list[str]:
         caps.append("tools")
     if not lm.tokenizer.fim.missing():
         caps.append("insert")
+    if lm.vision is not None:
+        caps.append("vision")
     if template_thinks(lm.template.source, variables):
         caps.append("thinking")
     return caps
@@ -112,7 +121,7 @@ def _thinking(body: ChatRequest | GenerateRequest) -> dict[str, Any]:
 
 
 def chat_request(body: ChatRequest) -> ChatCompletionRequest:
-    messages = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+    messages = [_message(m) for m in body.messages]
     out = {"messages": messages, **_common(body), **_thinking(body),
            **_logprobs(body, chat=True)}
     if body.tools:
@@ -120,11 +129,15 @@ def chat_request(body: ChatRequest) -> ChatCompletionRequest:
     return translated(ChatCompletionRequest, out)
 
 
-def _message(m: Message, where: str) -> dict[str, Any]:
-    if m.images:
-        raise bad_request(f"{where}.images: images are not supported (this server runs "
-                          "text-only models)", param=f"{where}.images")
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
+def _with_images(text: str, images: list[str] | None) -> Content:
+    """A message's content with its images (base64 files) before its text, as Ollama."""
+    if not images:
+        return text
+    return chat_content([*(image_part(f"data:{IMAGE_TYPE};base64,{b}") for b in images), text])
+
+
+def _message(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": _with_images(m.content, m.images)}
     if m.thinking:
         out["reasoning_content"] = m.thinking
     if m.tool_calls:
@@ -138,9 +151,9 @@ def _message(m: Message, where: str) -> dict[str, Any]:
 
 def generate_request(body: GenerateRequest,
                      n_ctx: int) -> ChatCompletionRequest | CompletionRequest:
-    if body.images:
-        raise bad_request("images are not supported (this server runs text-only models)",
-                          param="images")
+    if body.images and (body.template or body.suffix is not None or body.raw):
+        raise bad_request("images go with the model's chat template: not with raw, suffix or "
+                          "template", param="images")
     common = _common(body)
     common.setdefault("max_tokens", n_ctx)
     if body.template:  # the request's own (Go) template in place of the model's
@@ -157,8 +170,9 @@ def generate_request(body: GenerateRequest,
     if body.raw:
         return translated(CompletionRequest, {"prompt": body.prompt, **common,
                                              **_logprobs(body, chat=False)})
-    messages = [{"role": "system", "content": body.system}] if body.system else []
-    messages.append({"role": "user", "content": body.prompt})
+    messages: list[dict[str, Any]] = ([{"role": "system", "content": body.system}]
+                                     if body.system else [])
+    messages.append({"role": "user", "content": _with_images(body.prompt, body.images)})
     return translated(ChatCompletionRequest, {"messages": messages, **common, **_thinking(body),
                                               **_logprobs(body, chat=True)})
 

@@ -4,8 +4,9 @@
 content a string or `input_text` / `output_text` parts), `function_call`, `function_call_output`
 and `reasoning` items. Types are strict and unknown fields ignored, as for the chat bodies; the
 llama-server sampling extras clients send through `extra_body` (`top_k`, `min_p`, `seed`,
-`repeat_penalty`) are honoured. Image, file and audio parts are read so that the answer can name
-them (this server runs text-only models).
+`repeat_penalty`) are honoured. An `input_image` part (`image_url`: a data: URL or an http(s)
+URL) is an image for a model with a vision encoder; file and audio parts are read so that the
+answer can name them (this server reads text and images).
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ class TextPart(_Strict):
     text: str
 
 
+class ImagePart(_Strict):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None  # the Files API's: refused (this server stores no files)
+    detail: str | None = None
+
+
 class MediaPart(_Strict):
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
 
 class MessageItem(_Strict):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart | MediaPart]
+    content: str | list[TextPart | ImagePart | MediaPart]
 
 
 class FunctionCallItem(_Strict):
@@ -43,7 +51,7 @@ class FunctionCallItem(_Strict):
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[TextPart | MediaPart]
+    output: str | list[TextPart | ImagePart | MediaPart]
 
 
 class ReasoningItem(_Strict):

@@ -1,13 +1,14 @@
 """OpenAI Responses ⇄ the chat request the core's request path takes.
 
-`chat_request` turns a Responses body into a `ChatCompletionRequest`: `instructions` → a
-system message, message items → chat messages, `function_call` items → the assistant's tool
-calls, `function_call_output` → tool messages, a `reasoning` item → the next assistant turn's
-reasoning_content; function tools, `tool_choice`, `text.format` and the sampling fields mapped.
-So both APIs share prepare, sampling, tools and the reasoning split. `response_body` and
-`ItemEvents` shape the result as a `response` object or as the streamed event sequence: a
-`reasoning` item (its text as `reasoning_text` content), a `message` item with one
-`output_text` part, and a `function_call` item per tool call, in that order.
+`chat_request` turns a Responses body into a `ChatCompletionRequest`: `instructions` → a system
+message, message items → chat messages, `function_call` items → the assistant's tool calls,
+`function_call_output` → tool messages, a `reasoning` item → the next assistant turn's
+reasoning_content, `input_image` parts → image parts; function tools, `tool_choice`,
+`text.format` and the sampling fields mapped. So both APIs share prepare, sampling, tools and
+the reasoning split. `response_body` and `ItemEvents` shape the result as a `response` object or
+as the streamed event sequence: a `reasoning` item (its text as `reasoning_text` content), a
+`message` item with one `output_text` part, and a `function_call` item per tool call, in that
+order.
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ from minfer.server.output import Reply
 from minfer.server.responses.schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImagePart,
     MediaPart,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
     TextPart,
 )
-from minfer.server.schemas import ChatCompletionRequest, translated
+from minfer.server.schemas import (
+    ChatCompletionRequest,
+    Content,
+    chat_content,
+    image_part,
+    translated,
+)
 from minfer.server.worker import Usage
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
@@ -81,7 +89,7 @@ def _messages(items: Sequence[Any]) -> list[dict[str, Any]]:
     for i, item in enumerate(items):
         at = f"input.{i}"
         if isinstance(item, MessageItem):
-            turn: dict[str, Any] = {"role": item.role, "content": _text(item.content, at)}
+            turn: dict[str, Any] = {"role": item.role, "content": _content(item.content, at)}
             if item.role == "assistant" and thought:
                 turn["reasoning_content"] = "\n".join(thought)
                 thought = []
@@ -102,19 +110,28 @@ def _messages(items: Sequence[Any]) -> list[dict[str, Any]]:
                 out.append(turn)
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id,
-                        "content": _text(item.output, at)})
+                        "content": _content(item.output, at)})
     return out
 
 
-def _text(content: str | list[TextPart | MediaPart], at: str) -> str:
+def _content(content: str | list[TextPart | ImagePart | MediaPart], at: str) -> Content:
     if isinstance(content, str):
         return content
+    pieces: list[str | dict[str, Any]] = []
     for j, part in enumerate(content):
+        where = f"{at}.content.{j}"
         if isinstance(part, MediaPart):
-            raise bad_request(f"{at}.content.{j}: {part.type} parts are not supported (this "
-                              "server runs text-only models)", param=f"{at}.content.{j}",
-                              code="unsupported_content")
-    return "".join(p.text for p in content if isinstance(p, TextPart))
+            raise bad_request(f"{where}: {part.type} parts are not supported (this server "
+                              "reads text and images)", param=where, code="unsupported_content")
+        if isinstance(part, ImagePart):
+            if part.image_url is None:
+                raise bad_request(f"{where}: an input_image needs image_url (a data: or "
+                                  "http(s) URL; file_id is not supported)",
+                                  param=f"{where}.image_url", code="unsupported_content")
+            pieces.append(image_part(part.image_url))
+        else:
+            pieces.append(part.text)
+    return chat_content(pieces)
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
