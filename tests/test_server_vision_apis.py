@@ -294,7 +294,7 @@ def test_the_cache_holds_a_few_images() -> None:
         Image.new("RGB", (8, 8), (i, 0, 0)).save(buf, "PNG")
         files.append(buf.getvalue())
     rows = enc.encode(files[0])
-    assert not rows.flags.writeable
+    assert not rows.rows.flags.writeable
     assert enc.encode(files[0]) is rows and enc.n_encoded == 1
     for f in files[1:]:
         enc.encode(f)
