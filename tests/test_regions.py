@@ -95,3 +95,41 @@ def test_a_region_records_each_threads_timeline(tiny_qwen2: Path) -> None:
     assert stamps.shape == (numba.get_num_threads(), 2 * len(region.steps))
     for row in stamps:  # every thread passes every step, in order
         assert (np.diff(row) >= 0).all() and row[0] > 0
+
+
+@njit(parallel=True, cache=True)
+def _double(x, out):  # pragma: no cover - compiled
+    for i in numba.prange(x.shape[0]):
+        out[i] = x[i] * 2
+
+
+@njit(cache=True)
+def _double_part(part, n_parts, x, out):  # pragma: no cover - compiled
+    for i in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+        out[i] = x[i] * 2
+
+
+def test_a_kernel_that_raises_in_a_region_raises_its_own_error() -> None:
+    """A cfunc cannot raise: the region notes the failed step and calls it again on its own,
+    which raises the kernel's error (here a KV cell outside the cache)."""
+    from functools import partial
+
+    from minfer import jit_cache
+    from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv, new_cache
+    from minfer.backends.cpu.regions import compose
+
+    rows = np.ones((1, 64), np.float32)
+    k_cache, v_cache = new_cache("f32", 8, 64), new_cache("f32", 8, 64)
+    cells = np.array([3], np.int64)
+    x, y = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    program = compose([jit_cache.direct(partial(_double, x, y)),
+                       jit_cache.direct(bind_store_kv(rows, rows * 2, k_cache, v_cache, cells))])
+    assert len(program) == 1 and isinstance(program[0], RegionRun)
+    program[0]()
+    assert (y == 2 * x).all() and (k_cache[3] == 1).all() and (v_cache[3] == 2).all()
+    cells[0] = 8
+    with pytest.raises(ValueError, match="outside the cache"):
+        program[0]()
+    cells[0] = 5
+    program[0]()  # the flags were cleared
+    assert (k_cache[5] == 1).all()

@@ -219,13 +219,12 @@ def direct(call: Callable[[], _T]) -> Callable[[], _T]:
     return cast(Callable[[], _T], functools.partial(entry, *call.args))
 
 
-def kernel_call(step: Callable[[], Any]) -> tuple[Dispatcher, tuple[Any, ...]] | None:
-    """(the numba function, its arguments) of a call `direct` made, or of a partial of a numba
-    function; None for any other call."""
+def kernel_call(step: Callable[[], Any]) -> tuple[Any, tuple[Any, ...]] | None:
+    """(the function, its arguments) of a call `direct` made (the numba function, not its
+    machine code's entry), or of any partial with positional arguments; None for other calls."""
     if not isinstance(step, functools.partial) or step.keywords:
         return None
-    func = step.func if isinstance(step.func, Dispatcher) else _kernels.get(step.func)
-    return None if func is None else (func, step.args)
+    return _kernels.get(step.func, step.func), step.args
 
 
 _entries: dict[tuple[Dispatcher, tuple[Any, ...]], Callable[..., Any]] = {}

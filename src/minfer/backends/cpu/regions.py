@@ -28,7 +28,7 @@ import numpy as np
 
 from minfer import env, jit_cache
 from minfer.backends.cpu.kernels.region.adapters import Form, Interval, region_form
-from minfer.backends.cpu.kernels.region.runtime import CTRL_WORDS, run_region
+from minfer.backends.cpu.kernels.region.runtime import CTRL_WORDS, FAILED, run_region
 from minfer.errors import MinferError
 
 _YIELD = ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0
@@ -58,6 +58,18 @@ class RegionRun:
         if self._run():
             raise MinferError(f"a parallel region of {len(self.steps)} steps was abandoned: a "
                               "barrier waited over a minute for a thread that never came")
+        self._check()
+
+    def _check(self) -> None:
+        """Raise what a step raised inside the region: the first failed step is called again
+        on its own, which raises its exception (kernels raise only on their inputs)."""
+        failed = int(self._ctrl[FAILED]) - 1
+        if failed >= 0:
+            for f in self.forms:
+                f.block[0] = 0
+            self.steps[failed]()
+            raise MinferError(f"step {failed} of a parallel region failed inside it but not "
+                              "when called again on its own")
 
     def timeline(self) -> np.ndarray:
         """Run once, with each thread's time-stamp counter at each step's start and end
@@ -65,6 +77,7 @@ class RegionRun:
         stamps = np.zeros((numba.get_num_threads(), 2 * len(self.steps)), np.int64)
         if self._bind(stamps)():
             raise MinferError("a parallel region was abandoned (see RegionRun.__call__)")
+        self._check()
         return stamps
 
 

@@ -212,11 +212,11 @@ def _rows_item(q, k, v, kv_start, kv_end, kvh, t0, nb, group, head_dim, scale, s
                 out[t0 + i, qb + g * head_dim + j] = acc[i, g, j] * qg[i, g, 0]
 
 
-@njit(parallel=True, cache=True)
-def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
-                    sinks, out, rows, tile, n_workers):
-    """`_attention` with the vector-IR kernels, ROWS query rows per work item; items are dealt
-    to the workers round-robin, one scratch set per worker (see `_rows_item`)."""
+@njit(inline="always")
+def _rows_worker(w, n_workers, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                 softcap, sinks, out, rows, tile):
+    """Worker w of n_workers (at most the work items) of `_attention_rows`: its items,
+    dealt round-robin, on one scratch set."""
     nt = q.shape[0]
     group = n_head // n_head_kv
     width = 1
@@ -224,19 +224,29 @@ def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scal
         width = max(width, kv_end[t] - kv_start[t])
     n_blocks = (nt + rows - 1) // rows
     n_items = n_blocks * n_head_kv
+    sc = np.empty((rows, group, width), np.float32)
+    qg = np.empty((rows, group, head_dim), np.float32)
+    acc = np.empty((rows, group, head_dim), np.float32)
+    kt = np.empty((head_dim, tile + SCORE_BLOCK), np.float32)
+    for item in range(w, n_items, n_workers):
+        kvh = item % n_head_kv
+        j = item // n_head_kv  # zig-zag block order: cheap early and dear late causal rows
+        b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
+        t0 = b * rows
+        _rows_item(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + rows) - t0, group,
+                   head_dim, scale, softcap, sinks, out, tile, sc, qg, acc, kt)
+
+
+@njit(parallel=True, cache=True)
+def _attention_rows(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
+                    sinks, out, rows, tile, n_workers):
+    """`_attention` with the vector-IR kernels, ROWS query rows per work item; items are dealt
+    to the workers round-robin, one scratch set per worker (see `_rows_item`)."""
+    n_items = (q.shape[0] + rows - 1) // rows * n_head_kv
     n_workers = max(1, min(n_workers, n_items))
     for w in prange(n_workers):
-        sc = np.empty((rows, group, width), np.float32)
-        qg = np.empty((rows, group, head_dim), np.float32)
-        acc = np.empty((rows, group, head_dim), np.float32)
-        kt = np.empty((head_dim, tile + SCORE_BLOCK), np.float32)
-        for item in range(w, n_items, n_workers):
-            kvh = item % n_head_kv
-            j = item // n_head_kv  # zig-zag block order: cheap early and dear late causal rows
-            b = j // 2 if j % 2 == 0 else n_blocks - 1 - j // 2
-            t0 = b * rows
-            _rows_item(q, k, v, kv_start, kv_end, kvh, t0, min(nt, t0 + rows) - t0, group,
-                       head_dim, scale, softcap, sinks, out, tile, sc, qg, acc, kt)
+        _rows_worker(w, n_workers, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim,
+                     scale, softcap, sinks, out, rows, tile)
 
 
 def _rows_apply(nt: int, head_dim: int) -> bool:
@@ -285,6 +295,22 @@ def _per_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: 
                         out, ROWS, CELL_TILE, n_threads)
     else:
         _attention(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap, sinks, out)
+
+
+@njit(cache=True)
+def _per_token_part(part, n_parts, q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, softcap,
+                    sinks, out):  # pragma: no cover - compiled
+    """`_per_token` for part `part` of `n_parts` (a parallel region's thread): the same choice
+    (`takes_rows` with the region's threads), then that kernel's share."""
+    nt = q.shape[0]
+    n_items = (nt + ROWS - 1) // ROWS * n_head_kv
+    if n_items >= n_parts and _windows_shared(lo, hi, ROWS):
+        if part < n_items:
+            _rows_worker(part, min(n_parts, n_items), q, k, v, lo, hi, n_head, n_head_kv,
+                         head_dim, scale, softcap, sinks, out, ROWS, CELL_TILE)
+    else:
+        _attention_part(part, n_parts, q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale,
+                        softcap, sinks, out)
 
 
 def _cache_view(cache: np.ndarray) -> np.ndarray:

@@ -393,6 +393,14 @@ def _store_rows(x, cache, cells, rot):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
+def _store_rows_part(part, n_parts, x, cache, cells, rot):  # pragma: no cover - compiled
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    _check_cells(cells, cache.shape[0])
+    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+        _put_row(x[t], cache[cells[t]], rot)
+
+
+@njit(cache=True, error_model="numpy")
 def _store_rows_serial(x, cache, cells, rot):  # pragma: no cover - compiled
     _check_cells(cells, cache.shape[0])
     for t in range(x.shape[0]):
@@ -403,6 +411,15 @@ def _store_rows_serial(x, cache, cells, rot):  # pragma: no cover - compiled
 def _store_kv(k, v, k_cache, v_cache, cells, rot_k, rot_v):  # pragma: no cover - compiled
     _check_cells(cells, k_cache.shape[0])
     for t in prange(k.shape[0]):
+        _put_row(k[t], k_cache[cells[t]], rot_k)
+        _put_row(v[t], v_cache[cells[t]], rot_v)
+
+
+@njit(cache=True, error_model="numpy")
+def _store_kv_part(part, n_parts, k, v, k_cache, v_cache, cells, rot_k, rot_v):  # pragma: no cover
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    _check_cells(cells, k_cache.shape[0])
+    for t in range(part * k.shape[0] // n_parts, (part + 1) * k.shape[0] // n_parts):
         _put_row(k[t], k_cache[cells[t]], rot_k)
         _put_row(v[t], v_cache[cells[t]], rot_v)
 

@@ -127,6 +127,15 @@ def _silu_chunks(x, out):
         _silu(x[a:b], out[a:b])
 
 
+@njit(cache=True)
+def _silu_chunks_part(part, n_parts, x, out):
+    """The chunks of part `part` of `n_parts` (a parallel region's thread)."""
+    n_chunk = (x.shape[0] + _CHUNK - 1) // _CHUNK
+    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+        a, b = c * _CHUNK, min(x.shape[0], (c + 1) * _CHUNK)
+        _silu(x[a:b], out[a:b])
+
+
 @njit(parallel=True, cache=True)
 def _swiglu_chunks(g, u, out):
     for c in prange((g.shape[0] + _CHUNK - 1) // _CHUNK):
@@ -134,9 +143,27 @@ def _swiglu_chunks(g, u, out):
         _swiglu(g[a:b], u[a:b], out[a:b])
 
 
+@njit(cache=True)
+def _swiglu_chunks_part(part, n_parts, g, u, out):
+    """The chunks of part `part` of `n_parts` (a parallel region's thread)."""
+    n_chunk = (g.shape[0] + _CHUNK - 1) // _CHUNK
+    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+        a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
+        _swiglu(g[a:b], u[a:b], out[a:b])
+
+
 @njit(parallel=True, cache=True)
 def _swiglu_oai_chunks(g, u, out):
     for c in prange((g.shape[0] + _CHUNK - 1) // _CHUNK):
+        a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
+        _swiglu_oai(g[a:b], u[a:b], out[a:b])
+
+
+@njit(cache=True)
+def _swiglu_oai_chunks_part(part, n_parts, g, u, out):
+    """The chunks of part `part` of `n_parts` (a parallel region's thread)."""
+    n_chunk = (g.shape[0] + _CHUNK - 1) // _CHUNK
+    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
         a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
         _swiglu_oai(g[a:b], u[a:b], out[a:b])
 

@@ -80,6 +80,13 @@ def _rms_rows_par(x, w, eps, out, n_seg, seg):
         _rms_row(x, w, eps, out, t, n_seg, seg)
 
 
+@njit(cache=True, error_model="numpy")
+def _rms_rows_par_part(part, n_parts, x, w, eps, out, n_seg, seg):
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+        _rms_row(x, w, eps, out, t, n_seg, seg)
+
+
 def _rows_kernel(x: np.ndarray) -> Callable[..., None]:
     return _rms_rows_par if x.shape[0] >= PARALLEL_MIN_ROWS else _rms_rows
 
@@ -142,6 +149,13 @@ def _layer_rows(x, w, b, eps, out):
 @njit(cache=True, error_model="numpy", parallel=True)
 def _layer_rows_par(x, w, b, eps, out):
     for t in prange(x.shape[0]):
+        _layer_row(x, w, b, eps, out, t)
+
+
+@njit(cache=True, error_model="numpy")
+def _layer_rows_par_part(part, n_parts, x, w, b, eps, out):
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
         _layer_row(x, w, b, eps, out, t)
 
 

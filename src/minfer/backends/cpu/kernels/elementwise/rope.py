@@ -99,6 +99,17 @@ def _rope_par(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factor
                       yarn, neox, out, cos, sin)
 
 
+@njit(cache=True, error_model="numpy")
+def _rope_par_part(part, n_parts, x, positions, n_head, head_dim, rope_dim, base, freq_scale,
+                   factors, yarn, neox, out):
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    cos = np.empty(rope_dim // 2, np.float32)
+    sin = np.empty(rope_dim // 2, np.float32)
+    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+        _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn,
+                  neox, out, cos, sin)
+
+
 def rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
          base: float, style: str = "neox", freq_scale: float = 1.0,
          factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN, out: np.ndarray) -> None:

@@ -150,6 +150,13 @@ def _quantize_q8_0_rows_par(x, qs, d, s, isum):
         _q8_0_row(x, qs, d, s, isum, t)
 
 
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def _quantize_q8_0_rows_par_part(part, n_parts, x, qs, d, s, isum):
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+        _q8_0_row(x, qs, d, s, isum, t)
+
+
 @njit(inline="always", fastmath=_FM, error_model="numpy")
 def _q8_k_row(x, qs, d, bsums, t):
     n = x.shape[1]
@@ -186,6 +193,13 @@ def _quantize_q8_k_rows(x, qs, d, bsums):
 @njit(cache=True, fastmath=_FM, error_model="numpy", parallel=True)
 def _quantize_q8_k_rows_par(x, qs, d, bsums):
     for t in prange(x.shape[0]):
+        _q8_k_row(x, qs, d, bsums, t)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def _quantize_q8_k_rows_par_part(part, n_parts, x, qs, d, bsums):
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
         _q8_k_row(x, qs, d, bsums, t)
 
 

@@ -8,7 +8,9 @@ its address and shape; each scalar its value or float bits) and calls
   computes in the kernel's own parallel loop: a row's bits do not depend on the split), or
 - a serial kernel itself, on thread 0.
 A parallel kernel without a `_part` form, or arguments other than C-contiguous arrays, numbers,
-None and tuples of numbers, have no region form: that step stays a call of its own.
+None and tuples of numbers, have no region form: that step stays a call of its own. A cfunc
+cannot raise: an exception in the kernel sets the block's first word (`failed`), and the region's
+caller then calls the step itself, which raises it.
 
 `WRITES` names the arguments a kernel writes (the region's barriers are placed from them);
 a kernel not listed is taken to write every array it gets.
@@ -36,6 +38,19 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_rope": ("out",),
     "_swiglu": ("out",),
     "_attention": ("out",),
+    "_per_token": ("out",),
+    "_quantize_q8_0_rows_par": ("qs", "d", "s", "isum"),
+    "_quantize_q8_k_rows_par": ("qs", "d", "bsums"),
+    "_rms_rows_par": ("out",),
+    "_layer_rows": ("out",),
+    "_layer_rows_par": ("out",),
+    "_rope_par": ("out",),
+    "_store_kv": ("k_cache", "v_cache"),
+    "_store_rows": ("cache",),
+    "_store_rows_serial": ("cache",),
+    "_silu_chunks": ("out",),
+    "_swiglu_chunks": ("out",),
+    "_swiglu_oai_chunks": ("out",),
     "_prepare": ("qr", "lo", "hi"),
     "_store_kv_serial": ("k_cache", "v_cache"),
 }
@@ -52,7 +67,10 @@ from {module} import {callee}
 
 @cfunc(types.void(types.int64, types.int64, types.CPointer(types.int64)), cache=True)
 def step(t, nt, a):  # pragma: no cover - compiled
+    try:
 {body}
+    except Exception:  # a[0]: the step's error flag (a cfunc cannot raise)
+        a[0] = 1
 '''
 
 Interval = tuple[int, int]
@@ -71,24 +89,24 @@ class Form:
 
 
 def region_form(kernel: Any, args: tuple[Any, ...]) -> Form | None:
-    """The region form of `kernel(*args)` (a numba dispatcher), or None where it has none."""
-    if not isinstance(kernel, Dispatcher):
+    """The region form of `kernel(*args)` (a numba dispatcher, or a Python function with a
+    compiled `_part` form), or None where it has none."""
+    func = kernel.py_func if isinstance(kernel, Dispatcher) else kernel
+    name, module = getattr(func, "__name__", ""), sys.modules.get(getattr(func, "__module__", ""))
+    if module is None or not name.startswith(("_", "mv_")):  # (not one of minfer's kernels)
         return None
-    split = bool(kernel.targetoptions.get("parallel"))
-    callee: Any = kernel
-    if split:
-        callee = getattr(sys.modules[kernel.py_func.__module__],
-                         f"{kernel.py_func.__name__}_part", None)
-        if callee is None:
-            return None
+    # a parallel kernel, or a Python wrapper choosing among kernels: its `_part` form
+    split = not isinstance(kernel, Dispatcher) or bool(kernel.targetoptions.get("parallel"))
+    callee: Any = getattr(module, f"{name}_part", None) if split else kernel
+    if not isinstance(callee, Dispatcher):
+        return None
     encoded = _encode(args)
     if encoded is None:
         return None
     spec, values, code = encoded
     fn = _adapter(callee, spec, code, split)
-    names = list(inspect.signature(kernel.py_func).parameters)
-    written = (_DRIVER_WRITES if kernel.py_func.__name__.startswith("mv_")
-               else WRITES.get(kernel.py_func.__name__))
+    names = list(inspect.signature(func).parameters)
+    written = _DRIVER_WRITES if name.startswith("mv_") else WRITES.get(name)
     reads, writes = [], []
     for name, arg in zip(names, args, strict=True):
         if isinstance(arg, np.ndarray) and arg.nbytes:
@@ -102,7 +120,7 @@ def region_form(kernel: Any, args: tuple[Any, ...]) -> Form | None:
 def _encode(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int], list[str]] | None:
     """(the arguments' type spec, their int64 block, the adapter's expression of each)."""
     spec: list[Any] = []
-    values: list[int] = []
+    values: list[int] = [0]  # the error flag
     code: list[str] = []
     for arg in args:
         one = _encode_one(arg, values)
@@ -156,7 +174,7 @@ def _adapter(callee: Any, spec: tuple[Any, ...], code: list[str], split: bool) -
     if fn is None:
         name = callee.py_func.__name__
         call = f"{name}({'t, nt, ' if split else ''}{', '.join(code)})"
-        body = f"    {call}" if split else f"    if t == 0:\n        {call}"
+        body = f"        {call}" if split else f"        if t == 0:\n            {call}"
         source = _HEADER.format(module=callee.py_func.__module__, callee=name, body=body)
         tag = hashlib.sha256(source.encode()).hexdigest()[:12]
         module = minfer.jit_cache.load_generated(f"minfer_region_{name}_{tag}", source)

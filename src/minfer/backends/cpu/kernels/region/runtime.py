@@ -15,7 +15,8 @@ for `SPINS` turns, then yield the core (`sched_yield` at `yield_fn`) between che
 threads than free cores (a busy neighbour on these 2-core hosts) a waiting thread gives its
 slice to the one it waits for. A wait past `TIMEOUT_CYCLES` sets `ctrl[ERROR]` and every thread
 leaves; `run_region` returns it and the caller raises (a deadlock is a loud error, never a
-hang).
+hang). A step whose kernel raised (`adapters`: its block's first word set) is noted in
+`ctrl[FAILED]` (its index + 1) for the caller to raise.
 
 `stamps`, when it has a row per thread and two columns per step, takes each thread's
 time-stamp counter as it starts step i (`stamps[t, 2i]`, after the barrier before it released
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba import njit, prange
+import numpy as np
+from numba import carray, njit, prange
 
 from minfer.backends.cpu.kernels.region.sync import (
+    address_at,
     atomic_add,
     atomic_load,
     atomic_store,
@@ -40,8 +43,8 @@ from minfer.backends.cpu.kernels.region.sync import (
 )
 from minfer.backends.cpu.kernels.simd.llvm import thread_count
 
-COUNT, GENERATION, ERROR = 0, 8, 16  # int64 words of ctrl, 64 bytes apart
-CTRL_WORDS = 24
+COUNT, GENERATION, ERROR, FAILED = 0, 8, 16, 24  # int64 words of ctrl, 64 bytes apart
+CTRL_WORDS = 32
 SPINS = 4000  # pause turns (~10-40 ns each) before a waiting thread yields between checks
 TIMEOUT_CYCLES = 60 * 2_000_000_000  # ~30-60 s of time-stamp counter
 
@@ -82,6 +85,7 @@ def run_region(fns: Any, args: Any, barriers: Any, ctrl: Any, yield_fn: int,
     timed = stamps.shape[0] >= nt and stamps.shape[1] >= 2 * n
     ctrl[COUNT] = 0
     ctrl[ERROR] = 0
+    ctrl[FAILED] = 0
     for t in prange(nt):
         for i in range(n):
             if barriers[i] and nt > 1 and not _barrier(ctrl, nt, yield_fn):
@@ -89,6 +93,8 @@ def run_region(fns: Any, args: Any, barriers: Any, ctrl: Any, yield_fn: int,
             if timed:
                 stamps[t, 2 * i] = cycles()
             call_step(fns[i], t, nt, args[i])
+            if carray(address_at(args[i]), (1,), np.int64)[0] != 0:  # the step raised
+                atomic_store(ctrl, FAILED, i + 1)
             if timed:
                 stamps[t, 2 * i + 1] = cycles()
     return ctrl[ERROR]
