@@ -18,6 +18,7 @@ a kernel not listed is taken to write every array it gets.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import sys
@@ -105,7 +106,7 @@ def region_form(kernel: Any, args: tuple[Any, ...]) -> Form | None:
         return None
     spec, values, code = encoded
     fn = _adapter(callee, spec, code, split)
-    names = list(inspect.signature(func).parameters)
+    names = _parameters(func)
     written = _DRIVER_WRITES if name.startswith("mv_") else WRITES.get(name)
     reads, writes = [], []
     for name, arg in zip(names, args, strict=True):
@@ -115,6 +116,16 @@ def region_form(kernel: Any, args: tuple[Any, ...]) -> Form | None:
             if written is None or name in written:
                 writes.append(span)
     return Form(fn, np.array(values, np.int64), split, tuple(reads), tuple(writes))
+
+
+@functools.cache
+def _parameters(func: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(func).parameters)
+
+
+@functools.cache
+def _dtype_names(dtype: np.dtype[Any]) -> tuple[str, str]:
+    return dtype.str, dtype.name
 
 
 def _encode(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int], list[str]] | None:
@@ -141,8 +152,8 @@ def _encode_one(arg: Any, values: list[int]) -> tuple[Any, str] | None:
         values.append(arg.ctypes.data)
         values.extend(arg.shape)
         shape = ", ".join(f"a[{i + 1 + d}]" for d in range(arg.ndim))
-        return (("array", arg.dtype.str, arg.ndim),
-                f"carray(address_at(a[{i}]), ({shape},), np.{arg.dtype.name})")
+        code, name = _dtype_names(arg.dtype)
+        return ("array", code, arg.ndim), f"carray(address_at(a[{i}]), ({shape},), np.{name})"
     if isinstance(arg, bool | np.bool_):
         values.append(int(arg))
         return "bool", f"a[{i}] != 0"
