@@ -126,3 +126,16 @@ class FakeHub:
             h.close_connection = True
             return None
         return self._send(h, status, headers, data[start:], body)
+
+
+def use_fake_hub(monkeypatch: Any, url: str, home: Any) -> None:
+    """Point huggingface_hub and minfer at a FakeHub's url, their caches under home (a
+    pytest MonkeyPatch and a tmp_path)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("MINFER_HOME", str(home / "minfer"))
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)

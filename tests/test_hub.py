@@ -16,7 +16,7 @@ from minfer.store import list_models, resolve_model
 from minfer.store.hub import cached_hub_model, pull_hub
 from minfer.store.hub_select import HubFile, parse_hub_ref, select_files
 from minfer.tools.split import split_gguf
-from tests.fakehub import COMMIT, FakeHub
+from tests.fakehub import COMMIT, FakeHub, use_fake_hub
 
 REPO = "org/tiny-GGUF"
 
@@ -49,8 +49,6 @@ def test_select_follows_llama_cpp_rule() -> None:
 @pytest.fixture
 def hub(tmp_path: Path, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     """A fake Hub holding tiny_qwen2 as a Q4_K_M file and a two-part Q8_0 split set."""
-    import huggingface_hub.constants
-
     parts = split_gguf(tiny_qwen2, tmp_path / "split" / "tiny-Q8_0", max_tensors=13,
                        progress=False)
     assert len(parts) == 2
@@ -58,12 +56,7 @@ def hub(tmp_path: Path, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> It
              "tiny-Q4_K_M.gguf": tiny_qwen2.read_bytes()}
     files |= {f"Q8_0/{p.name}": p.read_bytes() for p, _ in parts}
     fake = FakeHub({REPO: files}).start()
-    monkeypatch.setenv("HF_ENDPOINT", fake.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "minfer"))
-    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    use_fake_hub(monkeypatch, fake.url, tmp_path)
     yield fake
     fake.stop()
 
@@ -76,7 +69,9 @@ def test_pull_quant_tag_into_hub_cache(hub: FakeHub, tmp_path: Path, tiny_qwen2:
                     / "tiny-Q4_K_M.gguf")
     assert path.read_bytes() == tiny_qwen2.read_bytes()
     gets = [r for r in hub.requests if "/resolve/" in r.path]
-    assert {r.path.rsplit("/", 1)[-1] for r in gets} == {"tiny-Q4_K_M.gguf"}
+    # the repo's mmproj comes with the model, as `llama-server -hf` pulls it
+    assert {r.path.rsplit("/", 1)[-1] for r in gets} == {"tiny-Q4_K_M.gguf",
+                                                         "mmproj-tiny-f16.gguf"}
     assert all(r.auth == "Bearer hf_secret" for r in hub.requests)
     n = len(hub.requests)
     assert resolve_model(f"hf:{REPO}:Q4_K_M") == path  # from the cache: no request
@@ -122,7 +117,8 @@ def test_interrupted_download_resumes_with_range(hub: FakeHub, tiny_qwen2: Path,
         assert cached_hub_model(f"hf:{REPO}:Q4_K_M") is None
         path = pull_hub(f"hf:{REPO}:Q4_K_M", progress=False)
     assert path.read_bytes() == tiny_qwen2.read_bytes()
-    ranges = [r.range for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
+    ranges = [r.range for r in hub.requests
+              if r.method == "GET" and r.path.endswith("/tiny-Q4_K_M.gguf")]
     assert ranges[0] is None and ranges[-1] is not None and ranges[-1] != "bytes=0-"
 
 

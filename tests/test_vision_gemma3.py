@@ -85,7 +85,10 @@ def test_image_features_match_transformers() -> None:
     got = enc.encode_pixels(REF["pixels"])
     want = REF["features"]
     assert got.shape == want.shape
-    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4
+    # llama.cpp's numbers, not exact f32 ones: the patch embedding in f16 and the f16
+    # projection's input rounded to f16 (test_vision_mtmd holds minfer to llama.cpp's rows);
+    # llama.cpp's own rows are 3.5e-4 from transformers' here
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-3
     # batch-invariant and repeatable: the same image again gives the same bits
     np.testing.assert_array_equal(enc.encode((FIXTURES / "image.png").read_bytes()).rows,
                                   enc.encode_pixels(REF["pixels"]))
@@ -93,7 +96,7 @@ def test_image_features_match_transformers() -> None:
 
 def _engine(**fields: Any) -> Engine:
     f = GGUFFile.open(FIXTURES / "model.gguf")
-    return Engine(f, HParams.from_gguf(f), n_ctx=64, **fields)
+    return Engine(f, HParams.from_gguf(f), n_ctx=128, **fields)
 
 
 def _image_rows() -> np.ndarray:
@@ -161,15 +164,19 @@ MESSAGES = [{"role": "user", "content": [{"type": "text", "text": "look "}, _ima
 
 
 def test_chat_prompt_lays_the_image_out_as_mtmd() -> None:
-    """The image part becomes <start_of_image>, one placeholder per image row, <end_of_image>
-    where the template put the part; the placeholders are prompt tokens."""
+    """The image part becomes the text <start_of_image>, one placeholder per image row, the
+    text <end_of_image> where the template put the part (tokenized as text, as mtmd does: this
+    vocabulary holds the markers as normal tokens, so they split as llama.cpp splits them);
+    the placeholders are prompt tokens."""
     from minfer.api import Model
 
-    model = Model(FIXTURES / "model.gguf", n_ctx=64)  # mmproj.gguf beside it: found
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)  # mmproj.gguf beside it: found
     ids, _, embd = model.chat_images(MESSAGES)
     (block,) = embd
-    assert ids[block.at - 1] == 3 and ids[block.at:block.at + 4] == [5] * 4
-    assert ids[block.at + 4] == 4 and block.rows.shape == (4, 64)
+    begin, end = (model.tokenizer.encode(t, special=True, add_bos=False)
+                  for t in ("<start_of_image>", "<end_of_image>"))
+    assert ids[block.at - len(begin):block.at] == begin and ids[block.at:block.at + 4] == [5] * 4
+    assert ids[block.at + 4:block.at + 4 + len(end)] == end and block.rows.shape == (4, 64)
     text = model.tokenizer.decode(ids)
     assert "look <start_of_image>" in text and "<end_of_image> here" in text
 
@@ -181,7 +188,7 @@ def test_chat_with_an_image_decodes_the_image_block_whole(batch_size: int) -> No
     the image block (the same reply)."""
     from minfer.api import Model
 
-    model = Model(FIXTURES / "model.gguf", n_ctx=64, batch_size=batch_size)
+    model = Model(FIXTURES / "model.gguf", n_ctx=128, batch_size=batch_size)
     ids, _, embd = model.chat_images(MESSAGES)
     logits = _engine().forward(ids, 0, embd=[(e.at, e.rows) for e in embd])
     first = model.tokenizer.decode([int(np.argmax(logits[0]))])
@@ -198,14 +205,14 @@ def test_text_only_model_refuses_an_image(tmp_path: Path) -> None:
     from minfer.engine.vision.image import ImageError
 
     (tmp_path / "model.gguf").write_bytes((FIXTURES / "model.gguf").read_bytes())
-    model = Model(tmp_path / "model.gguf", n_ctx=64)
+    model = Model(tmp_path / "model.gguf", n_ctx=128)
     assert model.vision is None
     with pytest.raises(ImageError, match="takes no images"):
         "".join(model.chat(MESSAGES, max_tokens=2))
     bad = [{"role": "user", "content": [{"type": "image_url",
                                          "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
     with pytest.raises(ImageError, match="cannot be decoded"):
-        "".join(Model(FIXTURES / "model.gguf", n_ctx=64).chat(bad, max_tokens=2))
+        "".join(Model(FIXTURES / "model.gguf", n_ctx=128).chat(bad, max_tokens=2))
 
 
 def test_minfer_run_with_an_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -216,7 +223,7 @@ def test_minfer_run_with_an_image(tmp_path: Path, capsys: pytest.CaptureFixture[
     from minfer.cli.main import main
 
     image = str(FIXTURES / "image.png")
-    args = ["run", "--json", "hi", "--temp", "0", "-n", "3", "-c", "64", "--image", image]
+    args = ["run", "--json", "hi", "--temp", "0", "-n", "3", "-c", "128", "--image", image]
     assert main([args[0], str(FIXTURES / "model.gguf"), *args[1:]]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["prompt_ids"].count(5) == 4

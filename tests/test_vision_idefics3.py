@@ -79,7 +79,9 @@ def test_image_features_match_transformers() -> None:
     got = np.concatenate([enc.encode_pixels(c) for c in REF["pixels"]])
     want = REF["features"]
     assert got.shape == want.shape == (20, 64)
-    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4
+    # llama.cpp's numbers (the patch embedding in f16: test_vision_mtmd holds minfer to
+    # llama.cpp's rows within 1e-4), 2.5e-4 from transformers' exact f32 ones here
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-3
     image = enc.encode((FIXTURES / "image.png").read_bytes())
     assert (image.grid, image.per_chunk, image.projector) == ((2, 2), 4, "idefics3")
     np.testing.assert_array_equal(image.rows, got)

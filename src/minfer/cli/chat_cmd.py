@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("-mm", "--mmproj", metavar="FILE",
                    help="the vision encoder, for /image (default: an mmproj*.gguf beside the "
                         "model)")
+    p.add_argument("--no-mmproj", action="store_true",
+                   help="no vision encoder: neither an mmproj beside the model nor one pulled "
+                        "with an hf: model")
     add_model_args(p)
     add_sampling_args(p)
     add_reasoning_args(p, split=False)

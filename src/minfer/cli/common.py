@@ -103,6 +103,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size, "backend": args.backend, "fuse": not args.no_fuse,
         "state_checkpoints": args.state_checkpoints,
         "mmproj": getattr(args, "mmproj", None),
+        "find_mmproj": not getattr(args, "no_mmproj", False),
     }
 
 

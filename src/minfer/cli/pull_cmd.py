@@ -1,5 +1,6 @@
 """`minfer pull [NAME | hf:ORG/REPO[:QUANT|:FILE]]`: fetch a catalogue model into the cache, or
-a GGUF from the Hugging Face Hub into its cache (idempotent, resumable). A catalogue entry
+a GGUF from the Hugging Face Hub into its cache (idempotent, resumable) with the repo's mmproj
+(vision encoder) as `llama-server -hf` picks it (`--no-mmproj`: the model alone). A catalogue entry
 shipped as a checkpoint (all-minilm-l6-v2) is converted to GGUF once downloaded."""
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name", nargs="?", help="catalogue name (default: the default model) or "
                    "hf:ORG/REPO[:QUANT|:FILE.gguf] from the Hugging Face Hub")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-mmproj", action="store_true",
+                   help="hf: only the model file, not the repo's mmproj (vision encoder)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.name and is_hub_ref(args.name):
-        path = pull_hub(args.name, progress=not args.quiet)
+        path = pull_hub(args.name, progress=not args.quiet, mmproj=not args.no_mmproj)
     else:
         path = pull(args.name or default_model_name(), progress=not args.quiet,
                     converter=convert_checkpoint)

@@ -64,6 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="an image before the prompt (repeatable; needs the model's mmproj)")
     p.add_argument("-mm", "--mmproj", metavar="FILE",
                    help="the vision encoder (default: an mmproj*.gguf beside the model)")
+    p.add_argument("--no-mmproj", action="store_true",
+                   help="no vision encoder: neither an mmproj beside the model nor one pulled "
+                        "with an hf: model")
     f = p.add_argument_group("fill-in-the-middle (code completion with a coder model's FIM "
                              "tokens; the prompt, if any, starts the cursor's line)")
     f.add_argument("--fim-prefix", metavar="TEXT", help="the text before the cursor")

@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-mm", "--mmproj", metavar="FILE",
                    help="the first model's vision encoder, for image parts (default: an "
                         "mmproj*.gguf beside the model)")
+    p.add_argument("--no-mmproj", action="store_true",
+                   help="no vision encoder: neither an mmproj beside the model nor one pulled "
+                        "with an hf: model")
     p.add_argument("--models-dir", metavar="DIR", default=None,
                    help="also serve every .gguf in DIR (each loads on its first request)")
     p.add_argument("--strict-model-names", action="store_true",
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         pooling="rank" if args.reranking else args.pooling,
         embd_normalize=args.embd_normalize,
         mmproj=None if args.mmproj is None else Path(args.mmproj),
+        find_mmproj=not args.no_mmproj,
     )
     if not _is_loopback(args.host) and not config.api_key:
         print(f"minfer: warning: serving on {args.host} without --api-key", file=sys.stderr)

@@ -52,19 +52,21 @@ class ModelConfig:
     batch_size: int = 512  # prompt tokens per forward (and a draft's catch-up)
     # the vision encoder's file (None: an mmproj*.gguf beside the model, if one fits it)
     mmproj: Path | None = None
+    find_mmproj: bool = True  # look beside the model when none is named (--no-mmproj: off)
 
     @classmethod
     def build(cls, *, n_ctx: int = 4096, kv_type: str = "f16", k_type: str | None = None,
               v_type: str | None = None, threads: int | None = None, batch_size: int = 512,
               backend: str = "auto", fuse: bool = True, batch_invariant: bool = False,
               spec: SpecConfig | None = None, state_checkpoints: int = 4,
-              mmproj: str | Path | None = None) -> ModelConfig:
+              mmproj: str | Path | None = None, find_mmproj: bool = True) -> ModelConfig:
         """A config from a surface's flat options (`EngineConfig.build` for the engine's)."""
         return cls(EngineConfig.build(n_ctx=n_ctx, kv_type=kv_type, k_type=k_type,
                                       v_type=v_type, threads=threads, fuse=fuse,
                                       batch_invariant=batch_invariant,
                                       state_checkpoints=state_checkpoints),
-                   spec, backend, batch_size, None if mmproj is None else Path(mmproj))
+                   spec, backend, batch_size, None if mmproj is None else Path(mmproj),
+                   find_mmproj)
 
 
 class Assembly:
@@ -94,22 +96,28 @@ class Assembly:
 
     @cached_property
     def vision(self) -> VisionEncoder | None:
-        """The image encoder (`ModelConfig.mmproj`, else the one mmproj*.gguf beside the model
-        whose projection fits this model's width), opened on first use; None: text only."""
+        """The image encoder (`ModelConfig.mmproj`, else, unless `find_mmproj` is off, the
+        first mmproj*.gguf beside the model whose projection fits this model's width, in
+        llama.cpp's order: `rank_mmproj`, the quantization closest to the model's), opened on
+        first use; None: text only. A named file of another width is refused, naming both."""
         from minfer.engine.vision.encoder import VisionEncoder
         from minfer.errors import MinferError, ModelError
+        from minfer.store.hub_select import rank_mmproj
 
         path = self.config.mmproj
         if path is not None:
             enc = VisionEncoder(path)
             if enc.params.n_embd_text != self.hparams.n_embd:
-                raise ModelError(f"{path.name} projects images to width "
-                                 f"{enc.params.n_embd_text}, this model's is "
-                                 f"{self.hparams.n_embd}: not its mmproj")
+                raise ModelError(f"{path.name} does not match {self.path.name}: it projects "
+                                 f"images to width {enc.params.n_embd_text}, the model's "
+                                 f"width (n_embd) is {self.hparams.n_embd}")
             return enc
-        for beside in sorted(self.path.parent.glob("mmproj*.gguf")):
+        if not self.config.find_mmproj:
+            return None
+        beside = sorted(p.name for p in self.path.parent.glob("mmproj*.gguf"))
+        for name in rank_mmproj(beside, self.path.name):
             try:
-                enc = VisionEncoder(beside)
+                enc = VisionEncoder(self.path.parent / name)
             except MinferError:  # not a vision encoder minfer reads
                 continue
             if enc.params.n_embd_text == self.hparams.n_embd:

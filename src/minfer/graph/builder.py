@@ -242,6 +242,9 @@ class GraphBuilder:
                                                              shape[1] * group),
                             meta=NodeMeta(role=name))
 
+    def round_f16(self, name: str, x: int) -> int:
+        return self._append(name, ir.RoundF16(), (x,), self.shape(x), meta=NodeMeta(role=name))
+
     def seq_attn(self, q: int, k: int, v: int, start: int, end: int, op: ir.SeqAttn) -> int:
         if self.shape(q)[-1] != op.n_head * op.head_dim:
             raise GraphError(f"attn.{op.layer}: q width does not match the heads")

@@ -317,6 +317,12 @@ class JoinRows(Op):
 
 
 @dataclass(frozen=True)
+class RoundF16(Op):
+    """Each value rounded to the nearest f16 (kept f32): the input ggml's mul_mat reads where
+    its weight is f16 (and ggml_conv_2d's f16 im2col), as a vision encoder mirrors clip.cpp."""
+
+
+@dataclass(frozen=True)
 class FusedGateUp(Op):
     """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
 

@@ -14,13 +14,16 @@ a branch on `clip.projector_type`.
   times `mm.soft_emb_norm`, and `mm.input_projection` to the text model's width.
 - Idefics3's: pixel shuffle (`build_patch_merge_permute`: the same window order, each window's
   n_merge^2 rows joined into one, row-major within the window) and `mm.model.fc` (no bias).
+- ggml's numbers: a matmul whose weight `f16_inputs` names reads its input rounded to f16
+  (`RoundF16`), as ggml's mul_mat does for an f16 weight; so does the patch embedding, which
+  clip.cpp runs as ggml_conv_2d over an f16 im2col (its kernel rounded too: `encoder`).
 Older converters wrote SigLIP's fc1 / fc2 as ffn_down / ffn_up; as clip.cpp does, whichever
 reads the tower's width is the up projection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from minfer.gguf.clip import ClipParams
 from minfer.graph import ir
@@ -31,9 +34,26 @@ PATCH_EMBD = "v.patch_embd.weight"
 INPUT_PROJ = "mm.input_projection.weight"
 
 
-def build_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]]) -> ComputeGraph:
-    """The tower over one image (tile) of `image_size`, then the file's projector."""
-    b = GraphBuilder(weight_shapes)
+class _Builder(GraphBuilder):
+    """A GraphBuilder whose matmuls round their input to f16 where ggml would."""
+
+    def __init__(self, weight_shapes: Mapping[str, tuple[int, ...]],
+                 f16_inputs: Collection[str]) -> None:
+        super().__init__(weight_shapes)
+        self.f16_inputs = f16_inputs
+
+    def matmul(self, name: str, x: int, weight: str, *, bias: str | None = None,
+               layer: int = -1, rows: int = 0) -> int:
+        if weight in self.f16_inputs:
+            x = self.round_f16(f"{name}_f16", x)
+        return super().matmul(name, x, weight, bias=bias, layer=layer, rows=rows)
+
+
+def build_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]],
+                 f16_inputs: Collection[str] = ()) -> ComputeGraph:
+    """The tower over one image (tile) of `image_size`, then the file's projector; the
+    matmuls over the weights `f16_inputs` names read their inputs rounded to f16."""
+    b = _Builder(weight_shapes, f16_inputs)
     n = cp.n_patches
     pixels = b.input_rows(InputKind.PIXELS, n, 3 * cp.patch_size ** 2)
     pos = b.input(InputKind.POSITIONS, n)

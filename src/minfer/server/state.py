@@ -80,6 +80,7 @@ class ServerConfig:
     pooling: str | None = None  # None: the model file's (a generative model: its last token)
     embd_normalize: int = 2  # pooled vectors' norm when a request names none (llama.cpp's)
     mmproj: Path | None = None  # the first model's vision encoder (None: one found beside it)
+    find_mmproj: bool = True  # look for one beside each model (--no-mmproj: off)
 
     def model(self, *, primary: bool = True) -> ModelConfig:
         """A served model's configuration: batch-invariant engines on the CPU backend (a
@@ -90,7 +91,8 @@ class ServerConfig:
         if not primary and spec is not None and spec.draft_model is not None:
             spec = None
         return ModelConfig(replace(self.engine, batch_invariant=True), spec, backend="cpu",
-                           batch_size=self.chunk, mmproj=self.mmproj if primary else None)
+                           batch_size=self.chunk, mmproj=self.mmproj if primary else None,
+                           find_mmproj=self.find_mmproj)
 
 
 @dataclass(frozen=True)

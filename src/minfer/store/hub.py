@@ -17,7 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from minfer.errors import DownloadError, ModelNotFoundError
-from minfer.store.hub_select import HubFile, HubRef, parse_hub_ref, select_files, split_info
+from minfer.store.hub_select import (
+    HubFile,
+    HubRef,
+    parse_hub_ref,
+    rank_mmproj,
+    select_files,
+    split_info,
+)
 
 _CHUNK = 1 << 20
 
@@ -126,11 +133,15 @@ def _progress_bars(enabled: bool) -> Iterator[None]:
             enable_progress_bars()
 
 
-def pull_hub(arg: str | HubRef, *, progress: bool = True) -> Path:
-    """Download the model files `hf:ORG/REPO[:SEL]` names; return the (first) .gguf path."""
+def pull_hub(arg: str | HubRef, *, progress: bool = True, mmproj: bool = True) -> Path:
+    """Download the model files `hf:ORG/REPO[:SEL]` names and, unless mmproj is False, the
+    repo's mmproj for it as `llama-server -hf` does (`rank_mmproj`: it lands in the model's
+    snapshot, where the model's vision encoder is looked for); return the (first) .gguf path."""
     ref = arg if isinstance(arg, HubRef) else parse_hub_ref(arg)
     commit, files = list_repo(ref)
     chosen = select_files(files, ref)
+    if mmproj and (best := rank_mmproj([f.path for f in files], chosen[0].path)):
+        chosen = [*chosen, next(f for f in files if f.path == best[0])]
     paths = [_fetch(ref, commit, f, progress) for f in chosen]
     _write_main_ref(ref, commit)
     return paths[0]

@@ -5,6 +5,11 @@ quant tag picks the first model file (in listing order) whose path contains `<TA
 `<TAG>-` (case-insensitive), skipping parts after the first of a split set and sidecars
 (mmproj, imatrix, mtp-, eagle3-, …); no tag tries Q4_K_M, then Q8_0, then the first model
 file. A selector ending in `.gguf` names a file exactly. A split set comes whole.
+
+`rank_mmproj` orders a model's mmproj candidates as llama.cpp's `find_best_sibling` picks the
+one `llama-server -hf` pulls with it: GGUF files with "mmproj" in their path, in the model's
+folder or one above it (deeper first), then the quantization bits closest to the model's
+(`Q4_K_M` 4, `F16` 16: the digits of the tag after the last `-` or `.`), then listing order.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ HF_PREFIX = "hf:"
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 _SIDECARS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
+_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -105,3 +111,27 @@ def select_files(files: list[HubFile], ref: HubRef) -> list[HubFile]:
         raise ModelNotFoundError(f"{ref}: split set {primary.path} is incomplete in the "
                                  f"repository ({len(parts)} of {count} parts)")
     return parts
+
+
+def quant_bits(path: str) -> int:
+    """llama.cpp's `extract_quant_bits`: Q4_0 -> 4, F16 -> 16, no digits -> 0."""
+    m = _TAG.search(split_info(path)[0])
+    digits = re.search(r"[0-9]+", m[1]) if m else None
+    return int(digits[0]) if digits else 0
+
+
+def rank_mmproj(paths: list[str], model: str) -> list[str]:
+    """The mmproj candidates among paths for the model file, best first (see the module
+    docstring); paths in folders that are not the model's or above it are left out."""
+    model_dir = model.split("/")[:-1]
+    bits = quant_bits(model)
+    ranked = []
+    for i, path in enumerate(paths):
+        parts = path.split("/")
+        if not path.endswith(".gguf") or "mmproj" not in path or path == model:
+            continue
+        folder = parts[:-1]
+        if model_dir[:len(folder)] != folder:
+            continue
+        ranked.append((-len(folder), abs(quant_bits(path) - bits), i, path))
+    return [path for *_, path in sorted(ranked)]

@@ -8,6 +8,13 @@ through the same tape. Two weights are presented in the form a matmul reads:
 the patch embedding (a convolution kernel [n_embd, 3, p, p]) as [n_embd, 3 p^2], and Gemma 3's
 projection (stored [n_embd_vision, n_embd_text], applied as x @ W) transposed.
 
+The numbers are clip.cpp's on ggml's CPU backend (llama.cpp's mtmd): a matmul over an
+f16-stored weight reads its input rounded to f16 (`F16_TYPES`; `RoundF16` nodes), and the patch
+embedding, ggml_conv_2d over an f16 im2col, reads the pixels and its kernel rounded to f16
+(unless the kernel is bf16: an f32 im2col). Without them an f32 file's rows drift ~3e-4
+(relative) from mtmd's; with them they agree to ~1e-6 (5e-5 with mtmd's default flash
+attention, its K and V in f16).
+
 `encode` keeps the rows of the last `CACHE_IMAGES` images by the sha256 of their file bytes (an
 LRU): a follow-up question about the same image, a retried or trimmed request, or each of `n`
 choices reads the rows again instead of running the tower again (`n_encoded` counts the runs).
@@ -33,7 +40,7 @@ from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
 from minfer.graph.ir import InputKind
 from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_vision
 
-F32 = 0  # GGML type id
+F32, F16, BF16 = 0, 1, 30  # GGML type ids
 CACHE_IMAGES = 16  # images whose rows `encode` keeps (Gemma 3 27B: 5.5 MB each)
 
 
@@ -45,10 +52,21 @@ class VisionWeights(ModelWeights):
             return None
         if name == PATCH_EMBD:
             w = np.asarray(self.file.array(name), np.float32)
+            if name in self.f16_inputs():  # ggml_conv_2d's f16 im2col: the kernel in f16
+                w = w.astype(np.float16).astype(np.float32)
             return np.ascontiguousarray(w.reshape(w.shape[0], -1))
         if name == INPUT_PROJ:
             return np.ascontiguousarray(np.asarray(self.file.array(name), np.float32).T)
         return None
+
+    def f16_inputs(self) -> frozenset[str]:
+        """The weights whose matmuls ggml runs on f16-rounded inputs: f16-stored ones, and
+        the patch embedding unless bf16."""
+        types = {name: int(t.ggml_type) for name, t in self.file.tensors.items()}
+        names = {name for name, t in types.items() if t == F16}
+        if types.get(PATCH_EMBD) not in (None, BF16):
+            names.add(PATCH_EMBD)
+        return frozenset(names)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         shapes = super().shapes()
@@ -71,7 +89,7 @@ class VisionEncoder:
         self.file = GGUFFile.open(Path(path))
         self.params = cp = ClipParams.from_gguf(self.file)
         self.weights = VisionWeights(self.file)
-        graph = build_vision(cp, self.weights.shapes())
+        graph = build_vision(cp, self.weights.shapes(), self.weights.f16_inputs())
         backend = CpuBackend()
         scheduler.assign_backends(graph, [backend])
         graph.topo_order()

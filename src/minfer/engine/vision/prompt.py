@@ -6,13 +6,16 @@ were); the rendered prompt is split at the markers, each text piece tokenized (s
 parsed, BOS on the first only), and each marker expands to the image's chunks framed by its
 family's markers, one placeholder token per embedding row:
 
-- gemma3: `<start_of_image>`, `<image_soft_token>` per row, `<end_of_image>`; the block reads
-  itself both ways.
-- idefics3: per tile `<fake_token_around_image><row_r_col_c>` and its rows (`<image>` each),
-  `\n` between tile rows; then `\n\n<fake_token_around_image><global-img>`, the overview's
-  rows, `<fake_token_around_image>`; causal blocks (mtmd's `MTMD_SLICE_TMPL_IDEFICS3`).
+- gemma3: the text `<start_of_image>`, `<image_soft_token>` per row, the text `<end_of_image>`;
+  the block reads itself both ways.
+- idefics3: per tile the text `<fake_token_around_image><row_r_col_c>` and its rows
+  (`<image>` each), `\n` between tile rows; then `\n\n<fake_token_around_image><global-img>`,
+  the overview's rows, `<fake_token_around_image>`; causal blocks (mtmd's
+  `MTMD_SLICE_TMPL_IDEFICS3`).
 
-The placeholders count as prompt tokens (usage); their embedding rows are the encoder's
+The markers written as text are tokenized as text (special tokens parsed), as mtmd does: a
+vocabulary that holds them as special tokens gives one id each. The placeholders count as
+prompt tokens (usage); their embedding rows are the encoder's
 (`PromptRows`).
 
 An image part is OpenAI's {"type": "image_url", "image_url": {"url": "data:image/...;base64,
@@ -111,7 +114,7 @@ def _image_ids(image: EncodedImage, ids: list[int], placed: list[PromptRows],
         n_row, n_col = image.grid
         for r in range(n_row):
             for c in range(n_col):
-                ids.extend([fake, *_lookup(token_id, f"<row_{r + 1}_col_{c + 1}>")])
+                ids.extend(rest(f"{FAKE}<row_{r + 1}_col_{c + 1}>"))
                 block(r * n_col + c, img, True)
             if r != n_row - 1:
                 ids.extend(rest("\n"))
@@ -119,10 +122,10 @@ def _image_ids(image: EncodedImage, ids: list[int], placed: list[PromptRows],
         block(n_row * n_col, img, True)
         ids.append(fake)
         return
-    begin, end, placeholder = _lookup(token_id, BEGIN, END, PLACEHOLDER)
-    ids.append(begin)
+    (placeholder,) = _lookup(token_id, PLACEHOLDER)
+    ids.extend(rest(BEGIN))
     block(0, placeholder, False)
-    ids.append(end)
+    ids.extend(rest(END))
 
 
 def layout(text: str, images: Sequence[EncodedImage], token_id: Callable[[str], int | None], *,
