@@ -1,7 +1,7 @@
 """Regenerate tests/fixtures/llamacpp_families.npz: llama.cpp's own runs of the new families'
 tiny fixtures (LFM2, Qwen3.5 and its MoE, gpt-oss, Gemma 4 E2B-style / 26B MoE / 31B, SmolLM3,
-Phi-3 and Phi-3 LongRoPE, with the converter's q8_0 twins), the second reference beside
-transformers' logits.npz files.
+Phi-3 and Phi-3 LongRoPE, with the converter's q8_0 twins and llama.cpp's own Q8_0 / Q4_K_M
+quantizations of the f32 files), the second reference beside transformers' logits.npz files.
 
     PYTHONPATH=$PWD/src .venv/bin/python benchmarks/make_llamacpp_family_fixtures.py \
         [--ref-python /tmp/refvenv/bin/python]
@@ -13,7 +13,7 @@ tests/llamacpp_families.py, which the live test shares. For each model and each 
 prompts (token ids) the file holds `<name>.<p>.logits` (the last prompt position's 320
 logits), `<name>.<p>.greedy` (16 greedy tokens) and `<name>.<p>.margins` (llama.cpp's top-2
 margin at each of those steps, so a test can tell a near-tie), `<name>.sha256` (the GGUF the
-run read), `prompt.<p>` and `version`. Every architecture here loads in llama.cpp 0.3.36
+run read: for a quantization, the bytes `minfer quantize` must reproduce), `prompt.<p>` and `version`. Every architecture here loads in llama.cpp 0.3.36
 (llamacpp_families.UNSUPPORTED is empty); one that did not would be listed there with its
 reason and left out of the file.
 """
@@ -44,7 +44,6 @@ def main() -> None:
     for p, ids in enumerate(fam.PROMPTS):
         arrays[f"prompt.{p}"] = np.array(ids, np.int32)
     for m in models:
-        arrays[f"{m.name}.sha256"] = np.array(fam.sha256(fam.FIXTURES / m.path))
         margins = [arrays[f"{m.name}.{p}.margins"] for p in range(len(fam.PROMPTS))]
         print(f"{m.name:20s} max |logit| "
               f"{max(np.abs(arrays[f'{m.name}.{p}.logits']).max() for p in range(3)):6.2f}, "

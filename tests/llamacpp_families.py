@@ -53,29 +53,44 @@ class Model:
     name: str  # the fixture's key prefix
     path: str  # under tests/fixtures
     n_ctx: int = 128
-    quantized: bool = False
+    quantized: bool = False  # a quantized file: compared with the quantized tolerance
+    quantize: str | None = None  # run on llama.cpp's quantization of path to this type
 
 
+# llama_ftype: 7 LLAMA_FTYPE_MOSTLY_Q8_0, 15 LLAMA_FTYPE_MOSTLY_Q4_K_M (its mix, with llama.cpp's
+# fallbacks for rows narrower than a 256-value K-quant block)
+LLAMA_FTYPES = {"Q8_0": 7, "Q4_K_M": 15}
+_F32 = (("lfm2", "lfm2/lfm2.gguf"), ("qwen35", "qwen35/qwen35.gguf"),
+        ("qwen35moe", "qwen35/qwen35moe.gguf"), ("gptoss", "gptoss/gptoss.gguf"),
+        ("gemma4", "gemma4/gemma4.gguf"), ("gemma4_26b", "gemma4/gemma4_26b.gguf"),
+        ("gemma4_31b", "gemma4/gemma4_31b.gguf"), ("smollm3", "families/smollm3.gguf"),
+        ("phi3", "families/phi3.gguf"), ("phi3_longrope", "families/phi3_longrope.gguf"))
+_Q8_TWINS = ("gptoss", "smollm3", "phi3", "phi3_longrope")  # `<dir>/<name>-q8_0.gguf`
 MODELS: tuple[Model, ...] = (
-    Model("lfm2", "lfm2/lfm2.gguf"),
-    Model("qwen35", "qwen35/qwen35.gguf"),
-    Model("qwen35moe", "qwen35/qwen35moe.gguf"),
-    Model("gptoss", "gptoss/gptoss.gguf"),
-    Model("gptoss-q8_0", "gptoss/gptoss-q8_0.gguf", quantized=True),
-    Model("gemma4", "gemma4/gemma4.gguf"),
-    Model("gemma4_26b", "gemma4/gemma4_26b.gguf"),
-    Model("gemma4_31b", "gemma4/gemma4_31b.gguf"),
-    Model("smollm3", "families/smollm3.gguf"),
-    Model("smollm3-q8_0", "families/smollm3-q8_0.gguf", quantized=True),
-    Model("phi3", "families/phi3.gguf"),
-    Model("phi3-q8_0", "families/phi3-q8_0.gguf", quantized=True),
-    Model("phi3_longrope", "families/phi3_longrope.gguf"),
-    Model("phi3_longrope-q8_0", "families/phi3_longrope-q8_0.gguf", quantized=True),
+    *(Model(name, path) for name, path in _F32),
+    # the converter's q8_0 twins (the same tensors as llama.cpp's Q8_0 quantization of the f32
+    # file: the same logits; only the metadata's order differs)
+    *(Model(f"{name}-q8_0", path.replace(".gguf", "-q8_0.gguf"), quantized=True)
+      for name, path in _F32 if name in _Q8_TWINS),
     # a context past the 256 original positions: LongRoPE's long factors, in both engines
     Model("phi3_longrope.long", "families/phi3_longrope.gguf", n_ctx=512),
+    # llama.cpp's own quantizer on each f32 file (`minfer quantize` writes the same bytes)
+    *(Model(f"{name}.{q.lower()}", path, quantized=True, quantize=q)
+      for name, path in _F32 for q in LLAMA_FTYPES if not (q == "Q8_0" and name in _Q8_TWINS)),
 )
 # Architectures llama.cpp 0.3.36 cannot load (name -> why): none of these families today.
 UNSUPPORTED: dict[str, str] = {}
+
+_QUANTIZE = r"""
+import ctypes, json, sys
+import llama_cpp
+
+for src, dst, ftype in json.loads(sys.stdin.read()):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = ftype, 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize({src}) returned {rc}"
+"""
 
 _RUN = r"""
 import json, sys
@@ -161,21 +176,35 @@ def loadable_copy(src: Path, dst_dir: Path) -> Path:
     return dst
 
 
+def _subprocess(python: str, script: str, stdin: object) -> str:
+    proc = subprocess.run([python, "-c", script], input=json.dumps(stdin), capture_output=True,
+                          text=True, check=False, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed: {proc.stderr[-3000:]}")
+    return proc.stdout
+
+
 def run_llamacpp(python: str, models: tuple[Model, ...] = MODELS) -> dict[str, np.ndarray]:
     """llama.cpp's arrays for each model and prompt: `<name>.<p>.logits` (the last prompt
-    position's), `<name>.<p>.greedy` and `<name>.<p>.margins` (N_NEW steps), and `version`."""
+    position's), `<name>.<p>.greedy` and `<name>.<p>.margins` (N_NEW steps); `<name>.sha256`
+    (the file it ran: the fixture, or llama.cpp's quantization of it), and `version`."""
+    arrays: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        files = {m.name: FIXTURES / m.path for m in models}
+        quant = [m for m in models if m.quantize]
+        for m in quant:
+            files[m.name] = Path(tmp) / f"{m.name}.gguf"
+        if quant:
+            _subprocess(python, _QUANTIZE, [[str(FIXTURES / m.path), str(files[m.name]),
+                                             LLAMA_FTYPES[str(m.quantize)]] for m in quant])
         jobs = []
         for m in models:
-            path = loadable_copy(FIXTURES / m.path, Path(tmp) / m.name)
+            arrays[f"{m.name}.sha256"] = np.array(sha256(files[m.name]))
+            path = loadable_copy(files[m.name], Path(tmp) / "loadable" / m.name)
             jobs.append({"path": str(path), "n_ctx": m.n_ctx, "n_new": N_NEW,
                          "prompts": [list(p) for p in PROMPTS]})
-        proc = subprocess.run([python, "-c", _RUN], input=json.dumps(jobs), capture_output=True,
-                              text=True, check=False, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama.cpp run failed: {proc.stderr[-3000:]}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    arrays: dict[str, np.ndarray] = {"version": np.array(res["version"])}
+        res = json.loads(_subprocess(python, _RUN, jobs).strip().splitlines()[-1])
+    arrays["version"] = np.array(res["version"])
     for m, runs in zip(models, res["runs"], strict=True):
         for p, run in enumerate(runs):
             arrays[f"{m.name}.{p}.logits"] = np.array(run["logits"], np.float32)

@@ -4,25 +4,34 @@ reference beside transformers' logits (issues #62, #63).
 tests/fixtures/llamacpp_families.npz comes from benchmarks/make_llamacpp_family_fixtures.py:
 llama-cpp-python 0.3.36 (2 threads, flash attention off, f32 KV) on LFM2, Qwen3.5, Qwen3.5-MoE,
 gpt-oss, Gemma 4 (E2B-style, 26B MoE, 31B), SmolLM3, Phi-3 and Phi-3 LongRoPE (at a short
-context and, `phi3_longrope.long`, past its 256 original positions), and the converter's q8_0
-twins, for three prompts each: the last prompt position's logits, 16 greedy tokens and
-llama.cpp's top-2 margin at each step (tests/llamacpp_families.py says how they are run).
+context and, `phi3_longrope.long`, past its 256 original positions), the converter's q8_0 twins
+and llama.cpp's own Q8_0 / Q4_K_M of the f32 files, for three prompts each: the last prompt
+position's logits, 16 greedy tokens and llama.cpp's top-2 margin at each step
+(tests/llamacpp_families.py says how they are run).
 
 How they are compared:
 - f32 files: every logit within 1e-3 of the largest |logit| (F32_REL). Measured (Intel Xeon,
   Sapphire Rapids; both engines' AVX-512 code): <= 7e-6 relative on every family but Gemma 4,
   whose GELU rounds its input to f16 in both engines, so an f32 difference of one ulp can flip
   an f16 rounding: 2.7e-4 on the E2B-style model, 2e-5 on 26B / 31B.
-- q8_0 files: within 0.1 (Q8_0_ATOL), the Q8_0 tolerance of the dense and MoE converted models
-  against llama.cpp on the same bytes (test_moe_converted.py): both engines quantize the
-  activations to 8 bits per block, and a float-order difference that flips one of those
-  roundings moves a logit by up to ~0.09 (measured 0.087 on phi3-q8_0, 0.076 on smollm3-q8_0;
-  the other runs within 1e-6).
+- quantized files (the converter's q8_0 twins; llama.cpp's own Q8_0 and Q4_K_M of every f32
+  file, which `minfer quantize` must reproduce byte for byte: the sha256 is checked): every
+  logit within 0.5 (QUANT_ATOL), the tolerance of the dense models against llama.cpp
+  (test_reference_llamacpp.py, test_gemma3_real.py). Both engines quantize the activations to 8
+  bits per block, so one float-order difference that lands a value on a rounding boundary flips
+  one code, and these tiny random models (weights of std 0.2-0.3) amplify it. Measured: <= 1.5e-6
+  on 51 of the 60 runs, 0.04-0.09 on 8, and 0.42 on gemma4.q8_0's 40-token prompt, traced with
+  llama.cpp's eval callback to layer 1's attention input at token 26: the two RMSNorm outputs one
+  f32 ulp apart, one value at exactly 60.5 quantization steps in llama.cpp (code 60) and
+  60.500015 in minfer (61), the difference growing from 1e-2 in that row's Q/K/V through six
+  layers (llama.cpp's own f32 -> Q8_0 move on that prompt is 1.54).
 - greedy: minfer's own greedy continuation (16 tokens, free-running) equals llama.cpp's, or
-  first differs at a step where llama.cpp's top-2 margin is a near-tie: below twice the logit
-  tolerance, the most two values each within the tolerance can swap by. Past that step the two
-  are different texts and nothing more is compared. Measured: every f32 run equal throughout;
-  gptoss-q8_0's first prompt parts at its 16th step (margin 0.018).
+  first differs at a step where llama.cpp's top-2 margin is a near-tie: for f32 files below twice
+  the logit tolerance (the most two values each within it can swap by), for quantized ones below
+  0.5, as the dense models' tests. Past that step the two are different texts and nothing more
+  is compared. Measured: every f32 run equal throughout; of the quantized ones three part, each
+  at a step of llama.cpp's margin below 0.06 (gptoss-q8_0 step 15, gptoss.q4_k_m step 8,
+  smollm3.q4_k_m step 15).
 """
 
 from __future__ import annotations
@@ -35,21 +44,38 @@ import pytest
 from minfer.engine.forward import Engine
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
+from minfer.tools.quantize import MixOptions, parse_ftype, quantize_model
 
 from . import llamacpp_families as fam
 
 REF = np.load(fam.OUT)
 MODELS = [m for m in fam.MODELS if m.name not in fam.UNSUPPORTED]
 F32_REL = 1e-3
-Q8_0_ATOL = 0.1
+QUANT_ATOL = 0.5  # and the quantized files' near-tie
 
 
 def _tolerance(m: fam.Model, logits: np.ndarray) -> float:
-    return Q8_0_ATOL if m.quantized else F32_REL * float(np.abs(logits).max())
+    return QUANT_ATOL if m.quantized else F32_REL * float(np.abs(logits).max())
 
 
-def _engine(m: fam.Model) -> Engine:
-    f = GGUFFile.open(fam.FIXTURES / m.path)
+def _near_tie(m: fam.Model, logits: np.ndarray) -> float:
+    return QUANT_ATOL if m.quantized else 2 * _tolerance(m, logits)
+
+
+def _file(m: fam.Model, tmp: Path) -> Path:
+    """The file llama.cpp ran: the fixture, or `minfer quantize` of it, which must be the bytes
+    llama.cpp's quantizer wrote."""
+    path = fam.FIXTURES / m.path
+    if m.quantize:
+        out = tmp / f"{m.name}.gguf"
+        quantize_model(path, out, MixOptions(parse_ftype(m.quantize)))
+        path = out
+    assert str(REF[f"{m.name}.sha256"]) == fam.sha256(path), f"{m.name}: not llama.cpp's file"
+    return path
+
+
+def _engine(m: fam.Model, path: Path) -> Engine:
+    f = GGUFFile.open(path)
     return Engine(f, HParams.from_gguf(f), n_ctx=m.n_ctx, kv_type="f32")
 
 
@@ -70,7 +96,8 @@ def test_fixture_covers_every_family_from_the_files_committed() -> None:
     archs = set()
     for m in MODELS:
         path = fam.FIXTURES / m.path
-        assert str(REF[f"{m.name}.sha256"]) == fam.sha256(path), f"{path} changed: remake"
+        if not m.quantize:  # (llama.cpp's quantizations: test_logits_and_greedy_match_llamacpp)
+            assert str(REF[f"{m.name}.sha256"]) == fam.sha256(path), f"{path} changed: remake"
         archs.add(HParams.from_gguf(GGUFFile.open(path)).arch)
     assert archs == {"lfm2", "qwen35", "qwen35moe", "gpt-oss", "gemma4", "smollm3", "phi3"}
     assert not fam.UNSUPPORTED  # llama.cpp 0.3.36 loads every one of them
@@ -80,13 +107,14 @@ def test_fixture_covers_every_family_from_the_files_committed() -> None:
 
 
 @pytest.mark.parametrize("m", MODELS, ids=[m.name for m in MODELS])
-def test_logits_and_greedy_match_llamacpp(m: fam.Model) -> None:
+def test_logits_and_greedy_match_llamacpp(m: fam.Model, tmp_path: Path) -> None:
+    path = _file(m, tmp_path)
     for p, ids in enumerate(fam.PROMPTS):
         ref = REF[f"{m.name}.{p}.logits"]
         want = REF[f"{m.name}.{p}.greedy"].tolist()
         margins = REF[f"{m.name}.{p}.margins"]
         tol = _tolerance(m, ref)
-        engine = _engine(m)
+        engine = _engine(m, path)
         logits = engine.forward(list(ids), 0, n_out=1)[-1]
         diff = float(np.abs(logits - ref).max())
         assert diff <= tol, f"{m.name} prompt {p}: max |minfer - llama.cpp| {diff:.3g} > {tol:.3g}"
@@ -94,7 +122,7 @@ def test_logits_and_greedy_match_llamacpp(m: fam.Model) -> None:
         for i in range(fam.N_NEW):
             got.append(int(np.argmax(logits)))
             logits = engine.forward(got[-1:], len(ids) + i, n_out=1)[-1]
-        _check_greedy(got, want, margins, 2 * tol, f"{m.name} prompt {p}")
+        _check_greedy(got, want, margins, _near_tie(m, ref), f"{m.name} prompt {p}")
 
 
 @pytest.mark.slow
@@ -114,7 +142,7 @@ def test_live_llamacpp_still_gives_the_fixture() -> None:
             tol = _tolerance(m, ref)
             assert float(np.abs(live[f"{key}.logits"] - ref).max()) <= tol, key
             _check_greedy(live[f"{key}.greedy"].tolist(), REF[f"{key}.greedy"].tolist(),
-                          REF[f"{key}.margins"], 2 * tol, key)
+                          REF[f"{key}.margins"], _near_tie(m, ref), key)
 
 
 # (model, prompt, transformers' fixture, its key): the runs whose prompt is that fixture's ids
