@@ -13,9 +13,9 @@ tests/llamacpp_families.py, which the live test shares. For each model and each 
 prompts (token ids) the file holds `<name>.<p>.logits` (the last prompt position's 320
 logits), `<name>.<p>.greedy` (16 greedy tokens) and `<name>.<p>.margins` (llama.cpp's top-2
 margin at each of those steps, so a test can tell a near-tie), `<name>.sha256` (the GGUF the
-run read: for a quantization, the bytes `minfer quantize` must reproduce), `prompt.<p>` and `version`. Every architecture here loads in llama.cpp 0.3.36
-(llamacpp_families.UNSUPPORTED is empty); one that did not would be listed there with its
-reason and left out of the file.
+run read: for a quantization, the bytes `minfer quantize` must reproduce), `prompt.<p>` and
+`version`. Every architecture here loads in llama.cpp 0.3.36 (llamacpp_families.UNSUPPORTED is
+empty); one that did not would be listed there with its reason and left out of the file.
 """
 
 from __future__ import annotations
