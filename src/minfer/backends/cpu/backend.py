@@ -298,11 +298,25 @@ def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
     return int(K.repack_weight(rows, qtype, out)[1])
 
 
+def _encoder_integer(ctx: ExecContext, w_name: str) -> bool:
+    """Whether an encoder (a dense-f32 context) runs this weight on the integer dots, as a
+    decoder does: its file stores it in a block type the dots read (Q8_0, Q4_K, ...), AMX tiles
+    are not usable (where they are, the bf16 GEMM is faster) and MINFER_ENCODER_F32 is unset.
+    int8 x int8 dots do ~4x the work of f32 FMAs per instruction on AVX2 and AVX-512 VNNI, each
+    row's value is the same bits in any batch, and the activation is rounded to Q8_0 as
+    llama.cpp rounds it (f32 / f16 / bf16 files keep the f32 GEMM)."""
+    key = ("cpu-encoder-integer", w_name)
+    if key not in ctx.weights.state:
+        ctx.weights.state[key] = (ctx.weights.matrix(w_name)[1] not in _FLOATS
+                                  and not env.flag("MINFER_ENCODER_F32") and not K.amx_usable())
+    return bool(ctx.weights.state[key])
+
+
 def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
                   ctx: ExecContext, rows: int = 0) -> list[Callable[[], None]]:
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
     its arrays, and the activation's quantization where this is the first reader of x."""
-    if ctx.dense_f32:
+    if ctx.dense_f32 and not _encoder_integer(ctx, w_name):
         raise GraphError("a dense-f32 context runs its projections as MatMul nodes only")
     p = _projection(ctx, w_name, x.shape[1], rows)
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
@@ -346,8 +360,8 @@ Binder = Callable[[Node, Srcs, np.ndarray, ExecContext], list[Callable[[], None]
 def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
                  ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.MatMul)
-    if ctx.dense_f32:  # the bias added tile by tile
-        x, w_name = srcs[0], node.meta.weights[0]
+    x, w_name = srcs[0], node.meta.weights[0]
+    if ctx.dense_f32 and not _encoder_integer(ctx, w_name):  # the bias added tile by tile
         bias = ctx.weights.vector(node.meta.weights[1]) if len(node.meta.weights) > 1 else None
         aw = _amx_weight(ctx, w_name, x.shape[1], node.op.rows)
         if aw is not None:
@@ -355,7 +369,7 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
         scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]
-    steps = _bind_project(node.meta.weights[0], node.srcs[0], srcs[0], out, ctx, node.op.rows)
+    steps = _bind_project(w_name, node.srcs[0], x, out, ctx, node.op.rows)
     if len(node.meta.weights) > 1:
         steps.append(K.bind_add(out, ctx.weights.vector(node.meta.weights[1]), out))
     return steps
