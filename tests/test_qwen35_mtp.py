@@ -94,3 +94,68 @@ def test_mtp_head_logits_match_transformers_float64() -> None:
     np.testing.assert_allclose(tail[0], logits[n - 1], rtol=0, atol=1e-4)
     step = head.forward_batch(replace(Batch.single(IDS[n:], n, 1), hidden=prev[n:]))
     np.testing.assert_allclose(step[0], logits[n], rtol=0, atol=1e-4)
+
+
+# -- the head as a proposer ----------------------------------------------------------------------
+PROMPT = IDS[:12]
+
+
+def _generate(spec: object | None, *, max_tokens: int = 40, prompt: list[int] = PROMPT,
+              **sampling: float) -> object:
+    import minfer
+    from minfer.engine.generate import Finished
+    from minfer.sampling.params import SamplerParams
+
+    model = minfer.load(MODEL, n_ctx=128, kv_type="f32", threads=1)
+    speculator = None if spec is None else model.speculator(spec)  # type: ignore[arg-type]
+    params = SamplerParams(temp=0.0, **sampling)  # type: ignore[arg-type]
+    events = list(model.stream(prompt, max_tokens=max_tokens, sampling=params,
+                               speculator=speculator))
+    done = events[-1]
+    assert isinstance(done, Finished)
+    return done, speculator
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_spec_mtp_greedy_output_equals_plain_decoding(adaptive: bool) -> None:
+    """`--spec mtp`: the head drafts, the hybrid target verifies (state kept before the verify,
+    the kept tokens recomputed); the output is plain decoding's, token for token, and the
+    drafted / accepted counts are in the stats."""
+    from minfer.engine.core.mtp import MtpProposer
+    from minfer.engine.speculative import SpecConfig
+
+    plain, _ = _generate(None, repeat_penalty=1.2)
+    spec = SpecConfig(mtp=True, adaptive=adaptive, p_min=0.0, draft_max=4)
+    got, speculator = _generate(spec, repeat_penalty=1.2)
+    assert got.ids == plain.ids and got.reason == plain.reason  # type: ignore[attr-defined]
+    assert got.n_past == plain.n_past  # type: ignore[attr-defined]
+    stats = got.speculation  # type: ignore[attr-defined]
+    assert isinstance(speculator.proposer, MtpProposer)  # type: ignore[attr-defined]
+    if not adaptive:
+        assert stats is not None and stats.drafted > 0 and stats.steps > 0
+        assert 0 <= stats.accepted <= stats.drafted
+        assert speculator.stats.drafted == stats.drafted  # type: ignore[attr-defined]
+
+
+def test_mtp_proposer_drafts_what_the_head_computes_on_the_targets_rows() -> None:
+    """The proposer's first draft is the head's argmax at the pending token, paired with the
+    target's hidden state of the row before; its record follows the target's rows."""
+    from minfer.engine.core.mtp import MtpProposer
+    from minfer.engine.core.proposer import DraftAsk
+
+    f, hp = _model()
+    target = Engine(f, hp, n_ctx=64, kv_type="f32")
+    mtp = MtpProposer(lambda n: Engine(f, hp.mtp_head(), n_ctx=n, kv_type="f32"), p_min=0.0,
+                      chunk=16)
+    mtp.attach(target)
+    n = 20
+    target.forward(IDS[:n], 0, 1)  # the prompt; IDS[n] stands for the token drawn after it
+    assert (mtp.known[0, :n] == IDS[:n]).all() and (mtp.known[0, n:] == -1).all()
+    out = mtp.propose([DraftAsk(7, 0, tuple(IDS[:n + 1]), 3)])
+    assert mtp.cached[0] == IDS[:n + 1]  # through the pending token, not the drafts
+    head = Engine(f, hp.mtp_head(), n_ctx=64, kv_type="f32")
+    prev = np.concatenate([np.zeros((1, hp.n_embd), np.float32), mtp.hidden[0, :n]])
+    want = head.forward_batch(replace(Batch.single(IDS[:n + 1], 0, 1), hidden=prev))
+    tokens = out[7].tokens
+    assert len(tokens) == 3 and tokens[0] == int(np.argmax(want[0]))
+    assert mtp.n_forwards == 2 + 2  # two catch-up chunks of 16 and 5 rows, two draft steps
