@@ -159,3 +159,58 @@ def test_mtp_proposer_drafts_what_the_head_computes_on_the_targets_rows() -> Non
     tokens = out[7].tokens
     assert len(tokens) == 3 and tokens[0] == int(np.argmax(want[0]))
     assert mtp.n_forwards == 2 + 2  # two catch-up chunks of 16 and 5 rows, two draft steps
+
+
+def test_serve_slots_with_the_mtp_head_keep_every_greedy_text() -> None:
+    """`minfer serve --spec mtp`: the head drafts for every slot of the batch-invariant
+    hybrid target, its KV in the target's slot layout; each request's text is the one it gets
+    without speculation, one slot at a time, and the drafts are counted."""
+    import asyncio
+
+    from minfer.engine.assembly import Assembly, ModelConfig
+    from minfer.engine.core.request import GenRequest
+    from minfer.engine.speculative import SpecConfig
+    from minfer.sampling.params import SamplerParams
+    from minfer.sampling.sampler import Sampler
+    from minfer.server.metrics import Metrics
+    from minfer.server.worker import Delta, Done, Handle, Worker
+
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 300, int(rng.integers(5, 30))).tolist() for _ in range(5)]
+    lengths = [int(n) for n in rng.integers(8, 24, len(prompts))]
+
+    def run(spec: SpecConfig | None, n_slots: int, metrics: Metrics) -> list[str]:
+        parts = Assembly(MODEL, ModelConfig.build(n_ctx=64, kv_type="f32", threads=1,
+                                                  batch_invariant=True, spec=spec))
+        w = Worker(parts.engine, parts.tokenizer, n_slots=n_slots, n_ctx_slot=64, chunk=16,
+                   metrics=metrics, speculation=spec, mtp=parts.mtp_proposer())
+        w.start()
+        assert w.ready.wait(60) and w.error is None
+
+        async def one(prompt: list[int], n: int) -> str:
+            handle = Handle(asyncio.get_running_loop())
+            params = SamplerParams.greedy()
+            w.submit(GenRequest(prompt=prompt, max_tokens=n,
+                                sampler=Sampler(params, parts.hparams.n_vocab, seed=0)), handle)
+            text = []
+            while True:
+                ev = await asyncio.wait_for(handle.events.get(), 60)
+                if isinstance(ev, Delta):
+                    text.append(ev.text)
+                else:
+                    assert isinstance(ev, Done) and ev.usage.completion_tokens == n
+                    return "".join(text)
+
+        async def main() -> list[str]:
+            return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths,
+                                                                     strict=True)))
+        try:
+            return asyncio.run(main())
+        finally:
+            w.stop()
+
+    plain = run(None, 1, Metrics())
+    metrics = Metrics()
+    got = run(SpecConfig(mtp=True, adaptive=False, p_min=0.0, draft_max=4), 3, metrics)
+    assert got == plain
+    assert metrics.draft_tokens.total() > 0

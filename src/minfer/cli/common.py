@@ -245,6 +245,19 @@ def spec_from_args(args: argparse.Namespace, *, has_mtp: bool = False) -> Any:
                       mtp=mtp)
 
 
+def file_has_mtp(path: Path) -> bool:
+    """Whether a model file carries MTP (NextN) layers (`--spec auto` drafts with them); False
+    for a file that cannot be read (its loader says why later)."""
+    from minfer.gguf.reader import GGUFFile
+
+    try:
+        with GGUFFile.open(path) as f:
+            arch = f.metadata.get("general.architecture")
+            return bool(f.metadata.get(f"{arch}.nextn_predict_layers"))
+    except Exception:
+        return False
+
+
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
     """The Speculator the flags ask for (None without --model-draft / --lookup-ngram and
     without an MTP head to use: `spec_from_args`)."""
