@@ -934,7 +934,7 @@ def _gptoss(hp: HParams, keys: _Keys) -> HParams:
 def _qwen35(hp: HParams, keys: _Keys) -> HParams:
     """Qwen3.5's extras (dense or MoE: the FFNs are read by `_moe`), as llama.cpp's
     `llama_model_qwen35` / `llama_model_qwen35moe` read them: the trunk is
-    block_count - nextn_predict_layers layers (the MTP blocks after it are kept, unused); its
+    block_count - nextn_predict_layers layers (the MTP blocks after it: `HParams.mtp_head`); its
     recurrent layers from `attention.recurrent_layers` or else every layer but each
     `full_attention_interval`-th; the Gated DeltaNet sizes (ssm.*); the gated attention's
     doubled q projection with q / k norms; interleaved MRoPE, which on text positions is NEOX
