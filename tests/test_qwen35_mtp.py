@@ -214,3 +214,58 @@ def test_serve_slots_with_the_mtp_head_keep_every_greedy_text() -> None:
     got = run(SpecConfig(mtp=True, adaptive=False, p_min=0.0, draft_max=4), 3, metrics)
     assert got == plain
     assert metrics.draft_tokens.total() > 0
+
+
+def test_chat_turns_and_regen_are_unchanged_by_the_mtp_head() -> None:
+    """Through the chat session's KV mirror (delta prefill from state checkpoints, `/regen`):
+    each turn's ids and the cells the KV holds are the same with the MTP head drafting."""
+    import minfer
+    from minfer.chat.session import ChatConfig, ChatSession, TurnReport
+    from minfer.engine.speculative import SpecConfig
+    from minfer.sampling.params import SamplerParams
+
+    def replies(mtp: bool) -> tuple[list[list[int]], int]:
+        model = minfer.load(MODEL, n_ctx=256, kv_type="f32", threads=1)
+        speculator = model.speculator(SpecConfig(mtp=True, p_min=0.0, adaptive=False)) \
+            if mtp else None
+        sampler = model.sampler(SamplerParams(temp=0.0, repeat_penalty=1.3), 0, 256)
+        session = ChatSession(model.engine(), model.tokenizer, model.chat_template, sampler,
+                              config=ChatConfig(max_tokens=12), speculator=speculator)
+        out, drafted = [], 0
+        for turn in (lambda: session.say("the quick brown fox"),
+                     lambda: session.say("the lazy dog"), session.regen):
+            *_, report = turn()
+            assert isinstance(report, TurnReport)
+            out.append(report.ids)
+            drafted += report.drafted
+        out.append(session.kv.tokens)
+        return out, drafted
+
+    plain, _ = replies(False)
+    got, drafted = replies(True)
+    assert got == plain and drafted > 0
+
+
+def test_cli_run_drafts_with_the_head_by_default_and_not_with_spec_none(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from minfer.cli.main import main
+
+    def run(*extra: str) -> dict[str, object]:
+        assert main(["run", "--json", str(MODEL), "the fox and the dog", "--raw", "--temp", "0",
+                     "-n", "16", "--draft-p-min", "0", *extra]) == 0
+        out: dict[str, object] = json.loads(capsys.readouterr().out)
+        return out
+
+    plain = run("--spec", "none")
+    assert "speculative" not in plain
+    for extra in ((), ("--spec", "mtp", "--draft-fixed")):
+        got = run(*extra)
+        spec = got["speculative"]
+        assert got["ids"] == plain["ids"] and isinstance(spec, dict)
+        assert set(spec) >= {"drafted", "accepted", "acceptance_rate"}
+    assert main(["run", str(FIXTURES / "qwen35.gguf"), "hi", "--spec", "mtp"]) != 0
+    assert "no MTP" in capsys.readouterr().err
+    assert main(["run", str(MODEL), "hi", "--spec", "mtp", "--lookup-ngram", "2"]) != 0
+    assert "proposes alone" in capsys.readouterr().err
