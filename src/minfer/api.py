@@ -333,7 +333,8 @@ class Model:
         """Speculative decoding for this model (config: None for the model's own, else
         defaults): prompt lookup (`config.lookup_ngram`), a draft model (`draft`: path or cached
         name, else `config.draft_model`; same vocabulary, its own engine and KV), or both
-        (`HybridProposer`: lookup where it is sure, the draft elsewhere).
+        (`HybridProposer`: lookup where it is sure, the draft elsewhere), or the model's own
+        MTP head (`config.mtp`, a file with MTP layers: `MtpProposer`).
         temp: the draft's sampling temperature when the target samples."""
         from minfer.engine.assembly import proposer
         from minfer.engine.core.proposer import SlotDrafter, Speculator
@@ -349,7 +350,7 @@ class Model:
             drafter = SlotDrafter(engine, engine.n_ctx, p_min=spec.p_min, chunk=self.batch_size,
                                   temp=temp or 1.0, seed=0 if seed is None else seed,
                                   n_vocab=parts.hparams.n_vocab)
-        return Speculator(proposer(spec, drafter), spec)
+        return Speculator(proposer(spec, drafter, self.parts.mtp_proposer(spec)), spec)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  stop: Sequence[str] = (), seed: int | None = None,

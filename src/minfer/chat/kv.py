@@ -82,6 +82,12 @@ class KVMirror:
         return self.engine.n_ctx
 
     @property
+    def recurrent(self) -> bool:
+        """Whether the engine holds a recurrent state (a speculative verify through the mirror
+        then keeps the state before it and recomputes the kept tokens: `SequenceRunner`)."""
+        return bool(getattr(self.engine, "recurrent", False))
+
+    @property
     def tokens(self) -> list[int]:
         """A copy of the cell contents `[0, cursor)`."""
         return list(self._tokens)

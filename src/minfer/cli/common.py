@@ -196,6 +196,10 @@ def started() -> None:
 def add_speculative_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's speculative-decoding flags, and prompt lookup."""
     g = p.add_argument_group("speculative decoding (output unchanged; faster when guesses pass)")
+    g.add_argument("--spec", choices=("auto", "mtp", "none"), default="auto",
+                   help="mtp: the model's own MTP (NextN) head proposes (a Qwen3.5 file "
+                        "converted with its MTP layers); auto (default): mtp where the file has "
+                        "them and no other proposer is asked for; none: only the flags below")
     g.add_argument("-md", "--model-draft", metavar="FILE",
                    help="draft model (path or cached name) with the same vocabulary; with "
                         "--lookup-ngram too, lookup's sure guesses (a copy going on) and the "
@@ -222,10 +226,14 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                         "other streams where a row costs the batch more than it yields")
 
 
-def spec_from_args(args: argparse.Namespace) -> Any:
+def spec_from_args(args: argparse.Namespace, *, has_mtp: bool = False) -> Any:
     """The SpecConfig the flags ask for (refused when a value is bad), None without
-    --model-draft / --lookup-ngram."""
-    if not args.model_draft and not args.lookup_ngram:
+    --model-draft / --lookup-ngram / --spec mtp. has_mtp: the model's file has MTP layers,
+    which `--spec auto` then proposes with when no other proposer is asked for."""
+    spec = getattr(args, "spec", "none")
+    other = bool(args.model_draft or args.lookup_ngram)
+    mtp = spec == "mtp" or (spec == "auto" and has_mtp and not other)
+    if not other and not mtp:
         return None
     from minfer.engine.speculative import SpecConfig
     from minfer.tools.fetch import resolve
@@ -234,12 +242,28 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                       p_min=args.draft_p_min, lookup_ngram=args.lookup_ngram,
                       draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
                       adaptive=not args.draft_fixed,
-                      draft_model=resolve(args.model_draft) if args.model_draft else None)
+                      draft_model=resolve(args.model_draft) if args.model_draft else None,
+                      mtp=mtp)
+
+
+def file_has_mtp(path: Path) -> bool:
+    """Whether a model file carries MTP (NextN) layers (`--spec auto` drafts with them); False
+    for a file that cannot be read (its loader says why later)."""
+    from minfer.gguf.reader import GGUFFile
+
+    try:
+        with GGUFFile.open(path) as f:
+            arch = f.metadata.get("general.architecture")
+            return bool(f.metadata.get(f"{arch}.nextn_predict_layers"))
+    except Exception:
+        return False
 
 
 def speculator_from_args(model: Any, args: argparse.Namespace) -> Any:
-    """The Speculator the flags ask for (None without --model-draft / --lookup-ngram)."""
-    spec = spec_from_args(args)
+    """The Speculator the flags ask for (None without --model-draft / --lookup-ngram and
+    without an MTP head to use: `spec_from_args`)."""
+    hparams = getattr(model, "hparams", None)
+    spec = spec_from_args(args, has_mtp=bool(getattr(hparams, "n_layer_nextn", 0)))
     return None if spec is None else model.speculator(spec, temp=args.temp, seed=args.seed)
 
 

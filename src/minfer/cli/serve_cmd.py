@@ -32,6 +32,7 @@ from minfer.cli.common import (
     add_kv_args,
     add_reasoning_args,
     add_speculative_args,
+    file_has_mtp,
     kv_types,
     reasoning_from_args,
     spec_from_args,
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                                 fuse=not args.no_fuse,
                                 state_checkpoints=max(0, args.state_checkpoints))
     config = ServerConfig(
-        model_path=primary, engine=engine, spec=spec_from_args(args),  # bad values refused
+        model_path=primary, engine=engine,  # bad values refused; auto: MTP where the file has it
+        spec=spec_from_args(args, has_mtp=file_has_mtp(primary)),
         extra_models=tuple(extra), keep_alive=args.keep_alive, models_max=args.models_max,
         strict_model_names=args.strict_model_names,
         slots=args.slots, queue=args.queue, api_key=args.api_key or None,

@@ -33,6 +33,7 @@ from minfer.gguf.reader import GGUFFile
 
 if TYPE_CHECKING:  # imported where first used (see the module docstring)
     from minfer.backends.base import Backend
+    from minfer.engine.core.mtp import MtpProposer
     from minfer.engine.core.proposer import Proposer, SlotDrafter
     from minfer.engine.embed import Embedder
     from minfer.engine.forward import Engine
@@ -152,6 +153,27 @@ class Assembly:
                         self.tokenizer, rerank_template=rerank_template(self.file))
 
     # -- speculation ----------------------------------------------------------------------------
+    def mtp_head(self, n_ctx: int) -> Engine:
+        """An Engine over the file's MTP (NextN) head (`HParams.mtp_head`; ModelError without
+        one): this model's engine settings, n_ctx cells of the head's one layer."""
+        from minfer.backends.select import select_backends
+        from minfer.engine.forward import Engine
+
+        config = replace(self.config.engine, n_ctx=n_ctx)
+        return Engine(self.file, self.hparams.mtp_head(), config,
+                      backends=select_backends(self.config.backend))
+
+    def mtp_proposer(self, spec: SpecConfig | None = None) -> MtpProposer | None:
+        """The MTP head's proposer when `spec` (None: the config's) asks for it (`spec.mtp`),
+        its head made for the target it is attached to; else None."""
+        from minfer.engine.core.mtp import MtpProposer
+
+        spec = spec or self.config.spec
+        if spec is None or not spec.mtp:
+            return None
+        self.hparams.mtp_head()  # refused now, not at the first proposal, without MTP layers
+        return MtpProposer(self.mtp_head, p_min=spec.p_min, chunk=self.config.batch_size)
+
     def draft(self, spec: SpecConfig | None = None) -> Assembly | None:
         """The draft model `spec` (None: the config's) names, or None: its file narrowed as
         `draft_quant` says (`draft_file`), refused unless its vocabulary is this model's; its
@@ -170,17 +192,20 @@ class Assembly:
         return draft
 
 
-def proposer(spec: SpecConfig, drafter: SlotDrafter | None) -> Proposer:
-    """The proposer the speculation settings ask for: prompt lookup (`lookup_ngram`), the
-    draft model (`drafter`), or both (`HybridProposer`: lookup where it is sure, the draft
-    elsewhere)."""
+def proposer(spec: SpecConfig, drafter: SlotDrafter | None,
+             mtp: MtpProposer | None = None) -> Proposer:
+    """The proposer the speculation settings ask for: the model's MTP head (`mtp`, alone),
+    prompt lookup (`lookup_ngram`), the draft model (`drafter`), or both (`HybridProposer`:
+    lookup where it is sure, the draft elsewhere)."""
     from minfer.engine.core.proposer import HybridProposer, LookupProposer
     from minfer.engine.speculative import SpeculativeError
 
+    if mtp is not None:
+        return mtp
     if drafter is None:
         if not spec.lookup_ngram:
             raise SpeculativeError("speculative decoding needs a proposer: a draft model "
-                                   "and / or --lookup-ngram N")
+                                   "and / or --lookup-ngram N, or --spec mtp")
         return LookupProposer(spec.lookup_ngram)
     if spec.lookup_ngram:
         return HybridProposer(LookupProposer(spec.lookup_ngram), drafter, spec.draft_max)

@@ -74,6 +74,8 @@ class Batch:
     # token's embedding (-1: its token's), and the rows [k, n_embd] float32.
     embd_ids: np.ndarray | None = None
     embd: np.ndarray | None = None
+    # Each row's hidden state from a target model [nt, n_embd] float32: an MTP head's input.
+    hidden: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -238,6 +240,10 @@ class Engine:
         self.tuner = ThreadTuner(n_threads) if config.adaptive_threads and n_threads else None
         self._warming: threading.Thread | None = None
         self._warm_error: BaseException | None = None
+        # Called after each forward with the batch and the graph's second output: every row's
+        # final normed hidden state (GraphParams.hidden_out, asked while a sink is set), or an
+        # MTP head's normed output rows. An MTP proposer's record (`engine.core.mtp`).
+        self.hidden_sink: Callable[[Batch, np.ndarray], None] | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -250,7 +256,8 @@ class Engine:
 
     def params_for(self, n_tokens: int, n_out: int, *, embd_input: bool = False) -> GraphParams:
         return GraphParams.for_batch(n_tokens, n_out, self.ctx_params, self.weights.version,
-                                     embd_input=embd_input)
+                                     embd_input=embd_input,
+                                     hidden_out=self.hidden_sink is not None)
 
     def _prepare(self, params: GraphParams) -> PreparedGraph:
         graph = self._build_fn(self.hparams, params, self._shapes)
@@ -394,6 +401,10 @@ class Engine:
             self._advance_states(batch, checkpoint, batch_invariant)
         logits = buffers[graph.outputs[0]]
         assert logits is not None
+        if self.hidden_sink is not None and len(graph.outputs) > 1:
+            hidden = buffers[graph.outputs[1]]
+            assert hidden is not None
+            self.hidden_sink(batch, hidden)
         if tuner and n_threads:
             tuner.record(key, n_threads, time.perf_counter() - t0)
         return logits.copy()
@@ -472,6 +483,7 @@ class Engine:
             InputKind.OUT_END: batch.out_end,
             InputKind.STATE_SEQ: batch.cells // seq_cells,
             InputKind.EMBD_IDS: batch.embd_ids,
+            InputKind.HIDDEN: batch.hidden,
         }
         for kind, node_id in prepared.graph.inputs.items():
             buf = buffers[node_id]
@@ -482,8 +494,8 @@ class Engine:
                 continue
             data = fills[kind]
             if data is None:
-                raise MinferError(f"this graph reads {kind.value}, which only a batch of whole "
-                                  "inputs has (Batch.sequences)")
+                raise MinferError(f"this graph reads {kind.value}, which this batch lacks (whole "
+                                  "inputs: Batch.sequences; hidden rows: an MTP head's)")
             buf[:] = data
 
     def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
@@ -521,6 +533,8 @@ class Engine:
             raise MinferError("a batch returning every row returns them in order")
         if b.embd is not None:
             self._check_embd(b)
+        if b.hidden is not None and b.hidden.shape != (nt, self.hparams.n_embd):
+            raise MinferError(f"hidden rows must be [{nt}, {self.hparams.n_embd}]")
         if self.recurrent:
             self._check_states(b)
 

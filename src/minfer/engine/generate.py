@@ -108,6 +108,9 @@ def generate(
     if speculator is not None and len(context) != start_pos:
         raise SpeculativeError(f"speculative decoding needs the {start_pos} tokens before the "
                                f"prompt, got {len(context)}")
+    attach = getattr(speculator.proposer if speculator else None, "attach", None)
+    if callable(attach):  # a proposer that reads the target's rows (the MTP head)
+        attach(engine)
     # without a speculator nothing reads the tokens before the prompt: placeholders stand in
     held = list(context) if len(context) == start_pos else [-1] * start_pos
     core = EngineCore(SequenceRunner(engine), vocab, n_slots=1, n_ctx_slot=engine.n_ctx,

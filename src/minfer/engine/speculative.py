@@ -67,6 +67,7 @@ class SpecConfig:
     draft_quant: str = "q4_0"
     adaptive: bool = True  # choose k by measured cost and acceptance (else always draft_max)
     draft_model: Path | None = None  # a draft model's file (-md); None: no draft model
+    mtp: bool = False  # the target's own MTP (NextN) head proposes (`--spec mtp`), alone
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_max <= DRAFT_MAX_LIMIT:
@@ -83,6 +84,9 @@ class SpecConfig:
             raise SpeculativeError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
         if self.lookup_ngram < 0:
             raise SpeculativeError(f"--lookup-ngram must be >= 0, got {self.lookup_ngram}")
+        if self.mtp and (self.lookup_ngram or self.draft_model is not None):
+            raise SpeculativeError("--spec mtp proposes alone: drop --lookup-ngram / "
+                                   "--model-draft")
 
 
 def check_same_vocab(target: Sequence[str], draft: Sequence[str], *, target_n_vocab: int,

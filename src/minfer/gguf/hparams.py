@@ -147,7 +147,20 @@ class HParams:
     ssm_v_heads: int = 0
     ssm_head_dim: int = 0
     attn_gated: bool = False  # q projection doubled per head: query | gate (sigmoid on output)
-    n_layer_nextn: int = 0  # MTP (NextN) blocks stored after the n_layer trunk (kept, unused)
+    n_layer_nextn: int = 0  # MTP (NextN) blocks stored after the n_layer trunk (`mtp_head`)
+    # layers below this one are not run: the trunk, in the MTP head's view (`mtp_head`)
+    first_layer: int = 0
+
+    def mtp_head(self) -> HParams:
+        """The file's first MTP (NextN) block as a model of its own (`models.qwen35`'s
+        `build_mtp_head`): that block is layer n_layer of a model whose layers below it (the
+        trunk) are not run, hold no KV cells and no state, so an Engine over it keeps the
+        block's KV alone. ModelError when the file has no MTP block."""
+        if not self.n_layer_nextn:
+            raise ModelError(f"this {self.arch} file has no MTP (NextN) layers (converted with "
+                             "--no-mtp?)")
+        return replace(self, n_layer=self.n_layer + 1, first_layer=self.n_layer,
+                       recurrent_layers=())
 
     @property
     def reranker(self) -> bool:
@@ -231,7 +244,10 @@ class HParams:
         return bool(self.v_from_k) and self.v_from_k[layer]
 
     def layer_kv_embd(self, layer: int) -> int:
-        """Width of the layer's K (and V) rows; 0 where it reuses an earlier layer's KV."""
+        """Width of the layer's K (and V) rows; 0 where it reuses an earlier layer's KV, or
+        is not run (below `first_layer`)."""
+        if layer < self.first_layer:
+            return 0
         return self.layer_n_head_kv(layer) * self.layer_head_dim(layer) \
             if self.kv_layer(layer) == layer else 0
 
@@ -394,7 +410,12 @@ class HParams:
         if not self.tie_embeddings:
             yield "output.weight", (self.n_embd, self.n_vocab)
         yield from self._per_layer_embd_shapes()
-        for i in range(self.n_layer):
+        if self.first_layer:  # an MTP head: the NextN block's own tensors besides its layer
+            blk = f"blk.{self.first_layer}.nextn"
+            yield f"{blk}.eh_proj.weight", (2 * self.n_embd, self.n_embd)
+            yield f"{blk}.enorm.weight", (self.n_embd,)
+            yield f"{blk}.hnorm.weight", (self.n_embd,)
+        for i in range(self.first_layer, self.n_layer):
             blk = f"blk.{i}"
             yield f"{blk}.attn_norm.weight", (self.n_embd,)
             if not self.is_recurrent(i):
@@ -913,7 +934,7 @@ def _gptoss(hp: HParams, keys: _Keys) -> HParams:
 def _qwen35(hp: HParams, keys: _Keys) -> HParams:
     """Qwen3.5's extras (dense or MoE: the FFNs are read by `_moe`), as llama.cpp's
     `llama_model_qwen35` / `llama_model_qwen35moe` read them: the trunk is
-    block_count - nextn_predict_layers layers (the MTP blocks after it are kept, unused); its
+    block_count - nextn_predict_layers layers (the MTP blocks after it: `HParams.mtp_head`); its
     recurrent layers from `attention.recurrent_layers` or else every layer but each
     `full_attention_interval`-th; the Gated DeltaNet sizes (ssm.*); the gated attention's
     doubled q projection with q / k norms; interleaved MRoPE, which on text positions is NEOX

@@ -197,6 +197,14 @@ class GraphBuilder:
         return self._append(name, ir.Slice(start, width, n_head), (x,),
                             (shape[0], width * n_head), meta=NodeMeta(role=name, layer=layer))
 
+    def concat(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
+        """[n, wa] and [n, wb] side by side: [n, wa + wb]."""
+        sa, sb = self.shape(a), self.shape(b)
+        if len(sa) != 2 or len(sb) != 2 or sa[0] != sb[0]:
+            raise GraphError(f"{name}: cannot join the rows of {sa} and {sb}")
+        return self._append(name, ir.Concat(), (a, b), (sa[0], sa[1] + sb[1]),
+                            meta=NodeMeta(role=name, layer=layer))
+
     def add(self, name: str, a: int, b: int, *, layer: int = -1) -> int:
         shape = self._same_shape(name, a, b)
         return self._append(name, ir.Add(), (a, b), shape, meta=NodeMeta(role=name, layer=layer))

@@ -41,6 +41,7 @@ class InputKind(StrEnum):
     POOL_ROWS = "pool_rows"  # [n_patches] batch rows in pooling order (each window contiguous)
     EMBD_IDS = "embd_ids"  # [nt] row of EMBD that replaces the token's embedding, -1: none
     EMBD = "embd"  # [nt, n_embd] f32: given embedding rows (an image's), the first ones used
+    HIDDEN = "hidden"  # [nt, n_embd] f32: each row's hidden state from the target (an MTP head)
 
 
 class Op:
@@ -101,6 +102,12 @@ class Slice(Op):
     start: int
     width: int
     n_head: int = 1
+
+
+@dataclass(frozen=True)
+class Concat(Op):
+    """Each row of the first source, then the same row of the second: [n, a] and [n, b] into
+    [n, a + b] (an MTP head's embedding | hidden, llama.cpp's ggml_concat on dim 0)."""
 
 
 @dataclass(frozen=True)

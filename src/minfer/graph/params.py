@@ -49,13 +49,16 @@ class GraphParams:
     weights_version: int = 0
     # given embedding rows (an image's) replace token embeddings: two more inputs and a node
     embd_input: bool = False
+    # a second output: every row's final normed hidden state (a target whose hidden states
+    # feed an MTP head, `minfer.engine.core.mtp`)
+    hidden_out: bool = False
 
     @classmethod
     def for_batch(
         cls, n_tokens: int, n_out: int, ctx: ContextParams, weights_version: int = 0, *,
-        embd_input: bool = False,
+        embd_input: bool = False, hidden_out: bool = False,
     ) -> GraphParams:
         if n_tokens < 1 or not 1 <= n_out <= n_tokens:
             raise GraphError(f"bad batch shape: n_tokens={n_tokens}, n_out={n_out}")
         gtype = GraphType.DECODE if n_out == n_tokens else GraphType.PREFILL
-        return cls(n_tokens, n_out, gtype, ctx, weights_version, embd_input)
+        return cls(n_tokens, n_out, gtype, ctx, weights_version, embd_input, hidden_out)

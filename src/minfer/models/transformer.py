@@ -48,6 +48,9 @@ class Layer:
     seq: int = -1  # each row's recurrent-state row (a model with recurrent layers), else -1
     per_layer: int = -1  # Gemma 4's per-layer inputs [nt, n_layer * n_embd_per_layer], else -1
     kv: dict[int, int] = field(default_factory=dict)  # layer -> its loaded KV (shared-KV reuse)
+    # "every_row": a prefill's last layer output over every row besides its tail rows, where
+    # GraphParams.hidden_out asks for every row's hidden state (`prenorm_layer`)
+    rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def prefill(self) -> bool:
@@ -100,6 +103,7 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
     x = b.rms_norm("output_norm", h, hp.output_norm_name, hp.rms_eps)
+    hidden = _every_row_hidden(b, ctx, x)
     if pooling == "rank":  # a reranker: its head on each input's last row, as llama.cpp's
         bias = "cls.output.bias" if "cls.output.bias" in weight_shapes else None
         x = b.matmul("cls_out", x, "cls.output.weight", bias=bias)
@@ -117,7 +121,23 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
     if hp.final_softcap:
         logits = b.softcap("output_softcap", logits, hp.final_softcap)
     b.output(logits)
+    if hidden >= 0:
+        b.output(hidden)
     return b.graph
+
+
+def _every_row_hidden(b: GraphBuilder, ctx: Layer, x: int) -> int:
+    """Where GraphParams.hidden_out asks: every row's final normed hidden state (the normed
+    rows x the logits are made of; in a prefill, the last layer's every-row output normed
+    apart, its tail rows' logits made as without it); else -1."""
+    if not ctx.params.hidden_out:
+        return -1
+    if not ctx.prefill:
+        return x
+    every = ctx.rows.get("every_row")
+    if every is None:
+        raise GraphError(f"{ctx.hp.arch}: this model's layers give no hidden state of every row")
+    return b.rms_norm("hidden_norm", every, ctx.hp.output_norm_name, ctx.hp.rms_eps)
 
 
 def _per_layer_inputs(b: GraphBuilder, hp: HParams, ids: int, h: int) -> int:
@@ -162,7 +182,17 @@ def prenorm_layer(b: GraphBuilder, ctx: Layer, il: int, h: int, *,
     x = b.rms_norm("attn_norm", h, blk + "attn_norm.weight", hp.rms_eps, layer=il)
     mixer = (recurrent or short_conv) if hp.is_recurrent(il) else attention
     o = mixer(b, ctx, il, x)  # [nt, n_embd]
+    if ctx.prefill and ctx.params.hidden_out and il == hp.n_layer - 1:
+        # every row's output too (an MTP head reads each row's hidden state); the tail rows'
+        # own branch below computes their logits exactly as without it
+        ctx.rows["every_row"] = _prenorm_ffn(b, ctx, il, h, o)
     o, h = keep_tail(b, ctx, il, o, h)
+    return _prenorm_ffn(b, ctx, il, h, o)
+
+
+def _prenorm_ffn(b: GraphBuilder, ctx: Layer, il: int, h: int, o: int) -> int:
+    """The rest of a pre-norm block after its mixer's output o: h + o, then + ffn(norm(.))."""
+    hp, blk = ctx.hp, f"blk.{il}."
     h = b.add("attn_resid", h, o, layer=il)
     x = b.rms_norm("ffn_norm", h, f"{blk}{hp.ffn_norm_name}.weight", hp.rms_eps, layer=il)
     d = moe_ffn(b, ctx, il, x) if hp.n_expert else gated_ffn(b, ctx, il, x, act="silu")

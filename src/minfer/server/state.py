@@ -86,9 +86,9 @@ class ServerConfig:
         """A served model's configuration: batch-invariant engines on the CPU backend (a
         greedy request's ids do not depend on its neighbours or on prompt-cache hits). The
         model the server started with speculates as `spec` says; another model has no draft
-        (prompt lookup alone when that is all `spec` asks, else nothing)."""
+        (prompt lookup alone when that is all `spec` asks, else nothing; nor the MTP head)."""
         spec = self.spec
-        if not primary and spec is not None and spec.draft_model is not None:
+        if not primary and spec is not None and (spec.draft_model is not None or spec.mtp):
             spec = None
         return ModelConfig(replace(self.engine, batch_invariant=True), spec, backend="cpu",
                            batch_size=self.chunk, mmproj=self.mmproj if primary else None,
@@ -488,7 +488,8 @@ class ServerState:
                             n_ctx_slot=n_ctx_slot, chunk=cfg.chunk, idle_chunk=cfg.idle_chunk,
                             max_waiting=cfg.queue, metrics=self.metrics,
                             speculation=parts.config.spec, make_draft=None if draft is None
-                            else self._draft_engine_factory or draft.engine)
+                            else self._draft_engine_factory or draft.engine,
+                            mtp=parts.mtp_proposer())
             worker.start()
             grammar_vocab = _grammar_vocab(tokenizer, hparams.n_vocab)  # while the engine warms
             worker.ready.wait()

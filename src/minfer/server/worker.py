@@ -28,6 +28,7 @@ import numpy as np
 
 from minfer.engine.assembly import proposer
 from minfer.engine.core.core import EngineCore, Output
+from minfer.engine.core.mtp import MtpProposer
 from minfer.engine.core.policy import Proposal
 from minfer.engine.core.proposer import DraftAsk, Proposer, SlotDrafter
 from minfer.engine.core.request import GenRequest, TokenLogprob, Vocab
@@ -118,14 +119,18 @@ class Worker:
         metrics: Metrics | None = None,
         speculation: SpecConfig | None = None,
         make_draft: EngineFactory | None = None,
+        mtp: MtpProposer | None = None,
     ) -> None:
         self.vocab = vocab
         # proposals verified in the batch's forward: prompt lookup (`--lookup-ngram`), a draft
         # model (`-md`, make_draft; created on the engine thread), or both (`HybridProposer`),
+        # or the model's own MTP head (`--spec mtp`: attached to the engine on its thread),
         # batched across slots
-        on = speculation is not None and (speculation.lookup_ngram > 0 or make_draft is not None)
+        on = speculation is not None and (speculation.lookup_ngram > 0 or make_draft is not None
+                                          or mtp is not None)
         self.speculation = speculation if on else None
         self._make_draft = make_draft if on else None
+        self.mtp = mtp if on else None
         self.drafter: SlotDrafter | None = None
         self.n_slots = n_slots
         self.n_ctx_slot = n_ctx_slot
@@ -144,7 +149,8 @@ class Worker:
         # requests queue in the core until the engine thread has made the engine (`_main`)
         first: Proposer | None = None
         if self.speculation is not None:
-            first = _NoDraftYet() if make_draft else proposer(self.speculation, None)
+            first = _NoDraftYet() if make_draft or self.mtp else proposer(self.speculation,
+                                                                           None)
         self.core = EngineCore(_NotReady(), vocab, n_slots=n_slots, n_ctx_slot=n_ctx_slot,
                                chunk=chunk, idle_chunk=idle_chunk, max_waiting=max_waiting,
                                proposer=first, speculation=self.speculation)
@@ -211,12 +217,16 @@ class Worker:
             if self._make_draft is not None and self.speculation is not None:
                 self.drafter = SlotDrafter(self._make_draft(n_ctx), self.n_ctx_slot,
                                            p_min=self.speculation.p_min, chunk=self.chunk)
+            if self.mtp is not None:
+                self.mtp.attach(runner.engine, self.n_ctx_slot)  # type: ignore[arg-type]
             if self.n_ctx_slot >= 3:
                 marker = engine_marker_or_none(runner.engine)
                 cold = announce_cold_start(marker, log.info)
                 runner.warm_up()
                 if self.drafter is not None:
                     self.drafter.warm_up()
+                if self.mtp is not None:
+                    self.mtp.warm_up()
                 if cold and marker is not None:
                     mark_warm(marker)
         except BaseException as exc:
@@ -227,8 +237,8 @@ class Worker:
             return
         with self._cv:
             self.core.runner = runner
-            if self.drafter is not None and self.speculation is not None:
-                self.core.proposer = proposer(self.speculation, self.drafter)
+            if self.speculation is not None and (self.drafter or self.mtp) is not None:
+                self.core.proposer = proposer(self.speculation, self.drafter, self.mtp)
         self.ready.set()
         try:
             self._loop()

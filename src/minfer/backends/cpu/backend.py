@@ -561,6 +561,12 @@ def _bind_pool(node: Node, srcs: Srcs, out: np.ndarray,
     return [K.bind_pool(srcs[0], srcs[1], srcs[2], node.op.mode, out)]
 
 
+def _concat(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    width = a.shape[1]
+    out[:, :width] = a
+    out[:, width:] = b
+
+
 def _join_rows(x: np.ndarray, out: np.ndarray) -> None:
     out[:] = x.reshape(out.shape)
 
@@ -627,6 +633,7 @@ _BINDERS: dict[type, Binder] = {
     ir.Pool: _bind_pool,
     ir.JoinRows: _bind_call(_join_rows),
     ir.RoundF16: _bind_call(_round_f16),
+    ir.Concat: _bind_call(_concat),
     ir.Moe: _bind_moe,
     ir.SigmoidGate: _bind_sigmoid_gate,
     ir.Scale: _bind_scale,
