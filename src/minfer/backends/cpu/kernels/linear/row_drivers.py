@@ -370,10 +370,31 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
 )
 
 
+_JOBS_LOOP = "    for job in prange(n_chunk * ng):\n"
+_JOBS_PART = ("    n_job = n_chunk * ng\n"
+              "    for job in range(part * n_job // n_parts, (part + 1) * n_job // n_parts):\n")
+
+
+def expert_part_form(source: str) -> str:
+    """A driver's expert form (`<name>_x`, the last function of its source) as a parallel
+    region's part (`<name>_x_part(part, n_parts, ...)`): the same jobs, those of one thread,
+    from the same template text."""
+    start = source.rindex("\n\n@njit", 0, source.index("_x(w3"))
+    form = source[start:]
+    if form.count(_JOBS_LOOP) != 1:
+        raise ValueError("an expert form's job loop is not the template's")
+    form = form.replace("@njit(parallel=True, cache=True)", "@njit(cache=True)", 1)
+    form = form.replace(_JOBS_LOOP, _JOBS_PART)
+    head = form.index("_x(w3") + 3
+    return form[:head - 1] + "_part(part, n_parts, " + form[head:]
+
+
 def render() -> str:
-    """The generated module's source: the header, then every driver."""
+    """The generated module's source: the header, then every driver (and its expert form's
+    region part)."""
     imports = "".join(d.imports() for d in DRIVERS)
-    return _HEADER.format(imports=imports) + "".join(d.source() for d in DRIVERS)
+    return _HEADER.format(imports=imports) + "".join(
+        d.source() + expert_part_form(d.source()) for d in DRIVERS)
 
 
 _M = minfer.jit_cache.load_generated(f"{__name__}_generated", render())

@@ -22,6 +22,8 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
+from minfer.backends.cpu.kernels.recurrent.shortconv import check_sequences
+
 
 def new_delta_state(n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
     """The zeroed delta-rule state of one layer: `[n_seq, n_v_heads, head_dim, head_dim]` f32."""
@@ -38,41 +40,57 @@ def _l2_normed(x, eps, out):
         out[i] = x[i] * scale
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
-def _delta_net(qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k_heads, eps):
+@njit(inline="always")
+def _delta_head(h, qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k_heads, eps):
+    """Value head h of every row, in row order (the recurrence runs token by token)."""
     nt = qkv.shape[0]
-    n_v_heads, dim = state.shape[1], state.shape[2]
+    dim = state.shape[2]
     k_off = n_k_heads * dim
     v_off = 2 * k_off
     scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(dim)))
-    for h in prange(n_v_heads):
-        kh = h % n_k_heads
-        q = np.empty(dim, np.float32)
-        k = np.empty(dim, np.float32)
-        delta = np.empty(dim, np.float32)
-        for t in range(nt):
-            m = state[seq[t], h]
-            if positions[t] == 0:
-                m[:, :] = np.float32(0.0)
-            _l2_normed(qkv[t, kh * dim:(kh + 1) * dim], eps, q)
-            _l2_normed(qkv[t, k_off + kh * dim:k_off + (kh + 1) * dim], eps, k)
-            x = alpha[t, h] + dt_bias[h]
-            sp = x if x > np.float32(20.0) else np.float32(np.log1p(np.exp(x)))
-            decay = np.float32(np.exp(sp * a[h]))
-            b = np.float32(1.0) / (np.float32(1.0) + np.exp(-beta[t, h]))
-            for j in range(dim):
-                acc = np.float32(0.0)
-                for i in range(dim):
-                    m[j, i] *= decay
-                    acc += m[j, i] * k[i]
-                delta[j] = (qkv[t, v_off + h * dim + j] - acc) * b
-            for j in range(dim):
-                acc = np.float32(0.0)
-                for i in range(dim):
-                    m[j, i] += delta[j] * k[i]
-                    acc += m[j, i] * q[i]
-                out[t, h * dim + j] = acc * scale
+    kh = h % n_k_heads
+    q = np.empty(dim, np.float32)
+    k = np.empty(dim, np.float32)
+    delta = np.empty(dim, np.float32)
+    for t in range(nt):
+        m = state[seq[t], h]
+        if positions[t] == 0:
+            m[:, :] = np.float32(0.0)
+        _l2_normed(qkv[t, kh * dim:(kh + 1) * dim], eps, q)
+        _l2_normed(qkv[t, k_off + kh * dim:k_off + (kh + 1) * dim], eps, k)
+        x = alpha[t, h] + dt_bias[h]
+        sp = x if x > np.float32(20.0) else np.float32(np.log1p(np.exp(x)))
+        decay = np.float32(np.exp(sp * a[h]))
+        b = np.float32(1.0) / (np.float32(1.0) + np.exp(-beta[t, h]))
+        for j in range(dim):
+            acc = np.float32(0.0)
+            for i in range(dim):
+                m[j, i] *= decay
+                acc += m[j, i] * k[i]
+            delta[j] = (qkv[t, v_off + h * dim + j] - acc) * b
+        for j in range(dim):
+            acc = np.float32(0.0)
+            for i in range(dim):
+                m[j, i] += delta[j] * k[i]
+                acc += m[j, i] * q[i]
+            out[t, h * dim + j] = acc * scale
 
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _delta_net(qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k_heads, eps):
+    check_sequences(seq, state.shape[0])
+    for h in prange(state.shape[1]):
+        _delta_head(h, qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k_heads, eps)
+
+
+@njit(cache=True, error_model="numpy")
+def _delta_net_part(part, n_parts, qkv, alpha, beta, dt_bias, a, state, positions, seq, out,
+                    n_k_heads, eps):
+    """`_delta_net`'s heads for part `part` of `n_parts` (a parallel region's thread)."""
+    check_sequences(seq, state.shape[0])
+    n = state.shape[1]
+    for h in range(part * n // n_parts, (part + 1) * n // n_parts):
+        _delta_head(h, qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k_heads, eps)
 
 def delta_net(qkv: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray,
               a: np.ndarray, state: np.ndarray, positions: np.ndarray, seq: np.ndarray,
@@ -87,10 +105,10 @@ def delta_net(qkv: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.
 def bind_delta_net(qkv: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray,
                    a: np.ndarray, state: np.ndarray, positions: np.ndarray, seq: np.ndarray,
                    out: np.ndarray, *, n_k_heads: int, eps: float) -> Callable[[], None]:
-    """`delta_net` over fixed arrays, shapes checked once; each call checks that every row's
+    """`delta_net` over fixed arrays, shapes checked once; the kernel checks that every row's
     sequence has a state row."""
     nt = qkv.shape[0]
-    n_seq, n_v, dim, dim2 = state.shape
+    _, n_v, dim, dim2 = state.shape
     if (dim != dim2 or n_k_heads < 1 or n_v % n_k_heads
             or qkv.shape != (nt, (2 * n_k_heads + n_v) * dim) or out.shape != (nt, n_v * dim)
             or alpha.shape != (nt, n_v) or beta.shape != (nt, n_v)
@@ -102,12 +120,5 @@ def bind_delta_net(qkv: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias
     for arr in (qkv, alpha, beta, dt_bias, a, state, out):
         if arr.dtype != np.float32 or not arr.flags.c_contiguous:
             raise ValueError("delta net runs on contiguous f32 arrays")
-    run = partial(_delta_net, qkv, alpha, beta, dt_bias, a, state, positions, seq, out,
-                  n_k_heads, np.float32(eps))
-
-    def call() -> None:
-        if int(seq.min()) < 0 or int(seq.max()) >= n_seq:
-            raise ValueError(f"a row's sequence is outside the {n_seq} state rows")
-        run()
-
-    return call
+    return partial(_delta_net, qkv, alpha, beta, dt_bias, a, state, positions, seq, out,
+                   n_k_heads, np.float32(eps))

@@ -52,6 +52,8 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_silu_chunks": ("out",),
     "_swiglu_chunks": ("out",),
     "_swiglu_oai_chunks": ("out",),
+    "_delta_net": ("state", "out"),
+    "_causal_conv": ("state", "out"),
     "_prepare": ("qr", "lo", "hi"),
     "_store_kv_serial": ("k_cache", "v_cache"),
 }
@@ -93,8 +95,9 @@ def region_form(kernel: Any, args: tuple[Any, ...]) -> Form | None:
     """The region form of `kernel(*args)` (a numba dispatcher, or a Python function with a
     compiled `_part` form), or None where it has none."""
     func = kernel.py_func if isinstance(kernel, Dispatcher) else kernel
-    name, module = getattr(func, "__name__", ""), sys.modules.get(getattr(func, "__module__", ""))
-    if module is None or not name.startswith(("_", "mv_")):  # (not one of minfer's kernels)
+    name = getattr(func, "__name__", "")
+    module = sys.modules.get(getattr(func, "__module__", None) or "")
+    if module is None:
         return None
     # a parallel kernel, or a Python wrapper choosing among kernels: its `_part` form
     split = not isinstance(kernel, Dispatcher) or bool(kernel.targetoptions.get("parallel"))
