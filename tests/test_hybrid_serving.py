@@ -234,3 +234,58 @@ def test_run_is_bitwise_the_same_in_every_way() -> None:
         ids, drafted = run(7, spec)
         assert ids == plain and (drafted > 0 or spec.lookup_ngram)  # (this random model's
         # output repeats nothing of the prompt: lookup proposes in the server's test)
+
+
+# -- 2. the context shift ------------------------------------------------------------------------
+class _MergesOnly:
+    """Greedy over the BPE merges only (ids 256..316: ASCII text), so a reply is whole text and
+    the session keeps a turn's KV as it is."""
+
+    seed = 0
+
+    def sample(self, logits: np.ndarray) -> int:
+        return 256 + int(np.argmax(logits[256:317]))
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def reset(self, prompt_tail: object = (), *, seed: int | None = None) -> None:
+        pass
+
+
+@pytest.mark.parametrize("max_tokens", [8, 40])
+def test_a_chat_past_the_context_recomputes_the_kept_turns_state(max_tokens: int) -> None:
+    """`minfer chat` on a hybrid model whose conversation outgrows the context (at a turn's
+    start, or in the middle of a reply: max_tokens 40): the oldest turns are dropped and,
+    since a recurrent state cannot be shifted, the kept window's state is recomputed — the
+    report says so, no row is shifted — and the state is exactly a fresh prefill's of what
+    the KV holds."""
+    from minfer.chat.repl import format_report
+    from minfer.chat.session import ChatConfig, ChatSession, TurnReport
+    from minfer.engine.kv_shift import shift_kv
+    from minfer.errors import MinferError
+    from minfer.tokenizer.chat import ChatTemplate
+
+    f = GGUFFile.open(LFM2)
+    tok = Tokenizer.from_gguf(f)
+    e = _engine(LFM2, 96)
+    chat = ChatSession(e, tok, ChatTemplate.from_gguf(f, tok), _MergesOnly(),
+                       config=ChatConfig(max_tokens=max_tokens), system="Be brief.")
+    assert not chat.kv.can_shift
+    with pytest.raises(MinferError, match="recurrent state"):
+        shift_kv(e, src_start=10, src_end=20, dst_start=4)
+    dropped = []
+    for text in ("Hello world!", "The quick brown fox", "jumps over the lazy dog", "Again?",
+                 "And once more"):
+        *_, report = chat.say(text)
+        assert isinstance(report, TurnReport)
+        if report.n_dropped:
+            dropped.append(report)
+            assert report.state_recomputed and report.n_shifted == 0
+            assert "recurrent state recomputed" in format_report(report)
+    assert dropped
+    held = chat.kv.tokens
+    assert e.state_position(0) == len(held)
+    probe = [7]
+    fresh = _engine(LFM2, 96).forward([*held, *probe], 0)
+    assert np.array_equal(e.forward(probe, len(held)), fresh)
