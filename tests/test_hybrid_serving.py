@@ -19,7 +19,12 @@ import pytest
 
 from minfer.engine.core.core import EngineCore
 from minfer.engine.core.mtp import MtpProposer
-from minfer.engine.core.proposer import LookupProposer, Proposer, SlotDrafter
+from minfer.engine.core.proposer import (
+    HybridProposer,
+    LookupProposer,
+    Proposer,
+    SlotDrafter,
+)
 from minfer.engine.core.request import GenRequest, Request
 from minfer.engine.core.runner import Runner
 from minfer.engine.forward import Engine
@@ -190,23 +195,23 @@ def _mtp() -> MtpProposer:
                        chunk=16)
 
 
-@pytest.mark.slow
 def test_server_rows_are_bitwise_alone_in_every_way() -> None:
     """On a hybrid model with an MTP head: each of 8 streams draws, with the same logits bit
     for bit, what it draws alone, whether the 8 run together with prefill chunks of 1, 7 or 64
-    rows, or speculate with prompt lookup, a hybrid draft model or the MTP head."""
+    rows, or speculate with prompt lookup, a hybrid draft model, the MTP head or lookup and a
+    draft together."""
     alone = [_run(_core(QWEN35_MTP, 1, chunk=64), [p])[0] for p in STREAMS]
     for chunk in (1, 7, 64):
         _same(alone, _run(_core(QWEN35_MTP, 8, chunk=chunk), STREAMS))
-    proposers: list[Proposer] = [LookupProposer(2), _drafter(QWEN35_MTP, 8, vocab_limit=160),
-                                 _mtp()]
+    proposers: list[Proposer] = [
+        LookupProposer(2), _drafter(QWEN35_MTP, 8, vocab_limit=160), _mtp(),
+        HybridProposer(LookupProposer(2), _drafter(LFM2, 8), 4)]  # lookup and a draft
     for proposer in proposers:
         spec = _run(_core(QWEN35_MTP, 8, chunk=7, proposer=proposer), STREAMS)
         _same(alone, spec)
         assert sum(s.spec.drafted for s in spec) > 0
 
 
-@pytest.mark.slow
 def test_run_is_bitwise_the_same_in_every_way() -> None:
     """`minfer run` on a hybrid model (one sequence, its engine not batch-invariant): prompt
     batches of 1, 7 and 64 tokens and speculation (lookup, a hybrid draft, the MTP head) give
@@ -253,10 +258,12 @@ class _MergesOnly:
         pass
 
 
-@pytest.mark.parametrize("max_tokens", [8, 40])
-def test_a_chat_past_the_context_recomputes_the_kept_turns_state(max_tokens: int) -> None:
+@pytest.mark.parametrize(("max_tokens", "reserve"), [(8, None), (60, 4)])
+def test_a_chat_past_the_context_recomputes_the_kept_turns_state(max_tokens: int,
+                                                                 reserve: int | None) -> None:
     """`minfer chat` on a hybrid model whose conversation outgrows the context (at a turn's
-    start, or in the middle of a reply: max_tokens 40): the oldest turns are dropped and,
+    start, or in the middle of a reply: 60 tokens, 4 cells kept free): the oldest turns are
+    dropped and,
     since a recurrent state cannot be shifted, the kept window's state is recomputed — the
     report says so, no row is shifted — and the state is exactly a fresh prefill's of what
     the KV holds."""
@@ -270,7 +277,8 @@ def test_a_chat_past_the_context_recomputes_the_kept_turns_state(max_tokens: int
     tok = Tokenizer.from_gguf(f)
     e = _engine(LFM2, 96)
     chat = ChatSession(e, tok, ChatTemplate.from_gguf(f, tok), _MergesOnly(),
-                       config=ChatConfig(max_tokens=max_tokens), system="Be brief.")
+                       config=ChatConfig(max_tokens=max_tokens, reserve=reserve),
+                       system="Be brief.")
     assert not chat.kv.can_shift
     with pytest.raises(MinferError, match="recurrent state"):
         shift_kv(e, src_start=10, src_end=20, dst_start=4)
@@ -286,6 +294,60 @@ def test_a_chat_past_the_context_recomputes_the_kept_turns_state(max_tokens: int
     assert dropped
     held = chat.kv.tokens
     assert e.state_position(0) == len(held)
-    probe = [7]
-    fresh = _engine(LFM2, 96).forward([*held, *probe], 0)
-    assert np.array_equal(e.forward(probe, len(held)), fresh)
+    fresh = _engine(LFM2, 96)
+    fresh.forward(held, 0)
+    for mine, theirs in zip(e.kv.state_regions, fresh.kv.state_regions, strict=True):
+        assert np.array_equal(mine[0], theirs[0])
+
+
+def test_the_server_reports_a_shared_system_prompts_cached_tokens() -> None:
+    """`minfer serve` (its worker on the real tiny engine, 2 slots, 16-row chunks): a request
+    that repeats a running request's system prompt reports the tokens it copied with that
+    slot's state checkpoint as cached, and gets the text it gets alone."""
+    import asyncio
+
+    from minfer.engine.assembly import Assembly, ModelConfig
+    from minfer.server.metrics import Metrics
+    from minfer.server.worker import Delta, Done, Handle, Worker
+
+    prompts = [[*SYSTEM, *RNG.integers(0, 300, 10).tolist()] for _ in range(2)]
+
+    def serve(n_slots: int, together: bool) -> list[tuple[str, int]]:
+        parts = Assembly(LFM2, ModelConfig.build(n_ctx=128, kv_type="f32", threads=1,
+                                                 batch_invariant=True))
+        w = Worker(parts.engine, parts.tokenizer, n_slots=n_slots, n_ctx_slot=128, chunk=16,
+                   metrics=Metrics())
+        w.start()
+        assert w.ready.wait(60) and w.error is None
+
+        async def one(prompt: list[int], started: asyncio.Event | None) -> tuple[str, int]:
+            handle = Handle(asyncio.get_running_loop())
+            w.submit(GenRequest(prompt=prompt, max_tokens=24, sampler=Sampler(
+                SamplerParams.greedy(), parts.hparams.n_vocab, seed=0)), handle)
+            text = []
+            while True:
+                ev = await asyncio.wait_for(handle.events.get(), 60)
+                if isinstance(ev, Delta):
+                    text.append(ev.text)
+                    if started is not None:
+                        started.set()
+                else:
+                    assert isinstance(ev, Done)
+                    return "".join(text), ev.usage.cached_tokens
+
+        async def main() -> list[tuple[str, int]]:
+            if not together:
+                return [await one(p, None) for p in prompts]
+            started = asyncio.Event()
+            first = asyncio.create_task(one(prompts[0], started))
+            await started.wait()  # the first request decodes: its prompt is in its slot
+            return [await first, await one(prompts[1], None)]
+        try:
+            return asyncio.run(main())
+        finally:
+            w.stop()
+
+    alone = serve(1, together=False)
+    got = serve(2, together=True)
+    assert [t for t, _ in got] == [t for t, _ in alone]
+    assert got[0][1] == 0 and got[1][1] == 32
