@@ -183,6 +183,17 @@ def test_a_shared_system_prompt_is_copied_with_a_state_checkpoint(burst: bool) -
     assert first.n_cached == 0 and second.n_cached == 32
 
 
+def test_a_prompt_beside_the_one_computing_its_prefix_waits_and_copies_it() -> None:
+    """Two requests arriving together, the first's prompt (the system prompt alone, one 64-row
+    chunk) a prefix of the second's: the second waits a step instead of prefilling beside it,
+    then copies those 40 tokens with the first slot's state."""
+    prompts = [SYSTEM, [*SYSTEM, *RNG.integers(0, 300, 10).tolist()]]
+    alone = [_run(_core(LFM2, 1, chunk=64), [p])[0] for p in prompts]
+    both = _run(_core(LFM2, chunk=64), prompts)
+    _same(alone, both)
+    assert both[1].n_cached == 40
+
+
 # -- 4. batch invariance: every way a token is computed ------------------------------------------
 STREAMS = [[*SYSTEM[:int(n) % 24], *RNG.integers(0, 300, int(n)).tolist()]
            for n in RNG.integers(5, 60, 8)]
