@@ -292,22 +292,35 @@ def test_scheduler_takes_a_recurrent_cache_only_whole() -> None:
     assert _reach(same, held, recurrent=True, checkpoints=(2, 4)) == 2
 
 
-def test_a_copied_prefix_brings_the_state_only_whole() -> None:
+def _row_at(e: Engine, pos: int, base: int) -> np.ndarray:
+    """The logits of LONG[pos] fed at position pos of the sequence whose cells start at base."""
+    return e.forward_batch(Batch(tokens=np.array([LONG[pos]], np.int32),
+                                 positions=np.array([pos], np.int32),
+                                 cells=np.array([base + pos], np.int32),
+                                 kv_start=np.array([base], np.int32),
+                                 kv_end=np.array([base + pos + 1], np.int32),
+                                 out_rows=np.array([0], np.int32)))[0]
+
+
+def test_a_copied_prefix_brings_the_state_where_the_source_kept_it() -> None:
+    """A copy of another sequence's cells brings its state where that state stood at the
+    copy's end: its live state (the whole history) or a checkpoint there; elsewhere the
+    destination's state is unknown and continuing is refused."""
     e = _engine(batch_invariant=True, n_ctx=256)
     e.hold_sequences(2)
     alone = _engine(batch_invariant=True).forward(LONG[:21], 0, n_out=21)
-    e.forward(LONG[:20], 0)
-    e.copy_cells(0, 128, 20)  # the source's whole sequence: its state comes too
+    e.forward(LONG[:16], 0)
+    e.forward(LONG[16:20], 16)  # checkpoints at 16 and 20
+    e.copy_cells(0, 128, 20)  # the source's whole sequence: its live state comes too
     assert e.state_position(1) == 20
-    row = e.forward_batch(Batch(tokens=np.array([LONG[20]], np.int32),
-                                positions=np.array([20], np.int32),
-                                cells=np.array([148], np.int32),
-                                kv_start=np.array([128], np.int32),
-                                kv_end=np.array([149], np.int32),
-                                out_rows=np.array([0], np.int32)))
-    assert np.array_equal(row[0], alone[20])
-    e.copy_cells(0, 128, 10)  # part of it: the state stays behind, continuing is refused
-    assert e.state_position(1) == 21
+    assert np.array_equal(_row_at(e, 20, 128), alone[20])
+    e.copy_cells(0, 128, 16)  # up to the source's checkpoint at 16: that state comes
+    assert e.state_position(1) == 16
+    assert np.array_equal(_row_at(e, 16, 128), alone[16])
+    e.copy_cells(0, 128, 10)  # part of it, no state kept there: unknown, continuing refused
+    assert e.state_position(1) == -1
+    with pytest.raises(MinferError, match="cannot continue at position 10"):
+        _row_at(e, 10, 128)
 
 
 def test_an_edit_near_the_end_restarts_from_a_checkpoint_bitwise() -> None:

@@ -40,9 +40,12 @@ class StateCheckpoints:
         self._saved = [{} for _ in range(self.kv.n_seq)]
         self._spare = [None] * self.kv.n_seq
 
-    def positions(self, seq: int) -> list[int]:
-        """The positions sequence seq has a checkpoint at, ascending (the spare not counted)."""
-        return sorted(self._saved[seq])
+    def positions(self, seq: int, *, spare: bool = False) -> list[int]:
+        """The positions sequence seq has a checkpoint at, ascending (its spare's too if
+        `spare`)."""
+        held = self._spare[seq]
+        extra = {held[0]} if spare and held is not None else set()
+        return sorted({*self._saved[seq], *extra})
 
     def _copy(self, seq: int) -> Snapshot:
         return [self.host.snapshot_state(s, seq) for s in self.kv.state_regions]
@@ -67,15 +70,16 @@ class StateCheckpoints:
         spare = self._spare[seq]
         return pos in self._saved[seq] or (spare is not None and spare[0] == pos)
 
-    def restore(self, seq: int, pos: int) -> None:
-        """Sequence seq's state back to its checkpoint at pos (`has` first)."""
+    def restore(self, seq: int, pos: int, *, into: int | None = None) -> None:
+        """Sequence seq's state back to its checkpoint at pos (`has` first); into: the live
+        state of that other sequence instead (a slot taking over another's prompt prefix)."""
         spare = self._spare[seq]
         snap = self._saved[seq].get(pos)
         if snap is None:
             assert spare is not None and spare[0] == pos, f"no checkpoint at {pos}"
             snap = spare[1]
         for region, copy in zip(self.kv.state_regions, snap, strict=True):
-            self.host.restore_state(region, seq, copy)
+            self.host.restore_state(region, seq if into is None else into, copy)
 
     def invalidate(self, seq: int, pos: int) -> None:
         """The sequence's cells from pos on are rewritten: drop checkpoints past pos."""

@@ -295,6 +295,8 @@ def format_report(r: TurnReport) -> str:
         extras.append("regenerated")
     if r.shift_fallback:
         extras.append("shift fell back to re-prefill")
+    if r.state_recomputed:
+        extras.append("recurrent state recomputed (no context shift on this model)")
     if r.drafted:
         extras.append(f"{r.accepted}/{r.drafted} drafted tokens accepted")
     rate = r.n_generated / r.decode_s if r.decode_s > 0 else 0.0

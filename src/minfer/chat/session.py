@@ -15,7 +15,10 @@ it are never read and get overwritten.
 A model with recurrent layers (LFM2) cannot rewind its state by truncation: there a turn that
 would rewind (a re-render, /regen, a trimmed reply, an overflow) goes back to the furthest state
 checkpoint before that point (`KVMirror.rewind`: one is kept at each turn's end, and after each
-prefill chunk) and prefills from there, and an overflow never shifts.
+prefill chunk) and prefills from there, and an overflow never shifts: the kept turns' state is
+recomputed from the furthest checkpoint before the dropped turns (the system prompt's end,
+else position 0), exact, and the turn says so (`TurnReport.state_recomputed`; llama.cpp
+refuses a context shift on these models and stops).
 
 KV-consistency invariant (between turns): the KV holds a prefix of the template's canonical
 render of the conversation. Hence an end-of-generation token is written into the KV before a turn
@@ -117,6 +120,9 @@ class TurnReport:
     n_dropped: int = 0  # oldest turns dropped for context overflow during this turn
     n_shifted: int = 0  # KV rows moved (and re-rotated) instead of re-prefilled after the drop
     shift_fallback: bool = False  # a shift was wanted but the edit was not prefix-consistent
+    # a recurrent model's turns were dropped: its state is never shifted, the kept window's
+    # state is recomputed (from the furthest checkpoint before the drop, else position 0)
+    state_recomputed: bool = False
     eot_inserted: bool = False  # the previous turn's missing end-of-turn token came in this delta
     reason: str = "interrupted"  # eos | length | stop | context | interrupted
     ids: list[int] = field(default_factory=list)  # the reply's sampled ids (EOT not included)
@@ -354,6 +360,9 @@ class ChatSession:
         F[b:] and the KV agrees with target on [0, a); then the KV's cells from b on that spell
         target[a:] (+ tail) move to a. Anything else is a counted fallback to the re-prefill.
         """
+        if self.kv.recurrent:  # a state holds every token: nothing to shift, all recomputed
+            report.state_recomputed = True
+            return
         if self.overflow != "shift":
             return
         n_dropped = len(before) - len(self.messages)

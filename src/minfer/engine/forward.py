@@ -344,6 +344,14 @@ class Engine:
         live = int(self._state_pos[seq])
         return sorted({*self.checkpoints.positions(seq), *([live] if live > 0 else [])})
 
+    def restart_point(self, seq: int, upto: int) -> int:
+        """The furthest position <= upto that sequence seq's rows may start at: 0, where its
+        state stands, a checkpoint or its spare (a draft model rolls back to the last token the
+        target accepted: `SlotDrafter`)."""
+        live = int(self._state_pos[seq])
+        held = [*self.checkpoints.positions(seq, spare=True), *([live] if live > 0 else [])]
+        return max((p for p in held if p <= upto), default=0)
+
     def save_state(self, seq: int, *, spare: bool = False) -> None:
         """Checkpoint sequence seq's state where it stands (spare: in its one spare, the state
         a speculative verify starts from, which counts against no limit)."""
@@ -358,17 +366,29 @@ class Engine:
     def copy_cells(self, src: int, dst: int, n: int) -> None:
         """The KV of cells [src, src + n) into cells [dst, dst + n) (`KVRegions.copy_cells`):
         the server's slots share a prompt prefix one of them computed. A recurrent model's
-        state comes too only where the cells are the source sequence's whole history (the
-        state cannot be cut to a prefix); else the destination keeps its own."""
+        state comes too where the source sequence's state stood at the copy's end (its
+        positions are the source's): its live state when the cells end its history, else its
+        checkpoint there (`StateCheckpoints.restore(into=)`; a state cannot be cut to a
+        prefix). Without either, the destination's state no longer matches its cells past
+        dst: it is unknown (-1) until it restarts at 0 or a checkpoint before dst."""
         self.kv.copy_cells(src, dst, n)
         if not self.recurrent:
             return
         width = self.kv.seq_cells
         s_seq, d_seq, start = src // width, dst // width, src % width
+        end = start + n
         self.checkpoints.invalidate(d_seq, dst % width)
-        if start == dst % width and start + n == self._state_pos[s_seq]:
+        aligned = start == dst % width
+        if aligned and end == self._state_pos[s_seq]:
             self.kv.copy_state(s_seq, d_seq)
-            self._state_pos[d_seq] = self._state_pos[s_seq]
+        elif aligned and self.checkpoints.has(s_seq, end):
+            self.checkpoints.restore(s_seq, end, into=d_seq)
+        elif self._state_pos[d_seq] > dst % width:
+            self._state_pos[d_seq] = -1
+            return
+        else:
+            return
+        self._state_pos[d_seq] = end
 
     def forward_batch(self, batch: Batch, *, batch_invariant: bool = False,
                       checkpoint: Sequence[int] | None = None) -> np.ndarray:

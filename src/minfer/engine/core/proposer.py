@@ -31,7 +31,13 @@ a step (`DraftAsk`s, each its whole sequence with the pending token last), `prop
 
 Rejected proposals need no undo: the slot's record (`cached`) keeps every token it forwarded, and
 the next catch-up starts at the common prefix, so the write position simply moves back and the
-stale cells are overwritten (as `KVMirror` does for `minfer run`). A greedy draft is a point-mass
+stale cells are overwritten (as `KVMirror` does for `minfer run`). A hybrid draft (LFM2,
+Qwen3.5: `recurrent`) holds a state per slot that took in the rejected drafts too: each
+catch-up keeps the state at its end in the slot's spare (`Engine.save_state(spare=True)`), and
+the next one starts from the furthest position at or before the common prefix its state can
+restart from (`Engine.restart_point`: where it stands, a checkpoint, that spare), recomputing
+the accepted tokens from there; another slot's prefix is taken only up to a position whose
+state that slot kept (`Engine.copy_cells` brings it). A greedy draft is a point-mass
 guess, so the target's verifier stays exact for sampled requests too (the server drafts greedily).
 """
 
@@ -40,7 +46,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
@@ -59,6 +65,9 @@ from minfer.engine.core.policy import (
 from minfer.engine.core.runner import BatchEngine, Runner
 from minfer.engine.core.scheduler import CellCopy, Plan, Work, common_prefix, longest_held
 from minfer.engine.speculative import SpecConfig, SpeculativeError
+
+if TYPE_CHECKING:
+    from minfer.engine.forward import Engine
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,7 @@ class SlotDrafter:
         """temp: draft sampled requests from the draft's distribution at this temperature (None:
         every draft greedy); n_vocab: the target's logit width, q's (the draft may score fewer)."""
         self.runner = Runner(engine, n_ctx_slot)
+        self.recurrent = self.runner.recurrent  # a hybrid draft (LFM2, Qwen3.5): see module
         self.n_ctx_slot = n_ctx_slot
         self.p_min = p_min
         self.chunk = chunk
@@ -300,7 +310,16 @@ class SlotDrafter:
     def lacking(self, ask: DraftAsk) -> int:
         """The tokens of ask its slot's draft has not computed: what a proposal would first
         catch up on (a prefix another slot holds would be copied instead)."""
-        return len(ask.tokens) - common_prefix(self.cached[ask.slot], ask.tokens)
+        return len(ask.tokens) - self._restart(ask.slot, common_prefix(self.cached[ask.slot],
+                                                                       ask.tokens))
+
+    def _restart(self, slot: int, n: int) -> int:
+        """Where slot's draft may resume feeding a sequence whose first n tokens its cells
+        hold: n, or on a recurrent draft the furthest position <= n its state can restart
+        from (`Engine.restart_point`: where it stands, a checkpoint, the spare kept at the
+        end of the last catch-up)."""
+        return cast("Engine", self.runner.engine).restart_point(slot, n) if self.recurrent \
+            else n
 
     def _room(self, ask: DraftAsk) -> int:
         """ask.k, capped so that no draft token's cell passes the slot."""
@@ -324,18 +343,31 @@ class SlotDrafter:
                               start + n == len(a.tokens)))
             budget -= n
         assert works or not copies  # the first ask lacks at least its last token
-        return self._forward(works, copies) if works else {}
+        logits = self._forward(works, copies) if works else {}
+        if self.recurrent:  # the state the next catch-up rolls back to (drafts rejected)
+            engine = cast("Engine", self.runner.engine)
+            for w in works:
+                if w.logits:
+                    engine.save_state(w.slot, spare=True)
+        return logits
 
     def _take_prefix(self, ask: DraftAsk, copies: list[CellCopy]) -> int:
         """Where ask's catch-up starts: after the longest prefix of its tokens (all but the
         last, whose logits are wanted) that its slot's cells or another slot's hold; another
         slot's are copied (appended to `copies`, run before the forward in order)."""
         last = len(ask.tokens) - 1
-        own = min(common_prefix(self.cached[ask.slot], ask.tokens), last)
-        best, length = longest_held(ask.tokens, ((slot, held, len(held)) for slot, held
-                                                 in enumerate(self.cached) if slot != ask.slot),
-                                    own)
-        length = min(length, last)
+        own = self._restart(ask.slot, min(common_prefix(self.cached[ask.slot], ask.tokens), last))
+        others = [(slot, held, len(held)) for slot, held in enumerate(self.cached)
+                  if slot != ask.slot]
+        if self.recurrent:  # another slot's state where it stood (`Engine.copy_cells`)
+            best, length = -1, own
+            for slot, held, _ in others:
+                reach = self._restart(slot, min(common_prefix(held, ask.tokens), last))
+                if reach > length:
+                    best, length = slot, reach
+        else:
+            best, length = longest_held(ask.tokens, others, own)
+            length = min(length, last)
         if length > own:
             copies.append(CellCopy(best, ask.slot, own, length - own))
             self.cached[ask.slot][own:] = ask.tokens[own:length]

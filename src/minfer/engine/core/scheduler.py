@@ -34,9 +34,13 @@ score records; the request computes them (`Request.score_prompt`, into `Sequence
 A model with recurrent layers (`recurrent`: LFM2) keeps per slot a state of every token so far,
 which cannot be cut back to a prefix: a slot's cache (or another slot's cells, copied with their
 state) serves a prompt whole when the prompt extends the whole cached sequence by at least one
-token (a chat's next turn); else the slot's own cache serves up to its longest state checkpoint
-within the common prefix (`checkpoints`: the positions the runner's engine kept the slot's state
-at, `minfer.backends.checkpoints`; the forward restores it), or nothing (position 0).
+token (a chat's next turn); else a slot's cache, its own or another's, serves up to that slot's
+furthest state checkpoint within the common prefix (`checkpoints`: the positions the runner's
+engine kept the slot's state at, `minfer.backends.checkpoints`; the forward restores the own
+slot's, `Engine.copy_cells` brings another slot's with the cells), or nothing (position 0). So
+a system prompt every request repeats is prefilled once, up to its last prompt-chunk boundary,
+on a hybrid model too: a prompt admitted beside another that computes it waits for that
+prompt's chunk to end inside their common prefix, then copies up to there.
 
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
@@ -307,11 +311,7 @@ class Scheduler:
             copy = self._take_prefix(seq)
             if copy is not None:
                 copies.append(copy)
-            upto = seq.n_computed + SHARE_MIN
-            # (a recurrent prompt does not wait: the state of a part it shares is not copied)
-            if budget == 0 or (upto < seq.n_prompt and not self.recurrent and any(
-                    _scores_serve(k, seq.score_k) and common_prefix(done, seq.tokens[:upto]) == upto
-                    for done, k in planned)):
+            if budget == 0 or self._waits(seq, planned):
                 continue
             n = seq.chunk(min(seq.n_pending, budget))
             works.append(self._work(seq, n))
@@ -321,6 +321,26 @@ class Scheduler:
             works.sort(key=lambda w: w.slot)
         assert works or not copies, "copies ride on a forward: a plan without work is skipped"
         return Plan(tuple(works), tuple(copies))
+
+    def _waits(self, seq: Sequence, planned: list[tuple[list[int], int | None]]) -> bool:
+        """Whether seq's next SHARE_MIN or more prompt tokens are computed this step by an
+        earlier prompt (`planned`: its tokens once the step is done, its scores' k), to be
+        copied next step. A recurrent model's state comes only where that prompt's chunk ends
+        (its state checkpointed there: `Runner.run`), so that end must lie inside seq's
+        prompt, past those tokens."""
+        upto = seq.n_computed + SHARE_MIN
+        if upto >= seq.n_prompt:
+            return False
+        for done, k in planned:
+            if not _scores_serve(k, seq.score_k):
+                continue
+            if self.recurrent:
+                if upto <= len(done) < seq.n_prompt \
+                        and common_prefix(done, seq.tokens) == len(done):
+                    return True
+            elif common_prefix(done, seq.tokens[:upto]) == upto:
+                return True
+        return False
 
     def _take_prefix(self, seq: Sequence) -> CellCopy | None:
         """Copy the rest of the longest prefix of seq's prompt another slot's cells hold (at
@@ -333,7 +353,7 @@ class Scheduler:
                 continue
             held = self._holding(s)
             if held.n > length:  # no reach is longer than the cells
-                n = _reach(seq, held, self.recurrent)
+                n = _reach(seq, held, self.recurrent, self._checkpoints(s))
                 if n > length:
                     best, length = s.index, n
         length = min(length, seq.n_prompt - 1)
