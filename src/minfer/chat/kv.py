@@ -58,6 +58,8 @@ def kv_shifter(engine: object) -> Callable[[int, int, int], None] | None:
         return lambda s, e, d: shifter.shift_kv(src_start=s, src_end=e, dst_start=d)
     if getattr(engine, "recurrent", False):  # a recurrent state cannot be shifted
         return None
+    if getattr(getattr(engine, "hparams", None), "rope_sections", ()):  # M-RoPE: not re-rotated
+        return None
     if hasattr(engine, "kv") and hasattr(engine, "hparams"):
         from minfer.engine.kv_shift import shift_kv
 
