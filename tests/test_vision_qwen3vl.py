@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from minfer.gguf.clip import ClipParams
 from minfer.gguf.reader import GGUFFile
@@ -78,3 +79,112 @@ def test_encoder_graph_is_one_tower_per_grid() -> None:
     kinds = [n.op.kind for n in enc._graph.nodes]
     assert kinds.count("SeqAttn") == 2 and kinds.count("JoinRows") == 2
     assert sum(1 for n in enc._graph.nodes if n.op.kind == "Rope") == 4
+
+
+AT = 6  # the image's first row (after `<|im_start|>user\n<|vision_start|>`)
+PROMPT = [{"role": "user", "content": [{"type": "image", "path": str(FIXTURES / "image.png")},
+                                       {"type": "text", "text": "What is in the image?"}]}]
+
+
+def test_mrope_positions_equal_transformers_rope_index() -> None:
+    """An image of 3 x 4 merged tokens after 6 rows: (6, 6 + y, 6 + x) per token, the
+    text after it from 6 + max(3, 4) (transformers' get_rope_index, mtmd's n_pos)."""
+    from minfer.engine.core.request import PromptRows, mrope_positions
+
+    ids = REF["ids"].tolist()
+    block = PromptRows(AT, np.zeros((12, 128), np.float32), True, (3, 4))
+    got = mrope_positions([block], 0, len(ids))
+    np.testing.assert_array_equal(got[:3], REF["positions"])
+    assert not got[3].any()
+    np.testing.assert_array_equal(mrope_positions([block], 30, 5),
+                                  got[:, 30:35])  # any window of rows alike
+
+
+def test_chat_prompt_lays_the_image_out_as_mtmd() -> None:
+    from minfer.api import Model
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)
+    ids, _, embd = model.chat_images(PROMPT)
+    assert ids == REF["ids"].tolist()
+    (block,) = embd
+    assert (block.at, block.n, block.causal, block.grid) == (AT, 12, True, (3, 4))
+    text = model.tokenizer.decode(ids)
+    assert "<|vision_start|>" + "<|image_pad|>" * 12 + "<|vision_end|>" in text
+
+
+def test_logits_after_the_image_match_transformers() -> None:
+    from minfer.api import Model
+    from minfer.engine.core.request import mrope_positions
+    from minfer.engine.forward import Engine
+    from minfer.gguf.hparams import HParams
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)
+    ids, _, embd = model.chat_images(PROMPT)
+    f = GGUFFile.open(FIXTURES / "model.gguf")
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=128)
+    got = engine.forward(ids, 0, n_out=len(ids), embd=[(e.at, e.rows, e.causal) for e in embd],
+                         rope_pos=mrope_positions(embd, 0, len(ids)))
+    want = REF["logits"]
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-3
+
+
+def test_greedy_answer_matches_transformers_generate() -> None:
+    """The Python API's greedy tokens after the image (prefill, then decode steps at rope
+    positions past the image's n_pos) are transformers' generate's."""
+    from minfer.api import Model
+    from minfer.engine.generate import Finished
+    from minfer.sampling.params import SamplerParams
+
+    want = REF["greedy"].tolist()
+    top2 = np.sort(REF["logits"][-1])[-2:]
+    assert top2[1] - top2[0] > 1e-3  # the first choice is not a near-tie
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)
+    ids, _, embd = model.chat_images(PROMPT)
+    *_, done = model.stream(ids, max_tokens=len(want), embd=embd,
+                            sampling=SamplerParams(temp=0.0))
+    assert isinstance(done, Finished) and done.ids == want
+
+
+def test_minfer_run_with_an_image(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from minfer.cli.main import main
+
+    args = ["run", str(FIXTURES / "model.gguf"), "--json", "What is in the image?", "--temp",
+            "0", "-n", "8", "-c", "128", "--image", str(FIXTURES / "image.png")]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"] == REF["ids"].tolist()
+    n = len(out["ids"])
+    assert n >= 1 and out["ids"] == REF["greedy"].tolist()[:n]
+
+
+def test_batched_core_runs_the_image_beside_text() -> None:
+    """The server's core (two slots, prompts chunked 8 rows a step, the image's block whole):
+    the image request beside a text-only one draws transformers' greedy tokens for each."""
+    from minfer.api import Model
+    from minfer.engine.core.core import EngineCore
+    from minfer.engine.core.request import GenRequest
+    from minfer.engine.core.runner import Runner
+    from minfer.engine.forward import Engine
+    from minfer.gguf.hparams import HParams
+    from minfer.sampling.params import SamplerParams
+    from minfer.sampling.sampler import Sampler
+    from minfer.tokenizer import Tokenizer
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)
+    ids, _, embd = model.chat_images(PROMPT)
+    f = GGUFFile.open(FIXTURES / "model.gguf")
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=256, batch_invariant=True)
+    core = EngineCore(Runner(engine, 128), Tokenizer.from_gguf(f), n_slots=2, n_ctx_slot=128,
+                      chunk=8)
+    text = REF["text_ids"].tolist()
+    states = []
+    for seq_id, (prompt, rows) in enumerate(((ids, tuple(embd)), (text, ()))):
+        s = Sampler(SamplerParams(temp=0.0), 320, seed=1)
+        s.reset(prompt)
+        states.append(core.add(seq_id, GenRequest(prompt, 8, s, embd=rows)))
+    while core.busy:
+        assert all(o.error is None for o in core.step())
+    assert states[0].ids == REF["greedy"].tolist()
+    assert states[1].ids == REF["text_greedy"].tolist()

@@ -308,14 +308,17 @@ class Engine:
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
                 batch_invariant: bool = False,
-                embd: Sequence[tuple[int, np.ndarray] | tuple[int, np.ndarray, bool]] = ()
-                ) -> np.ndarray:
+                embd: Sequence[tuple[int, np.ndarray] | tuple[int, np.ndarray, bool]] = (),
+                rope_pos: np.ndarray | None = None) -> np.ndarray:
         """One sequence's tokens at start_pos..; logits of the last n_out rows.
         batch_invariant: this forward's rows are bitwise their one-token decode rows (a
         speculative verify), even on an engine made without `batch_invariant`.
         embd: (row, rows) blocks given in place of those tokens' embeddings (`Batch.with_rows`:
-        an image's; a third element True: the block is causal)."""
+        an image's; a third element True: the block is causal). rope_pos: the rows' [4, nt]
+        M-RoPE positions (`Batch.rope_pos`)."""
         batch = Batch.single(tokens, start_pos, n_out)
+        if rope_pos is not None:
+            batch = replace(batch, rope_pos=rope_pos)
         for at, rows, *causal in embd:
             batch = batch.with_rows(at, rows, causal=bool(causal and causal[0]))
         return self.forward_batch(batch, batch_invariant=batch_invariant)
