@@ -17,6 +17,7 @@ from minfer.backends.cpu.kernels.elementwise.rope import rope
 from minfer.backends.cpu.kernels.reference import ref_rope
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
+from minfer.graph import ir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3vl"
 REF = np.load(FIXTURES / "ref.npz")
@@ -166,3 +167,29 @@ def test_context_shift_is_refused() -> None:
     assert kv_shifter(engine) is None
     with pytest.raises(MinferError, match="M-RoPE"):
         shift_kv(engine, src_start=4, src_end=8, dst_start=0)  # type: ignore[arg-type]
+
+
+def test_torch_backend_runs_the_image_prompt() -> None:
+    """The torch backend (claim "all": M-RoPE, ReplaceRows and the deepstack adds on torch)
+    gives the image prompt's logits within bf16's reach of transformers', the same next token
+    (bf16 may flip a near-tie elsewhere in the prompt)."""
+    pytest.importorskip("torch")
+    from minfer.backends.cpu.backend import CpuBackend
+    from minfer.backends.torch_backend.backend import TorchBackend
+    from minfer.engine.core.request import PromptRows, mrope_positions
+    from minfer.engine.forward import Engine
+
+    ids = REF["ids"].tolist()
+    rows = np.concatenate([REF["features"], REF["deepstack"][0]], axis=1)
+    block = PromptRows(6, rows, True, (3, 4))
+    f = GGUFFile.open(FIXTURES / "model.gguf")
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=64,
+                    backends=[TorchBackend(min_rows=2, claim="all"), CpuBackend()])
+    got = engine.forward(ids, 0, n_out=len(ids), embd=[(6, rows, True)],
+                         rope_pos=mrope_positions([block], 0, len(ids)))
+    want = REF["logits"]
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 3e-2
+    assert got[-1].argmax() == want[-1].argmax()
+    graph = engine.cache.get(engine.params_for(len(ids), len(ids), embd_input=True)).graph
+    assert any(n.backend == "torch" and isinstance(n.op, ir.Rope) and n.op.mrope
+               for n in graph.nodes)
