@@ -3,7 +3,14 @@
 answers, on text alone and after a generated image.
 
     PYTHONPATH=$PWD/src MINFER_LLAMA_CPP_DIR=/path/to/llama.cpp \
-        .venv/bin/python benchmarks/make_qwen3vl_fixtures.py
+        .venv/bin/python benchmarks/make_qwen3vl_fixtures.py [--moe]
+
+`--moe` writes tests/fixtures/qwen3vlmoe/ instead: the same with Qwen3VLMoeForConditionalGeneration
+(4 experts of 24, 2 per token, converted as `qwen3vlmoe`), its text model only (no mmproj file:
+its tower is the same family's). llama.cpp 0.3.36's converter reads the packed experts in
+transformers 4.x's layout (`gate_up_proj` [E, n_embd, 2 n_ff], `down_proj` [E, n_ff, n_embd]),
+transformers 5.x saves them as linear weights ([E, 2 n_ff, n_embd], [E, n_embd, n_ff]): the
+saved checkpoint's experts are transposed to the former before converting.
 
 The checkpoint: Qwen3VLForConditionalGeneration (transformers 5.x). Its vision tower: 2 layers,
 width 32, 2 heads (head 16), patch 8, temporal patch 2, spatial merge 2, a 4 x 4 table of
@@ -39,7 +46,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from hf_tiny import CHAT_TEMPLATE, QWEN2_SPLIT  # noqa: E402
 
-OUT = ROOT / "tests" / "fixtures" / "qwen3vl"
+MOE = "--moe" in sys.argv[1:]
+OUT = ROOT / "tests" / "fixtures" / ("qwen3vlmoe" if MOE else "qwen3vl")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
             "<|vision_end|>", "<|image_pad|>"]
 TEXT = ("The quick brown fox jumps over the lazy dog\n\nHello world! What is in the image?\n"
@@ -72,6 +80,18 @@ def _tokenizer(out: Path) -> int:
     return int(tok.get_vocab_size())
 
 
+def _experts_as_v4(hf: Path) -> None:
+    """The packed experts in transformers 4.x's layout (what llama.cpp's converter reads)."""
+    from safetensors.torch import load_file, save_file
+
+    for path in hf.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        for name in tensors:
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                tensors[name] = tensors[name].transpose(1, 2).contiguous()
+        save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 def _image() -> object:
     from PIL import Image
 
@@ -100,15 +120,21 @@ def main() -> None:
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                      "mrope_section": [3, 3, 2], "mrope_interleaved": True},
                     tie_word_embeddings=False)
+        if MOE:
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                        decoder_sparse_step=1)
         vis = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                    patch_size=PATCH, temporal_patch_size=2, spatial_merge_size=MERGE,
                    num_position_embeddings=16, out_hidden_size=64,
                    deepstack_visual_indexes=[0])
-        cfg = tf.Qwen3VLConfig(text_config=text, vision_config=vis, image_token_id=pad,
+        config_cls = tf.Qwen3VLMoeConfig if MOE else tf.Qwen3VLConfig
+        cfg = config_cls(text_config=text, vision_config=vis, image_token_id=pad,
                                vision_start_token_id=vs, vision_end_token_id=ve,
                                tie_word_embeddings=False)
         torch.manual_seed(0)
-        model = tf.Qwen3VLForConditionalGeneration(cfg).eval()
+        model_cls = (tf.Qwen3VLMoeForConditionalGeneration if MOE
+                     else tf.Qwen3VLForConditionalGeneration)
+        model = model_cls(cfg).eval()
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name and name.endswith(".weight"):
@@ -118,15 +144,18 @@ def main() -> None:
                 if "pos_embed" in name:
                     p.copy_(torch.randn_like(p))
         model.save_pretrained(hf, safe_serialization=True)
+        if MOE:
+            _experts_as_v4(hf)
         proc = tf.Qwen2VLImageProcessorPil(
             patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2,
             size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
             image_mean=[0.5, 0.45, 0.4], image_std=[0.25, 0.3, 0.35])
         proc.save_pretrained(hf)
         reference_convert([(hf, OUT / "model.gguf", "f32", "qwen2")])
-        reference_convert([(hf, OUT / "mmproj.gguf", "f32", "qwen2")], extra=("--mmproj",))
         image = _image()
-        image.save(OUT / "image.png")  # type: ignore[attr-defined]
+        if not MOE:
+            reference_convert([(hf, OUT / "mmproj.gguf", "f32", "qwen2")], extra=("--mmproj",))
+            image.save(OUT / "image.png")  # type: ignore[attr-defined]
         pix = proc(images=[image], return_tensors="pt")
         pixels, grid = pix["pixel_values"], pix["image_grid_thw"]
         assert grid.tolist() == [[1, 6, 8]], grid

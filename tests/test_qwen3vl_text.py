@@ -1,9 +1,11 @@
-"""Qwen3-VL's text model (`qwen3vl`) against transformers, and its multi-position rope.
+"""Qwen3-VL's text models (`qwen3vl`, `qwen3vlmoe`) against transformers, and their
+multi-position rope.
 
-tests/fixtures/qwen3vl/ comes from benchmarks/make_qwen3vl_fixtures.py (a tiny random
-Qwen3VLForConditionalGeneration converted by llama.cpp 0.3.36, f32): a text-only chat prompt's
-logits and greedy answer, and an image prompt's logits with transformers' image features and
-its M-RoPE positions (get_rope_index), fed here as given rows.
+tests/fixtures/qwen3vl/ and qwen3vlmoe/ come from benchmarks/make_qwen3vl_fixtures.py (a tiny
+random Qwen3VLForConditionalGeneration / Qwen3VLMoeForConditionalGeneration converted by
+llama.cpp 0.3.36, f32): a text-only chat prompt's logits and greedy answer, and an image
+prompt's logits with transformers' image features and its M-RoPE positions (get_rope_index),
+fed here as given rows.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from minfer.graph import ir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3vl"
 REF = np.load(FIXTURES / "ref.npz")
+ARCHS = ["qwen3vl", "qwen3vlmoe"]
+
+
+def _ref(arch: str) -> np.lib.npyio.NpzFile:
+    return np.load(FIXTURES.parent / arch / "ref.npz")
 
 
 def _hf_imrope(x: np.ndarray, pos: np.ndarray, sections: list[int], head_dim: int,
@@ -77,51 +84,63 @@ def test_vision_rope_matches_transformers() -> None:
     np.testing.assert_allclose(out, want, atol=2e-5)
 
 
-def test_hparams_read_as_llama_cpp() -> None:
-    f = GGUFFile.open(FIXTURES / "model.gguf")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hparams_read_as_llama_cpp(arch: str) -> None:
+    f = GGUFFile.open(FIXTURES.parent / arch / "model.gguf")
     hp = HParams.from_gguf(f)
     assert (hp.arch, hp.rope_sections, hp.n_deepstack, hp.head_dim) == (
-        "qwen3vl", (3, 3, 2, 0), 1, 16)
+        arch, (3, 3, 2, 0), 1, 16)
+    assert (hp.n_expert, hp.n_expert_used, hp.expert_norm) == (
+        (4, 2, True) if arch == "qwen3vlmoe" else (0, 0, False))
 
 
-def _engine() -> object:
+def _engine(arch: str = "qwen3vl") -> object:
     from minfer.engine.forward import Engine
 
-    f = GGUFFile.open(FIXTURES / "model.gguf")
+    f = GGUFFile.open(FIXTURES.parent / arch / "model.gguf")
     return Engine(f, HParams.from_gguf(f), n_ctx=128)
 
 
-def test_text_logits_match_transformers() -> None:
-    ids = REF["text_ids"].tolist()
-    got = _engine().forward(ids, 0, n_out=len(ids))  # type: ignore[attr-defined]
-    want = REF["text_logits"]
+@pytest.mark.parametrize("arch", ARCHS)
+def test_text_logits_match_transformers(arch: str) -> None:
+    ref = _ref(arch)
+    ids = ref["text_ids"].tolist()
+    got = _engine(arch).forward(ids, 0, n_out=len(ids))  # type: ignore[attr-defined]
+    want = ref["text_logits"]
     assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-3  # f16 KV
 
 
-def test_text_greedy_matches_transformers_generate() -> None:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_text_greedy_matches_transformers_generate(arch: str) -> None:
     from minfer.api import Model
     from minfer.engine.generate import Finished
     from minfer.sampling.params import SamplerParams
 
-    want = REF["text_greedy"].tolist()
-    model = Model(FIXTURES / "model.gguf", n_ctx=128)
-    *_, done = model.stream(REF["text_ids"].tolist(), max_tokens=len(want),
+    ref = _ref(arch)
+    want = ref["text_greedy"].tolist()
+    model = Model(FIXTURES.parent / arch / "model.gguf", n_ctx=128)
+    end = model.tokenizer.token_id("<|im_end|>")
+    if end in want:  # transformers went on past the end of the turn; minfer stops there
+        want = want[:want.index(end)]
+    *_, done = model.stream(ref["text_ids"].tolist(), max_tokens=len(want) or 1,
                             sampling=SamplerParams(temp=0.0))
     assert isinstance(done, Finished) and done.ids == want
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("split", [False, True])
-def test_image_rows_at_mrope_positions_match_transformers(split: bool) -> None:
+def test_image_rows_at_mrope_positions_match_transformers(split: bool, arch: str) -> None:
     """transformers' image features and deepstack block as given rows at the image's
     placeholders, its t / h / w positions as the batch's rope positions: every position's
     logits are transformers' (split: the prompt fed in two batches, the image in the first)."""
     from minfer.engine.forward import Batch
 
-    ids = REF["ids"].tolist()
-    pos = REF["positions"]  # [3, nt]
-    rows = np.concatenate([REF["features"], REF["deepstack"][0]], axis=1)
+    ref = _ref(arch)
+    ids = ref["ids"].tolist()
+    pos = ref["positions"]  # [3, nt]
+    rows = np.concatenate([ref["features"], ref["deepstack"][0]], axis=1)
     at = ids.index(int(np.bincount(ids).argmax()))  # the first <|image_pad|>
-    engine = _engine()
+    engine = _engine(arch)
     n = len(ids)
     cuts = [(0, 30), (30, n)] if split else [(0, n)]
     got = []
@@ -134,7 +153,7 @@ def test_image_rows_at_mrope_positions_match_transformers(split: bool) -> None:
         if lo <= at < hi:
             batch = batch.with_rows(at - lo, rows, causal=True)
         got.append(engine.forward_batch(batch))  # type: ignore[attr-defined]
-    want = REF["logits"]
+    want = ref["logits"]
     got_all = np.concatenate(got)
     assert float(np.abs(got_all - want).max() / np.abs(want).max()) < 1e-3  # f16 KV
 
@@ -193,3 +212,25 @@ def test_torch_backend_runs_the_image_prompt() -> None:
     graph = engine.cache.get(engine.params_for(len(ids), len(ids), embd_input=True)).graph
     assert any(n.backend == "torch" and isinstance(n.op, ir.Rope) and n.op.mrope
                for n in graph.nodes)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_after_given_image_rows_matches_transformers(arch: str) -> None:
+    """transformers' image rows given to the Python API's stream (one causal block with its
+    grid): the greedy tokens, decoded at rope positions past the image's, are generate's."""
+    from minfer.api import Model
+    from minfer.engine.core.request import PromptRows
+    from minfer.engine.generate import Finished
+    from minfer.sampling.params import SamplerParams
+
+    ref = _ref(arch)
+    want = ref["greedy"].tolist()
+    top2 = np.sort(ref["logits"][-1])[-2:]
+    assert top2[1] - top2[0] > 1e-3  # the first choice is not a near-tie
+    rows = np.concatenate([ref["features"], ref["deepstack"][0]], axis=1)
+    model = Model(FIXTURES.parent / arch / "model.gguf", n_ctx=128)
+    assert model.tokenizer.token_id("<|im_end|>") not in want
+    *_, done = model.stream(ref["ids"].tolist(), max_tokens=len(want),
+                            embd=[PromptRows(6, rows, True, (3, 4))],
+                            sampling=SamplerParams(temp=0.0))
+    assert isinstance(done, Finished) and done.ids == want

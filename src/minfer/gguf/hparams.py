@@ -22,7 +22,8 @@ log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
 SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "gpt-oss", "lfm2", "llama", "phi3", "qwen2",
-                   "qwen2moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3vl", "smollm3")
+                   "qwen2moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3vl", "qwen3vlmoe",
+                   "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # and qwen35moe's with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing
 # weights are renormalised to sum to 1 where llama.cpp does it (qwen3moe, qwen35moe, llama)
@@ -31,16 +32,17 @@ SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "gpt-oss", "lfm2", "llama", "phi3
 # on the biased router logits' top k, soft-maxed among themselves (`moe_gating`
 # "softmax_weight"), through experts with biases and the clamped SwiGLU (`moe_act`
 # "swiglu_oai").
-MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen35moe", "qwen3moe")
+MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen35moe", "qwen3moe", "qwen3vlmoe")
 _MOE_NORM_DEFAULT = {"gpt-oss": False, "qwen2moe": False, "qwen35moe": True, "qwen3moe": True,
+                     "qwen3vlmoe": True,
                      "llama": True}
 # Archs whose MoE blocks may carry a shared expert (`blk.0.ffn_gate_inp_shexp` says they do)
 _SHEXP_ARCHS = ("qwen2moe", "qwen35moe")
 # Qwen3.5's trunk (Gated DeltaNet and gated attention), dense or with MoE FFNs
 # Qwen3-VL's text model: Qwen3 with interleaved M-RoPE (`rope.dimension_sections`: t / h / w
 # positions per pair) and deepstack (`n_deepstack_layers`: an image's rows carry that many more
-# n_embd-wide blocks, block k added to layer k - 1's output)
-MROPE_ARCHS = ("qwen3vl",)
+# n_embd-wide blocks, block k added to layer k - 1's output); `qwen3vlmoe` with Qwen3-MoE's FFNs
+MROPE_ARCHS = ("qwen3vl", "qwen3vlmoe")
 QWEN35_ARCHS = ("qwen35", "qwen35moe")
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")

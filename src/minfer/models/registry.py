@@ -43,6 +43,7 @@ ARCHITECTURES: dict[str, GraphBuildFn] = {
     "qwen35moe": build_qwen35,
     "qwen3moe": build_qwen,
     "qwen3vl": build_qwen,
+    "qwen3vlmoe": build_qwen,
     "smollm3": build_smollm3,
 }
 
