@@ -29,7 +29,9 @@ merger output, [12, 64]), `deepstack` (its deepstack features, [1, 12, 64]), `te
 `text_logits` / `text_greedy` (a text-only chat prompt: every position's float32 logits and 8
 greedy tokens), `ids` (the chat prompt with the image laid out as mtmd lays it out:
 `<|vision_start|>`, a `<|image_pad|>` per merged token, `<|vision_end|>`), `positions`
-(transformers' get_rope_index: [3, len(ids)] t / h / w), `logits` and `greedy` after the image.
+(transformers' get_rope_index: [3, len(ids)] t / h / w), `logits` and `greedy` after the image,
+`decode_logits` (the logits each greedy draw was made from, [8, vocab]: the decode steps' rope
+positions past the image's).
 """
 
 from __future__ import annotations
@@ -188,11 +190,17 @@ def main() -> None:
         logits, greedy = run(ids, pixel_values=pixels, image_grid_thw=grid,
                              mm_token_type_ids=mm)
         assert int(np.argmax(logits[-1])) == int(greedy[0])
+        full = ids + greedy[:-1].tolist()  # the logits of every greedy draw, in one forward
+        with torch.no_grad():
+            decode_logits = model(input_ids=torch.tensor([full]), pixel_values=pixels,
+                                  image_grid_thw=grid, mm_token_type_ids=torch.tensor(
+                                      [[int(i == pad) for i in full]])).logits[0, len(ids) - 1:]
         np.savez(OUT / "ref.npz", pixels=pixels.numpy().astype(np.float32),
                  grid=grid.numpy().astype(np.int32), features=feats, deepstack=deep,
                  text_ids=np.array(text_ids, np.int32), text_logits=text_logits,
                  text_greedy=text_greedy, ids=np.array(ids, np.int32), logits=logits,
-                 greedy=greedy, positions=pos[:, 0].numpy().astype(np.int32))
+                 greedy=greedy, positions=pos[:, 0].numpy().astype(np.int32),
+                 decode_logits=decode_logits.float().numpy())
 
 
 if __name__ == "__main__":

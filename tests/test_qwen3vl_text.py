@@ -232,5 +232,16 @@ def test_greedy_after_given_image_rows_matches_transformers(arch: str) -> None:
     assert model.tokenizer.token_id("<|im_end|>") not in want
     *_, done = model.stream(ref["ids"].tolist(), max_tokens=len(want),
                             embd=[PromptRows(6, rows, True, (3, 4))],
-                            sampling=SamplerParams(temp=0.0))
+                            sampling=SamplerParams(temp=0.0), top_logits=3)
     assert isinstance(done, Finished) and done.ids == want
+    assert_draws_match(done.top_logits, ref["decode_logits"])
+
+
+def assert_draws_match(tops: list[list[tuple[int, float]]], want: np.ndarray) -> None:
+    """Each draw's largest logits (ids and values) are transformers' at that decode step."""
+    assert len(tops) == len(want)
+    scale = float(np.abs(want).max())
+    for top, row in zip(tops, want, strict=True):
+        ids = [i for i, _ in top]
+        assert ids[0] == int(row.argmax())
+        np.testing.assert_allclose([v for _, v in top], row[ids], atol=1e-3 * scale)

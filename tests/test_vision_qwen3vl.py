@@ -15,6 +15,7 @@ import pytest
 
 from minfer.gguf.clip import ClipParams
 from minfer.gguf.reader import GGUFFile
+from tests.test_qwen3vl_text import assert_draws_match
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3vl"
 REF = np.load(FIXTURES / "ref.npz")
@@ -141,8 +142,9 @@ def test_greedy_answer_matches_transformers_generate() -> None:
     model = Model(FIXTURES / "model.gguf", n_ctx=128)
     ids, _, embd = model.chat_images(PROMPT)
     *_, done = model.stream(ids, max_tokens=len(want), embd=embd,
-                            sampling=SamplerParams(temp=0.0))
+                            sampling=SamplerParams(temp=0.0), top_logits=3)
     assert isinstance(done, Finished) and done.ids == want
+    assert_draws_match(done.top_logits, REF["decode_logits"])
 
 
 def test_minfer_run_with_an_image(capsys: pytest.CaptureFixture[str]) -> None:
@@ -183,8 +185,59 @@ def test_batched_core_runs_the_image_beside_text() -> None:
     for seq_id, (prompt, rows) in enumerate(((ids, tuple(embd)), (text, ()))):
         s = Sampler(SamplerParams(temp=0.0), 320, seed=1)
         s.reset(prompt)
-        states.append(core.add(seq_id, GenRequest(prompt, 8, s, embd=rows)))
+        states.append(core.add(seq_id, GenRequest(prompt, 8, s, embd=rows, top_logits=3)))
     while core.busy:
         assert all(o.error is None for o in core.step())
     assert states[0].ids == REF["greedy"].tolist()
+    scale = float(np.abs(REF["decode_logits"]).max())
+    for top, row in zip(states[0].tops, REF["decode_logits"], strict=True):
+        ids = [i for i, _ in top]
+        np.testing.assert_allclose([v for _, v in top], row[ids], atol=1e-3 * scale)
     assert states[1].ids == REF["text_greedy"].tolist()
+
+
+def test_mrope_positions_of_two_images() -> None:
+    """The second image starts where the first one's n_pos left the text, and so on."""
+    from minfer.engine.core.request import PromptRows, mrope_positions
+
+    a = PromptRows(2, np.zeros((6, 4), np.float32), True, (2, 3))
+    b = PromptRows(10, np.zeros((2, 4), np.float32), True, (1, 2))
+    got = mrope_positions([b, a], 0, 13)
+    want_t = [0, 1, 2, 2, 2, 2, 2, 2, 5, 6, 7, 7, 9]
+    want_h = [0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 7, 7, 9]
+    want_w = [0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9]
+    np.testing.assert_array_equal(got, [want_t, want_h, want_w, [0] * 13])
+
+
+def test_a_chats_second_turn_is_the_one_shot_answer() -> None:
+    """`minfer chat` with /image on the tiny Qwen3-VL: the second turn (its KV reused up to the
+    image, the rest prefilled at M-RoPE positions) answers as a one-shot generation of the
+    whole conversation does."""
+    import io
+
+    from minfer.api import Model
+    from minfer.chat.repl import PipeReader, Repl, ReplOptions, ReplyWriter
+    from minfer.chat.session import ChatConfig, ChatSession
+    from minfer.engine.generate import Finished
+    from minfer.sampling.params import SamplerParams
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=256)
+    engine = model.engine()
+    session = ChatSession(engine, model.tokenizer, model.chat_template,
+                          model.sampler(SamplerParams(temp=0.0), 0, engine.n_ctx),
+                          config=ChatConfig(max_tokens=4), images=model.image_prompt)
+    out, err = io.StringIO(), io.StringIO()
+    repl = Repl(session, ReplOptions(interactive=False),
+                reader=PipeReader(io.StringIO(f"/image {FIXTURES / 'image.png'}\nwhat is it\n"
+                                              "and then?\n"), multiline=False),
+                writer=ReplyWriter(color=False, interactive=False, out=out, err=err))
+    assert repl.run() == 0, err.getvalue()
+    first = model.tokenizer.decode(session.reports[0].ids)
+    ids, _, embd = model.chat_images([
+        {"role": "user", "content": [{"type": "image", "path": str(FIXTURES / "image.png")},
+                                     {"type": "text", "text": "what is it"}]},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "and then?"}])
+    (done,) = [e for e in model.stream(ids, max_tokens=4, sampling=SamplerParams(temp=0.0),
+                                       embd=embd) if isinstance(e, Finished)]
+    assert session.reports[1].ids == done.ids
