@@ -31,7 +31,9 @@ greedy tokens), `ids` (the chat prompt with the image laid out as mtmd lays it o
 `<|vision_start|>`, a `<|image_pad|>` per merged token, `<|vision_end|>`), `positions`
 (transformers' get_rope_index: [3, len(ids)] t / h / w), `logits` and `greedy` after the image,
 `decode_logits` (the logits each greedy draw was made from, [8, vocab]: the decode steps' rope
-positions past the image's).
+positions past the image's). With llama-cpp-python importable here or in `$MINFER_REF_PYTHON`,
+also `llamacpp.npz`: llama.cpp's mtmd over the same files and image (`tests/mtmd_ref.py`): the
+prompt's ids (-1 at the image tokens), the n_past it leaves, 8 greedy tokens and their logits.
 """
 
 from __future__ import annotations
@@ -201,6 +203,24 @@ def main() -> None:
                  text_greedy=text_greedy, ids=np.array(ids, np.int32), logits=logits,
                  greedy=greedy, positions=pos[:, 0].numpy().astype(np.int32),
                  decode_logits=decode_logits.float().numpy())
+        if not MOE:
+            _llama_cpp(chat("<image>What is in the image?"))
+
+
+def _llama_cpp(prompt: str) -> None:
+    """llama.cpp's mtmd on the fixture, where an interpreter has llama-cpp-python."""
+    import pytest
+    from tests.mtmd_ref import mtmd_greedy
+    from tests.refpython import llama_python
+
+    try:
+        python = llama_python()
+    except pytest.skip.Exception as exc:
+        print(f"llamacpp.npz not written: {exc}")
+        return
+    ref = mtmd_greedy(python, str(OUT / "model.gguf"), str(OUT / "mmproj.gguf"),
+                      str(OUT / "image.png"), prompt, 8)
+    np.savez(OUT / "llamacpp.npz", **ref)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,52 @@ def test_a_chats_second_turn_is_the_one_shot_answer() -> None:
     (done,) = [e for e in model.stream(ids, max_tokens=4, sampling=SamplerParams(temp=0.0),
                                        embd=embd) if isinstance(e, Finished)]
     assert session.reports[1].ids == done.ids
+
+
+LLAMA = np.load(FIXTURES / "llamacpp.npz")
+
+
+def test_prompt_and_positions_are_llama_cpps() -> None:
+    """llama.cpp's mtmd (llamacpp.npz) lays the prompt out as minfer does (its image tokens
+    -1) and leaves n_past at the rows minus the image's 12 plus its max(3, 4) positions."""
+    from minfer.api import Model
+    from minfer.engine.core.request import mrope_positions
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)
+    ids, _, embd = model.chat_images(PROMPT)
+    want = LLAMA["ids"].tolist()
+    assert len(ids) == len(want)
+    assert all(w == -1 if AT <= i < AT + 12 else w == t
+               for i, (t, w) in enumerate(zip(ids, want, strict=True)))
+    assert int(mrope_positions(embd, len(ids), 1)[0, 0]) == int(LLAMA["n_past"]) == 33
+
+
+def test_greedy_draws_are_llama_cpps() -> None:
+    """The greedy tokens and the logits they are drawn from are llama.cpp's (its merger's GELU
+    is the tanh form, its KV f16: within 1e-3 of the largest logit)."""
+    from minfer.api import Model
+    from minfer.engine.generate import Finished
+    from minfer.sampling.params import SamplerParams
+
+    model = Model(FIXTURES / "model.gguf", n_ctx=128)
+    ids, _, embd = model.chat_images(PROMPT)
+    want = LLAMA["greedy"].tolist()
+    *_, done = model.stream(ids, max_tokens=len(want), embd=embd,
+                            sampling=SamplerParams(temp=0.0), top_logits=3)
+    assert isinstance(done, Finished) and done.ids == want
+    assert_draws_match(done.top_logits, LLAMA["decode_logits"])
+
+
+@pytest.mark.slow
+def test_llama_cpp_live_gives_the_committed_results() -> None:
+    """Rerun llama.cpp's mtmd (skipped without llama-cpp-python here or in
+    $MINFER_REF_PYTHON): the same ids, n_past and greedy tokens as llamacpp.npz."""
+    from tests.mtmd_ref import mtmd_greedy
+    from tests.refpython import llama_python
+
+    prompt = "<|im_start|>user\n<image>What is in the image?<|im_end|>\n<|im_start|>assistant\n"
+    live = mtmd_greedy(llama_python(), str(FIXTURES / "model.gguf"),
+                       str(FIXTURES / "mmproj.gguf"), str(FIXTURES / "image.png"), prompt, 8)
+    for key in ("ids", "n_past", "greedy"):
+        np.testing.assert_array_equal(live[key], LLAMA[key])
+    np.testing.assert_allclose(live["decode_logits"], LLAMA["decode_logits"], atol=1e-4)
