@@ -58,6 +58,8 @@ def kv_shifter(engine: object) -> Callable[[int, int, int], None] | None:
         return lambda s, e, d: shifter.shift_kv(src_start=s, src_end=e, dst_start=d)
     if getattr(engine, "recurrent", False):  # a recurrent state cannot be shifted
         return None
+    if getattr(getattr(engine, "hparams", None), "rope_sections", ()):  # M-RoPE: not re-rotated
+        return None
     if hasattr(engine, "kv") and hasattr(engine, "hparams"):
         from minfer.engine.kv_shift import shift_kv
 
@@ -99,18 +101,20 @@ class KVMirror:
 
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
                 batch_invariant: bool = False,
-                embd: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
+                embd: Sequence[tuple[int, np.ndarray]] = (),
+                rope_pos: np.ndarray | None = None) -> np.ndarray:
         """Write tokens at start_pos.. (≤ cursor) and return the engine's logits
         (`batch_invariant` as minfer.engine.forward.Engine.forward: a speculative verify;
-        `embd`: rows given for some of the tokens, an image's)."""
+        `embd`: rows given for some of the tokens, an image's; `rope_pos`: M-RoPE rows')."""
         if start_pos > len(self._tokens):
             raise MinferError(
                 f"KV write at {start_pos} would leave a gap (cursor at {len(self._tokens)})")
         # Forget first: if the engine fails half-way, the mirror must not claim rows it lost.
         del self._tokens[start_pos:]
-        if embd:
-            logits = cast("Engine", self.engine).forward(tokens, start_pos, n_out,
-                                                         embd=list(embd))
+        if embd or rope_pos is not None:
+            logits = cast("Engine", self.engine).forward(
+                tokens, start_pos, n_out, embd=list(embd), batch_invariant=batch_invariant,
+                rope_pos=rope_pos)
         elif batch_invariant:
             logits = cast("Engine", self.engine).forward(tokens, start_pos, n_out,
                                                          batch_invariant=True)

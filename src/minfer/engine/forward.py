@@ -76,10 +76,20 @@ class Batch:
     embd: np.ndarray | None = None
     # Each row's hidden state from a target model [nt, n_embd] float32: an MTP head's input.
     hidden: np.ndarray | None = None
+    # M-RoPE (a model with rope sections): [4, nt] t / h / w / e rope positions of each row
+    # (None: each text row's position thrice, then 0, as llama.cpp's)
+    rope_pos: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+    def mrope_positions(self) -> np.ndarray:
+        """The [4 nt] section-major positions an M-RoPE graph reads."""
+        if self.rope_pos is not None:
+            return np.ascontiguousarray(self.rope_pos, np.int32).reshape(-1)
+        p = np.asarray(self.positions, np.int32)
+        return np.concatenate([p, p, p, np.zeros_like(p)])
 
     def with_rows(self, at: int, rows: np.ndarray, *, causal: bool = False) -> Batch:
         """This batch with `rows` in place of the token embeddings of batch rows [at, at + k)
@@ -305,14 +315,17 @@ class Engine:
     # -- the forward ---------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], start_pos: int, n_out: int = 1, *,
                 batch_invariant: bool = False,
-                embd: Sequence[tuple[int, np.ndarray] | tuple[int, np.ndarray, bool]] = ()
-                ) -> np.ndarray:
+                embd: Sequence[tuple[int, np.ndarray] | tuple[int, np.ndarray, bool]] = (),
+                rope_pos: np.ndarray | None = None) -> np.ndarray:
         """One sequence's tokens at start_pos..; logits of the last n_out rows.
         batch_invariant: this forward's rows are bitwise their one-token decode rows (a
         speculative verify), even on an engine made without `batch_invariant`.
         embd: (row, rows) blocks given in place of those tokens' embeddings (`Batch.with_rows`:
-        an image's; a third element True: the block is causal)."""
+        an image's; a third element True: the block is causal). rope_pos: the rows' [4, nt]
+        M-RoPE positions (`Batch.rope_pos`)."""
         batch = Batch.single(tokens, start_pos, n_out)
+        if rope_pos is not None:
+            batch = replace(batch, rope_pos=rope_pos)
         for at, rows, *causal in embd:
             batch = batch.with_rows(at, rows, causal=bool(causal and causal[0]))
         return self.forward_batch(batch, batch_invariant=batch_invariant)
@@ -507,12 +520,13 @@ class Engine:
         }
         for kind, node_id in prepared.graph.inputs.items():
             buf = buffers[node_id]
-            assert buf is not None
+            if buf is None:  # read by nothing (an M-RoPE model's one-per-row positions)
+                continue
             if kind is InputKind.EMBD:  # the given rows first; the rest is never read
                 assert batch.embd is not None
                 buf[:len(batch.embd)] = batch.embd
                 continue
-            data = fills[kind]
+            data = batch.mrope_positions() if kind is InputKind.ROPE_POS else fills[kind]
             if data is None:
                 raise MinferError(f"this graph reads {kind.value}, which this batch lacks (whole "
                                   "inputs: Batch.sequences; hidden rows: an MTP head's)")
@@ -563,10 +577,11 @@ class Engine:
         if self.recurrent:
             raise MinferError(f"{self.hparams.arch} takes no given embedding rows (images)")
         ids = b.embd_ids
-        if b.embd.shape[1:] != (self.hparams.n_embd,) or ids is None \
+        width = self.hparams.n_embd * (1 + self.hparams.n_deepstack)  # Qwen3-VL's deepstack
+        if b.embd.shape[1:] != (width,) or ids is None \
                 or ids.shape != (b.n_tokens,) or int(ids.max()) >= len(b.embd):
-            raise MinferError(f"given embedding rows must be [k, {self.hparams.n_embd}], each "
-                              "used at one batch row")
+            raise MinferError(f"given embedding rows must be [k, {width}], each used at one "
+                              "batch row")
 
     def _sequences(self, b: Batch) -> list[tuple[int, np.ndarray]]:
         """(sequence, its rows in batch order) of each sequence the batch feeds."""

@@ -95,7 +95,8 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
 
     Assumes the engine's usual single-sequence layout (the token in cell c sits at position c).
     Cells outside the destination are left as they are (those past the new cursor are stale).
-    A model with recurrent layers is refused: their state cannot be shifted.
+    A model with recurrent layers is refused: their state cannot be shifted; so is one with
+    M-RoPE (its keys' angles come from several positions).
     """
     n = src_end - src_start
     n_ctx = engine.n_ctx
@@ -109,6 +110,9 @@ def shift_kv(engine: Engine, *, src_start: int, src_end: int, dst_start: int) ->
         raise MinferError(f"a context shift cannot move {hp.arch}'s recurrent state: it holds "
                           "every token so far and cannot drop the oldest ones (recompute the "
                           "kept tokens instead)")
+    if hp.rope_sections:
+        raise MinferError(f"a context shift cannot re-rotate {hp.arch}'s M-RoPE keys (several "
+                          "positions per cell): recompute the kept tokens instead")
     src_pos = np.arange(src_start, src_end, dtype=np.int64)
     dst_pos = src_pos + (dst_start - src_start)
     factors_name = hp.rope_factors(n_ctx)

@@ -10,6 +10,11 @@ pixel-shuffled by `n_merge` per side (the scale factor, 2 unless the file says o
 n_merge x n_merge window's rows joined into one), then `mm.model.fc` to the text model's width;
 an image is resized to `longest_edge` (`clip.vision.preproc_image_size`) and cut into tiles
 plus an overview (`minfer.engine.vision.image`).
+Qwen3-VL (`qwen3vl_merger`): its own ViT (`minfer.models.qwen3vl_vision`) over an image of any
+size, resized to a multiple of patch * n_merge (`clip.vision.spatial_merge_size`, 2) with
+between `MIN_TOKENS` and `MAX_TOKENS` merged tokens (clip.cpp's limits for the family); the
+layers `clip.vision.is_deepstack_layers` flags feed deepstack mergers; `image_size` only sizes
+the learned position table (its side: image_size / patch_size).
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from dataclasses import dataclass
 from minfer.errors import ModelError
 from minfer.gguf.reader import GGUFFile
 
-SUPPORTED = ("gemma3", "idefics3")
-LATER = ("qwen3vl", "lfm2")
-DEFAULT_MERGE = {"gemma3": 4, "idefics3": 2}
+QWEN3VL = "qwen3vl_merger"
+SUPPORTED = ("gemma3", "idefics3", QWEN3VL)
+LATER = ("lfm2",)
+DEFAULT_MERGE = {"gemma3": 4, "idefics3": 2, QWEN3VL: 2}
+MERGE_KEY = {QWEN3VL: "spatial_merge_size"}  # else projector.scale_factor
+MIN_TOKENS, MAX_TOKENS = 8, 4096  # Qwen3-VL's merged tokens per image (clip.cpp's limits)
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,18 @@ class ClipParams:
     n_merge: int
     n_embd_text: int
     longest_edge: int = 0  # idefics3: the image's longest side before tiling (0: no tiling)
+    deepstack: tuple[int, ...] = ()  # qwen3vl: the layers whose outputs feed deepstack mergers
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether an image keeps its own (aligned) size instead of fixed squares."""
+        return self.projector == QWEN3VL
+
+    @property
+    def pixel_limits(self) -> tuple[int, int]:
+        """A dynamic-size image's (min, max) pixels: MIN_TOKENS / MAX_TOKENS merged tokens."""
+        area = (self.patch_size * self.n_merge) ** 2
+        return MIN_TOKENS * area, MAX_TOKENS * area
 
     @property
     def patches_per_side(self) -> int:
@@ -92,11 +112,13 @@ class ClipParams:
             eps=float(get("attention.layer_norm_epsilon", 1e-6)),  # type: ignore[arg-type]
             image_mean=triple("image_mean"),
             image_std=triple("image_std"),
-            n_merge=int(get("projector.scale_factor",  # type: ignore[call-overload]
+            n_merge=int(get(MERGE_KEY.get(proj, "projector.scale_factor"),  # type: ignore
                             DEFAULT_MERGE[proj])),
             n_embd_text=int(get("projection_dim")),  # type: ignore[call-overload]
             longest_edge=int(get("preproc_image_size", 0))  # type: ignore[call-overload]
             if proj == "idefics3" else 0,
+            deepstack=tuple(i for i, d in enumerate(meta.get("clip.vision.is_deepstack_layers",
+                                                             ())) if d),
         )
         if proj == "idefics3" and cp.longest_edge <= 0:
             raise ModelError(f"{f.path.name}: an idefics3 mmproj without "

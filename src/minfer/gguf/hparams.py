@@ -22,7 +22,8 @@ log = logging.getLogger("minfer")
 # every surface's default context (`-c`, `n_ctx=`): capped at a shorter model's without a warning
 DEFAULT_N_CTX = 4096
 SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "gpt-oss", "lfm2", "llama", "phi3", "qwen2",
-                   "qwen2moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3")
+                   "qwen2moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3vl", "qwen3vlmoe",
+                   "smollm3")
 # Mixtures of experts: every block's FFN is a routed set of experts (`ffn_*_exps`), qwen2moe's
 # and qwen35moe's with a shared expert behind a sigmoid gate (`ffn_*_shexp`); the top-k routing
 # weights are renormalised to sum to 1 where llama.cpp does it (qwen3moe, qwen35moe, llama)
@@ -31,12 +32,17 @@ SUPPORTED_ARCHS = ("bert", "gemma3", "gemma4", "gpt-oss", "lfm2", "llama", "phi3
 # on the biased router logits' top k, soft-maxed among themselves (`moe_gating`
 # "softmax_weight"), through experts with biases and the clamped SwiGLU (`moe_act`
 # "swiglu_oai").
-MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen35moe", "qwen3moe")
+MOE_ARCHS = ("gpt-oss", "qwen2moe", "qwen35moe", "qwen3moe", "qwen3vlmoe")
 _MOE_NORM_DEFAULT = {"gpt-oss": False, "qwen2moe": False, "qwen35moe": True, "qwen3moe": True,
+                     "qwen3vlmoe": True,
                      "llama": True}
 # Archs whose MoE blocks may carry a shared expert (`blk.0.ffn_gate_inp_shexp` says they do)
 _SHEXP_ARCHS = ("qwen2moe", "qwen35moe")
 # Qwen3.5's trunk (Gated DeltaNet and gated attention), dense or with MoE FFNs
+# Qwen3-VL's text model: Qwen3 with interleaved M-RoPE (`rope.dimension_sections`: t / h / w
+# positions per pair) and deepstack (`n_deepstack_layers`: an image's rows carry that many more
+# n_embd-wide blocks, block k added to layer k - 1's output); `qwen3vlmoe` with Qwen3-MoE's FFNs
+MROPE_ARCHS = ("qwen3vl", "qwen3vlmoe")
 QWEN35_ARCHS = ("qwen35", "qwen35moe")
 # `{arch}.pooling_type` values (llama.cpp's llama_pooling_type) by name
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
@@ -161,6 +167,8 @@ class HParams:
                              "--no-mtp?)")
         return replace(self, n_layer=self.n_layer + 1, first_layer=self.n_layer,
                        recurrent_layers=())
+    rope_sections: tuple[int, ...] = ()  # interleaved M-RoPE's t / h / w / e pairs; (): one pos
+    n_deepstack: int = 0  # deepstack blocks after the main n_embd of a given (image) row
 
     @property
     def reranker(self) -> bool:
@@ -385,6 +393,8 @@ class HParams:
             hp = _gptoss(hp, keys)
         if arch in QWEN35_ARCHS:
             hp = _qwen35(hp, keys)
+        if arch in MROPE_ARCHS:
+            hp = _mrope(hp, keys)
         if arch in MOE_ARCHS or (arch == "llama" and keys.get_int("expert_count", 0,
                                                                   allow_zero=True)):
             hp = _moe(hp, keys)
@@ -973,3 +983,21 @@ def _qwen35(hp: HParams, keys: _Keys) -> HParams:
                    shortconv_l_cache=d_conv, ssm_k_heads=k_heads, ssm_v_heads=v_heads,
                    ssm_head_dim=head, attn_gated=True, has_qk_norm=True, qkv_fused=False,
                    ffn_norm_name="post_attention_norm")
+
+
+def _mrope(hp: HParams, keys: _Keys) -> HParams:
+    """Qwen3-VL's text model (`llama_model_qwen3vl`): its rope sections (four, padded) and
+    deepstack layers, each of those layers' outputs plus a block of the given rows."""
+    path = keys.f.path
+    sections = keys.f.metadata.get(f"{keys.arch}.rope.dimension_sections")
+    if sections is None:
+        raise GGUFError(path, f"{keys.arch}.rope.dimension_sections is missing")
+    secs = tuple(int(s) for s in [*list(sections), 0, 0, 0, 0][:4])
+    if hp.rope_dim != hp.head_dim or sum(secs) * 2 > hp.rope_dim or sum(secs) < 1:
+        raise GGUFError(path, f"rope sections {list(secs)} do not fit the {hp.rope_dim} rotated "
+                              f"dims of heads of {hp.head_dim}")
+    n_deepstack = keys.get_int("n_deepstack_layers", 0, allow_zero=True)
+    if n_deepstack >= hp.n_layer:
+        raise ModelError(f"{path}: {n_deepstack} deepstack layers of {hp.n_layer} leave no layer "
+                         "after them")
+    return replace(hp, rope_sections=secs, n_deepstack=n_deepstack)

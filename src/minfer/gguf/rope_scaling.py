@@ -111,3 +111,43 @@ def pair_scales(half: int, freq_scale: float, yarn: YarnRope) -> np.ndarray:
     y = (np.arange(half) - yarn.corr_low) / max(0.001, yarn.corr_high - yarn.corr_low)
     ramp = (1.0 - np.clip(y, 0.0, 1.0)) * yarn.ext_factor
     return scale * (1.0 - ramp) + ramp
+
+
+def mrope_pairs(mode: str, sections: tuple[int, ...], rope_dim: int
+                ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(cols, resets, theta_dim) of a multi-position rope (`ggml_rope_multi`; the CPU rope
+    kernel's module docstring): each pair's position column, the column each pair restarts
+    (-1: none), and the dims of theta_scale = base^(-2/theta_dim)."""
+    half = rope_dim // 2
+    cols = np.zeros(half, np.int32)
+    resets = np.full(half, -1, np.int32)
+    s = [*sections, 0, 0, 0, 0][:4]
+    if mode == "vision":
+        quarter = rope_dim // 4
+        cols[quarter:] = 1
+        resets[0], resets[quarter] = 0, 1
+        return cols, resets, half
+    if mode != "imrope":
+        raise ValueError(f"unknown multi-position rope {mode!r} (imrope, vision)")
+    for i in range(half):
+        sector = i % max(1, sum(s))
+        if sector % 3 == 1 and sector < 3 * s[1]:
+            cols[i] = 1
+        elif sector % 3 == 2 and sector < 3 * s[2]:
+            cols[i] = 2
+        elif sector % 3 == 0 and sector < 3 * s[0]:
+            cols[i] = 0
+        else:
+            cols[i] = 3
+    return cols, resets, rope_dim
+
+
+def mrope_powers(cols: np.ndarray, resets: np.ndarray) -> np.ndarray:
+    """Each pair's power of theta_scale in its angle: pairs since its column last started."""
+    start = np.zeros(4, np.int64)
+    powers = np.zeros(len(cols), np.int64)
+    for i, (c, r) in enumerate(zip(cols, resets, strict=True)):
+        if r >= 0:
+            start[r] = i
+        powers[i] = i - start[c]
+    return powers

@@ -286,6 +286,10 @@ class GraphBuilder:
             raise GraphError(f"{name}: width {self.shape(x)[-1]} != heads x head_dim")
         if op.style not in ("neox", "norm"):
             raise GraphError(f"{name}: unknown rope style {op.style!r}")
+        n_pos = 4 if op.mrope else 1
+        if self.shape(positions) != (n_pos * self.shape(x)[0],):
+            raise GraphError(f"{name}: {self.shape(positions)} positions for "
+                             f"{self.shape(x)[0]} rows ({n_pos} each)")
         weights: tuple[str, ...] = ()
         if factors is not None:
             if self._weight(factors) != (op.rope_dim // 2,):

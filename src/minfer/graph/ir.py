@@ -42,6 +42,8 @@ class InputKind(StrEnum):
     EMBD_IDS = "embd_ids"  # [nt] row of EMBD that replaces the token's embedding, -1: none
     EMBD = "embd"  # [nt, n_embd] f32: given embedding rows (an image's), the first ones used
     HIDDEN = "hidden"  # [nt, n_embd] f32: each row's hidden state from the target (an MTP head)
+    ROPE_POS = "rope_pos"  # [4 nt] a multi-position rope's t / h / w / e positions, section-major
+    POS_EMBD = "pos_embd"  # [n_patches, n_embd] f32: learned positions resized to the image's grid
 
 
 class Op:
@@ -177,7 +179,10 @@ class Rope(Op):
     with f_i from the node's weight (Llama 3.1's `rope_freqs`) when it names one, else 1.
     With YaRN (`yarn.ext_factor` != 0) each pair blends that angle with the unscaled one along
     the ramp from corr_low to corr_high, and cos / sin are multiplied by mscale
-    (`minfer.gguf.rope_scaling`)."""
+    (`minfer.gguf.rope_scaling`). With `mrope` ("imrope": Qwen3-VL's text, `sections` its
+    t / h / w / e pairs; "vision": a 2-D rope over patches) the positions are four per row,
+    section-major, each pair taking one of them (ggml's `ggml_rope_multi`,
+    `kernels.elementwise.rope.mrope_pairs`)."""
 
     style: str  # "neox" | "norm"
     base: float
@@ -186,6 +191,8 @@ class Rope(Op):
     rope_dim: int
     freq_scale: float = 1.0
     yarn: YarnRope = NO_YARN
+    mrope: str = ""  # "" (one position per row) | "imrope" | "vision"
+    sections: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

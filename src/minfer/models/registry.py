@@ -42,6 +42,8 @@ ARCHITECTURES: dict[str, GraphBuildFn] = {
     "qwen35": build_qwen35,
     "qwen35moe": build_qwen35,
     "qwen3moe": build_qwen,
+    "qwen3vl": build_qwen,
+    "qwen3vlmoe": build_qwen,
     "smollm3": build_smollm3,
 }
 

@@ -1,6 +1,7 @@
 """The SigLIP vision tower and its projectors (Gemma 3's, Idefics3's) as builder calls, after
 llama.cpp's `tools/mtmd/models/siglip.cpp` and `clip_graph::build_vit`: one tower, the projector
-a branch on `clip.projector_type`.
+a branch on `clip.projector_type` (`build_vision` also routes Qwen3-VL's `qwen3vl_merger` to its
+own tower, `models.qwen3vl_vision`).
 
 - Input: one image's patches unfolded to rows of 3 * patch^2 (channel, y, x), in row-major
   patch order; the patch embedding (a stride-patch convolution) is a matmul over them, with its
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from minfer.gguf.clip import ClipParams
+from minfer.gguf.clip import QWEN3VL, ClipParams
 from minfer.graph import ir
 from minfer.graph.builder import GraphBuilder
 from minfer.graph.ir import ComputeGraph, InputKind
+from minfer.models.qwen3vl_vision import PATCH_EMBD, build_qwen3vl_vision
 
-PATCH_EMBD = "v.patch_embd.weight"
+__all__ = ["INPUT_PROJ", "PATCH_EMBD", "build_vision"]
 INPUT_PROJ = "mm.input_projection.weight"
 
 
@@ -50,9 +52,12 @@ class _Builder(GraphBuilder):
 
 
 def build_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]],
-                 f16_inputs: Collection[str] = ()) -> ComputeGraph:
-    """The tower over one image (tile) of `image_size`, then the file's projector; the
-    matmuls over the weights `f16_inputs` names read their inputs rounded to f16."""
+                 f16_inputs: Collection[str] = (), n_patches: int = 0) -> ComputeGraph:
+    """The tower over one image (tile) of `image_size` (a dynamic-size family: of n_patches),
+    then the file's projector; the matmuls over the weights `f16_inputs` names read their
+    inputs rounded to f16 (Gemma 3's and Idefics3's towers; Qwen3-VL's reads them as stored)."""
+    if cp.projector == QWEN3VL:
+        return build_qwen3vl_vision(cp, weight_shapes, n_patches)
     b = _Builder(weight_shapes, f16_inputs)
     n = cp.n_patches
     pixels = b.input_rows(InputKind.PIXELS, n, 3 * cp.patch_size ** 2)

@@ -2,16 +2,18 @@
 
 `build_decoder` lays out the graph inputs, the token embedding (optionally scaled; with
 GraphParams.embd_input, given rows such as an image's replace it at the rows the EMBD_IDS input
-names: data, not topology), one block per layer (the family's `LayerFn`) and the output head
-(final norm, projection tied to the embedding when `output.weight` is absent, optional logit
-soft-capping). The pieces a block is made of live here too. With the context's `pooling` set the
-graph ends at the final norm's hidden states instead of the logits (every row, their mean per
-sequence, or the cls / last rows kept as the tail): a decoder's embeddings; "rank" runs the
-file's classifier head (`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker) on each
-input's last row. The pieces: `attention` (q/k/v projections with optional biases, or one fused
-q|k|v projection sliced apart; optional per-head q/k norms; RoPE with the layer's base / scaling
-/ frequency factors, or none in the layers that skip it; KV store and load, attention with the
-layer's sliding window, soft-cap and sink logits, output projection, optionally biased),
+names: data, not topology; Qwen3-VL's rows carry deepstack blocks, each added to an early
+layer's output at the same rows), one block per layer (the family's `LayerFn`) and the output
+head (final norm, projection tied to the embedding when `output.weight` is absent, optional
+logit soft-capping). The pieces a block is made of live here too. With the context's `pooling`
+set the graph ends at the final norm's hidden states instead of the logits (every row, their
+mean per sequence, or the cls / last rows kept as the tail): a decoder's embeddings; "rank"
+runs the file's classifier head (`cls.output`, softmaxed where llama.cpp does: Qwen3-Reranker)
+on each input's last row. The pieces: `attention` (q/k/v projections with optional biases, or
+one fused q|k|v projection sliced apart; optional per-head q/k norms; RoPE with the layer's
+base / scaling / frequency factors (M-RoPE's four positions per row where the model has rope
+sections), or none in the layers that skip it; KV store and load, attention with the layer's
+sliding window, soft-cap and sink logits, output projection, optionally biased),
 `gated_ffn` (gate/up, or one `ffn_up` holding both halves; SiLU or GELU gate, down; biased where
 the file has Llama's mlp_bias, then never the fused gate/up), `moe_ffn` (router logits, routed
 experts, optional gated shared expert: Qwen2/3-MoE; gpt-oss's biases, gating and clamped SwiGLU)
@@ -51,6 +53,7 @@ class Layer:
     # "every_row": a prefill's last layer output over every row besides its tail rows, where
     # GraphParams.hidden_out asks for every row's hidden state (`prenorm_layer`)
     rows: dict[str, int] = field(default_factory=dict)
+    rope_pos: int = -1  # M-RoPE's [4 nt] t / h / w / e positions (HParams.rope_sections), else -1
 
     @property
     def prefill(self) -> bool:
@@ -86,22 +89,32 @@ def build_decoder(hp: HParams, params: GraphParams, weight_shapes: Mapping[str, 
         end=b.input(InputKind.KV_END, nt),
         tail=b.input(InputKind.TAIL_IDS, params.n_out) if prefill else -1,
         seq=b.input(InputKind.STATE_SEQ, nt) if hp.recurrent else -1,
+        rope_pos=b.input(InputKind.ROPE_POS, 4 * nt) if hp.rope_sections else -1,
     )
     if pooling == "mean":
         out_start = b.input(InputKind.OUT_START, params.n_out)
         out_end = b.input(InputKind.OUT_END, params.n_out)
     if params.embd_input:
         embd_ids = b.input(InputKind.EMBD_IDS, nt)
-        embd = b.input_rows(InputKind.EMBD, nt, hp.n_embd)
+        embd = b.input_rows(InputKind.EMBD, nt, hp.n_embd * (1 + hp.n_deepstack))
     h = b.embedding("token_embd.weight", ids)  # [nt, n_embd]
     if embd_scale != 1.0:
         h = b.scale("inp_scaled", h, embd_scale)
+    deep: list[int] = []
     if params.embd_input:  # given rows (an image's) as they are: unscaled, as llama.cpp's
+        if hp.n_deepstack:  # Qwen3-VL: [main | deepstack 0 | ...], each n_embd wide
+            zero = b.scale("deepstack_zero", h, 0.0)
+            deep = [b.replace_rows(f"deepstack_rows.{k}", zero, embd_ids, b.slice(
+                f"deepstack_in.{k}", embd, (k + 1) * hp.n_embd, hp.n_embd))
+                for k in range(hp.n_deepstack)]
+            embd = b.slice("inp_embd_main", embd, 0, hp.n_embd)
         h = b.replace_rows("inp_embd", h, embd_ids, embd)
     if hp.n_embd_per_layer:
         ctx = replace(ctx, per_layer=_per_layer_inputs(b, hp, ids, h))
     for il in range(hp.n_layer):
         h = layer(b, ctx, il, h)
+        if il < len(deep):  # deepstack: the image rows' block il added to the layer's output
+            h = b.add("deepstack_out", h, deep[il], layer=il)
     x = b.rms_norm("output_norm", h, hp.output_norm_name, hp.rms_eps)
     hidden = _every_row_hidden(b, ctx, x)
     if pooling == "rank":  # a reranker: its head on each input's last row, as llama.cpp's
@@ -223,10 +236,10 @@ def attention(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
     if hp.layer_has_rope(il):
         # rope factors (Llama 3.1's, LongRoPE's, Gemma 4's) turn only the global layers
         factors = None if hp.is_swa(il) else hp.rope_factors(ctx.params.ctx.n_ctx)
-        q = b.rope("rope_q", q, ctx.pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
+        pos = ctx.rope_pos if hp.rope_sections else ctx.pos
+        q = b.rope("rope_q", q, pos, _rope(hp, il, hp.n_head), layer=il, factors=factors)
         if own_kv:
-            k = b.rope("rope_k", k, ctx.pos, _rope(hp, il, n_head_kv), layer=il,
-                       factors=factors)
+            k = b.rope("rope_k", k, pos, _rope(hp, il, n_head_kv), layer=il, factors=factors)
     if own_kv:
         store = b.kv_store(il, k, v, ctx.cells, head_dim=head_dim)
         ctx.kv[il] = b.kv_load(il, store, n_ctx=ctx.params.ctx.n_ctx,
@@ -339,7 +352,8 @@ def moe_ffn(b: GraphBuilder, ctx: Layer, il: int, x: int) -> int:
 def _rope(hp: HParams, il: int, n_head: int) -> ir.Rope:
     return ir.Rope(hp.rope_style, hp.layer_rope_base(il), n_head, hp.layer_head_dim(il),
                    hp.layer_rope_dim(il), freq_scale=hp.layer_rope_freq_scale(il),
-                   yarn=hp.layer_rope_yarn(il))
+                   yarn=hp.layer_rope_yarn(il), mrope="imrope" if hp.rope_sections else "",
+                   sections=hp.rope_sections)
 
 
 def _bias(hp: HParams, prefix: str) -> str | None:

@@ -430,7 +430,8 @@ def _bind_rope(node: Node, srcs: Srcs, out: np.ndarray,
     factors = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights else None
     return [K.bind_rope(srcs[0], srcs[1], n_head=op.n_head, head_dim=op.head_dim,
                         rope_dim=op.rope_dim, base=op.base, style=op.style,
-                        freq_scale=op.freq_scale, factors=factors, yarn=op.yarn, out=out)]
+                        freq_scale=op.freq_scale, factors=factors, yarn=op.yarn, out=out,
+                        mrope=op.mrope, sections=op.sections)]
 
 
 def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,

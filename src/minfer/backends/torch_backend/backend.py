@@ -207,14 +207,15 @@ def _rope(b: TorchBackend, node: Node, srcs: Srcs, out: np.ndarray | None,
     op = node.op
     assert isinstance(op, ir.Rope)
     key = ("torch.rope", node.srcs[1], op.base, op.rope_dim, op.freq_scale, op.yarn,
-           node.meta.weights)
+           node.meta.weights, op.mrope, op.sections)
     tables = ctx.memo.get(key)
     if tables is None:  # cos/sin once per forward, shared by q and k of every layer
         factors = (b.torch_weights(ctx).vector(node.meta.weights[0]) if node.meta.weights
                    else None)
         tables = ctx.memo[key] = ops.rope_tables(b.src(ctx, node, 1, srcs), base=op.base,
                                                  rope_dim=op.rope_dim, freq_scale=op.freq_scale,
-                                                 factors=factors, yarn=op.yarn)
+                                                 factors=factors, yarn=op.yarn,
+                                                 mrope=op.mrope, sections=op.sections)
     x = b.src(ctx, node, 0, srcs)
     rotate = ops.rope_neox if op.style == "neox" else ops.rope_norm
     b.run(ctx, node, out, lambda dst: rotate(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minfer.gguf.rope_scaling import NO_YARN, YarnRope, pair_scales
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope, mrope_pairs, mrope_powers, pair_scales
 
 
 def linear_bf16(x_bf16: torch.Tensor, w_bf16: torch.Tensor) -> torch.Tensor:
@@ -40,15 +40,25 @@ def head_rms_norm(x: torch.Tensor, w: torch.Tensor, *, n_head: int, head_dim: in
 
 def rope_tables(positions: torch.Tensor, *, base: float, rope_dim: int, freq_scale: float = 1.0,
                 factors: torch.Tensor | None = None,
-                yarn: YarnRope = NO_YARN) -> tuple[torch.Tensor, torch.Tensor]:
+                yarn: YarnRope = NO_YARN, mrope: str = "",
+                sections: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of freq_scale * pos * base^(-2i / rope_dim) / factors[i], [nt, rope_dim / 2],
-    computed in f64 (with YaRN: each pair's blended scale, cos and sin times its mscale)."""
+    computed in f64 (with YaRN: each pair's blended scale, cos and sin times its mscale); with
+    `mrope`, pair i's position and power of base^(-2 / theta_dim) as `mrope_pairs` lays out."""
     half = rope_dim // 2
-    inv = base ** (-torch.arange(half, dtype=torch.float64, device=positions.device) * 2 / rope_dim)
+    dev = positions.device
+    if mrope:
+        cols, resets, theta_dim = mrope_pairs(mrope, sections, rope_dim)
+        power = torch.from_numpy(mrope_powers(cols, resets)).to(dev, torch.float64)
+        inv = base ** (-power * 2 / theta_dim)
+        pos = positions.to(torch.float64).view(4, -1).T[:, torch.from_numpy(cols).to(dev).long()]
+    else:
+        inv = base ** (-torch.arange(half, dtype=torch.float64, device=dev) * 2 / rope_dim)
+        pos = positions.to(torch.float64)[:, None]
     inv = inv * torch.from_numpy(pair_scales(half, freq_scale, yarn)).to(inv.device)
     if factors is not None:
         inv = inv / factors.to(torch.float64)
-    angles = positions.to(torch.float64)[:, None] * inv[None, :]
+    angles = pos * inv[None, :]
     return (angles.cos() * yarn.mscale).float(), (angles.sin() * yarn.mscale).float()
 
 

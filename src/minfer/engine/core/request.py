@@ -17,6 +17,7 @@ token would pass the slot's context).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,18 +78,50 @@ class TokenLogprob:
 class PromptRows:
     """Embedding rows given for prompt tokens [at, at + n) (an image's), in place of theirs;
     the block is computed in one forward, its rows reading each other both ways (Gemma 3's) or
-    causally as text (`causal`: Idefics3's, as llama.cpp's mtmd decodes them)."""
+    causally as text (`causal`: Idefics3's, as llama.cpp's mtmd decodes them). `grid` (rows,
+    cols): an M-RoPE image's merged tokens (Qwen3-VL; `mrope_positions`), (0, 0) otherwise."""
 
     at: int
     rows: np.ndarray  # [n, n_embd] float32
     causal: bool = False
+    grid: tuple[int, int] = (0, 0)
 
     @property
     def n(self) -> int:
         return int(self.rows.shape[0])
 
+    @property
+    def n_pos(self) -> int:
+        """Rope positions the block takes: max(rows, cols) for an M-RoPE image (mtmd's
+        `mtmd_image_tokens_get_n_pos`), else one per row."""
+        return max(self.grid) if self.grid[0] else self.n
+
     def shifted(self, by: int) -> PromptRows:
-        return PromptRows(self.at + by, self.rows, self.causal)
+        return PromptRows(self.at + by, self.rows, self.causal, self.grid)
+
+
+def mrope_positions(blocks: Sequence[PromptRows], start: int, n: int) -> np.ndarray:
+    """[4, n] int32 t / h / w / e rope positions of a sequence's rows [start, start + n), its
+    M-RoPE image blocks at `at` from the sequence's row 0, as llama.cpp's mtmd gives them: an
+    image at rope position p has its token (y, x) at (p, p + y, p + x, 0) and the row after it at
+    p + max(rows, cols); a text row's position, thrice, then 0."""
+    rows = np.arange(start, start + n, dtype=np.int64)
+    shift = np.zeros(n, np.int64)  # rows taken minus rope positions taken, by the blocks before
+    out = np.zeros((4, n), np.int64)
+    inside = np.zeros(n, bool)
+    taken = 0
+    for b in sorted(blocks, key=lambda b: b.at):
+        in_b = (rows >= b.at) & (rows < b.at + b.n)
+        if b.grid[0] and in_b.any():
+            p = b.at - taken
+            y, x = np.divmod(rows[in_b] - b.at, b.grid[1])
+            out[0, in_b], out[1, in_b], out[2, in_b] = p, p + y, p + x
+            inside |= in_b
+        taken += b.n - b.n_pos
+        shift[rows >= b.at + b.n] = taken
+    text = rows - shift
+    out[:3, ~inside] = text[~inside]
+    return out.astype(np.int32)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
+from minfer.engine.core.request import mrope_positions
 from minfer.engine.core.scheduler import Plan, Work
 
 if TYPE_CHECKING:
@@ -96,6 +97,10 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
     pos = np.concatenate(positions)
     base = np.concatenate(bases)
     cells = base + pos
+    rope_pos = None
+    if any(w.mrope for w in plan.works):  # M-RoPE rows after (or in) an image
+        rope_pos = np.concatenate([mrope_positions(w.mrope, w.start_pos, len(p))
+                                   for w, p in zip(plan.works, positions, strict=True)], axis=1)
     batch = Batch(
         tokens=np.asarray(tokens, dtype=np.int32),
         positions=pos,
@@ -103,6 +108,7 @@ def build_batch(plan: Plan, n_ctx_slot: int) -> tuple[Batch, list[int]]:
         kv_start=base,
         kv_end=cells + 1,
         out_rows=np.asarray(out_rows, dtype=np.int32),
+        rope_pos=rope_pos,
     )
     for at, rows, causal in given:
         batch = batch.with_rows(at, rows, causal=causal)
@@ -180,18 +186,26 @@ class SequenceRunner:
         if not plan.works:
             return {}
         (w,) = plan.works
+        # M-RoPE rows of a sequence with images: their rope positions (an Engine's keyword)
+        rope = mrope_positions(w.mrope, w.start_pos, len(w.tokens) + len(w.draft)) \
+            if w.mrope else None
         if w.draft:  # a verify: its rows bitwise the one-token decode rows
             tokens = [*w.tokens, *w.draft]
             verify = cast("Engine", self.engine)
             if self.recurrent:
                 verify.save_state(0, spare=True)
-            rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
+            if rope is None:
+                rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft), batch_invariant=True)
+            else:  # an M-RoPE sequence with images
+                rows = verify.forward(tokens, w.start_pos, 1 + len(w.draft),
+                                      batch_invariant=True, rope_pos=rope)
             return {w.seq_id: rows}
-        if w.embd:  # an image's rows (an Engine, or a chat's KVMirror in front of one)
+        if w.embd or rope is not None:  # an image's rows, or rows after an M-RoPE image (an
+            # Engine, or a chat's KVMirror in front of one)
             engine = cast("Engine", self.engine)
             n_out = len(w.tokens) if w.rows else 1
             rows = engine.forward(w.tokens, w.start_pos, n_out,
-                                  embd=[(e.at, e.rows, e.causal) for e in w.embd])
+                                  embd=[(e.at, e.rows, e.causal) for e in w.embd], rope_pos=rope)
             return {w.seq_id: rows} if w.rows else ({w.seq_id: rows[0]} if w.logits else {})
         if w.rows:
             return {w.seq_id: self.engine.forward(w.tokens, w.start_pos, len(w.tokens))}

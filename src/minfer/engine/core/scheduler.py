@@ -143,6 +143,9 @@ class Work:
     draft: tuple[int, ...] = ()  # proposed continuation, fed after `tokens` to be verified
     rows: bool = False  # every fed token's logits are wanted (a prompt scored token by token)
     embd: tuple[PromptRows, ...] = ()  # given rows of the fed tokens, `at` counted from start_pos
+    # the sequence's M-RoPE image blocks, `at` from its row 0 (`request.mrope_positions`): its
+    # rows' rope positions, for every work of a sequence holding any
+    mrope: tuple[PromptRows, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -397,7 +400,8 @@ class Scheduler:
                     logits=start + n == len(seq.tokens),
                     rows=seq.prompt_rows and start < seq.n_prompt,
                     embd=tuple(e.shifted(-start) for e in seq.embd
-                               if start <= e.at < start + n))
+                               if start <= e.at < start + n),
+                    mrope=tuple(e for e in seq.embd if e.grid[0]))
 
     def _admit(self) -> None:
         while self.waiting and self.n_free:

@@ -4,9 +4,14 @@ The tower is a graph in the same IR (`minfer.models.siglip.build_vision`, its pr
 on `clip.projector_type`), bound into an op tape on the CPU backend's kernels, its matmuls the
 dense-f32 GEMM an encoder uses (batch-invariant: an image's rows do not depend on anything
 else). An image is one or more chunks of `image_size` (Idefics3's tiles and overview), each run
-through the same tape. Two weights are presented in the form a matmul reads:
-the patch embedding (a convolution kernel [n_embd, 3, p, p]) as [n_embd, 3 p^2], and Gemma 3's
-projection (stored [n_embd_vision, n_embd_text], applied as x @ W) transposed.
+through the same tape; Qwen3-VL's one chunk has its image's own size: a tower is bound per patch
+grid (the last `TOWERS` kept), its inputs the patch rows in merge-window order, the learned
+position table resized to the grid (`_positions`) and the patches' (y, x) rope positions.
+Weights are presented in the form a matmul reads: the patch embedding (a convolution kernel
+[n_embd, 3, p, p]; Qwen3-VL's two temporal halves summed, the frame being taken twice) as
+[n_embd, 3 p^2], and Gemma 3's projection (stored [n_embd_vision, n_embd_text], applied as
+x @ W) transposed. A tower with several outputs (Qwen3-VL's merger and deepstack mergers) gives
+them side by side.
 
 The numbers are clip.cpp's on ggml's CPU backend (llama.cpp's mtmd): a matmul over an
 f16-stored weight reads its input rounded to f16 (`F16_TYPES`; `RoundF16` nodes), and the patch
@@ -25,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +43,13 @@ from minfer.gguf.clip import ClipParams
 from minfer.gguf.reader import GGUFFile
 from minfer.graph import scheduler
 from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
-from minfer.graph.ir import InputKind
+from minfer.graph.ir import ComputeGraph, InputKind
+from minfer.models.qwen3vl_vision import POS_TABLE
 from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_vision
 
 F32, F16, BF16 = 0, 1, 30  # GGML type ids
 CACHE_IMAGES = 16  # images whose rows `encode` keeps (Gemma 3 27B: 5.5 MB each)
+TOWERS = 2  # patch grids whose bound towers are kept (Qwen3-VL: one per image size)
 
 
 class VisionWeights(ModelWeights):
@@ -52,6 +60,8 @@ class VisionWeights(ModelWeights):
             return None
         if name == PATCH_EMBD:
             w = np.asarray(self.file.array(name), np.float32)
+            if f"{name}.1" in self.file.tensors:  # Qwen3-VL's Conv3d over a frame taken twice
+                w = w + np.asarray(self.file.array(f"{name}.1"), np.float32)
             if name in self.f16_inputs():  # ggml_conv_2d's f16 im2col: the kernel in f16
                 w = w.astype(np.float16).astype(np.float32)
             return np.ascontiguousarray(w.reshape(w.shape[0], -1))
@@ -84,67 +94,135 @@ class VisionWeights(ModelWeights):
         return super().matrix(name)
 
 
+@dataclass
+class _Tower:
+    """The tower bound for one patch grid: its graph, buffers and op tape."""
+
+    grid: tuple[int, int]  # patches (rows, cols)
+    graph: ComputeGraph
+    buffers: list[np.ndarray | None]
+    tape: scheduler.Tape
+
+    def input(self, kind: InputKind) -> np.ndarray:
+        buf = self.buffers[self.graph.inputs[kind]]
+        assert buf is not None
+        return buf
+
+
 class VisionEncoder:
     def __init__(self, path: str | Path) -> None:
         self.file = GGUFFile.open(Path(path))
         self.params = cp = ClipParams.from_gguf(self.file)
         self.weights = VisionWeights(self.file)
-        graph = build_vision(cp, self.weights.shapes(), self.weights.f16_inputs())
-        backend = CpuBackend()
-        scheduler.assign_backends(graph, [backend])
-        graph.topo_order()
-        plan = plan_buffers(graph)
-        kv = KVRegions(n_layer=0, n_ctx=1, n_kv_embd=1, new_cache=None)  # type: ignore[arg-type]
-        self._buffers = Allocator(kv).buffers(graph, plan)
-        self._graph = graph
+        self._backend = CpuBackend()
+        self._kv = KVRegions(n_layer=0, n_ctx=1, n_kv_embd=1, new_cache=None)  # type: ignore
+        self._towers: OrderedDict[tuple[int, int], _Tower] = OrderedDict()  # by grid, LRU
+        self._pos_table: np.ndarray | None = None
         self._lock = threading.Lock()  # one image at a time through the shared buffers
         self._cache: OrderedDict[bytes, EncodedImage] = OrderedDict()  # sha256 -> rows, LRU
         self._cache_lock = threading.Lock()
         self.n_encoded = 0  # images run through the tower
-        ctx = ExecContext(weights=self.weights, kv=kv, batch_invariant=True, dense_f32=True)
-        self._tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live),
-                                          self._buffers, {backend.name: backend}, ctx)
+        if not cp.dynamic:
+            side = cp.patches_per_side
+            self._tower((side, side))
+
+    @property
+    def _graph(self) -> ComputeGraph:
+        """The most recently used tower's graph (the fixed-size families' only one)."""
+        return next(reversed(self._towers.values())).graph
+
+    def _tower(self, grid: tuple[int, int]) -> _Tower:
+        """The tower for a grid of patches, bound on first use (the last TOWERS kept)."""
+        tower = self._towers.get(grid)
+        if tower is not None:
+            self._towers.move_to_end(grid)
+            return tower
+        graph = build_vision(self.params, self.weights.shapes(), self.weights.f16_inputs(),
+                             n_patches=grid[0] * grid[1])
+        scheduler.assign_backends(graph, [self._backend])
+        graph.topo_order()
+        plan = plan_buffers(graph)
+        buffers = Allocator(self._kv).buffers(graph, plan)
+        ctx = ExecContext(weights=self.weights, kv=self._kv, batch_invariant=True,
+                          dense_f32=True)
+        tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live), buffers,
+                                    {self._backend.name: self._backend}, ctx)
+        self._towers[grid] = tower = _Tower(grid, graph, buffers, tape)
+        while len(self._towers) > TOWERS:
+            self._towers.popitem(last=False)
+        return tower
 
     @property
     def n_image_tokens(self) -> int:
-        """Embedding rows per chunk (a whole image for Gemma 3, a tile for Idefics3)."""
+        """Embedding rows per chunk (a whole image for Gemma 3, a tile for Idefics3; Qwen3-VL:
+        as many as the image's merged grid has)."""
         return self.params.n_image_tokens
 
-    def _input(self, kind: InputKind) -> np.ndarray:
-        buf = self._buffers[self._graph.inputs[kind]]
-        assert buf is not None
-        return buf
-
-    def _fill(self, cp: ClipParams, rows: np.ndarray) -> None:
+    def _fill(self, tower: _Tower, rows: np.ndarray) -> None:
         """Every input, before every run (their buffers are reused once read)."""
-        self._input(InputKind.PIXELS)[:] = rows
-        n, side, m = cp.n_patches, cp.patches_per_side, cp.n_merge
-        self._input(InputKind.POSITIONS)[:] = np.arange(n)
-        self._input(InputKind.SEQ_START)[:] = 0
-        self._input(InputKind.SEQ_END)[:] = n
+        cp, (gh, gw), m = self.params, tower.grid, self.params.n_merge
+        n = gh * gw
         # each m x m window's patches together (row-major within it), windows row-major:
-        # ggml_pool_2d's output order, and Idefics3's pixel shuffle once joined
-        grid = np.arange(n).reshape(side // m, m, side // m, m).transpose(0, 2, 1, 3)
-        self._input(InputKind.POOL_ROWS)[:] = grid.reshape(-1)
-        if InputKind.OUT_START not in self._graph.inputs:
+        # ggml_pool_2d's output order, Idefics3's pixel shuffle once joined, Qwen3-VL's merge
+        order = np.arange(n).reshape(gh // m, m, gw // m, m).transpose(0, 2, 1, 3).reshape(-1)
+        tower.input(InputKind.SEQ_START)[:] = 0
+        tower.input(InputKind.SEQ_END)[:] = n
+        if cp.dynamic:  # the rows themselves in window order
+            tower.input(InputKind.PIXELS)[:] = rows[order]
+            tower.input(InputKind.POS_EMBD)[:] = self._positions(gh, gw)[order]
+            y, x = order // gw, order % gw
+            tower.input(InputKind.ROPE_POS)[:] = np.concatenate([y, x, y, x])
+            return
+        tower.input(InputKind.PIXELS)[:] = rows
+        tower.input(InputKind.POSITIONS)[:] = np.arange(n)
+        tower.input(InputKind.POOL_ROWS)[:] = order
+        if InputKind.OUT_START not in tower.graph.inputs:
             return
         n_out = cp.n_image_tokens
-        self._input(InputKind.OUT_START)[:] = np.arange(n_out) * m * m
-        self._input(InputKind.OUT_END)[:] = (np.arange(n_out) + 1) * m * m
+        tower.input(InputKind.OUT_START)[:] = np.arange(n_out) * m * m
+        tower.input(InputKind.OUT_END)[:] = (np.arange(n_out) + 1) * m * m
+
+    def _positions(self, gh: int, gw: int) -> np.ndarray:
+        """The learned position table resized to gh x gw patches, row-major: bilinear with the
+        corners aligned (transformers' and clip.cpp's), in f64 then f32."""
+        if self._pos_table is None:
+            self._pos_table = np.asarray(self.file.array(POS_TABLE), np.float64)
+        side = self.params.patches_per_side
+        table = self._pos_table.reshape(side, side, -1)
+
+        def axis(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            src = np.linspace(0.0, side - 1, n) if n > 1 else np.zeros(1)
+            lo = np.floor(src).astype(np.int64)
+            hi = np.minimum(lo + 1, side - 1)
+            return lo, hi, src - lo
+
+        y0, y1, fy = axis(gh)
+        x0, x1, fx = axis(gw)
+        fy, fx = fy[:, None, None], fx[None, :, None]
+        top = table[y0][:, x0] * (1 - fx) + table[y0][:, x1] * fx
+        bottom = table[y1][:, x0] * (1 - fx) + table[y1][:, x1] * fx
+        return (top * (1 - fy) + bottom * fy).reshape(gh * gw, -1).astype(np.float32)
 
     def encode_pixels(self, chw: np.ndarray) -> np.ndarray:
-        """A preprocessed [3, size, size] chunk's [n_image_tokens, n_embd_text] rows."""
+        """A preprocessed [3, size, size] chunk's [n_image_tokens, n_embd_text] rows (Qwen3-VL:
+        any [3, h, w] aligned to patch * merge; its merged rows [main | deepstack...])."""
         cp = self.params
-        if chw.shape != (3, cp.image_size, cp.image_size):
+        p, m = cp.patch_size, cp.n_merge
+        if cp.dynamic:
+            if chw.ndim != 3 or chw.shape[0] != 3 or chw.shape[1] % (p * m) \
+                    or chw.shape[2] % (p * m):
+                raise ValueError(f"pixels {chw.shape}, expected (3, h, w) in multiples of "
+                                 f"{p * m}")
+        elif chw.shape != (3, cp.image_size, cp.image_size):
             raise ValueError(f"pixels {chw.shape}, expected (3, {cp.image_size}, "
                              f"{cp.image_size})")
         with self._lock:
-            self._fill(cp, patches(np.asarray(chw, np.float32), cp.patch_size))
-            self._tape.run()
+            tower = self._tower((chw.shape[1] // p, chw.shape[2] // p))
+            self._fill(tower, patches(np.asarray(chw, np.float32), p))
+            tower.tape.run()
             self.n_encoded += 1
-            out = self._buffers[self._graph.outputs[0]]
-            assert out is not None
-            return out.copy()
+            outs = [tower.buffers[o] for o in tower.graph.outputs]
+            return np.concatenate([o for o in outs if o is not None], axis=1)
 
     def encode(self, data: bytes) -> EncodedImage:
         """An image file's bytes to its embedding rows, its chunks' in prompt order (the rows
@@ -158,7 +236,12 @@ class VisionEncoder:
         px = preprocess(data, self.params)
         rows = np.concatenate([self.encode_pixels(c) for c in px.chunks])
         rows.setflags(write=False)
-        image = EncodedImage(rows, self.n_image_tokens, px.grid, self.params.projector)
+        if self.params.dynamic:  # one chunk; its grid: the merged tokens'
+            m = self.params.n_merge
+            image = EncodedImage(rows, int(rows.shape[0]), (px.grid[0] // m, px.grid[1] // m),
+                                 self.params.projector)
+        else:
+            image = EncodedImage(rows, self.n_image_tokens, px.grid, self.params.projector)
         with self._cache_lock:
             self._cache[key] = image
             while len(self._cache) > CACHE_IMAGES:

@@ -15,6 +15,13 @@ Decoded by Pillow (JPEG, PNG, WebP, GIF's first frame; anything else, or a corru
   The chunks are the tiles, then the overview (the order mtmd places them in the prompt).
   transformers' Idefics3 processor does the same except that it does not split an image that
   fits one tile (llama.cpp: one tile plus the overview).
+- qwen3vl_merger (`mtmd_image_preprocessor_dyn_size`, Qwen's smart resize as clip.cpp's
+  `calc_size_preserved_ratio`): each side rounded to a multiple of patch * merge (half away
+  from zero, at least one), then, past the most pixels, both scaled down by
+  sqrt(h w / max) (floored to the multiple), or below the fewest, up by sqrt(min / (h w))
+  (ceiled); resized (bicubic, Pillow's as transformers' Qwen2VLImageProcessorPil; clip.cpp's
+  own bicubic may differ in the last bits) only where that changes the size. One chunk of its
+  own size; its grid the patches (rows, cols).
 
 Each chunk then x / 255, (x - mean) / std per channel (f32, as clip.cpp), and is unfolded into
 patch rows (channel, y, x), patches in row-major order, by the encoder.
@@ -41,7 +48,8 @@ class ImageError(MinferError):
 @dataclass(frozen=True)
 class Pixels:
     """An image as the encoder's inputs: `chunks` [k, 3, size, size] in their prompt order;
-    `grid` (rows, cols): the tiles before the last chunk (the overview), (0, 0): one chunk."""
+    `grid` (rows, cols): the tiles before the last chunk (the overview), (0, 0): one chunk; a
+    dynamic-size family's one chunk [1, 3, h, w], `grid` its patches (rows, cols)."""
 
     chunks: np.ndarray
     grid: tuple[int, int] = (0, 0)
@@ -50,7 +58,8 @@ class Pixels:
 @dataclass(frozen=True)
 class EncodedImage:
     """An image's embedding rows, `per_chunk` rows for each of its chunks in prompt order (the
-    layout of `grid` as `Pixels`), for the projector family `projector` (its prompt markers)."""
+    layout of `grid` as `Pixels`; Qwen3-VL: its merged tokens' grid (rows, cols), the rows
+    [main | deepstack...] wide), for the projector family `projector` (its prompt markers)."""
 
     rows: np.ndarray  # [n_chunks * per_chunk, n_embd_text] float32
     per_chunk: int
@@ -133,9 +142,40 @@ def tiles(img: object, tile: int, longest_edge: int) -> tuple[list[np.ndarray], 
     return [*chunks, np.asarray(overview, np.uint8)], (rows, cols)
 
 
+def smart_size(w: int, h: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of Qwen's smart resize as clip.cpp computes it (module docstring)."""
+
+    def rounded(x: float) -> int:
+        return math.floor(x / align + 0.5) * align
+
+    wb, hb = max(align, rounded(w)), max(align, rounded(h))
+    if wb * hb > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        hb = max(align, math.floor(h / beta / align) * align)
+        wb = max(align, math.floor(w / beta / align) * align)
+    elif wb * hb < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        hb, wb = math.ceil(h * beta / align) * align, math.ceil(w * beta / align) * align
+    return wb, hb
+
+
+def dynamic(img: object, cp: ClipParams) -> np.ndarray:
+    """The [h, w, 3] uint8 image at its smart-resized size."""
+    from PIL import Image
+
+    assert isinstance(img, Image.Image)
+    size = smart_size(*img.size, cp.patch_size * cp.n_merge, *cp.pixel_limits)
+    if size != img.size:
+        img = img.resize(size, Image.Resampling.BICUBIC)
+    return np.asarray(img, np.uint8)
+
+
 def preprocess(data: bytes, cp: ClipParams) -> Pixels:
     """An image file's bytes as the encoder's chunks."""
     img = decode(data)
+    if cp.dynamic:
+        chw = normalized(dynamic(img, cp), cp)
+        return Pixels(chw[None], (chw.shape[1] // cp.patch_size, chw.shape[2] // cp.patch_size))
     if cp.projector == "idefics3":
         chunks, grid = tiles(img, cp.image_size, cp.longest_edge)
         return Pixels(np.stack([normalized(c, cp) for c in chunks]), grid)

@@ -8,6 +8,8 @@ family's markers, one placeholder token per embedding row:
 
 - gemma3: the text `<start_of_image>`, `<image_soft_token>` per row, the text `<end_of_image>`;
   the block reads itself both ways.
+- qwen3vl_merger: `<|vision_start|>`, `<|image_pad|>` per row, `<|vision_end|>`; one causal
+  block whose rows take M-RoPE positions over the image's merged grid (`PromptRows.grid`).
 - idefics3: per tile the text `<fake_token_around_image><row_r_col_c>` and its rows
   (`<image>` each), `\n` between tile rows; then `\n\n<fake_token_around_image><global-img>`,
   the overview's rows, `<fake_token_around_image>`; causal blocks (mtmd's
@@ -34,10 +36,12 @@ from typing import Any
 from minfer.engine.core.request import PromptRows
 from minfer.engine.vision.fetch import base64_bytes, url_bytes
 from minfer.engine.vision.image import EncodedImage, ImageError
+from minfer.gguf.clip import QWEN3VL
 
 MARKER = "<__media__>"
 BEGIN, END, PLACEHOLDER = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 FAKE, GLOBAL, IMAGE = "<fake_token_around_image>", "<global-img>", "<image>"
+VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
@@ -104,11 +108,18 @@ def _image_ids(image: EncodedImage, ids: list[int], placed: list[PromptRows],
                token_id: Callable[[str], int | None], rest: Callable[[str], list[int]]) -> None:
     """Append one image's markers and placeholders to ids, its blocks to placed."""
 
-    def block(chunk: int, placeholder: int, causal: bool) -> None:
+    def block(chunk: int, placeholder: int, causal: bool,
+              grid: tuple[int, int] = (0, 0)) -> None:
         rows = image.chunk(chunk)
-        placed.append(PromptRows(len(ids), rows, causal))
+        placed.append(PromptRows(len(ids), rows, causal, grid))
         ids.extend([placeholder] * int(rows.shape[0]))
 
+    if image.projector == QWEN3VL:
+        start, end, pad = _lookup(token_id, VISION_START, VISION_END, IMAGE_PAD)
+        ids.append(start)
+        block(0, pad, True, image.grid)
+        ids.append(end)
+        return
     if image.projector == "idefics3":
         fake, glob, img = _lookup(token_id, FAKE, GLOBAL, IMAGE)
         n_row, n_col = image.grid

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from minfer.backends.cpu.kernels.quant.types import BLOCK_LAYOUT, KQUANT_TYPES, QType
-from minfer.gguf.rope_scaling import NO_YARN, YarnRope, pair_scales
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope, mrope_pairs, mrope_powers, pair_scales
 
 
 def ref_quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -134,16 +134,25 @@ def ref_rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim
 
 def ref_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
              rope_dim: int, base: float, style: str = "neox", freq_scale: float = 1.0,
-             factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN) -> np.ndarray:
+             factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN, mrope: str = "",
+             sections: tuple[int, ...] = ()) -> np.ndarray:
     """RoPE in float64: theta_i = freq_scale * pos * base^(-2i/rope_dim) / factors[i] (YaRN:
     each pair's blended scale, cos and sin times its mscale); "neox" rotates pairs
-    (i, i + rope_dim/2), "norm" adjacent pairs (2i, 2i + 1)."""
+    (i, i + rope_dim/2), "norm" adjacent pairs (2i, 2i + 1). With `mrope`: positions [4 nt]
+    section-major, pair i's column and power of base^(-2/theta_dim) as `mrope_pairs` says."""
     nt = x.shape[0]
     half = rope_dim // 2
-    inv = float(base) ** (-2.0 * np.arange(half) / rope_dim) * pair_scales(half, freq_scale, yarn)
+    if mrope:
+        cols, resets, theta_dim = mrope_pairs(mrope, sections, rope_dim)
+        inv = float(base) ** (-2.0 * mrope_powers(cols, resets) / theta_dim)
+        pos = positions.astype(np.float64).reshape(4, nt).T[:, cols]
+    else:
+        inv = float(base) ** (-2.0 * np.arange(half) / rope_dim)
+        pos = positions.astype(np.float64)[:, None]
+    inv = inv * pair_scales(half, freq_scale, yarn)
     if factors is not None:
         inv = inv / factors.astype(np.float64)
-    theta = positions.astype(np.float64)[:, None] * inv[None, :]  # [nt, half]
+    theta = pos * inv[None, :]  # [nt, half]
     cos = yarn.mscale * np.cos(theta)[:, None, :]
     sin = yarn.mscale * np.sin(theta)[:, None, :]
     xh = x.astype(np.float64).reshape(nt, n_head, head_dim)

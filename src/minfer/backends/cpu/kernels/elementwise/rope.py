@@ -12,6 +12,17 @@ YaRN (ext_factor != 0) blends each pair's scaled and unscaled angle along the ra
 corr_low to corr_high and multiplies cos and sin by mscale, as ggml's `rope_yarn` does
 (`minfer.gguf.rope_scaling`); without it (ext_factor 0, mscale 1) the angles and products are
 exactly the plain ones.
+
+Multi-position rope (`ggml_rope_multi`; `rope_scaling.mrope_pairs`): each row has four
+positions (t, h, w, e; given section-major, `positions[c * nt + t]`) and pair i takes column
+cols[i]'s angle. As ggml builds them, the four angles start at their positions and are all
+multiplied by theta_scale at every pair, column resets[i] (>= 0) starting over from its position
+at pair i (the vision layout's independent sections). Interleaved M-RoPE (Qwen3-VL's text,
+"imrope"): pair i is h where i % 3 == 1 and i < 3 sections[1], w where i % 3 == 2 and
+i < 3 sections[2], t where i % 3 == 0 and i < 3 sections[0], else e. The vision layout
+("vision": a 2-D rope over patches) rotates pairs (i, i + head_dim/2) over the whole head with
+theta_scale = base^(-2/(head_dim/2)); its first quarter of pairs takes t, the next h, each from
+its own position.
 """
 
 from __future__ import annotations
@@ -22,9 +33,10 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
-from minfer.gguf.rope_scaling import NO_YARN, YarnRope
+from minfer.gguf.rope_scaling import NO_YARN, YarnRope, mrope_pairs
 
 _ONE = np.ones(0, np.float32)
+_NONE = np.zeros(0, np.int32)
 # From this many rows on (prefill, a server's batch of decode rows) the rows are split across
 # the threads, PARALLEL_CHUNK at a time; fewer run on the calling thread (one sequence's decode:
 # a parallel region costs more than the rows). 16 decode rows: rope_q 0.47 -> 0.35 ms a step
@@ -51,16 +63,29 @@ def pair_angle(theta, i, factors, freq_scale, yarn):
 
 @njit(inline="always", error_model="numpy")
 def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox,
-              out, cos, sin):
+              out, cos, sin, theta_dim, cols, resets, th):
     half = rope_dim // 2
-    theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(rope_dim)))
+    theta_scale = np.float32(base ** (np.float32(-2.0) / np.float32(theta_dim)))
     mscale = yarn[3]
-    theta = np.float32(positions[t])
-    for i in range(half):
-        th = pair_angle(theta, i, factors, freq_scale, yarn)
-        cos[i] = np.cos(th) * mscale
-        sin[i] = np.sin(th) * mscale
-        theta = theta * theta_scale
+    if cols.shape[0] == 0:
+        theta = np.float32(positions[t])
+        for i in range(half):
+            ang = pair_angle(theta, i, factors, freq_scale, yarn)
+            cos[i] = np.cos(ang) * mscale
+            sin[i] = np.sin(ang) * mscale
+            theta = theta * theta_scale
+    else:  # four positions per row, section-major
+        nt = x.shape[0]
+        for c in range(4):
+            th[c] = np.float32(positions[c * nt + t])
+        for i in range(half):
+            if resets[i] >= 0:
+                th[resets[i]] = np.float32(positions[resets[i] * nt + t])
+            ang = pair_angle(th[cols[i]], i, factors, freq_scale, yarn)
+            cos[i] = np.cos(ang) * mscale
+            sin[i] = np.sin(ang) * mscale
+            for c in range(4):
+                th[c] = th[c] * theta_scale
     xr, yr = x[t], out[t]
     for h in range(n_head):
         b = h * head_dim
@@ -79,44 +104,51 @@ def _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, fac
 
 
 @njit(cache=True, error_model="numpy")
-def _rope(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox, out):
+def _rope(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox, out,
+          theta_dim, cols, resets):
     cos = np.empty(rope_dim // 2, np.float32)
     sin = np.empty(rope_dim // 2, np.float32)
+    th = np.empty(4, np.float32)
     for t in range(x.shape[0]):
         _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn,
-                  neox, out, cos, sin)
+                  neox, out, cos, sin, theta_dim, cols, resets, th)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _rope_par(x, positions, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn, neox,
-              out):
+              out, theta_dim, cols, resets):
     n_chunk = (x.shape[0] + PARALLEL_CHUNK - 1) // PARALLEL_CHUNK
     for c in prange(n_chunk):
         cos = np.empty(rope_dim // 2, np.float32)
         sin = np.empty(rope_dim // 2, np.float32)
+        th = np.empty(4, np.float32)
         for t in range(c * PARALLEL_CHUNK, min(x.shape[0], (c + 1) * PARALLEL_CHUNK)):
             _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors,
-                      yarn, neox, out, cos, sin)
+                      yarn, neox, out, cos, sin, theta_dim, cols, resets, th)
 
 
 @njit(cache=True, error_model="numpy")
 def _rope_par_part(part, n_parts, x, positions, n_head, head_dim, rope_dim, base, freq_scale,
-                   factors, yarn, neox, out):
+                   factors, yarn, neox, out, theta_dim, cols, resets):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
     cos = np.empty(rope_dim // 2, np.float32)
     sin = np.empty(rope_dim // 2, np.float32)
+    th = np.empty(4, np.float32)
     for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
         _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn,
-                  neox, out, cos, sin)
+                  neox, out, cos, sin, theta_dim, cols, resets, th)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
          base: float, style: str = "neox", freq_scale: float = 1.0,
-         factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN, out: np.ndarray) -> None:
-    """Rotate x f32 `[nt, n_head*head_dim]` at `positions[nt]` into out (out may be x)."""
+         factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN, out: np.ndarray,
+         mrope: str = "", sections: tuple[int, ...] = ()) -> None:
+    """Rotate x f32 `[nt, n_head*head_dim]` at `positions[nt]` (with `mrope`: [4 nt],
+    section-major) into out (out may be x)."""
     positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     bind_rope(x, positions, n_head=n_head, head_dim=head_dim, rope_dim=rope_dim, base=base,
-              style=style, freq_scale=freq_scale, factors=factors, yarn=yarn, out=out)()
+              style=style, freq_scale=freq_scale, factors=factors, yarn=yarn, out=out,
+              mrope=mrope, sections=sections)()
 
 
 def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int,
@@ -129,7 +161,8 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
 def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: int, rope_dim: int,
               base: float, style: str = "neox", freq_scale: float = 1.0,
               factors: np.ndarray | None = None, yarn: YarnRope = NO_YARN,
-              out: np.ndarray) -> Callable[[], None]:
+              out: np.ndarray, mrope: str = "", sections: tuple[int, ...] = ()
+              ) -> Callable[[], None]:
     """`rope` over fixed arrays (the op tape): shapes checked once; each call converts the
     positions the batch filled in and runs the kernel."""
     if x.ndim != 2 or x.shape[1] != n_head * head_dim or out.shape != x.shape:
@@ -138,8 +171,11 @@ def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
         raise ValueError(f"rope_dim {rope_dim} must be even and within head_dim {head_dim}")
     if style not in ("neox", "norm"):
         raise ValueError(f"unknown rope style {style!r} (neox or norm)")
-    if positions.shape != (x.shape[0],):
+    n_pos = 4 if mrope else 1
+    if positions.shape != (n_pos * x.shape[0],):
         raise ValueError(f"{positions.shape} positions for {x.shape[0]} rows")
+    if mrope and (style != "neox" or (mrope == "vision" and rope_dim != head_dim)):
+        raise ValueError(f"a {mrope} rope rotates NEOX pairs (vision: the whole head)")
     ff = _ONE if factors is None else np.ascontiguousarray(factors, dtype=np.float32)
     if factors is not None and ff.shape != (rope_dim // 2,):
         raise ValueError(f"rope factors of shape {ff.shape}, expected ({rope_dim // 2},)")
@@ -148,5 +184,7 @@ def bind_rope(x: np.ndarray, positions: np.ndarray, *, n_head: int, head_dim: in
     base32, scale32, neox = np.float32(base), np.float32(freq_scale), style == "neox"
     # the positions as the batch fills them in (int32 from the engine), read in place
     kernel = _rope_par if x.shape[0] >= PARALLEL_MIN_ROWS else _rope
+    cols, resets, theta_dim = mrope_pairs(mrope, sections, rope_dim) if mrope \
+        else (_NONE, _NONE, rope_dim)
     return partial(kernel, x, positions, n_head, head_dim, rope_dim, base32, scale32, ff,
-                   yarn.terms(), neox, out)
+                   yarn.terms(), neox, out, theta_dim, cols, resets)
