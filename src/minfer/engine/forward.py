@@ -458,8 +458,8 @@ class Engine:
                     buf.fill(0)
             for kind, input_id in graph.inputs.items():
                 buf = buffers[input_id]
-                assert buf is not None
-                buf[:] = 1 if kind is InputKind.KV_END else 0
+                if buf is not None:  # (None: an input no live node reads)
+                    buf[:] = 1 if kind is InputKind.KV_END else 0
             ctx = ExecContext(weights=self.weights, kv=self.kv,
                               batch_invariant=self.batch_invariant, dense_f32=self.encoder,
                               batched=self.batched)
@@ -467,6 +467,7 @@ class Engine:
                                  [node_id]).run()
         self._state_pos[0] = -1  # sequence 0's state took in placeholders
         self.checkpoints.invalidate(0, 0)
+
     def _profiled(self, graph: ComputeGraph) -> Callable[[int, float], None]:
         """The tape's observer that adds each node's seconds to `profile[op:role]`."""
         profile = self.profile
