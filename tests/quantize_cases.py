@@ -36,13 +36,14 @@ SOURCES: dict[str, dict[str, Any]] = {
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     **{t: ("f32", t, {}) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S",
                                    "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M",
-                                   "Q6_K", "F16", "BF16", "IQ4_NL")},
+                                   "Q6_K", "F16", "BF16", "IQ4_NL", "IQ4_XS")},
     "Q4_K_M-pure": ("f32", "Q4_K_M", {"pure": True}),
     "Q3_K_M-overrides": ("f32", "Q3_K_M", {"output_tensor_type": "Q8_0",
                                            "token_embedding_type": "Q4_0"}),
     "tied-Q4_K_M": ("f16_tied", "Q4_K_M", {}),
     "tied-Q2_K": ("f16_tied", "Q2_K", {}),
     "tied-IQ4_NL": ("f16_tied", "IQ4_NL", {}),
+    "tied-IQ4_XS": ("f16_tied", "IQ4_XS", {}),
 }
 
 
@@ -146,13 +147,13 @@ def row_inputs() -> np.ndarray:
 
 ROW_TYPES = (QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
              QType.Q8_0, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-             QType.IQ4_NL)
+             QType.IQ4_NL, QType.IQ4_XS)
 
 
 IMATRIX_FIXTURE = Path(__file__).parent / "fixtures" / "quantize_imatrix_ggml.json"
 GGML_LIB_ENV = "MINFER_GGML_QUANTS_LIB"  # a shared library exporting ggml's quantize_<type>
 IMATRIX_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0, QType.Q2_K,
-                 QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL)
+                 QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS)
 
 
 def imatrix_weights() -> dict[str, np.ndarray]:

@@ -77,3 +77,86 @@ def test_cli_writes_an_imatrix_that_quantize_takes(tmp_path: Path,
         assert g.metadata["quantize.imatrix.entries_count"] == len(im.entries)
     assert main(["imatrix", str(src), "-f", str(text), "-c", "64", "-b", "0"]) != 0
     assert "-b must be" in capsys.readouterr().err
+
+
+MOE = Path(__file__).parent / "fixtures" / "moe" / "qwen2moe.gguf"
+
+
+def test_experts_get_their_own_sums_and_counts() -> None:
+    """A routed expert tensor's rows: one per expert, counted per routed (row, slot) pair, as
+    llama-imatrix collects a MUL_MAT_ID; gate and up read the MoE input row for each of its
+    slots, so their sums over the experts are n_used times the rows' own squares."""
+    model = minfer.load(MOE)
+    ids = model.tokenizer.encode(TEXT, special=False)
+    f = GGUFFile.open(MOE)
+    engine = Engine(f, HParams.from_gguf(f), n_ctx=32)
+    im = collect(engine, ids, 32, bos=None, batch_size=32, max_chunks=2)
+    exps = [n for n in f.tensors if "_exps." in n]
+    assert exps and set(exps) <= set(im.entries)
+    assert "blk.0.ffn_gate_inp_shexp.weight" in im.entries  # a matmul in llama.cpp
+    n_used = f.metadata["qwen2moe.expert_used_count"]
+    for name in exps:
+        e = im.entries[name]
+        assert len(e.counts) == 8 and e.counts.sum() == 64 * n_used, name
+        assert e.sums.shape == (8 * f.tensors[name].shape[0],)
+        zero = np.repeat(e.counts == 0, len(e.sums) // 8)
+        assert (e.sums[zero] == 0).all() and (e.sums[~zero] > 0).any()
+    gate, up = (im.entries[f"blk.1.ffn_{w}_exps.weight"] for w in ("gate", "up"))
+    np.testing.assert_array_equal(gate.sums, up.sums)
+    shared = im.entries["blk.1.ffn_up_shexp.weight"]  # the same rows (the ffn norm's output)
+    np.testing.assert_allclose(gate.sums.reshape(8, -1).sum(0), n_used * shared.sums,
+                               rtol=1e-5)
+    # what quantize takes: the mean square per expert, 1 where an expert saw no row
+    qw = im.quant_weights()["blk.1.ffn_down_exps.weight"].reshape(8, -1)
+    down = im.entries["blk.1.ffn_down_exps.weight"]
+    for x in range(8):
+        want = (down.sums.reshape(8, -1)[x] / down.counts[x] if down.counts[x] else 1.0)
+        np.testing.assert_allclose(qw[x], want, rtol=1e-6)
+
+
+def test_legacy_dat_as_llama_imatrix_writes_it(tmp_path: Path) -> None:
+    """--output-format dat: save_imatrix_legacy's layout, read back to the same importance
+    as the GGUF form (an expert that saw no row: 1), entries with no data left out."""
+    import struct
+
+    from minfer.tools.quantize.imatrix_file import Entry, Imatrix, write_gguf, write_legacy
+
+    im = Imatrix(datasets=["cal.txt"], chunk_count=3, chunk_size=64)
+    rng = np.random.default_rng(0)
+    im.entries["blk.0.attn_q.weight"] = Entry(rng.random(32, np.float32) * 100,
+                                              np.array([192], np.int64))
+    im.entries["blk.0.ffn_up_exps.weight"] = Entry(rng.random(3 * 32, np.float32) * 50,
+                                                   np.array([70, 0, 122], np.int64))
+    im.entries["blk.0.ffn_down_exps.weight"] = Entry(np.zeros(2 * 32, np.float32),
+                                                     np.array([0, 0], np.int64))
+    write_legacy(tmp_path / "im.dat", im)
+    write_gguf(tmp_path / "im.gguf", im)
+    raw = (tmp_path / "im.dat").read_bytes()
+    assert struct.unpack_from("<i", raw)[0] == 2
+    assert raw.endswith(struct.pack("<ii", 3, 7) + b"cal.txt")
+    dat, gg = read(tmp_path / "im.dat"), read(tmp_path / "im.gguf")
+    assert dat.legacy and list(dat.entries) == ["blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight"]
+    assert list(dat.entries["blk.0.ffn_up_exps.weight"].counts) == [2]  # ceil(122 / 64)
+    assert (dat.chunk_count, dat.datasets) == (3, ["cal.txt"])
+    want, got = gg.quant_weights(), dat.quant_weights()
+    for name in dat.entries:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, err_msg=name)
+
+
+def test_cli_output_format_dat(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = qc.write_source("f32", tmp_path)
+    text = tmp_path / "cal.txt"
+    text.write_text(TEXT * 2)
+    dat = tmp_path / "im.dat"
+    assert main(["imatrix", str(src), "-f", str(text), "-o", str(dat), "-c", "64",
+                 "--chunks", "2", "--output-format", "dat"]) == 0
+    assert dat.read_bytes()[:4] != b"GGUF" and read(dat).legacy
+    other = tmp_path / "im2.dat"  # as llama-imatrix: the suffix alone does not choose it
+    assert main(["imatrix", str(src), "-f", str(text), "-o", str(other), "-c", "64",
+                 "--chunks", "2"]) == 0
+    assert other.read_bytes()[:4] == b"GGUF"
+    assert "--output-format dat" in capsys.readouterr().err
+    a, b = read(dat).quant_weights(), read(other).quant_weights()
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-6)

@@ -2,9 +2,9 @@
 `--imatrix FILE` (ggml's importance-weighted quantizers), `--tensor-type PATTERN=TYPE` overrides,
 `--output-tensor-type`, `--token-embedding-type`.
 
-`minfer imatrix [MODEL] -f TEXT [-o imatrix.gguf] [-c 512] [-b 512] [--chunks N]
-[--process-output]`: llama-imatrix's importance matrix of TEXT (minfer.tools.imatrix), for
-`quantize --imatrix`."""
+`minfer imatrix [MODEL] -f TEXT [-o imatrix.gguf] [--output-format gguf|dat] [-c 512] [-b 512]
+[--chunks N] [--process-output]`: llama-imatrix's importance matrix of TEXT
+(minfer.tools.imatrix) in its GGUF or legacy `.dat` format, for `quantize --imatrix`."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("output", metavar="OUT", help="the .gguf to write")
     p.add_argument("type", metavar="TYPE",
                    help="a llama-quantize type or mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
-                        "Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, F16, BF16 (Q3_K, Q4_K, "
-                        "Q5_K are llama.cpp's aliases of the _M mixes)")
+                        "Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, IQ4_XS, F16, BF16 "
+                        "(Q3_K, Q4_K, Q5_K are llama.cpp's aliases of the _M mixes)")
     p.add_argument("--pure", action="store_true",
                    help="TYPE for every quantizable tensor (no mix; llama.cpp's --pure)")
     p.add_argument("--allow-requantize", action="store_true",
@@ -55,11 +55,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m = subparsers.add_parser(
         "imatrix", help="an importance matrix for quantize --imatrix (llama-imatrix's)",
         description="Sum each matmul input's squared activations per column over TEXT's "
-                    "chunks, as llama.cpp's llama-imatrix does; write its GGUF format.")
+                    "chunks, as llama.cpp's llama-imatrix does; write its GGUF (or legacy .dat) "
+                    "format.")
     m.add_argument("model", nargs="?", help="model path or cached name (default model if omitted)")
     m.add_argument("-m", "--model", dest="model_opt", help="the model, as a flag")
     m.add_argument("-f", "--file", required=True, help="the calibration text ('-' reads stdin)")
     m.add_argument("-o", "--output", default="imatrix.gguf", help="output file (imatrix.gguf)")
+    m.add_argument("--output-format", choices=("gguf", "dat"), default=None,
+                   help="gguf (the default) or llama.cpp's legacy .dat (as llama-imatrix, the "
+                        "file's suffix does not choose it)")
     m.add_argument("-c", "--n-ctx", type=int, default=512, help="chunk length in tokens (512)")
     m.add_argument("-b", "--batch-size", type=int, default=512,
                    help="tokens per forward (512; capped at -c)")
@@ -147,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 def run_imatrix(args: argparse.Namespace) -> int:
     import minfer
     from minfer.tools.imatrix import collect
-    from minfer.tools.quantize.imatrix_file import write_gguf
+    from minfer.tools.quantize.imatrix_file import write_gguf, write_legacy
 
     if args.chunks is not None and args.chunks < 1:
         raise MinferError("--chunks must be at least 1")
@@ -174,7 +178,13 @@ def run_imatrix(args: argparse.Namespace) -> int:
                  batch_size=batch_size, max_chunks=args.chunks,
                  process_output=args.process_output,
                  dataset="" if args.file == "-" else args.file, progress=progress)
-    write_gguf(args.output, im)
+    if args.output_format == "dat":
+        write_legacy(args.output, im)
+    else:
+        if args.output_format is None and not args.output.endswith(".gguf"):
+            print("\nminfer: saving the imatrix in the GGUF format with a suffix other than "
+                  ".gguf (--output-format dat writes the legacy format)", file=sys.stderr)
+        write_gguf(args.output, im)
     print(f"\nminfer: wrote {args.output}: {len(im.entries)} matrices, {im.chunk_count} chunks "
           f"of {args.n_ctx} tokens in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

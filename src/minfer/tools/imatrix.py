@@ -4,13 +4,20 @@ The text's tokens (BOS first where the vocabulary adds one) are cut into whole c
 each chunk runs from position 0 (its first token BOS where the vocabulary adds one) in batches
 of n_batch, every row asking for logits as llama-imatrix asks, so every layer sees every row.
 For each matrix multiplication by a `blk.*` weight (and `output.weight` with
-`process_output`) over at least 16 rows, the squares of its input rows are summed per column
+`process_output`; a shared expert's sigmoid gate `ffn_gate_inp_shexp` is one, a matmul in
+llama.cpp) over at least 16 rows, the squares of its input rows are summed per column
 in f32, row after row (`in_sum2`), and the rows counted (`counts`): llama-imatrix's
 collect_imatrix. The engine exposes each matmul's input through its tracing hook: an
 `ImatrixCollector` is the Engine's tracer (`StepTracer`), so the tape runs node by node and the
 collector reads each MatMul's input buffer after the node ran (before a later node can reuse
-it); an engine without one runs its forwards as before. A mixture of experts' routed matmuls
-are not collected.
+it); an engine without one runs its forwards as before.
+
+A mixture of experts' stacked `*_exps` tensors get one row of sums and one count per expert,
+as llama-imatrix collects a MUL_MAT_ID (whatever the batch's size): for each slot of the
+`n_used` and each row in turn, the row's input added to the sums of the expert it went to
+(gate and up read the MoE node's input row, down the gated product that expert made, read from
+the scratch the node's kernels left, `backends.cpu.backend.moe_routes`), and that expert's
+count raised by one.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from minfer.backends.cpu.backend import moe_routes
 from minfer.engine.forward import Batch, Engine
 from minfer.engine.trace import StepTracer
 from minfer.errors import MinferError
@@ -40,6 +48,22 @@ def _add_squares(acc: np.ndarray, x: np.ndarray) -> None:  # pragma: no cover
             acc[j] += x[r, j] * x[r, j]
 
 
+@njit(cache=True, error_model="numpy")
+def _add_expert_squares(acc: np.ndarray, counts: np.ndarray, x: np.ndarray, ids: np.ndarray,
+                        pos: np.ndarray) -> None:  # pragma: no cover
+    """llama-imatrix's MUL_MAT_ID loop: slot by slot, row by row, acc[e] += x_row^2 and
+    counts[e] += 1 for the row's expert e in that slot; x's row is pos[row * n_used + slot]
+    (pos empty: the row itself, as gate and up broadcast one input over the slots)."""
+    n_rows, n_used = ids.shape
+    for s in range(n_used):
+        for r in range(n_rows):
+            e = ids[r, s]
+            i = pos[r * n_used + s] if pos.shape[0] else r
+            counts[e] += 1
+            for j in range(x.shape[1]):
+                acc[e, j] += x[i, j] * x[i, j]
+
+
 class ImatrixCollector(StepTracer):
     """An Engine tracer that sums the squared inputs of the engine's matmuls, per weight."""
 
@@ -48,6 +72,8 @@ class ImatrixCollector(StepTracer):
         self.process_output = process_output
         self.sums: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
+        self.expert_sums: dict[str, np.ndarray] = {}  # name -> [n_expert, n_in]
+        self.expert_counts: dict[str, np.ndarray] = {}  # name -> [n_expert]
 
     def wanted(self, weight: str) -> bool:
         return weight.startswith("blk.") or (self.process_output and weight == "output.weight")
@@ -58,9 +84,18 @@ class ImatrixCollector(StepTracer):
 
         def observe(node_id: int, seconds: float) -> None:
             node = nodes[node_id]
-            if not isinstance(node.op, ir.MatMul) or not self.wanted(node.meta.weights[0]):
+            if isinstance(node.op, ir.Moe):
+                self._experts(node, buffers, tape, weights)
                 return
-            src = nodes[node.srcs[0]]
+            # a shared expert's sigmoid gate is a 1-output matmul of its second source in llama.cpp
+            if isinstance(node.op, ir.MatMul):
+                src = nodes[node.srcs[0]]
+            elif isinstance(node.op, ir.SigmoidGate):
+                src = nodes[node.srcs[1]]
+            else:
+                return
+            if not self.wanted(node.meta.weights[0]):
+                return
             n_rows, n_in = src.shape[0], src.shape[-1]
             x = buffers[src.id]
             if n_rows < MIN_ROWS or x is None:
@@ -75,10 +110,36 @@ class ImatrixCollector(StepTracer):
 
         tape.run_observed(observe)
 
+    def _experts(self, node: ir.Node, buffers: list[np.ndarray | None], tape: Tape,
+                 weights: Any) -> None:
+        op = node.op
+        assert isinstance(op, ir.Moe)
+        src = buffers[node.srcs[0]]
+        n_rows, n_in = node.shape[0], node.shape[-1]
+        if src is None or n_rows == 0:
+            return
+        x = np.ascontiguousarray(src.reshape(-1)[:n_rows * n_in].reshape(n_rows, n_in),
+                                 np.float32)
+        gate, up, down = node.meta.weights[:3]
+        n_ff = int(weights.file.tensors[down].shape[0])
+        ids, pos, act = moe_routes(tape.ctx, n_rows, op.n_used, n_ff)
+        no_pos = np.empty(0, np.int64)
+        for name, rows, where in ((gate, x, no_pos), (up, x, no_pos), (down, act, pos)):
+            if name == gate and op.fused_gate_up:
+                continue  # one tensor [gate | up], one MUL_MAT_ID: collected once, as up
+            acc = self.expert_sums.setdefault(name, np.zeros((op.n_expert, rows.shape[1]),
+                                                             np.float32))
+            counts = self.expert_counts.setdefault(name, np.zeros(op.n_expert, np.int64))
+            _add_expert_squares(acc, counts, rows, ids, where)
+            if not np.isfinite(acc[np.unique(ids)]).all():
+                raise MinferError(f"non-finite values detected in {name}")
+
     def imatrix(self, *, datasets: Sequence[str], chunk_count: int, chunk_size: int) -> Imatrix:
         im = Imatrix(datasets=list(datasets), chunk_count=chunk_count, chunk_size=chunk_size)
         for name, acc in self.sums.items():
             im.entries[name] = Entry(acc.copy(), np.array([self.counts[name]], np.int64))
+        for name, sums in self.expert_sums.items():
+            im.entries[name] = Entry(sums.reshape(-1).copy(), self.expert_counts[name].copy())
         return im
 
 

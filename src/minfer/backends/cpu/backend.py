@@ -543,6 +543,25 @@ def _bind_moe(node: Node, srcs: Srcs, out: np.ndarray,
                       gating=op.gating, biases=biases, expert_scale=scale)
 
 
+def moe_routes(ctx: ExecContext, n_rows: int, n_used: int,
+               n_ff: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the MoE node that ran last left in the scratch its kernels share (read before the
+    next MoE node runs; `minfer imatrix`'s per-expert statistics): each row's experts
+    ids [n_rows, n_used] int32, where each (row, slot) pair went among the grouped rows
+    pos [n_rows * n_used] int64, and the grouped down projections' input act [pairs, n_ff]
+    f32 (the gate applied)."""
+    pairs = n_rows * n_used
+
+    def view(kind: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        buf = ctx.weights.state[("cpu-scratch", kind)]
+        n = int(np.prod(shape))
+        return cast(np.ndarray, buf.view(np.uint8)[:n * np.dtype(dtype).itemsize]
+                    .view(dtype).reshape(shape))
+
+    return (view("moe-ids", (n_rows, n_used), np.int32), view("moe-pos", (pairs,), np.int64),
+            view("moe-act", (pairs, n_ff), np.float32))
+
+
 def _bind_sigmoid_gate(node: Node, srcs: Srcs, out: np.ndarray,
                        ctx: ExecContext) -> list[Callable[[], None]]:
     w = ctx.weights.vector(node.meta.weights[0])

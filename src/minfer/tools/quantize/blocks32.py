@@ -220,54 +220,69 @@ def iq4_nl_row(x, out):
 
 
 @njit(inline="always", error_model="numpy")
+def iq4_block_scale(x, b, weight):
+    """quantize_row_iq4_nl_impl's search for one 32-block's scale (ntry=7): the weighted
+    least-squares scale of the levels at -max/values[0], then of 15 trial scales around it
+    (0 where the block's largest |x| is under 1e-15)."""
+    values = IQ4NL_VALUES
+    amax, mx = absmax_signed(x, b, 32)
+    if amax < F(1e-15):
+        return F(0.0)
+    d = -mx / F(values[0])
+    idv = F(1.0) / d
+    sumqx = F(0.0)
+    sumq2 = F(0.0)
+    for j in range(32):
+        xj = x[b + j]
+        q = F(values[_best_index_iq4nl(values, idv * xj)])
+        w = weight[j]
+        sumqx += w * q * xj
+        sumq2 += w * q * q
+    d = sumqx / sumq2 if sumq2 > F(0.0) else F(0.0)
+    best = d * sumqx
+    for itry in range(-7, 8):
+        idv = F(itry + np.int64(values[0])) / mx
+        sumqx = F(0.0)
+        sumq2 = F(0.0)
+        for j in range(32):
+            xj = x[b + j]
+            q = F(values[_best_index_iq4nl(values, idv * xj)])
+            w = weight[j]
+            sumqx += w * q * xj
+            sumq2 += w * q * q
+        if sumq2 > F(0.0) and sumqx * sumqx > best * sumq2:
+            d = sumqx / sumq2
+            best = d * sumqx
+    return d
+
+
+@njit(inline="always", error_model="numpy")
+def iq4_weights(x, b, n, qw, use_qw, sigma_base, weight):
+    """quantize_row_iq4_nl_impl's weights of the 32 values at b: qw[j] * sqrt(sigma2 + x[j]^2)
+    (sigma2: twice the mean square of the n values at sigma_base) when use_qw, else x[j]^2."""
+    if use_qw:
+        sigma2 = F(0.0)
+        for j in range(n):
+            sigma2 += x[sigma_base + j] * x[sigma_base + j]
+        sigma2 *= F(2.0) / F(n)
+        for j in range(32):
+            weight[j] = qw[b + j] * np.sqrt(sigma2 + x[b + j] * x[b + j])
+    else:
+        for j in range(32):
+            weight[j] = x[b + j] * x[b + j]
+
+
+@njit(inline="always", error_model="numpy")
 def iq4_nl_rows(x, qw, use_qw, out):
-    """quantize_row_iq4_nl_impl per 32-block, its weights qw[j] * sqrt(sigma2 + x[j]^2)
-    (sigma2: twice the block's mean square) when use_qw, else x[j]^2."""
+    """quantize_row_iq4_nl_impl per 32-block (`iq4_weights`, `iq4_block_scale`)."""
     values = IQ4NL_VALUES
     L = np.zeros(32, dtype=np.int64)
     weight = np.zeros(32, dtype=np.float32)
     for i in range(x.shape[0] // 32):
         b = i * 32
         o = i * 18
-        if use_qw:
-            sigma2 = F(0.0)
-            for j in range(32):
-                sigma2 += x[b + j] * x[b + j]
-            sigma2 *= F(2.0) / F(32.0)
-            for j in range(32):
-                weight[j] = qw[b + j] * np.sqrt(sigma2 + x[b + j] * x[b + j])
-        else:
-            for j in range(32):
-                weight[j] = x[b + j] * x[b + j]
-        amax, mx = absmax_signed(x, b, 32)
-        scale = F(0.0)
-        if amax >= F(1e-15):
-            d = -mx / F(values[0])
-            idv = F(1.0) / d
-            sumqx = F(0.0)
-            sumq2 = F(0.0)
-            for j in range(32):
-                xj = x[b + j]
-                q = F(values[_best_index_iq4nl(values, idv * xj)])
-                w = weight[j]
-                sumqx += w * q * xj
-                sumq2 += w * q * q
-            d = sumqx / sumq2 if sumq2 > F(0.0) else F(0.0)
-            best = d * sumqx
-            for itry in range(-7, 8):
-                idv = F(itry + np.int64(values[0])) / mx
-                sumqx = F(0.0)
-                sumq2 = F(0.0)
-                for j in range(32):
-                    xj = x[b + j]
-                    q = F(values[_best_index_iq4nl(values, idv * xj)])
-                    w = weight[j]
-                    sumqx += w * q * xj
-                    sumq2 += w * q * q
-                if sumq2 > F(0.0) and sumqx * sumqx > best * sumq2:
-                    d = sumqx / sumq2
-                    best = d * sumqx
-            scale = d
+        iq4_weights(x, b, 32, qw, use_qw, b, weight)
+        scale = iq4_block_scale(x, b, weight)
         put_f16(out, o, scale)
         idv = F(1.0) / scale if scale != F(0.0) else F(0.0)
         for j in range(32):

@@ -8,9 +8,11 @@ seen of each input column's squared activation (`in_sum2`, one row per expert of
   (strings), `imatrix.chunk_count`, `imatrix.chunk_size` (u32), and per matrix NAME the f32
   tensors `NAME.in_sum2` [n_mat, n] and `NAME.counts` [n_mat, 1], names sorted. `write_gguf`
   lays it out as ggml's gguf_write_to_file does (version 3, 32-byte alignment).
-- The legacy `.dat` (read only): i32 n_entries, then per entry i32 name length, the name, i32
-  ncall, i32 nval, f32 values[nval] (mean squares times ncall), then optionally i32 chunk count,
-  i32 dataset length and the dataset name.
+- The legacy `.dat` (llama-imatrix `--output-format dat`): i32 n_entries, then per entry i32
+  name length, the name, i32 ncall, i32 nval, f32 values[nval] (mean squares times ncall), then
+  optionally i32 chunk count, i32 dataset length and the dataset name. `write_legacy` writes it
+  as save_imatrix_legacy does: entries that saw no row left out, names sorted, ncall the
+  largest count over the chunk size rounded up, an expert that saw no row stored as 1.
 
 `Imatrix.quant_weights()` is what llama-quantize hands ggml's quantizers: per matrix the mean
 squared activation (sum / count per expert; 1 where an expert saw no rows; a legacy value
@@ -174,3 +176,28 @@ def write_gguf(path: str | Path, im: Imatrix) -> None:
         out.write(head + bytes(pad(len(head), ALIGNMENT) - len(head)))
         for _, _, data in tensors:
             out.write(data.tobytes() + bytes(pad(data.nbytes, ALIGNMENT) - data.nbytes))
+
+
+def write_legacy(path: str | Path, im: Imatrix) -> None:
+    """The legacy `.dat` importance matrix, as llama-imatrix's save_imatrix_legacy writes it."""
+    chunk = max(im.chunk_size, 1)
+    parts: list[bytes] = []
+    stored = 0
+    for name in sorted(im.entries):
+        e = im.entries[name]
+        if not len(e.counts) or not e.counts.any():
+            continue  # "has no data - skipping"
+        stored += 1
+        ncall = (int(e.counts.max()) + chunk - 1) // chunk
+        n = len(e.sums) // len(e.counts)
+        count = np.repeat(e.counts.astype(np.float32), n)
+        value = np.where(count == 0, np.float32(1), e.sums.astype(np.float32))
+        count = np.where(count == 0, np.float32(1), count)
+        tmp = (value / count).astype(np.float32) * np.float32(ncall)
+        raw = name.encode()
+        parts.append(struct.pack("<i", len(raw)) + raw + struct.pack("<ii", ncall, len(e.sums))
+                     + tmp.astype("<f4").tobytes())
+    dataset = im.datasets[-1].encode() if im.datasets else b""
+    with open(path, "wb") as out:
+        out.write(struct.pack("<i", stored) + b"".join(parts)
+                  + struct.pack("<ii", im.chunk_count, len(dataset)) + dataset)

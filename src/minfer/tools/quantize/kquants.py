@@ -4,9 +4,11 @@ These are `quantize_row_q{2..6}_K_ref` from ggml-quants.c with their scale searc
 Q2_K `make_qkx2_quants` (16 values, 2 bits, weights |x|, absolute error), Q3_K `make_q3_quants`
 (16 values, iterative RMSE refinement), Q4_K / Q5_K `make_qkx2_quants` (32 values, weights
 av|x| + |x|, squared error; Q4_K rmin -1 over 20 steps, Q5_K -0.5 over 15), Q6_K
-`make_qx_quants` (16 values, rmse_type 1). No importance matrix: llama.cpp uses these exact
-functions when none is given. All arithmetic is f32 in C's order (see blocks32's docstring).
-Each `*_row(x, out)` quantizes one row of a multiple of 256 values into its bytes.
+`make_qx_quants` (16 values, rmse_type 1); IQ4_XS `quantize_row_iq4_nl_impl` over 256
+values (eight IQ4_NL block searches under a 6-bit scale each). No importance matrix: llama.cpp
+uses these exact functions when none is given. All arithmetic is f32 in C's order (see
+blocks32's docstring). Each `*_row(x, out)` quantizes one row of a multiple of 256 values
+into its bytes.
 """
 
 from __future__ import annotations
@@ -16,10 +18,19 @@ from numba import njit
 
 from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f16_to_f32
 
-from .blocks32 import absmax_signed, i8, put_f16
+from .blocks32 import (
+    IQ4NL_VALUES,
+    _best_index_iq4nl,
+    absmax_signed,
+    i8,
+    iq4_block_scale,
+    iq4_weights,
+    put_f16,
+)
 
 F = np.float32
 GROUP_MAX_EPS = np.float32(1e-15)
+QK_K = 256
 
 
 @njit(inline="always", error_model="numpy")
@@ -517,3 +528,54 @@ def q6_k_rows(x, qw, use_qw, out):
                 out[ql + m + 32] = np.uint8(q2 | (q4 << 4))
                 out[qh + m] = np.uint8((L[j + m] >> 4) | ((L[j + m + 32] >> 4) << 2)
                                        | ((L[j + m + 64] >> 4) << 4) | ((L[j + m + 96] >> 4) << 6))
+
+
+@njit(error_model="numpy")
+def iq4_xs_row(x, out):
+    """quantize_iq4_xs without an importance matrix (`iq4_xs_rows`)."""
+    iq4_xs_rows(x, x, False, out)
+
+
+@njit(inline="always", error_model="numpy")
+def iq4_xs_rows(x, qw, use_qw, out):
+    """quantize_row_iq4_nl_impl(QK_K, 32, …, ntry=7) per 256-block: each 32-block's scale
+    searched as IQ4_NL's (its weights' sigma2 over the whole 256), the super-block scale
+    d = -max_scale / 32, each block's 6-bit l = nearest_int(scale / d) clamped to [-32, 31]
+    and its levels re-chosen at d * l. block_iq4_xs: d f16 | scales_h u16 (2 high bits per
+    block) | scales_l[4] (low nibbles) | qs[128] (136 bytes)."""
+    values = IQ4NL_VALUES
+    L = np.zeros(QK_K, dtype=np.int64)
+    weight = np.zeros(32, dtype=np.float32)
+    scales = np.zeros(8, dtype=np.float32)
+    for i in range(x.shape[0] // QK_K):
+        b = i * QK_K
+        o = i * 136
+        max_scale = F(0.0)
+        amax_scale = F(0.0)
+        for ib in range(8):
+            iq4_weights(x, b + 32 * ib, QK_K, qw, use_qw, b, weight)
+            d = iq4_block_scale(x, b + 32 * ib, weight)
+            scales[ib] = d
+            if abs(d) > amax_scale:
+                amax_scale = abs(d)
+                max_scale = d
+        d = -max_scale / F(32.0)
+        put_f16(out, o, d)
+        idv = F(1.0) / d if d != F(0.0) else F(0.0)
+        scales_h = 0
+        for j in range(4):
+            out[o + 4 + j] = 0
+        for ib in range(8):
+            lv = min(31, max(-32, nearest_int(idv * scales[ib])))
+            dl = d * F(lv)
+            idl = F(1.0) / dl if dl != F(0.0) else F(0.0)
+            for j in range(32):
+                L[32 * ib + j] = _best_index_iq4nl(values, idl * x[b + 32 * ib + j])
+            lv += 32
+            out[o + 4 + ib // 2] |= np.uint8((lv & 0xF) << (4 * (ib % 2)))
+            scales_h |= (lv >> 4) << (2 * ib)
+        out[o + 2] = np.uint8(scales_h & 0xFF)
+        out[o + 3] = np.uint8((scales_h >> 8) & 0xFF)
+        for ib in range(8):
+            for j in range(16):
+                out[o + 8 + 16 * ib + j] = np.uint8(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4))

@@ -8,12 +8,13 @@ Q4_K_M / Q5_K_M, the first layers' ffn_down at Q5_K in Q4_K_S, … Counters run 
 tensor order (`tensor_order`: non-block tensors first, then by layer, names byte-wise), which
 matters because attn_v's rule counts attn_v tensors rather than reading the layer number.
 Rows that are not a whole number of blocks fall back (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0,
-Q2_K/Q3_K → Q4_0, then F16). Importance-matrix-only types (IQ*, Q2_K_S) are refused.
+Q2_K/Q3_K → Q4_0, IQ4_XS → IQ4_NL, then F16). The other i-quants (IQ1_* … IQ3_*) and Q2_K_S
+are refused.
 `--tensor-type PATTERN=TYPE` overrides (`tensor_types`) are searched in order in each
 quantizable tensor's name (a regular expression, the first match wins) before the mix's rules,
 which then do not run for it (nor count it); the fallback still applies. With an importance
-matrix (`imatrix`), Q4_0 / Q5_0 put the first eighth of ffn_down at Q4_1 / Q5_1 and IQ4_NL
-keeps those at IQ4_NL, as llama.cpp does.
+matrix (`imatrix`), Q4_0 / Q5_0 put the first eighth of ffn_down at Q4_1 / Q5_1 and IQ4_NL /
+IQ4_XS keep those at their type (Q5_K without one), as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class FType(IntEnum):
     MOSTLY_Q5_K_M = 17
     MOSTLY_Q6_K = 18
     MOSTLY_IQ4_NL = 25
+    MOSTLY_IQ4_XS = 30
     MOSTLY_BF16 = 32
 
 
@@ -62,6 +64,7 @@ FTYPE_NAMES: dict[str, FType] = {
     "Q3_K_L": FType.MOSTLY_Q3_K_L, "Q4_K": FType.MOSTLY_Q4_K_M, "Q4_K_S": FType.MOSTLY_Q4_K_S,
     "Q4_K_M": FType.MOSTLY_Q4_K_M, "Q5_K": FType.MOSTLY_Q5_K_M, "Q5_K_S": FType.MOSTLY_Q5_K_S,
     "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K, "IQ4_NL": FType.MOSTLY_IQ4_NL,
+    "IQ4_XS": FType.MOSTLY_IQ4_XS,
 }
 
 DEFAULT_TYPE: dict[FType, QT] = {
@@ -71,11 +74,12 @@ DEFAULT_TYPE: dict[FType, QT] = {
     FType.MOSTLY_Q3_K_S: QT.Q3_K, FType.MOSTLY_Q3_K_M: QT.Q3_K, FType.MOSTLY_Q3_K_L: QT.Q3_K,
     FType.MOSTLY_Q4_K_S: QT.Q4_K, FType.MOSTLY_Q4_K_M: QT.Q4_K, FType.MOSTLY_Q5_K_S: QT.Q5_K,
     FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K, FType.MOSTLY_IQ4_NL: QT.IQ4_NL,
+    FType.MOSTLY_IQ4_XS: QT.IQ4_XS,
 }
 
 _FLOATS = frozenset({QT.F32, QT.F16, QT.BF16})
 _FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1,
-             QT.Q6_K: QT.Q8_0}
+             QT.Q6_K: QT.Q8_0, QT.IQ4_XS: QT.IQ4_NL}
 
 # Substrings of tensor names llama.cpp never quantizes (besides norms and 1-D tensors).
 _KEEP_SUBSTRINGS = (
@@ -233,7 +237,8 @@ class _Chooser:
                 new = QT.Q4_K if m.n_gqa >= 4 else QT.Q3_K
             elif ft == F.MOSTLY_Q3_K_M:
                 new = QT.Q5_K if i < 2 else QT.Q4_K
-            elif ft == F.MOSTLY_Q3_K_L or (ft == F.MOSTLY_IQ4_NL and m.n_gqa >= 4):
+            elif ft == F.MOSTLY_Q3_K_L or (ft in (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
+                                           and m.n_gqa >= 4):
                 new = QT.Q5_K
             elif ft in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
                 new = QT.Q6_K
@@ -262,7 +267,8 @@ class _Chooser:
                            QT.Q5_K if _use_more_bits(i, n) else QT.Q4_K)
                 elif _use_more_bits(i, n):
                     new = QT.Q6_K
-            elif i < n // 8 and ft == F.MOSTLY_IQ4_NL and not self.o.imatrix:
+            elif (i < n // 8 and ft in (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
+                  and not self.o.imatrix):
                 new = QT.Q5_K
             elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
                 new = QT.Q6_K
@@ -275,7 +281,7 @@ class _Chooser:
             if not falcon:
                 if m.n_expert == 8:
                     if ft in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M, F.MOSTLY_Q4_K_S,
-                              F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL):
+                              F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS):
                         new = QT.Q5_K
                 else:
                     new = {F.MOSTLY_Q2_K: QT.Q3_K, F.MOSTLY_Q3_K_M: QT.Q4_K,

@@ -12,7 +12,8 @@ with the row's importance vector qw (as long as the row):
   make_qp_quants weighted by each sub-block's total weight; Q4_K / Q5_K alike per 32 values
   (sigma2 twice the block's mean square); Q3_K: make_qx_quants per 16 values and over the
   scales; Q6_K: the reference with qw as make_qx_quants' weights; IQ4_NL: its impl with
-  qw * sqrt(sigma2 + x^2) (`blocks32.iq4_nl_rows`).
+  qw * sqrt(sigma2 + x^2) (`blocks32.iq4_nl_rows`); IQ4_XS likewise, sigma2 over its 256
+  values (`kquants.iq4_xs_rows`).
 
 make_qkx3_quants with weights is make_qkx2_quants (`kquants`): the same operations.
 """
@@ -31,6 +32,7 @@ from .kquants import (
     _q5_k_codes,
     _q45_k_requantize,
     _q45_k_scale_min,
+    iq4_xs_rows,
     make_qkx2_quants,
     make_qx_quants,
     nearest_int,
@@ -312,3 +314,8 @@ def q6_k_row_w(x, qw, out):
 @njit(error_model="numpy")
 def iq4_nl_row_w(x, qw, out):
     iq4_nl_rows(x, qw, True, out)
+
+
+@njit(error_model="numpy")
+def iq4_xs_row_w(x, qw, out):
+    iq4_xs_rows(x, qw, True, out)
