@@ -4,7 +4,9 @@ numba's auto-vectorisation of small int8 dots is fragile (it depends on loop sha
 and function size) and, when it works, reduces every block to a scalar (a horizontal sum per 32
 values). These intrinsics spell the work out as vector IR, organised like ggml's AVX2 code:
 
-- unpack a block's weight codes to 32 bytes (nibbles, 5th bits from a bit mask, 6-bit Q6_K codes);
+- unpack a block's weight codes to 32 bytes (nibbles, 5th bits from a bit mask, 6-bit Q6_K codes;
+  IQ4_NL / MXFP4 / IQ4_XS: the nibbles through their 16 int8 levels by one vpshufb, `_lookup`,
+  then dotted as Q8_0's signed codes; MXFP4's E8M0 scale read as ggml's, `_e8m0s`);
 - exact int32 lane sums of (code - offset) * x: with VNNI one `vpdpbusd` gives 8 lanes of 4-sums
   (u8 x s8), started from the activation's -offset * 4-sums (`xc`, computed once per call by
   `linear.dots32.lane_corr`: the offset correction depends on the activation only, so it costs
