@@ -1,6 +1,7 @@
 """The i-quants, TQ1_0 / TQ2_0 and MXFP4: dequantization bit-exact with gguf.quants, the
-re-encoded copies the integer kernels run (exact, or IQ4_XS within its stated bound), and the
-matmul paths against ggml's integer dot and the dequantized f32 product."""
+exact re-encoded copies the integer kernels run (none for IQ4_NL / IQ4_XS / MXFP4: their own
+level-table kernels read the file's blocks), and the matmul paths against ggml's integer dot
+and the dequantized f32 product."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from minfer.backends.cpu.kernels.reference import (
 WIDENED = {QType.IQ2_XXS: QType.Q7_K, QType.IQ2_XS: QType.Q7_K, QType.IQ2_S: QType.Q7_K,
            QType.IQ3_XXS: QType.Q6_K, QType.IQ3_S: QType.Q6_K, QType.IQ1_S: QType.Q6_K,
            QType.IQ1_M: QType.Q6_K, QType.TQ1_0: QType.Q6_K, QType.TQ2_0: QType.Q6_K,
-           QType.IQ4_XS: QType.Q8_0, QType.MXFP4: QType.Q8_0}
+           QType.IQ4_XS: QType.IQ4_XS, QType.MXFP4: QType.MXFP4}
+# the 4-bit level-table types, dotted in the file's blocks
+LUT_TYPES = [QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]
 N_IN, N_OUT = 768, 83
 IDS = {"ids": lambda q: q.name}
 
@@ -82,6 +85,9 @@ def test_widened_copy_holds_the_same_values(qt: QType) -> None:
     w = _weight(qt)
     wide, wt = integer_weight(w, qt)
     assert wt is WIDENED[qt]
+    if wt is qt:  # no copy: the kernel reads the file's blocks
+        assert wide is w
+        return
     exact = dequantize(w, qt, N_IN)
     if wt is QType.Q7_K:  # read by its kernel only: its integer form, decoded here
         blocks = wide.reshape(N_OUT, -1, 276)
@@ -91,11 +97,7 @@ def test_widened_copy_holds_the_same_values(qt: QType) -> None:
         got = ((d * sc)[..., None] * q.reshape(N_OUT, -1, 16, 16)).reshape(N_OUT, N_IN)
     else:
         got = dequantize(wide, wt, N_IN)
-    if qt is QType.IQ4_XS:  # d * (ls - 32) rounded to f16 (normal range here)
-        assert np.all(np.abs(got - exact) <= 2.0 ** -11 * np.abs(exact))
-        assert not np.array_equal(got, exact)
-    else:
-        np.testing.assert_array_equal(_bits(got), _bits(exact))
+    np.testing.assert_array_equal(_bits(got), _bits(exact))
 
 
 def test_tiny_scales_keep_exact_copies() -> None:
@@ -110,13 +112,63 @@ def test_tiny_scales_keep_exact_copies() -> None:
     assert np.all(np.abs(out - ref) <= 1e-5 * terms + 1e-30)
 
 
-def test_mxfp4_scale_beyond_f16_is_refused() -> None:
-    from minfer.errors import ModelError
+def _lut_weight(qt: QType, n_out: int = N_OUT, n_in: int = N_IN, seed: int = 0) -> np.ndarray:
+    """IQ4_NL as llama.cpp's quantizer makes it (`tools.quantize`), the others random blocks."""
+    if qt is QType.IQ4_NL:
+        from minfer.tools.quantize.rows import quantize_rows
 
+        rng = np.random.default_rng(seed)
+        return quantize_rows(0.05 * rng.standard_normal((n_out, n_in)).astype(np.float32), qt)
+    return _weight(qt, n_out, n_in, seed)
+
+
+def test_mxfp4_every_scale_exponent_is_exact() -> None:
+    """E8M0 scales over the whole range, the subnormal e = 0 and 1 and scales far past f16's
+    (where the widened Q8_0 copy refused the weight), read from the file's blocks."""
     w = _weight(QType.MXFP4)
-    w.reshape(N_OUT, -1, 17)[3, 2, 0] = 150
-    with pytest.raises(ModelError, match="2\\^15"):
-        integer_weight(w, QType.MXFP4)
+    e = w.reshape(N_OUT, -1, 17)[:, :, 0]
+    e[:] = np.random.default_rng(3).integers(0, 200, e.shape)
+    e[0, :4] = (0, 1, 2, 199)
+    x = _x(3)
+    out = np.empty((3, N_OUT), np.float32)
+    matmul(w, QType.MXFP4, x, out)
+    ref, terms = ref_matmul_quant(w, QType.MXFP4, x)
+    assert np.all(np.abs(out - ref) <= 1e-5 * terms + 1e-30)
+
+
+@pytest.mark.parametrize("qt", LUT_TYPES, **IDS)
+@pytest.mark.parametrize("nt", [1, 2, 3, 9, 20, 64])  # one row, every token pass, a prefill
+def test_lut_kernels_equal_ggml_integer_dot(qt: QType, nt: int) -> None:
+    """IQ4_NL / IQ4_XS / MXFP4 in their own blocks: ggml's integer sums (IQ4_NL / MXFP4 with
+    the Q8_0 activation, IQ4_XS with Q8_K, as ggml's vec_dot_type) exactly, the block scales'
+    float steps as ggml's (d_w * d_x times the block's sum): within f32 rounding of the float64
+    value; and within the activation's quantization of the dequantized weights' product."""
+    n_in = 256 * 3 + 32 * (0 if qt is QType.IQ4_XS else 13)  # 16-block steps and tail groups
+    w = _lut_weight(qt, n_in=n_in)
+    x = _x(nt, n_in)
+    out = np.empty((nt, N_OUT), np.float32)
+    matmul(w, qt, x, out)
+    assert integer_weight(w, qt)[0] is w
+    ref, terms = ref_matmul_quant(w, qt, x)
+    assert np.all(np.abs(out - ref) <= 1e-6 * terms + 1e-30)
+    exact = x.astype(np.float64) @ dequantize(w, qt, n_in).astype(np.float64).T
+    xq = activation_values(x, qt).astype(np.float64)
+    act_err = np.abs(xq - x) @ np.abs(dequantize(w, qt, n_in).astype(np.float64)).T
+    assert np.all(np.abs(out - exact) <= act_err + 1e-5 * terms)
+
+
+@pytest.mark.parametrize("qt", LUT_TYPES, **IDS)
+def test_lut_kernels_are_batch_invariant(qt: QType) -> None:
+    """A token's row is the same bits alone and in batches of 1..20 at any position."""
+    from .test_kernels_batch_invariance import _alone, _assert_batches_match, _prequant
+
+    n_in = 256 * 5 if qt is QType.IQ4_XS else 32 * 45
+    w = _lut_weight(qt, 37, n_in, seed=2)
+    x = np.random.default_rng(int(qt)).standard_normal((20, n_in)).astype(np.float32)
+    x[3] *= 1e3
+    x[7] *= 1e-3
+    run = _prequant(w, qt)
+    _assert_batches_match(run, x, _alone(run, x, 37), range(1, 21))
 
 
 @pytest.mark.parametrize("qt", IQUANT_TYPES, **IDS)
@@ -126,12 +178,10 @@ def test_integer_path_equals_ggml_integer_dot(qt: QType, nt: int) -> None:
     x = _x(nt)
     out = np.empty((nt, N_OUT), np.float32)
     matmul(w, qt, x, out)
-    # ggml's integer sums (IQ4_XS: with the Q8_0 activation it runs on), exactly, in float64
+    # ggml's integer sums, exactly, in float64
     ref, terms = ref_matmul_quant(w, qt, x)
-    # exact integer sums: the f32 scale-and-sum order differs; IQ4_XS's f16 sub-block scales
-    # add at most 2^-11 of the terms (`quant.reencode`)
-    bound = (2.0 ** -11 if qt is QType.IQ4_XS else 0.0) + 1e-5
-    assert np.all(np.abs(out - ref) <= bound * terms + 1e-30)
+    # exact integer sums: the f32 scale-and-sum order differs
+    assert np.all(np.abs(out - ref) <= 1e-5 * terms + 1e-30)
     f32 = x @ dequantize(w, qt, N_IN).T
     assert np.abs(out - f32).max() <= 3e-2 * np.abs(f32).max()
 

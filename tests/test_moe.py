@@ -74,6 +74,13 @@ def test_quantized_moe_matches_oracle(types: QType | dict[str, QType], tmp_path:
     gate = types["ffn_gate"] if isinstance(types, dict) else types
     batched = engine.batch_invariant  # the engine's layout choice (`kernels.packable`)
     assert ("blk.0.ffn_gate_exps.weight" in packed) == K.packable(gate, 256, 256, batched)
+    if gate == QType.MXFP4:  # the experts' own blocks, no widened copy (17 bytes per 32 values)
+        bound = {key[1]: ew for key, ew in engine.weights.state.items()
+                 if key[0] == "cpu-experts"}
+        assert bound
+        for name, ew in bound.items():
+            assert ew.qtype == QType.MXFP4
+            assert ew.w3.nbytes == engine.weights.matrix(name)[0].nbytes
 
 
 def test_moe_rows_are_batch_invariant(tmp_path: Path) -> None:

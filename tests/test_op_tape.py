@@ -45,7 +45,7 @@ def tiny_q3_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_iq4_nl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """IQ4_NL weights (run on Q8_0 copies widened once)."""
+    """IQ4_NL weights (read in the file's blocks by their own kernels)."""
     return _quantized(tmp_path_factory.mktemp("iq4nl"), "IQ4_NL")
 
 
@@ -105,6 +105,20 @@ def test_the_observed_walk_is_the_plain_walk_bit_for_bit(model: str,
         np.testing.assert_array_equal(a, b)
     assert e.profile and all(t >= 0 for t in e.profile.values())
     assert any(k.startswith("MatMul:") for k in e.profile)
+
+
+def test_iq4_nl_weights_are_bound_without_a_copy(tiny_iq4_nl: Path) -> None:
+    """The IQ4_NL projections run on the file's blocks: the bound weight is the file's bytes
+    (no widened Q8_0 copy beside them: 18 bytes per 32 values, not 34)."""
+    e = _engine(tiny_iq4_nl, batch_invariant=False)
+    e.forward([1, 2, 3], 0)
+    e.forward([4], 3)
+    bound = [p for key, p in e.weights.state.items()
+             if key[0] == "cpu-projection" and getattr(p, "raw_type", None) == 20]  # IQ4_NL
+    assert bound
+    for p in bound:
+        assert p.quant_type == 20 and p.packed.nbytes == p.raw.nbytes
+        assert np.shares_memory(p.packed, p.raw)
 
 
 def test_a_tape_is_bound_once_per_graph(tiny_qwen2: Path) -> None:

@@ -41,6 +41,9 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_bf16,
     mv_f16,
     mv_f32,
+    mv_iq4_nl,
+    mv_iq4_xs,
+    mv_mxfp4,
     mv_q4_0,
     mv_q4_0p,
     mv_q4_1,
@@ -89,17 +92,15 @@ _FLOAT_MIN = {QType.F32: 16, QType.F16: 16, QType.BF16: 16}
 _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
-    # widened copies (`quant.reencode`): their Q6_K / Q7_K / Q8_0 kernel's
+    # widened copies (`quant.reencode`): their Q6_K / Q7_K kernel's
     **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
                      QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0), 128),
-    QType.IQ4_XS: 64, QType.MXFP4: 64,
+    QType.IQ4_NL: 64, QType.IQ4_XS: 64, QType.MXFP4: 64,
 }
 _NEVER = 1 << 62
-# Q2_K dots in plain loops (`linear.dots_q2k`), IQ4_NL / Q3_K on a re-encoded copy
-# (`quant.reencode`):
+# Q2_K dots in plain loops (`linear.dots_q2k`), Q3_K on a re-encoded copy (`quant.reencode`):
 # dequantized tiles of the file's weight through sgemm win from here on.
-_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS,
-                   QType.IQ4_NL: PREFILL_MIN_TOKENS}
+_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS}
 
 
 def prefill_min_tokens(qtype: int) -> int:
@@ -123,6 +124,8 @@ _BLOCK32 = {
     QType.Q5_0: mv_q5_0,
     QType.Q5_1: mv_q5_1,
     QType.Q8_0: mv_q8_0,
+    QType.IQ4_NL: mv_iq4_nl,
+    QType.MXFP4: mv_mxfp4,
     QType.Q4_0_PACKED: mv_q4_0p,
     QType.Q5_0_PACKED: mv_q5_0p,
     QType.Q8_0_PACKED: mv_q8_0p,
@@ -130,7 +133,7 @@ _BLOCK32 = {
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
-           QType.Q7_K: mv_q7_k}
+           QType.Q7_K: mv_q7_k, QType.IQ4_XS: mv_iq4_xs}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -219,9 +222,9 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
-    """The weight as the integer kernels read it, and its type: the file's blocks, or for
-    IQ4_NL, Q3_K, the i-quants, TQ1_0 / TQ2_0 and MXFP4 a copy widened to Q8_0 / Q6_K / Q7_K
-    (see `quant.reencode`), made here."""
+    """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
+    IQ4_XS and MXFP4 among them), or for Q3_K, the i-quants below IQ4 and TQ1_0 / TQ2_0 a copy
+    widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
     return widen(w, qt)

@@ -1,4 +1,4 @@
-"""Integer dot kernels for the 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+"""Integer dot kernels for the 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4.
 
 Each kernel computes `out[t, r] = dot(W[r], x[t])` with the activation already quantized to Q8
 blocks (`quant.activations.Q8Blocks`), the way ggml's `ggml_vec_dot_q*_q8_*` do: per block an exact

@@ -1,8 +1,8 @@
 """The Q2_K integer dot against Q8_K activations, in plain numba loops.
 
-(Q3_K and IQ4_NL, the other types `minfer quantize` adds, are re-encoded exactly into Q6_K and
-Q8_0 and run through those types' vectorized kernels: see `quant.reencode`. Q2_K's per-16 mins have
-no such exact wider form.)
+(Q3_K, another type `minfer quantize` adds, is re-encoded exactly into Q6_K and runs through
+its vectorized kernel, see `quant.reencode`; IQ4_NL has its own, `simd.blocks`. Q2_K's per-16
+mins have no such exact wider form.)
 
 The integer part is ggml's (`ggml_vec_dot_q2_K_q8_K`): per 16-value sub-block, scale *
 (codes . int8 quants), summed exactly in integers per super-block; the mins are dotted with the

@@ -1,7 +1,7 @@
 """The row-parallel matrix-vector drivers, written once as templates and generated per type.
 
-Every integer dot kernel on plain weights (`linear.dots32`: Q4_0 .. Q8_0; `linear.dots_k`: Q4_K ..
-Q6_K) runs the
+Every integer dot kernel on plain weights (`linear.dots32`: Q4_0 .. Q8_0, IQ4_NL, MXFP4;
+`linear.dots_k`: Q4_K .. Q6_K, IQ4_XS) runs the
 same skeleton around its type's row intrinsics (`simd.blocks`, `simd.kquants`): rows split across
 threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
 at a time while rows have at most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit
@@ -348,6 +348,9 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _block32("q4_1", 0),
     _block32("q5_0", 16),
     _block32("q5_1", 0),
+    # the int8 levels of 4-bit codes (`simd.blocks._lookup`), taken in as level ^ 0x80 as Q8_0's
+    _block32("iq4_nl", 128),
+    _block32("mxfp4", 128),
     IntegerDriver("mv_q8_0", "q8_0", "simd.blocks", "xs",
                   ("xc = lane_corr(xq, 128 if nt > 1 else 0)  # one row: the correction is a "
                    "vpdpbusd",), "xq, xd, xs, xc",
@@ -360,6 +363,7 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("q5_k"),
     _kquant("q6_k"),
     _kquant("q7_k"),
+    _kquant("iq4_xs"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "k6_corr(bsums)"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
@@ -403,6 +407,8 @@ mv_q4_1: Any = _M.mv_q4_1
 mv_q5_0: Any = _M.mv_q5_0
 mv_q5_1: Any = _M.mv_q5_1
 mv_q8_0: Any = _M.mv_q8_0
+mv_iq4_nl: Any = _M.mv_iq4_nl
+mv_mxfp4: Any = _M.mv_mxfp4
 mv_q4_0p: Any = _M.mv_q4_0p
 mv_q5_0p: Any = _M.mv_q5_0p
 mv_q8_0p: Any = _M.mv_q8_0p
@@ -410,6 +416,7 @@ mv_q4_k: Any = _M.mv_q4_k
 mv_q5_k: Any = _M.mv_q5_k
 mv_q6_k: Any = _M.mv_q6_k
 mv_q7_k: Any = _M.mv_q7_k
+mv_iq4_xs: Any = _M.mv_iq4_xs
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
 mv_f32: Any = _M.mv_f32

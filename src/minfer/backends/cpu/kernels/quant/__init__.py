@@ -3,9 +3,9 @@
     types         the tensor types the CPU kernels handle and their block layouts
     dequant       weight rows to f32 (bit-exact with gguf.quants), the embedding lookup
     iquants       the i-quants, TQ1_0 / TQ2_0 and MXFP4: their blocks as integers and values
-    iq_grids      ggml's i-quant lattices and sign table
+    iq_grids      ggml's i-quant lattices, sign table and 4-bit level tables
     activations   activation quantization to Q8_0 / Q8_1 / Q8_K
     repack        the 16-row interleaved weight layouts, made once per weight
-    reencode      re-encodings into wider types that have fast kernels (IQ4_NL, Q3_K, the
-                  i-quants, TQ*, MXFP4; exact but for IQ4_XS's rounded scales)
+    reencode      exact re-encodings into wider types that have fast kernels (Q3_K, the
+                  i-quants below 4 bits, TQ*; IQ4_NL / IQ4_XS / MXFP4 run in their own blocks)
 """

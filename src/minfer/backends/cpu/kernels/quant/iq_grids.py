@@ -1,8 +1,8 @@
-"""ggml's i-quant lattices and sign table (ggml-common.h: iq2xxs_grid .. iq1s_grid,
-ksigns_iq2xs), kept compact: each grid byte is stored as a 2- or 3-bit index into the lattice's
-few distinct values (gguf-py's packing in `gguf.quants`), unpacked once at import into the
-int8 tables [n_points, 8 or 4] the kernels index. Copied from gguf 0.19; the tests check every
-type's dequantization against gguf.quants'.
+"""ggml's i-quant lattices, sign table and 4-bit level tables (ggml-common.h: iq2xxs_grid ..
+iq1s_grid, ksigns_iq2xs, kvalues_iq4nl, kvalues_mxfp4), the lattices kept compact: each grid
+byte is stored as a 2- or 3-bit index into the lattice's few distinct values (gguf-py's packing
+in `gguf.quants`), unpacked once at import into the int8 tables [n_points, 8 or 4] the kernels
+index. Copied from gguf 0.19; the tests check every type's dequantization against gguf.quants'.
 """
 
 from __future__ import annotations
@@ -252,3 +252,9 @@ IQ3S_GRID = _unpack(_IQ3_S_HEX, (1, 3, 5, 7, 9, 11, 13, 15), 512)
 IQ1S_GRID = _unpack(_IQ1_S_HEX, (-1, 0, 1), 2048)
 # ksigns_iq2xs: 7 sign bits and their parity as the 8th, as a byte per index
 KSIGNS = np.frombuffer(bytes.fromhex(_KSIGNS_HEX), np.uint8).copy()
+
+# the int8 levels a 4-bit code stands for: IQ4_NL / IQ4_XS (kvalues_iq4nl) and MXFP4 (kvalues_mxfp4,
+# the E2M1 values doubled)
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                       113], dtype=np.int8)
+MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)

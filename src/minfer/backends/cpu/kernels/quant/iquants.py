@@ -42,13 +42,11 @@ from minfer.backends.cpu.kernels.quant.iq_grids import (
     IQ2XXS_GRID,
     IQ3S_GRID,
     IQ3XXS_GRID,
+    IQ4_LEVELS,
     KSIGNS,
+    MXFP4_LEVELS,
 )
 from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32, f16_to_f32
-
-IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
-                       113], dtype=np.int8)
-MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 
 # GGML ids and block bytes of the 256-value types `iq_form` decodes
 IQ_SIZES = {16: 66, 17: 74, 22: 82, 18: 98, 21: 110, 19: 50, 29: 56, 23: 136, 34: 54, 35: 66}

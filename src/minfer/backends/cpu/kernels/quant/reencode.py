@@ -1,8 +1,8 @@
 """Re-encodings of weight types into wider ones that have fast integer kernels (`widen`).
 
-- IQ4_NL → Q8_0: a block's 4-bit codes index 16 int8 levels, so the block is exactly a Q8_0
-  block with the same d and the levels as its quants (34 bytes instead of 18). The Q8_0 dot
-  then computes ggml's IQ4_NL dot: d_w * d_x * sum(level * q_x).
+(IQ4_NL, IQ4_XS and MXFP4, 4-bit codes of int8 levels, are not widened: their own kernels look
+the levels up, `simd.blocks._lookup`, and read the file's blocks.)
+
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
 - TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M → Q6_K: their integer form d * sc * q
@@ -13,21 +13,9 @@
   f16's normal range (ggml d < 2^-11); a weight with such a block goes to Q7_K instead.
 - IQ2_XXS, IQ2_XS, IQ2_S → Q7_K (minfer's layout, `quant.types`): lattice values up to 43 need
   7-bit codes; d/8 kept as f32. Exact, as above (276 bytes for 66..82).
-- MXFP4 → Q8_0: 2^(e - 128) is an f16 for 104 <= e <= 143 and the doubled E2M1 values are
-  int8, so the block is Q8_0's with the same Q8_0 activation ggml's MXFP4 dot takes: exact.
-  Scales below 2^-24 round to f16 (|error| <= 12 * 2^-25 per weight; all-zero blocks, e = 0,
-  stay exact); a scale over 2^15 is refused.
-- IQ4_XS → Q8_0, NOT exact: per 32 values d_w' = f16(d * (ls - 32)) (|d_w' - d*(ls-32)| <=
-  2^-11 |d * (ls-32)|, or 2^-25 below f16's normal range), quants the int8 levels, and a Q8_0
-  activation (per-32 scales) where ggml's IQ4_XS dot takes Q8_K (per-256). Against the exact
-  product of the weight with that Q8_0 activation the result is off by at most
-  2^-11 * sum |w| |x_q8_0| + 2^-25 * sum |q_w| |x_q8_0| plus f32 rounding
-  (`tests/test_kernels_iquants.py` checks this bound); against ggml's dot it differs further
-  by the two activation roundings (Q8_0's is the finer one). An exact form needs 8-bit codes
-  with per-32 integer scales, which no fast kernel here reads.
 
 The CPU backend binds these weights once (`linear.dispatch.bind_prequant`) and runs the copy
-through the hand-vectorized Q8_0 / Q6_K / Q7_K kernels: 1.5-4x the weight memory, an order of
+through the hand-vectorized Q6_K / Q7_K kernels: 1.5-4x the weight memory, an order of
 magnitude faster than dotting the narrow types in plain loops.
 """
 
@@ -36,34 +24,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from minfer.backends.cpu.kernels.quant.iquants import IQ_SIZES, MXFP4_LEVELS, e8m0_half, iq_form
+from minfer.backends.cpu.kernels.quant.iquants import IQ_SIZES, iq_form
 from minfer.backends.cpu.kernels.quant.types import QType
 from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f16_to_f32, f32_to_f16
-from minfer.errors import ModelError
-
-_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                   dtype=np.int8).view(np.uint8)
-
-
-@njit(parallel=True, cache=True)
-def _iq4_nl_to_q8_0(w, out, levels):
-    for r in prange(w.shape[0]):
-        for b in range(w.shape[1] // 18):
-            src = b * 18
-            dst = b * 34
-            out[r, dst] = w[r, src]
-            out[r, dst + 1] = w[r, src + 1]
-            for j in range(16):
-                q = w[r, src + 2 + j]
-                out[r, dst + 2 + j] = levels[q & np.uint8(15)]
-                out[r, dst + 18 + j] = levels[q >> np.uint8(4)]
-
-
-def iq4_nl_to_q8_0(w: np.ndarray) -> np.ndarray:
-    """uint8 [n_out, nb*18] IQ4_NL rows → uint8 [n_out, nb*34] Q8_0 rows, exactly."""
-    out = np.empty((w.shape[0], w.shape[1] // 18 * 34), np.uint8)
-    _iq4_nl_to_q8_0(w, out, _LEVELS)
-    return out
 
 
 @njit(inline="always")
@@ -157,37 +120,6 @@ def _iq_to_k(w, qtype, size, out, seven, exact):
             dst[o + 209] = np.uint8(h >> np.uint16(8))
 
 
-@njit(parallel=True, cache=True)
-def _iq_to_q8_0(w, qtype, size, out):
-    """Rows of 256-value blocks whose scales are per 32 values → Q8_0, d rounded to f16."""
-    for r in prange(w.shape[0]):
-        sc = np.empty(16, np.int32)
-        q = np.empty(256, np.int32)
-        for b in range(w.shape[1] // size):
-            d = iq_form(w[r], b * size, qtype, sc, q)
-            for g in range(8):
-                o = (8 * b + g) * 34
-                h = f32_to_f16(d * np.float32(sc[2 * g]))
-                out[r, o] = np.uint8(h & np.uint16(255))
-                out[r, o + 1] = np.uint8(h >> np.uint16(8))
-                for j in range(32):
-                    out[r, o + 2 + j] = np.uint8(q[32 * g + j] & 255)
-
-
-@njit(parallel=True, cache=True)
-def _mxfp4_to_q8_0(w, out, levels):
-    for r in prange(w.shape[0]):
-        for b in range(w.shape[1] // 17):
-            h = f32_to_f16(e8m0_half(np.int32(w[r, 17 * b])))
-            out[r, 34 * b] = np.uint8(h & np.uint16(255))
-            out[r, 34 * b + 1] = np.uint8(h >> np.uint16(8))
-            for j in range(16):
-                c = w[r, 17 * b + 1 + j]
-                out[r, 34 * b + 2 + j] = levels[c & np.uint8(15)]
-                out[r, 34 * b + 18 + j] = levels[c >> np.uint8(4)]
-
-
-_MXFP4_Q8 = MXFP4_LEVELS.view(np.uint8)
 _Q6_K_TARGETS = frozenset({QType.TQ1_0, QType.TQ2_0, QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S,
                            QType.IQ1_M})
 
@@ -195,24 +127,12 @@ _Q6_K_TARGETS = frozenset({QType.TQ1_0, QType.TQ2_0, QType.IQ3_XXS, QType.IQ3_S,
 def widen(w: np.ndarray, qt: QType) -> tuple[np.ndarray, QType]:
     """The weight (uint8 rows of type qt) as the fast kernels read it: the re-encoded copy and
     its type for the types above, else w and qt themselves."""
-    if qt is QType.IQ4_NL:
-        return iq4_nl_to_q8_0(w), QType.Q8_0
     if qt is QType.Q3_K:
         return q3_k_to_q6_k(w), QType.Q6_K
-    if qt is QType.MXFP4:
-        if w.size and int(w.reshape(-1, 17)[:, 0].max()) > 143:
-            raise ModelError("MXFP4 weight has a block scale over 2^15, beyond f16")
-        out = np.empty((w.shape[0], w.shape[1] // 17 * 34), np.uint8)
-        _mxfp4_to_q8_0(w, out, _MXFP4_Q8)
-        return out, QType.Q8_0
-    if qt not in IQ_SIZES:
+    if qt not in IQ_SIZES or qt is QType.IQ4_XS:
         return w, qt
     size = IQ_SIZES[qt]
     nb = w.shape[1] // size
-    if qt is QType.IQ4_XS:
-        out = np.empty((w.shape[0], nb * 8 * 34), np.uint8)
-        _iq_to_q8_0(w, int(qt), size, out)
-        return out, QType.Q8_0
     exact = np.empty(w.shape[0], np.uint8)
     if qt in _Q6_K_TARGETS:
         out = np.empty((w.shape[0], nb * 210), np.uint8)

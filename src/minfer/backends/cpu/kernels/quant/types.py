@@ -21,8 +21,9 @@ Byte layouts (little-endian, f16 = IEEE half):
   Q3_K  (256 values, 110 B): hmask[32] (third bits) | qs[64] | scales[12] (16 six-bit) | d f16,
         v = d*(sc-32)*(q-4 if the third bit is clear else q) per 16-value sub-block
   IQ4_NL (32 values, 18 B): d f16 | qs[16] (as Q4_0), v = d*level[q], ggml's 16 levels
-  IQ1_S .. IQ4_XS, TQ1_0, TQ2_0, MXFP4: see `quant.iquants` (each dequantized exactly; run as
-        exact re-encodings into Q6_K / Q8_0 / Q7_K, `quant.reencode`)
+  IQ1_S .. IQ4_XS, TQ1_0, TQ2_0, MXFP4: see `quant.iquants` (each dequantized exactly; IQ4_XS
+        and MXFP4 dotted in their own blocks as IQ4_NL is, the others run as exact
+        re-encodings into Q6_K / Q7_K, `quant.reencode`)
   Q7_K  (minfer's own, never in a file; 256 values, 276 B): codes u8[256] (q + 64, |q| <= 63)
         | scales int8[16] | d f32, v = d*sc*q per 16-value sub-block. The re-encoding of the
         IQ2 types, whose lattice values (up to 43) do not fit Q6_K's codes.
@@ -104,11 +105,11 @@ PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
                            QType.IQ4_NL, QType.MXFP4})
-# the types dotted with a Q8_K activation (IQ4_XS runs as Q8_0: see `quant.reencode`)
+# the types dotted with a Q8_K activation (ggml's vec_dot_type Q8_K)
 KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-                          QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K, QType.IQ2_XXS,
-                          QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S,
-                          QType.IQ1_M, QType.TQ1_0, QType.TQ2_0})
+                          QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K, QType.IQ4_XS,
+                          QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
+                          QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0})
 # minfer's own layouts, made from a file's weights (never read from a file)
 DERIVED_TYPES = frozenset({QType.Q4_0_PACKED, QType.Q5_0_PACKED, QType.Q8_0_PACKED,
                            QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K})

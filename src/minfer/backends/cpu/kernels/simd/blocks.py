@@ -4,7 +4,9 @@ numba's auto-vectorisation of small int8 dots is fragile (it depends on loop sha
 and function size) and, when it works, reduces every block to a scalar (a horizontal sum per 32
 values). These intrinsics spell the work out as vector IR, organised like ggml's AVX2 code:
 
-- unpack a block's weight codes to 32 bytes (nibbles, 5th bits from a bit mask, 6-bit Q6_K codes);
+- unpack a block's weight codes to 32 bytes (nibbles, 5th bits from a bit mask, 6-bit Q6_K codes;
+  IQ4_NL / MXFP4 / IQ4_XS: the nibbles through their 16 int8 levels by one vpshufb, `_lookup`,
+  then dotted as Q8_0's signed codes; MXFP4's E8M0 scale read as ggml's, `_e8m0s`);
 - exact int32 lane sums of (code - offset) * x: with VNNI one `vpdpbusd` gives 8 lanes of 4-sums
   (u8 x s8), started from the activation's -offset * 4-sums (`xc`, computed once per call by
   `linear.dots32.lane_corr`: the offset correction depends on the activation only, so it costs
@@ -46,6 +48,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from minfer.backends.cpu.kernels.quant.iq_grids import IQ4_LEVELS, MXFP4_LEVELS
 from minfer.backends.cpu.kernels.simd.llvm import HAS_F16C, half_to_float, target_has
 
 _I1 = ir.IntType(1)
@@ -58,6 +61,7 @@ _F32 = ir.FloatType()
 HAS_VNNI = target_has("avxvnni") or target_has("avx512vnni", "avx512vl")
 HAS_VNNI512 = target_has("avx512vnni", "avx512bw")  # vpdpbusd on zmm: two blocks per op
 HAS_FMA = target_has("fma")
+_HAS_AVX2 = target_has("avx2")
 # Block sums as 8 lanes of 4-sums: one vpdpbusd with VNNI; on AVX2 without it the same exact
 # integers from pmaddubsw then pmaddwd against ones (as llama.cpp's AVX2 dots: 2 instructions,
 # where widening multiplies took ~10), valid because its i16 pair sums cannot saturate: the
@@ -65,6 +69,10 @@ HAS_FMA = target_has("fma")
 # without AVX2 takes the generic pair sums (16 lanes).
 DOT4 = HAS_VNNI or target_has("avx2")
 LANES = 8 if DOT4 else 16  # lanes per block sum: 4-sums or pair sums
+
+
+# a 32-value block type's layout: see `_LAYOUTS`
+Layout = tuple[int, int, int | None, int, bool, int | None, tuple[int, ...] | None, bool]
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -346,16 +354,52 @@ def _f16s(builder: Any, w: Any, bases: list[Any], field: int, size: int) -> Any:
     return wv
 
 
+def _e8m0s(builder: Any, w: Any, bases: list[Any], size: int) -> Any:
+    """The E8M0 byte at the start of each of len(bases) consecutive blocks as ggml's
+    GGML_E8M0_TO_FP32_HALF, 2^(e - 128) (subnormal below e = 2), <n x f32>: one wide load and
+    a byte shuffle, then the f32 bits built from e."""
+    count = len(bases)
+    raw = _ld(builder, w, bases[0], _vec(_I8, size * (count - 1) + 1))
+    picked = builder.shuffle_vector(raw, raw, ir.Constant(_vec(_I32, count),
+                                                          [size * k for k in range(count)]))
+    e = builder.zext(picked, _vec(_I32, count))
+
+    def c(v: int) -> Any:
+        return ir.Constant(_vec(_I32, count), [v] * count)
+
+    sub = builder.shl(c(0x00200000), e)
+    normal = builder.shl(builder.sub(e, c(1)), c(23))
+    bits = builder.select(builder.icmp_unsigned("<", e, c(2)), sub, normal)
+    return builder.bitcast(bits, _vec(_F32, count))
+
+
+def _lookup(builder: Any, codes: Any, table: tuple[int, ...]) -> Any:
+    """<32 x i8> codes (each 0..15) mapped through a 16-entry table of int8 levels: one
+    vpshufb (the table in both 128-bit lanes) with AVX2, else one select per entry."""
+    n = codes.type.count
+    if _HAS_AVX2 and n == 32:
+        tbl = ir.Constant(_vec(_I8, 32), [v & 0xFF for v in table] * 2)
+        return _x86(builder, "llvm.x86.avx2.pshuf.b", _vec(_I8, 32), [tbl, codes])
+    out = ir.Constant(_vec(_I8, n), None)
+    for k, v in enumerate(table):
+        out = builder.select(builder.icmp_unsigned("==", codes, _splat(builder, k, n)),
+                             _splat(builder, v & 0xFF, n), out)
+    return out
+
+
 def _codes_at(builder: Any, w: Any, base: Any, qs_off: int, qh_off: int | None,
-              signed: bool) -> Any:
-    """The 32 codes of the block at byte `base` of the row at i8* `w`, <32 x i8>."""
+              signed: bool, lut: tuple[int, ...] | None = None) -> Any:
+    """The 32 codes of the block at byte `base` of the row at i8* `w`, <32 x i8> (`lut`: its
+    nibbles through that table of int8 levels, IQ4_NL / MXFP4)."""
 
     def at(off: int) -> Any:
         return builder.add(base, ir.Constant(base.type, off))
 
-    if signed:  # Q8_0
+    if signed and lut is None:  # Q8_0
         return _ld(builder, w, at(qs_off), _vec(_I8, 32))
     codes = _nibbles(builder, _ld(builder, w, at(qs_off), _vec(_I8, 16)))
+    if lut is not None:
+        return _lookup(builder, codes, lut)
     if qh_off is not None:  # 5th bits: bit j of a u32 -> byte j
         qh = _ld(builder, w, at(qh_off), _I32)
         bits = builder.zext(builder.bitcast(qh, _vec(_I1, 32)), _vec(_I8, 32))
@@ -416,7 +460,7 @@ def _lanes(count: int) -> int:
 
 
 def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, count: int,
-                 layout: tuple[int, int, int | None, int, bool, int | None],
+                 layout: Layout,
                  acc: list[Any], accm: list[Any], transposed: bool
                  ) -> tuple[list[Any], list[Any]]:
     """`count` consecutive blocks b.. of a weight row against each token of `toks` ((x, xt, xd,
@@ -435,14 +479,15 @@ def _emit_blocks(builder: Any, w: Any, toks: list[tuple[Any, ...]], b: Any, coun
     tail blocks): the lane sums of each block (pairs of blocks per zmm vpdpbusd, started from
     `xc`) added down to one lane per block. The float operations for one token are the same
     either way, whatever the other tokens are: a token's result never depends on R."""
-    size, qs_off, qh_off, offset, signed, m_off = layout
+    size, qs_off, qh_off, offset, signed, m_off, lut, e8m0 = layout
     u64 = b.type
     bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
              for k in range(count)]
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
-    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
-    dw = _f16s(builder, w, bases, 0, size)
+    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed, lut)
+             for k in range(count)]
+    dw = _e8m0s(builder, w, bases, size) if e8m0 else _f16s(builder, w, bases, 0, size)
     mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     out_acc, out_m = [], []
     use_corr = DOT4 and (offset or (signed and HAS_VNNI))
@@ -518,7 +563,7 @@ def _fma_fold(builder: Any, d: Any, v: Any, a: Any) -> Any:
 
 
 def _emit_blocks_lanes(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any]], b: Any,
-                       count: int, layout: tuple[int, int, int | None, int, bool, int | None],
+                       count: int, layout: Layout,
                        acc: list[Any], accm: list[Any]) -> tuple[list[Any], list[Any]]:
     """(Q8_0's form: per-lane float steps.) `count` consecutive blocks b.. of a weight row
     against each token of `toks` ((x, xd, xs, xc) i8* row pointers). The blocks are unpacked
@@ -527,14 +572,15 @@ def _emit_blocks_lanes(builder: Any, w: Any, toks: list[tuple[Any, Any, Any, Any
     folded onto its width, lowest half first), and m_w * s_x fused into `accm[j]` (<count x
     f32>). The float operations for one
     token are the same whatever the other tokens are: a token's result never depends on R."""
-    size, qs_off, qh_off, offset, signed, m_off = layout
+    size, qs_off, qh_off, offset, signed, m_off, lut, e8m0 = layout
     u64 = b.type
     bases = [builder.mul(builder.add(b, ir.Constant(u64, k)), ir.Constant(u64, size))
              for k in range(count)]
     xo = builder.mul(b, ir.Constant(u64, 32))
     fo = builder.mul(b, ir.Constant(u64, 4))
-    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed) for k in range(count)]
-    dw = _f16s(builder, w, bases, 0, size)
+    codes = [_codes_at(builder, w, bases[k], qs_off, qh_off, signed, lut)
+             for k in range(count)]
+    dw = _e8m0s(builder, w, bases, size) if e8m0 else _f16s(builder, w, bases, 0, size)
     mw = _f16s(builder, w, bases, m_off, size) if m_off is not None else None
     n = LANES * count
     out_acc, out_m = [], []
@@ -616,7 +662,7 @@ def _phi_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]
     return phis
 
 
-def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
+def _row_dot(layout: Layout, ntok: int) -> Any:
     """An intrinsic rowdot(w, x, xt, xd, xs, xc, cb, t, out, r) -> None: out[t + j, r] = dot of
     the weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xt
     the same transposed per block group (`linear.dots32.block_transpose`, read when ntok > 1), xd
@@ -685,7 +731,7 @@ def _row_dot(layout: tuple[int, int, int | None, int, bool, int | None], ntok: i
     return intrinsic(typer)
 
 
-def _row_dot_lanes(layout: tuple[int, int, int | None, int, bool, int | None], ntok: int) -> Any:
+def _row_dot_lanes(layout: Layout, ntok: int) -> Any:
     """An intrinsic rowdot(w, x, xd, xs, xc, t, out, r) -> None: out[t + j, r] = dot of the
     weight row w (uint8 block bytes) with the quantized activation rows x[t + j] (int8; xd
     per-block scales, xs per-block Q8_1 sums, xc int32 -offset * 4-sums (`lane_corr`, read for
@@ -765,13 +811,19 @@ TAIL_GROUPS = (12, 8, 4) if HAS_VNNI512 else (8, 4)
 # The K-quant rows keep their own (`simd.kquants.PREFETCH`).
 PREFETCH = 4096
 PREFETCH_LOCALITY = 2
-# name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset)
-_LAYOUTS = {
-    "q4_0": (18, 2, None, 8, False, None),
-    "q4_1": (20, 4, None, 0, False, 2),
-    "q5_0": (22, 6, 2, 16, False, None),
-    "q5_1": (24, 8, 4, 0, False, 2),
-    "q8_0": (34, 2, None, 0, True, None),
+# name: (block bytes, qs offset, qh offset, code offset, signed codes, m offset, the levels
+# the 4-bit codes stand for (`_lookup`; IQ4_NL, MXFP4: int8, so signed as Q8_0's), an E8M0
+# scale (MXFP4) in place of the f16 d)
+_IQ4 = tuple(int(v) for v in IQ4_LEVELS)
+_MXFP4 = tuple(int(v) for v in MXFP4_LEVELS)
+_LAYOUTS: dict[str, Layout] = {
+    "q4_0": (18, 2, None, 8, False, None, None, False),
+    "q4_1": (20, 4, None, 0, False, 2, None, False),
+    "q5_0": (22, 6, 2, 16, False, None, None, False),
+    "q5_1": (24, 8, 4, 0, False, 2, None, False),
+    "q8_0": (34, 2, None, 0, True, None, None, False),
+    "iq4_nl": (18, 2, None, 0, True, None, _IQ4, False),
+    "mxfp4": (17, 1, None, 0, True, None, _MXFP4, True),
 }
 # Q8_0 keeps the per-lane form (`_row_dot_lanes`): its codes need no unpacking, so the
 # per-block sums' shuffles would make the one-row dot slower
@@ -797,4 +849,4 @@ def define_passes(namespace: dict[str, Any], prefix: str, make: Callable[[str, i
 
 define_passes(globals(), "rowdot",
               lambda qt, n: (_row_dot_lanes if qt == "q8_0" else _row_dot)(_LAYOUTS[qt], n),
-              ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
+              ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4"))

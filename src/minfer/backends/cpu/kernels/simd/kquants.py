@@ -1,5 +1,6 @@
-"""Row dot products for the K-quants (Q4_K, Q5_K, Q6_K; and Q7_K, minfer's re-encoding of the
-IQ2 types, `quant.types`) as LLVM vector IR intrinsics.
+"""Row dot products for the K-quants (Q4_K, Q5_K, Q6_K; Q7_K, minfer's re-encoding of the
+IQ2 types, `quant.types`; and IQ4_XS, its 4-bit codes through the level table, `_dot_iq4_xs`)
+as LLVM vector IR intrinsics.
 
 One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-value super-block
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
@@ -24,6 +25,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from minfer.backends.cpu.kernels.quant.iq_grids import IQ4_LEVELS
 from minfer.backends.cpu.kernels.simd.blocks import (
     _F32,
     _I8,
@@ -39,6 +41,8 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _hsum,
     _lane_sums,
     _ld,
+    _lookup,
+    _nibbles,
     _phi_loop,
     _pmaddubsw,
     _pmaddwd,
@@ -48,6 +52,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _store_totals,
     _token_rows,
     _vec,
+    _vpdpbusd,
     _x86,
     define_passes,
 )
@@ -89,6 +94,8 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
         return builder.add(base, ir.Constant(u64, off))
 
     codes = []
+    if kind == "iq4":
+        return _unpack_iq4_xs(builder, w, base)
     if kind == "q7":  # codes[256] | scales int8[16] | d f32
         sc = builder.sext(_ld(builder, w, wat(256), _vec(_I8, 16)), _vec(_I32, 16))
         return [_ld(builder, w, wat(32 * g), _vec(_I8, 32)) for g in range(8)], sc
@@ -118,6 +125,70 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
                 cd = builder.or_(cd, builder.shl(bit, _splat(builder, 4, 32)))
             codes.append(cd)
     return codes, sm
+
+
+# IQ4_XS's levels as the vpdpbusd's u8 operand (level + 128; the -128 comes back through the
+# activation's sums), or as they are for the sign trick (AVX2) and the generic lanes
+_IQ4_CODES = tuple(int(v) + 128 if HAS_VNNI else int(v) for v in IQ4_LEVELS)
+
+
+def _unpack_iq4_xs(builder: Any, w: Any, base: Any) -> tuple[list[Any], Any]:
+    """IQ4_XS super-block at byte `base` (d f16 | scales_h u16 | scales_l[4] | qs[128]): its
+    eight 32-code groups through the level table (`_IQ4_CODES`; each group's 16 bytes as
+    IQ4_NL's: low nibbles the first 16 values) and the sub-block scales ls - 32 (6 bits: a
+    nibble of scales_l, two bits of scales_h) as <16 x i32>, one per 16 values (each twice)."""
+    u64 = base.type
+    codes = [_lookup(builder, _nibbles(builder, _ld(builder, w, builder.add(
+        base, ir.Constant(u64, 8 + 16 * g)), _vec(_I8, 16))), _IQ4_CODES) for g in range(8)]
+    sh = builder.zext(_ld(builder, w, builder.add(base, ir.Constant(u64, 2)), _I16), _I32)
+    sl = _ld(builder, w, builder.add(base, ir.Constant(u64, 4)), _I32)
+
+    def c(vals: list[int]) -> Any:
+        return ir.Constant(_vec(_I32, 16), vals)
+
+    lo = builder.and_(builder.lshr(_splat(builder, sl, 16), c([4 * (k // 2) for k in range(16)])),
+                      c([15] * 16))
+    hi = builder.and_(builder.lshr(_splat(builder, sh, 16), c([2 * (k // 2) for k in range(16)])),
+                      c([3] * 16))
+    ls = builder.sub(builder.or_(lo, builder.shl(hi, c([4] * 16))), c([32] * 16))
+    return codes, ls
+
+
+def _dot_iq4_xs(builder: Any, codes: list[Any], ls: Any, x: Any, bs: Any, i: Any) -> Any:
+    """One token's integer sum of IQ4_XS super-block i, sum over groups of ls_g * (levels .
+    x), as <LANES x i32>. With VNNI: vpdpbusd of the levels + 128 (two groups per zmm on
+    AVX512-VNNI) times the scales (vpmulld), plus -128 * ls . bsums as one pmaddwd (|128 ls|
+    <= 4096, |bsum| <= 2032: exact). On AVX2: ggml's sign trick (pmaddubsw of |level| and x
+    signed as the level: pair sums <= 2 * 127 * 128, no saturation), pmaddwd against the i16
+    scales. Else the generic lane sums times the scales."""
+    u64 = i.type
+    xo = builder.mul(i, ir.Constant(u64, 256))
+    per = codes[0].type.count
+    acc = ir.Constant(_vec(_I32, per // 4 if DOT4 else LANES), None)
+    for g, cd in enumerate(codes):
+        xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, per * g)), _vec(_I8, per))
+        first = 2 * (per // 32) * g  # the group's scale lane (per 16 values)
+        if HAS_VNNI:
+            lanes = _vpdpbusd(builder, cd, xv)
+            sc = _splat_lane(builder, ls, [first + 2 * (k // 8) for k in range(per // 4)])
+            acc = builder.add(acc, builder.mul(lanes, sc))
+        elif DOT4:
+            ax = _x86(builder, "llvm.x86.avx2.psign.b", cd.type, [cd, cd])
+            sx = _x86(builder, "llvm.x86.avx2.psign.b", cd.type, [xv, cd])
+            sc = builder.trunc(_splat_lane(builder, ls, [first] * 16), _vec(_I16, 16))
+            acc = builder.add(acc, _pmaddwd(builder, _pmaddubsw(builder, ax, sx), sc))
+        else:
+            lanes = _lane_sums(builder, cd, xv, 0, True)
+            acc = builder.add(acc, builder.mul(lanes, _splat_lane(builder, ls, [first] * LANES)))
+    if per == 64:  # even groups' lanes + odd groups' lanes (exact)
+        acc = builder.add(_splat_lane(builder, acc, list(range(8))),
+                          _splat_lane(builder, acc, list(range(8, 16))))
+    if HAS_VNNI:
+        bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
+        side = builder.mul(builder.trunc(ls, _vec(_I16, 16)), ir.Constant(_vec(_I16, 16),
+                                                                          [-128] * 16))
+        acc = builder.add(acc, _pmaddwd(builder, bsv, side))
+    return acc
 
 
 def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
@@ -196,9 +267,11 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
     return acc, builder.mul(pairs, _splat_lane(builder, sm, list(range(8, 16))))
 
 
-_KSIZE = {"q4": 144, "q5": 176, "q6": 210, "q7": 276}
-_KD_OFF = {"q4": 0, "q5": 0, "q6": 208, "q7": 272}  # byte offset of d (Q4_K/Q5_K: dmin follows)
-_OFFSET = {"q6": 32, "q7": 64}  # the code offset of the types without mins
+_KSIZE = {"q4": 144, "q5": 176, "q6": 210, "q7": 276, "iq4": 136}
+# byte offset of d (Q4_K/Q5_K: dmin follows)
+_KD_OFF = {"q4": 0, "q5": 0, "q6": 208, "q7": 272, "iq4": 0}
+_OFFSET = {"q6": 32, "q7": 64}  # the code offset of Q6_K / Q7_K (no mins)
+_NO_MINS = ("q6", "q7", "iq4")
 
 
 def _row_dot_k(kind: str, ntok: int) -> Any:
@@ -231,14 +304,18 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                 dw = (_ld(builder, w_p, d_at, _F32) if kind == "q7"
                       else half_to_float(builder, _ld(builder, w_p, d_at, _I16)))
                 dmin = None
-                if kind not in _OFFSET:
+                if kind not in _NO_MINS:
                     dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
                         base, ir.Constant(u64, 2)), _I16))
                 new_acc, new_m = [], []
-                scales16, side16 = _scales16(builder, sm, kind) if DOT4 else ([], None)
+                scales16, side16 = (_scales16(builder, sm, kind) if DOT4 and kind != "iq4"
+                                    else ([], None))
                 for j, (x, xd, bs) in enumerate(toks):
-                    lanes, mins = _dot_super(builder, codes, sm, x, bs, i, kind, scales16,
-                                             side16)
+                    if kind == "iq4":
+                        lanes, mins = _dot_iq4_xs(builder, codes, sm, x, bs, i), None
+                    else:
+                        lanes, mins = _dot_super(builder, codes, sm, x, bs, i, kind, scales16,
+                                                 side16)
                     dx = _ld(builder, xd, builder.mul(i, ir.Constant(u64, 4)), _F32)
                     d = _splat(builder, builder.fmul(dx, dw), LANES)
                     new_acc.append(_fma(builder, d, builder.sitofp(lanes, _vec(_F32, LANES)),
@@ -249,10 +326,10 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                                           vals[ntok + j]))
                 return new_acc + new_m
 
-            init = [zero] * ntok + ([zm] * ntok if kind not in _OFFSET else [])
+            init = [zero] * ntok + ([zm] * ntok if kind not in _NO_MINS else [])
             vals = _phi_loop(builder, nb, init, body)
             totals = [_hsum(builder, vals[j]) for j in range(ntok)]
-            if kind not in _OFFSET:
+            if kind not in _NO_MINS:
                 totals = [builder.fadd(tot, _hsum(builder, vals[ntok + j]))
                           for j, tot in enumerate(totals)]
             _store_totals(context, builder, out_t, out_v, t_v, r_v, totals)
@@ -265,3 +342,4 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
 
 define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k(qt[:2], n),
               ("q4_k", "q5_k", "q6_k", "q7_k"))
+define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k("iq4", n), ("iq4_xs",))
