@@ -20,9 +20,9 @@ Op by op against llama.cpp's intermediate tensors (its eval callback; each minfe
 llama.cpp's inputs) every op agrees to f32 rounding (1e-7 relative) but two: the GELU table
 (234 entries an f16 ulp off; now ggml's exactly) and the attention's value mix, which ggml runs
 on probabilities rounded to f16 (`mul_mat(V, softmax)` over an f16 V converts them) where minfer
-kept f32 (1.6e-4 per attention output; now rounded as ggml does, `attn.attend.probs_for_cache`;
-the rest is the quantized dots' float order: tests/test_gemma3_drift.py). Neither moves the
-gap: over these six prompts and
+keeps f32 (1.6e-4 per attention output; rounding them as ggml does was tried and moved the gap
+around without shrinking it; the rest is the quantized dots' float order:
+tests/test_gemma3_drift.py). Neither moves the gap: over these six prompts and
 twelve chat / prose ones, against llama.cpp's AVX2 build (AMD EPYC Zen 3), the top-10 gap was
 0.16-0.80 before and after the GELU fix, 0.21-0.86 with f16 probabilities too; one f32 ulp up
 or down on the embedding scale moves minfer's own top-10 logits by 0.18-1.34 on the same
