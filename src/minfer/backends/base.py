@@ -36,6 +36,9 @@ class ExecContext:
     # take the layout fastest for many rows even where one row alone would read another
     # faster (`kernels.packable`). Fixed per engine, so every tape of it reads one layout.
     batched: bool = False
+    # The backend may run the tape's steps its own way (`Backend.compose`: the CPU backend's
+    # parallel regions); off, every step is a call of its own.
+    composed: bool = True
 
 
 class Backend(Protocol):

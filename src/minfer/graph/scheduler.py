@@ -128,6 +128,7 @@ def build_tape(
             steps.extend(backend.bind_node(node, [buffers[s] for s in node.srcs],
                                            buffers[node_id], ctx))
             spans.append((node_id, first, len(steps)))
-        program.extend(backend.compose(steps[split_first:]))
+        split_steps = steps[split_first:]
+        program.extend(backend.compose(split_steps) if ctx.composed else split_steps)
     ctx.memo.clear()  # what binding kept there is held by the calls now
     return Tape(steps, ctx, spans, program)

@@ -144,7 +144,7 @@ class VisionEncoder:
         plan = plan_buffers(graph)
         buffers = Allocator(self._kv).buffers(graph, plan)
         ctx = ExecContext(weights=self.weights, kv=self._kv, batch_invariant=True,
-                          dense_f32=True)
+                          dense_f32=True, composed=False)  # many rows (engine.forward's rule)
         tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live), buffers,
                                     {self._backend.name: self._backend}, ctx)
         self._towers[grid] = tower = _Tower(grid, graph, buffers, tape)
