@@ -60,6 +60,11 @@ TUNED_MAX_TOKENS = 16
 REGION_MAX_ROWS = 32
 
 
+def regions_pay(n_rows: int) -> bool:
+    """Whether a tape of n_rows rows runs its steps as parallel regions (REGION_MAX_ROWS)."""
+    return n_rows <= REGION_MAX_ROWS
+
+
 @dataclass(frozen=True)
 class Batch:
     """One forward's worth of tokens; every field is input data, none is topology."""
@@ -467,9 +472,7 @@ class Engine:
                 buf = buffers[input_id]
                 if buf is not None:  # (None: an input no live node reads)
                     buf[:] = 1 if kind is InputKind.KV_END else 0
-            ctx = ExecContext(weights=self.weights, kv=self.kv,
-                              batch_invariant=self.batch_invariant, dense_f32=self.encoder,
-                              batched=self.batched)
+            ctx = self._context(params, self.batch_invariant)
             scheduler.build_tape(graph, prepared.splits, buffers, self._by_name, ctx,
                                  [node_id]).run()
         self._state_pos[0] = -1  # sequence 0's state took in placeholders
@@ -488,6 +491,13 @@ class Engine:
 
         return observe
 
+    def _context(self, params: GraphParams, batch_invariant: bool) -> ExecContext:
+        """The binding context of a tape for these params: the warm-up binds its single nodes
+        as the forward binds the whole graph (regions up to REGION_MAX_ROWS rows included)."""
+        return ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant,
+                           dense_f32=self.encoder, batched=self.batched,
+                           composed=regions_pay(params.n_tokens))
+
     def _tape(self, prepared: PreparedGraph, buffers: list[np.ndarray | None],
               batch_invariant: bool) -> scheduler.Tape:
         """The prepared graph's op tape over these buffers, bound on first use (one per
@@ -497,9 +507,7 @@ class Engine:
         if cached is None or cached[0] is not buffers:
             if batch_invariant:
                 _check_invariant(prepared)
-            ctx = ExecContext(weights=self.weights, kv=self.kv, batch_invariant=batch_invariant,
-                              dense_f32=self.encoder, batched=self.batched,
-                              composed=prepared.params.n_tokens <= REGION_MAX_ROWS)
+            ctx = self._context(prepared.params, batch_invariant)
             tape = scheduler.build_tape(prepared.graph, prepared.splits, buffers, self._by_name,
                                         ctx)
             prepared.scratch[key] = cached = (buffers, tape)

@@ -37,6 +37,7 @@ import numpy as np
 
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu.backend import CpuBackend
+from minfer.engine.forward import regions_pay
 from minfer.engine.vision.image import EncodedImage, patches, preprocess
 from minfer.engine.weights import ModelWeights
 from minfer.gguf.clip import ClipParams
@@ -144,7 +145,7 @@ class VisionEncoder:
         plan = plan_buffers(graph)
         buffers = Allocator(self._kv).buffers(graph, plan)
         ctx = ExecContext(weights=self.weights, kv=self._kv, batch_invariant=True,
-                          dense_f32=True, composed=False)  # many rows (engine.forward's rule)
+                          dense_f32=True, composed=regions_pay(grid[0] * grid[1]))
         tape = scheduler.build_tape(graph, scheduler.make_splits(graph, plan.live), buffers,
                                     {self._backend.name: self._backend}, ctx)
         self._towers[grid] = tower = _Tower(grid, graph, buffers, tape)
