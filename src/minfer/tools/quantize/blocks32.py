@@ -220,6 +220,21 @@ def iq4_nl_row(x, out):
 
 
 @njit(inline="always", error_model="numpy")
+def _iq4_fit(values, idv, x, b, weight):
+    """The weighted sums (q . x, q . q) of the 32 values at b snapped to the nearest levels
+    at inverse scale idv (one trial of `iq4_block_scale`)."""
+    sumqx = F(0.0)
+    sumq2 = F(0.0)
+    for j in range(32):
+        xj = x[b + j]
+        q = F(values[_best_index_iq4nl(values, idv * xj)])
+        w = weight[j]
+        sumqx += w * q * xj
+        sumq2 += w * q * q
+    return sumqx, sumq2
+
+
+@njit(inline="always", error_model="numpy")
 def iq4_block_scale(x, b, weight):
     """quantize_row_iq4_nl_impl's search for one 32-block's scale (ntry=7): the weighted
     least-squares scale of the levels at -max/values[0], then of 15 trial scales around it
@@ -229,27 +244,11 @@ def iq4_block_scale(x, b, weight):
     if amax < F(1e-15):
         return F(0.0)
     d = -mx / F(values[0])
-    idv = F(1.0) / d
-    sumqx = F(0.0)
-    sumq2 = F(0.0)
-    for j in range(32):
-        xj = x[b + j]
-        q = F(values[_best_index_iq4nl(values, idv * xj)])
-        w = weight[j]
-        sumqx += w * q * xj
-        sumq2 += w * q * q
+    sumqx, sumq2 = _iq4_fit(values, F(1.0) / d, x, b, weight)
     d = sumqx / sumq2 if sumq2 > F(0.0) else F(0.0)
     best = d * sumqx
     for itry in range(-7, 8):
-        idv = F(itry + np.int64(values[0])) / mx
-        sumqx = F(0.0)
-        sumq2 = F(0.0)
-        for j in range(32):
-            xj = x[b + j]
-            q = F(values[_best_index_iq4nl(values, idv * xj)])
-            w = weight[j]
-            sumqx += w * q * xj
-            sumq2 += w * q * q
+        sumqx, sumq2 = _iq4_fit(values, F(itry + np.int64(values[0])) / mx, x, b, weight)
         if sumq2 > F(0.0) and sumqx * sumqx > best * sumq2:
             d = sumqx / sumq2
             best = d * sumqx
