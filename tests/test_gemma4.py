@@ -345,8 +345,76 @@ def test_gemma4_tool_calls_through_the_output_plan() -> None:
     assert "".join(a["function"].get("arguments", "") for d in deltas
                    for a in d.get("tool_calls", [])) == G4_ARGS
     forced = req.model_copy(update={"tool_choice": "required"})
-    with pytest.raises(APIError, match="Gemma 4"):
+    with pytest.raises(APIError, match="vocabulary cannot be grammar-constrained"):
         plan_output(forced, 10, None, template_source=t.source)
+
+
+# -- a forced tool_choice in Gemma 4's notation ----------------------------------------------------
+G4_MARKS = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>")
+FORECAST = {"type": "function", "function": {"name": "get_forecast", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module", params=["text", "control"])
+def marked_vocab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 ) -> tuple[object, object]:
+    """A tiny vocabulary holding Gemma 4's marks as user-defined tokens ("text") or as control
+    tokens ("control": a grammar must name them as tokens, their bytes are not text to it)."""
+    from minfer.sampling.grammar import GrammarVocab
+    from minfer.tokenizer.tokenizer import Tokenizer
+    from minfer.tools.synth import build_tiny_vocab, copy_gguf, write_tiny_model
+
+    d = tmp_path_factory.mktemp("g4marks")
+    vocab = build_tiny_vocab(extra_tokens=G4_MARKS)
+    path = write_tiny_model(d / "text.gguf", vocab=vocab)
+    if request.param == "control":
+        types = np.array([3 if t in G4_MARKS else k
+                          for t, k in zip(vocab.tokens, vocab.token_types, strict=True)],
+                         dtype=np.int32)
+        path = copy_gguf(path, d / "control.gguf", metadata={"tokenizer.ggml.token_type": types})
+    tok = Tokenizer.from_gguf(GGUFFile.open(path))
+    assert all(tok.is_control(tok.encode(m, special=True, add_bos=False)[0]) ==
+               (request.param == "control") for m in G4_MARKS)
+    return tok, GrammarVocab.from_tokenizer(tok)
+
+
+def _walk(mask: object, tok: object, text: str) -> bool:
+    """Feed text's tokens to a grammar mask: False at the first one it forbids."""
+    for tid in tok.encode(text, special=True, add_bos=False):  # type: ignore[attr-defined]
+        if not mask.allowed()[tid]:  # type: ignore[attr-defined]
+            return False
+        mask.accept(tid)  # type: ignore[attr-defined]
+    return True
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_a_forced_choice_grammar_makes_the_reply_gemma4_calls(
+        marked_vocab: tuple[object, object], choice: object) -> None:
+    """As llama.cpp's gemma4 grammar (common/parsers/gemma4.cpp) forces them: an optional
+    thought channel, then calls `<|tool_call>call:NAME{...}<tool_call|>` to an offered
+    function (the named one only), arguments in Gemma 4's object notation; whatever the
+    marks are in the vocabulary, text or control tokens."""
+    from minfer.sampling.grammar import GrammarMask
+    from minfer.sampling.tool_calls import GEMMA4, tool_choice_grammar, tool_segments
+
+    tok, vocab = marked_vocab
+    grammar = tool_choice_grammar([*TOOLS, FORECAST], choice, template_source=_template().source,
+                                  specials=vocab.specials)  # type: ignore[attr-defined]
+    assert grammar is not None
+    reply = "<|channel>thought\nUse the tool.<channel|>" + G4_CALL
+    mask = GrammarMask(vocab, grammar)  # type: ignore[arg-type]
+    assert _walk(mask, tok, reply) and mask.is_accepting()
+    assert _walk(mask := GrammarMask(vocab, grammar), tok, G4_CALL) and mask.is_accepting()
+    (call,) = [p for p in tool_segments(reply, syntax=GEMMA4) if not isinstance(p, str)]
+    assert call["function"]["arguments"] == G4_ARGS
+    for refused in ["Sunny.", "<|tool_call>call:get_time{}<tool_call|>",
+                    '<|tool_call>call:get_weather{city:"Paris"}<tool_call|>',
+                    "<|tool_call>call:get_weather{city:1 ,days:2}<tool_call|>"]:
+        assert not _walk(GrammarMask(vocab, grammar), tok, refused), refused  # type: ignore[arg-type]
+    named_only = isinstance(choice, dict)
+    assert _walk(GrammarMask(vocab, grammar), tok,  # type: ignore[arg-type]
+                 "<|tool_call>call:get_forecast{}<tool_call|>") is not named_only
 
 
 def test_tool_results_render_back_in_gemma4_form() -> None:

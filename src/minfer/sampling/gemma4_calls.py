@@ -15,6 +15,13 @@ key is read as written: `{"a":1}` has the key `"a"`, quotes and all).
   notation. minfer.sampling.tool_calls registers the syntax (`GEMMA4_SYNTAX`) and streams it.
 - `is_gemma4_calls(template_source)`: a chat template that writes calls this way (llama.cpp's
   test: its source has `'<|tool_call>call:'`).
+- `forcing_rules(names, *, parallel, specials)`: the Lark rules of a reply that is calls only,
+  as llama.cpp's gemma4 grammar forces them (tool_choice "required" / a named function): an
+  optional thought channel, then one call (or several back to back when `parallel`) of one of
+  `names`, whose arguments are an object in the notation above (its keys and values are not
+  held to the function's schema, as llama.cpp does not). `specials` maps the vocabulary's
+  control tokens' texts to their ids: a mark that is one (`<|tool_call>`, `<|"|>`, ...) is
+  matched as that token, any other as text.
 - `gemma4_history(messages, template_source)`: for an older Gemma 4 template that reads tool
   results only as an assistant message's `tool_responses` (it lacks the "OpenAI Chat
   Completions" scan of `tool` messages), each assistant call message, the `tool` results after
@@ -43,6 +50,41 @@ _WORDS = ("true", "false", "null")
 
 def is_gemma4_calls(template_source: str) -> bool:
     return TEMPLATE_MARK in template_source
+
+
+THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>", "<channel|>"
+_NUMBER_RULE = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
+
+
+def forcing_rules(names: Sequence[str], *, parallel: bool,
+                  specials: Mapping[str, int]) -> list[str]:
+    """Lark rules (`start` first) forcing a reply of Gemma 4 calls (see the docstring)."""
+
+    def mark(text: str) -> str:
+        return f"<[{specials[text]}]>" if text in specials else json.dumps(text)
+
+    def until(name: str, opener: str, close: str) -> list[str]:
+        """`name`: opener, then any text up to the first `close` mark, then that mark."""
+        if close in specials:  # text cannot hold a control token: take all text
+            return [f"{name}: {opener} {name.upper()}_TEXT {mark(close)}",
+                    f"{name.upper()}_TEXT: /(?s:.*)/"]
+        return [f"{name}[lazy]: {opener} /(?s:.*)/ {mark(close)}"]
+
+    tc_open, colon = OPEN[:-len("call:")], "call:"
+    alternatives = " | ".join(json.dumps(n, ensure_ascii=False) for n in names)
+    return [
+        "start: thought? call" + ("+" if parallel else ""),
+        *until("thought", f'{mark(THOUGHT_OPEN)} "thought"', THOUGHT_CLOSE),
+        f'call: {mark(tc_open)} "{colon}" ({alternatives}) g4_object {mark(CLOSE)}',
+        'g4_object: "{" WS? ("}" | g4_member ("," WS? g4_member)* WS? "}")',
+        'g4_member: G4_KEY ":" WS? g4_value',
+        r"G4_KEY: /[^:}\s][^:}]*/",
+        'g4_value: g4_string | g4_object | g4_array | G4_NUMBER | "true" | "false" | "null"',
+        *until("g4_string", mark(QUOTE), QUOTE),
+        'g4_array: "[" WS? ("]" | g4_value ("," WS? g4_value)* WS? "]")',
+        r"WS: /[ \t\r\n]+/",
+        f"G4_NUMBER: {_NUMBER_RULE}",
+    ]
 
 
 def parse_call(body: str) -> tuple[str, str] | None:

@@ -176,10 +176,13 @@ class _Wrapped:
 class GrammarVocab:
     """llguidance's tokenizer view of one model's vocabulary (build once, share between masks)."""
 
-    def __init__(self, lltok: llg.LLTokenizer, n_vocab: int, eos_ids: Sequence[int]) -> None:
+    def __init__(self, lltok: llg.LLTokenizer, n_vocab: int, eos_ids: Sequence[int],
+                 specials: Mapping[str, int] | None = None) -> None:
         self.lltok = lltok
         self.n_vocab = n_vocab
         self.eos_ids = tuple(eos_ids)
+        # control tokens' texts → ids: a grammar matches them as tokens (`<[id]>`), not text
+        self.specials: dict[str, int] = dict(specials or {})
 
     @classmethod
     def from_tokenizer(cls, tok: VocabSource, n_vocab: int | None = None) -> GrammarVocab:
@@ -190,8 +193,12 @@ class GrammarVocab:
             raise GrammarError("the vocabulary has no end-of-generation token")
         if n < tok.n_vocab:
             raise GrammarError(f"logits of {n} ids cannot cover the {tok.n_vocab}-token vocabulary")
-        wrapper = llg.TokenizerWrapper(_Wrapped(tok, n, eos))
-        return cls(llg.LLTokenizer(wrapper, n_vocab=n, eos_token=eos), n, eos)
+        wrapped = _Wrapped(tok, n, eos)
+        specials: dict[str, int] = {}
+        for i in wrapped.special_token_ids:
+            specials.setdefault(wrapped.tokens[i][1:].decode("utf-8", errors="replace"), i)
+        wrapper = llg.TokenizerWrapper(wrapped)
+        return cls(llg.LLTokenizer(wrapper, n_vocab=n, eos_token=eos), n, eos, specials)
 
 
 # -- the mask -------------------------------------------------------------------------------------

@@ -148,10 +148,13 @@ def tools_for_prompt(tools: Sequence[Mapping[str, Any]] | None,
 
 def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
                         tool_choice: str | Mapping[str, Any] | None = None,
-                        *, parallel: bool = True, template_source: str = "") -> str | None:
+                        *, parallel: bool = True, template_source: str = "",
+                        specials: Mapping[str, int] | None = None) -> str | None:
     """A grammar forcing tool calls for 'required' / a named function; None otherwise.
     template_source: the chat template's (a harmony template's calls are messages, see
-    `_harmony_call_rules`; Gemma 4's notation cannot be forced yet)."""
+    `_harmony_call_rules`; Gemma 4's notation is `gemma4_calls.forcing_rules`'); specials: the
+    vocabulary's control tokens, text → id (`GrammarVocab.specials`), for marks that are
+    tokens rather than text."""
     choice = _choice(tool_choice)
     functions = _functions(tools)
     if choice in ("none", "auto"):
@@ -163,8 +166,8 @@ def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
         if not functions:
             raise GrammarError(f"tool_choice names an unknown function {choice[3:]!r}")
     if gemma4_calls.is_gemma4_calls(template_source):
-        raise GrammarError(f"a forced tool_choice ({choice!r}) is not supported for Gemma 4's "
-                           "tool-call syntax yet: use 'auto'")
+        return lark_grammar("\n".join(gemma4_calls.forcing_rules(
+            [fn["name"] for fn in functions], parallel=parallel, specials=specials or {})) + "\n")
     alternatives = " | ".join(f"fn{i}" for i in range(len(functions)))
     if is_harmony(template_source):
         rules = _harmony_call_rules(alternatives)

@@ -29,7 +29,7 @@ message, and its tokens' logprob entries.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -202,7 +202,8 @@ def plan_output(req: SamplingFields, n_vocab: int, vocab: GrammarVocab | None = 
     plan = OutputPlan(syntax=tool_syntax(template_source))
     grammar = _request_grammar(req)
     if isinstance(req, ChatCompletionRequest):
-        plan.tools, tool_grammar = _tools(req, template_source)
+        plan.tools, tool_grammar = _tools(req, template_source,
+                                          vocab.specials if vocab is not None else None)
         if tool_grammar is not None:
             if grammar is not None:
                 raise bad_request(f"{grammar[1]} cannot be combined with a forced tool_choice",
@@ -236,8 +237,9 @@ def _request_grammar(req: SamplingFields) -> tuple[str, str] | None:
         raise bad_request(f"grammar: {exc}", param="grammar", code="invalid_value") from None
 
 
-def _tools(req: ChatCompletionRequest,
-           template_source: str = "") -> tuple[list[dict[str, Any]] | None, str | None]:
+def _tools(req: ChatCompletionRequest, template_source: str = "",
+           specials: Mapping[str, int] | None = None,
+           ) -> tuple[list[dict[str, Any]] | None, str | None]:
     """(tools to render, grammar forcing a call or None)."""
     param = "tools"
     try:
@@ -249,7 +251,7 @@ def _tools(req: ChatCompletionRequest,
         # copy left as text)
         grammar = tool_choice_grammar(req.tools, req.tool_choice,
                                       parallel=req.parallel_tool_calls is True,
-                                      template_source=template_source)
+                                      template_source=template_source, specials=specials)
     except GrammarError as exc:
         raise bad_request(f"{param}: {exc}", param=param, code="invalid_value") from None
     return (None if tools is None else [dict(t) for t in tools]), grammar
