@@ -142,7 +142,10 @@ def test_spec_mtp_greedy_output_equals_plain_decoding(kind: str, adaptive: bool)
     assert got.ids == plain.ids and got.reason == plain.reason  # type: ignore[attr-defined]
     assert got.n_past == plain.n_past  # type: ignore[attr-defined]
     stats = got.speculation  # type: ignore[attr-defined]
-    assert isinstance(speculator.proposer, MtpProposer)  # type: ignore[attr-defined]
+    mtp = speculator.proposer  # type: ignore[attr-defined]
+    assert isinstance(mtp, MtpProposer)
+    # the generation over, the target stops computing hidden rows (prefill keeps n_out rows)
+    assert mtp.target is not None and mtp.target.hidden_sink is None
     if not adaptive:
         assert stats is not None and stats.drafted > 0 and stats.steps > 0
         assert 0 <= stats.accepted <= stats.drafted

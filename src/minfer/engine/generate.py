@@ -134,6 +134,9 @@ def generate(
     finally:  # rows of proposals never verified, or rejected, are not kept (also on close)
         n_past = _n_computed(core)
         _rewind(engine, n_past)
+        detach = getattr(speculator.proposer if speculator else None, "detach", None)
+        if callable(detach):  # later forwards without it compute no hidden rows
+            detach()
     yield from _finish(state, n_past, speculator)
 
 

@@ -7,7 +7,9 @@ KV cells of positions 0..q; llama.cpp's draft-mtp pairs them the same way. So:
 
 - the target reports every row's hidden state as it computes it (`Engine.hidden_sink`,
   `GraphParams.hidden_out`: prompt chunks, decode steps, verifies, recurrent replays); the
-  proposer keeps, per slot and position, the row and the token it was computed for;
+  proposer keeps, per slot and position, the row and the token it was computed for (one
+  generation of `run` / `chat` attaches it and `detach`es it after, so the target's later
+  forwards without speculation compute only their last rows; a server's slots stay attached);
 - `propose` first catches each slot's head KV up to the sequence: the positions past the common
   prefix of what the head holds and the sequence, through the pending token at pos0 (whose row
   is recomputed for its logits), each row paired with the recorded hidden state before it, in
@@ -70,6 +72,7 @@ class MtpProposer:
         target = getattr(target, "engine", target)
         n_ctx_slot = n_ctx_slot or target.n_ctx
         if target is self.target and n_ctx_slot == self.n_ctx_slot:
+            target.hidden_sink = self._record  # again after a `detach`
             return
         if self.target is not None and self.target is not target:
             self.target.hidden_sink = None
@@ -82,6 +85,12 @@ class MtpProposer:
         self.known = np.full((n_slots, n_ctx_slot), -1, np.int64)
         self.cached = [[] for _ in range(n_slots)]
         target.hidden_sink = self._record
+
+    def detach(self) -> None:
+        """Stop reading the target's hidden states (its forwards stop computing them) until
+        the next `attach`; the record stays for the positions it holds."""
+        if self.target is not None and self.target.hidden_sink == self._record:
+            self.target.hidden_sink = None
 
     # -- the two engines' rows -----------------------------------------------------------------
     def _record(self, batch: Batch, hidden: np.ndarray) -> None:
