@@ -1,6 +1,6 @@
 """`/image PATH` in `minfer chat`: the image goes with the next message on the tiny Gemma 3
 fixture (tests/fixtures/vision), its turn the same as a one-shot generation of that prompt; a
-follow-up question reuses the encoder's rows; a missing file, a corrupt one and a model
+follow-up question reuses the image's KV rows; a missing file, a corrupt one and a model
 without an mmproj are clear errors."""
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def test_an_attached_image_goes_with_the_next_message(gemma: Model) -> None:
                                        embd=embd) if isinstance(e, Finished)]
     assert session.reports[0].ids == done.ids
     assert session.kv.tokens[:len(ids)] == ids
-    # the follow-up prefilled from the image on, its rows read from the encoder's cache
+    # the follow-up reuses the image's KV rows: it prefills only what follows the first turn
     assert encoder.n_encoded <= before + 1
-    assert session.reports[1].n_prefilled > len(ids) - embd[0].at
+    assert 0 < session.reports[1].n_prefilled <= len(session.kv.tokens) - len(ids)
     assert "images" not in session.transcript()[0]  # a saved session keeps the text
 
 

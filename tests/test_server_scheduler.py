@@ -328,10 +328,11 @@ def test_generation_stops_at_the_slot_context() -> None:
     asyncio.run(main())
 
 
-def test_an_image_block_is_fed_whole_and_never_taken_from_a_cache() -> None:
+def test_an_image_block_is_fed_whole_and_taken_from_a_cache_only_when_the_same() -> None:
     """Prompt chunks end before a block of given rows (an image's) they would split, or take it
-    whole where it starts the chunk; a cached prefix stops at the first image (the same
-    placeholder ids stand for different images); build_batch places the rows, non-causal."""
+    whole where it starts the chunk; a cached prefix reaches past an image only where the
+    cells hold the same rows at the same place (the same placeholder ids stand for different
+    images); build_batch places the rows, non-causal."""
     import numpy as np
 
     from minfer.engine.core.request import PromptRows
@@ -352,7 +353,15 @@ def test_an_image_block_is_fed_whole_and_never_taken_from_a_cache() -> None:
     _run_fake(s, plan)
     _run_fake(s, s.schedule())
     s.finish(1)
-    again = Sequence(2, list(prompt), len(prompt), embd=(PromptRows(3, rows),))
-    s.add(again)
+    other = Sequence(2, list(prompt), len(prompt), embd=(PromptRows(3, rows * 2),))
+    s.add(other)
     s.schedule()
-    assert again.n_cached == 3  # the text before the image, not the image's cells
+    assert other.n_cached == 3  # another image: the text before it, not the image's cells
+    _run_fake(s, s.schedule())
+    _run_fake(s, s.schedule())
+    s.finish(2)
+    follow_up = [*prompt, 6, 7]  # the same image, asked again: only the new text is fed
+    again = Sequence(3, follow_up, len(follow_up), embd=(PromptRows(3, rows * 2),))
+    s.add(again)
+    plan = s.schedule()
+    assert again.n_cached == 9 and plan.works[0].tokens == (6, 7)

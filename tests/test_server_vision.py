@@ -6,6 +6,7 @@ text-only model, a corrupt image or a URL that is neither data: nor http(s) answ
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,15 @@ def _body(url: str, text: str = "what is it") -> dict[str, Any]:
         "max_tokens": 3, "temperature": 0}
 
 
-def _png_url() -> str:
-    return "data:image/png;base64," + base64.b64encode(
-        (FIXTURES / "image.png").read_bytes()).decode()
+def _png_url(*, flipped: bool = False) -> str:
+    data = (FIXTURES / "image.png").read_bytes()
+    if flipped:  # another image of the same size
+        from PIL import Image, ImageOps
+
+        out = io.BytesIO()
+        ImageOps.flip(Image.open(io.BytesIO(data)).convert("RGB")).save(out, "PNG")
+        data = out.getvalue()
+    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 def test_an_image_part_is_read_into_the_prompt(gemma: ServerState) -> None:
@@ -55,6 +62,11 @@ def test_an_image_part_is_read_into_the_prompt(gemma: ServerState) -> None:
     assert out["usage"]["prompt_tokens"] == len(ids)  # the image's 4 tokens and its markers
     again = call(gemma, "POST", CHAT, json=_body(_png_url()))  # a cached slot: the same reply
     assert again.json()["choices"][0]["message"] == out["choices"][0]["message"]
+    # the image's cells are reused with the text around them: only the last token is fed
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == len(ids) - 1
+    other = call(gemma, "POST", CHAT, json=_body(_png_url(flipped=True)))
+    assert other.status_code == 200, other.text  # another image: cached up to it, not past
+    assert other.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == embd[0].at
 
 
 @pytest.mark.parametrize(("url", "words"), [

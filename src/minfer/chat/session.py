@@ -45,9 +45,11 @@ bring the KV back to (a prefix of) the render of the kept conversation:
 Images (`say(text, images=...)`, given an `ImagePrompt`: a model's vision encoder): a user
 message keeps its images' file bytes; each render puts the media marker before its text and the
 prompt's image blocks take the encoder's rows (minfer.engine.vision.prompt). Two images of the
-same size are the same placeholder ids, so no turn reuses KV rows from the first image of the
-conversation on: each prefills from there again, the encoder's cache sparing the tower
-(`VisionEncoder.encode`). A saved transcript keeps the text, not the images.
+same size are the same placeholder ids, so a turn reuses the KV rows of an image only where
+the cells were given that image's rows at that place (a chat's next turn about the same picture
+prefills only its new text); from the first other image on it prefills again, the encoder's
+cache sparing the tower (`VisionEncoder.encode`). After a context overflow the KV is reused
+only up to the first image. A saved transcript keeps the text, not the images.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ class ChatSession:
         self.reply_content = reply_content
         self.images = images  # None: the model takes no images
         self._embd: tuple[PromptRows, ...] = ()  # the last render's image rows, where they go
+        # the image blocks (at, rows, key) the KV's cells were last given (`_image_cap`)
+        self._fed: frozenset[tuple[int, int, bytes]] = frozenset()
         self.speculator = speculator  # proposals verified in batches; the output is the same
         self.tokenizer = tokenizer
         self.template = template
@@ -278,8 +282,8 @@ class ChatSession:
         if start < self.kv.cursor and not report.n_dropped:
             report.re_rendered = True
             self.n_re_renders += 1
-        start = min(start, len(target) - 1, self._first_image())  # the last prompt token is
-        self.kv.rewind(start)  # forwarded for its logits; image rows are never reused
+        start = min(start, len(target) - 1)  # the last prompt token is forwarded for its logits
+        self.kv.rewind(self._image_cap(start))  # image rows are reused where the same
         start = self.kv.cursor  # start, or 0 where a recurrent state cannot go back
         eot = self.end_of_turn_id
         report.eot_inserted = self._eot_pending and eot is not None and eot in target[start:]
@@ -299,6 +303,7 @@ class ChatSession:
             while True:
                 report.n_prefilled += len(prompt)
                 finished = None
+                self._fed = frozenset((e.at, e.n, e.key) for e in self._embd)
                 events = generate(self._engine(), self.tokenizer, self.sampler, prompt,
                                   max_tokens=cfg.max_tokens - len(ids), stops=cfg.stops,
                                   start_pos=self.kv.cursor, batch_size=cfg.batch_size,
@@ -465,6 +470,16 @@ class ChatSession:
     def _first_image(self) -> int:
         """Where the conversation's first image rows begin (past the end: none)."""
         return self._embd[0].at if self._embd else 1 << 62
+
+    def _image_cap(self, start: int) -> int:
+        """start, or the first image of the render before it whose rows the KV was not given
+        at that place (another image of the same size has the same placeholder ids)."""
+        for e in self._embd:
+            if e.at >= start:
+                break
+            if e.at + e.n > start or (e.at, e.n, e.key) not in self._fed:
+                return e.at
+        return start
 
     def _reserve(self) -> int:
         if self.config.reserve is not None:

@@ -103,7 +103,8 @@ def generate(
 ) -> Iterator[Piece | Finished]:
     """Generate after prompt_ids (prefilled at start_pos). `context`: the start_pos tokens
     already in the KV (the proposers of a `speculator` read the whole sequence). `embd`: rows
-    given for some prompt tokens (an image's; `at` counted in prompt_ids)."""
+    given for some prompt tokens (an image's; `at` counted in prompt_ids: one before 0 is one
+    the KV holds among `context`, for the M-RoPE positions after it)."""
     check_fits(engine, len(prompt_ids), start_pos)
     if speculator is not None and len(context) != start_pos:
         raise SpeculativeError(f"speculative decoding needs the {start_pos} tokens before the "
@@ -117,10 +118,12 @@ def generate(
                       chunk=batch_size, max_waiting=0,
                       proposer=None if speculator is None else speculator.proposer,
                       speculation=None if speculator is None else speculator.config)
-    core.scheduler.slots[0].cached = held  # the KV holds them: the prompt cache starts after
-    req = GenRequest([*held, *prompt_ids], max_tokens, sampler, list(stops),
-                     constraint=constraint, top_logits=top_logits,
-                     embd=tuple(e.shifted(start_pos) for e in embd))
+    blocks = tuple(e.shifted(start_pos) for e in embd)
+    slot = core.scheduler.slots[0]
+    slot.cached = held  # the KV holds them (and the image blocks among them): the prompt cache
+    slot.blocks = frozenset((e.at, e.n, e.key) for e in blocks if e.at + e.n <= start_pos)
+    req = GenRequest([*held, *prompt_ids], max_tokens, sampler, list(stops),  # starts after
+                     constraint=constraint, top_logits=top_logits, embd=blocks)
     state = core.add(SEQ, req, length=None if speculator is None else speculator.length)
     state.timings.prefill_tokens = len(prompt_ids)
     try:

@@ -16,9 +16,11 @@ token would pass the slot's context).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,6 +100,14 @@ class PromptRows:
 
     def shifted(self, by: int) -> PromptRows:
         return PromptRows(self.at + by, self.rows, self.causal, self.grid)
+
+    @cached_property
+    def key(self) -> bytes:
+        """What the block's cells depend on besides its place: a digest of its rows, how they
+        attend and its grid (the same image, encoded by the same projector, has the same key)."""
+        h = hashlib.blake2b(np.ascontiguousarray(self.rows).tobytes(), digest_size=16)
+        h.update(f"{self.causal}{self.grid}{self.rows.shape}".encode())
+        return h.digest()
 
 
 def mrope_positions(blocks: Sequence[PromptRows], start: int, n: int) -> np.ndarray:

@@ -68,6 +68,10 @@ IDLE_CHUNK = 512
 SHARE_MIN = 16
 
 
+# a block of given rows (an image's) some cells hold: (its first token, its rows, `PromptRows.key`)
+Block = tuple[int, int, bytes]
+
+
 class QueueFullError(MinferError):
     """The waiting queue is at capacity: the request is refused, not parked."""
 
@@ -86,14 +90,14 @@ class Sequence:
     # the scores of tokens 1..len(scores) so far: those a cached prefix brought, then those its
     # rows gave (one list with the request's, `Request.prompt_logprobs`)
     scores: list[TokenLogprob] = field(default_factory=list)
-    # rows given for some prompt tokens (images): each block is fed whole in one work, and no
-    # cached prefix reaches into the first (equal placeholder ids, different images)
+    # rows given for some prompt tokens (images): each block is fed whole in one work, and a
+    # cached prefix reaches past one only where the cells hold the same block (`Block`: equal
+    # placeholder ids stand for different images)
     embd: tuple[PromptRows, ...] = ()
 
-    @property
-    def embd_start(self) -> int:
-        """The first prompt token with given rows (len(tokens) when none)."""
-        return self.embd[0].at if self.embd else len(self.tokens)
+    def blocks(self, n: int) -> frozenset[Block]:
+        """The given-row blocks within its first n tokens."""
+        return frozenset((e.at, e.n, e.key) for e in self.embd if e.at + e.n <= n)
 
     def chunk(self, n: int) -> int:
         """n tokens from n_computed, cut before a block of given rows they would split (or
@@ -129,6 +133,8 @@ class Slot:
     # score_k alternatives
     scores: tuple[TokenLogprob, ...] = ()
     score_k: int | None = None
+    # the blocks of given rows among `cached`
+    blocks: frozenset[Block] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,7 @@ class Held:
     n: int
     scores: Tokens[TokenLogprob]
     score_k: int | None
+    blocks: frozenset[Block] = frozenset()
 
 
 def _scores_serve(have: int | None, want: int | None) -> bool:
@@ -221,7 +228,13 @@ def _reach(seq: Sequence, held: Held, recurrent: bool = False,
     recurrent: all the held tokens, where the prompt extends them (its last token, whose
     logits are wanted, still to compute), or the furthest of `checkpoints` (the positions the
     slot's state was kept at) within them: a recurrent state is not cut to a prefix."""
-    common = min(common_prefix(held.tokens, seq.tokens), seq.embd_start)
+    common = common_prefix(held.tokens, seq.tokens)
+    for e in seq.embd:  # stop before a block the cells do not hold whole and the same
+        if e.at >= common:
+            break
+        if e.at + e.n > common or (e.at, e.n, e.key) not in held.blocks:
+            common = e.at
+            break
     if seq.score_k is None:
         n = min(common, held.n)
     elif not _scores_serve(held.score_k, seq.score_k):
@@ -285,6 +298,7 @@ class Scheduler:
         slot = self.slots[seq.slot]
         slot.seq_id = None
         slot.cached = seq.tokens[: seq.n_computed]
+        slot.blocks = seq.blocks(seq.n_computed)
         slot.scores, slot.score_k = tuple(seq.scores), seq.score_k
         slot.last_used = next(self._tick)
 
@@ -372,8 +386,9 @@ class Scheduler:
         """What slot s's cells hold: a free slot's cache, a busy one's computed tokens."""
         seq = None if s.seq_id is None else self.running.get(s.seq_id)
         if seq is None:
-            return Held(s.cached, len(s.cached), s.scores, s.score_k)
-        return Held(seq.tokens, seq.n_computed, seq.scores, seq.score_k)
+            return Held(s.cached, len(s.cached), s.scores, s.score_k, s.blocks)
+        return Held(seq.tokens, seq.n_computed, seq.scores, seq.score_k,
+                    seq.blocks(seq.n_computed))
 
     def advance(self, plan: Plan) -> None:
         """The runner computed plan: the fed tokens now have KV in their slots."""
@@ -410,6 +425,7 @@ class Scheduler:
             hit = min(reach, seq.n_prompt - 1)
             _take_scores(seq, slot.scores, 0, hit)
             slot.cached = slot.cached[:hit]
+            slot.blocks = frozenset(b for b in slot.blocks if b[0] + b[1] <= hit)
             slot.seq_id = seq.seq_id
             seq.slot, seq.n_computed, seq.n_cached = slot.index, hit, hit
             self.running[seq.seq_id] = seq
