@@ -194,6 +194,18 @@ def test_a_prompt_beside_the_one_computing_its_prefix_waits_and_copies_it() -> N
     assert both[1].n_cached == 40
 
 
+def test_two_prompts_sharing_a_system_prompt_inside_one_chunk_compute_it_once() -> None:
+    """Two requests arriving together whose common system prompt (40 tokens) lies inside the
+    first's one 64-row chunk: that chunk ends at 40 (its state checkpointed there), the second
+    waits a step and copies those 40 tokens with the state; both draw what they draw alone."""
+    prompts = [[*SYSTEM, *RNG.integers(0, 300, 10).tolist()] for _ in range(2)]
+    assert prompts[0][len(SYSTEM)] != prompts[1][len(SYSTEM)]
+    alone = [_run(_core(LFM2, 1, chunk=64), [p])[0] for p in prompts]
+    both = _run(_core(LFM2, chunk=64), prompts)
+    _same(alone, both)
+    assert both[0].n_cached == 0 and both[1].n_cached == 40
+
+
 # -- 4. batch invariance: every way a token is computed ------------------------------------------
 STREAMS = [[*SYSTEM[:int(n) % 24], *RNG.integers(0, 300, int(n)).tolist()]
            for n in RNG.integers(5, 60, 8)]

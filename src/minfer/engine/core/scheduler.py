@@ -40,7 +40,8 @@ engine kept the slot's state at, `minfer.backends.checkpoints`; the forward rest
 slot's, `Engine.copy_cells` brings another slot's with the cells), or nothing (position 0). So
 a system prompt every request repeats is prefilled once, up to its last prompt-chunk boundary,
 on a hybrid model too: a prompt admitted beside another that computes it waits for that
-prompt's chunk to end inside their common prefix, then copies up to there.
+prompt's chunk to end inside their common prefix, then copies up to there (the other prompt's
+chunk ends where the shared part does, when that lies inside it: `_end_at_shared`).
 
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
@@ -324,13 +325,15 @@ class Scheduler:
         copies: list[CellCopy] = []
         # each planned prompt's tokens once this step is done, and the k of its scores
         planned: list[tuple[list[int], int | None]] = []
-        for seq in prompts:
+        for i, seq in enumerate(prompts):
             copy = self._take_prefix(seq)
             if copy is not None:
                 copies.append(copy)
             if budget == 0 or self._waits(seq, planned):
                 continue
             n = seq.chunk(min(seq.n_pending, budget))
+            if self.recurrent:
+                n = self._end_at_shared(seq, n, prompts[i + 1:])
             works.append(self._work(seq, n))
             planned.append((seq.tokens[: seq.n_computed + n], seq.score_k))
             budget = max(0, budget - n)
@@ -338,6 +341,17 @@ class Scheduler:
             works.sort(key=lambda w: w.slot)
         assert works or not copies, "copies ride on a forward: a plan without work is skipped"
         return Plan(tuple(works), tuple(copies))
+
+    def _end_at_shared(self, seq: Sequence, n: int, later: Iterable[Sequence]) -> int:
+        """n, or fewer: a recurrent prompt's chunk ends where a later prompt's shared part
+        (SHARE_MIN or more tokens it still lacks) ends inside it, so the state is checkpointed
+        there and that prompt copies it (`_waits`) instead of prefilling it again."""
+        start = seq.n_computed
+        ends = [shared for other in later
+                if start < (shared := common_prefix(seq.tokens[:seq.n_prompt],
+                                                    other.tokens[:other.n_prompt])) < start + n
+                and shared < other.n_prompt and other.n_computed + SHARE_MIN <= shared]
+        return seq.chunk(min(ends) - start) if ends else n
 
     def _waits(self, seq: Sequence, planned: list[tuple[list[int], int | None]]) -> bool:
         """Whether seq's next SHARE_MIN or more prompt tokens are computed this step by an
