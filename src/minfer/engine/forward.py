@@ -590,9 +590,7 @@ class Engine:
             self._check_states(b)
 
     def _check_embd(self, b: Batch) -> None:
-        assert b.embd is not None
-        if self.recurrent:
-            raise MinferError(f"{self.hparams.arch} takes no given embedding rows (images)")
+        assert b.embd is not None  # a recurrent model's too (LFM2-VL's causal image rows)
         ids = b.embd_ids
         width = self.hparams.n_embd * (1 + self.hparams.n_deepstack)  # Qwen3-VL's deepstack
         if b.embd.shape[1:] != (width,) or ids is None \

@@ -15,6 +15,12 @@ size, resized to a multiple of patch * n_merge (`clip.vision.spatial_merge_size`
 between `MIN_TOKENS` and `MAX_TOKENS` merged tokens (clip.cpp's limits for the family); the
 layers `clip.vision.is_deepstack_layers` flags feed deepstack mergers; `image_size` only sizes
 the learned position table (its side: image_size / patch_size).
+LFM2-VL (`lfm2`): the SigLIP tower (SigLIP2 NaFlex) over an image of any size, smart-resized
+as Qwen3-VL's (align patch * n_merge, n_merge the scale factor, 2) between `LFM2_TOKENS` merged
+tokens (clip.cpp's 64 and 256), its learned position table (image_size / patch_size per side)
+resized to the patch grid; pixel unshuffle by n_merge, LayerNorm (`mm.input_norm`, optional),
+`mm.1`, GELU, `mm.2`. An image past twice the most pixels is tiled by llama.cpp (tiles of 512
+and a thumbnail), which minfer does not do yet: it is refused (`LFM2_TILE_FACTOR`).
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ from dataclasses import dataclass
 from minfer.errors import ModelError
 from minfer.gguf.reader import GGUFFile
 
-QWEN3VL = "qwen3vl_merger"
-SUPPORTED = ("gemma3", "idefics3", QWEN3VL)
-LATER = ("lfm2",)
-DEFAULT_MERGE = {"gemma3": 4, "idefics3": 2, QWEN3VL: 2}
+QWEN3VL, LFM2 = "qwen3vl_merger", "lfm2"
+SUPPORTED = ("gemma3", "idefics3", QWEN3VL, LFM2)
+LATER: tuple[str, ...] = ()
+DYNAMIC = (QWEN3VL, LFM2)  # the families whose images keep their own (aligned) size
+DEFAULT_MERGE = {"gemma3": 4, "idefics3": 2, QWEN3VL: 2, LFM2: 2}
 MERGE_KEY = {QWEN3VL: "spatial_merge_size"}  # else projector.scale_factor
 MIN_TOKENS, MAX_TOKENS = 8, 4096  # Qwen3-VL's merged tokens per image (clip.cpp's limits)
+LFM2_TOKENS = (64, 256)  # LFM2-VL's (clip.cpp's set_limit_image_tokens(64, 256))
+LFM2_TILE_FACTOR = 2.0  # llama.cpp tiles an LFM2-VL image past this many times the most pixels
 
 
 @dataclass(frozen=True)
@@ -52,13 +61,15 @@ class ClipParams:
     @property
     def dynamic(self) -> bool:
         """Whether an image keeps its own (aligned) size instead of fixed squares."""
-        return self.projector == QWEN3VL
+        return self.projector in DYNAMIC
 
     @property
     def pixel_limits(self) -> tuple[int, int]:
-        """A dynamic-size image's (min, max) pixels: MIN_TOKENS / MAX_TOKENS merged tokens."""
+        """A dynamic-size image's (min, max) pixels: MIN_TOKENS / MAX_TOKENS merged tokens
+        (LFM2-VL: LFM2_TOKENS)."""
         area = (self.patch_size * self.n_merge) ** 2
-        return MIN_TOKENS * area, MAX_TOKENS * area
+        lo, hi = LFM2_TOKENS if self.projector == LFM2 else (MIN_TOKENS, MAX_TOKENS)
+        return lo * area, hi * area
 
     @property
     def patches_per_side(self) -> int:

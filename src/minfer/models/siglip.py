@@ -15,6 +15,11 @@ own tower, `models.qwen3vl_vision`).
   times `mm.soft_emb_norm`, and `mm.input_projection` to the text model's width.
 - Idefics3's: pixel shuffle (`build_patch_merge_permute`: the same window order, each window's
   n_merge^2 rows joined into one, row-major within the window) and `mm.model.fc` (no bias).
+- LFM2-VL's (`lfm2`, SigLIP2 NaFlex): an image of any n_patches (its grid is the encoder's),
+  the learned position table resized to that grid given as data (`POS_EMBD`, computed by the
+  encoder), the same pixel unshuffle, then LayerNorm (eps 1e-5, ggml_norm's, by
+  `mm.input_norm`; none where the file has no such norm, as clip.cpp), `mm.1`, GELU
+  (ggml_gelu's tanh form through its f16 table; transformers' has the erf form), `mm.2`.
 - ggml's numbers: a matmul whose weight `f16_inputs` names reads its input rounded to f16
   (`RoundF16`), as ggml's mul_mat does for an f16 weight; so does the patch embedding, which
   clip.cpp runs as ggml_conv_2d over an f16 im2col (its kernel rounded too: `encoder`).
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from minfer.gguf.clip import QWEN3VL, ClipParams
+from minfer.gguf.clip import LFM2, QWEN3VL, ClipParams
 from minfer.graph import ir
 from minfer.graph.builder import GraphBuilder
 from minfer.graph.ir import ComputeGraph, InputKind
@@ -34,6 +39,7 @@ from minfer.models.qwen3vl_vision import PATCH_EMBD, build_qwen3vl_vision
 
 __all__ = ["INPUT_PROJ", "PATCH_EMBD", "build_vision"]
 INPUT_PROJ = "mm.input_projection.weight"
+LFM2_NORM_EPS = 1e-5  # clip.cpp's ggml_norm before LFM2-VL's projector (nn.LayerNorm's)
 
 
 class _Builder(GraphBuilder):
@@ -55,13 +61,17 @@ def build_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]],
                  f16_inputs: Collection[str] = (), n_patches: int = 0) -> ComputeGraph:
     """The tower over one image (tile) of `image_size` (a dynamic-size family: of n_patches),
     then the file's projector; the matmuls over the weights `f16_inputs` names read their
-    inputs rounded to f16 (Gemma 3's and Idefics3's towers; Qwen3-VL's reads them as stored)."""
+    inputs rounded to f16 (the SigLIP towers; Qwen3-VL's reads them as stored)."""
     if cp.projector == QWEN3VL:
         return build_qwen3vl_vision(cp, weight_shapes, n_patches)
     b = _Builder(weight_shapes, f16_inputs)
-    n = cp.n_patches
+    dynamic = cp.projector == LFM2
+    n = n_patches if dynamic else cp.n_patches
     pixels = b.input_rows(InputKind.PIXELS, n, 3 * cp.patch_size ** 2)
-    pos = b.input(InputKind.POSITIONS, n)
+    if dynamic:
+        pos = b.input_rows(InputKind.POS_EMBD, n, cp.n_embd)
+    else:
+        pos = b.input(InputKind.POSITIONS, n)
     start = b.input(InputKind.SEQ_START, n)
     end = b.input(InputKind.SEQ_END, n)
     order = b.input(InputKind.POOL_ROWS, n)
@@ -70,19 +80,33 @@ def build_vision(cp: ClipParams, weight_shapes: Mapping[str, tuple[int, ...]],
         out_start = b.input(InputKind.OUT_START, cp.n_image_tokens)
         out_end = b.input(InputKind.OUT_END, cp.n_image_tokens)
     h = b.matmul("patch_embd", pixels, PATCH_EMBD, bias="v.patch_embd.bias")
-    h = b.add("pos_embd", h, b.weight_rows("pos_rows", "v.position_embd.weight", pos))
+    if not dynamic:
+        pos = b.weight_rows("pos_rows", "v.position_embd.weight", pos)
+    h = b.add("pos_embd", h, pos)
     for il in range(cp.n_layer):
         h = _block(b, cp, il, h, start, end)
     h = b.layer_norm("post_ln", h, "v.post_ln.weight", "v.post_ln.bias", cp.eps)
     h = b.get_rows("merge_order", h, order)  # each n_merge x n_merge window's rows together
-    if not pooled:  # idefics3
+    if not pooled:  # idefics3, lfm2
         h = b.join_rows("pixel_shuffle", h, cp.n_merge ** 2)
-        b.output(b.matmul("mm_fc", h, "mm.model.fc.weight"))
+        b.output(_lfm2_projector(b, h, weight_shapes) if dynamic
+                 else b.matmul("mm_fc", h, "mm.model.fc.weight"))
         return b.graph
     h = b.pool("pool", h, out_start, out_end, "mean")
     h = b.rms_norm("soft_emb_norm", h, "mm.soft_emb_norm.weight", cp.eps)
     b.output(b.matmul("input_projection", h, INPUT_PROJ))
     return b.graph
+
+
+def _lfm2_projector(b: GraphBuilder, h: int, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """LayerNorm (where the file has mm.input_norm: clip.cpp normalizes only then), mm.1,
+    GELU, mm.2 (clip.cpp's LFM2 branch)."""
+    norm_w, norm_b = "mm.input_norm.weight", "mm.input_norm.bias"
+    if norm_w in shapes or norm_b in shapes:
+        h = b.layer_norm("mm_input_norm", h, norm_w, norm_b, LFM2_NORM_EPS)
+    h = b.matmul("mm_1", h, "mm.1.weight", bias="mm.1.bias")
+    h = b.gelu("mm_gelu", h)
+    return b.matmul("mm_2", h, "mm.2.weight", bias="mm.2.bias")
 
 
 def _block(b: GraphBuilder, cp: ClipParams, il: int, h: int, start: int, end: int) -> int:

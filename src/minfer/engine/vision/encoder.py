@@ -4,9 +4,10 @@ The tower is a graph in the same IR (`minfer.models.siglip.build_vision`, its pr
 on `clip.projector_type`), bound into an op tape on the CPU backend's kernels, its matmuls the
 dense-f32 GEMM an encoder uses (batch-invariant: an image's rows do not depend on anything
 else). An image is one or more chunks of `image_size` (Idefics3's tiles and overview), each run
-through the same tape; Qwen3-VL's one chunk has its image's own size: a tower is bound per patch
-grid (the last `TOWERS` kept), its inputs the patch rows in merge-window order, the learned
-position table resized to the grid (`_positions`) and the patches' (y, x) rope positions.
+through the same tape; Qwen3-VL's and LFM2-VL's one chunk has its image's own size: a tower
+is bound per patch grid (the graph's params are the grid: equal grids reuse it; the last
+`TOWERS` kept), its inputs the learned position table resized to the grid (`_positions`) and
+the patch rows (Qwen3-VL's in merge-window order, with the patches' (y, x) rope positions).
 Weights are presented in the form a matmul reads: the patch embedding (a convolution kernel
 [n_embd, 3, p, p]; Qwen3-VL's two temporal halves summed, the frame being taken twice) as
 [n_embd, 3 p^2], and Gemma 3's projection (stored [n_embd_vision, n_embd_text], applied as
@@ -28,6 +29,7 @@ choices reads the rows again instead of running the tower again (`n_encoded` cou
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from minfer.backends.cpu.backend import CpuBackend
 from minfer.engine.forward import regions_pay
 from minfer.engine.vision.image import EncodedImage, patches, preprocess
 from minfer.engine.weights import ModelWeights
-from minfer.gguf.clip import ClipParams
+from minfer.gguf.clip import LFM2, QWEN3VL, ClipParams
 from minfer.gguf.reader import GGUFFile
 from minfer.graph import scheduler
 from minfer.graph.alloc import Allocator, KVRegions, plan_buffers
@@ -50,7 +52,7 @@ from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_vision
 
 F32, F16, BF16 = 0, 1, 30  # GGML type ids
 CACHE_IMAGES = 16  # images whose rows `encode` keeps (Gemma 3 27B: 5.5 MB each)
-TOWERS = 2  # patch grids whose bound towers are kept (Qwen3-VL: one per image size)
+TOWERS = 2  # patch grids whose bound towers are kept (Qwen3-VL, LFM2-VL: one per image size)
 
 
 class VisionWeights(ModelWeights):
@@ -93,6 +95,35 @@ class VisionWeights(ModelWeights):
             assert w is not None
             self._matrices[name] = (w, F32)
         return super().matrix(name)
+
+
+def _corners_aligned(n: int, side: int) -> np.ndarray:
+    """[n, side] bilinear weights, the corners aligned."""
+    src = np.linspace(0.0, side - 1, n) if n > 1 else np.zeros(1)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, side - 1)
+    w = np.zeros((n, side))
+    np.add.at(w, (np.arange(n), lo), 1 - (src - lo))
+    np.add.at(w, (np.arange(n), hi), src - lo)
+    return w
+
+
+def _antialiased(n: int, side: int) -> np.ndarray:
+    """[n, side] antialiased bilinear weights (align_corners False), as ggml's upscale computes
+    them in f32: a triangle filter widened by the scale where it shrinks, each row normalized."""
+    f32 = np.float32
+    sf = f32(n) / f32(side)
+    support = max(f32(1.0), f32(1.0) / sf)
+    inv = f32(1.0) / support
+    w = np.zeros((n, side))
+    for i in range(n):
+        center = (f32(i) + f32(0.5)) / sf
+        lo = max(int(center - support + f32(0.5)), 0)
+        hi = min(int(center + support + f32(0.5)), side)
+        for s in range(lo, hi):
+            w[i, s] = max(f32(1.0) - abs((f32(s) - center + f32(0.5)) * inv), f32(0.0))
+        w[i] /= w[i].sum()
+    return w
 
 
 @dataclass
@@ -168,14 +199,17 @@ class VisionEncoder:
         order = np.arange(n).reshape(gh // m, m, gw // m, m).transpose(0, 2, 1, 3).reshape(-1)
         tower.input(InputKind.SEQ_START)[:] = 0
         tower.input(InputKind.SEQ_END)[:] = n
-        if cp.dynamic:  # the rows themselves in window order
+        if cp.projector == QWEN3VL:  # the rows themselves in window order
             tower.input(InputKind.PIXELS)[:] = rows[order]
             tower.input(InputKind.POS_EMBD)[:] = self._positions(gh, gw)[order]
             y, x = order // gw, order % gw
             tower.input(InputKind.ROPE_POS)[:] = np.concatenate([y, x, y, x])
             return
         tower.input(InputKind.PIXELS)[:] = rows
-        tower.input(InputKind.POSITIONS)[:] = np.arange(n)
+        if cp.dynamic:  # LFM2-VL: the table resized to the grid
+            tower.input(InputKind.POS_EMBD)[:] = self._positions(gh, gw)
+        else:
+            tower.input(InputKind.POSITIONS)[:] = np.arange(n)
         tower.input(InputKind.POOL_ROWS)[:] = order
         if InputKind.OUT_START not in tower.graph.inputs:
             return
@@ -184,25 +218,18 @@ class VisionEncoder:
         tower.input(InputKind.OUT_END)[:] = (np.arange(n_out) + 1) * m * m
 
     def _positions(self, gh: int, gw: int) -> np.ndarray:
-        """The learned position table resized to gh x gw patches, row-major: bilinear with the
-        corners aligned (transformers' and clip.cpp's), in f64 then f32."""
+        """The learned position table (a square of side^2 rows) resized to gh x gw patches,
+        row-major, in f64 then f32: Qwen3-VL's bilinear with the corners aligned
+        (transformers' and clip.cpp's), LFM2-VL's antialiased bilinear (align_corners False:
+        F.interpolate(antialias=True), ggml_interpolate's GGML_SCALE_FLAG_ANTIALIAS)."""
         if self._pos_table is None:
             self._pos_table = np.asarray(self.file.array(POS_TABLE), np.float64)
-        side = self.params.patches_per_side
+        side = math.isqrt(self._pos_table.shape[0])
         table = self._pos_table.reshape(side, side, -1)
-
-        def axis(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            src = np.linspace(0.0, side - 1, n) if n > 1 else np.zeros(1)
-            lo = np.floor(src).astype(np.int64)
-            hi = np.minimum(lo + 1, side - 1)
-            return lo, hi, src - lo
-
-        y0, y1, fy = axis(gh)
-        x0, x1, fx = axis(gw)
-        fy, fx = fy[:, None, None], fx[None, :, None]
-        top = table[y0][:, x0] * (1 - fx) + table[y0][:, x1] * fx
-        bottom = table[y1][:, x0] * (1 - fx) + table[y1][:, x1] * fx
-        return (top * (1 - fy) + bottom * fy).reshape(gh * gw, -1).astype(np.float32)
+        axis = _antialiased if self.params.projector == LFM2 else _corners_aligned
+        wy, wx = axis(gh, side), axis(gw, side)
+        out = np.einsum("ys,stc,xt->yxc", wy, table, wx)
+        return out.reshape(gh * gw, -1).astype(np.float32)
 
     def encode_pixels(self, chw: np.ndarray) -> np.ndarray:
         """A preprocessed [3, size, size] chunk's [n_image_tokens, n_embd_text] rows (Qwen3-VL:

@@ -22,6 +22,11 @@ Decoded by Pillow (JPEG, PNG, WebP, GIF's first frame; anything else, or a corru
   (ceiled); resized (bicubic, Pillow's as transformers' Qwen2VLImageProcessorPil; clip.cpp's
   own bicubic may differ in the last bits) only where that changes the size. One chunk of its
   own size; its grid the patches (rows, cols).
+- lfm2 (`mtmd_image_preprocessor_lfm2`, one tile): the same smart size between 64 and 256
+  merged tokens (`ClipParams.pixel_limits`), resized with Pillow's bilinear filter (clip.cpp's
+  `resize_pillow`, PAD_NONE) where that changes the size. llama.cpp tiles an image whose
+  aligned size is past twice the most pixels (512-pixel tiles and a thumbnail): such an image
+  is an `ImageError` here (not read yet).
 
 Each chunk then x / 255, (x - mean) / std per channel (f32, as clip.cpp), and is unfolded into
 patch rows (channel, y, x), patches in row-major order, by the encoder.
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.errors import MinferError
-from minfer.gguf.clip import ClipParams
+from minfer.gguf.clip import LFM2, LFM2_TILE_FACTOR, ClipParams
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF")
 
@@ -159,14 +164,31 @@ def smart_size(w: int, h: int, align: int, min_pixels: int, max_pixels: int) -> 
     return wb, hb
 
 
+def lfm2_tiles(w: int, h: int, cp: ClipParams) -> bool:
+    """Whether llama.cpp tiles an LFM2-VL image of w x h (`should_tile`: each side rounded to
+    the alignment, at least a patch, past LFM2_TILE_FACTOR times the most pixels)."""
+    align = cp.patch_size * cp.n_merge
+
+    def rounded(x: int) -> int:
+        return max(cp.patch_size, round(x / align) * align)  # nearbyint: half to even
+
+    return rounded(h) * rounded(w) > cp.pixel_limits[1] * LFM2_TILE_FACTOR
+
+
 def dynamic(img: object, cp: ClipParams) -> np.ndarray:
     """The [h, w, 3] uint8 image at its smart-resized size."""
     from PIL import Image
 
     assert isinstance(img, Image.Image)
+    if cp.projector == LFM2 and lfm2_tiles(*img.size, cp):
+        raise ImageError(f"a {img.size[0]} x {img.size[1]} image is past what LFM2-VL reads "
+                         f"in one tile ({cp.pixel_limits[1]} pixels x {LFM2_TILE_FACTOR:g}; "
+                         "llama.cpp tiles it, minfer does not yet): scale it down")
     size = smart_size(*img.size, cp.patch_size * cp.n_merge, *cp.pixel_limits)
     if size != img.size:
-        img = img.resize(size, Image.Resampling.BICUBIC)
+        bilinear = cp.projector == LFM2
+        img = img.resize(size, Image.Resampling.BILINEAR if bilinear
+                         else Image.Resampling.BICUBIC)
     return np.asarray(img, np.uint8)
 
 

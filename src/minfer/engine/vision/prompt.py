@@ -10,6 +10,8 @@ family's markers, one placeholder token per embedding row:
   the block reads itself both ways.
 - qwen3vl_merger: `<|vision_start|>`, `<|image_pad|>` per row, `<|vision_end|>`; one causal
   block whose rows take M-RoPE positions over the image's merged grid (`PromptRows.grid`).
+- lfm2: `<|image_start|>`, `<image>` per row, `<|image_end|>` (mtmd's single-tile layout; one
+  causal block).
 - idefics3: per tile the text `<fake_token_around_image><row_r_col_c>` and its rows
   (`<image>` each), `\n` between tile rows; then `\n\n<fake_token_around_image><global-img>`,
   the overview's rows, `<fake_token_around_image>`; causal blocks (mtmd's
@@ -36,12 +38,13 @@ from typing import Any
 from minfer.engine.core.request import PromptRows
 from minfer.engine.vision.fetch import base64_bytes, url_bytes
 from minfer.engine.vision.image import EncodedImage, ImageError
-from minfer.gguf.clip import QWEN3VL
+from minfer.gguf.clip import LFM2, QWEN3VL
 
 MARKER = "<__media__>"
 BEGIN, END, PLACEHOLDER = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 FAKE, GLOBAL, IMAGE = "<fake_token_around_image>", "<global-img>", "<image>"
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
+LFM2_START, LFM2_END = "<|image_start|>", "<|image_end|>"
 IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
@@ -119,6 +122,12 @@ def _image_ids(image: EncodedImage, ids: list[int], placed: list[PromptRows],
         ids.append(start)
         block(0, pad, True, image.grid)
         ids.append(end)
+        return
+    if image.projector == LFM2:
+        (img,) = _lookup(token_id, IMAGE)
+        ids.extend(rest(LFM2_START))
+        block(0, img, True)
+        ids.extend(rest(LFM2_END))
         return
     if image.projector == "idefics3":
         fake, glob, img = _lookup(token_id, FAKE, GLOBAL, IMAGE)
