@@ -32,7 +32,8 @@ Variants (comma-joined names combine):
 
 Measured (Intel Xeon, Sapphire Rapids; llama-cpp-python 0.3.36 built as docs/performance.md
 says), max top-10 gap over the 18 prompts / prompts over 0.5: base 1.129 / 5, q0 0.791 / 9,
-q0+attn 0.867 / 6, q0+ga+p16 0.897 / 4, q0+ga+softmax 0.801 / 6, attn 0.833 / 5. With q0+attn,
+q0+ga 0.872 / 8, q0+attn 0.867 / 6, q0+ga+p16 0.897 / 4, q0+ga+softmax 0.801 / 6, attn (alone)
+0.833 / 5. With q0+attn,
 layer 0's q/k/v and layer 1's q/k/v and attention output equal llama.cpp's bit for bit (--dump 1),
 but the Q4_K attn_output (repacked 8x8 in llama.cpp), the Q6_K ffn_down and the norms' sums
 still differ in last bits, and those seeds flip f16 / Q8 roundings downstream: every partial
