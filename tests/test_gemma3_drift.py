@@ -2,22 +2,20 @@
 where minfer strayed furthest, against llama.cpp's (tests/fixtures/gemma3_drift.json, from
 benchmarks/make_gemma_reference.py; flash attention off, f16 KV), held to 0.5.
 
-Expected to fail until minfer's quantized dots sum as ggml's do. Measured per layer against
-llama.cpp's intermediate tensors (its eval callback) on the softmax prompt, the first difference is
-the layer-0 q/k/v projections (Q5_0 / Q8_0 weights): the same quantized activations, the same
-integer block sums, but another float order (ggml: eight lanes per row, lane j the sum of codes
-4j..4j+3 of each block, `fma(d_w * d_x, lane, acc_j)` block after block, then
-((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); minfer: one exact sum per block into two accumulators).
-A numpy emulation of ggml's order reproduces llama.cpp's Qcur-0 / Kcur-0 / Vcur-0 bit for bit,
-where minfer differs in the last bits of 74-82% of the values. Those ulps become whole f16
-steps where K and V are rounded into the cache and whole Q8 steps where activations are
-quantized, and grow to 1-3% of each tensor's range by layer 2 (up to 8% by the last): the
-top-10 gap is then noise of 0.2-1.1 that any change of rounding reshuffles (llama.cpp's own
-flash-attention path is 0.17-0.93 from its non-flash path on the same 18 prompts). The value
-mix's probabilities, which ggml rounds to f16 over an f16 V cache and minfer keeps in f32 (the
-one op that computes differently on the same inputs), were tried rounded as ggml's: the gaps on
-these prompts moved and did not shrink (max 1.129 -> 1.052, 5 -> 7 prompts over 0.5), so
-that change was not kept.
+Expected to fail: matching ggml's float order op by op does not get there. The first
+difference is layer 0's Q5_0/Q8_0 q/k/v (same quantized activations and integer block sums,
+another float order: ggml's eight lanes per row, `fma(d_w * d_x, lane_j, acc_j)` block after
+block). benchmarks/gemma3_drift_probe.py swaps minfer's projection and attention binders for
+numpy copies of ggml-cpu's arithmetic (those dots in ggml's lane order; attention with q in
+f16, 16-lane f16 dots, ggml's exp, f16 probabilities: layer 0 and 1 then equal llama.cpp's bit
+for bit) and measures the 18 prompts: the worst gap goes 1.129 -> 0.79-0.90 with every
+combination tried, prompts over 0.5 from 5 to 4-9. The ulps left (the Q4_K output projection
+in llama.cpp's repacked 8x8 order, Q6_K ffn_down, the norms and adds) become whole f16 / Q8
+steps downstream, and the gap behaves as noise of 0.2-0.9 that any rounding change reshuffles
+(llama.cpp's own flash-attention path is 0.17-0.93 from its non-flash path on the same
+prompts). Only a bit-for-bit copy of every op's order (and ggml's repacked layouts) could
+pass; the kernel cost of just the dots' lane order would be roughly 3-6x on batched Q5_0/Q8_0
+rows (8 float accumulators per block instead of 1), and AMX cannot keep that order at all.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ def engine() -> Engine:
     return Engine(f, HParams.from_gguf(f), n_ctx=256)
 
 
-@pytest.mark.xfail(reason="ggml's quantized dot order not matched yet (module docstring)",
+@pytest.mark.xfail(reason="only a bit-for-bit copy of every ggml op would pass (docstring)",
                    strict=False)
 @pytest.mark.parametrize("case", CASES, ids=[c["prompt"][:24] for c in CASES])
 def test_top10_logits_within_half_a_logit(engine: Engine, case: dict[str, Any]) -> None:
