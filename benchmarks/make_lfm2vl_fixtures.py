@@ -4,7 +4,9 @@ answer after a generated image, and llama.cpp's mtmd over the same files.
 
     PYTHONPATH=$PWD/src MINFER_LLAMA_CPP_DIR=/path/to/llama.cpp \
         MINFER_REF_PYTHON=/path/to/venv-with-llama-cpp-python/bin/python \
-        .venv/bin/python benchmarks/make_lfm2vl_fixtures.py
+        .venv/bin/python benchmarks/make_lfm2vl_fixtures.py [--mtmd]
+
+(`--mtmd`: only llama.cpp's results, `big.png` and `mtmd.{json,npz}`, from the committed GGUFs.)
 
 The checkpoint: Lfm2VlForConditionalGeneration (transformers 5.x). Its vision tower (SigLIP2
 NaFlex): 3 layers (the converter maps the projector's `linear_2` only below the block count),
@@ -29,7 +31,10 @@ position's float32 logits with the image) and `greedy` (transformers' greedy gen
 tokens). With llama-cpp-python in `$MINFER_REF_PYTHON` (or importable here), also `mtmd.json`
 and `mtmd.npz`: llama.cpp's mtmd (`tests/mtmd_ref.py`, flash attention off) on the same prompt
 and on `small.png` (a 150 x 100 image llama.cpp resizes up to 320 x 224 with Pillow's bilinear):
-the chunks, the image rows (`embd`, `small_embd`), the greedy tokens and their logits.
+the chunks, the image rows (`embd`, `small_embd`), the greedy tokens and their logits; and on
+`big.png` (1000 x 700, low noise: llama.cpp tiles it, a 3 x 2 grid of 512-pixel tiles and a
+608 x 416 thumbnail; n_ctx 2048): `big` in mtmd.json (its chunks, n_tokens, greedy, margins),
+`big_embd` and `big_logits` in mtmd.npz.
 """
 
 from __future__ import annotations
@@ -81,12 +86,12 @@ def _tokenizer(out: Path) -> int:
     return int(tok.get_vocab_size())
 
 
-def _image(w: int, h: int, seed: int) -> object:
+def _image(w: int, h: int, seed: int, noise: int = 6) -> object:
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w]
-    rgb = np.stack([x * 0.8, y * 0.9, (x + y) * 0.4], -1) + rng.integers(0, 6, (h, w, 3))
+    rgb = np.stack([x * 0.8, y * 0.9, (x + y) * 0.4], -1) + rng.integers(0, noise, (h, w, 3))
     return Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8), "RGB")
 
 
@@ -169,6 +174,7 @@ def main() -> None:
         image = _image(320, 256, 4)
         image.save(OUT / "image.png")  # type: ignore[attr-defined]
         _image(150, 100, 5).save(OUT / "small.png")  # type: ignore[attr-defined]
+        _image(1000, 700, 6, noise=2).save(OUT / "big.png")  # type: ignore[attr-defined]
         pix = _pixels(image)
         shape = pix["spatial_shapes"]
         n = 16 * 20
@@ -211,18 +217,27 @@ def _llama_cpp(prompt: str) -> None:
         return
     text = prompt.replace("<image>", "<__media__>")
     with tempfile.TemporaryDirectory() as tmp:
-        big, small = Path(tmp) / "big.npz", Path(tmp) / "small.npz"
+        one, small, big = (Path(tmp) / f"{n}.npz" for n in ("one", "small", "big"))
         ref = mtmd_ref.run(python, OUT / "model.gguf", OUT / "mmproj.gguf", OUT / "image.png",
-                           text, big, n_greedy=8)
+                           text, one, n_greedy=8)
         ref_small = mtmd_ref.run(python, OUT / "model.gguf", OUT / "mmproj.gguf",
                                  OUT / "small.png", text, small, n_greedy=0)
-        arrays, arrays_small = np.load(big), np.load(small)
+        ref_big = mtmd_ref.run(python, OUT / "model.gguf", OUT / "mmproj.gguf",
+                               OUT / "big.png", text, big, n_greedy=8, n_ctx=2048)
+        arrays, arrays_small, arrays_big = np.load(one), np.load(small), np.load(big)
         np.savez(OUT / "mtmd.npz", embd=arrays["embd"], logits=arrays["logits"],
-                 small_embd=arrays_small["embd"])
+                 small_embd=arrays_small["embd"], big_embd=arrays_big["embd"],
+                 big_logits=arrays_big["logits"])
     (OUT / "mtmd.json").write_text(json.dumps({"prompt": text, **ref,
-                                               "small_chunks": ref_small["chunks"]}, indent=1)
-                                   + "\n")
+                                               "small_chunks": ref_small["chunks"],
+                                               "big": ref_big}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--mtmd"]:
+        if not (OUT / "big.png").exists():
+            _image(1000, 700, 6, noise=2).save(OUT / "big.png")  # type: ignore[attr-defined]
+        _llama_cpp(json.loads((OUT / "mtmd.json").read_text())["prompt"].replace(
+            "<__media__>", "<image>"))
+    else:
+        main()

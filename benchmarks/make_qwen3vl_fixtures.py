@@ -210,7 +210,7 @@ def main() -> None:
 def _llama_cpp(prompt: str) -> None:
     """llama.cpp's mtmd on the fixture, where an interpreter has llama-cpp-python."""
     import pytest
-    from tests.mtmd_greedy_ref import mtmd_greedy
+    from tests.mtmd_ref import mtmd_greedy
     from tests.refpython import llama_python
 
     try:

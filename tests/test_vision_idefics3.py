@@ -51,7 +51,7 @@ def test_tiles_and_overview_equal_transformers() -> None:
 
     px = preprocess((FIXTURES / "image.png").read_bytes(), _params())
     assert px.grid == (2, 2)
-    assert px.chunks.shape == REF["pixels"].shape == (5, 3, 32, 32)
+    assert np.stack(px.chunks).shape == REF["pixels"].shape == (5, 3, 32, 32)
     np.testing.assert_allclose(px.chunks, REF["pixels"], atol=1e-5)
 
 

@@ -51,7 +51,7 @@ def test_pixels_equal_transformers() -> None:
 
     cp = _params()
     px = preprocess((FIXTURES / "image.png").read_bytes(), cp)
-    assert px.chunks.shape == (1, 3, 48, 64) and px.grid == (6, 8)
+    assert np.stack(px.chunks).shape == (1, 3, 48, 64) and px.grid == (6, 8)
     rows = patches(px.chunks[0], 8)
     order = np.arange(48).reshape(3, 2, 4, 2).transpose(0, 2, 1, 3).reshape(-1)
     want = REF["pixels"].reshape(48, 3, 2, 64)
@@ -281,7 +281,7 @@ def test_greedy_draws_are_llama_cpps() -> None:
 def test_llama_cpp_live_gives_the_committed_results() -> None:
     """Rerun llama.cpp's mtmd (skipped without llama-cpp-python here or in
     $MINFER_REF_PYTHON): the same ids, n_past and greedy tokens as llamacpp.npz."""
-    from tests.mtmd_greedy_ref import mtmd_greedy
+    from tests.mtmd_ref import mtmd_greedy
     from tests.refpython import llama_python
 
     prompt = "<|im_start|>user\n<image>What is in the image?<|im_end|>\n<|im_start|>assistant\n"

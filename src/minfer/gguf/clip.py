@@ -19,8 +19,9 @@ LFM2-VL (`lfm2`): the SigLIP tower (SigLIP2 NaFlex) over an image of any size, s
 as Qwen3-VL's (align patch * n_merge, n_merge the scale factor, 2) between `LFM2_TOKENS` merged
 tokens (clip.cpp's 64 and 256), its learned position table (image_size / patch_size per side)
 resized to the patch grid; pixel unshuffle by n_merge, LayerNorm (`mm.input_norm`, optional),
-`mm.1`, GELU, `mm.2`. An image past twice the most pixels is tiled by llama.cpp (tiles of 512
-and a thumbnail), which minfer does not do yet: it is refused (`LFM2_TILE_FACTOR`).
+`mm.1`, GELU, `mm.2`. An image past `LFM2_TILE_FACTOR` times the most pixels is cut into
+`LFM2_TILE`-pixel tiles (between `LFM2_TILES` of them) plus a smart-resized thumbnail
+(`minfer.engine.vision.image`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ MERGE_KEY = {QWEN3VL: "spatial_merge_size"}  # else projector.scale_factor
 MIN_TOKENS, MAX_TOKENS = 8, 4096  # Qwen3-VL's merged tokens per image (clip.cpp's limits)
 LFM2_TOKENS = (64, 256)  # LFM2-VL's (clip.cpp's set_limit_image_tokens(64, 256))
 LFM2_TILE_FACTOR = 2.0  # llama.cpp tiles an LFM2-VL image past this many times the most pixels
+LFM2_TILE = 512  # LFM2-VL's tile side (mtmd_image_preprocessor_lfm2::tile_size)
+LFM2_TILES = (2, 10)  # its fewest and most tiles (min_tiles, max_tiles)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ The tower is a graph in the same IR (`minfer.models.siglip.build_vision`, its pr
 on `clip.projector_type`), bound into an op tape on the CPU backend's kernels, its matmuls the
 dense-f32 GEMM an encoder uses (batch-invariant: an image's rows do not depend on anything
 else). An image is one or more chunks of `image_size` (Idefics3's tiles and overview), each run
-through the same tape; Qwen3-VL's and LFM2-VL's one chunk has its image's own size: a tower
-is bound per patch grid (the graph's params are the grid: equal grids reuse it; the last
-`TOWERS` kept), its inputs the learned position table resized to the grid (`_positions`) and
-the patch rows (Qwen3-VL's in merge-window order, with the patches' (y, x) rope positions).
+through the same tape; Qwen3-VL's and LFM2-VL's chunks have their own sizes (one per image, or
+LFM2-VL's 512-pixel tiles and a thumbnail): a tower is bound per patch grid (the graph's params
+are the grid: equal grids, e.g. all tiles, reuse it; the last `TOWERS` kept), its inputs the
+learned position table resized to the grid (`_positions`, once per tower) and the patch rows
+(Qwen3-VL's in merge-window order, with the patches' (y, x) rope positions).
 Weights are presented in the form a matmul reads: the patch embedding (a convolution kernel
 [n_embd, 3, p, p]; Qwen3-VL's two temporal halves summed, the frame being taken twice) as
 [n_embd, 3 p^2], and Gemma 3's projection (stored [n_embd_vision, n_embd_text], applied as
@@ -52,7 +53,8 @@ from minfer.models.siglip import INPUT_PROJ, PATCH_EMBD, build_vision
 
 F32, F16, BF16 = 0, 1, 30  # GGML type ids
 CACHE_IMAGES = 16  # images whose rows `encode` keeps (Gemma 3 27B: 5.5 MB each)
-TOWERS = 2  # patch grids whose bound towers are kept (Qwen3-VL, LFM2-VL: one per image size)
+TOWERS = 2  # patch grids whose bound towers are kept (Qwen3-VL, LFM2-VL: one per image size;
+#   LFM2-VL's tiles and its thumbnail: two)
 
 
 class VisionWeights(ModelWeights):
@@ -134,6 +136,7 @@ class _Tower:
     graph: ComputeGraph
     buffers: list[np.ndarray | None]
     tape: scheduler.Tape
+    positions: np.ndarray | None = None  # the position table resized to the grid, once made
 
     def input(self, kind: InputKind) -> np.ndarray:
         buf = self.buffers[self.graph.inputs[kind]]
@@ -201,13 +204,13 @@ class VisionEncoder:
         tower.input(InputKind.SEQ_END)[:] = n
         if cp.projector == QWEN3VL:  # the rows themselves in window order
             tower.input(InputKind.PIXELS)[:] = rows[order]
-            tower.input(InputKind.POS_EMBD)[:] = self._positions(gh, gw)[order]
+            tower.input(InputKind.POS_EMBD)[:] = self._grid_positions(tower)[order]
             y, x = order // gw, order % gw
             tower.input(InputKind.ROPE_POS)[:] = np.concatenate([y, x, y, x])
             return
         tower.input(InputKind.PIXELS)[:] = rows
         if cp.dynamic:  # LFM2-VL: the table resized to the grid
-            tower.input(InputKind.POS_EMBD)[:] = self._positions(gh, gw)
+            tower.input(InputKind.POS_EMBD)[:] = self._grid_positions(tower)
         else:
             tower.input(InputKind.POSITIONS)[:] = np.arange(n)
         tower.input(InputKind.POOL_ROWS)[:] = order
@@ -216,6 +219,12 @@ class VisionEncoder:
         n_out = cp.n_image_tokens
         tower.input(InputKind.OUT_START)[:] = np.arange(n_out) * m * m
         tower.input(InputKind.OUT_END)[:] = (np.arange(n_out) + 1) * m * m
+
+    def _grid_positions(self, tower: _Tower) -> np.ndarray:
+        """`_positions` for the tower's grid, made on its first image (LFM2-VL's tiles)."""
+        if tower.positions is None:
+            tower.positions = self._positions(*tower.grid)
+        return tower.positions
 
     def _positions(self, gh: int, gw: int) -> np.ndarray:
         """The learned position table (a square of side^2 rows) resized to gh x gw patches,
@@ -262,14 +271,14 @@ class VisionEncoder:
                 self._cache.move_to_end(key)
                 return cached
         px = preprocess(data, self.params)
-        rows = np.concatenate([self.encode_pixels(c) for c in px.chunks])
+        chunks = [self.encode_pixels(c) for c in px.chunks]
+        rows = np.concatenate(chunks)
         rows.setflags(write=False)
-        if self.params.dynamic:  # one chunk; its grid: the merged tokens'
-            m = self.params.n_merge
-            image = EncodedImage(rows, int(rows.shape[0]), (px.grid[0] // m, px.grid[1] // m),
-                                 self.params.projector)
-        else:
-            image = EncodedImage(rows, self.n_image_tokens, px.grid, self.params.projector)
+        grid = px.grid
+        if self.params.dynamic and len(chunks) == 1:  # its grid: the merged tokens'
+            grid = (grid[0] // self.params.n_merge, grid[1] // self.params.n_merge)
+        image = EncodedImage(rows, tuple(int(c.shape[0]) for c in chunks), grid,
+                             self.params.projector)
         with self._cache_lock:
             self._cache[key] = image
             while len(self._cache) > CACHE_IMAGES:

@@ -10,8 +10,10 @@ family's markers, one placeholder token per embedding row:
   the block reads itself both ways.
 - qwen3vl_merger: `<|vision_start|>`, `<|image_pad|>` per row, `<|vision_end|>`; one causal
   block whose rows take M-RoPE positions over the image's merged grid (`PromptRows.grid`).
-- lfm2: `<|image_start|>`, `<image>` per row, `<|image_end|>` (mtmd's single-tile layout; one
-  causal block).
+- lfm2: `<|image_start|>`, `<image>` per row, `<|image_end|>` (one causal block); a tiled image
+  (mtmd's `MTMD_SLICE_TMPL_LFM2`): `<|image_start|>`, per tile the text `<|img_row_r_col_c|>`
+  and its rows (`<image>` each), no separator between rows; then `<|img_thumbnail|>` (one
+  token) and the thumbnail's rows, `<|image_end|>`; causal blocks.
 - idefics3: per tile the text `<fake_token_around_image><row_r_col_c>` and its rows
   (`<image>` each), `\n` between tile rows; then `\n\n<fake_token_around_image><global-img>`,
   the overview's rows, `<fake_token_around_image>`; causal blocks (mtmd's
@@ -44,7 +46,7 @@ MARKER = "<__media__>"
 BEGIN, END, PLACEHOLDER = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 FAKE, GLOBAL, IMAGE = "<fake_token_around_image>", "<global-img>", "<image>"
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
-LFM2_START, LFM2_END = "<|image_start|>", "<|image_end|>"
+LFM2_START, LFM2_END, THUMBNAIL = "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"
 IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
@@ -123,23 +125,35 @@ def _image_ids(image: EncodedImage, ids: list[int], placed: list[PromptRows],
         block(0, pad, True, image.grid)
         ids.append(end)
         return
+    def tiles(img: int, marker: str, row_end: str) -> int:
+        """Each tile's marker (`marker` formatted with its 1-based row r and col c) and rows,
+        row_end between tile rows; the overview's chunk index."""
+        n_row, n_col = image.grid
+        for r in range(n_row):
+            for c in range(n_col):
+                ids.extend(rest(marker.format(r=r + 1, c=c + 1)))
+                block(r * n_col + c, img, True)
+            if row_end and r != n_row - 1:
+                ids.extend(rest(row_end))
+        return n_row * n_col
+
     if image.projector == LFM2:
         (img,) = _lookup(token_id, IMAGE)
         ids.extend(rest(LFM2_START))
-        block(0, img, True)
+        if len(image.sizes) > 1:
+            (thumb,) = _lookup(token_id, THUMBNAIL)
+            overview = tiles(img, "<|img_row_{r}_col_{c}|>", "")
+            ids.append(thumb)
+            block(overview, img, True)
+        else:
+            block(0, img, True)
         ids.extend(rest(LFM2_END))
         return
     if image.projector == "idefics3":
         fake, glob, img = _lookup(token_id, FAKE, GLOBAL, IMAGE)
-        n_row, n_col = image.grid
-        for r in range(n_row):
-            for c in range(n_col):
-                ids.extend(rest(f"{FAKE}<row_{r + 1}_col_{c + 1}>"))
-                block(r * n_col + c, img, True)
-            if r != n_row - 1:
-                ids.extend(rest("\n"))
+        overview = tiles(img, FAKE + "<row_{r}_col_{c}>", "\n")
         ids.extend([*rest("\n\n"), fake, glob])
-        block(n_row * n_col, img, True)
+        block(overview, img, True)
         ids.append(fake)
         return
     (placeholder,) = _lookup(token_id, PLACEHOLDER)
