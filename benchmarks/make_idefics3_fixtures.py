@@ -26,7 +26,6 @@ logits of every prompt position with those pixels) and `greedy` (transformers' g
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from hf_tiny import CHAT_TEMPLATE, QWEN2_SPLIT  # noqa: E402
+from hf_tiny import CHAT_TEMPLATE, write_bpe_tokenizer  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "idefics3"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<fake_token_around_image>",
@@ -48,28 +47,12 @@ TEXT = ("The quick brown fox jumps over the lazy dog\n\nHello world! What is in 
 
 def _tokenizer(out: Path) -> int:
     """A byte-level BPE tokenizer (Qwen2's split, `\\n\\n` one token) with Idefics3's markers."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320 - len(SPECIALS), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT], trainer)
-    tok.add_special_tokens(SPECIALS)
-    assert tok.token_to_id("\u010a\u010a") is not None  # "\n\n" (mtmd looks it up)
-    tok.save(str(out / "tokenizer.json"))
-    decoder = {str(tok.token_to_id(s)): {"content": s, "special": True, "normalized": False,
-                                         "lstrip": False, "rstrip": False, "single_word": False}
-               for s in SPECIALS}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-              "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
-              "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder,
-              "model_max_length": 512}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return int(tok.get_vocab_size())
+    n = write_bpe_tokenizer(out, specials=SPECIALS, text=TEXT)
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("\u010a\u010a") \
+        is not None  # "\n\n" (mtmd looks it up)
+    return n
 
 
 def _image() -> object:

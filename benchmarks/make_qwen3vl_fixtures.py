@@ -38,7 +38,6 @@ prompt's ids (-1 at the image tokens), the n_past it leaves, 8 greedy tokens and
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -48,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from hf_tiny import CHAT_TEMPLATE, QWEN2_SPLIT  # noqa: E402
+from hf_tiny import CHAT_TEMPLATE, write_bpe_tokenizer  # noqa: E402
 
 MOE = "--moe" in sys.argv[1:]
 OUT = ROOT / "tests" / "fixtures" / ("qwen3vlmoe" if MOE else "qwen3vl")
@@ -61,27 +60,7 @@ MIN_PIXELS, MAX_PIXELS = 8 * (PATCH * MERGE) ** 2, 4096 * (PATCH * MERGE) ** 2
 
 
 def _tokenizer(out: Path) -> int:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320 - len(SPECIALS), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT], trainer)
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(out / "tokenizer.json"))
-    decoder = {str(tok.token_to_id(s)): {"content": s, "special": True, "normalized": False,
-                                         "lstrip": False, "rstrip": False, "single_word": False}
-               for s in SPECIALS}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-              "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
-              "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder,
-              "model_max_length": 512}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return int(tok.get_vocab_size())
+    return write_bpe_tokenizer(out, specials=SPECIALS, text=TEXT)
 
 
 def _experts_as_v4(hf: Path) -> None:

@@ -28,8 +28,10 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPLIT,
                         tokenizer_class: str = "PreTrainedTokenizerFast",
-                        post_processor: str | None = None) -> int:
-    """A byte-level BPE tokenizer.json + tokenizer_config.json; returns the vocabulary size.
+                        post_processor: str | None = None, *,
+                        specials: Sequence[str] = SPECIALS, text: str = _TEXT) -> int:
+    """A byte-level BPE tokenizer.json + tokenizer_config.json trained on `text`, `specials`
+    added; returns the vocabulary size.
     (Phi-4-mini names its class GPT2Tokenizer, which llama.cpp's Phi-3 converter reads as
     BPE.) `post_processor`: None (none), "bytelevel" (Qwen2's: adds nothing) or "bos" (Llama
     3's: ByteLevel, then a template putting the BOS `<|endoftext|>` first)."""
@@ -40,11 +42,11 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPL
         pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([_TEXT], trainer)
-    tok.add_special_tokens(SPECIALS)
-    bos = SPECIALS[0] if post_processor == "bos" else None
+    tok.train_from_iterator([text], trainer)
+    tok.add_special_tokens(list(specials))
+    bos = specials[0] if post_processor == "bos" else None
     if post_processor is not None:
         steps = [processors.ByteLevel(trim_offsets=False)]
         if bos is not None:
@@ -56,7 +58,7 @@ def write_bpe_tokenizer(out: Path, vocab_size: int = 320, split: str = QWEN2_SPL
     n = tok.get_vocab_size()
     decoder = {str(tok.token_to_id(s)): {"content": s, "special": True, "normalized": False,
                                          "lstrip": False, "rstrip": False, "single_word": False}
-               for s in SPECIALS}
+               for s in specials}
     config = {"tokenizer_class": tokenizer_class, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "bos_token": bos, "add_bos_token": bos is not None,
               "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder,
