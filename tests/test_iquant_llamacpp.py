@@ -9,7 +9,8 @@ test_vs_llamacpp_families.py: every logit of the last prompt position within 0.5
 the dense models' tolerance against llama.cpp; both engines quantize the activations to 8
 bits, where one float-order difference can flip a code), and minfer's free-running greedy
 continuation equal to llama.cpp's, or parting first at a step where llama.cpp's top-2 margin is
-below 0.5.
+below 0.5. Measured (Intel Xeon Sapphire Rapids): <= 1.9e-6 on 20 of the 22 runs (largest
+|logit| 4.3-6.9), 0.067 (IQ1_M) and 0.085 (IQ3_XXS) on the 20-token prompt; greedy equal.
 """
 
 from __future__ import annotations
