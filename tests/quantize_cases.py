@@ -153,7 +153,11 @@ ROW_TYPES = (QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5
 IMATRIX_FIXTURE = Path(__file__).parent / "fixtures" / "quantize_imatrix_ggml.json"
 GGML_LIB_ENV = "MINFER_GGML_QUANTS_LIB"  # a shared library exporting ggml's quantize_<type>
 IMATRIX_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0, QType.Q2_K,
-                 QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS)
+                 QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS,
+                 QType.IQ3_XXS, QType.IQ2_XXS)
+# The lattice types' tables, which ggml_quantize_init builds before quantize_<type> may run.
+_LATTICE_INIT = {QType.IQ2_XXS: ("iq2xs_init_impl", int(QType.IQ2_XXS)),
+                 QType.IQ3_XXS: ("iq3xs_init_impl", 256)}
 
 
 def imatrix_weights() -> dict[str, np.ndarray]:
@@ -172,6 +176,9 @@ def ggml_quantize(lib_path: str, x: np.ndarray, qtype: QType,
     from gguf import GGML_QUANT_SIZES
 
     lib = ctypes.CDLL(lib_path)
+    if qtype in _LATTICE_INIT:
+        init, arg = _LATTICE_INIT[qtype]
+        getattr(lib, init)(ctypes.c_int(arg))
     fn = getattr(lib, "quantize_" + qtype.name.lower().replace("_k", "_K"))
     fn.restype = ctypes.c_size_t
     block, size = GGML_QUANT_SIZES[qtype]

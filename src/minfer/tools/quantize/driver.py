@@ -8,7 +8,8 @@ The output is written to `OUT.part` and renamed when complete: a failure leaves 
 With an importance matrix (`imatrix`: a file `imatrix_file` reads) each tensor it names is
 quantized by ggml's weighted quantizers (`rows.quantize_rows(imatrix=…)`, each expert of a
 stacked tensor by its own vector), the mix's imatrix rules apply, and the header gains
-llama-quantize's `quantize.imatrix.*` entries.
+llama-quantize's `quantize.imatrix.*` entries. As llama-quantize, it refuses the lowest-bit
+i-quants (IQ2_XXS, IQ3_XXS) without an importance matrix, or for a tensor the matrix lacks.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from minfer.gguf.reader import GGUFFile, TensorInfo
 
 from .gguf_out import OutTensor, header_bytes, pad, raw_kv_entries, str_kv, u32_kv
 from .imatrix_file import Imatrix, read
-from .mix import MixOptions, ModelShape, choose_types, tensor_order
-from .rows import QuantizeError, quantize_rows
+from .mix import MixOptions, ModelShape, choose_types, requires_imatrix, tensor_order
+from .rows import SUPPORTED, QuantizeError, quantize_rows
 
 QT = GGMLQuantizationType
 SLAB_BYTES = 32 << 20
@@ -91,7 +92,14 @@ def plan(f: GGUFFile, opts: MixOptions, *, allow_requantize: bool) -> list[OutTe
                          opts)
     for t in infos:
         cur = QT(t.ggml_type)
-        if types[t.name] != cur and cur not in _FLOATS and not allow_requantize:
+        new = types[t.name]
+        if new != cur and new not in SUPPORTED:
+            raise QuantizeError(f"{t.name}: the mix puts it at {new.name}, which minfer cannot "
+                                "quantize to yet (name another type with --tensor-type)")
+        if new != cur and not opts.imatrix and requires_imatrix(t.name, new):
+            raise QuantizeError(f"this quantization requires an importance matrix (--imatrix): "
+                                f"{t.name} would be {new.name}")
+        if new != cur and cur not in _FLOATS and not allow_requantize:
             raise QuantizeError(
                 f"{t.name} is already quantized ({cur.name}); requantizing loses quality, so "
                 "it is refused unless --allow-requantize is given (better: start from an "
@@ -189,6 +197,10 @@ def quantize_model(src: str | Path, dst: str | Path, opts: MixOptions, *,
                     if progress is not None:
                         progress(ot.name, i, len(tensors), ot.qtype)
                     qw = _importance(weights, t) if ot.qtype != QT(t.ggml_type) else None
+                    if qw is None and ot.qtype != QT(t.ggml_type) and requires_imatrix(
+                            ot.name, ot.qtype):
+                        raise QuantizeError(f"missing importance matrix for tensor {ot.name} "
+                                            f"in a very low-bit quantization ({ot.qtype.name})")
                     n = _write_tensor(f, t, ot.qtype, out, qw)
                     if n != ot.nbytes:
                         raise QuantizeError(f"{ot.name}: wrote {n} bytes, expected {ot.nbytes}")

@@ -8,8 +8,12 @@ Q4_K_M / Q5_K_M, the first layers' ffn_down at Q5_K in Q4_K_S, … Counters run 
 tensor order (`tensor_order`: non-block tensors first, then by layer, names byte-wise), which
 matters because attn_v's rule counts attn_v tensors rather than reading the layer number.
 Rows that are not a whole number of blocks fall back (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0,
-Q2_K/Q3_K → Q4_0, IQ4_XS → IQ4_NL, then F16). The other i-quants (IQ1_* … IQ3_*) and Q2_K_S
-are refused.
+Q2_K/Q3_K → Q4_0, the 256-block i-quants → IQ4_NL, then F16). IQ2_XXS / IQ3_XXS follow
+llama.cpp's very-low-bit rules (output at Q5_K, attn_v and the first eighth of ffn_down at
+Q2_K in IQ2_XXS, token_embd at Q2_K / IQ3_S; in IQ3_XXS attn_q / attn_k at IQ2_S and
+attn_output at IQ3_S, types minfer cannot write yet, so such files are refused) and their
+tensors need an importance vector (`requires_imatrix`) as llama-quantize demands. The other
+i-quant mixes (IQ1_*, IQ2_XS/S/M, IQ3_XS/S/M) and Q2_K_S are refused.
 `--tensor-type PATTERN=TYPE` overrides (`tensor_types`) are searched in order in each
 quantizable tensor's name (a regular expression, the first match wins) before the mix's rules,
 which then do not run for it (nor count it); the fallback still applies. With an importance
@@ -50,6 +54,8 @@ class FType(IntEnum):
     MOSTLY_Q5_K_S = 16
     MOSTLY_Q5_K_M = 17
     MOSTLY_Q6_K = 18
+    MOSTLY_IQ2_XXS = 19
+    MOSTLY_IQ3_XXS = 23
     MOSTLY_IQ4_NL = 25
     MOSTLY_IQ4_XS = 30
     MOSTLY_BF16 = 32
@@ -64,7 +70,8 @@ FTYPE_NAMES: dict[str, FType] = {
     "Q3_K_L": FType.MOSTLY_Q3_K_L, "Q4_K": FType.MOSTLY_Q4_K_M, "Q4_K_S": FType.MOSTLY_Q4_K_S,
     "Q4_K_M": FType.MOSTLY_Q4_K_M, "Q5_K": FType.MOSTLY_Q5_K_M, "Q5_K_S": FType.MOSTLY_Q5_K_S,
     "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K, "IQ4_NL": FType.MOSTLY_IQ4_NL,
-    "IQ4_XS": FType.MOSTLY_IQ4_XS,
+    "IQ4_XS": FType.MOSTLY_IQ4_XS, "IQ2_XXS": FType.MOSTLY_IQ2_XXS,
+    "IQ3_XXS": FType.MOSTLY_IQ3_XXS,
 }
 
 DEFAULT_TYPE: dict[FType, QT] = {
@@ -74,12 +81,21 @@ DEFAULT_TYPE: dict[FType, QT] = {
     FType.MOSTLY_Q3_K_S: QT.Q3_K, FType.MOSTLY_Q3_K_M: QT.Q3_K, FType.MOSTLY_Q3_K_L: QT.Q3_K,
     FType.MOSTLY_Q4_K_S: QT.Q4_K, FType.MOSTLY_Q4_K_M: QT.Q4_K, FType.MOSTLY_Q5_K_S: QT.Q5_K,
     FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K, FType.MOSTLY_IQ4_NL: QT.IQ4_NL,
-    FType.MOSTLY_IQ4_XS: QT.IQ4_XS,
+    FType.MOSTLY_IQ4_XS: QT.IQ4_XS, FType.MOSTLY_IQ2_XXS: QT.IQ2_XXS,
+    FType.MOSTLY_IQ3_XXS: QT.IQ3_XXS,
 }
 
 _FLOATS = frozenset({QT.F32, QT.F16, QT.BF16})
 _FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1,
-             QT.Q6_K: QT.Q8_0, QT.IQ4_XS: QT.IQ4_NL}
+             QT.Q6_K: QT.Q8_0, **{t: QT.IQ4_NL for t in (QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS,
+                                                         QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS,
+                                                         QT.IQ3_S, QT.IQ4_XS)}}
+# Types llama-quantize refuses to write without an importance vector (tensor_requires_imatrix;
+# token_embd and output are exempt).
+_NEED_IMATRIX = frozenset({QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_M, QT.IQ1_S})
+# llama.cpp's very-low-bit file types (its output rule puts output.weight at Q5_K for them);
+# minfer writes IQ2_XXS and IQ3_XXS of them.
+_LOW_BIT = frozenset({FType.MOSTLY_IQ2_XXS, FType.MOSTLY_IQ3_XXS})
 
 # Substrings of tensor names llama.cpp never quantizes (besides norms and 1-D tensors).
 _KEEP_SUBSTRINGS = (
@@ -227,14 +243,23 @@ class _Chooser:
                 return self.o.output_tensor_type
             if falcon or ne0 % GGML_QUANT_SIZES[new][0]:
                 return QT.Q8_0
+            if ft in _LOW_BIT:
+                return QT.Q5_K
             return new if new == QT.Q8_0 else QT.Q6_K
         if cat == "token_embd":
-            return self.o.token_embedding_type or new
+            if self.o.token_embedding_type is not None:
+                return self.o.token_embedding_type
+            return {F.MOSTLY_IQ2_XXS: QT.Q2_K, F.MOSTLY_IQ3_XXS: QT.IQ3_S}.get(ft, new)
+        if ft == F.MOSTLY_IQ2_XXS:
+            return self._iq2(new, cat)
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):  # (llama.cpp's own attn_qkv rule is
             # unreachable: this branch catches attn_qkv first)
             i, n = self.i_attention_wv, self.n_attention_wv
             if ft == F.MOSTLY_Q2_K:
                 new = QT.Q4_K if m.n_gqa >= 4 else QT.Q3_K
+            elif ft == F.MOSTLY_IQ3_XXS:
+                new = (QT.Q4_K if m.n_gqa >= 4 else QT.IQ3_XXS if self.o.imatrix else
+                       QT.IQ3_S)
             elif ft == F.MOSTLY_Q3_K_M:
                 new = QT.Q5_K if i < 2 else QT.Q4_K
             elif ft == F.MOSTLY_Q3_K_L or (ft in (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
@@ -252,10 +277,17 @@ class _Chooser:
         elif cat == "attn_k":
             if m.n_expert == 8:
                 new = QT.Q8_0
+            elif ft == F.MOSTLY_IQ3_XXS:
+                new = QT.IQ2_S
+        elif cat == "attn_q":
+            if ft == F.MOSTLY_IQ3_XXS:
+                new = QT.IQ2_S
         elif cat == "ffn_down":
             i, n = self._layer(self.i_ffn_down, name)
             if ft == F.MOSTLY_Q2_K:
                 new = QT.Q3_K
+            elif ft == F.MOSTLY_IQ3_XXS and not self.o.imatrix:
+                new = QT.Q4_K if i < n // 8 else QT.Q3_K
             elif ft == F.MOSTLY_Q3_K_M:
                 new = (QT.Q5_K if i < n // 16 else
                        QT.Q4_K if not falcon or _use_more_bits(i, n) else QT.Q3_K)
@@ -281,11 +313,12 @@ class _Chooser:
             if not falcon:
                 if m.n_expert == 8:
                     if ft in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M, F.MOSTLY_Q4_K_S,
-                              F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS):
+                              F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS,
+                              F.MOSTLY_IQ3_XXS):
                         new = QT.Q5_K
                 else:
                     new = {F.MOSTLY_Q2_K: QT.Q3_K, F.MOSTLY_Q3_K_M: QT.Q4_K,
-                           F.MOSTLY_Q3_K_L: QT.Q5_K}.get(ft, new)
+                           F.MOSTLY_Q3_K_L: QT.Q5_K, F.MOSTLY_IQ3_XXS: QT.IQ3_S}.get(ft, new)
             elif ft == F.MOSTLY_Q3_K_L:
                 new = QT.Q4_K
         elif cat == "ffn_gate":
@@ -295,6 +328,31 @@ class _Chooser:
             self._layer(self.i_ffn_up, name)
             self.i_ffn_up += 1
         return new
+
+    def _iq2(self, new: QT, cat: str) -> QT:
+        """llama.cpp's very-low-bit branch (its IQ2_XXS case): attn_v at Q2_K (Q4_K with GQA
+        of 4 or more, or 4+ experts), the first eighth of ffn_down at Q2_K, attn_k of
+        8-expert models and their attn_output at Q4_K / Q5_K; no other counters move."""
+        m = self.m
+        if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
+            new = QT.Q4_K if m.n_gqa >= 4 or m.n_expert >= 4 else QT.Q2_K
+            self.i_attention_wv += 1
+        elif m.n_expert == 8 and cat == "attn_k":
+            new = QT.Q4_K
+        elif cat == "ffn_down":
+            if self.i_ffn_down < m.n_layer // 8:
+                new = QT.Q2_K
+            self.i_ffn_down += 1
+        elif cat == "attn_output" and m.n_expert == 8:
+            new = QT.Q5_K
+        return new
+
+
+def requires_imatrix(name: str, qtype: QT) -> bool:
+    """tensor_requires_imatrix (for the file types minfer writes): the lowest-bit i-quants,
+    but for token_embd and output."""
+    exempt = name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight")
+    return qtype in _NEED_IMATRIX and not exempt
 
 
 def _fallback(name: str, ne0: int, target: QT) -> QT:
