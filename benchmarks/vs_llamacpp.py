@@ -20,12 +20,17 @@ a separate interpreter (`--ref-python`, see the README's development section).
 - `--json PATH`: also write every sample and the summary (with target and busy count) as JSON.
 - `--minfer-tree DIR` (repeatable): also run the minfer of another checkout (DIR/src first on
   the path), alternating with this one: a before/after comparison in the same run.
+- `--synthetic NAME`: instead of a GGUF path, a random-weight model in a real model's shapes
+  (`minfer.tools.synth`), written once into `--synthetic-dir` (~/.cache/minfer/synthetic):
+  qwen35-0.8b / qwen35-2b (Qwen3.5's shapes, Q4_K_M mix), gptoss (gpt-oss-20b's layers, 16 of
+  24, 8 of 32 experts, MXFP4_MOE mix), qwen3moe (the scaled Qwen3-30B-A3B), qwen25-0.5b.
 
     .venv/bin/python benchmarks/vs_llamacpp.py --ref-python /tmp/refvenv/bin/python -t 2
     .venv/bin/python benchmarks/vs_llamacpp.py --target avx2 \
         --ref-python-avx2 /tmp/refvenv2/bin/python -t 2
     .venv/bin/python benchmarks/vs_llamacpp.py --ref-python /tmp/refvenv/bin/python --busy 1 \
         --minfer-threads default,1,2 --llama-threads 1,2
+    .venv/bin/python benchmarks/vs_llamacpp.py --synthetic qwen35-0.8b -t 2
 """
 
 from __future__ import annotations
@@ -157,6 +162,31 @@ def thread_list(text: str, allow_default: bool) -> list[int]:
     return out
 
 
+# --synthetic NAME → (file name, writer name in minfer.tools.synth, its keyword arguments)
+SYNTHETIC: dict[str, tuple[str, str, dict[str, object]]] = {
+    "qwen35-0.8b": ("qwen35-0.8b-q4_k_m.gguf", "write_model_like_qwen35", {"size": "0.8b"}),
+    "qwen35-2b": ("qwen35-2b-q4_k_m.gguf", "write_model_like_qwen35", {"size": "2b"}),
+    "gptoss": ("gptoss-20b-16L-8E-mxfp4.gguf", "write_model_like_gptoss_20b", {}),
+    "qwen3moe": ("qwen3moe-a3b-like-q4_k.gguf", "write_moe_like_qwen3_a3b", {}),
+    "qwen25-0.5b": ("qwen25-0.5b-like.gguf", "write_model_like_qwen25_05b", {}),
+}
+
+
+def synthetic_model(name: str, directory: Path) -> Path:
+    """The synthetic model's path, written (to a .part file, then renamed) if missing."""
+    from minfer.tools import synth
+
+    file_name, writer, kwargs = SYNTHETIC[name]
+    path = directory / file_name
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".part")
+        print(f"writing {path} (once) ...", file=sys.stderr, flush=True)
+        getattr(synth, writer)(part, **kwargs)
+        part.rename(path)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", help="GGUF path (default: the default model)")
@@ -187,7 +217,16 @@ def main() -> int:
                     help="do not evict the model's files from the page cache before each run")
     ap.add_argument("--minfer-tree", type=Path, action="append", default=[], metavar="DIR",
                     help="another checkout's minfer to run beside this one (repeatable)")
+    ap.add_argument("--synthetic", choices=sorted(SYNTHETIC), default=None,
+                    help="a random-weight model in a real model's shapes instead of MODEL")
+    ap.add_argument("--synthetic-dir", type=Path,
+                    default=Path.home() / ".cache" / "minfer" / "synthetic",
+                    help="where --synthetic models are written once and reused")
     args = ap.parse_args()
+    if args.synthetic is not None:
+        if args.model is not None:
+            ap.error("give MODEL or --synthetic, not both")
+        args.model = str(synthetic_model(args.synthetic, args.synthetic_dir))
     if args.model is None:
         from minfer.store import resolve_model
 

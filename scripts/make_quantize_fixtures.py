@@ -5,7 +5,8 @@
 
 Records, for the synthetic sources and cases of tests/quantize_cases.py, what llama.cpp writes:
 the sha256 of ggml_quantize_chunk's bytes per type on fixed rows, and per quantized model the
-whole file's sha256 and every tensor's type and digest. Never edit the JSON by hand.
+whole file's sha256 and every tensor's type and digest; the same for the committed fixture
+files of FILE_CASES (the tiny gpt-oss's MXFP4_MOE). Never edit the JSON by hand.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def main() -> int:
                               int(parse_ftype(type_name)), opts)
             out["models"][case] = {"file_sha256": qc.sha256(dst.read_bytes()),
                                    "tensors": qc.tensor_digests(dst)}
+            print(case, "done", file=sys.stderr)
+        out["files"] = {}
+        for case, (src, type_name) in qc.FILE_CASES.items():
+            dst = work / f"{case}.gguf"
+            qc.llama_quantize(exe, src, dst, int(parse_ftype(type_name)), {})
+            out["files"][case] = {"source_sha256": qc.sha256(src.read_bytes()),
+                                  "file_sha256": qc.sha256(dst.read_bytes()),
+                                  "tensors": qc.tensor_digests(dst)}
             print(case, "done", file=sys.stderr)
     qc.FIXTURE.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {qc.FIXTURE}", file=sys.stderr)

@@ -46,6 +46,20 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "tied-IQ4_XS": ("f16_tied", "IQ4_XS", {}),
 }
 
+# id → (a committed fixture GGUF, TYPE): real converter output rather than a synthetic source
+FILE_CASES: dict[str, tuple[Path, str]] = {
+    "gptoss-MXFP4_MOE": (Path(__file__).parent / "fixtures" / "gptoss" / "gptoss.gguf",
+                         "MXFP4_MOE"),
+}
+LLAMA_QUANTIZE_ENV = "MINFER_LLAMA_QUANTIZE"  # a llama-quantize binary, for the live CLI check
+LLAMA_QUANTIZE_DEFAULT = Path("/tmp/llbuild/bin/llama-quantize")
+
+
+def llama_quantize_exe() -> Path | None:
+    """llama-quantize from $MINFER_LLAMA_QUANTIZE or /tmp/llbuild (None: neither exists)."""
+    exe = Path(os.environ.get(LLAMA_QUANTIZE_ENV) or LLAMA_QUANTIZE_DEFAULT)
+    return exe if exe.is_file() else None
+
 
 def write_source(name: str, directory: Path) -> Path:
     path = directory / f"quant-src-{name}.gguf"
@@ -147,7 +161,7 @@ def row_inputs() -> np.ndarray:
 
 ROW_TYPES = (QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
              QType.Q8_0, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-             QType.IQ4_NL, QType.IQ4_XS)
+             QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4)
 
 
 IMATRIX_FIXTURE = Path(__file__).parent / "fixtures" / "quantize_imatrix_ggml.json"

@@ -9,12 +9,14 @@ interpreter that has llama_cpp, the same comparisons also run live against it.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as QType
 
 from minfer.tools.quantize import MixOptions, parse_ftype, parse_tensor_type, quantize_model
 from minfer.tools.quantize.rows import quantize_rows
@@ -93,6 +95,61 @@ def test_q4_k_m_keeps_llamacpp_layers_at_higher_precision() -> None:
     assert {kind(f"blk.{i}.attn_q.weight") for i in range(8)} == {"Q4_K"}
     assert {kind(f"blk.{i}.attn_output.weight") for i in range(8)} == {"Q5_0"}
     assert kind("blk.0.attn_norm.weight") == "F32"
+
+
+def test_mxfp4_rows_match_gguf_py() -> None:
+    """gguf-py's MXFP4 quantizer (the converter's) writes ggml's quantize_row_mxfp4_ref bytes too,
+    so a file minfer converts and one llama.cpp's converter writes agree."""
+    x = qc.row_inputs()
+    want = quants.quantize(x, QType.MXFP4).reshape(x.shape[0], -1)
+    assert np.array_equal(quantize_rows(x, QType.MXFP4), want)
+
+
+@pytest.mark.parametrize("case", list(qc.FILE_CASES))
+def test_fixture_file_matches_llamacpp_fixture(case: str, tmp_path: Path) -> None:
+    """A committed converter-made GGUF quantized: every tensor's type and bytes, and the whole
+    file's sha256 as llama.cpp recorded it."""
+    src, type_name = qc.FILE_CASES[case]
+    want = REF["files"][case]
+    assert qc.sha256(src.read_bytes()) == want["source_sha256"], "the fixture GGUF changed"
+    dst = tmp_path / "out.gguf"
+    quantize_model(src, dst, MixOptions(parse_ftype(type_name)))
+    assert _tensor_mismatches(qc.tensor_digests(dst), want["tensors"]) == []
+    assert qc.sha256(dst.read_bytes()) == want["file_sha256"]
+
+
+def test_mxfp4_moe_mix_is_llamacpps() -> None:
+    """gpt-oss's mix, read from the fixture: the stacked experts MXFP4, every other matrix
+    (output and token_embd too) Q8_0, the router, sinks, norms and biases kept at F32."""
+    tensors = REF["files"]["gptoss-MXFP4_MOE"]["tensors"]
+    kinds: dict[str, set[str]] = {}
+    for name, digest in tensors.items():
+        role = name.split(".", 2)[-1] if name.startswith("blk.") else name
+        kinds.setdefault(role, set()).add(digest.split(":")[0])
+    for proj in ("gate", "up", "down"):
+        assert kinds[f"ffn_{proj}_exps.weight"] == {"MXFP4"}
+        assert kinds[f"ffn_{proj}_exps.bias"] == {"F32"}
+    for name in ("output.weight", "token_embd.weight", "attn_q.weight", "attn_k.weight",
+                 "attn_v.weight", "attn_output.weight"):
+        assert kinds[name] == {"Q8_0"}
+    for name in ("ffn_gate_inp.weight", "attn_sinks.weight", "attn_norm.weight", "attn_q.bias"):
+        assert kinds[name] == {"F32"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(qc.FILE_CASES))
+def test_fixture_file_matches_llama_quantize_live(case: str, tmp_path: Path) -> None:
+    """The same file from llama.cpp's llama-quantize binary (/tmp/llbuild or
+    $MINFER_LLAMA_QUANTIZE) and from minfer: one sha256."""
+    exe = qc.llama_quantize_exe()
+    if exe is None:
+        pytest.skip(f"no llama-quantize binary: set {qc.LLAMA_QUANTIZE_ENV} or build "
+                    f"{qc.LLAMA_QUANTIZE_DEFAULT}")
+    src, type_name = qc.FILE_CASES[case]
+    ref, mine = tmp_path / "llama.gguf", tmp_path / "minfer.gguf"
+    subprocess.run([str(exe), str(src), str(ref), type_name], check=True, capture_output=True)
+    quantize_model(src, mine, MixOptions(parse_ftype(type_name)))
+    assert qc.sha256(mine.read_bytes()) == qc.sha256(ref.read_bytes())
 
 
 def _live() -> str:

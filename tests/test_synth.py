@@ -9,15 +9,19 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
+from minfer.engine.forward import Engine
 from minfer.gguf import GGUFFile
 from minfer.gguf.hparams import HParams
+from minfer.tools.quantize import FType
 from minfer.tools.quantize.simple import quantize
 from minfer.tools.synth import (
     CONTROL_TOKENS,
     build_tiny_vocab,
     bytes_to_unicode,
     copy_gguf,
+    write_gptoss,
     write_model_like_qwen25_05b,
+    write_qwen35,
     write_tiny_model,
 )
 
@@ -108,3 +112,34 @@ def test_model_like_qwen25_05b(tmp_path: Path) -> None:
         24, 896, 14, 2, 4864, 151936)
     assert f.tensors["blk.3.ffn_down.weight"].type_name == "Q4_K"
     assert abs(f.file_size - 491_400_064) < 0.1 * 491_400_064
+
+
+def _logits(path: Path) -> tuple[HParams, np.ndarray]:
+    f = GGUFFile.open(path)
+    hp = HParams.from_gguf(f)
+    ids = [1, 50, 300, 7, 99, 120, 5, 42]
+    return hp, Engine(f, hp, n_ctx=64, kv_type="f32").forward(ids, 0, n_out=len(ids))
+
+
+def test_tiny_qwen35_loads_and_runs(tmp_path: Path) -> None:
+    """The Gated DeltaNet hybrid as llama.cpp lays it out: layers 0-2 recurrent, 3 attention,
+    the ssm.* sizes read back; finite logits that vary with the input (the same file gives
+    llama.cpp's logits within 1e-4, checked by hand at writing)."""
+    hp, logits = _logits(write_qwen35(tmp_path / "q35.gguf"))
+    assert hp.arch == "qwen35" and hp.recurrent_layers == (True, True, True, False)
+    assert (hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_dim, hp.shortconv_l_cache) == (2, 4, 16, 4)
+    assert np.isfinite(logits).all() and logits.std(axis=0).mean() > 1e-3
+
+
+def test_tiny_gptoss_in_the_mxfp4_moe_mix_loads_and_runs(tmp_path: Path) -> None:
+    """gpt-oss with sinks, biases and the sliding window on the even layers; written in
+    llama-quantize's MXFP4_MOE mix (experts MXFP4, other matrices Q8_0, router F32)."""
+    path = write_gptoss(tmp_path / "oss.gguf", weight_types=FType.MOSTLY_MXFP4_MOE)
+    f = GGUFFile.open(path)
+    assert f.tensors["blk.1.ffn_down_exps.weight"].type_name == "MXFP4"
+    assert f.tensors["blk.1.attn_q.weight"].type_name == "Q8_0"
+    assert f.tensors["output.weight"].type_name == "Q8_0"
+    assert f.tensors["blk.0.ffn_gate_inp.weight"].type_name == "F32"
+    hp, logits = _logits(path)
+    assert hp.attn_sinks and hp.moe_bias and hp.swa_layers[:2] == (True, False)
+    assert np.isfinite(logits).all() and logits.std(axis=0).mean() > 1e-3

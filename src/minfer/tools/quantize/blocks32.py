@@ -1,5 +1,5 @@
-"""ggml's reference quantizers for the 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the
-F16 / BF16 conversions, ported operation by operation so the bytes equal llama.cpp's.
+"""ggml's reference quantizers for the 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+MXFP4) and the F16 / BF16 conversions, ported operation by operation so the bytes equal llama.cpp's.
 
 These are `quantize_row_*_ref` from ggml-quants.c, which `llama_model_quantize` runs when no
 importance matrix is given. ggml-base is compiled for plain x86-64 (SSE2, no FMA) and without
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f32_to_f16
+from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, bits_to_f32, f32_to_f16
 
 F = np.float32
 FLT_MAX = np.float32(3.4028234663852886e38)
@@ -288,3 +288,47 @@ def iq4_nl_rows(x, qw, use_qw, out):
             L[j] = _best_index_iq4nl(values, idv * x[b + j])
         for j in range(16):
             out[o + 2 + j] = np.uint8(L[j] | (L[16 + j] << 4))
+
+
+# ggml's kvalues_mxfp4: the E2M1 values, doubled (the scale is halved to match).
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+@njit(inline="always", error_model="numpy")
+def _best_index_mxfp4(x, d):
+    """ggml's best_index_mxfp4: the level nearest x at scale d (the first one on ties)."""
+    best = 0
+    best_err = abs(F(MXFP4_VALUES[0]) * d - x)
+    for i in range(1, 16):
+        err = abs(F(MXFP4_VALUES[i]) * d - x)
+        if err < best_err:
+            best = i
+            best_err = err
+    return best
+
+
+@njit(error_model="numpy")
+def mxfp4_row(x, out):
+    """quantize_row_mxfp4_ref: per 32-block an E8M0 exponent e = floor(log2f(amax)) - 2 + 127
+    (0 for an all-zero block) and 16 bytes of nibbles, value j low and j + 16 high. log2f is
+    taken as the f64 log2 rounded to f32 (glibc's log2f is correctly rounded, so the floor
+    agrees even for amax just below a power of two)."""
+    for i in range(x.shape[0] // 32):
+        b = i * 32
+        o = i * 17
+        amax = F(0.0)
+        for j in range(32):
+            if amax < abs(x[b + j]):
+                amax = abs(x[b + j])
+        e = np.int32(0)
+        if amax > F(0.0):
+            lg = F(np.log2(np.float64(amax)))
+            e = np.int32(np.floor(lg) - F(2.0) + F(127.0)) & 0xFF  # C's (uint8_t) of the float
+        # ggml_e8m0_to_fp32_half: 2^(e - 128), the two smallest as denormals
+        bits = np.uint32(0x00200000) << np.uint32(e) if e < 2 else np.uint32(e - 1) << np.uint32(23)
+        d = bits_to_f32(bits)
+        out[o] = np.uint8(e)
+        for j in range(16):
+            lo = _best_index_mxfp4(x[b + j], d)
+            hi = _best_index_mxfp4(x[b + 16 + j], d)
+            out[o + 1 + j] = np.uint8(lo | (hi << 4))

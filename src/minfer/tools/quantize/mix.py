@@ -18,7 +18,9 @@ i-quant mixes (IQ1_*, IQ2_XS/S/M, IQ3_XS/S/M) and Q2_K_S are refused.
 quantizable tensor's name (a regular expression, the first match wins) before the mix's rules,
 which then do not run for it (nor count it); the fallback still applies. With an importance
 matrix (`imatrix`), Q4_0 / Q5_0 put the first eighth of ffn_down at Q4_1 / Q5_1 and IQ4_NL /
-IQ4_XS keep those at their type (Q5_K without one), as llama.cpp does.
+IQ4_XS keep those at their type (Q5_K without one), as llama.cpp does. MXFP4_MOE (gpt-oss's
+mix) puts stacked expert tensors at MXFP4 and every other quantizable tensor, output included,
+at Q8_0; no counter advances under it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class FType(IntEnum):
     MOSTLY_IQ4_NL = 25
     MOSTLY_IQ4_XS = 30
     MOSTLY_BF16 = 32
+    MOSTLY_MXFP4_MOE = 38
 
 
 # llama-quantize's names (Q3_K, Q4_K, Q5_K are its aliases of the _M mixes) → file type.
@@ -71,7 +74,7 @@ FTYPE_NAMES: dict[str, FType] = {
     "Q4_K_M": FType.MOSTLY_Q4_K_M, "Q5_K": FType.MOSTLY_Q5_K_M, "Q5_K_S": FType.MOSTLY_Q5_K_S,
     "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K, "IQ4_NL": FType.MOSTLY_IQ4_NL,
     "IQ4_XS": FType.MOSTLY_IQ4_XS, "IQ2_XXS": FType.MOSTLY_IQ2_XXS,
-    "IQ3_XXS": FType.MOSTLY_IQ3_XXS,
+    "IQ3_XXS": FType.MOSTLY_IQ3_XXS, "MXFP4_MOE": FType.MOSTLY_MXFP4_MOE,
 }
 
 DEFAULT_TYPE: dict[FType, QT] = {
@@ -82,7 +85,7 @@ DEFAULT_TYPE: dict[FType, QT] = {
     FType.MOSTLY_Q4_K_S: QT.Q4_K, FType.MOSTLY_Q4_K_M: QT.Q4_K, FType.MOSTLY_Q5_K_S: QT.Q5_K,
     FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K, FType.MOSTLY_IQ4_NL: QT.IQ4_NL,
     FType.MOSTLY_IQ4_XS: QT.IQ4_XS, FType.MOSTLY_IQ2_XXS: QT.IQ2_XXS,
-    FType.MOSTLY_IQ3_XXS: QT.IQ3_XXS,
+    FType.MOSTLY_IQ3_XXS: QT.IQ3_XXS, FType.MOSTLY_MXFP4_MOE: QT.MXFP4,
 }
 
 _FLOATS = frozenset({QT.F32, QT.F16, QT.BF16})
@@ -235,17 +238,19 @@ class _Chooser:
             return int(m.group(1)), self.m.n_layer
         return counter, self.m.n_layer
 
-    def impl(self, new: QT, name: str, ne0: int, cat: str) -> QT:
+    def impl(self, new: QT, name: str, shape: Sequence[int], cat: str) -> QT:
         ft, F, m = self.o.ftype, FType, self.m
         falcon = m.arch == "falcon"
         if cat == "output" or (self.tied and cat == "token_embd"):
             if self.o.output_tensor_type is not None:
                 return self.o.output_tensor_type
-            if falcon or ne0 % GGML_QUANT_SIZES[new][0]:
+            if ft == F.MOSTLY_MXFP4_MOE or falcon or shape[0] % GGML_QUANT_SIZES[new][0]:
                 return QT.Q8_0
             if ft in _LOW_BIT:
                 return QT.Q5_K
             return new if new == QT.Q8_0 else QT.Q6_K
+        if ft == F.MOSTLY_MXFP4_MOE:  # stacked experts (ne2 > 1) MXFP4, every other Q8_0
+            return QT.MXFP4 if len(shape) > 2 and shape[2] > 1 else QT.Q8_0
         if cat == "token_embd":
             if self.o.token_embedding_type is not None:
                 return self.o.token_embedding_type
@@ -390,7 +395,7 @@ def choose_types(tensors: Sequence[tuple[str, tuple[int, ...], QT]], model: Mode
             if override is not None:
                 new = override
             else:
-                new = default if opts.pure else chooser.impl(default, name, shape[0], cat)
+                new = default if opts.pure else chooser.impl(default, name, shape, cat)
             new = _fallback(name, shape[0], new)
         if shape[0] % GGML_QUANT_SIZES[new][0]:
             raise QuantizeError(f"{name}: rows of {shape[0]} values cannot be {new.name} "

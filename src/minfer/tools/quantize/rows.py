@@ -30,6 +30,7 @@ class QuantizeError(MinferError):
 # module (`minfer.jit_cache.load_generated`): type name -> the module whose `<name>_row` it runs.
 _ROW_FUNCTIONS: dict[QT, tuple[str, str]] = {
     QT.IQ4_NL: ("blocks32", "iq4_nl"),
+    QT.MXFP4: ("blocks32", "mxfp4"),
     QT.F16: ("blocks32", "f16"),
     QT.BF16: ("blocks32", "bf16"),
     QT.Q4_0: ("blocks32", "q4_0"),

@@ -4,11 +4,10 @@
 development model uses (Q4_K, Q5_K, Q6_K), so this module adds straightforward reference
 quantizers for those. They produce valid blocks (checked against `gguf.quants.dequantize`) with
 plain min/max scale choice, not ggml's error-minimising search: good for tests, not for shipping.
-Q2_K and Q3_K come from `rows` beside it (llama.cpp's exact quantizers, the ones
+Q2_K, Q3_K and MXFP4 come from `rows` beside it (llama.cpp's exact quantizers, the ones
 `minfer quantize` ships). The i-quants (IQ1_S .. IQ4_XS) get stand-ins, not quantizers: random
 valid blocks (grid indices, signs, sub-scales) whose scale gives each block the data's RMS, for
-synthetic models whose reference is the dequantized weights; TQ1_0, TQ2_0 and MXFP4 are
-gguf.quants'.
+synthetic models whose reference is the dequantized weights; TQ1_0 and TQ2_0 are gguf.quants'.
 """
 
 from __future__ import annotations
@@ -117,7 +116,6 @@ _GGUF_QUANTIZED = frozenset({
     GGMLQuantizationType.Q8_0,
     GGMLQuantizationType.TQ1_0,
     GGMLQuantizationType.TQ2_0,
-    GGMLQuantizationType.MXFP4,
 })
 _PLAIN = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16})
 
@@ -128,6 +126,8 @@ _K_QUANTIZERS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     GGMLQuantizationType.Q2_K: _exact(GGMLQuantizationType.Q2_K),
     GGMLQuantizationType.Q3_K: _exact(GGMLQuantizationType.Q3_K),
 }
+# Whole rows to `rows`' exact quantizer (gguf-py's bytes, without its [blocks, 32, 16] temporaries).
+_EXACT_ROWS = frozenset({GGMLQuantizationType.MXFP4})
 
 
 def _stand_in(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], np.ndarray]:
@@ -149,7 +149,8 @@ for _t in (GGMLQuantizationType.IQ2_XXS, GGMLQuantizationType.IQ2_XS, GGMLQuanti
 
 def can_quantize(qtype: GGMLQuantizationType, n_in: int) -> bool:
     """Whether `quantize` handles qtype for rows of n_in values."""
-    supported = qtype in _K_QUANTIZERS or qtype in _GGUF_QUANTIZED or qtype in _PLAIN
+    supported = (qtype in _K_QUANTIZERS or qtype in _GGUF_QUANTIZED or qtype in _PLAIN
+                 or qtype in _EXACT_ROWS)
     return supported and n_in % GGML_QUANT_SIZES[qtype][0] == 0
 
 
@@ -164,6 +165,9 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return data
     if qtype == GGMLQuantizationType.F16:
         return data.astype(np.float16)
+    if qtype in _EXACT_ROWS:
+        rows = _exact(qtype)(data.reshape(-1, data.shape[-1]))
+        return rows.reshape(*data.shape[:-1], rows.shape[-1])
     if qtype in _K_QUANTIZERS:
         rows = _K_QUANTIZERS[qtype](data.reshape(-1, QK_K))
         return rows.reshape(*data.shape[:-1], data.shape[-1] // block * type_size)
