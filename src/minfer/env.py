@@ -10,7 +10,7 @@ variable is the default; a malformed value is refused by name where it is parsed
 | MINFER_CATALOG | store | a catalogue JSON in place of the built-in one |
 | MINFER_BACKEND | backends.select | auto / cpu / torch when no --backend is given |
 | MINFER_THREADS | engine.config | thread count when none is given (else every usable core) |
-| MINFER_PROFILE | engine.forward | any value: seconds per op:role of every forward |
+| MINFER_PROFILE | engine.forward | any value: seconds per op:role of every forward (and image) |
 | MINFER_TRACE | engine.trace | a file: every Engine of the process records a trace written there |
 | MINFER_TRACE_STEPS | engine.trace | steps the trace keeps (512) |
 | MINFER_SHARE_WEIGHTS | engine.shared_weights | 0: no file-backed repacked weights; a folder |

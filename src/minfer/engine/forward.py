@@ -479,17 +479,8 @@ class Engine:
         self.checkpoints.invalidate(0, 0)
 
     def _profiled(self, graph: ComputeGraph) -> Callable[[int, float], None]:
-        """The tape's observer that adds each node's seconds to `profile[op:role]`."""
-        profile = self.profile
-        assert profile is not None
-        nodes = graph.nodes
-
-        def observe(node_id: int, seconds: float) -> None:
-            node = nodes[node_id]
-            key = f"{node.op.kind}:{node.meta.role}"
-            profile[key] = profile.get(key, 0.0) + seconds
-
-        return observe
+        assert self.profile is not None
+        return profiler(graph, self.profile)
 
     def _context(self, params: GraphParams, batch_invariant: bool) -> ExecContext:
         """The binding context of a tape for these params: the warm-up binds its single nodes
@@ -663,6 +654,19 @@ def kv_host(backends: Sequence[Backend]) -> KVHost:
         if callable(getattr(type(backend), "new_kv_cache", None)):
             return cast(KVHost, backend)
     raise MinferError("no backend owns the KV cache (the CPU backend must be among them)")
+
+
+def profiler(graph: ComputeGraph, profile: dict[str, float]) -> Callable[[int, float], None]:
+    """A tape's observer (`Tape.run_observed`) that adds each node's seconds to
+    `profile[op:role]` (MINFER_PROFILE)."""
+    nodes = graph.nodes
+
+    def observe(node_id: int, seconds: float) -> None:
+        node = nodes[node_id]
+        key = f"{node.op.kind}:{node.meta.role}"
+        profile[key] = profile.get(key, 0.0) + seconds
+
+    return observe
 
 
 def set_threads(n_threads: int) -> None:

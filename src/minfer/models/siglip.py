@@ -49,11 +49,14 @@ class _Builder(GraphBuilder):
                  f16_inputs: Collection[str]) -> None:
         super().__init__(weight_shapes)
         self.f16_inputs = f16_inputs
+        self._rounded: dict[int, int] = {}  # node -> its f16-rounded copy (q, k, v share one)
 
     def matmul(self, name: str, x: int, weight: str, *, bias: str | None = None,
                layer: int = -1, rows: int = 0) -> int:
         if weight in self.f16_inputs:
-            x = self.round_f16(f"{name}_f16", x)
+            if x not in self._rounded:
+                self._rounded[x] = self.round_f16(f"{name}_f16", x)
+            x = self._rounded[x]
         return super().matmul(name, x, weight, bias=bias, layer=layer, rows=rows)
 
 

@@ -591,10 +591,6 @@ def _join_rows(x: np.ndarray, out: np.ndarray) -> None:
     out[:] = x.reshape(out.shape)
 
 
-def _round_f16(x: np.ndarray, out: np.ndarray) -> None:
-    out[:] = x.astype(np.float16)
-
-
 def _bind_scale(node: Node, srcs: Srcs, out: np.ndarray,
                 ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.Scale)
@@ -652,7 +648,7 @@ _BINDERS: dict[type, Binder] = {
     ir.SeqAttn: _bind_seq_attn,
     ir.Pool: _bind_pool,
     ir.JoinRows: _bind_call(_join_rows),
-    ir.RoundF16: _bind_call(_round_f16),
+    ir.RoundF16: _bind_call(K.round_f16),
     ir.Concat: _bind_call(_concat),
     ir.Moe: _bind_moe,
     ir.SigmoidGate: _bind_sigmoid_gate,

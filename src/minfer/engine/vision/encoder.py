@@ -38,9 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from minfer import env
 from minfer.backends.base import ExecContext
 from minfer.backends.cpu.backend import CpuBackend
-from minfer.engine.forward import regions_pay
+from minfer.engine.forward import profiler, regions_pay
 from minfer.engine.vision.image import EncodedImage, patches, preprocess
 from minfer.engine.weights import ModelWeights
 from minfer.gguf.clip import LFM2, QWEN3VL, ClipParams
@@ -157,6 +158,8 @@ class VisionEncoder:
         self._cache: OrderedDict[bytes, EncodedImage] = OrderedDict()  # sha256 -> rows, LRU
         self._cache_lock = threading.Lock()
         self.n_encoded = 0  # images run through the tower
+        # seconds per `op:role` of every tower run when profiling (MINFER_PROFILE)
+        self.profile: dict[str, float] | None = {} if env.flag("MINFER_PROFILE") else None
         if not cp.dynamic:
             side = cp.patches_per_side
             self._tower((side, side))
@@ -256,7 +259,10 @@ class VisionEncoder:
         with self._lock:
             tower = self._tower((chw.shape[1] // p, chw.shape[2] // p))
             self._fill(tower, patches(np.asarray(chw, np.float32), p))
-            tower.tape.run()
+            if self.profile is None:
+                tower.tape.run()
+            else:
+                tower.tape.run_observed(profiler(tower.graph, self.profile))
             self.n_encoded += 1
             outs = [tower.buffers[o] for o in tower.graph.outputs]
             return np.concatenate([o for o in outs if o is not None], axis=1)

@@ -19,8 +19,8 @@ Public API (see docs/interfaces.md):
   whose file stores weights below f32, where `amx_usable()`) -- `linear.amx`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
-  gelu_erf, tanh, scale, softcap, sigmoid_gate, sigmoid_mul, softmax_rows, bind_pool (mean /
-  cls / last rows of each sequence) -- `elementwise`
+  gelu_erf, tanh, scale, softcap, sigmoid_gate, sigmoid_mul, softmax_rows, round_f16,
+  bind_pool (mean / cls / last rows of each sequence) -- `elementwise`
 - short_conv(bcx, taps, state, positions, seq, out), new_state(n_seq, l_cache, n_embd): LFM2's
   gated short convolution over each sequence's carried state; ssm_conv (Qwen3.5's, then
   SiLU) -- `recurrent.shortconv`
@@ -62,6 +62,7 @@ from minfer.backends.cpu.kernels.elementwise.arith import (
     bind_silu,
     bind_swiglu,
     mul,
+    round_f16,
     sigmoid_gate,
     sigmoid_mul,
     silu,
@@ -208,6 +209,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "rope_neox",
+    "round_f16",
     "row_bytes",
     "scale",
     "sequence_attention",

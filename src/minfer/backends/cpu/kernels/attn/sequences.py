@@ -87,15 +87,22 @@ def _attend_segments(q, kt, v, seg, n_head, n_head_kv, head_dim, scale, out):
             for j in range(n):
                 total += sc[i, j]
             inv[i] = np.float32(1.0) / total
-        for cb in range(n_vt):  # the value mix, 16 columns a tile: one chain per column
+        for cb in range(n_vt):  # the value mix, COLS columns a tile: one chain per column
             wt = v[s:e, ko + cb * COLS:ko + (cb + 1) * COLS]
             tile_rows(sc[:, :n], 0, nq, wt, out, t0, qo + cb * COLS)
+        tail = head_dim - n_vt * COLS
+        if tail:  # the last columns (SigLIP's head of 72: 8) through one zero-padded tile
+            vt = np.zeros((n, COLS), np.float32)
+            c0 = ko + n_vt * COLS
+            for j in range(n):
+                for c in range(tail):
+                    vt[j, c] = v[s + j, c0 + c]
+            ot = np.empty((nq, COLS), np.float32)
+            tile_rows(sc[:, :n], 0, nq, vt, ot, 0, 0)
+            for i in range(nq):
+                for c in range(tail):
+                    out[t0 + i, qo + n_vt * COLS + c] = ot[i, c]
         for i in range(nq):
-            for c in range(n_vt * COLS, head_dim):
-                acc = np.float32(0.0)
-                for j in range(n):
-                    acc += sc[i, j] * v[s + j, ko + c]
-                out[t0 + i, qo + c] = acc
             for c in range(head_dim):
                 out[t0 + i, qo + c] *= inv[i]
 
