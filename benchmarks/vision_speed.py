@@ -4,7 +4,7 @@
         [--towers siglip,qwen3vl] [--n 2] [--rounds 3] [--threads 2] [--type f16|q8_0|f32] \
         [--siglip-size 448] [--encoder-f32] [--profile] [--tiny] [--json out.json]
 
-For each tower (`minfer.tools.synth_mmproj`: SigLIP-So400m as Gemma 3's projector, at 448 by
+For each tower (`minfer.tools.synth.mmproj`: SigLIP-So400m as Gemma 3's projector, at 448 by
 default, and Qwen3-VL-2B's tower), written once under --dir with a matching one-layer text
 GGUF, a generated 448 x 448 image is preprocessed once by each engine and its tower run N times
 per round: minfer's `VisionEncoder.encode_pixels` (the tower itself: no image decode, no
@@ -102,7 +102,7 @@ def _files(tower: str, args: argparse.Namespace) -> tuple[Path, Path]:
     """(mmproj, text model) for a tower, written under --dir unless there already."""
     from gguf import GGMLQuantizationType as QType
 
-    from minfer.tools.synth_mmproj import (
+    from minfer.tools.synth.mmproj import (
         write_qwen3vl_mmproj,
         write_siglip_mmproj,
         write_text_for_mmproj,

@@ -1,4 +1,4 @@
-"""minfer.tools.synth_mmproj: tiny-dims variants of the synthetic SigLIP (gemma3) and Qwen3-VL
+"""minfer.tools.synth.mmproj: tiny-dims variants of the synthetic SigLIP (gemma3) and Qwen3-VL
 (qwen3vl_merger) towers load and encode in minfer (finite rows of the right shape), and carry the
 metadata and tensor types llama.cpp's converter writes (the text model's input width matches)."""
 
@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as QType
 
 from minfer.engine.vision.encoder import VisionEncoder
 from minfer.gguf.reader import GGUFFile
-from minfer.tools.synth_mmproj import (
+from minfer.tools.synth.mmproj import (
     write_qwen3vl_mmproj,
     write_siglip_mmproj,
     write_text_for_mmproj,

@@ -8,6 +8,8 @@
 - `qwen35`: Qwen3.5's Gated DeltaNet hybrid (`write_qwen35`, `write_model_like_qwen35`).
 - `gptoss`: gpt-oss (`write_gptoss`, `write_model_like_gptoss_20b`, MXFP4 experts).
 - `bert`: the BERT encoder (`write_tiny_bert`); `edit`: `copy_gguf` (a file with one defect).
+- `mmproj`: full-size and tiny vision towers as llama.cpp's converter writes them (SigLIP as
+  Gemma 3's projector, Qwen3-VL's merger), with a one-layer text model of their width.
 """
 
 from .bert import BERT_SPECIALS, build_tiny_wordpiece, write_tiny_bert

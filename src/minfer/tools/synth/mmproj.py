@@ -30,7 +30,9 @@ from gguf import GGMLQuantizationType as QType
 
 from minfer.gguf.reader import GGUFFile
 from minfer.tools.quantize.simple import quantize
-from minfer.tools.synth import copy_gguf, write_tiny_model
+
+from .dense import write_tiny_model
+from .edit import copy_gguf
 
 IMAGE_MEAN_SIGLIP = (0.5, 0.5, 0.5)
 IMAGE_STD_SIGLIP = (0.5, 0.5, 0.5)
