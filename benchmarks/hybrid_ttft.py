@@ -273,7 +273,8 @@ def report(summary: dict[str, Any], engines: list[str]) -> None:
         for e in engines:
             c = summary[e]["cases"][case]
             mark = "" if c["content"] else "*"
-            row += f"{c['ttft_s'] * 1e3:>12.0f}{mark:1}±{c['spread_s'] * 1e3:<3.0f}"
+            ttft = f"{c['ttft_s'] * 1e3:.0f}{mark} ±{c['spread_s'] * 1e3:.0f}"
+            row += f"{ttft:>16}"
             row += f"{str(c['cached_tokens'][-1]) + '/' + str(c['prompt_tokens'][-1]):>15}"
         if len(engines) == 2:
             row += f"{summary['minfer_over_llama'][case]:>14.2f}"

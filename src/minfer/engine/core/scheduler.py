@@ -365,8 +365,10 @@ class Scheduler:
         one token short, so its state is checkpointed at n_prompt - 1 and the same prompt
         again (a regenerated reply, a retried request) or one that differs only in its last
         token prefills one token, not that whole chunk (llama.cpp's server checkpoints 4
-        tokens before a prompt's end); the last token is the next step's one-row forward."""
-        if (seq.n_computed + n == seq.n_prompt and n > TAIL_SPLIT
+        tokens before a prompt's end); the last token is the next step's one-row forward. Only
+        where slots keep checkpoints the scheduler reads (`checkpoints`: the server's runner;
+        a one-slot run would pay the extra forward for nothing)."""
+        if (self.checkpoints is not None and seq.n_computed + n == seq.n_prompt and n > TAIL_SPLIT
                 and seq.chunk(n - 1) == n - 1):
             return n - 1
         return n
