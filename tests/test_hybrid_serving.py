@@ -374,3 +374,19 @@ def test_the_server_reports_a_shared_system_prompts_cached_tokens() -> None:
     got = serve(2, together=True)
     assert [t for t, _ in got] == [t for t, _ in alone]
     assert got[0][1] == 0 and got[1][1] == 32
+
+
+@pytest.mark.parametrize("model", ["lfm2", "qwen35"])
+def test_a_regenerated_reply_prefills_only_the_last_prompt_token(model: str) -> None:
+    """The same 100-token prompt again (a /regen) after its reply: the first time, its one
+    128-row chunk stops a token short (its state checkpointed at 99), so the second request
+    restores that checkpoint and computes only the last token (99 cached; was 0: the only
+    checkpoint stood at 100, past the token whose logits are wanted), and both draw what a
+    fresh core draws, bitwise."""
+    prompt = [*SYSTEM, *RNG.integers(0, 300, 60).tolist()]
+    alone = _run(_core(MODELS[model], 1, chunk=128), [prompt])[0]
+    core = _core(MODELS[model], chunk=128)
+    first = _run(core, [prompt])[0]
+    again = _run(core, [prompt])[0]
+    _same([alone, alone], [first, again])
+    assert first.n_cached == 0 and again.n_cached == 99

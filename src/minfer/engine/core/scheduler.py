@@ -41,7 +41,10 @@ slot's, `Engine.copy_cells` brings another slot's with the cells), or nothing (p
 a system prompt every request repeats is prefilled once, up to its last prompt-chunk boundary,
 on a hybrid model too: a prompt admitted beside another that computes it waits for that
 prompt's chunk to end inside their common prefix, then copies up to there (the other prompt's
-chunk ends where the shared part does, when that lies inside it: `_end_at_shared`).
+chunk ends where the shared part does, when that lies inside it: `_end_at_shared`). A
+prompt's last chunk (longer than `TAIL_SPLIT`) stops a token short, its state checkpointed at
+n_prompt - 1 (`_end_before_last`, as llama.cpp's server checkpoints near a prompt's end): the
+same prompt again (a regenerated reply) prefills only its last token.
 
 Speculative decoding: a decoding sequence's work may carry proposed tokens after its one pending
 token (the core attaches them, `proposer.py`); the forward computes their rows too, the core keeps
@@ -67,6 +70,10 @@ IDLE_CHUNK = 512
 # a prompt waits a step for an earlier prompt of the same step to compute its next tokens (then
 # copies them) when at least this many of them are shared
 SHARE_MIN = 16
+# a recurrent prompt's last chunk longer than this stops a token short of the prompt's end,
+# its state checkpointed there (`Scheduler._end_before_last`): repeating a prompt then reuses
+# all of it but the last token, which is computed again for its logits
+TAIL_SPLIT = 64
 
 
 # a block of given rows (an image's) some cells hold: (its first token, its rows, `PromptRows.key`)
@@ -333,7 +340,7 @@ class Scheduler:
                 continue
             n = seq.chunk(min(seq.n_pending, budget))
             if self.recurrent:
-                n = self._end_at_shared(seq, n, prompts[i + 1:])
+                n = self._end_before_last(seq, self._end_at_shared(seq, n, prompts[i + 1:]))
             works.append(self._work(seq, n))
             planned.append((seq.tokens[: seq.n_computed + n], seq.score_k))
             budget = max(0, budget - n)
@@ -352,6 +359,19 @@ class Scheduler:
                                                     other.tokens[:other.n_prompt])) < start + n
                 and shared < other.n_prompt and other.n_computed + SHARE_MIN <= shared]
         return seq.chunk(min(ends) - start) if ends else n
+
+    def _end_before_last(self, seq: Sequence, n: int) -> int:
+        """n, or n - 1: a recurrent prompt's last chunk, when longer than `TAIL_SPLIT`, stops
+        one token short, so its state is checkpointed at n_prompt - 1 and the same prompt
+        again (a regenerated reply, a retried request) or one that differs only in its last
+        token prefills one token, not that whole chunk (llama.cpp's server checkpoints 4
+        tokens before a prompt's end); the last token is the next step's one-row forward. Only
+        where slots keep checkpoints the scheduler reads (`checkpoints`: the server's runner;
+        a one-slot run would pay the extra forward for nothing)."""
+        if (self.checkpoints is not None and seq.n_computed + n == seq.n_prompt and n > TAIL_SPLIT
+                and seq.chunk(n - 1) == n - 1):
+            return n - 1
+        return n
 
     def _waits(self, seq: Sequence, planned: list[tuple[list[int], int | None]]) -> bool:
         """Whether seq's next SHARE_MIN or more prompt tokens are computed this step by an
