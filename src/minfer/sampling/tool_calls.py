@@ -60,7 +60,6 @@ from typing import Any
 
 from minfer.errors import GrammarError
 from minfer.sampling import gemma4_calls
-from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
 from minfer.sampling.harmony import (
     ANALYSIS,
     CONSTRAIN,
@@ -152,6 +151,10 @@ def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
     """A grammar forcing tool calls for 'required' / a named function; None otherwise.
     template_source: the chat template's (a harmony template's calls are messages, see
     `_harmony_call_rules`; Gemma 4's notation cannot be forced yet)."""
+    # (llguidance is imported only where a grammar is made: a chat prompt's rendering, which
+    # reads `history_for`, runs without it)
+    from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
+
     choice = _choice(tool_choice)
     functions = _functions(tools)
     if choice in ("none", "auto"):
