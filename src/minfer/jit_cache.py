@@ -120,6 +120,7 @@ def lean_cache_loads() -> None:
     _lean = True
 
 
+
 def _defer_linking_modules() -> None:
     """A cached kernel comes as its machine code (an object file) and the LLVM bitcode of its
     module, which numba parses at once: for the names the object defines, and for inlining
@@ -252,8 +253,23 @@ def _numba_type(a: object) -> Any:
         return typeof(a)
     t = _types.get(key)
     if t is None:
-        t = _types[key] = typeof(a)
+        t = _types[key] = _array_type(cast(np.ndarray, a)) if kind is np.ndarray else typeof(a)
     return t
+
+
+def _array_type(a: np.ndarray) -> Any:
+    """numba's `typeof` of a plain ndarray, as its `_typeof_ndarray` makes it, less the test
+    for a masked array (which imports numpy.ma: 12 ms of a warm start); `typeof` itself where
+    the dtype is one numba does not take (its error)."""
+    from numba.core import errors, types
+    from numba.np import numpy_support
+
+    try:
+        dtype = numpy_support.from_dtype(a.dtype)
+    except errors.NumbaNotImplementedError:
+        return typeof(a)
+    return types.Array(dtype, a.ndim, numpy_support.map_layout(a),
+                       readonly=not a.flags.writeable)
 
 
 _types: dict[tuple[Any, ...], Any] = {}
