@@ -117,8 +117,40 @@ def lean_cache_loads() -> None:
 
     caching.Cache.load_overload = load_overload  # type: ignore[method-assign]
     _defer_linking_modules()
+    _lean_environments()
     _lean = True
 
+
+def _lean_environments() -> None:
+    """A cached kernel brings the environments of the functions compiled into it, each
+    rebuilt around its module's names, the module imported for them. numba's own helpers'
+    (`numba.np.arrayobj`, behind an `np.empty`, which imports numba's strings, hashing and
+    sorts: 16 ms of a warm start, Intel SPR) get their module's name alone instead while that
+    module is not imported: only object-mode code reads an environment's names (numba's
+    `pylowering`), and minfer compiles none; nopython code reads its constants, kept as
+    numba keeps them. The stand-in pickles as numba's own (a cache written by a lean process
+    reads the same everywhere)."""
+    from numba.core import environment
+
+    if not all(hasattr(environment, name) for name in ("_rebuild_env", "lookup_environment",
+                                                        "Environment")):
+        return
+    rebuild = environment._rebuild_env
+
+    def lean_rebuild_env(modname: Any, consts: Any, env_name: Any) -> Any:
+        if (isinstance(modname, str) and modname.startswith("numba.")
+                and modname not in sys.modules
+                and environment.lookup_environment(env_name) is None):
+            env = environment.Environment({"__name__": modname})
+            env.consts[:] = consts
+            env.env_name = env_name
+            environment.Environment._memo[env_name] = env
+            return env
+        return rebuild(modname, consts, env_name)
+
+    for attr in ("__module__", "__name__", "__qualname__"):
+        setattr(lean_rebuild_env, attr, getattr(rebuild, attr))
+    environment._rebuild_env = lean_rebuild_env
 
 
 def _defer_linking_modules() -> None:
