@@ -205,6 +205,10 @@ import sys
 from minfer import jit_cache
 jit_cache.lean_cache_loads()
 from numba.core import base
+from numba.core.runtime import nrtdynmod
+runtimes = []  # numba's runtime compiled in this process (else loaded from the cache)
+make_runtime = nrtdynmod.create_nrt_module
+nrtdynmod.create_nrt_module = lambda ctx: (runtimes.append(1), make_runtime(ctx))[1]
 refreshes = []
 plain = base.BaseContext.refresh
 base.BaseContext.refresh = lambda self: (refreshes.append(1), plain(self))[1]
@@ -215,15 +219,16 @@ from numba import njit
 ramp = leanmod.ramp(5).sum()  # np.empty inside: an environment of numba.np.arrayobj's
 helpers = "numba.np.arrayobj" in sys.modules
 twice = njit(lambda x: 2.0 * leanmod.total(x))  # compiled here: links the loaded kernel in
-print(leanmod.total(np.arange(10.0)), len(refreshes), twice(np.arange(10.0)), ramp, helpers)
+print(leanmod.total(np.arange(10.0)), len(refreshes), twice(np.arange(10.0)), ramp, helpers,
+      len(runtimes))
 """
 
 
 def test_lean_cache_loads_skip_the_context_refresh_only_for_cached_code(tmp_path: Path) -> None:
     """With `lean_cache_loads` (the console script's processes) a kernel compiles as before on
     a cache miss (numba's compiler refreshes its contexts), and a later process loads it from
-    the cache without refreshing them, or importing the numba module whose helper it inlined
-    (`np.empty`'s), and runs it."""
+    the cache without refreshing them, importing the numba module whose helper it inlined
+    (`np.empty`'s) or compiling numba's runtime (its machine code cached too), and runs it."""
     import subprocess
     import sys
 
@@ -243,6 +248,8 @@ def test_lean_cache_loads_skip_the_context_refresh_only_for_cached_code(tmp_path
     assert cold[3] == warm[3] == "10.0"
     assert int(cold[1]) > 0 and int(warm[1]) == 0
     assert cold[4] == "True" and warm[4] == "False"
+    assert cold[5] == "1" and warm[5] == "0"
+    assert len(list((tmp_path / "cache").glob("nrt-*.bin"))) == 1
 
 
 def test_cached_objects_symbols_are_those_their_modules_define() -> None:
