@@ -119,7 +119,28 @@ def lean_cache_loads() -> None:
     _defer_linking_modules()
     _lean_environments()
     _cached_runtime()
+    _checked_cache_paths()
     _lean = True
+
+
+def _checked_cache_paths() -> None:
+    """numba checks that a function's cache folder is writable (a folder made, a temporary file
+    made and deleted) as it makes each dispatcher: ~200 times for 7 folders as minfer's kernel
+    modules import (5 ms of a warm start). Here each folder is checked once a process."""
+    from numba.core import caching
+
+    check = getattr(caching._CacheLocator, "ensure_cache_path", None)
+    if check is None:
+        return
+    checked: set[str] = set()
+
+    def ensure_cache_path(self: Any) -> None:
+        path = self.get_cache_path()
+        if path not in checked:
+            check(self)
+            checked.add(path)
+
+    caching._CacheLocator.ensure_cache_path = ensure_cache_path  # type: ignore[method-assign]
 
 
 def _cached_runtime() -> None:
