@@ -14,6 +14,9 @@ running version; `prune_other_versions` (run when a version first warms up or wr
 weights) deletes the folders of other versions unused for `STALE_DAYS`, and their repacked
 weights after `STALE_DERIVED_DAYS` (a second to remake, should that version run again).
 
+`lean_cache_loads` (the console script's processes) loads cached kernels without what only a
+compilation needs, and keeps numba's runtime's machine code in the folder too (`nrt-*.bin`).
+
 `load_generated` imports kernel source rendered from a template (one function per type, where a
 closure factory could not be cached: numba caches only functions of a real source file whose
 callees are module globals) from a file written once into that folder.
