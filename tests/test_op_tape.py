@@ -205,6 +205,10 @@ import sys
 from minfer import jit_cache
 jit_cache.lean_cache_loads()
 from numba.core import base
+from numba.core.runtime import nrtdynmod
+runtimes = []  # numba's runtime compiled in this process (else loaded from the cache)
+make_runtime = nrtdynmod.create_nrt_module
+nrtdynmod.create_nrt_module = lambda ctx: (runtimes.append(1), make_runtime(ctx))[1]
 refreshes = []
 plain = base.BaseContext.refresh
 base.BaseContext.refresh = lambda self: (refreshes.append(1), plain(self))[1]
@@ -212,31 +216,40 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 import leanmod
 from numba import njit
+ramp = leanmod.ramp(5).sum()  # np.empty inside: an environment of numba.np.arrayobj's
+helpers = "numba.np.arrayobj" in sys.modules
 twice = njit(lambda x: 2.0 * leanmod.total(x))  # compiled here: links the loaded kernel in
-print(leanmod.total(np.arange(10.0)), len(refreshes), twice(np.arange(10.0)))
+print(leanmod.total(np.arange(10.0)), len(refreshes), twice(np.arange(10.0)), ramp, helpers,
+      len(runtimes))
 """
 
 
 def test_lean_cache_loads_skip_the_context_refresh_only_for_cached_code(tmp_path: Path) -> None:
     """With `lean_cache_loads` (the console script's processes) a kernel compiles as before on
     a cache miss (numba's compiler refreshes its contexts), and a later process loads it from
-    the cache without refreshing them, and runs it."""
+    the cache without refreshing them, importing the numba module whose helper it inlined
+    (`np.empty`'s) or compiling numba's runtime (its machine code cached too), and runs it."""
     import subprocess
     import sys
 
     (tmp_path / "leanmod.py").write_text(
-        "from numba import njit\n\n\n@njit(cache=True)\ndef total(x):\n"
-        "    s = 0.0\n    for v in x:\n        s += v\n    return s\n")
+        "import numpy as np\nfrom numba import njit\n\n\n@njit(cache=True)\ndef total(x):\n"
+        "    s = 0.0\n    for v in x:\n        s += v\n    return s\n\n\n"
+        "@njit(cache=True)\ndef ramp(n):\n    out = np.empty(n)\n    for i in range(n):\n"
+        "        out[i] = i\n    return out\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     runs = [subprocess.run([sys.executable, "-c", LEAN_PROBE, str(tmp_path)], env=env,
                            capture_output=True, text=True, timeout=300) for _ in range(2)]
     for r in runs:
         assert r.returncode == 0, r.stderr
-    (cold_sum, cold_refreshes, cold_twice), (warm_sum, warm_refreshes, warm_twice) = (
-        r.stdout.split() for r in runs)
-    assert cold_sum == warm_sum == "45.0"
-    assert cold_twice == warm_twice == "90.0"
-    assert int(cold_refreshes) > 0 and int(warm_refreshes) == 0
+    cold, warm = (r.stdout.split() for r in runs)
+    assert cold[0] == warm[0] == "45.0"
+    assert cold[2] == warm[2] == "90.0"
+    assert cold[3] == warm[3] == "10.0"
+    assert int(cold[1]) > 0 and int(warm[1]) == 0
+    assert cold[4] == "True" and warm[4] == "False"
+    assert cold[5] == "1" and warm[5] == "0"
+    assert len(list((tmp_path / "cache").glob("nrt-*.bin"))) == 1
 
 
 def test_cached_objects_symbols_are_those_their_modules_define() -> None:

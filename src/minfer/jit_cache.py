@@ -14,6 +14,9 @@ running version; `prune_other_versions` (run when a version first warms up or wr
 weights) deletes the folders of other versions unused for `STALE_DAYS`, and their repacked
 weights after `STALE_DERIVED_DAYS` (a second to remake, should that version run again).
 
+`lean_cache_loads` (the console script's processes) loads cached kernels without what only a
+compilation needs, and keeps numba's runtime's machine code in the folder too (`nrt-*.bin`).
+
 `load_generated` imports kernel source rendered from a template (one function per type, where a
 closure factory could not be cached: numba caches only functions of a real source file whose
 callees are module globals) from a file written once into that folder.
@@ -117,7 +120,100 @@ def lean_cache_loads() -> None:
 
     caching.Cache.load_overload = load_overload  # type: ignore[method-assign]
     _defer_linking_modules()
+    _lean_environments()
+    _cached_runtime()
+    _checked_cache_paths()
     _lean = True
+
+
+def _checked_cache_paths() -> None:
+    """numba checks that a function's cache folder is writable (a folder made, a temporary file
+    made and deleted) as it makes each dispatcher: ~200 times for 7 folders as minfer's kernel
+    modules import (5 ms of a warm start). Here each folder is checked once a process."""
+    from numba.core import caching
+
+    check = getattr(caching._CacheLocator, "ensure_cache_path", None)
+    if check is None:
+        return
+    checked: set[str] = set()
+
+    def ensure_cache_path(self: Any) -> None:
+        path = self.get_cache_path()
+        if path not in checked:
+            check(self)
+            checked.add(path)
+
+    caching._CacheLocator.ensure_cache_path = ensure_cache_path  # type: ignore[method-assign]
+
+
+def _cached_runtime() -> None:
+    """numba's runtime (NRT) compiles its LLVM module in every process before the first kernel
+    loads (17.5 ms CPU of a warm start, Intel SPR, on the warm-up thread). Here its machine
+    code is kept beside the kernels (`nrt-<key>.bin`, keyed as numba keys a cached kernel: its
+    version, llvmlite's, the target triple, CPU name and features) and loaded as a cached kernel
+    is; a file that is missing or does not load is compiled as numba compiles it, and written."""
+    import pickle
+
+    import llvmlite
+    import numba
+    from numba.core.runtime import nrtdynmod
+
+    if not all(hasattr(nrtdynmod, name) for name in ("compile_nrt_functions",
+                                                       "create_nrt_module")):
+        return
+    compile_runtime = nrtdynmod.compile_nrt_functions
+
+    def cached_runtime(ctx: Any) -> Any:
+        codegen = ctx.codegen()
+        try:
+            key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple()))
+            root = getattr(config, "CACHE_DIR", "") or str(cache_dir())
+            path = Path(root) / f"nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+        except Exception:  # (a codegen that describes itself otherwise)
+            return compile_runtime(ctx)
+        with contextlib.suppress(Exception):  # (missing, or unreadable: compiled below)
+            return codegen.unserialize_library(pickle.loads(path.read_bytes()))
+        ir_mod, library = nrtdynmod.create_nrt_module(ctx)  # compile_nrt_functions, kept
+        library.enable_object_caching()
+        library.add_ir_module(ir_mod)
+        library.finalize()
+        with contextlib.suppress(OSError):
+            _write_bytes(path, pickle.dumps(library.serialize_using_object_code()))
+        return library
+
+    nrtdynmod.compile_nrt_functions = cached_runtime
+
+
+def _lean_environments() -> None:
+    """A cached kernel brings the environments of the functions compiled into it, each
+    rebuilt around its module's names, the module imported for them. numba's own helpers'
+    (`numba.np.arrayobj`, behind an `np.empty`, which imports numba's strings, hashing and
+    sorts: 16 ms of a warm start, Intel SPR) get their module's name alone instead while that
+    module is not imported: only object-mode code reads an environment's names (numba's
+    `pylowering`), and minfer compiles none; nopython code reads its constants, kept as
+    numba keeps them. The stand-in pickles as numba's own (a cache written by a lean process
+    reads the same everywhere)."""
+    from numba.core import environment
+
+    if not all(hasattr(environment, name) for name in ("_rebuild_env", "lookup_environment",
+                                                        "Environment")):
+        return
+    rebuild = environment._rebuild_env
+
+    def lean_rebuild_env(modname: Any, consts: Any, env_name: Any) -> Any:
+        if (isinstance(modname, str) and modname.startswith("numba.")
+                and modname not in sys.modules
+                and environment.lookup_environment(env_name) is None):
+            env = environment.Environment({"__name__": modname})
+            env.consts[:] = consts
+            env.env_name = env_name
+            environment.Environment._memo[env_name] = env
+            return env
+        return rebuild(modname, consts, env_name)
+
+    for attr in ("__module__", "__name__", "__qualname__"):
+        setattr(lean_rebuild_env, attr, getattr(rebuild, attr))
+    environment._rebuild_env = lean_rebuild_env
 
 
 def _defer_linking_modules() -> None:
@@ -252,8 +348,23 @@ def _numba_type(a: object) -> Any:
         return typeof(a)
     t = _types.get(key)
     if t is None:
-        t = _types[key] = typeof(a)
+        t = _types[key] = _array_type(cast(np.ndarray, a)) if kind is np.ndarray else typeof(a)
     return t
+
+
+def _array_type(a: np.ndarray) -> Any:
+    """numba's `typeof` of a plain ndarray, as its `_typeof_ndarray` makes it, less the test
+    for a masked array (which imports numpy.ma: 12 ms of a warm start); `typeof` itself where
+    the dtype is one numba does not take (its error)."""
+    from numba.core import errors, types
+    from numba.np import numpy_support
+
+    try:
+        dtype = numpy_support.from_dtype(a.dtype)
+    except errors.NumbaNotImplementedError:
+        return typeof(a)
+    return types.Array(dtype, a.ndim, numpy_support.map_layout(a),
+                       readonly=not a.flags.writeable)
 
 
 _types: dict[tuple[Any, ...], Any] = {}
@@ -330,12 +441,17 @@ def _write_once(path: Path, source: str) -> None:
     existing file holds the same source and is left alone (its modification time, which numba's
     cache index checks, stays put). Written under a private name and renamed, so a concurrent
     process (the warm-up helper) never imports half a file."""
-    if path.exists():
-        return
+    if not path.exists():
+        _write_bytes(path, source.encode())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """`data` to `path`, under a private name renamed into place (a concurrent reader sees
+    the whole file or none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 

@@ -148,11 +148,13 @@ def read_stdin_prompt() -> str:
     return sys.stdin.read()
 
 
-def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
-                               ) -> tuple[Any, Any]:
+def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace, *,
+                               wait: bool = True) -> tuple[Any, Any]:
     """(the Model, a progress reporter for the first run's kernel compilation or None when
     this model's kernels are cached). A cold start is announced at once, before the model
-    (its tokenizer, its template) loads."""
+    (its tokenizer, its template) loads. wait=False: a warm start returns while the engine's
+    warm-up thread still binds its decode tape (the caller renders and tokenizes its prompt
+    meanwhile), and the caller ends the start-up with `ready`."""
     from minfer.api import Model
     from minfer.engine.warmup import TerminalProgress, announce_cold_start, marker_path
     from minfer.gguf.reader import GGUFFile
@@ -167,10 +169,17 @@ def load_announcing_cold_start(model_arg: str | None, args: argparse.Namespace
     if progress is None:  # warm: the engine readies its weights while the tokenizer loads
         model.engine().warm_in_background()
     model.chat_template  # noqa: B018  (text commands: an unreadable vocabulary fails now)
+    if wait:
+        ready(model, progress)
+    return model, progress
+
+
+def ready(model: Any, progress: Any) -> None:
+    """The end of a start-up `load_announcing_cold_start(wait=False)` began: a warm start
+    waits for the engine's warm-up thread (raising what it met), then `started`."""
     if progress is None:
         model.engine().wait_ready()
     started()
-    return model, progress
 
 
 def warm_up_announced(model: Any, n_prompt: int | None) -> None:

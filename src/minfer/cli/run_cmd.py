@@ -30,6 +30,7 @@ from minfer.cli.common import (
     add_speculative_args,
     load_announcing_cold_start,
     read_stdin_prompt,
+    ready,
     reasoning_from_args,
     sampling_from_args,
     speculator_from_args,
@@ -132,10 +133,13 @@ def run(args: argparse.Namespace) -> int:
     model_arg, prompt = split_positionals(args)
     args.grammar_text = grammar_from_args(args)  # refuse a bad grammar before loading the model
     fim = args.fim_prefix is not None or args.fim_suffix is not None
-    model, progress = load_announcing_cold_start(model_arg, args)
+    # a warm start's engine binds its decode tape on its own thread while the prompt's ids
+    # are made here (`ready` then waits for it)
+    model, progress = load_announcing_cold_start(model_arg, args, wait=False)
     if fim:
         prompt_ids = model.infill_ids((args.fim_prefix or "") + (prompt or ""),
                                       args.fim_suffix or "")
+        ready(model, progress)
         if progress is not None:
             model.warm_up(len(prompt_ids), progress)
         return generate_and_print(model, args, prompt_ids, speculator_from_args(model, args))
@@ -151,10 +155,13 @@ def run(args: argparse.Namespace) -> int:
             [{"role": "system", "content": args.system}] if args.system else []
         # the images first, then the text (as llama.cpp's mtmd-cli places them)
         content = [{"type": "image", "path": f} for f in args.image]
+        if content:  # (the vision encoder runs kernels: not beside the warm-up thread)
+            ready(model, progress)
         messages.append({"role": "user", "content": [
             *content, {"type": "text", "text": prompt}] if content else prompt})
         prompt_ids, plan, embd = model.chat_images(messages,
                                                    reasoning=reasoning_from_args(args))
+    ready(model, progress)
     if args.dump_graph or args.dump_graph_json:
         return dump_graphs(model, args, len(prompt_ids))
     if len(prompt_ids) > args.n_ctx:  # (llama.cpp refuses; the session grows to hold it)

@@ -248,6 +248,11 @@ class Engine:
         # copies of each sequence's state at positions its cells still hold (prefix reuse)
         self.checkpoints = StateCheckpoints(host, self.kv, config.state_checkpoints)
         self.allocator = Allocator(self.kv)
+        # one-row graphs (a decode step) take their buffers from a pool of their own: a prefill
+        # that grows the shared pool then leaves the decode tape bound (re-binding it cost
+        # ~15 ms on a warm `minfer run`'s first step); it holds one row's activations and
+        # logits (0.7 MB for the 0.5B development model)
+        self._row_allocator = Allocator(self.kv)
         self.cache = GraphCache(self._prepare)
         self._build_fn = graph_builder_for(hparams.arch)
         self._shapes = self.weights.shapes()
@@ -541,10 +546,11 @@ class Engine:
             buf[:] = data
 
     def _buffers(self, prepared: PreparedGraph) -> list[np.ndarray | None]:
+        allocator = self._row_allocator if prepared.params.n_tokens == 1 else self.allocator
         cached = prepared.scratch.get("buffers")
-        if cached is None or cached[0] != self.allocator.generation:
-            views = self.allocator.buffers(prepared.graph, prepared.plan)
-            prepared.scratch["buffers"] = cached = (self.allocator.generation, views)
+        if cached is None or cached[0] != allocator.generation:
+            views = allocator.buffers(prepared.graph, prepared.plan)
+            prepared.scratch["buffers"] = cached = (allocator.generation, views)
         buffers: list[np.ndarray | None] = cached[1]
         return buffers
 

@@ -60,7 +60,6 @@ from typing import Any
 
 from minfer.errors import GrammarError
 from minfer.sampling import gemma4_calls
-from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
 from minfer.sampling.harmony import (
     ANALYSIS,
     CONSTRAIN,
@@ -155,6 +154,10 @@ def tool_choice_grammar(tools: Sequence[Mapping[str, Any]] | None,
     `_harmony_call_rules`; Gemma 4's notation is `gemma4_calls.forcing_rules`'); specials: the
     vocabulary's control tokens, text → id (`GrammarVocab.specials`), for marks that are
     tokens rather than text."""
+    # (llguidance is imported only where a grammar is made: a chat prompt's rendering, which
+    # reads `history_for`, runs without it)
+    from minfer.sampling.grammar import JSON_DEFAULTS, lark_grammar
+
     choice = _choice(tool_choice)
     functions = _functions(tools)
     if choice in ("none", "auto"):

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from itertools import repeat
 from operator import contains
-
-from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import models as hf_models
-from tokenizers import pre_tokenizers as hf_pre
+from typing import TYPE_CHECKING
 
 from minfer.errors import TokenizerError
 from minfer.tokenizer.pretok import PreTokenizer
 from minfer.tokenizer.vocab import BYTE_CHARS
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as _HFTokenizer
 
 PY_MAX_WORDS = 512  # longer texts build the library model (merging here costs ~5 us a word)
 PY_MAX_SYMBOLS = 64  # the Python merge is quadratic in a word's length
@@ -70,6 +70,11 @@ class BpeModel:
         """Build the library model now (TokenizerError where it refuses the merge list)."""
         if self._lib is not None:
             return
+        # (the library is imported here, where its model is built: a short prompt never is)
+        from tokenizers import Tokenizer as _HFTokenizer
+        from tokenizers import models as hf_models
+        from tokenizers import pre_tokenizers as hf_pre
+
         try:
             model = hf_models.BPE(self._ids, split_merges(self._merges),
                                   ignore_merges=self.pre.ignore_merges,

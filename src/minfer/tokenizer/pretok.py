@@ -36,13 +36,18 @@ class PreTokenizer:
     ignore_merges: bool = False
     byte_encode: bool = True
     escape_whitespace: bool = False  # spaces become '▁' before splitting (Gemma 4)
-    _compiled: tuple[tuple[regex.Pattern[str], bool], ...] = field(init=False, repr=False,
-                                                                    compare=False)
+    _compiled: tuple[tuple[regex.Pattern[str], bool], ...] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        compiled = tuple((regex.compile(p), "\\p{" not in p and p not in _HAND_WRITTEN)
-                         for p in self.patterns)
-        object.__setattr__(self, "_compiled", compiled)
+    def compiled(self) -> tuple[tuple[regex.Pattern[str], bool], ...]:
+        """The patterns compiled, each with whether its whitespace is folded first; compiled on
+        first use (all the rules' patterns at import took ~40 ms, on a warm start's path)."""
+        if self._compiled is None:
+            compiled = tuple((regex.compile(p), "\\p{" not in p and p not in _HAND_WRITTEN)
+                             for p in self.patterns)
+            object.__setattr__(self, "_compiled", compiled)
+        assert self._compiled is not None
+        return self._compiled
 
     @property
     def pattern(self) -> str:
@@ -52,7 +57,7 @@ class PreTokenizer:
     def split(self, text: str) -> list[str]:
         """`text` cut into words: every regex in turn splits each piece into matches and gaps."""
         words = [text] if text else []
-        for rx, fold in self._compiled:
+        for rx, fold in self.compiled():
             out: list[str] = []
             for word in words:
                 if not fold and not rx.groups:

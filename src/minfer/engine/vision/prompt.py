@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from minfer.engine.core.request import PromptRows
-from minfer.engine.vision.fetch import base64_bytes, url_bytes
 from minfer.engine.vision.image import EncodedImage, ImageError
 from minfer.gguf.clip import LFM2, QWEN3VL
 
@@ -52,6 +51,10 @@ IMAGE_TYPES = ("image_url", "image", "input_image")
 
 def image_bytes(part: Mapping[str, Any]) -> bytes:
     """An image content part's file bytes (ImageError: not an image part we read)."""
+    # (the HTTP client is imported only where an image is read: a text prompt's
+    # `split_images` runs without it)
+    from minfer.engine.vision.fetch import base64_bytes, url_bytes
+
     if part.get("type") == "image":
         if "path" in part:
             try:

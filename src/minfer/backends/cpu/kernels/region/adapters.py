@@ -107,17 +107,16 @@ def region_form(kernel: Any, args: tuple[Any, ...]) -> Form | None:
     encoded = _encode(args)
     if encoded is None:
         return None
-    spec, values, code = encoded
-    fn = _adapter(callee, spec, code, split)
-    names = _parameters(func)
+    spec, values, arrays = encoded
+    fn = _adapter(callee, spec, split)
     written = _DRIVER_WRITES if name.startswith("mv_") else WRITES.get(name)
+    names = _parameters(func)
     reads, writes = [], []
-    for name, arg in zip(names, args, strict=True):
-        if isinstance(arg, np.ndarray) and arg.nbytes:
-            span = (arg.ctypes.data, arg.ctypes.data + arg.nbytes)
-            reads.append(span)
-            if written is None or name in written:
-                writes.append(span)
+    for k, at, nbytes in arrays:
+        span = (values[at], values[at] + nbytes)
+        reads.append(span)
+        if written is None or names[k] in written:
+            writes.append(span)
     return Form(fn, np.array(values, np.int64), split, tuple(reads), tuple(writes))
 
 
@@ -126,67 +125,98 @@ def _parameters(func: Any) -> tuple[str, ...]:
     return tuple(inspect.signature(func).parameters)
 
 
-@functools.cache
-def _dtype_names(dtype: np.dtype[Any]) -> tuple[str, str]:
-    return dtype.str, dtype.name
-
-
-def _encode(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int], list[str]] | None:
-    """(the arguments' type spec, their int64 block, the adapter's expression of each)."""
+def _encode(args: tuple[Any, ...]
+            ) -> tuple[tuple[Any, ...], list[int], list[tuple[int, int, int]]] | None:
+    """(the arguments' type spec, their int64 block, and for each non-empty array argument
+    its position, the index of its address in the block, its size in bytes). The spec alone
+    keys an adapter: its source (`_code`) is written only when one is made."""
     spec: list[Any] = []
     values: list[int] = [0]  # the error flag
-    code: list[str] = []
-    for arg in args:
-        one = _encode_one(arg, values)
+    arrays: list[tuple[int, int, int]] = []
+    for k, arg in enumerate(args):
+        if isinstance(arg, np.ndarray):  # (the common case first: buffers and weights)
+            one = _encode_array(arg, values)
+            if one is not None and arg.nbytes:
+                arrays.append((k, len(values) - 1 - arg.ndim, arg.nbytes))
+        else:
+            one = _encode_one(arg, values)
         if one is None:
             return None
-        spec.append(one[0])
-        code.append(one[1])
-    return tuple(spec), values, code
+        spec.append(one)
+    return tuple(spec), values, arrays
 
 
-def _encode_one(arg: Any, values: list[int]) -> tuple[Any, str] | None:
-    i = len(values)
+def _encode_array(arg: np.ndarray, values: list[int]) -> Any:
+    dtype = arg.dtype
+    if arg.ndim == 0 or dtype.kind not in "biuf" or not arg.flags.c_contiguous:
+        return None
+    values.append(arg.ctypes.data)
+    values.extend(arg.shape)
+    return "array", dtype, arg.ndim
+
+
+def _encode_one(arg: Any, values: list[int]) -> Any:
+    """An argument's spec, its words appended to values; None: no region form takes it."""
     if arg is None:
-        return "none", "None"
-    if isinstance(arg, np.ndarray):
-        if not arg.flags.c_contiguous or arg.ndim == 0 or arg.dtype.kind not in "biuf":
-            return None
-        values.append(arg.ctypes.data)
-        values.extend(arg.shape)
-        shape = ", ".join(f"a[{i + 1 + d}]" for d in range(arg.ndim))
-        code, name = _dtype_names(arg.dtype)
-        return ("array", code, arg.ndim), f"carray(address_at(a[{i}]), ({shape},), np.{name})"
+        return "none"
+    if isinstance(arg, np.ndarray):  # (inside a tuple: refused there)
+        return _encode_array(arg, values)
     if isinstance(arg, bool | np.bool_):
         values.append(int(arg))
-        return "bool", f"a[{i}] != 0"
+        return "bool"
     if isinstance(arg, int | np.integer):
         values.append(int(arg))
-        return "int", f"a[{i}]"
+        return "int"
     if isinstance(arg, np.float32):
         values.append(int(np.array(arg, np.float32).view(np.int32)))
-        return "f4", f"as_float32(a[{i}])"
+        return "f4"
     if isinstance(arg, float | np.floating):
         values.append(int(np.array(arg, np.float64).view(np.int64)))
-        return "f8", f"as_float64(a[{i}])"
+        return "f8"
     if isinstance(arg, tuple):
         parts = [_encode_one(x, values) for x in arg]
-        if any(p is None or p[0] == "none" or isinstance(p[0], tuple) for p in parts):
+        if any(p is None or p == "none" or isinstance(p, tuple) for p in parts):
             return None
-        return (("tuple", tuple(p[0] for p in parts if p)),
-                "(" + "".join(f"{p[1]}, " for p in parts if p) + ")")
+        return "tuple", tuple(parts)
     return None
+
+
+def _code(spec: tuple[Any, ...]) -> list[str]:
+    """The adapter's expression of each argument, reading the block `_encode` wrote."""
+    at = 1  # past the error flag
+    code: list[str] = []
+
+    def one(kind: Any) -> str:
+        nonlocal at
+        i = at
+        if kind == "none":
+            return "None"
+        if isinstance(kind, tuple) and kind[0] == "tuple":
+            return "(" + "".join(f"{one(k)}, " for k in kind[1]) + ")"
+        if isinstance(kind, tuple):  # an array: its address, then its shape
+            _, dtype, ndim = kind
+            at += 1 + ndim
+            shape = ", ".join(f"a[{i + 1 + d}]" for d in range(ndim))
+            return f"carray(address_at(a[{i}]), ({shape},), np.{dtype.name})"
+        at += 1
+        return {"bool": f"a[{i}] != 0", "int": f"a[{i}]", "f4": f"as_float32(a[{i}])",
+                "f8": f"as_float64(a[{i}])"}[kind]
+
+    for kind in spec:
+        code.append(one(kind))
+    return code
 
 
 _addresses: dict[tuple[Any, ...], int] = {}
 _modules: list[Any] = []  # the loaded adapters (their cfuncs own the machine code)
 
 
-def _adapter(callee: Any, spec: tuple[Any, ...], code: list[str], split: bool) -> int:
+def _adapter(callee: Any, spec: tuple[Any, ...], split: bool) -> int:
     key = (callee, spec, split)
     fn = _addresses.get(key)
     if fn is None:
         name = callee.py_func.__name__
+        code = _code(spec)
         call = f"{name}({'t, nt, ' if split else ''}{', '.join(code)})"
         body = f"        {call}" if split else f"        if t == 0:\n            {call}"
         source = _HEADER.format(module=callee.py_func.__module__, callee=name, body=body)
