@@ -199,6 +199,19 @@ def test_lut_interleaved_rows_equal_ggml_integer_dot(qt: QType) -> None:
     assert np.all(np.abs(out - ref) <= 1e-6 * terms + 1e-30)
     run = _prequant(wp, pq)
     _assert_batches_match(run, x, _alone(run, x, n_out), (1, 2, 3, 5, 8, 9, 16, 33, 40))
+    # a parallel region's parts (`<driver>_part`, one per thread) write the driver's bits
+    from minfer.backends.cpu.kernels.linear import row_drivers
+    from minfer.backends.cpu.kernels.linear.dispatch import _kernel_for, quantize_activation
+
+    fn = _kernel_for(pq)[0]
+    part = getattr(row_drivers._M, f"{fn.py_func.__name__}_part")
+    xq = quantize_activation(x, pq)
+    args = (wp, xq.qs, xq.d, xq.s if qt is not QType.IQ4_XS else xq.bsums)
+    parts = np.full_like(out, np.nan)
+    for p in range(3):
+        part(p, 3, *args, parts)
+    fn(*args, out)
+    assert np.array_equal(parts, out)
 
 
 @pytest.mark.parametrize("qt", IQUANT_TYPES, **IDS)

@@ -1,5 +1,6 @@
-"""Row-group dots for Q4_0 / Q5_0 / Q8_0 weights interleaved sixteen rows at a time
-(`quant.repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI).
+"""Row-group dots for Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4 weights interleaved sixteen rows at a
+time (`quant.repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI; IQ4_NL /
+MXFP4: Q4_0's nibbles through the type's levels by one vpshufb, then Q8_0's dots, `LUTS`).
 
 The interleaved layout stores, for each group of 16 weight rows and each block column b, the
 16 rows' block b as one packed group (`_group`): vector j holds codes 4j..4j+3 of every row,

@@ -1,4 +1,4 @@
-"""Row-group dots for Q4_K / Q6_K weights interleaved sixteen rows at a time
+"""Row-group dots for Q4_K / Q6_K / IQ4_XS weights interleaved sixteen rows at a time
 (`quant.repack.interleave_kquant`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
 The idea of `simd.interleaved` carried to the 256-value super-blocks: per group of 16 weight rows
@@ -14,6 +14,12 @@ sums come from vpdpbusd against its activation dwords broadcast. Interleaved sup
   then per 16-value sub-block three vectors, byte c of lane i: the low 4 bits of codes c and
   8 + c (vector 0), 4 + c and 12 + c (vector 1), and the high 2 bits of codes c, 4 + c, 8 + c,
   12 + c (vector 2).
+
+- IQ4_XS (16 x 136): d of the 16 rows, their scales_h words, their scales_l dwords, then per
+  32-value sub-block Q4_K's four code vectors (the file's qs bytes as they are), the nibbles
+  through the IQ4_NL levels by vpshufb into Q8_0's codes (level ^ 0x80 from -128 x the
+  activation's 32-value sums, `linear.dots_k.iq4_corr`; int8 and the sign trick on AVX2), the
+  6-bit scale minus 32 applied in float as Q4_K's.
 
 Per token and super-block:
 
