@@ -62,14 +62,15 @@ def test_generated_drivers_are_cached_dispatchers() -> None:
     rather than closures)."""
     dense = [getattr(row_drivers, n) for n in dir(row_drivers)
              if n.startswith("mv_") and not n.endswith("_x")]
-    # 20 types: Q7_K (the IQ2 types' widened copy) and the table-lookup IQ4_NL / IQ4_XS /
-    # MXFP4 among them; each with its stacked-expert form and its region parts
-    assert len(dense) == 20
+    # 23 types: Q7_K (the IQ2 types' widened copy), the table-lookup IQ4_NL / IQ4_XS /
+    # MXFP4 and their interleaved forms among them; each with its stacked-expert form and its
+    # region parts
+    assert len(dense) == 23
     drivers = [*dense, *(row_drivers.expert_form(d) for d in dense)]
     drivers += [getattr(row_drivers._M, f"{d.py_func.__name__}{part}")
                 for d in dense for part in ("_part", "_x_part")]
     drivers += list(rows._DRIVERS.values())
-    assert len(drivers) == 4 * 20 + 16  # 16 quantizer row drivers
+    assert len(drivers) == 4 * 23 + 16  # 23 dense drivers' four forms, 16 quantizer row drivers
     for d in drivers:
         assert d.py_func.__code__.co_filename.endswith(".py")
         assert Path(d.py_func.__code__.co_filename).parent.name == "generated"

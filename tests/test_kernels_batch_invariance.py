@@ -64,18 +64,24 @@ def test_each_row_of_a_batch_equals_that_row_alone(qt: QType) -> None:
     _assert_batches_match(run, x, _alone(run, x, n_out), range(1, 21))
 
 
-@pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K],
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K,
+                                QType.IQ4_NL, QType.MXFP4, QType.IQ4_XS], ids=lambda q: q.name)
 def test_interleaved_rows_batch_invariant_across_token_tiles(qt: QType) -> None:
-    """The row-interleaved drivers run batches in tiles of 32 tokens (and Q4_0 / Q5_0 whole
-    tiles through a Q8_0-form copy of each row group, `simd.interleaved.expand_rows`): every
+    """The row-interleaved drivers run batches in tiles of 32 tokens (and Q4_0 / Q5_0 / IQ4_NL
+    whole tiles through a Q8_0-form copy of each row group, `simd.interleaved.expand_rows`): every
     row of batches across tile edges keeps the bits it gets alone, on the repacked weight."""
     from minfer.backends.cpu.kernels.linear.dispatch import packable, repack_weight
 
-    n_in, n_out = (256 * 3 if qt in QUANT_K else 32 * 27), 48
+    n_in, n_out = (256 * 3 if qt in (*QUANT_K, QType.IQ4_XS) else 32 * 27), 48
     if not packable(qt, n_in, n_out):
         pytest.skip(f"{qt.name} has no interleaved layout on this CPU")
-    w, pq = repack_weight(make_weight(qt, n_out, n_in), qt)
+    if qt in (QType.IQ4_XS, QType.MXFP4):  # no gguf quantizer: random blocks
+        from minfer.backends.cpu.kernels.reference import random_iquant_blocks
+
+        raw = random_iquant_blocks(qt, n_out, n_in, np.random.default_rng(1), rms=0.05)
+    else:
+        raw = make_weight(qt, n_out, n_in)
+    w, pq = repack_weight(raw, qt)
     x = np.random.default_rng(int(qt) + 7).standard_normal((70, n_in)).astype(np.float32)
     x[40] *= 1e3
     run = _prequant(w, pq)

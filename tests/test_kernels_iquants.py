@@ -171,6 +171,49 @@ def test_lut_kernels_are_batch_invariant(qt: QType) -> None:
     _assert_batches_match(run, x, _alone(run, x, 37), range(1, 21))
 
 
+@pytest.mark.parametrize("qt", LUT_TYPES, **IDS)
+def test_lut_interleaved_rows_equal_ggml_integer_dot(qt: QType) -> None:
+    """IQ4_NL / IQ4_XS / MXFP4 interleaved 16 rows at a time (`repack_weight`; the levels by
+    vpshufb into Q8_0's codes): ggml's integer sums exactly, within f32 rounding of its float
+    steps, for one row, every token pass and across token tiles (MXFP4: E8M0 scales over the
+    whole range); a row's bits the same alone and in batches."""
+    from minfer.backends.cpu.kernels.linear.dispatch import packable, repack_weight
+
+    from .test_kernels_batch_invariance import _alone, _assert_batches_match, _prequant
+
+    n_in, n_out = (256 * 3 if qt is QType.IQ4_XS else 32 * 27), 48
+    if not packable(qt, n_in, n_out):
+        pytest.skip(f"{qt.name} has no interleaved layout on this CPU")
+    w = _lut_weight(qt, n_out, n_in, seed=4)
+    if qt is QType.MXFP4:
+        e = w.reshape(n_out, -1, 17)[:, :, 0]
+        e[:] = np.random.default_rng(3).integers(0, 200, e.shape)
+        e[0, :4] = (0, 1, 2, 199)
+    wp, pq = repack_weight(w, qt)
+    assert pq != qt and wp.shape == w.shape
+    x = _x(40, n_in)
+    x[5] *= 1e3
+    ref, terms = ref_matmul_quant(w, qt, x)
+    out = np.empty((40, n_out), np.float32)
+    matmul(wp, pq, x, out)
+    assert np.all(np.abs(out - ref) <= 1e-6 * terms + 1e-30)
+    run = _prequant(wp, pq)
+    _assert_batches_match(run, x, _alone(run, x, n_out), (1, 2, 3, 5, 8, 9, 16, 33, 40))
+    # a parallel region's parts (`<driver>_part`, one per thread) write the driver's bits
+    from minfer.backends.cpu.kernels.linear import row_drivers
+    from minfer.backends.cpu.kernels.linear.dispatch import _kernel_for, quantize_activation
+
+    fn = _kernel_for(pq)[0]
+    part = getattr(row_drivers._M, f"{fn.py_func.__name__}_part")
+    xq = quantize_activation(x, pq)
+    args = (wp, xq.qs, xq.d, xq.s if qt is not QType.IQ4_XS else xq.bsums)
+    parts = np.full_like(out, np.nan)
+    for p in range(3):
+        part(p, 3, *args, parts)
+    fn(*args, out)
+    assert np.array_equal(parts, out)
+
+
 @pytest.mark.parametrize("qt", IQUANT_TYPES, **IDS)
 @pytest.mark.parametrize("nt", [1, 3, 9, 64])  # decode (1), every token pass, a prefill batch
 def test_integer_path_equals_ggml_integer_dot(qt: QType, nt: int) -> None:

@@ -42,8 +42,11 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_f16,
     mv_f32,
     mv_iq4_nl,
+    mv_iq4_nlp,
     mv_iq4_xs,
+    mv_iq4_xsr,
     mv_mxfp4,
+    mv_mxfp4p,
     mv_q4_0,
     mv_q4_0p,
     mv_q4_1,
@@ -129,11 +132,13 @@ _BLOCK32 = {
     QType.Q4_0_PACKED: mv_q4_0p,
     QType.Q5_0_PACKED: mv_q5_0p,
     QType.Q8_0_PACKED: mv_q8_0p,
+    QType.IQ4_NL_PACKED: mv_iq4_nlp,
+    QType.MXFP4_PACKED: mv_mxfp4p,
 }
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
-           QType.Q7_K: mv_q7_k, QType.IQ4_XS: mv_iq4_xs}
+           QType.Q7_K: mv_q7_k, QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -144,7 +149,8 @@ PACKED_FORM = "cpu-packed-qhs" if QH_SLICED else "cpu-packed"
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
 def packable(qtype: int, n_in: int, n_out: int, batched: bool = True) -> bool:
     """Whether `repack_weight` has a faster layout for this weight: Q4_0 / Q5_0 / Q8_0 / Q4_K /
-    Q6_K with a multiple of 16 rows (interleaved 16 at a time) on a CPU with AVX2 at least.
+    Q6_K / IQ4_NL / IQ4_XS / MXFP4 with a multiple of 16 rows (interleaved 16 at a time) on a
+    CPU with AVX2 at least.
     Q8_0 without VNNI (the sign trick, `simd.interleaved.SIGN_TRICK`) only where the weight
     is `batched` (read by many rows at a time): its interleaved rows are 1.7-2x faster from two
     rows on, but one row alone reads the file's rows 10-25% faster (AMD EPYC Zen 3, 2 threads,
@@ -165,7 +171,7 @@ def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
     if not packable(qt, n_in, w.shape[0]):
         raise ValueError(f"{qt.name} weight of {w.shape[0]} rows has no repacked layout here")
     dst = np.empty(w.shape, np.uint8) if out is None else out.reshape(w.shape)
-    if qt in (QType.Q4_K, QType.Q6_K):
+    if qt in (QType.Q4_K, QType.Q6_K, QType.IQ4_XS):
         interleave_kquant(w, qt.name.lower(), dst)
     else:
         interleave_block32(w, BLOCK_LAYOUT[qt][1], dst, qh_sliced=QH_SLICED)

@@ -50,3 +50,19 @@ def k6_corr(bsums):
         for j in range(n16):
             out[t, j] = np.int32(-32) * np.int32(bsums[t, j])
     return out
+
+
+@njit(cache=True)
+def iq4_corr(bsums, offset):
+    """-offset x the activation's 32-value sums (int32 [nt, n/32]; 0 columns without an
+    offset): where the interleaved IQ4_XS rows start each sub-block's vpdpbusd sums of its
+    levels stored as level ^ 0x80 (offset 128; the sign trick's int8 levels need none)."""
+    nt, n16 = bsums.shape
+    if offset == 0:
+        return np.zeros((nt, 0), np.int32)
+    out = np.empty((nt, n16 // 2), np.int32)
+    for t in range(nt):
+        for j in range(n16 // 2):
+            out[t, j] = np.int32(-offset) * (np.int32(bsums[t, 2 * j])
+                                             + np.int32(bsums[t, 2 * j + 1]))
+    return out

@@ -9,10 +9,10 @@ the same per-token float operations, so out[t] does not depend on the batch). Th
 kernels (F32 / F16 / BF16, `linear.float_rows`) share a second, simpler skeleton. The types differ
 only
 in the intrinsics called, the arrays they read, and the activation preparation done once per
-call (`linear.dots32.lane_corr` / `block_corr` / `block_transpose`). The weights interleaved 16 rows
-at a time (Q4_0 / Q5_0 / Q8_0: `*p`, `simd.interleaved`; Q4_K / Q6_K: `*kr`, `simd.interleaved_k`)
-have a
-third skeleton: threads split the row groups, and each group runs the same token passes.
+call (`linear.dots32.lane_corr` / `block_corr` / `block_transpose`). The weights interleaved 16
+rows at a time (Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4: `*p`, `simd.interleaved`; Q4_K / Q6_K /
+IQ4_XS: `*r`, `simd.interleaved_k`) have a third skeleton: threads split the row groups, and
+each group runs the same token passes.
 Every driver also comes in an expert form, `<name>_x` (llama.cpp's mul_mat_id): the weights of
 all experts stacked in one array, groups of activation rows each dotted with one expert's rows;
 its token passes are the dense driver's own snippet, so a row's result is the same bits whichever
@@ -45,7 +45,7 @@ from numba import njit, prange
 from minfer.backends.cpu.kernels.simd.llvm import thread_count
 from minfer.backends.cpu.kernels.linear.dots32 import (
     _CHUNK, block_corr, block_transpose, even_groups, lane_corr)
-from minfer.backends.cpu.kernels.linear.dots_k import k6_corr, kmins_pairs
+from minfer.backends.cpu.kernels.linear.dots_k import iq4_corr, k6_corr, kmins_pairs
 from minfer.backends.cpu.kernels.simd.blocks import MAX_TOKENS, ROWS8_MAX_IN
 {imports}
 ROWS_TOKEN_TILE = 32  # tokens per tile of the row-interleaved drivers (see `_ROWS_PASSES`)
@@ -359,6 +359,11 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _rows32("q5_0", 16, expand=not SIGN_TRICK),
     _rows32("q8_0", Q8_ROWS_OFFSET, " (codes stored as code ^ 0x80, started from -128 * block "
             "sums with VNNI; int8 again and sign-trick products on AVX2)"),
+    # 4-bit codes through the type's levels (`simd.interleaved.LUTS`), then Q8_0's dots
+    _rows32("iq4_nl", Q8_ROWS_OFFSET, " (Q4_0's layout, the nibbles through the IQ4_NL levels "
+            "by vpshufb into Q8_0's codes)", expand=not SIGN_TRICK),
+    _rows32("mxfp4", Q8_ROWS_OFFSET, " (one E8M0 scale byte a row, the nibbles through the "
+            "MXFP4 levels by vpshufb into Q8_0's codes)"),
     _kquant("q4_k"),
     _kquant("q5_k"),
     _kquant("q6_k"),
@@ -366,6 +371,7 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("iq4_xs"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "k6_corr(bsums)"),
+    _rows_k("iq4_xs", f"iq4_corr(bsums, {Q8_ROWS_OFFSET})"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
     FloatDriver("mv_f16", "fdot_f16",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
@@ -412,6 +418,8 @@ mv_mxfp4: Any = _M.mv_mxfp4
 mv_q4_0p: Any = _M.mv_q4_0p
 mv_q5_0p: Any = _M.mv_q5_0p
 mv_q8_0p: Any = _M.mv_q8_0p
+mv_iq4_nlp: Any = _M.mv_iq4_nlp
+mv_mxfp4p: Any = _M.mv_mxfp4p
 mv_q4_k: Any = _M.mv_q4_k
 mv_q5_k: Any = _M.mv_q5_k
 mv_q6_k: Any = _M.mv_q6_k
@@ -419,6 +427,7 @@ mv_q7_k: Any = _M.mv_q7_k
 mv_iq4_xs: Any = _M.mv_iq4_xs
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
+mv_iq4_xsr: Any = _M.mv_iq4_xsr
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16
@@ -430,12 +439,15 @@ mv_q8_0_x: Any = _M.mv_q8_0_x
 mv_q4_0p_x: Any = _M.mv_q4_0p_x
 mv_q5_0p_x: Any = _M.mv_q5_0p_x
 mv_q8_0p_x: Any = _M.mv_q8_0p_x
+mv_iq4_nlp_x: Any = _M.mv_iq4_nlp_x
+mv_mxfp4p_x: Any = _M.mv_mxfp4p_x
 mv_q4_k_x: Any = _M.mv_q4_k_x
 mv_q5_k_x: Any = _M.mv_q5_k_x
 mv_q6_k_x: Any = _M.mv_q6_k_x
 mv_q7_k_x: Any = _M.mv_q7_k_x
 mv_q4_kr_x: Any = _M.mv_q4_kr_x
 mv_q6_kr_x: Any = _M.mv_q6_kr_x
+mv_iq4_xsr_x: Any = _M.mv_iq4_xsr_x
 mv_f32_x: Any = _M.mv_f32_x
 mv_f16_x: Any = _M.mv_f16_x
 mv_bf16_x: Any = _M.mv_bf16_x

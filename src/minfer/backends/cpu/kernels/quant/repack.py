@@ -5,11 +5,11 @@ Each is an exact rearrangement of the weight's codes and scales (same length, no
 into the order the VNNI dots consume, so that they load codes instead of unpacking and shuffling
 them for every call and every token pass:
 
-- Q4_0 / Q5_0 / Q8_0 (`interleave_block32`): 16 rows at a time, block column by block column,
-  each column's 16 blocks as one packed group whose int32 lane i holds 4 codes of row i (see
-  `simd.interleaved._group`).
-- Q4_K / Q6_K (`interleave_kquant`): 16 rows at a time, super-block column by column, the
-  rows' scales side by side and each sub-block's codes as vectors whose int32 lane i holds 4
+- Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4 (`interleave_block32`): 16 rows at a time, block column
+  by block column, each column's 16 blocks as one packed group whose int32 lane i holds 4
+  codes of row i (see `simd.interleaved._group`).
+- Q4_K / Q6_K / IQ4_XS (`interleave_kquant`): 16 rows at a time, super-block column by column,
+  the rows' scales side by side and each sub-block's codes as vectors whose int32 lane i holds 4
   codes of row i (see `simd.interleaved_k`).
 """
 
@@ -22,9 +22,12 @@ U = np.uint64
 
 
 def _repack_layout(size: int) -> tuple[int, bool]:
-    """(qs offset in a block, whether it has a qh word) of the repackable block types."""
+    """(qs offset in a block, whether it has a qh word) of the repackable block types (the
+    scale takes the bytes before the qh word or the codes)."""
     if size == 18:
-        return 2, False  # Q4_0
+        return 2, False  # Q4_0, IQ4_NL
+    if size == 17:
+        return 1, False  # MXFP4: an E8M0 byte
     if size == 22:
         return 6, True  # Q5_0
     if size == 34:
@@ -49,11 +52,12 @@ def _repack_group(src, dst, o, g, size, qs_off, has_qh, sliced):
                 dst[d], dst[d + 1] = src[s] ^ x, src[s + 1] ^ x
                 dst[d + 2], dst[d + 3] = src[s + 2] ^ x, src[s + 3] ^ x
         return
-    cbase = 2 * g + (n if has_qh else 0)
+    sb = 2 if has_qh else qs_off  # scale bytes
+    cbase = sb * g + (n if has_qh else 0)
     for i in range(g):
         bo = o + i * size
-        dst[o + 2 * i] = src[bo]
-        dst[o + 2 * i + 1] = src[bo + 1]
+        for k in range(sb):
+            dst[o + sb * i + k] = src[bo + k]
         for j in range(4):
             d, s = o + cbase + n * j + 4 * i, bo + qs_off + 4 * j
             dst[d], dst[d + 1], dst[d + 2], dst[d + 3] = src[s], src[s + 1], src[s + 2], src[s + 3]
@@ -114,10 +118,11 @@ def _interleave_rows(w, out, size, qs_off, has_qh, sliced):
 
 
 def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *, qh_sliced: bool) -> None:
-    """A Q4_0 / Q5_0 / Q8_0 weight (uint8 [n_out, row bytes], n_out a multiple of 16) with
-    each group of 16 rows rewritten block column by block column: block b of the 16 rows as
-    one packed group (`simd.interleaved._group`), the groups of a row
-    group in block order. Same size, exact; written into `out` (w's shape). Read by
+    """A Q4_0 / Q5_0 / Q8_0 / IQ4_NL (Q4_0's layout) / MXFP4 (one scale byte) weight (uint8
+    [n_out, row bytes], n_out a multiple of 16) with each group of 16 rows rewritten block
+    column by block column: block b of the 16 rows as one packed group
+    (`simd.interleaved._group`), the groups of a row group in block order. Same size, exact;
+    written into `out` (w's shape). Read by
     `simd.interleaved`. Q5_0's 5th bits as eight 64-bit masks (mask j: the bits of the rows'
     codes 4j..4j+3), or `qh_sliced`, as 64 bytes (byte 4i + c: bit j of it that of row i's
     code 4j + c)."""
@@ -129,7 +134,7 @@ def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *, qh_sliced: 
 # column,
 # a header of the rows' fields side by side, then per sub-block the 16 rows' codes as vectors whose
 # dword i is row i's (see `simd.interleaved_k` for the byte order).
-KQUANT_SIZES = {"q4_k": 144, "q6_k": 210}
+KQUANT_SIZES = {"q4_k": 144, "q6_k": 210, "iq4_xs": 136}
 
 
 @njit(inline="always")
@@ -161,6 +166,17 @@ def _interleave_super(w, out, size, q6):
             for i in range(16):
                 row = w[16 * g + i]
                 b = s * size
+                if size == 136:  # IQ4_XS: d | scales_h | scales_l | each sub-block's 16 qs
+                    flat[o + 2 * i], flat[o + 2 * i + 1] = row[b], row[b + 1]
+                    flat[o + 32 + 2 * i], flat[o + 33 + 2 * i] = row[b + 2], row[b + 3]
+                    for c in range(4):
+                        flat[o + 64 + 4 * i + c] = row[b + 4 + c]
+                    for k in range(8):
+                        for j in range(4):
+                            for c in range(4):
+                                flat[o + 128 + 256 * k + 64 * j + 4 * i + c] = (
+                                    row[b + 8 + 16 * k + 4 * j + c])
+                    continue
                 _k_codes(row, b, q6, codes)
                 if q6:  # d | scale k of the 16 rows, k = 0..15 | sub-blocks
                     flat[o + 2 * i], flat[o + 2 * i + 1] = row[b + 208], row[b + 209]
@@ -193,7 +209,7 @@ def _interleave_super(w, out, size, q6):
 
 
 def interleave_kquant(w: np.ndarray, kind: str, out: np.ndarray) -> None:
-    """A Q4_K / Q6_K weight (uint8 [n_out, row bytes], n_out a multiple of 16) with each group
-    of 16 rows rewritten super-block column by column (read by `simd.interleaved_k`). Same size,
-    exact; written into `out` (w's shape)."""
+    """A Q4_K / Q6_K / IQ4_XS weight (uint8 [n_out, row bytes], n_out a multiple of 16) with each
+    group of 16 rows rewritten super-block column by column (read by `simd.interleaved_k`).
+    Same size, exact; written into `out` (w's shape)."""
     _interleave_super(w, out, KQUANT_SIZES[kind], kind == "q6_k")

@@ -62,6 +62,7 @@ HAS_VNNI = target_has("avxvnni") or target_has("avx512vnni", "avx512vl")
 HAS_VNNI512 = target_has("avx512vnni", "avx512bw")  # vpdpbusd on zmm: two blocks per op
 HAS_FMA = target_has("fma")
 _HAS_AVX2 = target_has("avx2")
+_HAS_AVX512BW = target_has("avx512bw")
 # Block sums as 8 lanes of 4-sums: one vpdpbusd with VNNI; on AVX2 without it the same exact
 # integers from pmaddubsw then pmaddwd against ones (as llama.cpp's AVX2 dots: 2 instructions,
 # where widening multiplies took ~10), valid because its i16 pair sums cannot saturate: the
@@ -362,6 +363,12 @@ def _e8m0s(builder: Any, w: Any, bases: list[Any], size: int) -> Any:
     raw = _ld(builder, w, bases[0], _vec(_I8, size * (count - 1) + 1))
     picked = builder.shuffle_vector(raw, raw, ir.Constant(_vec(_I32, count),
                                                           [size * k for k in range(count)]))
+    return e8m0_floats(builder, picked)
+
+
+def e8m0_floats(builder: Any, picked: Any) -> Any:
+    """<n x i8> E8M0 bytes as ggml's GGML_E8M0_TO_FP32_HALF, 2^(e - 128), <n x f32>."""
+    count = picked.type.count
     e = builder.zext(picked, _vec(_I32, count))
 
     def c(v: int) -> Any:
@@ -374,12 +381,17 @@ def _e8m0s(builder: Any, w: Any, bases: list[Any], size: int) -> Any:
 
 
 def _lookup(builder: Any, codes: Any, table: tuple[int, ...]) -> Any:
-    """<32 x i8> codes (each 0..15) mapped through a 16-entry table of int8 levels: one
-    vpshufb (the table in both 128-bit lanes) with AVX2, else one select per entry."""
+    """<32 x i8> or <64 x i8> codes (each 0..15) mapped through a 16-entry table of int8
+    levels: one vpshufb (the table in every 128-bit lane) with AVX2 (a zmm one with AVX512BW,
+    else two ymm), else one select per entry."""
     n = codes.type.count
-    if _HAS_AVX2 and n == 32:
-        tbl = ir.Constant(_vec(_I8, 32), [v & 0xFF for v in table] * 2)
-        return _x86(builder, "llvm.x86.avx2.pshuf.b", _vec(_I8, 32), [tbl, codes])
+    if _HAS_AVX2 and n == 64 and not _HAS_AVX512BW:
+        return _concat(builder, [_lookup(builder, _half(builder, codes, k), table)
+                                 for k in (0, 1)])
+    if _HAS_AVX2 and n in (32, 64):
+        tbl = ir.Constant(_vec(_I8, n), [v & 0xFF for v in table] * (n // 16))
+        name = "llvm.x86.avx512.pshuf.b.512" if n == 64 else "llvm.x86.avx2.pshuf.b"
+        return _x86(builder, name, _vec(_I8, n), [tbl, codes])
     out = ir.Constant(_vec(_I8, n), None)
     for k, v in enumerate(table):
         out = builder.select(builder.icmp_unsigned("==", codes, _splat(builder, k, n)),

@@ -1,5 +1,6 @@
-"""Row-group dots for Q4_0 / Q5_0 / Q8_0 weights interleaved sixteen rows at a time
-(`quant.repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI).
+"""Row-group dots for Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4 weights interleaved sixteen rows at a
+time (`quant.repack.interleave_block32`), as LLVM vector IR intrinsics (AVX512-VNNI; IQ4_NL /
+MXFP4: Q4_0's nibbles through the type's levels by one vpshufb, then Q8_0's dots, `LUTS`).
 
 The interleaved layout stores, for each group of 16 weight rows and each block column b, the
 16 rows' block b as one packed group (`_group`): vector j holds codes 4j..4j+3 of every row,
@@ -36,6 +37,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from minfer.backends.cpu.kernels.quant.iq_grids import IQ4_LEVELS, MXFP4_LEVELS
 from minfer.backends.cpu.kernels.simd.blocks import (
     _F32,
     _I1,
@@ -49,6 +51,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _fma,
     _half,
     _ld,
+    _lookup,
     _phi_loop,
     _prefetch_span,
     _splat,
@@ -56,6 +59,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _vpdpbusd,
     _x86,
     define_passes,
+    e8m0_floats,
 )
 from minfer.backends.cpu.kernels.simd.llvm import halves_to_floats, target_has
 
@@ -72,7 +76,15 @@ _U64 = ir.IntType(64)
 
 
 # name: (block bytes, qh offset or None, code offset, signed codes)
-LAYOUTS = {"q4_0": (18, None, 8, False), "q5_0": (22, 2, 16, False), "q8_0": (34, None, 128, True)}
+LAYOUTS = {"q4_0": (18, None, 8, False), "q5_0": (22, 2, 16, False), "q8_0": (34, None, 128, True),
+           "iq4_nl": (18, None, 128, True), "mxfp4": (17, None, 128, True)}
+# IQ4_NL / MXFP4: 4-bit codes packed as Q4_0's, each vector of nibbles mapped through the
+# type's 16 int8 levels by one vpshufb (`simd.blocks._lookup`) into Q8_0's signed codes (as
+# level ^ 0x80 with VNNI, the offset 128 left to cb; int8 for the sign trick), then Q8_0's
+# dots. MXFP4's scales are the rows' E8M0 bytes (one byte a row, not an f16).
+LUTS = {"iq4_nl": tuple(int(v) for v in IQ4_LEVELS),
+        "mxfp4": tuple(int(v) for v in MXFP4_LEVELS)}
+E8M0 = frozenset({"mxfp4"})
 # Q8_0 without VNNI: AVX2's pmaddubsw would saturate on the u8 form of its codes (255 x -128
 # pairs), so the codes go back to int8 and each product takes the sign trick of ggml's AVX2
 # dots: |w| . sign(x, w), pairs at most 2 x 128 x 127. Exact sums, no offset correction
@@ -185,7 +197,7 @@ def halves(builder: Any, w: Any, at: Any, lanes: int = ROWS) -> Any:
 
 
 def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
-           rows: RowSpan = WHOLE) -> tuple[list[Any], Any]:
+           rows: RowSpan = WHOLE, name: str = "") -> tuple[list[Any], Any]:
     """Block column b of a row group, its packed group at byte `base` of i8* `w`: eight
     <64 x i8> code vectors (vector j = codes 4j..4j+3 of every row, row i at dword i) and the
     rows' scales as <16 x f32>; for a half `rows` only its 8 rows (<32 x i8> vectors,
@@ -196,17 +208,22 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
       byte 4i + c of chunk j = qs byte 4j + c of row i (low nibble: code 4j + c, high nibble:
       code 16 + 4j + c);
     - Q8_0 (`signed`): the eight vectors themselves, codes stored as code ^ 0x80 (the u8
-      operand of vpdpbusd)."""
+      operand of vpdpbusd);
+    - IQ4_NL / MXFP4 (`name` in LUTS): as Q4_0 (MXFP4: 16 E8M0 bytes in place of the f16
+      scales), the nibbles then mapped to Q8_0's codes through the type's levels."""
     lanes, first = rows.lanes, rows.first
     n = 4 * lanes  # bytes per code vector
-    dw = halves(builder, w, builder.add(base, _c(2 * first)), lanes)
-    if signed:
+    if name in E8M0:
+        dw = e8m0_floats(builder, _ld(builder, w, builder.add(base, _c(first)), _vec(_I8, lanes)))
+    else:
+        dw = halves(builder, w, builder.add(base, _c(2 * first)), lanes)
+    if signed and name not in LUTS:
         codes = [_ld(builder, w, builder.add(base, _c(2 * ROWS + 4 * ROWS * j + 4 * first)),
                      _vec(_I8, n)) for j in range(8)]
         if SIGN_TRICK:  # back to int8 codes (see SIGN_TRICK)
             codes = [builder.xor(v, _splat(builder, 0x80, n)) for v in codes]
         return codes, dw
-    qs = 2 * ROWS + (4 * ROWS if has_qh else 0)
+    qs = (ROWS if name in E8M0 else 2 * ROWS) + (4 * ROWS if has_qh else 0)
     wt: list[Any] = [None] * 8
     for j in range(4):
         q = _ld(builder, w, builder.add(base, _c(qs + 4 * ROWS * j + 4 * first)), _vec(_I8, n))
@@ -227,6 +244,9 @@ def _group(builder: Any, w: Any, base: Any, has_qh: bool, signed: bool,
                     ir.IntType(n))
             bits = builder.zext(builder.bitcast(m, _vec(_I1, n)), _vec(_I8, n))
             wt[j] = builder.or_(wt[j], builder.shl(bits, _splat(builder, 4, n)))
+    if name in LUTS:  # Q8_0's form of the levels: int8 for the sign trick, else level ^ 0x80
+        table = tuple(v if SIGN_TRICK else v ^ -128 for v in LUTS[name])
+        wt = [_lookup(builder, v, table) for v in wt]
     return wt, dw
 
 
@@ -296,7 +316,7 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
                     if rows.prefetch:
                         prefetch_span(builder, f.w, builder.add(base, _c(ROWS_PREFETCH)),
                                       ROWS * size)
-                    wt, dw = _group(builder, f.w, base, qh is not None, signed, rows)
+                    wt, dw = _group(builder, f.w, base, qh is not None, signed, rows, name)
                     mags = [_psign(builder, v, v) for v in wt] if trick else wt  # |w|, once
                     new = []
                     for tok, a in zip(toks, acc, strict=True):
@@ -325,7 +345,7 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
                 _store(builder, f, toks, [builder.fadd(a, b) for a, b in zip(
                     pair[:ntok], pair[ntok:], strict=True)], rows.first)
 
-            for rows in row_spans(ntok) if not signed else (WHOLE,):
+            for rows in row_spans(ntok) if not signed or name in LUTS else (WHOLE,):
                 block_loop(rows)
             return context.get_dummy_value()
 
@@ -342,7 +362,7 @@ def rows_dot(name: str, ntok: int, weight_group: bool = False) -> Any:
     return intrinsic(typer_wg if weight_group else typer)
 
 
-define_passes(globals(), "rowsdot", rows_dot, ("q4_0", "q5_0", "q8_0"))
+define_passes(globals(), "rowsdot", rows_dot, ("q4_0", "q5_0", "q8_0", "iq4_nl", "mxfp4"))
 # Q8_0's passes over a row group held elsewhere (`expand_rows`' copy of a Q4_0 / Q5_0 group)
 define_passes(globals(), "rowsdotx", lambda qt, n: rows_dot(qt, n, True), ("q8_0",))
 
@@ -374,7 +394,7 @@ def expand_rows(name: str) -> Any:
             def body(b: Any, vals: list[Any]) -> list[Any]:
                 base = builder.add(slab, builder.mul(b, _c(ROWS * size)))
                 to = builder.mul(b, _c(ROWS * q8_size))
-                codes, _ = _group(builder, wp, base, qh is not None, False)
+                codes, _ = _group(builder, wp, base, qh is not None, False, name=name)
                 scales = _ld(builder, wp, base, _vec(_I8, 2 * ROWS))
                 builder.store(scales, builder.bitcast(builder.gep(dp, [to]),
                                                       scales.type.as_pointer()), align=1)
@@ -393,3 +413,4 @@ def expand_rows(name: str) -> Any:
 
 expand_q4_0: Any = None if SIGN_TRICK else expand_rows("q4_0")
 expand_q5_0: Any = None if SIGN_TRICK else expand_rows("q5_0")
+expand_iq4_nl: Any = None if SIGN_TRICK else expand_rows("iq4_nl")

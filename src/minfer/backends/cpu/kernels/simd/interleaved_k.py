@@ -1,4 +1,4 @@
-"""Row-group dots for Q4_K / Q6_K weights interleaved sixteen rows at a time
+"""Row-group dots for Q4_K / Q6_K / IQ4_XS weights interleaved sixteen rows at a time
 (`quant.repack.interleave_kquant`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
 The idea of `simd.interleaved` carried to the 256-value super-blocks: per group of 16 weight rows
@@ -14,6 +14,12 @@ sums come from vpdpbusd against its activation dwords broadcast. Interleaved sup
   then per 16-value sub-block three vectors, byte c of lane i: the low 4 bits of codes c and
   8 + c (vector 0), 4 + c and 12 + c (vector 1), and the high 2 bits of codes c, 4 + c, 8 + c,
   12 + c (vector 2).
+
+- IQ4_XS (16 x 136): d of the 16 rows, their scales_h words, their scales_l dwords, then per
+  32-value sub-block Q4_K's four code vectors (the file's qs bytes as they are), the nibbles
+  through the IQ4_NL levels by vpshufb into Q8_0's codes (level ^ 0x80 from -128 x the
+  activation's 32-value sums, `linear.dots_k.iq4_corr`; int8 and the sign trick on AVX2), the
+  6-bit scale minus 32 applied in float as Q4_K's.
 
 Per token and super-block:
 
@@ -52,6 +58,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _dots_pairs16,
     _fma,
     _ld,
+    _lookup,
     _phi_loop,
     _splat,
     _vec,
@@ -59,10 +66,13 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     define_passes,
 )
 from minfer.backends.cpu.kernels.simd.interleaved import (
+    LUTS,
     PAIRS16,
     ROWS,
+    SIGN_TRICK,
     RowSpan,
     _c,
+    _psign,
     _store,
     halves,
     prefetch_span,
@@ -78,7 +88,8 @@ from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
 # 18.3, the machine's 18.5); its Q4_K FFN (434 MB) 24.7 against 28-31 GB/s at 1 token and 18.5
 # against 21.9 at 4. 2-4 KiB ahead were alike, 8 KiB less good (on weights past the L3's size).
 PF_BYTES = 4096
-_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4)}  # (values per aux item, its bytes)
+# (values per aux item, its bytes)
+_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "iq4_xs": (32, 4)}
 
 
 def _ivec(v: int, lanes: int = ROWS) -> Any:
@@ -239,6 +250,60 @@ def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
             for i, tok in enumerate(toks)]
 
 
+def _iq4xs_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
+                 rows: RowSpan) -> list[Any]:
+    """Super-block column s of the row group (IQ4_XS) for every token: the new accumulators."""
+    w, base, n, lanes = f.w, _column(builder, f, s, 136), 4 * rows.lanes, rows.lanes
+
+    def at(off: int) -> Any:
+        return builder.add(base, _c(off))
+
+    d = halves(builder, w, at(2 * rows.first), lanes)
+    sh = builder.zext(_ld(builder, w, at(32 + 2 * rows.first), _vec(_I16, lanes)),
+                      _vec(_I32, lanes))
+    sl = _ld(builder, w, at(64 + 4 * rows.first), _vec(_I32, lanes))
+    table = tuple(v if SIGN_TRICK else v ^ -128 for v in LUTS["iq4_nl"])
+
+    def sub_block(sub: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
+        if rows.prefetch:
+            _prefetch_part(builder, f, base, sub, 136, 8)
+        at_sub = builder.add(at(128 + 4 * rows.first), builder.mul(sub, _c(256)))
+        q = [_ld(builder, w, builder.add(at_sub, _c(64 * j)), _vec(_I8, n)) for j in range(4)]
+        codes = [_lookup(builder, v, table) for v in (
+            [builder.and_(v, _splat(builder, 15, n)) for v in q]
+            + [builder.lshr(v, _splat(builder, 4, n)) for v in q])]
+        mags = [_psign(builder, v, v) for v in codes] if SIGN_TRICK else codes  # |w|, once
+        s32 = builder.trunc(sub, _I32)
+        lo = builder.and_(builder.lshr(sl, _splat(builder, builder.mul(s32, ir.Constant(
+            _I32, 4)), lanes)), _ivec(15, lanes))
+        hi = builder.and_(builder.lshr(sh, _splat(builder, builder.mul(s32, ir.Constant(
+            _I32, 2)), lanes)), _ivec(3, lanes))
+        scale = builder.sub(builder.or_(lo, builder.shl(hi, _ivec(4, lanes))), _ivec(32, lanes))
+        dsc = builder.fmul(d, builder.sitofp(scale, _vec(_F32, lanes)))
+        new = []
+        for i, tok in enumerate(toks):
+            xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
+                                                 builder.mul(sub, _c(32))))
+            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j)), lanes))
+                  for j in range(8)]  # codes 4j.. (j < 4), 16 + 4(j - 4).. (j >= 4)
+            if SIGN_TRICK:
+                xs = [_psign(builder, x, c) for x, c in zip(xs, codes, strict=True)]
+                part: list[Any] = [None, None]
+            else:  # level ^ 0x80 codes: the chain starts from -128 x the activation's sum
+                co = builder.add(tok[3], builder.add(builder.mul(s, _c(32)),
+                                                     builder.mul(sub, _c(4))))
+                part = [_bcast(builder, f.aux, co, lanes), None]
+            for j in range(8):  # two chains, as Q4_K's
+                part[j % 2] = _vpdpbusd(builder, mags[j], xs[j], part[j % 2])
+            isum = builder.add(part[0], part[1])
+            new.append(_fma(builder, dsc, builder.sitofp(isum, _vec(_F32, lanes)), sums[i]))
+        return new
+
+    sums = _phi_loop(builder, _c(8), [_fzero(lanes)] * len(toks), sub_block)
+    return [_fma(builder, _dx(builder, f, tok, s, lanes), sums[i], acc[i])
+            for i, tok in enumerate(toks)]
+
+
 def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
     """Byte offset of super-block column s in the row group's slab (`size` bytes per row's
     super-block)."""
@@ -260,7 +325,7 @@ def _dx(builder: Any, f: _Front, tok: Any, s: Any, lanes: int) -> Any:
                   lanes)
 
 
-_SUPER = {"q4_k": _q4k_super, "q6_k": _q6k_super}
+_SUPER = {"q4_k": _q4k_super, "q6_k": _q6k_super, "iq4_xs": _iq4xs_super}
 
 
 def rows_dot_k(kind: str, ntok: int) -> Any:
@@ -268,7 +333,8 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
     the 16 rows i of row group g, from the interleaved weight w (uint8 [n_out, row bytes]), the
     Q8_K activation codes x (int8 [nt, n]) and scales xd (f32 [nt, n/256]), and aux: Q4_K the
     32-value sums in `kmins_pairs`' order (int16 [nt, n/32]), Q6_K -32 x the 16-value sums
-    (int32 [nt, n/16], `k6_corr`)."""
+    (int32 [nt, n/16], `k6_corr`), IQ4_XS -128 x the 32-value sums (int32 [nt, n/32],
+    `iq4_corr`; unread with the sign trick)."""
     step = _SUPER[kind]
 
     def typer(typingctx: Any, w: Any, x: Any, xd: Any, aux: Any, t: Any, out: Any, g: Any
@@ -289,4 +355,4 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
     return intrinsic(typer)
 
 
-define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k"))
+define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "iq4_xs"))
