@@ -17,12 +17,14 @@ per row the KL divergence sum_i p_base_i (log p_base_i - log p_i) over the base'
 log-probabilities above -16, the NLL of the next token under both models, whether their top
 tokens agree, and Δp = p(token) - p_base(token); `KLDResult.report` prints llama-perplexity's
 closing tables (mean PPL(Q) and PPL(base), their ratio and difference with uncertainties,
-KLD mean / percentiles, Δp, RMS Δp, the same-top-token rate).
+KLD mean / percentiles, Δp, RMS Δp, the same-top-token rate) and `parse_report` reads such
+tables back (minfer's or llama-perplexity's own) into `KLDResult.stats()`'s names.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -333,3 +335,48 @@ def _pct_label(p: float) -> str:
 
 CHUNK_HEADER = ("chunk             PPL               ln(PPL(Q)/PPL(base))          "
                 "KL Divergence              Δp RMS            Same top p")
+
+
+def _report_labels() -> dict[str, tuple[str, str | None, float]]:
+    """Each closing-table label (spaces collapsed): its statistic, its uncertainty's, the factor
+    the table prints it with."""
+    labels: dict[str, tuple[str, str | None, float]] = {
+        "Mean PPL(Q)": ("ppl", "ppl_unc", 1.0),
+        "Mean PPL(base)": ("ppl_base", "ppl_base_unc", 1.0),
+        "Cor(ln(PPL(Q)), ln(PPL(base)))": ("cor", None, 100.0),
+        "Mean ln(PPL(Q)/PPL(base))": ("ln_ppl_ratio", "ln_ppl_ratio_unc", 1.0),
+        "Mean PPL(Q)/PPL(base)": ("ppl_ratio", "ppl_ratio_unc", 1.0),
+        "Mean PPL(Q)-PPL(base)": ("ppl_diff", "ppl_diff_unc", 1.0),
+        "Mean KLD": ("kld_mean", "kld_unc", 1.0),
+        "Mean Δp": ("p_diff_mean", "p_diff_unc", 100.0),
+        "RMS Δp": ("rms_p_diff", "rms_p_diff_unc", 100.0),
+        "Same top p": ("same_top", "same_top_unc", 100.0),
+    }
+    for name, key, factor, pcts in (("KLD", "kld", 1.0, KLD_PERCENTILES),
+                                    ("Δp", "p_diff", 100.0, P_DIFF_PERCENTILES)):
+        for word, stat in (("Maximum", "max"), ("Median", "median"), ("Minimum", "min")):
+            labels[f"{word} {name}"] = (f"{key}_{stat}", None, factor)
+        for p in pcts:
+            labels[f"{_pct_label(p).strip()} {name}"] = (f"{key}_p{p}", None, factor)
+    return labels
+
+
+_VALUE = re.compile(r"^\s*(-?[\d.]+)\s*%?\s*(?:±\s*(-?[\d.]+)\s*%?)?\s*$")
+
+
+def parse_report(text: str) -> dict[str, float]:
+    """The statistics of llama-perplexity's (or `KLDResult.report`'s) closing tables, by
+    `KLDResult.stats()`'s names, as fractions where the table prints percentages."""
+    labels = _report_labels()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        label, colon, rest = line.partition(":")
+        entry = labels.get(" ".join(label.split())) if colon else None
+        m = _VALUE.match(rest) if entry else None
+        if entry is None or m is None:
+            continue
+        key, unc_key, factor = entry
+        out[key] = float(m.group(1)) / factor
+        if unc_key is not None and m.group(2) is not None:
+            out[unc_key] = float(m.group(2)) / factor
+    return out
