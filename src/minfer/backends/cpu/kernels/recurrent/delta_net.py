@@ -6,11 +6,13 @@ llama.cpp's converter orders the value heads for): q and k are L2-normalised (su
 f64, 1 / max(norm, eps), as `ggml_l2_norm`), g = softplus(alpha + dt_bias) * a (a = -exp(A_log),
 as the file stores it), beta = sigmoid(beta_raw); with the state S [S_k, S_v] of the row's
 sequence: S *= exp(g); delta = (v - S^T k) * beta; S += k delta^T; out = S^T q / sqrt(S_v).
+Each state row's pass (the decay then its dot with k; the rank-one update then its dot with q)
+is one `simd.floats.update_dot`: vector IR in one fixed order, the same bits everywhere.
 
 State: `[n_seq, n_v_heads, S_v, S_k]` f32 (`new_delta_state`), stored transposed as ggml keeps
 it (row j of a head's matrix is column j of S); the region is the backend's persistent memory.
 Every head walks the batch's rows in order, each reading and writing only its own sequence's
-matrix (a row at position 0 first zeroes it), each dot product summed in f32 in one fixed order,
+matrix (a row at position 0 first zeroes it), each dot product summed in f32 in that fixed order,
 so a token's result is bitwise the same in any chunking or beside other rows.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from minfer.backends.cpu.kernels.recurrent.shortconv import check_sequences
+from minfer.backends.cpu.kernels.simd.floats import update_dot
 
 
 def new_delta_state(n_seq: int, n_v_heads: int, head_dim: int) -> np.ndarray:
@@ -62,18 +65,11 @@ def _delta_head(h, qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k
         sp = x if x > np.float32(20.0) else np.float32(np.log1p(np.exp(x)))
         decay = np.float32(np.exp(sp * a[h]))
         b = np.float32(1.0) / (np.float32(1.0) + np.exp(-beta[t, h]))
+        zero, one = np.float32(0.0), np.float32(1.0)
         for j in range(dim):
-            acc = np.float32(0.0)
-            for i in range(dim):
-                m[j, i] *= decay
-                acc += m[j, i] * k[i]
-            delta[j] = (qkv[t, v_off + h * dim + j] - acc) * b
+            delta[j] = (qkv[t, v_off + h * dim + j] - update_dot(m[j], decay, zero, k, k)) * b
         for j in range(dim):
-            acc = np.float32(0.0)
-            for i in range(dim):
-                m[j, i] += delta[j] * k[i]
-                acc += m[j, i] * q[i]
-            out[t, h * dim + j] = acc * scale
+            out[t, h * dim + j] = update_dot(m[j], one, delta[j], k, q) * scale
 
 
 @njit(cache=True, error_model="numpy", parallel=True)

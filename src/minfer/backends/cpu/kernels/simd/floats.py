@@ -11,6 +11,9 @@ gave different bits for the same row (a few ulps). Here every operation is spell
 carries no fastmath flag: a row's dot is the same bits in every driver, batch and process. The
 vectors are 16 lanes on every target (two ymm halves on AVX2), so the order, and the bits,
 follow only from whether the target has FMA.
+
+`update_dot(row, s, d, k, x)`: a row rewritten in place as fma(d, k, row * s), then dotted with
+x in the same order (the gated delta rule's state rows, `recurrent.delta_net`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     _ld,
     _phi_loop,
     _prefetch_ir,
+    _splat,
     _vec,
 )
 from minfer.backends.cpu.kernels.simd.llvm import halves_to_floats
@@ -110,3 +114,61 @@ def _fdot(kind: str) -> Any:
 fdot_f32: Any = _fdot("f32")
 fdot_f16: Any = _fdot("f16")
 fdot_bf16: Any = _fdot("bf16")
+
+
+@intrinsic
+def update_dot(typingctx: Any, row: Any, s: Any, d: Any, k: Any, x: Any) -> Any:
+    """update_dot(row, s, d, k, x) -> f32: row[i] = fma(d, k[i], row[i] * s) in place, then the
+    updated row dotted with x in `fdot_f32`'s order (four 16-lane accumulators, 64 values a
+    step, folded (a0 + a1) + (a2 + a3) then halves; the values past the last multiple of 64
+    in one scalar chain added last). The delta rule's two passes over a state row: the decay
+    (s = exp(g), d = 0) dotted with k, then the rank-one update (s = 1, d = delta_j) dotted
+    with q."""
+    for arr in (row, k, x):
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.float32
+                and arr.layout == "C"):
+            raise TypingError(f"update_dot: wants 1-D f32 arrays, got {arr}")
+    sig = types.float32(row, types.float32, types.float32, k, x)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ra, ka, xa = (context.make_array(signature.args[i])(context, builder, args[i])
+                      for i in (0, 3, 4))
+        n = builder.extract_value(ra.shape, 0)
+        intp = n.type
+        rp, kp, xp = (builder.bitcast(a.data, _I8.as_pointer()) for a in (ra, ka, xa))
+        sv, dv = (_splat(builder, args[i], LANES) for i in (1, 2))
+
+        def k(v: int) -> Any:
+            return ir.Constant(intp, v)
+
+        def step(i: Any, accs: list[Any]) -> list[Any]:
+            v0 = builder.mul(i, k(STEP))
+            out = []
+            for j, acc in enumerate(accs):
+                off = builder.mul(builder.add(v0, k(j * LANES)), k(4))
+                vec = _vec(_F32, LANES)
+                new = _fma(builder, dv, _ld(builder, kp, off, vec),
+                           builder.fmul(_ld(builder, rp, off, vec), sv))
+                builder.store(new, builder.bitcast(builder.gep(rp, [off]), vec.as_pointer()),
+                              align=1)
+                out.append(_fma(builder, new, _ld(builder, xp, off, vec), acc))
+            return out
+
+        zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
+        steps = builder.udiv(n, k(STEP))
+        a0, a1, a2, a3 = _phi_loop(builder, steps, [zero] * 4, step)
+        done = builder.mul(steps, k(STEP))
+
+        def tail(i: Any, acc: list[Any]) -> list[Any]:
+            off = builder.mul(builder.add(done, i), k(4))
+            new = _fma(builder, args[2], _ld(builder, kp, off, _F32),
+                       builder.fmul(_ld(builder, rp, off, _F32), args[1]))
+            builder.store(new, builder.bitcast(builder.gep(rp, [off]), _F32.as_pointer()))
+            return [_fma(builder, new, _ld(builder, xp, off, _F32), acc[0])]
+
+        (rest,) = _phi_loop(builder, builder.sub(n, done), [ir.Constant(_F32, 0.0)], tail)
+        total = _hsum(builder, builder.fadd(builder.fadd(a0, a1), builder.fadd(a2, a3)))
+        return builder.fadd(total, rest)
+
+    return sig, codegen
+
