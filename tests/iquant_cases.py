@@ -42,7 +42,7 @@ SOURCES: dict[str, dict[str, Any]] = {"mix8": {**_COMMON, "n_layer": 8, "seed": 
                                       "run2": {**_COMMON, "n_layer": 2, "n_ff": 256,
                                                "seed": 66}}
 # the file types minfer writes byte for byte (from mix8)
-MIX_TYPES = ("IQ2_XXS",)
+MIX_TYPES = ("IQ2_XXS", "IQ3_XXS")
 # every i-quant type llama-quantize writes (run2's files)
 RUN_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS",
              "IQ4_NL", "TQ1_0", "TQ2_0")

@@ -29,6 +29,7 @@ from .kquants import nearest_int
 F = np.float32
 _IQ2_LEVELS = (8, 25, 43)
 _IQ3_LEVELS = (4, 12, 20, 28, 36, 44, 52, 62)
+_IQ3S_LEVELS = (1, 3, 5, 7, 9, 11, 13, 15)
 
 
 def lattice(grid_values: np.ndarray, levels: tuple[int, ...], n_levels: int,
@@ -48,7 +49,8 @@ def lattice(grid_values: np.ndarray, levels: tuple[int, ...], n_levels: int,
     code_levels = (codes[:, None] >> shifts) & ((1 << bits) - 1)
     off = codes[(kmap < 0) & (code_levels < n_levels).all(1)]
     pos = 2 * code_levels[off] + 1
-    d2 = ((grid[None, :, :].astype(np.int64) - pos[:, None, :]) ** 2).sum(2)
+    g = grid.astype(np.int64)  # |g - p|^2 as |g|^2 + |p|^2 - 2 p.g: no [codes, n, k] array
+    d2 = (g * g).sum(1)[None, :] + (pos * pos).sum(1)[:, None] - 2 * (pos @ g.T)
     order = np.argsort(d2, axis=1, kind="stable")  # by distance, then index (qsort's order)
     sd2 = np.take_along_axis(d2, order, 1)
     rank = np.cumsum(np.diff(sd2, axis=1, prepend=sd2[:, :1]) > 0, axis=1)
@@ -65,6 +67,8 @@ def lattice(grid_values: np.ndarray, levels: tuple[int, ...], n_levels: int,
 
 IQ2XXS_GRID, IQ2XXS_MAP, IQ2XXS_NB = lattice(iq_grids.IQ2XXS_GRID, _IQ2_LEVELS, 3, 2)
 IQ3XXS_GRID, IQ3XXS_MAP, IQ3XXS_NB = lattice(iq_grids.IQ3XXS_GRID, _IQ3_LEVELS, 8, 2)
+IQ2S_GRID, IQ2S_MAP, IQ2S_NB = lattice(iq_grids.IQ2S_GRID, _IQ2_LEVELS, 3, 1)
+IQ3S_GRID, IQ3S_MAP, IQ3S_NB = lattice(iq_grids.IQ3S_GRID, _IQ3S_LEVELS, 8, 3)
 
 
 @njit(inline="always", error_model="numpy")

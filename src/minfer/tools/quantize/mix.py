@@ -11,9 +11,9 @@ Rows that are not a whole number of blocks fall back (Q4_K → Q5_0, Q5_K → Q5
 Q2_K/Q3_K → Q4_0, the 256-block i-quants → IQ4_NL, then F16). IQ2_XXS / IQ3_XXS follow
 llama.cpp's very-low-bit rules (output at Q5_K, attn_v and the first eighth of ffn_down at
 Q2_K in IQ2_XXS, token_embd at Q2_K / IQ3_S; in IQ3_XXS attn_q / attn_k at IQ2_S and
-attn_output at IQ3_S, types minfer cannot write yet, so such files are refused) and their
-tensors need an importance vector (`requires_imatrix`) as llama-quantize demands. The other
-i-quant mixes (IQ1_*, IQ2_XS/S/M, IQ3_XS/S/M) and Q2_K_S are refused.
+attn_output at IQ3_S) and their tensors need an importance vector (`requires_imatrix`) as
+llama-quantize demands. The other i-quant mixes (IQ1_*, IQ2_XS/S/M, IQ3_XS/S/M) and Q2_K_S
+are refused.
 `--tensor-type PATTERN=TYPE` overrides (`tensor_types`) are searched in order in each
 quantizable tensor's name (a regular expression, the first match wins) before the mix's rules,
 which then do not run for it (nor count it); the fallback still applies. With an importance
