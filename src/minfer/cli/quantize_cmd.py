@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, IQ4_XS, MXFP4_MOE, "
                         "IQ2_XXS, IQ3_XXS (both need --imatrix; IQ3_XXS's mix also writes IQ3_S "
                         "and IQ2_S tensors), F16, BF16 (Q3_K, Q4_K, Q5_K are llama.cpp's "
-                        "aliases of the _M mixes); --tensor-type also takes IQ3_S and IQ2_S")
+                        "aliases of the _M mixes); --tensor-type also takes IQ3_S, IQ2_S, IQ2_XS, "
+                        "IQ1_S, IQ1_M")
     p.add_argument("--pure", action="store_true",
                    help="TYPE for every quantizable tensor (no mix; llama.cpp's --pure)")
     p.add_argument("--allow-requantize", action="store_true",

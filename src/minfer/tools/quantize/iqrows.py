@@ -1,6 +1,6 @@
-"""ggml's lattice i-quant quantizers: IQ2_XXS, IQ3_XXS, IQ3_S and IQ2_S
-(quantize_row_iq2_xxs_impl / iq3_xxs_impl / iq3_s_impl / iq2_s_impl), ported operation by
-operation (f32 in C's order, as `weighted`).
+"""ggml's lattice i-quant quantizers: IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S and IQ2_S
+(quantize_row_iq2_xxs_impl / iq2_xs_impl / iq3_xxs_impl / iq3_s_impl / iq2_s_impl), ported
+operation by operation (f32 in C's order, as `weighted`).
 
 Each 256-value block is cut in sub-blocks (32 values; 16 for IQ2_S) of 8- or 4-value groups.
 The XXS types fold the signs into an even count per 8 values (the odd one out flipped on the
@@ -8,7 +8,7 @@ value of least weighted square), the S types keep all 8 sign bits. `lattice_sear
 scale search they share: trial inverse scales, each trial coding the groups on the lattice
 (`lattice.group_code`) and scoring sum(w x q)^2 / sum(w q^2); the best scale's codes refined
 once; the sub-block scales are then coded to 4 bits against the block's f16 super-scale.
-IQ2_XXS needs importance weights (ggml asserts them); the others without them weight each
+IQ2_XXS and IQ2_XS need importance weights (ggml asserts them); the others without them weight each
 value by its square (IQ2_S: plus a quarter of the block's mean square).
 """
 
@@ -23,6 +23,9 @@ from .lattice import (
     IQ2S_GRID,
     IQ2S_MAP,
     IQ2S_NB,
+    IQ2XS_GRID,
+    IQ2XS_MAP,
+    IQ2XS_NB,
     IQ2XXS_GRID,
     IQ2XXS_MAP,
     IQ2XXS_NB,
@@ -43,10 +46,10 @@ GROUP_MAX_EPS_IQ2_S = F(1e-8)
 
 
 @njit(inline="always", error_model="numpy")
-def _fold_signs(x, b, weight, xval, signs):
-    """xval = |x[b:b+32]| with each 8's count of negatives made even (the value of least
+def _fold_signs(x, b, n, weight, xval, signs):
+    """xval = |x[b:b+n]| with each 8's count of negatives made even (the value of least
     w x^2 keeps its sign flipped); signs[k]: the 7 stored sign bits of group k."""
-    for k in range(4):
+    for k in range(n // 8):
         nflip = 0
         s = 0
         for i in range(8):
@@ -165,6 +168,32 @@ def lattice_search(grid, kmap, nb, xval, weight, waux, n, kmax, trials, step, ba
     return scale
 
 
+@njit(inline="always", error_model="numpy")
+def _coded_sub_block(x, qw, use_qw, b, n, sigma2, floor, fold, eps, grid, kmap, nb, kmax,
+                     trials, step, on_init, refine_all, weight, waux, xval, signs, L, Laux, on,
+                     on_aux):
+    """One sub-block x[b:b+n] of the types whose search starts at max / (2 kmax - 1): weights,
+    signs (folded or plain) into xval / signs, the lattice search; its levels into L and its
+    scale (made positive, the signs flipped with it), or -1 when max |x| < eps (or is 0)."""
+    _sub_weights(x, qw, use_qw, b, n, sigma2, floor, weight, waux)
+    if fold:
+        _fold_signs(x, b, n, weight, xval, signs)
+    else:
+        _plain_signs(x, b, n, xval, signs)
+    mx = _max(xval, n)
+    L[:] = 0
+    if mx < eps or mx == F(0.0):
+        return F(-1.0)
+    scale = lattice_search(grid, kmap, nb, xval, weight, waux, n, kmax, trials, step, mx,
+                           mx / F(2 * kmax - 1), on_init, False, refine_all, L, Laux, on, on_aux)
+    if scale < F(0.0):
+        scale = -scale
+        mask = 127 if fold else 255
+        for k in range(n // 8):
+            signs[k] = ~signs[k] & mask
+    return scale
+
+
 @njit(error_model="numpy")
 def iq2_xxs_rows(x, qw, out):
     """quantize_row_iq2_xxs_impl: block_iq2_xxs d, then per 32: u32 of 4 grid indices, u32 of
@@ -188,7 +217,7 @@ def iq2_xxs_rows(x, qw, out):
         for ib in range(8):
             b = 256 * ibl + 32 * ib
             _sub_weights(x, qw, True, b, 32, sigma2, F(0.0), weight, waux)
-            _fold_signs(x, b, weight, xval, signs)
+            _fold_signs(x, b, 32, weight, xval, signs)
             scales[ib] = F(0.0)
             if _max(xval, 32) < GROUP_MAX_EPS:
                 continue
@@ -244,20 +273,13 @@ def iq3_xxs_rows(x, qw, use_qw, out):
         sigma2 = F(2.0) * _sum_squares(x, 256 * ibl, 256) / F(256.0)
         for ib in range(8):
             b = 256 * ibl + 32 * ib
-            _sub_weights(x, qw, use_qw, b, 32, sigma2, F(0.0), weight, waux)
-            _fold_signs(x, b, weight, xval, signs)
-            mx = _max(xval, 32)
-            L[:] = 0
             scales[ib] = F(0.0)
-            if mx < GROUP_MAX_EPS_IQ3_XXS:
-                continue
-            scale = lattice_search(IQ3XXS_GRID, IQ3XXS_MAP, IQ3XXS_NB, xval, weight, waux, 32,
-                                   kmax, 15, F(0.2), mx, mx / F(2 * kmax - 1), True, False,
-                                   False, L, Laux, on, on_aux)
+            scale = _coded_sub_block(x, qw, use_qw, b, 32, sigma2, F(0.0), True,
+                                     GROUP_MAX_EPS_IQ3_XXS, IQ3XXS_GRID, IQ3XXS_MAP, IQ3XXS_NB,
+                                     kmax, 15, F(0.2), True, False, weight, waux, xval, signs,
+                                     L, Laux, on, on_aux)
             if scale < F(0.0):
-                scale = -scale
-                for k in range(4):
-                    signs[k] = ~signs[k] & 127
+                continue
             for k in range(8):
                 q3[8 * ib + k] = np.uint8(grid_index(IQ3XXS_MAP, L, 4 * k, 4))
             sas[ib] = np.uint32(signs[0] | (signs[1] << 7) | (signs[2] << 14) | (signs[3] << 21))
@@ -298,20 +320,12 @@ def iq3_s_rows(x, qw, use_qw, out):
         sigma2 = F(2.0) * _sum_squares(x, 256 * ibl, 256) / F(256.0)
         for ib in range(8):
             b = 256 * ibl + 32 * ib
-            _sub_weights(x, qw, use_qw, b, 32, sigma2, F(0.0), weight, waux)
-            _plain_signs(x, b, 32, xval, signs)
-            mx = _max(xval, 32)
-            L[:] = 0
             scales[ib] = F(0.0)
-            if mx == F(0.0):
-                continue
-            scale = lattice_search(IQ3S_GRID, IQ3S_MAP, IQ3S_NB, xval, weight, waux, 32, kmax,
-                                   9, F(0.2), mx, mx / F(2 * kmax - 1), False, False, True, L,
-                                   Laux, on, on_aux)
+            scale = _coded_sub_block(x, qw, use_qw, b, 32, sigma2, F(0.0), False, F(0.0),
+                                     IQ3S_GRID, IQ3S_MAP, IQ3S_NB, kmax, 9, F(0.2), False, True,
+                                     weight, waux, xval, signs, L, Laux, on, on_aux)
             if scale < F(0.0):
-                scale = -scale
-                for k in range(4):
-                    signs[k] = ~signs[k] & 255
+                continue
             for k in range(8):
                 gi = grid_index(IQ3S_MAP, L, 4 * k, 4)
                 out[o + 2 + 8 * nq + k] = np.uint8(gi & 255)
@@ -352,20 +366,13 @@ def iq2_s_rows(x, qw, use_qw, out):
         sigma2 = F(2.0) * _sum_squares(x, 256 * ibl, 256) / F(256.0)
         for ib in range(16):
             b = 256 * ibl + 16 * ib
-            _sub_weights(x, qw, use_qw, b, 16, sigma2, F(0.25) * sigma2, weight, waux)
-            _plain_signs(x, b, 16, xval, signs)
-            mx = _max(xval, 16)
-            L[:] = 0
             scales[ib] = F(0.0)
-            if mx < GROUP_MAX_EPS_IQ2_S:
-                continue
-            scale = lattice_search(IQ2S_GRID, IQ2S_MAP, IQ2S_NB, xval, weight, waux, 16, kmax,
-                                   9, F(0.1), mx, mx / F(2 * kmax - 1), True, False, False, L,
-                                   Laux, on, on_aux)
+            scale = _coded_sub_block(x, qw, use_qw, b, 16, sigma2, F(0.25) * sigma2, False,
+                                     GROUP_MAX_EPS_IQ2_S, IQ2S_GRID, IQ2S_MAP, IQ2S_NB, kmax, 9,
+                                     F(0.1), True, False, weight, waux, xval, signs, L, Laux, on,
+                                     on_aux)
             if scale < F(0.0):
-                scale = -scale
-                for k in range(2):
-                    signs[k] = ~signs[k] & 255
+                continue
             for k in range(2):
                 i8 = 2 * ib + k
                 gi = grid_index(IQ2S_MAP, L, 8 * k, 8)
@@ -381,6 +388,51 @@ def iq2_s_rows(x, qw, use_qw, out):
         codes = _scale_codes(scales, d)
         for j in range(8):
             out[o + 74 + j] = np.uint8(codes[2 * j] | (codes[2 * j + 1] << np.uint32(4)))
+
+
+@njit(error_model="numpy")
+def iq2_xs_rows(x, qw, out):
+    """quantize_row_iq2_xs_impl (grid 512, sub-blocks of 16): block_iq2_xs d, 32 u16 of a grid
+    index and its 8-value group's 7 sign bits, 8 bytes of two 4-bit scales."""
+    kmax = 3
+    scales = np.zeros(16, F)
+    weight = np.zeros(16, F)
+    waux = np.zeros(16, F)
+    xval = np.zeros(16, F)
+    L = np.zeros(16, np.int64)
+    Laux = np.zeros(16, np.int64)
+    signs = np.zeros(2, np.int64)
+    on = np.zeros(2, np.bool_)
+    on_aux = np.zeros(2, np.bool_)
+    q2 = np.zeros(32, np.int64)
+    for ibl in range(x.shape[0] // 256):
+        o = 74 * ibl
+        out[o:o + 74] = 0
+        q2[:] = 0
+        max_scale = F(0.0)
+        sigma2 = _sum_squares(x, 256 * ibl, 256) / F(256.0)
+        for ib in range(16):
+            b = 256 * ibl + 16 * ib
+            scales[ib] = F(0.0)
+            scale = _coded_sub_block(x, qw, True, b, 16, sigma2, F(0.0), True, GROUP_MAX_EPS,
+                                     IQ2XS_GRID, IQ2XS_MAP, IQ2XS_NB, kmax, 9, F(0.1), True,
+                                     False, weight, waux, xval, signs, L, Laux, on, on_aux)
+            if scale < F(0.0):
+                continue
+            for k in range(2):
+                q2[2 * ib + k] = grid_index(IQ2XS_MAP, L, 8 * k, 8) | (signs[k] << 9)
+            scales[ib] = scale
+            max_scale = max_scale if max_scale > scale else scale
+        if max_scale == F(0.0):
+            continue
+        d = max_scale / F(31.0)
+        put_f16(out, o, d)
+        codes = _scale_codes(scales, d)
+        for j in range(8):
+            out[o + 66 + j] = np.uint8(codes[2 * j] | (codes[2 * j + 1] << np.uint32(4)))
+        for i in range(32):
+            out[o + 2 + 2 * i] = np.uint8(q2[i] & 255)
+            out[o + 3 + 2 * i] = np.uint8(q2[i] >> 8)
 
 
 @njit(error_model="numpy")
@@ -416,3 +468,8 @@ def iq2_s_row(x, out):
 @njit(error_model="numpy")
 def iq2_s_row_w(x, qw, out):
     iq2_s_rows(x, qw, True, out)
+
+
+@njit(error_model="numpy")
+def iq2_xs_row_w(x, qw, out):
+    iq2_xs_rows(x, qw, out)
