@@ -12,7 +12,9 @@ quantize_<type>'s bytes for tests/quantize_cases.row_inputs() with each of imatr
 as quant_weights (the lattice types after their tables' init), and checks that the
 build writes the recorded unweighted bytes of quantize_llamacpp.json first (for the types
 recorded there) (the same code as llama-cpp-python's library). Never edit the
-JSON by hand.
+JSON by hand. llama-cpp-python's own libggml-base.so (e.g. /tmp/refvenv's
+site-packages/llama_cpp/lib/libggml-base.so, which exports quantize_<type> and the lattice
+inits) serves as the library too and gives the same bytes.
 """
 
 from __future__ import annotations
