@@ -2,7 +2,7 @@
 of them (issue 65).
 
     PYTHONPATH=$PWD/src .venv/bin/python benchmarks/make_iquant_fixtures.py \
-        [--ref-python /tmp/refvenv/bin/python]
+        [--ref-python /tmp/refvenv/bin/python] [--mix-only]
 
 Needs llama.cpp's tools in /tmp/llbuild/bin (llama-imatrix, llama-quantize, built from
 llama-cpp-python 0.3.36's vendored llama.cpp) and llama-cpp-python 0.3.36 in its own
@@ -15,6 +15,9 @@ are and how the tools run is tests/iquant_cases.py. Writes:
 - run2-<TYPE>.gguf: those files;
 - logits.npz: llama.cpp on each file and prompt: `<TYPE>.<p>.logits` (the last prompt
   position's), `.greedy` (16 tokens) and `.margins` (its top-2 margin at each step), `version`.
+
+--mix-only redoes llamacpp.json's "mix" entries alone (llama-quantize with the committed
+imatrix-mix8.gguf), keeping the matrices, the run2 files and the logits as they are.
 """
 
 from __future__ import annotations
@@ -38,7 +41,14 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--ref-python", default=fam.ref_python())
+    ap.add_argument("--mix-only", action="store_true")
     args = ap.parse_args()
+    if args.mix_only:
+        out = json.loads(ic.DIGESTS.read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            out["mix"] = _mix_entries(Path(tmp))
+        ic.DIGESTS.write_text(json.dumps(out, indent=1) + "\n")
+        return
     ic.DIR.mkdir(parents=True, exist_ok=True)
     out: dict = {"llama.cpp": "llama-imatrix / llama-quantize of llama-cpp-python 0.3.36 "
                               "(/tmp/llbuild)", "sources": {}, "mix": {}, "files": {}}
@@ -48,16 +58,7 @@ def main() -> None:
             src = ic.write_source(name, work)
             out["sources"][name] = qc.data_digest(src)
             ic.llama_imatrix(src, ic.imatrix_file(name))
-        src = work / "iq-src-mix8.gguf"
-        for t in ic.MIX_TYPES:
-            dst = work / f"mix8-{t}.gguf"
-            r = ic.llama_quantize(src, dst, t, work, ic.imatrix_file("mix8"))
-            assert r.returncode == 0, r.stderr[-2000:]
-            refused = ic.llama_quantize(src, work / "x.gguf", t, work, None)
-            out["mix"][t] = {"file_sha256": qc.sha256(dst.read_bytes()),
-                             "tensors": qc.tensor_digests(dst),
-                             "refused_without_imatrix": refused.returncode != 0
-                             and "requires an imatrix" in refused.stderr + refused.stdout}
+        out["mix"] = _mix_entries(work)
         src = work / "iq-src-run2.gguf"
         for t in ic.RUN_TYPES:
             r = ic.llama_quantize(src, ic.run_file(t), t, work, ic.imatrix_file("run2"))
@@ -75,6 +76,25 @@ def main() -> None:
             arrays[f"{t}.{p}.margins"] = np.array(run["margins"], np.float32)
     np.savez_compressed(ic.LOGITS, **arrays)
     ic.DIGESTS.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _mix_entries(work: Path) -> dict:
+    """llama-quantize --imatrix's file of mix8 for each MIX_TYPES, and its refusal without."""
+    from tests import iquant_cases as ic
+    from tests import quantize_cases as qc
+
+    src = ic.write_source("mix8", work)
+    mix: dict = {}
+    for t in ic.MIX_TYPES:
+        dst = work / f"mix8-{t}.gguf"
+        r = ic.llama_quantize(src, dst, t, work, ic.imatrix_file("mix8"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        refused = ic.llama_quantize(src, work / "x.gguf", t, work, None)
+        mix[t] = {"file_sha256": qc.sha256(dst.read_bytes()),
+                  "tensors": qc.tensor_digests(dst),
+                  "refused_without_imatrix": refused.returncode != 0
+                  and "requires an imatrix" in refused.stderr + refused.stdout}
+    return mix
 
 
 if __name__ == "__main__":

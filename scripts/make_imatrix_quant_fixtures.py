@@ -9,10 +9,12 @@ ggml-quants.c from llama-cpp-python 0.3.36's vendored llama.cpp, built as ggml-b
 x86-64, no fast-math); scripts/ggml_quants_stub.c supplies the four ggml.c symbols it calls
 (ggml_row_size, ggml_type_size, ggml_type_name, ggml_abort). Records the sha256 of
 quantize_<type>'s bytes for tests/quantize_cases.row_inputs() with each of imatrix_weights()
-as quant_weights (IQ3_XXS / IQ2_XXS after their lattice tables' init), and checks that the
+as quant_weights (the lattice types after their tables' init), and checks that the
 build writes the recorded unweighted bytes of quantize_llamacpp.json first (for the types
 recorded there) (the same code as llama-cpp-python's library). Never edit the
-JSON by hand.
+JSON by hand. llama-cpp-python's own libggml-base.so (e.g. /tmp/refvenv's
+site-packages/llama_cpp/lib/libggml-base.so, which exports quantize_<type> and the lattice
+inits) serves as the library too and gives the same bytes.
 """
 
 from __future__ import annotations

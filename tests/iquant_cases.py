@@ -3,7 +3,7 @@ run them. Shared by benchmarks/make_iquant_fixtures.py (which commits tests/fixt
 and tests/test_iquant_llamacpp.py.
 
 - `mix8` (8 layers, so llama.cpp's per-layer rules all show): llama-imatrix's importance matrix
-  of it (committed), and llama-quantize's MOSTLY_IQ2_XXS / MOSTLY_IQ3_XXS files with it, kept
+  of it (committed), and llama-quantize's file of each i-quant mix (IQ1_S .. IQ3_M) with it, kept
   as sha256 digests (file and per tensor), which `minfer quantize --imatrix` must reproduce.
 - `run2` (2 layers): llama-quantize's file of each i-quant type with llama-imatrix's matrix
   (committed: tests/fixtures/iquant/run2-<TYPE>.gguf), and llama.cpp's logits, greedy
@@ -42,7 +42,8 @@ SOURCES: dict[str, dict[str, Any]] = {"mix8": {**_COMMON, "n_layer": 8, "seed": 
                                       "run2": {**_COMMON, "n_layer": 2, "n_ff": 256,
                                                "seed": 66}}
 # the file types minfer writes byte for byte (from mix8)
-MIX_TYPES = ("IQ2_XXS",)
+MIX_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S",
+             "IQ3_M")
 # every i-quant type llama-quantize writes (run2's files)
 RUN_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS",
              "IQ4_NL", "TQ1_0", "TQ2_0")

@@ -168,10 +168,16 @@ IMATRIX_FIXTURE = Path(__file__).parent / "fixtures" / "quantize_imatrix_ggml.js
 GGML_LIB_ENV = "MINFER_GGML_QUANTS_LIB"  # a shared library exporting ggml's quantize_<type>
 IMATRIX_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0, QType.Q2_K,
                  QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS,
-                 QType.IQ3_XXS, QType.IQ2_XXS)
+                 QType.IQ3_XXS, QType.IQ2_XXS, QType.IQ3_S, QType.IQ2_S,
+                 QType.IQ2_XS, QType.IQ1_S, QType.IQ1_M)
 # The lattice types' tables, which ggml_quantize_init builds before quantize_<type> may run.
 _LATTICE_INIT = {QType.IQ2_XXS: ("iq2xs_init_impl", int(QType.IQ2_XXS)),
-                 QType.IQ3_XXS: ("iq3xs_init_impl", 256)}
+                 QType.IQ2_XS: ("iq2xs_init_impl", int(QType.IQ2_XS)),
+                 QType.IQ1_S: ("iq2xs_init_impl", int(QType.IQ1_S)),
+                 QType.IQ1_M: ("iq2xs_init_impl", int(QType.IQ1_M)),
+                 QType.IQ2_S: ("iq2xs_init_impl", int(QType.IQ2_S)),
+                 QType.IQ3_XXS: ("iq3xs_init_impl", 256),
+                 QType.IQ3_S: ("iq3xs_init_impl", 512)}
 
 
 def imatrix_weights() -> dict[str, np.ndarray]:

@@ -1,6 +1,7 @@
 """minfer against llama.cpp on i-quant files (issue 65): `minfer quantize --imatrix` writes
-llama-quantize's MOSTLY_IQ2_XXS file byte for byte, and minfer runs llama-quantize's file of
-every i-quant type (IQ1_S .. IQ4_NL, TQ1_0 / TQ2_0) as llama.cpp does.
+llama-quantize's file of every i-quant mix (MOSTLY_IQ1_S .. MOSTLY_IQ3_M) byte for byte, and
+minfer runs llama-quantize's file of every i-quant type (IQ1_S .. IQ4_NL, TQ1_0 / TQ2_0) as
+llama.cpp does.
 
 tests/fixtures/iquant/ comes from benchmarks/make_iquant_fixtures.py (tests/iquant_cases.py
 says what is run): llama-imatrix's matrices, llama-quantize's digests and run2 files,
@@ -25,6 +26,7 @@ from minfer.engine.forward import Engine
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.tools.quantize import MixOptions, QuantizeError, parse_ftype, quantize_model
+from minfer.tools.quantize.mix import DEFAULT_TYPE
 from tests import iquant_cases as ic
 from tests import llamacpp_families as fam
 from tests import quantize_cases as qc
@@ -32,6 +34,19 @@ from tests.test_vs_llamacpp_families import _check_greedy
 
 REF = json.loads(ic.DIGESTS.read_text())
 QUANT_ATOL = 0.5
+# llama.cpp's i-quant rules: (output, token_embd, attn_q/k, attn_v, attn_output, layer 0's
+# ffn_down) types in each mix of mix8 (n_gqa 2); the other tensors at the mix's default type
+# (IQ3_XS: ffn_gate / ffn_up of layers 1-6 at IQ3_XXS)
+_MIX_KINDS = {"IQ1_S": ("Q5_K", "Q2_K", "IQ1_S", "Q2_K", "IQ2_XXS", "Q2_K"),
+              "IQ1_M": ("Q5_K", "Q2_K", "IQ1_M", "Q2_K", "IQ2_XXS", "Q2_K"),
+              "IQ2_XXS": ("Q5_K", "Q2_K", "IQ2_XXS", "Q2_K", "IQ2_XXS", "Q2_K"),
+              "IQ2_XS": ("Q5_K", "Q2_K", "IQ2_XS", "Q2_K", "IQ2_XS", "Q2_K"),
+              "IQ2_S": ("Q5_K", "IQ3_S", "IQ2_XS", "IQ3_S", "IQ3_S", "IQ3_S"),
+              "IQ2_M": ("Q5_K", "IQ3_S", "IQ2_S", "IQ3_S", "IQ3_S", "IQ3_S"),
+              "IQ3_XXS": ("Q5_K", "IQ3_S", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ3_XXS"),
+              "IQ3_XS": ("Q6_K", "IQ3_S", "IQ3_XXS", "IQ3_S", "IQ3_S", "IQ3_S"),
+              "IQ3_S": ("Q6_K", "IQ3_S", "IQ3_S", "IQ3_S", "IQ3_S", "IQ3_S"),
+              "IQ3_M": ("Q6_K", "IQ3_S", "IQ3_S", "Q4_K", "Q4_K", "Q4_K")}
 
 
 def _source(name: str, tmp: Path) -> Path:
@@ -54,8 +69,8 @@ def _minfer_quantize(type_name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("type_name", ic.MIX_TYPES)
 def test_minfer_quantize_is_llama_quantize(type_name: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every tensor's type (llama.cpp's very-low-bit mix: output Q5_K, token_embd and attn_v
-    Q2_K, layer 0's ffn_down Q2_K) and bytes, and the whole file."""
+    """Every tensor's type (llama.cpp's very-low-bit mix, `_MIX_KINDS`) and bytes, and the
+    whole file."""
     dst = _minfer_quantize(type_name, tmp_path, monkeypatch)
     want = REF["mix"][type_name]
     got = qc.tensor_digests(dst)
@@ -64,14 +79,27 @@ def test_minfer_quantize_is_llama_quantize(type_name: str, tmp_path: Path,
     assert list(got) == list(want["tensors"])
     assert qc.sha256(dst.read_bytes()) == want["file_sha256"]
     kinds = {n: d.split(":")[0] for n, d in want["tensors"].items()}
-    assert kinds["output.weight"] == "Q5_K" and kinds["token_embd.weight"] == "Q2_K"
-    assert kinds["blk.0.ffn_down.weight"] == "Q2_K" and kinds["blk.1.ffn_down.weight"] == type_name
-    assert {kinds[f"blk.{i}.attn_v.weight"] for i in range(8)} == {"Q2_K"}
+    out, embd, qk, v, o, down0 = _MIX_KINDS[type_name]
+    default = DEFAULT_TYPE[parse_ftype(type_name)].name
+    assert kinds["output.weight"] == out and kinds["token_embd.weight"] == embd
+    assert kinds["blk.0.ffn_down.weight"] == down0 and kinds["blk.1.ffn_down.weight"] == default
+    for i in range(8):
+        assert [kinds[f"blk.{i}.attn_{t}.weight"] for t in "qkv"] == [qk, qk, v]
+        assert kinds[f"blk.{i}.attn_output.weight"] == o
+        up = "IQ3_XXS" if type_name == "IQ3_XS" and 1 <= i < 7 else default
+        assert kinds[f"blk.{i}.ffn_gate.weight"] == kinds[f"blk.{i}.ffn_up.weight"] == up
 
 
-@pytest.mark.parametrize("type_name", ic.MIX_TYPES)
+def test_mixes_refused_without_an_imatrix() -> None:
+    """llama-quantize refuses every i-quant mix without a matrix but IQ3_S / IQ3_M (no IQ1 /
+    IQ2 / IQ3_XXS tensor in them)."""
+    assert [t for t in ic.MIX_TYPES if not REF["mix"][t]["refused_without_imatrix"]] == [
+        "IQ3_S", "IQ3_M"]
+
+
+@pytest.mark.parametrize("type_name", [t for t in ic.MIX_TYPES
+                                       if REF["mix"][t]["refused_without_imatrix"]])
 def test_refused_without_an_imatrix_as_llama_quantize(type_name: str, tmp_path: Path) -> None:
-    assert REF["mix"][type_name]["refused_without_imatrix"]
     with pytest.raises(QuantizeError, match="requires an importance matrix"):
         quantize_model(_source("mix8", tmp_path), tmp_path / "q.gguf",
                        MixOptions(parse_ftype(type_name)))

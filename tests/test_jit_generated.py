@@ -70,7 +70,7 @@ def test_generated_drivers_are_cached_dispatchers() -> None:
     drivers += [getattr(row_drivers._M, f"{d.py_func.__name__}{part}")
                 for d in dense for part in ("_part", "_x_part")]
     drivers += list(rows._DRIVERS.values())
-    assert len(drivers) == 4 * 23 + 16  # 23 dense drivers' four forms, 16 quantizer row drivers
+    assert len(drivers) == 4 * 23 + 19  # 23 dense drivers' four forms, 19 quantizer row drivers
     for d in drivers:
         assert d.py_func.__code__.co_filename.endswith(".py")
         assert Path(d.py_func.__code__.co_filename).parent.name == "generated"

@@ -45,7 +45,7 @@ def test_cli_writes_the_same_file_as_the_api(f32_source: Path, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["IQ2_XS"], "needs an importance matrix"),
+    (["Q2_K_S"], "needs an importance matrix"),
     (["Q7_K"], "unknown or unsupported quantization type"),
     (["Q4_0", "--output-tensor-type", "nope"], "unsupported tensor type"),
     (["Q8_0", "--output-tensor-type", "Q4_K"], "cannot be Q4_K"),

@@ -35,9 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("type", metavar="TYPE",
                    help="a llama-quantize type or mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
                         "Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, IQ4_XS, MXFP4_MOE, "
-                        "IQ2_XXS (needs --imatrix), IQ3_XXS (its mix puts IQ3_S on token_embd, "
-                        "not written yet: give --token-embedding-type), F16, BF16 (Q3_K, Q4_K, "
-                        "Q5_K are llama.cpp's aliases of the _M mixes)")
+                        "IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS (these "
+                        "need --imatrix), IQ3_S, IQ3_M, F16, BF16 (Q3_K, Q4_K, Q5_K are "
+                        "llama.cpp's aliases of the _M mixes)")
     p.add_argument("--pure", action="store_true",
                    help="TYPE for every quantizable tensor (no mix; llama.cpp's --pure)")
     p.add_argument("--allow-requantize", action="store_true",

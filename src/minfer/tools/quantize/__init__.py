@@ -2,6 +2,8 @@
 
 - `blocks32`, `kquants`: ggml's reference quantizers ported to numba, one row at a time.
 - `weighted`: ggml's importance-weighted quantizers (`--imatrix`).
+- `lattice`, `iqrows`, `iq1rows`: ggml's lattice i-quant quantizers (IQ1_S, IQ2_XXS/XS/S,
+  IQ3_XXS/S).
 - `rows`: `quantize_rows`, the parallel entry point per type (weighted given an imatrix).
 - `mix`: llama.cpp's file types and per-tensor type rules (Q4_K_M, …, --pure, --tensor-type
   and the other overrides, the imatrix rules).

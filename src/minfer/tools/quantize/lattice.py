@@ -29,6 +29,7 @@ from .kquants import nearest_int
 F = np.float32
 _IQ2_LEVELS = (8, 25, 43)
 _IQ3_LEVELS = (4, 12, 20, 28, 36, 44, 52, 62)
+_IQ3S_LEVELS = (1, 3, 5, 7, 9, 11, 13, 15)
 
 
 def lattice(grid_values: np.ndarray, levels: tuple[int, ...], n_levels: int,
@@ -48,7 +49,8 @@ def lattice(grid_values: np.ndarray, levels: tuple[int, ...], n_levels: int,
     code_levels = (codes[:, None] >> shifts) & ((1 << bits) - 1)
     off = codes[(kmap < 0) & (code_levels < n_levels).all(1)]
     pos = 2 * code_levels[off] + 1
-    d2 = ((grid[None, :, :].astype(np.int64) - pos[:, None, :]) ** 2).sum(2)
+    g = grid.astype(np.int64)  # |g - p|^2 as |g|^2 + |p|^2 - 2 p.g: no [codes, n, k] array
+    d2 = (g * g).sum(1)[None, :] + (pos * pos).sum(1)[:, None] - 2 * (pos @ g.T)
     order = np.argsort(d2, axis=1, kind="stable")  # by distance, then index (qsort's order)
     sd2 = np.take_along_axis(d2, order, 1)
     rank = np.cumsum(np.diff(sd2, axis=1, prepend=sd2[:, :1]) > 0, axis=1)
@@ -65,12 +67,17 @@ def lattice(grid_values: np.ndarray, levels: tuple[int, ...], n_levels: int,
 
 IQ2XXS_GRID, IQ2XXS_MAP, IQ2XXS_NB = lattice(iq_grids.IQ2XXS_GRID, _IQ2_LEVELS, 3, 2)
 IQ3XXS_GRID, IQ3XXS_MAP, IQ3XXS_NB = lattice(iq_grids.IQ3XXS_GRID, _IQ3_LEVELS, 8, 2)
+IQ2XS_GRID, IQ2XS_MAP, IQ2XS_NB = lattice(iq_grids.IQ2XS_GRID, _IQ2_LEVELS, 3, 2)
+IQ2S_GRID, IQ2S_MAP, IQ2S_NB = lattice(iq_grids.IQ2S_GRID, _IQ2_LEVELS, 3, 1)
+IQ3S_GRID, IQ3S_MAP, IQ3S_NB = lattice(iq_grids.IQ3S_GRID, _IQ3S_LEVELS, 8, 3)
+IQ1S_GRID, IQ1S_MAP, IQ1S_NB = lattice(iq_grids.IQ1S_GRID, (-1, 0, 1), 3, 3)
 
 
 @njit(inline="always", error_model="numpy")
-def best_neighbour(grid, kmap, nb, u, xval, waux, o, scale, L):
-    """iq2/iq3_find_best_neighbour: of off-grid code u's neighbours, the one nearest
-    xval[o:o+k] in waux-weighted squared distance at `scale`; its levels into L[o:o+k]."""
+def best_neighbour(qgrid, grid, kmap, nb, u, xval, waux, o, scale, L):
+    """iq2/iq3_find_best_neighbour (iq1_find_best_neighbour2 with `qgrid` its value table):
+    of off-grid code u's neighbours, the one whose values qgrid[j] at `scale` are nearest
+    xval[o:o+k] in waux-weighted squared distance; its levels into L[o:o+k]."""
     start = -kmap[u] - 1
     k = grid.shape[1]
     best_d2 = FLT_MAX
@@ -79,7 +86,7 @@ def best_neighbour(grid, kmap, nb, u, xval, waux, o, scale, L):
         cand = np.int64(nb[start + j])
         d2 = F(0.0)
         for i in range(k):
-            diff = scale * F(grid[cand, i]) - xval[o + i]
+            diff = scale * F(qgrid[cand, i]) - xval[o + i]
             d2 += waux[o + i] * diff * diff
         if d2 < best_d2:
             best_d2 = d2
@@ -105,7 +112,7 @@ def group_code(grid, kmap, nb, xval, waux, o, inv, scale, kmax, L):
     gi = np.int64(kmap[u])
     if gi >= 0:
         return gi, True
-    return best_neighbour(grid, kmap, nb, u, xval, waux, o, scale, L), False
+    return best_neighbour(grid, grid, kmap, nb, u, xval, waux, o, scale, L), False
 
 
 @njit(inline="always", error_model="numpy")

@@ -8,12 +8,13 @@ Q4_K_M / Q5_K_M, the first layers' ffn_down at Q5_K in Q4_K_S, … Counters run 
 tensor order (`tensor_order`: non-block tensors first, then by layer, names byte-wise), which
 matters because attn_v's rule counts attn_v tensors rather than reading the layer number.
 Rows that are not a whole number of blocks fall back (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0,
-Q2_K/Q3_K → Q4_0, the 256-block i-quants → IQ4_NL, then F16). IQ2_XXS / IQ3_XXS follow
-llama.cpp's very-low-bit rules (output at Q5_K, attn_v and the first eighth of ffn_down at
-Q2_K in IQ2_XXS, token_embd at Q2_K / IQ3_S; in IQ3_XXS attn_q / attn_k at IQ2_S and
-attn_output at IQ3_S, types minfer cannot write yet, so such files are refused) and their
-tensors need an importance vector (`requires_imatrix`) as llama-quantize demands. The other
-i-quant mixes (IQ1_*, IQ2_XS/S/M, IQ3_XS/S/M) and Q2_K_S are refused.
+Q2_K/Q3_K → Q4_0, the 256-block i-quants → IQ4_NL, then F16). The i-quant mixes (IQ1_S/M,
+IQ2_XXS/XS/S/M, IQ3_XXS/XS/S/M) follow llama.cpp's rules (the very-low-bit ones: output at
+Q5_K, attn_v and the first eighth of ffn_down at Q2_K or IQ3_S, token_embd at Q2_K / IQ3_S;
+IQ3_XXS attn_q / attn_k at IQ2_S and attn_output at IQ3_S; IQ3_XS attn_q / attn_k and the
+middle layers' ffn_gate / ffn_up at IQ3_XXS; IQ3_M attn_v, attn_output and the first eighth
+of ffn_down at Q4_K) and their lowest-bit tensors need an importance vector
+(`requires_imatrix`) as llama-quantize demands. Q2_K_S is refused.
 `--tensor-type PATTERN=TYPE` overrides (`tensor_types`) are searched in order in each
 quantizable tensor's name (a regular expression, the first match wins) before the mix's rules,
 which then do not run for it (nor count it); the fallback still applies. With an importance
@@ -57,9 +58,17 @@ class FType(IntEnum):
     MOSTLY_Q5_K_M = 17
     MOSTLY_Q6_K = 18
     MOSTLY_IQ2_XXS = 19
+    MOSTLY_IQ2_XS = 20
+    MOSTLY_IQ3_XS = 22
     MOSTLY_IQ3_XXS = 23
+    MOSTLY_IQ1_S = 24
     MOSTLY_IQ4_NL = 25
+    MOSTLY_IQ3_S = 26
+    MOSTLY_IQ3_M = 27
+    MOSTLY_IQ2_S = 28
+    MOSTLY_IQ2_M = 29
     MOSTLY_IQ4_XS = 30
+    MOSTLY_IQ1_M = 31
     MOSTLY_BF16 = 32
     MOSTLY_MXFP4_MOE = 38
 
@@ -74,7 +83,10 @@ FTYPE_NAMES: dict[str, FType] = {
     "Q4_K_M": FType.MOSTLY_Q4_K_M, "Q5_K": FType.MOSTLY_Q5_K_M, "Q5_K_S": FType.MOSTLY_Q5_K_S,
     "Q5_K_M": FType.MOSTLY_Q5_K_M, "Q6_K": FType.MOSTLY_Q6_K, "IQ4_NL": FType.MOSTLY_IQ4_NL,
     "IQ4_XS": FType.MOSTLY_IQ4_XS, "IQ2_XXS": FType.MOSTLY_IQ2_XXS,
-    "IQ3_XXS": FType.MOSTLY_IQ3_XXS, "MXFP4_MOE": FType.MOSTLY_MXFP4_MOE,
+    "IQ3_XXS": FType.MOSTLY_IQ3_XXS, "IQ2_XS": FType.MOSTLY_IQ2_XS,
+    "IQ2_S": FType.MOSTLY_IQ2_S, "IQ2_M": FType.MOSTLY_IQ2_M, "IQ1_S": FType.MOSTLY_IQ1_S,
+    "IQ1_M": FType.MOSTLY_IQ1_M, "IQ3_XS": FType.MOSTLY_IQ3_XS, "IQ3_S": FType.MOSTLY_IQ3_S,
+    "IQ3_M": FType.MOSTLY_IQ3_M, "MXFP4_MOE": FType.MOSTLY_MXFP4_MOE,
 }
 
 DEFAULT_TYPE: dict[FType, QT] = {
@@ -86,6 +98,9 @@ DEFAULT_TYPE: dict[FType, QT] = {
     FType.MOSTLY_Q5_K_M: QT.Q5_K, FType.MOSTLY_Q6_K: QT.Q6_K, FType.MOSTLY_IQ4_NL: QT.IQ4_NL,
     FType.MOSTLY_IQ4_XS: QT.IQ4_XS, FType.MOSTLY_IQ2_XXS: QT.IQ2_XXS,
     FType.MOSTLY_IQ3_XXS: QT.IQ3_XXS, FType.MOSTLY_MXFP4_MOE: QT.MXFP4,
+    FType.MOSTLY_IQ2_XS: QT.IQ2_XS, FType.MOSTLY_IQ2_S: QT.IQ2_XS, FType.MOSTLY_IQ2_M: QT.IQ2_S,
+    FType.MOSTLY_IQ1_S: QT.IQ1_S, FType.MOSTLY_IQ1_M: QT.IQ1_M, FType.MOSTLY_IQ3_XS: QT.IQ3_S,
+    FType.MOSTLY_IQ3_S: QT.IQ3_S, FType.MOSTLY_IQ3_M: QT.IQ3_S,
 }
 
 _FLOATS = frozenset({QT.F32, QT.F16, QT.BF16})
@@ -96,9 +111,12 @@ _FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q
 # Types llama-quantize refuses to write without an importance vector (tensor_requires_imatrix;
 # token_embd and output are exempt).
 _NEED_IMATRIX = frozenset({QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_M, QT.IQ1_S})
-# llama.cpp's very-low-bit file types (its output rule puts output.weight at Q5_K for them);
-# minfer writes IQ2_XXS and IQ3_XXS of them.
-_LOW_BIT = frozenset({FType.MOSTLY_IQ2_XXS, FType.MOSTLY_IQ3_XXS})
+# llama.cpp's very-low-bit file types (its output rule puts output.weight at Q5_K for them),
+# and those of its own branch for attn_v / ffn_down / attn_output (`_Chooser._iq2`).
+_VERY_LOW = frozenset({FType.MOSTLY_IQ2_XXS, FType.MOSTLY_IQ2_XS, FType.MOSTLY_IQ1_S,
+                       FType.MOSTLY_IQ2_S, FType.MOSTLY_IQ2_M, FType.MOSTLY_IQ1_M})
+_LOW_BIT = _VERY_LOW | {FType.MOSTLY_IQ3_XXS}
+_IQ2_SM = frozenset({FType.MOSTLY_IQ2_S, FType.MOSTLY_IQ2_M})  # their Q2_K is IQ3_S
 
 # Substrings of tensor names llama.cpp never quantizes (besides norms and 1-D tensors).
 _KEEP_SUBSTRINGS = (
@@ -254,8 +272,10 @@ class _Chooser:
         if cat == "token_embd":
             if self.o.token_embedding_type is not None:
                 return self.o.token_embedding_type
-            return {F.MOSTLY_IQ2_XXS: QT.Q2_K, F.MOSTLY_IQ3_XXS: QT.IQ3_S}.get(ft, new)
-        if ft == F.MOSTLY_IQ2_XXS:
+            if ft in _VERY_LOW:
+                return QT.IQ3_S if ft in _IQ2_SM else QT.Q2_K
+            return QT.IQ3_S if ft == F.MOSTLY_IQ3_XXS else new
+        if ft in _VERY_LOW:
             return self._iq2(new, cat)
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):  # (llama.cpp's own attn_qkv rule is
             # unreachable: this branch catches attn_qkv first)
@@ -265,6 +285,9 @@ class _Chooser:
             elif ft == F.MOSTLY_IQ3_XXS:
                 new = (QT.Q4_K if m.n_gqa >= 4 else QT.IQ3_XXS if self.o.imatrix else
                        QT.IQ3_S)
+            elif ft == F.MOSTLY_IQ3_M or (ft in (F.MOSTLY_IQ3_XS, F.MOSTLY_IQ3_S)
+                                          and m.n_gqa >= 4):
+                new = QT.Q4_K
             elif ft == F.MOSTLY_Q3_K_M:
                 new = QT.Q5_K if i < 2 else QT.Q4_K
             elif ft == F.MOSTLY_Q3_K_L or (ft in (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
@@ -282,10 +305,14 @@ class _Chooser:
         elif cat == "attn_k":
             if m.n_expert == 8:
                 new = QT.Q8_0
+            elif ft == F.MOSTLY_IQ3_XS:
+                new = QT.IQ3_XXS
             elif ft == F.MOSTLY_IQ3_XXS:
                 new = QT.IQ2_S
         elif cat == "attn_q":
-            if ft == F.MOSTLY_IQ3_XXS:
+            if ft == F.MOSTLY_IQ3_XS:
+                new = QT.IQ3_XXS
+            elif ft == F.MOSTLY_IQ3_XXS:
                 new = QT.IQ2_S
         elif cat == "ffn_down":
             i, n = self._layer(self.i_ffn_down, name)
@@ -296,6 +323,9 @@ class _Chooser:
             elif ft == F.MOSTLY_Q3_K_M:
                 new = (QT.Q5_K if i < n // 16 else
                        QT.Q4_K if not falcon or _use_more_bits(i, n) else QT.Q3_K)
+            elif ft == F.MOSTLY_IQ3_M and (i < n // 8 or (m.n_expert == 8
+                                                          and _use_more_bits(i, n))):
+                new = QT.Q4_K
             elif ft == F.MOSTLY_Q3_K_L:
                 new = QT.Q4_K if falcon else QT.Q5_K
             elif ft == F.MOSTLY_Q4_K_M:
@@ -319,37 +349,49 @@ class _Chooser:
                 if m.n_expert == 8:
                     if ft in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M, F.MOSTLY_Q4_K_S,
                               F.MOSTLY_Q4_K_M, F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS,
-                              F.MOSTLY_IQ3_XXS):
+                              F.MOSTLY_IQ3_XXS, F.MOSTLY_IQ3_XS, F.MOSTLY_IQ3_S,
+                              F.MOSTLY_IQ3_M):
                         new = QT.Q5_K
                 else:
                     new = {F.MOSTLY_Q2_K: QT.Q3_K, F.MOSTLY_Q3_K_M: QT.Q4_K,
-                           F.MOSTLY_Q3_K_L: QT.Q5_K, F.MOSTLY_IQ3_XXS: QT.IQ3_S}.get(ft, new)
+                           F.MOSTLY_Q3_K_L: QT.Q5_K, F.MOSTLY_IQ3_XXS: QT.IQ3_S,
+                           F.MOSTLY_IQ3_M: QT.Q4_K}.get(ft, new)
             elif ft == F.MOSTLY_Q3_K_L:
                 new = QT.Q4_K
-        elif cat == "ffn_gate":
-            self._layer(self.i_ffn_gate, name)
-            self.i_ffn_gate += 1
-        elif cat == "ffn_up":
-            self._layer(self.i_ffn_up, name)
-            self.i_ffn_up += 1
+        elif cat in ("ffn_gate", "ffn_up"):
+            i, n = self._layer(self.i_ffn_gate if cat == "ffn_gate" else self.i_ffn_up, name)
+            if ft == F.MOSTLY_IQ3_XS and n // 8 <= i < 7 * n // 8:
+                new = QT.IQ3_XXS
+            if cat == "ffn_gate":
+                self.i_ffn_gate += 1
+            else:
+                self.i_ffn_up += 1
         return new
 
     def _iq2(self, new: QT, cat: str) -> QT:
-        """llama.cpp's very-low-bit branch (its IQ2_XXS case): attn_v at Q2_K (Q4_K with GQA
-        of 4 or more, or 4+ experts), the first eighth of ffn_down at Q2_K, attn_k of
-        8-expert models and their attn_output at Q4_K / Q5_K; no other counters move."""
-        m = self.m
+        """llama.cpp's very-low-bit branch (IQ1_S/M, IQ2_XXS/XS/S/M): attn_v at Q2_K (IQ3_S
+        in IQ2_S/M; Q4_K with GQA of 4 or more, or 4+ experts), the first eighth of ffn_down
+        at Q2_K (IQ3_S in IQ2_S/M), attn_output at IQ2_XXS in IQ1_S/M and IQ3_S in IQ2_S/M,
+        attn_k of 8-expert models and their attn_output at Q4_K / Q5_K; no other counters
+        move."""
+        m, ft = self.m, self.o.ftype
+        low = QT.IQ3_S if ft in _IQ2_SM else QT.Q2_K
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
-            new = QT.Q4_K if m.n_gqa >= 4 or m.n_expert >= 4 else QT.Q2_K
+            new = QT.Q4_K if m.n_gqa >= 4 or m.n_expert >= 4 else low
             self.i_attention_wv += 1
         elif m.n_expert == 8 and cat == "attn_k":
             new = QT.Q4_K
         elif cat == "ffn_down":
             if self.i_ffn_down < m.n_layer // 8:
-                new = QT.Q2_K
+                new = low
             self.i_ffn_down += 1
-        elif cat == "attn_output" and m.n_expert == 8:
-            new = QT.Q5_K
+        elif cat == "attn_output":
+            if m.n_expert == 8:
+                new = QT.Q5_K
+            elif ft in (FType.MOSTLY_IQ1_S, FType.MOSTLY_IQ1_M):
+                new = QT.IQ2_XXS
+            elif ft in _IQ2_SM:
+                new = QT.IQ3_S
         return new
 
 
