@@ -116,8 +116,7 @@ fdot_f16: Any = _fdot("f16")
 fdot_bf16: Any = _fdot("bf16")
 
 
-@intrinsic
-def update_dot(typingctx: Any, row: Any, s: Any, d: Any, k: Any, x: Any) -> Any:
+def _update_dot(typingctx: Any, row: Any, s: Any, d: Any, k: Any, x: Any) -> Any:
     """update_dot(row, s, d, k, x) -> f32: row[i] = fma(d, k[i], row[i] * s) in place, then the
     updated row dotted with x in `fdot_f32`'s order (four 16-lane accumulators, 64 values a
     step, folded (a0 + a1) + (a2 + a3) then halves; the values past the last multiple of 64
@@ -172,3 +171,5 @@ def update_dot(typingctx: Any, row: Any, s: Any, d: Any, k: Any, x: Any) -> Any:
 
     return sig, codegen
 
+
+update_dot: Any = intrinsic(_update_dot)
