@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from minfer.chat.kv import ForwardEngine, KVMirror, common_prefix
-from minfer.engine.core.request import PromptRows
+from minfer.engine.core.request import Block, PromptRows, held_blocks, reach_past_blocks
 from minfer.engine.generate import Finished, Piece, generate, prefill
 from minfer.engine.vision.prompt import MARKER
 from minfer.errors import ContextOverflowError, MinferError, TemplateError
@@ -152,8 +152,8 @@ class ChatSession:
         self.reply_content = reply_content
         self.images = images  # None: the model takes no images
         self._embd: tuple[PromptRows, ...] = ()  # the last render's image rows, where they go
-        # the image blocks (at, rows, key) the KV's cells were last given (`_image_cap`)
-        self._fed: frozenset[tuple[int, int, bytes]] = frozenset()
+        # the image blocks the KV's cells were last given (`_image_cap`)
+        self._fed: frozenset[Block] = frozenset()
         self.speculator = speculator  # proposals verified in batches; the output is the same
         self.tokenizer = tokenizer
         self.template = template
@@ -303,7 +303,7 @@ class ChatSession:
             while True:
                 report.n_prefilled += len(prompt)
                 finished = None
-                self._fed = frozenset((e.at, e.n, e.key) for e in self._embd)
+                self._fed = held_blocks(self._embd, self.kv.cursor + len(prompt))
                 events = generate(self._engine(), self.tokenizer, self.sampler, prompt,
                                   max_tokens=cfg.max_tokens - len(ids), stops=cfg.stops,
                                   start_pos=self.kv.cursor, batch_size=cfg.batch_size,
@@ -474,12 +474,7 @@ class ChatSession:
     def _image_cap(self, start: int) -> int:
         """start, or the first image of the render before it whose rows the KV was not given
         at that place (another image of the same size has the same placeholder ids)."""
-        for e in self._embd:
-            if e.at >= start:
-                break
-            if e.at + e.n > start or (e.at, e.n, e.key) not in self._fed:
-                return e.at
-        return start
+        return reach_past_blocks(self._embd, start, self._fed)
 
     def _reserve(self) -> int:
         if self.config.reserve is not None:

@@ -29,6 +29,7 @@ from minfer.engine.core.request import (
     Request,
     Timings,
     TokenLogprob,
+    held_blocks,
     top_k_pairs,
 )
 from minfer.engine.core.runner import SequenceRunner
@@ -121,7 +122,7 @@ def generate(
     blocks = tuple(e.shifted(start_pos) for e in embd)
     slot = core.scheduler.slots[0]
     slot.cached = held  # the KV holds them (and the image blocks among them): the prompt cache
-    slot.blocks = frozenset((e.at, e.n, e.key) for e in blocks if e.at + e.n <= start_pos)
+    slot.blocks = held_blocks(blocks, start_pos)
     req = GenRequest([*held, *prompt_ids], max_tokens, sampler, list(stops),  # starts after
                      constraint=constraint, top_logits=top_logits, embd=blocks)
     state = core.add(SEQ, req, length=None if speculator is None else speculator.length)

@@ -110,6 +110,28 @@ class PromptRows:
         return h.digest()
 
 
+# a block of given rows some cells hold: (its first token, its rows, `PromptRows.key`)
+Block = tuple[int, int, bytes]
+
+
+def held_blocks(blocks: Sequence[PromptRows], n: int) -> frozenset[Block]:
+    """The blocks among the first n tokens, as cells that computed those tokens hold them."""
+    return frozenset((e.at, e.n, e.key) for e in blocks if e.at + e.n <= n)
+
+
+def reach_past_blocks(blocks: Sequence[PromptRows], common: int,
+                      held: frozenset[Block]) -> int:
+    """How much of a common token prefix of `common` cells serves a sequence with these blocks
+    (in order): up to the first block before `common` that the cells do not hold whole and the
+    same (equal placeholder ids stand for different images), else all of it."""
+    for e in blocks:
+        if e.at >= common:
+            break
+        if e.at + e.n > common or (e.at, e.n, e.key) not in held:
+            return e.at
+    return common
+
+
 def mrope_positions(blocks: Sequence[PromptRows], start: int, n: int) -> np.ndarray:
     """[4, n] int32 t / h / w / e rope positions of a sequence's rows [start, start + n), its
     M-RoPE image blocks at `at` from the sequence's row 0, as llama.cpp's mtmd gives them: an

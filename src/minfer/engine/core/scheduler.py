@@ -61,7 +61,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minfer.engine.core.request import PromptRows, TokenLogprob
+from minfer.engine.core.request import (
+    Block,
+    PromptRows,
+    TokenLogprob,
+    held_blocks,
+    reach_past_blocks,
+)
 from minfer.errors import MinferError
 
 # prompt tokens of a step in which nothing decodes, where the server's chunk is not set
@@ -74,10 +80,6 @@ SHARE_MIN = 16
 # its state checkpointed there (`Scheduler._end_before_last`): repeating a prompt then reuses
 # all of it but the last token, which is computed again for its logits
 TAIL_SPLIT = 64
-
-
-# a block of given rows (an image's) some cells hold: (its first token, its rows, `PromptRows.key`)
-Block = tuple[int, int, bytes]
 
 
 class QueueFullError(MinferError):
@@ -105,7 +107,7 @@ class Sequence:
 
     def blocks(self, n: int) -> frozenset[Block]:
         """The given-row blocks within its first n tokens."""
-        return frozenset((e.at, e.n, e.key) for e in self.embd if e.at + e.n <= n)
+        return held_blocks(self.embd, n)
 
     def chunk(self, n: int) -> int:
         """n tokens from n_computed, cut before a block of given rows they would split (or
@@ -236,13 +238,7 @@ def _reach(seq: Sequence, held: Held, recurrent: bool = False,
     recurrent: all the held tokens, where the prompt extends them (its last token, whose
     logits are wanted, still to compute), or the furthest of `checkpoints` (the positions the
     slot's state was kept at) within them: a recurrent state is not cut to a prefix."""
-    common = common_prefix(held.tokens, seq.tokens)
-    for e in seq.embd:  # stop before a block the cells do not hold whole and the same
-        if e.at >= common:
-            break
-        if e.at + e.n > common or (e.at, e.n, e.key) not in held.blocks:
-            common = e.at
-            break
+    common = reach_past_blocks(seq.embd, common_prefix(held.tokens, seq.tokens), held.blocks)
     if seq.score_k is None:
         n = min(common, held.n)
     elif not _scores_serve(held.score_k, seq.score_k):
