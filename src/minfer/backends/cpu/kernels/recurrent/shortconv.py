@@ -9,9 +9,7 @@ persistent memory, as the KV cells are. The kernel walks the batch's rows in ord
 reading and writing only its own sequence's state (a row at position 0 first zeroes it), and
 runs every channel's recurrence token by token in one fixed order, so a token's result is
 bitwise the same in a prefill chunk of any size, a decode step, or beside other sequences.
-Per channel the taps are summed in f32 from the oldest input up, as ggml's `ssm_conv` sums;
-the SiLU is `elementwise.silu`'s (its polynomial exp, as ggml's vector SiLU); a block's
-channels go tap by tap, so LLVM vectorises across them.
+Per channel the taps are summed in f32 from the oldest input up, as ggml's `ssm_conv` sums.
 """
 
 from __future__ import annotations
@@ -21,8 +19,6 @@ from functools import partial
 
 import numpy as np
 from numba import njit, prange
-
-from minfer.backends.cpu.kernels.elementwise.arith import fast_exp
 
 _CHANNEL_BLOCK = 64  # channels per parallel task: each task walks every row of its channels
 
@@ -42,43 +38,33 @@ def check_sequences(seq, n_seq):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _conv_block(blk, src, taps, state, positions, seq, out, gated):
-    """Channels [blk * _CHANNEL_BLOCK, ...) of every row, in row order: per row one pass per
-    tap over the block's channels (the taps copied tap-major first), so each pass is
-    elementwise over contiguous channels and vectorises; per channel the same sums in the
-    same order as one channel at a time."""
+    """Channels [blk * _CHANNEL_BLOCK, ...) of every row, in row order."""
     nt, d = out.shape
     k = taps.shape[1] - 1
     c0 = blk * _CHANNEL_BLOCK
-    n = min(c0 + _CHANNEL_BLOCK, d) - c0
-    w = np.empty((k + 1, _CHANNEL_BLOCK), np.float32)
-    for c in range(n):
-        for j in range(k + 1):
-            w[j, c] = taps[c0 + c, j]
-    bx = np.empty(_CHANNEL_BLOCK, np.float32)
-    acc = np.empty(_CHANNEL_BLOCK, np.float32)
+    c1 = min(c0 + _CHANNEL_BLOCK, d)
     for t in range(nt):
-        st = state[seq[t]]
+        s = seq[t]
+        st = state[s]
         if positions[t] == 0:
             for j in range(k):
-                for c in range(n):
-                    st[j, c0 + c] = np.float32(0.0)
-        for c in range(n):
-            bx[c] = src[t, c0 + c] * src[t, 2 * d + c0 + c] if gated else src[t, c0 + c]
-            acc[c] = np.float32(0.0)
-        for j in range(k):
-            for c in range(n):
-                acc[c] += st[j, c0 + c] * w[j, c]
-        for c in range(n):
-            a = acc[c] + bx[c] * w[k, c]
+                for c in range(c0, c1):
+                    st[j, c] = np.float32(0.0)
+        for c in range(c0, c1):
+            bx = src[t, c]
             if gated:
-                out[t, c0 + c] = src[t, d + c0 + c] * a
+                bx = bx * src[t, 2 * d + c]
+            acc = np.float32(0.0)
+            for j in range(k):
+                acc += st[j, c] * taps[c, j]
+            acc += bx * taps[c, k]
+            if gated:
+                out[t, c] = src[t, d + c] * acc
             else:
-                out[t, c0 + c] = a / (np.float32(1.0) + fast_exp(-a))
-        for j in range(k - 1):
-            for c in range(n):
-                st[j, c0 + c] = st[j + 1, c0 + c]
-        for c in range(n):
-            st[k - 1, c0 + c] = bx[c]
+                out[t, c] = acc / (np.float32(1.0) + np.exp(-acc))
+            for j in range(k - 1):
+                st[j, c] = st[j + 1, c]
+            st[k - 1, c] = bx
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
