@@ -91,12 +91,13 @@ def start_llama_server(args: argparse.Namespace, port: int) -> subprocess.Popen[
     return subprocess.Popen(cmd, stdout=log, stderr=log)
 
 
-def stream(client: httpx.Client, messages: list[dict[str, str]],
-           max_tokens: int) -> dict[str, Any]:
-    """One streamed chat request: seconds to the first content chunk, the reply, the prompt
-    and cached tokens the server reports."""
+def stream(client: httpx.Client, messages: list[dict[str, Any]],
+           max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """One streamed chat request (extra: more body fields): seconds to the first content
+    chunk, the reply, the prompt and cached tokens the server reports."""
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            **extra}
     t0 = time.perf_counter()
     ttft: float | None = None
     text: list[str] = []

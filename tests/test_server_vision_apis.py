@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from minfer.api import Model
 from minfer.engine.vision import fetch
 from minfer.server.state import ServerConfig, ServerState
 from tests.test_server_anthropic import with_client as anthropic_client
@@ -186,12 +187,24 @@ def test_a_follow_up_about_the_same_image_does_not_encode_it_again(gemma: Server
                 {"role": "user", "content": "and its colour?"}]
     r = call(gemma, "POST", CHAT, json={"messages": messages, "max_tokens": 2})
     assert r.status_code == 200, r.text
+    # the image's cells are reused: the follow-up prefills only what comes after them
+    _, _, blocks = Model(FIXTURES / "model.gguf", n_ctx=64).chat_images(messages)
+    image_end = blocks[-1].at + blocks[-1].n
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= image_end
+    assert _gauge(gemma, "minfer_image_chunks_encoded_total") == encoder.n_encoded == before + 1
     again = base64.b64encode(buf.getvalue()).decode()
     ollama = call(gemma, "POST", "/api/chat", json={
         "model": "model", "stream": False, "options": {"num_predict": 2},
         "messages": [{"role": "user", "content": "again", "images": [again]}]})
     assert ollama.status_code == 200, ollama.text
     assert encoder.n_encoded == before + 1  # read from the cache both times
+
+
+def _gauge(st: ServerState, name: str) -> float:
+    """A /metrics gauge's value."""
+    (line,) = (x for x in call(st, "GET", "/metrics").text.splitlines()
+               if x.startswith(name + " "))
+    return float(line.split()[1])
 
 
 # -- bad input: a 400 in each API's shape --------------------------------------------------------

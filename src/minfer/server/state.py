@@ -525,6 +525,9 @@ class ServerState:
         m.gauge("minfer_graph_builds_total", "Forward graphs built (a batch shape not in the "
                 "graph cache): each costs a build and a tape binding",
                 lambda: sum(_graph_builds(lm) for lm in self.loaded()))
+        m.gauge("minfer_image_chunks_encoded_total", "Vision tower runs: one per image chunk "
+                "(a tile, an overview); an image the encoder's cache holds runs none",
+                lambda: sum(int(getattr(lm.vision, "n_encoded", 0)) for lm in self.loaded()))
 
 
 def _graph_builds(lm: LoadedModel) -> int:

@@ -9,8 +9,14 @@ projector's), for speed comparisons against llama.cpp's mtmd on the same files.
 - `write_qwen3vl_mmproj`: a Qwen3-VL (`qwen3vl_merger`) tower; the defaults are Qwen3-VL-2B's
   vision_config (depth 24, hidden 1024, 16 heads, intermediate 4096, patch 16, temporal patch 2,
   spatial merge 2, 2304 learned positions, deepstack after layers 5 / 11 / 17, out 2048).
+- `write_idefics3_mmproj`: an Idefics3 (`idefics3`, SmolVLM) tower; the defaults are
+  SmolVLM-500M's (SigLIP-base: 12 layers, 768 wide, 12 heads, ff 3072, patch 16, 512-pixel
+  tiles, pixel shuffle 4, `mm.model.fc` to 960; images up to 2048 on the longest side).
 - `write_text_for_mmproj`: a one-layer `gemma3` or `qwen3vl` text model of the projector's
   width (qwen3vl: with `n_deepstack_layers`, its input width (1 + n) times its own).
+- `write_text_like_smolvlm_500m`: SmolVLM-500M's text model in full (SmolLM2-360M's llama
+  shapes, vocabulary 49,280, Q8_0 as ggml-org's GGUF) with the Idefics3 image markers and the
+  one-token `\n\n` mtmd looks up (`IDEFICS3_TOKENS`).
 
 Types as the converter's `--outtype f16` leaves them: the block, merger and projection matrices
 in `weight_type` (f16; q8_0 where the rows allow), norms and biases f32; Gemma 3's patch and
@@ -33,9 +39,13 @@ from minfer.tools.quantize.simple import quantize
 
 from .dense import write_tiny_model
 from .edit import copy_gguf
+from .vocab import TinyVocab, build_tiny_vocab
 
 IMAGE_MEAN_SIGLIP = (0.5, 0.5, 0.5)
 IMAGE_STD_SIGLIP = (0.5, 0.5, 0.5)
+# Idefics3's markers as SmolVLM's vocabulary holds them (tiles up to 6 x 6)
+IDEFICS3_TOKENS = ("<fake_token_around_image>", "<global-img>", "<image>",
+                   *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))
 
 
 class _Writer:
@@ -169,9 +179,64 @@ def write_qwen3vl_mmproj(path: str | Path, *, n_layer: int = 24, n_embd: int = 1
     return path
 
 
+def write_idefics3_mmproj(path: str | Path, *, n_layer: int = 12, n_embd: int = 768,
+                          n_head: int = 12, n_ff: int = 3072, patch: int = 16,
+                          image_size: int = 512, scale: int = 4, longest_edge: int = 2048,
+                          n_embd_text: int = 960, weight_type: QType = QType.F16,
+                          seed: int = 0) -> Path:
+    """An Idefics3 mmproj (`idefics3`: the SigLIP tower per tile, pixel-shuffled by `scale`
+    and projected by `mm.model.fc`, no bias)."""
+    path = Path(path)
+    c = _Writer(path, "idefics3", seed, weight_type)
+    c.vision(n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, n_head=n_head, image_size=image_size,
+             patch=patch, n_embd_text=n_embd_text, mean=IMAGE_MEAN_SIGLIP,
+             std=IMAGE_STD_SIGLIP, eps=1e-6)
+    c.w.add_uint32("clip.vision.projector.scale_factor", scale)
+    c.w.add_uint32("clip.vision.preproc_image_size", longest_edge)
+    wide = n_embd * scale * scale
+    c.matrix("mm.model.fc.weight", n_embd_text, wide, wide ** -0.5)
+    c.array("v.patch_embd.bias", (n_embd,), 0.02)
+    c.array("v.patch_embd.weight", (n_embd, 3, patch, patch), (3 * patch * patch) ** -0.5)
+    c.array("v.position_embd.weight", ((image_size // patch) ** 2, n_embd), 0.1)
+    for il in range(n_layer):
+        blk = f"v.blk.{il}"
+        c.norm(f"{blk}.ln1", n_embd)
+        c.norm(f"{blk}.ln2", n_embd)
+        c.linear(f"{blk}.ffn_up", n_ff, n_embd)
+        c.linear(f"{blk}.ffn_down", n_embd, n_ff)
+        for proj in ("attn_k", "attn_out", "attn_q", "attn_v"):
+            c.linear(f"{blk}.{proj}", n_embd, n_embd)
+    c.norm("v.post_ln", n_embd)
+    c.close()
+    return path
+
+
+def idefics3_vocab(vocab_size: int | None = None) -> TinyVocab:
+    """The synthetic byte-level vocabulary with Idefics3's markers (user-defined) and a
+    `\n\n` token (a merge of two `\n`: mtmd looks its piece up), padded to vocab_size."""
+    v = build_tiny_vocab(extra_tokens=IDEFICS3_TOKENS)
+    nl = "\u010a"  # "\n" in the byte-level alphabet
+    tokens, types = [*v.tokens, nl + nl], [*v.token_types, 1]
+    if vocab_size is not None:
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+        types += [5] * (vocab_size - len(types))
+    return TinyVocab(tokens, types, [*v.merges, f"{nl} {nl}"])
+
+
+def write_text_like_smolvlm_500m(path: str | Path, *, weight_type: QType = QType.Q8_0,
+                                 seed: int = 0) -> Path:
+    """SmolVLM-500M's text model with random weights: llama, 32 layers, 960 wide, 15 / 5 heads
+    of 64, ff 2560, vocabulary 49,280, tied embeddings (~0.4 GB in Q8_0)."""
+    return write_tiny_model(
+        path, arch="llama", n_layer=32, n_embd=960, n_head=15, n_head_kv=5, n_ff=2560,
+        vocab=idefics3_vocab(49280), weight_types=weight_type, tied=True, seed=seed,
+        n_ctx_train=8192, rope_base=100000.0)
+
+
 def write_text_for_mmproj(path: str | Path, mmproj: str | Path, *, seed: int = 0) -> Path:
     """A one-layer text GGUF whose input width is the mmproj's output width: `gemma3` for a
-    gemma3 projector, `qwen3vl` (its deepstack layers counted) for qwen3vl_merger."""
+    gemma3 projector, `qwen3vl` (its deepstack layers counted) for qwen3vl_merger, `llama`
+    with Idefics3's markers for idefics3."""
     path = Path(path)
     with GGUFFile.open(mmproj) as f:
         meta = f.metadata
@@ -184,6 +249,10 @@ def write_text_for_mmproj(path: str | Path, mmproj: str | Path, *, seed: int = 0
         return write_tiny_model(path, arch="gemma3", n_layer=1, n_embd=width, n_head=n_head,
                                 n_head_kv=1, head_dim=head_dim, n_ff=256, seed=seed,
                                 sliding_window=512)
+    if proj == "idefics3":
+        return write_tiny_model(path, arch="llama", n_layer=1, n_embd=width,
+                                n_head=max(1, width // 64), n_head_kv=1, n_ff=256,
+                                vocab=idefics3_vocab(), seed=seed)
     if proj != "qwen3vl_merger":
         raise ValueError(f"no text model for projector {proj!r}")
     with tempfile.TemporaryDirectory() as tmp:
