@@ -9,7 +9,8 @@
 - `gptoss`: gpt-oss (`write_gptoss`, `write_model_like_gptoss_20b`, MXFP4 experts).
 - `bert`: the BERT encoder (`write_tiny_bert`); `edit`: `copy_gguf` (a file with one defect).
 - `mmproj`: full-size and tiny vision towers as llama.cpp's converter writes them (SigLIP as
-  Gemma 3's projector, Qwen3-VL's merger), with a one-layer text model of their width.
+  Gemma 3's projector, Qwen3-VL's merger, Idefics3 / SmolVLM), with a one-layer text model of
+  their width, and SmolVLM-500M's text model in full.
 """
 
 from .bert import BERT_SPECIALS, build_tiny_wordpiece, write_tiny_bert
