@@ -101,6 +101,7 @@ def stream(client: httpx.Client, messages: list[dict[str, Any]],
     t0 = time.perf_counter()
     ttft: float | None = None
     text: list[str] = []
+    chunks = 0  # the content chunks: fewer than the reply's tokens where a server held some
     usage: dict[str, Any] = {}
     timings: dict[str, Any] = {}
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -115,6 +116,7 @@ def stream(client: httpx.Client, messages: list[dict[str, Any]],
                 delta = choice.get("delta") or {}
                 piece = delta.get("content") or delta.get("reasoning_content") or ""
                 if piece:
+                    chunks += 1
                     if ttft is None:
                         ttft = time.perf_counter() - t0
                     text.append(piece)
@@ -124,7 +126,8 @@ def stream(client: httpx.Client, messages: list[dict[str, Any]],
     if "prompt_n" in timings:  # llama-server: prompt_n counts only the tokens it prefilled
         prompt = timings["prompt_n"] + timings.get("cache_n", 0)
     return {"ttft": ttft if ttft is not None else time.perf_counter() - t0,
-            "content": ttft is not None, "reply": "".join(text), "prompt_tokens": prompt,
+            "content": ttft is not None, "chunks": chunks, "reply": "".join(text),
+            "prompt_tokens": prompt,
             "cached_tokens": cached}
 
 
@@ -166,7 +169,8 @@ def summarize(rounds: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, A
             cases[case] = {"ttft_s": statistics.median(ts), "spread_s": spread(ts),
                            "prompt_tokens": [r[case]["prompt_tokens"] for r in rs],
                            "cached_tokens": [r[case]["cached_tokens"] for r in rs],
-                           "content": all(r[case]["content"] for r in rs)}
+                           "content": all(r[case]["content"] for r in rs),
+                           "chunks": min(r[case]["chunks"] for r in rs)}
         speedup = {f"{full}/{case}": statistics.median(
             r[full]["ttft"] / r[case]["ttft"] for r in rs) for case, full in VERSUS}
         out[engine] = {"cases": cases, "speedup_vs_full": speedup}
@@ -277,6 +281,9 @@ def report(summary: dict[str, Any], engines: list[str]) -> None:
         print(f"{e} speedup over its full re-prefill: " + ", ".join(
             f"{k} {v:.1f}x" for k, v in summary[e]["speedup_vs_full"].items()))
     print("(* no content chunk came: the time is to the stream's end)")
+    for e in engines:  # a server that holds text back streams fewer chunks than tokens
+        print(f"{e} content chunks per reply (fewest; of up to --max-tokens): " + ", ".join(
+            f"{case} {summary[e]['cases'][case]['chunks']}" for case in CASES))
 
 
 if __name__ == "__main__":

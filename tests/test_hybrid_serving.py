@@ -186,12 +186,13 @@ def test_a_shared_system_prompt_is_copied_with_a_state_checkpoint(burst: bool) -
 def test_a_prompt_beside_the_one_computing_its_prefix_waits_and_copies_it() -> None:
     """Two requests arriving together, the first's prompt (the system prompt alone, one 64-row
     chunk) a prefix of the second's: the second waits a step instead of prefilling beside it,
-    then copies those 40 tokens with the first slot's state."""
+    then copies 39 of those 40 tokens with the first slot's state (the first's chunk stops a
+    token short of its end, `TAIL_SPLIT`, where its state is checkpointed)."""
     prompts = [SYSTEM, [*SYSTEM, *RNG.integers(0, 300, 10).tolist()]]
     alone = [_run(_core(LFM2, 1, chunk=64), [p])[0] for p in prompts]
     both = _run(_core(LFM2, chunk=64), prompts)
     _same(alone, both)
-    assert both[1].n_cached == 40
+    assert both[1].n_cached == 39
 
 
 def test_two_prompts_sharing_a_system_prompt_inside_one_chunk_compute_it_once() -> None:
@@ -376,17 +377,21 @@ def test_the_server_reports_a_shared_system_prompts_cached_tokens() -> None:
     assert got[0][1] == 0 and got[1][1] == 32
 
 
+@pytest.mark.parametrize(("chunk", "cached"), [(128, 99), (64, 99), (96, 96)])
 @pytest.mark.parametrize("model", ["lfm2", "qwen35"])
-def test_a_regenerated_reply_prefills_only_the_last_prompt_token(model: str) -> None:
-    """The same 100-token prompt again (a /regen) after its reply: the first time, its one
-    128-row chunk stops a token short (its state checkpointed at 99), so the second request
-    restores that checkpoint and computes only the last token (99 cached; was 0: the only
-    checkpoint stood at 100, past the token whose logits are wanted), and both draw what a
-    fresh core draws, bitwise."""
+def test_a_regenerated_reply_prefills_only_the_last_prompt_token(model: str, chunk: int,
+                                                                 cached: int) -> None:
+    """The same 100-token prompt again (a /regen) after its reply: the first time, its last
+    chunk (all 100 rows, or the 36 after a 64-row one) stops a token short (its state
+    checkpointed at 99), so the second request restores that checkpoint and computes only the
+    last token (99 cached; was 0: the only checkpoint stood at 100, past the token whose logits
+    are wanted; after a 64-row chunk 64 while `TAIL_SPLIT` was 64), and both draw what a fresh
+    core draws, bitwise. A last chunk of 4 rows (after 96) is not split: its 4 are computed
+    again."""
     prompt = [*SYSTEM, *RNG.integers(0, 300, 60).tolist()]
-    alone = _run(_core(MODELS[model], 1, chunk=128), [prompt])[0]
-    core = _core(MODELS[model], chunk=128)
+    alone = _run(_core(MODELS[model], 1, chunk=chunk), [prompt])[0]
+    core = _core(MODELS[model], chunk=chunk)
     first = _run(core, [prompt])[0]
     again = _run(core, [prompt])[0]
     _same([alone, alone], [first, again])
-    assert first.n_cached == 0 and again.n_cached == 99
+    assert first.n_cached == 0 and again.n_cached == cached

@@ -82,3 +82,16 @@ def test_prompt_ending_inside_a_thinking_block() -> None:
 def test_unknown_format_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="reasoning_format 'qwen'"):
         split_reasoning("x", fmt="qwen")
+
+
+def test_stream_gives_leading_whitespace_out_at_once() -> None:
+    """Whitespace a reply opens with is content before <think> and without it, so it is not
+    held while the tag may still come (a first token of "\\n" streams as it is drawn)."""
+    stream = ReasoningStream()
+    assert stream.push("\n") == ("\n", "")
+    assert stream.push("\n<th") == ("\n", "")
+    assert stream.push("ink>a</think>b") == ("b", "a")
+    assert split_reasoning("\n\n<think>a</think>b") == Split("\n\nb", "a")
+    plain = ReasoningStream()
+    assert plain.push(" ") == (" ", "")
+    assert plain.push("x") == ("x", "")

@@ -19,7 +19,10 @@ Formats (llama.cpp's `--reasoning-format`): `none` leaves the text alone; `deeps
 the default, which behaves as it) moves the thinking out of content; `deepseek-legacy` keeps the
 tags and thinking in content and fills `reasoning_content` too. `split_reasoning` splits a whole
 reply; `ReasoningStream` splits it piece by piece, holding back only what may still change
-(whitespace, a partial tag), so its pieces concatenate to `split_reasoning`'s values.
+(a partial tag, whitespace the thinking may end with), so its pieces concatenate to
+`split_reasoning`'s values. Whitespace a reply opens with is content whether or not `<think>`
+follows, so it goes out at once (a first token of "\n" is the stream's first delta, as
+llama-server's).
 
 `ReasoningOptions` is what a surface asks for (format, thinking budget, template variables such
 as Qwen3's `enable_thinking`); once the prompt is rendered, `ReasoningOptions.plan` gives the
@@ -283,11 +286,12 @@ def _split(text: str, *, fmt: str, in_reasoning: bool, final: bool,
     opening, closing = tags.open, tags.close
     if not in_reasoning:
         stripped = text.lstrip()
+        lead = text[:len(text) - len(stripped)]  # content however the reply goes on
         if not final and (not stripped or (opening.startswith(stripped) and stripped != opening)):
-            return "", "", False  # may still open with <think>
+            return lead, "", False  # may still open with <think>
         if not stripped.startswith(opening):
             return text, "", True
-        lead, body = text[:len(text) - len(stripped)], stripped[len(opening):]
+        body = stripped[len(opening):]
     legacy = fmt == "deepseek-legacy"
     end = body.find(closing)
     if end < 0:

@@ -78,8 +78,11 @@ IDLE_CHUNK = 512
 SHARE_MIN = 16
 # a recurrent prompt's last chunk longer than this stops a token short of the prompt's end,
 # its state checkpointed there (`Scheduler._end_before_last`): repeating a prompt then reuses
-# all of it but the last token, which is computed again for its logits
-TAIL_SPLIT = 64
+# all of it but the last token, which is computed again for its logits. The split costs the
+# prompt one more forward (a one-row one); a /regen of a tail left whole recomputes up to this
+# many rows (the 0.8B Qwen3.5 at depth 4,000, 2 threads: 4 rows cost 1.1x one row, 8 rows
+# 1.5x, 16 2.3x, 64 9.6x; llama.cpp's server always computes its last 4 apart)
+TAIL_SPLIT = 8
 
 
 class QueueFullError(MinferError):
