@@ -129,6 +129,16 @@ def _as_bytes(builder: Any, v: Any) -> Any:
     return builder.bitcast(v, _vec(_I8, 4 * v.type.count))
 
 
+def _token_words(builder: Any, f: _Front, tok: tuple[Any, ...], s: Any, sub: Any, lanes: int
+                 ) -> list[Any]:
+    """The token's eight activation dwords of 32-value sub-block `sub` of super-block s, each
+    broadcast to `lanes` rows as bytes: word j against codes 4j.. (j < 4) and 16 + 4(j - 4)..
+    (j >= 4) of the Q4_K / IQ4_XS code vectors."""
+    xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)), builder.mul(sub, _c(32))))
+    return [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j)), lanes))
+            for j in range(8)]
+
+
 def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
                rows: RowSpan) -> list[Any]:
     """Super-block column s of the row group (Q4_K) for every token: the new accumulators."""
@@ -165,10 +175,7 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
         dsc = builder.fmul(d, builder.sitofp(scale, _vec(_F32, lanes)))
         new = []
         for i, tok in enumerate(toks):
-            xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
-                                                 builder.mul(sub, _c(32))))
-            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j)), lanes))
-                  for j in range(8)]  # codes 4j.. (j < 4), 16 + 4(j - 4).. (j >= 4)
+            xs = _token_words(builder, f, tok, s, sub, lanes)
             if PAIRS16:  # AVX2: one pmaddwd for the eight (codes <= 15)
                 isum = _dots_pairs16(builder, codes, xs, _ivec(0, lanes), 15)
             else:
@@ -282,10 +289,7 @@ def _iq4xs_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any
         dsc = builder.fmul(d, builder.sitofp(scale, _vec(_F32, lanes)))
         new = []
         for i, tok in enumerate(toks):
-            xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
-                                                 builder.mul(sub, _c(32))))
-            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * j)), lanes))
-                  for j in range(8)]  # codes 4j.. (j < 4), 16 + 4(j - 4).. (j >= 4)
+            xs = _token_words(builder, f, tok, s, sub, lanes)
             if SIGN_TRICK:
                 xs = [_psign(builder, x, c) for x, c in zip(xs, codes, strict=True)]
                 part: list[Any] = [None, None]
