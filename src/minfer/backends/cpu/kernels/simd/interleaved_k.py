@@ -366,10 +366,10 @@ define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "iq4_xs"))
 # Wider passes where they measured faster (the row drivers run them first, `RowsDriver.wide`):
 # IQ4_XS unpacks each sub-block's codes (two shifts / masks and a vpshufb per code vector) once
 # per pass, so 16 tokens a pass halve that per token; its 16 accumulators fit zmm's 32
-# registers (not AVX2's 16). Intel Xeon (Sapphire Rapids), 2 threads, 512 tokens, best of 21
-# alternated on a loaded host: 8960 x 1536 1.14x, 1536 x 8960 1.20x against 8 tokens a pass
-# with two chains per token (`_iq4xs_super` now one). Q4_K's 16-token passes measured no
-# faster (0.96-1.09x).
+# registers (not AVX2's 16). Intel Xeon (Sapphire Rapids), 2 threads, 512 tokens, medians
+# alternated on a loaded host, three runs: 8960 x 1536 1.06-1.07x, 1536 x 8960 1.05-1.20x
+# against 8 tokens a pass with two chains per token (`_iq4xs_super` now one). Q4_K's 16-token
+# passes measured no faster (0.96-1.09x).
 WIDE_PASS = {"iq4_xs": 16} if HAS_VNNI512 else {}
 for _kind, _n in WIDE_PASS.items():
     globals()[f"rowsdot{_n}_{_kind}"] = rows_dot_k(_kind, _n)
