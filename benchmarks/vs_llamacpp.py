@@ -44,20 +44,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from cpu_targets import TARGET_ENV
 from fresh_pages import drop_pages, model_files
-
-# An AVX2-only CPU for numba (Haswell's LLVM features): NUMBA_CPU_NAME alone is not enough,
-# numba would keep the host's feature list (AVX-512 code on an AVX-512 host). As in .ci/run.
-HASWELL_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+crc32,+cx16,+cx8,+f16c,+fma,+fsgsbase,"
-                    "+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,"
-                    "+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt")
-TARGET_ENV = {
-    "native": {},
-    # numpy's OpenBLAS (the sgemm prefill path) picks its kernels from the CPU it runs on
-    # unless told: a Haswell core type keeps it to AVX2 as well
-    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL_FEATURES,
-             "OPENBLAS_CORETYPE": "Haswell"},
-}
 
 LLAMA_SCRIPT = textwrap.dedent(
     """
@@ -195,7 +183,8 @@ def main() -> int:
     ap.add_argument("--ref-python-avx2", default="/tmp/refvenv2/bin/python",
                     help="python with llama-cpp-python built without AVX-512 (--target avx2)")
     ap.add_argument("--target", choices=sorted(TARGET_ENV), default="native",
-                    help="native: this CPU; avx2: both engines as on an AVX2-only CPU")
+                    help="native: this CPU; avx2: both engines as on an AVX2-only CPU; "
+                    "avx512-vnni: minfer as on AVX-512 VNNI without AMX (llama.cpp: native)")
     ap.add_argument("--busy", type=int, default=0, metavar="N",
                     help="run N busy-loop processes for the whole benchmark")
     ap.add_argument("-t", "--threads", type=int, default=2)
