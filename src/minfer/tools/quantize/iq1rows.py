@@ -298,18 +298,3 @@ def iq1_m_rows(x, qw, use_qw, out):
         for j in range(4):
             out[o + 48 + 2 * j] = np.uint8(sc[j] & 255)
             out[o + 49 + 2 * j] = np.uint8(sc[j] >> 8)
-
-
-@njit(error_model="numpy")
-def iq1_s_row_w(x, qw, out):
-    iq1_s_rows(x, qw, out)
-
-
-@njit(error_model="numpy")
-def iq1_m_row(x, out):
-    iq1_m_rows(x, x, False, out)
-
-
-@njit(error_model="numpy")
-def iq1_m_row_w(x, qw, out):
-    iq1_m_rows(x, qw, True, out)

@@ -27,7 +27,8 @@ class QuantizeError(MinferError):
 
 # One parallel driver per type (not a closure factory: numba caches only functions of a real
 # source file whose callees are module globals), written from one template into a generated
-# module (`minfer.jit_cache.load_generated`): type name -> the module whose `<name>_row` it runs.
+# module (`minfer.jit_cache.load_generated`): type -> the module and name of the row kernel it
+# runs (`_call`).
 _ROW_FUNCTIONS: dict[QT, tuple[str, str]] = {
     QT.IQ4_NL: ("blocks32", "iq4_nl"),
     QT.MXFP4: ("blocks32", "mxfp4"),
@@ -59,11 +60,11 @@ _ROWS = '''
 @njit(parallel=True, cache=True, error_model="numpy")
 def _rows_{name}(x, out):
     for r in prange(x.shape[0]):
-        {module}.{name}_row(x[r], out[r])
+        {call}
 '''
 
 
-# Types with an importance-weighted quantizer: `<module>.<name>_row_w(x, qw, out)`.
+# Types with an importance-weighted quantizer: `<module>.<name>_row_w(x, qw, out)` (`_call`).
 _WEIGHTED: dict[QT, tuple[str, str]] = {
     **{qt: ("weighted", _ROW_FUNCTIONS[qt][1])
        for qt in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K,
@@ -83,14 +84,31 @@ _ROWS_WEIGHTED = '''
 @njit(parallel=True, cache=True, error_model="numpy")
 def _rows_w_{name}(x, qw, first_row, rows_per_mat, out):
     for r in prange(x.shape[0]):
-        {module}.{name}_row_w(x[r], qw[(first_row + r) // rows_per_mat], out[r])
+        {call}
 '''
+
+
+# The lattice i-quants' modules: one kernel a type for both weightings, `<name>_rows(x, qw,
+# use_qw, out)`, or `<name>_rows(x, qw, out)` for a type ggml quantizes only weighted.
+_LATTICE = frozenset({"iqrows", "iq1rows"})
+
+
+def _call(qt: QT, module: str, name: str, weighted: bool) -> str:
+    """The row kernel call of a driver's loop body, for row r."""
+    qw = "qw[(first_row + r) // rows_per_mat]"
+    if module not in _LATTICE:
+        return (f"{module}.{name}_row_w(x[r], {qw}, out[r])" if weighted
+                else f"{module}.{name}_row(x[r], out[r])")
+    args = qw if qt in NEEDS_IMATRIX else f"{qw}, True" if weighted else "x[r], False"
+    return f"{module}.{name}_rows(x[r], {args}, out[r])"
 
 
 def render() -> str:
     """The generated module's source: parallel row drivers per type, plain and weighted."""
-    return (_HEADER + "".join(_ROWS.format(module=m, name=n) for m, n in _ROW_FUNCTIONS.values())
-            + "".join(_ROWS_WEIGHTED.format(module=m, name=n) for m, n in _WEIGHTED.values()))
+    return (_HEADER + "".join(_ROWS.format(name=n, call=_call(qt, m, n, False))
+                              for qt, (m, n) in _ROW_FUNCTIONS.items())
+            + "".join(_ROWS_WEIGHTED.format(name=n, call=_call(qt, m, n, True))
+                      for qt, (m, n) in _WEIGHTED.items()))
 
 
 _GENERATED = load_generated(f"{__name__}_generated", render())

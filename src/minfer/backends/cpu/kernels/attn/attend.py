@@ -47,6 +47,7 @@ from minfer.backends.cpu.kernels.attn.vector_ir import (
 )
 from minfer.backends.cpu.kernels.attn.vector_ir import scores as ir_scores
 from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import as_f32, f16_to_f32, f32_to_f16
 
 
@@ -110,7 +111,7 @@ def _attention_part(part, n_parts, q, k, v, kv_start, kv_end, n_head, n_head_kv,
                     scale, softcap, sinks, out):
     """`_attention`'s items for part `part` of `n_parts` (a parallel region's thread)."""
     n = q.shape[0] * n_head_kv
-    for item in range(part * n // n_parts, (part + 1) * n // n_parts):
+    for item in range(*share(part, n_parts, n)):
         _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
                         softcap, sinks, out)
 

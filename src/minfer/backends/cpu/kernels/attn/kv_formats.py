@@ -48,6 +48,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import f16_to_f32, f32_to_f16
 
 QK = 32  # values per block
@@ -396,7 +397,7 @@ def _store_rows(x, cache, cells, rot):  # pragma: no cover - compiled
 def _store_rows_part(part, n_parts, x, cache, cells, rot):  # pragma: no cover - compiled
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
     _check_cells(cells, cache.shape[0])
-    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, x.shape[0])):
         _put_row(x[t], cache[cells[t]], rot)
 
 
@@ -419,7 +420,7 @@ def _store_kv(k, v, k_cache, v_cache, cells, rot_k, rot_v):  # pragma: no cover 
 def _store_kv_part(part, n_parts, k, v, k_cache, v_cache, cells, rot_k, rot_v):  # pragma: no cover
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
     _check_cells(cells, k_cache.shape[0])
-    for t in range(part * k.shape[0] // n_parts, (part + 1) * k.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, k.shape[0])):
         _put_row(k[t], k_cache[cells[t]], rot_k)
         _put_row(v[t], v_cache[cells[t]], rot_v)
 

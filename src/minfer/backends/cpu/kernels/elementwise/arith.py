@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from minfer.backends.cpu.kernels.attn.vector_ir import exp_sum, scale_max
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import bits_to_f32, f16_to_f32, f32_to_f16
 
 _LOG2E = np.float32(1.4426950408889634)
@@ -132,7 +133,7 @@ def _silu_chunks(x, out):
 def _silu_chunks_part(part, n_parts, x, out):
     """The chunks of part `part` of `n_parts` (a parallel region's thread)."""
     n_chunk = (x.shape[0] + _CHUNK - 1) // _CHUNK
-    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+    for c in range(*share(part, n_parts, n_chunk)):
         a, b = c * _CHUNK, min(x.shape[0], (c + 1) * _CHUNK)
         _silu(x[a:b], out[a:b])
 
@@ -148,7 +149,7 @@ def _swiglu_chunks(g, u, out):
 def _swiglu_chunks_part(part, n_parts, g, u, out):
     """The chunks of part `part` of `n_parts` (a parallel region's thread)."""
     n_chunk = (g.shape[0] + _CHUNK - 1) // _CHUNK
-    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+    for c in range(*share(part, n_parts, n_chunk)):
         a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
         _swiglu(g[a:b], u[a:b], out[a:b])
 
@@ -164,7 +165,7 @@ def _swiglu_oai_chunks(g, u, out):
 def _swiglu_oai_chunks_part(part, n_parts, g, u, out):
     """The chunks of part `part` of `n_parts` (a parallel region's thread)."""
     n_chunk = (g.shape[0] + _CHUNK - 1) // _CHUNK
-    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+    for c in range(*share(part, n_parts, n_chunk)):
         a, b = c * _CHUNK, min(g.shape[0], (c + 1) * _CHUNK)
         _swiglu_oai(g[a:b], u[a:b], out[a:b])
 

@@ -18,6 +18,8 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
+from minfer.backends.cpu.kernels.region.parts import share
+
 _LANES = 8  # f64 partial sums per segment: lane k sums elements k, k + 8, ...
 # From this many rows on, rows are split across the threads (prefill); fewer run on the caller.
 PARALLEL_MIN_ROWS = 64
@@ -83,7 +85,7 @@ def _rms_rows_par(x, w, eps, out, n_seg, seg):
 @njit(cache=True, error_model="numpy")
 def _rms_rows_par_part(part, n_parts, x, w, eps, out, n_seg, seg):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
-    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, x.shape[0])):
         _rms_row(x, w, eps, out, t, n_seg, seg)
 
 
@@ -155,7 +157,7 @@ def _layer_rows_par(x, w, b, eps, out):
 @njit(cache=True, error_model="numpy")
 def _layer_rows_par_part(part, n_parts, x, w, b, eps, out):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
-    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, x.shape[0])):
         _layer_row(x, w, b, eps, out, t)
 
 

@@ -33,6 +33,7 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.gguf.rope_scaling import NO_YARN, YarnRope, mrope_pairs
 
 _ONE = np.ones(0, np.float32)
@@ -134,7 +135,7 @@ def _rope_par_part(part, n_parts, x, positions, n_head, head_dim, rope_dim, base
     cos = np.empty(rope_dim // 2, np.float32)
     sin = np.empty(rope_dim // 2, np.float32)
     th = np.empty(4, np.float32)
-    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, x.shape[0])):
         _rope_row(x, positions, t, n_head, head_dim, rope_dim, base, freq_scale, factors, yarn,
                   neox, out, cos, sin, theta_dim, cols, resets, th)
 

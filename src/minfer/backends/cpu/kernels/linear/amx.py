@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 from minfer.backends.cpu.kernels.linear.dense import check_operands
 from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16
 from minfer.backends.cpu.kernels.quant.dequant import bf16_bits
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import target_has
 
 TILE_ROWS = 16  # rows of a tile (activation rows, k pairs, output rows)
@@ -188,7 +189,7 @@ def _gemm_amx(x, wp, out, bias, ab, cs, cfg, n_parts):
         c = cs[part]
         a = ab[part]  # this thread's 32 activation rows in bf16, rounded once per row block
         held = -1
-        for task in range(part * n_tasks // n_parts, (part + 1) * n_tasks // n_parts):
+        for task in range(*share(part, n_parts, n_tasks)):
             rb = task // n_cb
             cb = task % n_cb
             if rb != held:

@@ -28,6 +28,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.blocks import _F32, _I8, _fma, _ld, _phi_loop, _splat, _vec
 from minfer.backends.cpu.kernels.simd.llvm import target_has
 
@@ -129,8 +130,7 @@ def _gemm(x, wp, wr, xp, out, bias, n_parts):
             for r in range(ROWS):
                 xp[g, kk, r] = x[g * ROWS + r, kk]
     for part in prange(n_parts):  # each thread its share of the column tiles
-        t_lo = part * n_tiles // n_parts
-        t_hi = (part + 1) * n_tiles // n_parts
+        t_lo, t_hi = share(part, n_parts, n_tiles)
         for g0 in range(0, n_groups, GROUP_BLOCK):  # row groups that stay in L2 over the tiles
             for jb in range(t_lo, t_hi):
                 w = wp[jb]

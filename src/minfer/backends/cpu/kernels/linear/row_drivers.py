@@ -43,6 +43,7 @@ _HEADER = '''\
 import numpy as np
 from numba import njit, prange
 
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import thread_count
 from minfer.backends.cpu.kernels.linear.dots32 import (
     _CHUNK, block_corr, block_transpose, even_groups, lane_corr)
@@ -105,7 +106,7 @@ def {name}_part(part, n_parts, w, xq, xd, {aux}, out):
 {prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
     t0, t1 = 0, nt
     n_chunk = (n_out + _CHUNK - 1) // _CHUNK
-    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+    for c in range(*share(part, n_parts, n_chunk)):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}
 
@@ -144,7 +145,7 @@ def {name}_part(part, n_parts, w, x, out):
     n_out, nt = w.shape[0], x.shape[0]
     t0, t1 = 0, nt
     n_chunk = (n_out + _CHUNK - 1) // _CHUNK
-    for c in range(part * n_chunk // n_parts, (part + 1) * n_chunk // n_parts):
+    for c in range(*share(part, n_parts, n_chunk)):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
 {passes}
 
@@ -246,7 +247,7 @@ def {name}(w, xq, xd, {fourth}, out):
     for part in prange(n_parts):
 {scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
             t1 = min(nt, t0 + ROWS_TOKEN_TILE)
-            for c in range(part * n_groups // n_parts, (part + 1) * n_groups // n_parts):
+            for c in range(*share(part, n_parts, n_groups)):
 {passes}
 
 @njit(cache=True)
@@ -260,7 +261,7 @@ def {name}_part(part, n_parts, w, xq, xd, {fourth}, out):
         n_parts = min(n_parts, n_groups)
 {scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
             t1 = min(nt, t0 + ROWS_TOKEN_TILE)
-            for c in range(part * n_groups // n_parts, (part + 1) * n_groups // n_parts):
+            for c in range(*share(part, n_parts, n_groups)):
 {passes}
 
 @njit(parallel=True, cache=True)
@@ -397,7 +398,7 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
 
 _JOBS_LOOP = "    for job in prange(n_chunk * ng):\n"
 _JOBS_PART = ("    n_job = n_chunk * ng\n"
-              "    for job in range(part * n_job // n_parts, (part + 1) * n_job // n_parts):\n")
+              "    for job in range(*share(part, n_parts, n_job)):\n")
 
 
 def expert_part_form(source: str) -> str:

@@ -28,6 +28,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.blocks import _F32, _I8, _I32, _splat, _vec
 from minfer.backends.cpu.kernels.simd.blocks import _x86 as _call  # any LLVM intrinsic, by name
 from minfer.backends.cpu.kernels.simd.llvm import f16_to_f32, f32_to_f16
@@ -153,7 +154,7 @@ def _quantize_q8_0_rows_par(x, qs, d, s, isum):
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_0_rows_par_part(part, n_parts, x, qs, d, s, isum):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
-    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, x.shape[0])):
         _q8_0_row(x, qs, d, s, isum, t)
 
 
@@ -199,7 +200,7 @@ def _quantize_q8_k_rows_par(x, qs, d, bsums):
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_k_rows_par_part(part, n_parts, x, qs, d, bsums):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
-    for t in range(part * x.shape[0] // n_parts, (part + 1) * x.shape[0] // n_parts):
+    for t in range(*share(part, n_parts, x.shape[0])):
         _q8_k_row(x, qs, d, bsums, t)
 
 

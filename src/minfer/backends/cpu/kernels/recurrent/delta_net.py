@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from minfer.backends.cpu.kernels.recurrent.shortconv import check_sequences
+from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.floats import update_dot
 
 
@@ -85,7 +86,7 @@ def _delta_net_part(part, n_parts, qkv, alpha, beta, dt_bias, a, state, position
     """`_delta_net`'s heads for part `part` of `n_parts` (a parallel region's thread)."""
     check_sequences(seq, state.shape[0])
     n = state.shape[1]
-    for h in range(part * n // n_parts, (part + 1) * n // n_parts):
+    for h in range(*share(part, n_parts, n)):
         _delta_head(h, qkv, alpha, beta, dt_bias, a, state, positions, seq, out, n_k_heads, eps)
 
 def delta_net(qkv: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bias: np.ndarray,

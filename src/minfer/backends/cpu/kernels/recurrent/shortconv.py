@@ -20,6 +20,8 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
+from minfer.backends.cpu.kernels.region.parts import share
+
 _CHANNEL_BLOCK = 64  # channels per parallel task: each task walks every row of its channels
 
 
@@ -81,7 +83,7 @@ def _causal_conv_part(part, n_parts, src, taps, state, positions, seq, out, gate
     """`_causal_conv`'s channel blocks for part `part` of `n_parts` (a region's thread)."""
     check_sequences(seq, state.shape[0])
     n = (out.shape[1] + _CHANNEL_BLOCK - 1) // _CHANNEL_BLOCK
-    for blk in range(part * n // n_parts, (part + 1) * n // n_parts):
+    for blk in range(*share(part, n_parts, n)):
         _conv_block(blk, src, taps, state, positions, seq, out, gated)
 
 def short_conv(bcx: np.ndarray, taps: np.ndarray, state: np.ndarray, positions: np.ndarray,

@@ -18,6 +18,7 @@ x in the same order (the gated delta rule's state rows, `recurrent.delta_net`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from llvmlite import ir
@@ -56,6 +57,46 @@ def _widen(builder: Any, ptr: Any, off: Any, kind: str, n: int) -> Any:
     return builder.bitcast(wide, _vec(_F32, n))
 
 
+def _ordered_dot(builder: Any, n: Any, xp: Any, term: Callable[[Any, int], Any],
+                 at_step: Callable[[Any], None] | None = None) -> Any:
+    """f32: the sum over v < n of term(v) * x[v] (`xp`: x's bytes) in the one fixed order:
+    four accumulators of LANES taking STEP values a step by fused multiply-adds (`term(v,
+    LANES)`: the row's values v.. as <LANES x f32>; `at_step(v0)` first in each step), folded
+    (a0 + a1) + (a2 + a3) then halves to one lane; the values past the last multiple of STEP
+    (`term(v, 1)`: one f32) in one scalar chain added last."""
+    intp = n.type
+
+    def k(v: int) -> Any:
+        return ir.Constant(intp, v)
+
+    def step(i: Any, accs: list[Any]) -> list[Any]:
+        v0 = builder.mul(i, k(STEP))
+        if at_step is not None:
+            at_step(v0)
+        out = []
+        for j, acc in enumerate(accs):
+            v = builder.add(v0, k(j * LANES))
+            w = term(v, LANES)
+            out.append(_fma(builder, w, _ld(builder, xp, builder.mul(v, k(4)),
+                                            _vec(_F32, LANES)), acc))
+        return out
+
+    zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
+    steps = builder.udiv(n, k(STEP))
+    a0, a1, a2, a3 = _phi_loop(builder, steps, [zero] * 4, step)
+    done = builder.mul(steps, k(STEP))
+
+    def tail(i: Any, acc: list[Any]) -> list[Any]:
+        v = builder.add(done, i)
+        w = term(v, 1)
+        xv = _ld(builder, xp, builder.mul(v, k(4)), _F32)
+        return [_fma(builder, w, xv, acc[0])]
+
+    (rest,) = _phi_loop(builder, builder.sub(n, done), [ir.Constant(_F32, 0.0)], tail)
+    total = _hsum(builder, builder.fadd(builder.fadd(a0, a1), builder.fadd(a2, a3)))
+    return builder.fadd(total, rest)
+
+
 def _fdot(kind: str) -> Any:
     width = 4 if kind == "f32" else 2
     element = types.float32 if kind == "f32" else types.uint16
@@ -71,39 +112,20 @@ def _fdot(kind: str) -> Any:
             ra = context.make_array(signature.args[0])(context, builder, args[0])
             xa = context.make_array(signature.args[1])(context, builder, args[1])
             n = builder.extract_value(xa.shape, 0)
-            intp = n.type
             rp, xp = (builder.bitcast(a.data, _I8.as_pointer()) for a in (ra, xa))
 
             def k(v: int) -> Any:
-                return ir.Constant(intp, v)
+                return ir.Constant(n.type, v)
 
-            def step(i: Any, accs: list[Any]) -> list[Any]:
-                v0 = builder.mul(i, k(STEP))
+            def prefetch(v0: Any) -> None:
                 _prefetch_ir(builder, builder.gep(rp, [builder.mul(builder.add(v0, k(PREFETCH)),
                                                                    k(width))]))
-                out = []
-                for j, acc in enumerate(accs):
-                    v = builder.add(v0, k(j * LANES))
-                    w = _widen(builder, rp, builder.mul(v, k(width)), kind, LANES)
-                    out.append(_fma(builder, w, _ld(builder, xp, builder.mul(v, k(4)),
-                                                    _vec(_F32, LANES)), acc))
-                return out
 
-            zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
-            steps = builder.udiv(n, k(STEP))
-            a0, a1, a2, a3 = _phi_loop(builder, steps, [zero] * 4, step)
-            done = builder.mul(steps, k(STEP))
+            def term(v: Any, lanes: int) -> Any:
+                w = _widen(builder, rp, builder.mul(v, k(width)), kind, lanes)
+                return w if lanes > 1 else builder.extract_element(w, ir.Constant(_I32, 0))
 
-            def tail(i: Any, acc: list[Any]) -> list[Any]:
-                v = builder.add(done, i)
-                w = _widen(builder, rp, builder.mul(v, k(width)), kind, 1)
-                xv = _ld(builder, xp, builder.mul(v, k(4)), _F32)
-                return [_fma(builder, builder.extract_element(w, ir.Constant(_I32, 0)), xv,
-                             acc[0])]
-
-            (rest,) = _phi_loop(builder, builder.sub(n, done), [ir.Constant(_F32, 0.0)], tail)
-            total = _hsum(builder, builder.fadd(builder.fadd(a0, a1), builder.fadd(a2, a3)))
-            return builder.fadd(total, rest)
+            return _ordered_dot(builder, n, xp, term, prefetch)
 
         return sig, codegen
 
@@ -118,11 +140,9 @@ fdot_bf16: Any = _fdot("bf16")
 
 def _update_dot(typingctx: Any, row: Any, s: Any, d: Any, k: Any, x: Any) -> Any:
     """update_dot(row, s, d, k, x) -> f32: row[i] = fma(d, k[i], row[i] * s) in place, then the
-    updated row dotted with x in `fdot_f32`'s order (four 16-lane accumulators, 64 values a
-    step, folded (a0 + a1) + (a2 + a3) then halves; the values past the last multiple of 64
-    in one scalar chain added last). The delta rule's two passes over a state row: the decay
-    (s = exp(g), d = 0) dotted with k, then the rank-one update (s = 1, d = delta_j) dotted
-    with q."""
+    updated row dotted with x in `fdot_f32`'s order (`_ordered_dot`). The delta rule's two
+    passes over a state row: the decay (s = exp(g), d = 0) dotted with k, then the rank-one
+    update (s = 1, d = delta_j) dotted with q."""
     for arr in (row, k, x):
         if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.float32
                 and arr.layout == "C"):
@@ -133,41 +153,20 @@ def _update_dot(typingctx: Any, row: Any, s: Any, d: Any, k: Any, x: Any) -> Any
         ra, ka, xa = (context.make_array(signature.args[i])(context, builder, args[i])
                       for i in (0, 3, 4))
         n = builder.extract_value(ra.shape, 0)
-        intp = n.type
         rp, kp, xp = (builder.bitcast(a.data, _I8.as_pointer()) for a in (ra, ka, xa))
-        sv, dv = (_splat(builder, args[i], LANES) for i in (1, 2))
+        splats = tuple(_splat(builder, args[i], LANES) for i in (1, 2))
 
-        def k(v: int) -> Any:
-            return ir.Constant(intp, v)
+        def term(v: Any, lanes: int) -> Any:
+            off = builder.mul(v, ir.Constant(n.type, 4))
+            ty = _vec(_F32, lanes) if lanes > 1 else _F32
+            sv, dv = splats if lanes > 1 else (args[1], args[2])
+            new = _fma(builder, dv, _ld(builder, kp, off, ty),
+                       builder.fmul(_ld(builder, rp, off, ty), sv))
+            builder.store(new, builder.bitcast(builder.gep(rp, [off]), ty.as_pointer()),
+                          align=1 if lanes > 1 else None)
+            return new
 
-        def step(i: Any, accs: list[Any]) -> list[Any]:
-            v0 = builder.mul(i, k(STEP))
-            out = []
-            for j, acc in enumerate(accs):
-                off = builder.mul(builder.add(v0, k(j * LANES)), k(4))
-                vec = _vec(_F32, LANES)
-                new = _fma(builder, dv, _ld(builder, kp, off, vec),
-                           builder.fmul(_ld(builder, rp, off, vec), sv))
-                builder.store(new, builder.bitcast(builder.gep(rp, [off]), vec.as_pointer()),
-                              align=1)
-                out.append(_fma(builder, new, _ld(builder, xp, off, vec), acc))
-            return out
-
-        zero = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
-        steps = builder.udiv(n, k(STEP))
-        a0, a1, a2, a3 = _phi_loop(builder, steps, [zero] * 4, step)
-        done = builder.mul(steps, k(STEP))
-
-        def tail(i: Any, acc: list[Any]) -> list[Any]:
-            off = builder.mul(builder.add(done, i), k(4))
-            new = _fma(builder, args[2], _ld(builder, kp, off, _F32),
-                       builder.fmul(_ld(builder, rp, off, _F32), args[1]))
-            builder.store(new, builder.bitcast(builder.gep(rp, [off]), _F32.as_pointer()))
-            return [_fma(builder, new, _ld(builder, xp, off, _F32), acc[0])]
-
-        (rest,) = _phi_loop(builder, builder.sub(n, done), [ir.Constant(_F32, 0.0)], tail)
-        total = _hsum(builder, builder.fadd(builder.fadd(a0, a1), builder.fadd(a2, a3)))
-        return builder.fadd(total, rest)
+        return _ordered_dot(builder, n, xp, term)
 
     return sig, codegen
 
