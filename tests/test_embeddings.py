@@ -70,12 +70,13 @@ def test_bert_token_types_are_data(bert: Path) -> None:
 
 def _paths(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An encoder's matmul path: "f32" (the f32 GEMM), "integer" (the decoders' int8 dots,
-    where AMX tiles are not usable), "default" (what this host picks)."""
+    under MINFER_ENCODER_INT8 where AMX tiles are not usable), "default" (what this host picks)."""
     from minfer.backends.cpu import kernels
 
     if path == "f32":
         monkeypatch.setenv("MINFER_ENCODER_F32", "1")
     elif path == "integer":
+        monkeypatch.setenv("MINFER_ENCODER_INT8", "1")
         monkeypatch.setattr(kernels, "amx_usable", lambda: False)
 
 
@@ -94,13 +95,18 @@ def test_quantized_bert_close_to_the_oracle(bert_q8: Path, path: str, min_cos: f
     assert cos.min() > min_cos
 
 
-def test_a_quantized_encoder_without_amx_runs_the_integer_dots(
-        bert_q8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where AMX tiles are not usable, a Q8_0 encoder's projections are the decoders' int8
-    row drivers (batch-invariant: see the test below), not the f32 GEMM over a widened copy."""
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_quantized_encoder_without_amx_runs_the_integer_dots_only_when_asked(
+        bert_q8: Path, int8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where AMX tiles are not usable, a Q8_0 encoder's projections are the f32 GEMM (the
+    accurate default), or under MINFER_ENCODER_INT8 the decoders' int8 row drivers
+    (batch-invariant: see the test below), not the f32 GEMM over a widened copy."""
     from minfer import jit_cache
+    from minfer.backends.cpu import kernels
 
-    _paths("integer", monkeypatch)
+    monkeypatch.setattr(kernels, "amx_usable", lambda: False)
+    if int8:
+        monkeypatch.setenv("MINFER_ENCODER_INT8", "1")
     engine, tok = _engine(bert_q8)
     seqs = [tok.encode(t) for t in TEXTS]
     engine.forward_batch(Batch.sequences(seqs, pooling="mean"))
@@ -112,8 +118,8 @@ def test_a_quantized_encoder_without_amx_runs_the_integer_dots(
             call = jit_cache.kernel_call(step)
             if call is not None:
                 names.add(getattr(getattr(call[0], "py_func", call[0]), "__name__", ""))
-    assert any(n.startswith("mv_q8_0") for n in names), names
-    assert not any("gemm" in n for n in names), names
+    assert any(n.startswith("mv_q8_0") for n in names) == int8, names
+    assert any("gemm" in n for n in names) != int8, names
 
 
 @pytest.mark.parametrize(("path_name", "path"), [("bert", "default"), ("bert_q8", "default"),

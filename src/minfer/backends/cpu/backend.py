@@ -300,14 +300,16 @@ def _repack_into(rows: np.ndarray, qtype: int, out: np.ndarray) -> int:
 
 def _encoder_integer(ctx: ExecContext, w_name: str) -> bool:
     """Whether an encoder (a dense-f32 context) runs this weight on the integer dots, as a
-    decoder does: its file stores it in a block type the dots read (Q8_0, Q4_K, ...), AMX tiles
-    are not usable (where they are, the bf16 GEMM is faster) and MINFER_ENCODER_F32 is unset.
-    int8 x int8 dots do ~4x the work of f32 FMAs per instruction on AVX2 and AVX-512 VNNI, each
-    row's value is the same bits in any batch, and the activation is rounded to Q8_0 as
-    llama.cpp rounds it (f32 / f16 / bf16 files keep the f32 GEMM)."""
+    decoder does: only under MINFER_ENCODER_INT8, where AMX tiles are not usable (where they are,
+    the bf16 GEMM is faster) and the file stores the weight in a block type the dots read (Q8_0,
+    Q4_K, ...). The activation is then rounded to Q8_0 as llama.cpp rounds it, each row's value
+    the same bits in any batch. Not the default: that rounding costs all-MiniLM q8_0 a cosine of
+    0.9989 to sentence-transformers (0.9996 on the f32 GEMM, the tests' bound 0.999), and on AVX2
+    the int8 dots' sign trick runs at the f32 GEMM's speed (87-101 against 93 GFLOP/s, round 18)."""
     key = ("cpu-encoder-integer", w_name)
     if key not in ctx.weights.state:
-        ctx.weights.state[key] = (ctx.weights.matrix(w_name)[1] not in _FLOATS
+        ctx.weights.state[key] = (env.flag("MINFER_ENCODER_INT8")
+                                  and ctx.weights.matrix(w_name)[1] not in _FLOATS
                                   and not env.flag("MINFER_ENCODER_F32") and not K.amx_usable())
     return bool(ctx.weights.state[key])
 
