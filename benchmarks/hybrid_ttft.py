@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,28 @@ def one_round(client: httpx.Client, tok: Tokenizer, args: argparse.Namespace,
     return got
 
 
+def open_server(start: Callable[[argparse.Namespace, int], subprocess.Popen[bytes]],
+                args: argparse.Namespace, procs: dict[str, subprocess.Popen[bytes]],
+                name: str) -> httpx.Client:
+    """Start engine `name`'s server on a free port (its process in `procs` before the wait, so
+    a failed start is still stopped) and wait for /health: a client that opens a fresh
+    connection per request (llama-server may close an idle kept-alive one)."""
+    port = free_port()
+    procs[name] = start(args, port)
+    base = f"http://{HOST}:{port}"
+    wait_ready(procs[name], base, "/health", 600)
+    return httpx.Client(base_url=base, timeout=600,
+                        limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def close_servers(clients: dict[str, httpx.Client],
+                  procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for c in clients.values():
+        c.close()
+    for proc in procs.values():
+        stop(proc)
+
+
 def spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / 2 if len(xs) > 1 else 0.0
 
@@ -226,13 +249,7 @@ def main() -> int:
     rounds: dict[str, list[dict[str, dict[str, Any]]]] = {e: [] for e in engines}
     try:
         for e in engines:
-            port = free_port()
-            procs[e] = starters[e](args, port)
-            base = f"http://{HOST}:{port}"
-            wait_ready(procs[e], base, "/health", 600)
-            # a fresh connection per request (llama-server may close an idle kept-alive one)
-            clients[e] = httpx.Client(base_url=base, timeout=600, limits=httpx.Limits(
-                max_keepalive_connections=0))
+            clients[e] = open_server(starters[e], args, procs, e)
             stream(clients[e], [{"role": "user", "content": conv[:400]}], 4)  # warm-up
         for i in range(args.rounds):
             order = engines if i % 2 == 0 else engines[::-1]
@@ -244,10 +261,7 @@ def main() -> int:
                     f"{c} {got[c]['ttft'] * 1e3:.0f} ms ({got[c]['cached_tokens']}/"
                     f"{got[c]['prompt_tokens']})" for c in CASES), flush=True)
     finally:
-        for c in clients.values():
-            c.close()
-        for proc in procs.values():
-            stop(proc)
+        close_servers(clients, procs)
     summary = summarize(rounds)
     report(summary, engines)
     if args.json:

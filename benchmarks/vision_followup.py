@@ -46,8 +46,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from hybrid_ttft import spread, stream
-from serve_load import HOST, free_port, stop, wait_ready
+from hybrid_ttft import close_servers, open_server, spread, stream
+from serve_load import HOST
 
 from minfer.gguf.reader import GGUFFile
 from minfer.tokenizer.tokenizer import Tokenizer
@@ -221,13 +221,7 @@ def main() -> int:
     rounds: dict[str, list[dict[str, dict[str, Any]]]] = {e: [] for e in engines}
     try:
         for e in engines:
-            port = free_port()
-            procs[e] = starters[e](args, port)
-            base = f"http://{HOST}:{port}"
-            wait_ready(procs[e], base, "/health", 600)
-            # a fresh connection per request (llama-server may close an idle kept-alive one)
-            clients[e] = httpx.Client(base_url=base, timeout=600, limits=httpx.Limits(
-                max_keepalive_connections=0))
+            clients[e] = open_server(starters[e], args, procs, e)
             towers[e] = Towers(e, clients[e])
             one_round(clients[e], towers[e], args, image_url(width, height, 10_000), bias)  # warm
         for i in range(args.rounds):
@@ -240,10 +234,7 @@ def main() -> int:
                     f"{got[q]['prompt_tokens']}, towers {got[q]['towers']})"
                     for q in QUESTIONS), flush=True)
     finally:
-        for c in clients.values():
-            c.close()
-        for proc in procs.values():
-            stop(proc)
+        close_servers(clients, procs)
     summary = summarize(rounds)
     report(summary, engines)
     if args.json:

@@ -103,6 +103,23 @@ class _Writer:
         self.matrix(f"{prefix}.weight", n_out, n_in, std if std else n_in ** -0.5)
         self.array(f"{prefix}.bias", (n_out,), 0.02)
 
+    def siglip_tower(self, *, n_embd: int, n_ff: int, n_layer: int, patch: int,
+                     image_size: int) -> None:
+        """A SigLIP tower's tensors (Gemma 3's and Idefics3's): patch and position embeddings,
+        the layers, the closing norm."""
+        self.array("v.patch_embd.bias", (n_embd,), 0.02)
+        self.array("v.patch_embd.weight", (n_embd, 3, patch, patch), (3 * patch * patch) ** -0.5)
+        self.array("v.position_embd.weight", ((image_size // patch) ** 2, n_embd), 0.1)
+        for il in range(n_layer):
+            blk = f"v.blk.{il}"
+            self.norm(f"{blk}.ln1", n_embd)
+            self.norm(f"{blk}.ln2", n_embd)
+            self.linear(f"{blk}.ffn_up", n_ff, n_embd)
+            self.linear(f"{blk}.ffn_down", n_embd, n_ff)
+            for proj in ("attn_k", "attn_out", "attn_q", "attn_v"):
+                self.linear(f"{blk}.{proj}", n_embd, n_embd)
+        self.norm("v.post_ln", n_embd)
+
     def close(self) -> None:
         self.w.write_header_to_file()
         self.w.write_kv_data_to_file()
@@ -124,18 +141,8 @@ def write_siglip_mmproj(path: str | Path, *, n_layer: int = 27, n_embd: int = 11
     c.matrix("mm.input_projection.weight", n_embd, n_embd_text, n_embd ** -0.5,
              QType.F16 if weight_type == QType.F16 else weight_type)
     c.array("mm.soft_emb_norm.weight", (n_embd,), 0.05, 1.0)  # Gemma's (1 + w), folded
-    c.array("v.patch_embd.bias", (n_embd,), 0.02)
-    c.array("v.patch_embd.weight", (n_embd, 3, patch, patch), (3 * patch * patch) ** -0.5)
-    c.array("v.position_embd.weight", ((image_size // patch) ** 2, n_embd), 0.1)
-    for il in range(n_layer):
-        blk = f"v.blk.{il}"
-        c.norm(f"{blk}.ln1", n_embd)
-        c.norm(f"{blk}.ln2", n_embd)
-        c.linear(f"{blk}.ffn_up", n_ff, n_embd)
-        c.linear(f"{blk}.ffn_down", n_embd, n_ff)
-        for proj in ("attn_k", "attn_out", "attn_q", "attn_v"):
-            c.linear(f"{blk}.{proj}", n_embd, n_embd)
-    c.norm("v.post_ln", n_embd)
+    c.siglip_tower(n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, patch=patch,
+                   image_size=image_size)
     c.close()
     return path
 
@@ -195,18 +202,8 @@ def write_idefics3_mmproj(path: str | Path, *, n_layer: int = 12, n_embd: int = 
     c.w.add_uint32("clip.vision.preproc_image_size", longest_edge)
     wide = n_embd * scale * scale
     c.matrix("mm.model.fc.weight", n_embd_text, wide, wide ** -0.5)
-    c.array("v.patch_embd.bias", (n_embd,), 0.02)
-    c.array("v.patch_embd.weight", (n_embd, 3, patch, patch), (3 * patch * patch) ** -0.5)
-    c.array("v.position_embd.weight", ((image_size // patch) ** 2, n_embd), 0.1)
-    for il in range(n_layer):
-        blk = f"v.blk.{il}"
-        c.norm(f"{blk}.ln1", n_embd)
-        c.norm(f"{blk}.ln2", n_embd)
-        c.linear(f"{blk}.ffn_up", n_ff, n_embd)
-        c.linear(f"{blk}.ffn_down", n_embd, n_ff)
-        for proj in ("attn_k", "attn_out", "attn_q", "attn_v"):
-            c.linear(f"{blk}.{proj}", n_embd, n_embd)
-    c.norm("v.post_ln", n_embd)
+    c.siglip_tower(n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, patch=patch,
+                   image_size=image_size)
     c.close()
     return path
 
