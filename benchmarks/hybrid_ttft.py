@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,25 +183,34 @@ def spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / 2 if len(xs) > 1 else 0.0
 
 
+def case_summary(rs: list[dict[str, dict[str, Any]]], case: str,
+                 lists: tuple[str, ...]) -> dict[str, Any]:
+    """One case over an engine's rounds: the median time to first token and its spread, the
+    `lists` fields round by round, whether every round streamed content."""
+    ts = [r[case]["ttft"] for r in rs]
+    return {"ttft_s": statistics.median(ts), "spread_s": spread(ts),
+            **{k: [r[case].get(k) for r in rs] for k in lists},
+            "content": all(r[case]["content"] for r in rs)}
+
+
+def over_llama(rounds: dict[str, list[dict[str, dict[str, Any]]]],
+               cases: Sequence[str]) -> dict[str, float]:
+    """Per case, the median of minfer's / llama-server's time to first token, round by round."""
+    return {case: statistics.median(
+        m[case]["ttft"] / ref[case]["ttft"]
+        for m, ref in zip(rounds["minfer"], rounds["llama"], strict=True)) for case in cases}
+
+
 def summarize(rounds: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for engine, rs in rounds.items():
-        cases = {}
-        for case in CASES:
-            ts = [r[case]["ttft"] for r in rs]
-            cases[case] = {"ttft_s": statistics.median(ts), "spread_s": spread(ts),
-                           "prompt_tokens": [r[case]["prompt_tokens"] for r in rs],
-                           "cached_tokens": [r[case]["cached_tokens"] for r in rs],
-                           "content": all(r[case]["content"] for r in rs),
-                           "chunks": min(r[case]["chunks"] for r in rs)}
+        cases = {case: {**case_summary(rs, case, ("prompt_tokens", "cached_tokens")),
+                        "chunks": min(r[case]["chunks"] for r in rs)} for case in CASES}
         speedup = {f"{full}/{case}": statistics.median(
             r[full]["ttft"] / r[case]["ttft"] for r in rs) for case, full in VERSUS}
         out[engine] = {"cases": cases, "speedup_vs_full": speedup}
     if len(rounds) == 2:
-        out["minfer_over_llama"] = {case: statistics.median(
-            m[case]["ttft"] / ref[case]["ttft"]
-            for m, ref in zip(rounds["minfer"], rounds["llama"], strict=True))
-            for case in CASES}
+        out["minfer_over_llama"] = over_llama(rounds, CASES)
     return out
 
 

@@ -38,7 +38,6 @@ import base64
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from hybrid_ttft import close_servers, open_server, spread, stream
+from hybrid_ttft import case_summary, close_servers, open_server, over_llama, stream
 from serve_load import HOST
 
 from minfer.gguf.reader import GGUFFile
@@ -143,21 +142,11 @@ def _minus(a: int | None, *b: int | None) -> int | None:
 
 
 def summarize(rounds: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for engine, rs in rounds.items():
-        qs = {}
-        for q in QUESTIONS:
-            ts = [r[q]["ttft"] for r in rs]
-            qs[q] = {"ttft_s": statistics.median(ts), "spread_s": spread(ts),
-                     **{k: [r[q].get(k) for r in rs] for k in (
-                         "prompt_tokens", "cached_tokens", "prefilled", "towers", "new")},
-                     "content": all(r[q]["content"] for r in rs)}
-        out[engine] = qs
+    out: dict[str, Any] = {e: {q: case_summary(rs, q, (
+        "prompt_tokens", "cached_tokens", "prefilled", "towers", "new")) for q in QUESTIONS}
+        for e, rs in rounds.items()}
     if len(rounds) == 2:
-        out["minfer_over_llama"] = {q: statistics.median(
-            m[q]["ttft"] / ref[q]["ttft"]
-            for m, ref in zip(rounds["minfer"], rounds["llama"], strict=True))
-            for q in QUESTIONS}
+        out["minfer_over_llama"] = over_llama(rounds, QUESTIONS)
     return out
 
 
