@@ -247,3 +247,22 @@ def test_attention_refuses_heads_off_block_boundaries() -> None:
     with pytest.raises(ValueError, match="head_dim a multiple of 32"):
         attention(q, k, k, np.array([0]), np.array([1]), n_head=4, n_head_kv=4, head_dim=16,
                   scale=1.0, out=np.empty_like(q))
+
+
+def test_f16_k_beside_quantized_v_rounds_the_query_at_any_size() -> None:
+    """ggml's tiled flash attention (64 query rows on, the query kept f32) takes only K and V of
+    one float type: an f16 K beside a q8_0 V dots the f16-rounded query at any batch size, so
+    the blocked kernel rounds it from 64 rows on too."""
+    if not blocked_available():
+        pytest.skip("no BLAS sgemm for the blocked kernel")
+    hd, nt, n_head, n_kv, n_ctx = 64, 70, 4, 2, 100
+    k, v, kf, vf = _filled("f16", "q8_0", n_ctx, n_kv * hd, hd)
+    q = RNG.standard_normal((nt, n_head * hd)).astype(np.float32)
+    start = np.zeros(nt, np.int32)
+    end = np.arange(n_ctx - nt + 1, n_ctx + 1, dtype=np.int32)
+    out = np.empty_like(q)
+    attention(q, k, v, start, end, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.125,
+              out=out, blocked=True)
+    ref = ref_attention(_f16(q), kf, vf, start, end, n_head=n_head, n_head_kv=n_kv,
+                        head_dim=hd, scale=0.125)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
