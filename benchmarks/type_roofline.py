@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fresh_pages import drop_pages, model_files
 from vs_llamacpp import LLAMA_SCRIPT, MINFER_SCRIPT, run_one
@@ -55,11 +58,25 @@ GOAL = 0.75  # issue #65: decode at >= 75% of the read bandwidth of its bytes
 IMATRIX_TEXT = Path(__file__).resolve().parent.parent / "tests/fixtures/kv_long_prompt.txt"
 
 
+SIMD_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "amx_tile")
+
+
 def cpu_name() -> str:
-    """`lscpu`'s model name."""
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name:")), "unknown CPU")
+    """`lscpu`'s model name, and which of SIMD_FLAGS it lists (a KVM guest's model name can be
+    as bare as "Intel(R) Xeon(R) Processor")."""
+    fields = dict(line.split(":", 1) for line in subprocess.run(
+        ["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
+        if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    return (f"{fields.get('Model name', 'unknown CPU').strip()} "
+            f"({' '.join(f for f in SIMD_FLAGS if f in flags) or 'no AVX2'})")
+
+
+def default_cache(source: Path) -> Path:
+    """~/.cache/minfer/qtypes-<the source's size label>, e.g. qtypes-0.5b."""
+    size = re.search(r"\d+(?:\.\d+)?[bm](?=[-_.])", source.name.lower())
+    return Path.home() / ".cache/minfer" / f"qtypes-{size.group(0) if size else source.stem}"
 
 
 def _tool(bin_dir: Path, name: str, args: list[str], log: Path) -> str | None:
@@ -117,8 +134,70 @@ def _type_mix(path: Path) -> str:
         return ", ".join(f"{t} {n}" for t, n in f.type_census().items())
 
 
-def _mean(samples: list[dict[str, object]], key: str) -> float:
-    return statistics.fmean(r for s in samples for r in s[key])  # type: ignore[attr-defined]
+def measure(name: str, path: Path, args: argparse.Namespace,
+            read_bandwidth: Callable[..., float]) -> dict[str, Any] | str:
+    """One type's row: `args.rounds` rounds, each a read-bandwidth probe, then minfer and
+    llama.cpp (alternating which goes first) on fresh pages; or why minfer could not run it."""
+    shape = [str(args.n_ctx), "0", str(args.n), str(args.reps), "0"]  # pp 0: tg only
+    runs: dict[str, list[dict[str, Any]]] = {"minfer": [], "llama.cpp": []}
+    failed: dict[str, str] = {}
+    bandwidth = []
+    for rnd in range(args.rounds):
+        bandwidth.append(read_bandwidth(args.threads, passes=3))
+        order = ["minfer", "llama.cpp"] if rnd % 2 == 0 else ["llama.cpp", "minfer"]
+        for engine in (e for e in order if e not in failed):
+            drop_pages(model_files(path))
+            try:
+                if engine == "minfer":
+                    res = run_one(sys.executable, MINFER_SCRIPT,
+                                  [str(path), str(args.threads), *shape, args.backend])
+                else:
+                    res = run_one(args.ref_python, LLAMA_SCRIPT,
+                                  [str(path), str(args.threads), *shape])
+            except RuntimeError as exc:
+                failed[engine] = str(exc).strip().splitlines()[-1][-300:]
+                continue
+            runs[engine].append(res)
+    if not runs["minfer"]:
+        return f"minfer failed: {failed['minfer']}"
+    first = runs["minfer"][0]
+    nbytes = sum(first["bytes_by_type"].values())
+    read_gbs = statistics.fmean(bandwidth)
+    row: dict[str, Any] = {
+        "file": str(path), "types": _type_mix(path),
+        "share": first["bytes_by_type"].get(name, 0) / nbytes, "bytes_per_token": nbytes,
+        "held_bytes_per_token": first["held_bytes_per_token"], "read_gb_per_s": read_gbs,
+        "read_gb_per_s_samples": bandwidth,
+    }
+    for engine, samples in runs.items():
+        if not samples:
+            row[engine] = {"failed": failed[engine]}
+            continue
+        tg = f"tg{args.n}"
+        rate = statistics.fmean(r for s in samples for r in s[tg])
+        row[engine] = {"tok_per_s": rate, "samples": [s[tg] for s in samples],
+                       "gb_per_s": nbytes * rate / 1e9,
+                       "of_read_bandwidth": nbytes * rate / 1e9 / read_gbs}
+        if engine == "minfer":
+            held = first["held_bytes_per_token"] * rate / 1e9
+            row[engine].update(held_gb_per_s=held, held_of_read_bandwidth=held / read_gbs)
+    return row
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    """A type's table cells after its name (✓: minfer at GOAL or more on its bytes)."""
+    m, ll = row["minfer"], row["llama.cpp"]
+    ok = " ✓" if m["of_read_bandwidth"] >= GOAL else ""
+    if "failed" in ll:
+        ll_cells = ["failed", "", ""]
+    else:
+        ll_cells = [f"{ll['tok_per_s']:.1f}", f"{m['tok_per_s'] / ll['tok_per_s']:.2f}x",
+                    f"{ll['gb_per_s']:.1f} ({ll['of_read_bandwidth']:.0%})"]
+    return [f"{row['share']:.0%}", f"{row['bytes_per_token'] / 2**20:.1f}",
+            f"{row['held_bytes_per_token'] / 2**20:.1f}", f"{m['tok_per_s']:.1f}",
+            *ll_cells[:2], f"{m['gb_per_s']:.1f} ({m['of_read_bandwidth']:.0%}){ok}",
+            f"{m['held_gb_per_s']:.1f} ({m['held_of_read_bandwidth']:.0%})", ll_cells[2],
+            f"{row['read_gb_per_s']:.1f}"]
 
 
 def main() -> int:
@@ -126,9 +205,9 @@ def main() -> int:
     ap.add_argument("--source", type=Path,
                     default=Path.home() / ".cache/minfer/qwen2.5-coder-0.5b-instruct.gguf",
                     help="the GGUF every type is requantized from")
-    ap.add_argument("--cache", type=Path,
-                    default=Path.home() / ".cache/minfer/qtypes-0.5b",
-                    help="where the requantized files are kept (made when missing)")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="where the requantized files are kept (made when missing; default "
+                    "~/.cache/minfer/qtypes-<size>, e.g. qtypes-0.5b)")
     ap.add_argument("--llama-bin", type=Path, default=Path("/tmp/llbuild/bin"),
                     help="the folder of llama.cpp's llama-quantize and llama-imatrix")
     ap.add_argument("--types", default=",".join(TYPES),
@@ -152,7 +231,9 @@ def main() -> int:
     unknown = [n for n in names if n not in TYPES]
     if unknown:
         ap.error(f"unknown types {unknown}; known: {', '.join(TYPES)}")
-    paths, skipped = make_files(names, args.source, args.cache, args.llama_bin)
+    started = time.monotonic()
+    paths, skipped = make_files(names, args.source, args.cache or default_cache(args.source),
+                                args.llama_bin)
     if args.make_only:
         for name, why in skipped.items():
             print(f"{name}: skipped: {why}")
@@ -161,58 +242,14 @@ def main() -> int:
         ap.error(f"no reference interpreter at {args.ref_python}")
     from minfer.bench.bandwidth import read_bandwidth
 
-    shape = [str(args.n_ctx), "0", str(args.n), str(args.reps), "0"]  # pp 0: tg only
-    tg = f"tg{args.n}"
-    rows: dict[str, dict[str, object]] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name, path in paths.items():
         print(f"{name} ...", file=sys.stderr, flush=True)
-        runs: dict[str, list[dict[str, object]]] = {"minfer": [], "llama.cpp": []}
-        failed: dict[str, str] = {}
-        bandwidth = []
-        for rnd in range(args.rounds):
-            bandwidth.append(read_bandwidth(args.threads, passes=3))
-            order = ["minfer", "llama.cpp"] if rnd % 2 == 0 else ["llama.cpp", "minfer"]
-            for engine in (e for e in order if e not in failed):
-                drop_pages(model_files(path))
-                try:
-                    if engine == "minfer":
-                        res = run_one(sys.executable, MINFER_SCRIPT,
-                                      [str(path), str(args.threads), *shape, args.backend],
-                                      {**os.environ})
-                    else:
-                        res = run_one(args.ref_python, LLAMA_SCRIPT,
-                                      [str(path), str(args.threads), *shape])
-                except RuntimeError as exc:
-                    failed[engine] = str(exc).strip().splitlines()[-1][-300:]
-                    continue
-                runs[engine].append(res)
-        if not runs["minfer"]:
-            skipped[name] = f"minfer failed: {failed['minfer']}"
-            continue
-        first = runs["minfer"][0]
-        by_type: dict[str, int] = first["bytes_by_type"]  # type: ignore[assignment]
-        nbytes = sum(by_type.values())
-        read_gbs = statistics.fmean(bandwidth)
-        row: dict[str, object] = {
-            "file": str(path), "types": _type_mix(path),
-            "share": by_type.get(name, 0) / nbytes, "bytes_per_token": nbytes,
-            "held_bytes_per_token": first["held_bytes_per_token"], "read_gb_per_s": read_gbs,
-            "read_gb_per_s_samples": bandwidth,
-        }
-        for engine, samples in runs.items():
-            if not samples:
-                row[engine] = {"failed": failed[engine]}
-                continue
-            rate = _mean(samples, tg)
-            entry = {"tok_per_s": rate, "samples": [s[tg] for s in samples],
-                     "gb_per_s": nbytes * rate / 1e9,
-                     "of_read_bandwidth": nbytes * rate / 1e9 / read_gbs}
-            if engine == "minfer":
-                held = float(first["held_bytes_per_token"])  # type: ignore[arg-type]
-                entry["held_gb_per_s"] = held * rate / 1e9
-                entry["held_of_read_bandwidth"] = held * rate / 1e9 / read_gbs
-            row[engine] = entry
-        rows[name] = row
+        row = measure(name, path, args, read_bandwidth)
+        if isinstance(row, str):
+            skipped[name] = row
+        else:
+            rows[name] = row
         if args.discard:
             for f in model_files(path):
                 f.unlink(missing_ok=True)
@@ -220,7 +257,8 @@ def main() -> int:
     cpu = cpu_name()
     notes = [
         f"CPU: {cpu}; {args.threads} threads, minfer --backend {args.backend}; tg{args.n}, "
-        f"{args.rounds} rounds x {args.reps} reps, alternating engines",
+        f"{args.rounds} rounds x {args.reps} reps, alternating engines; "
+        f"{(time.monotonic() - started) / 60:.0f} min",
         f"files: {args.source.name} ({_type_mix(args.source)}) requantized by llama-quantize "
         "--allow-requantize --pure (speed only: a requantized file is no guide to quality)",
         "bytes/token: the file's weight tensors a decode step reads (a tied embedding once, as "
@@ -236,26 +274,12 @@ def main() -> int:
           "| llama.cpp GB/s (of read bw) | read bw GB/s |")
     print("| --- |" + " ---: |" * 10)
     for name, row in rows.items():
-        m: dict[str, float] = row["minfer"]  # type: ignore[assignment]
-        ll: dict[str, object] = row["llama.cpp"]  # type: ignore[assignment]
-        ok = " ✓" if m["of_read_bandwidth"] >= GOAL else ""
-        if "failed" in ll:
-            ll_rate, ratio, ll_gb = "failed", "", ""
-        else:
-            rate = float(ll["tok_per_s"])  # type: ignore[arg-type]
-            ll_rate, ratio = f"{rate:.1f}", f"{m['tok_per_s'] / rate:.2f}x"
-            ll_gb = f"{ll['gb_per_s']:.1f} ({ll['of_read_bandwidth']:.0%})"
-        print(f"| {name} | {row['share']:.0%} | {int(row['bytes_per_token']) / 2**20:.1f} "  # type: ignore[call-overload]
-              f"| {int(row['held_bytes_per_token']) / 2**20:.1f} | {m['tok_per_s']:.1f} "  # type: ignore[call-overload]
-              f"| {ll_rate} | {ratio} | {m['gb_per_s']:.1f} ({m['of_read_bandwidth']:.0%}){ok} "
-              f"| {m['held_gb_per_s']:.1f} ({m['held_of_read_bandwidth']:.0%}) | {ll_gb} "
-              f"| {row['read_gb_per_s']:.1f} |")
+        print(f"| {name} | {' | '.join(_cells(row))} |")
     for name, why in skipped.items():
         print(f"\n{name}: skipped: {why}")
     for name, row in rows.items():
-        ll = row["llama.cpp"]  # type: ignore[assignment]
-        if "failed" in ll:
-            print(f"\n{name}: llama.cpp failed: {ll['failed']}")
+        if "failed" in row["llama.cpp"]:
+            print(f"\n{name}: llama.cpp failed: {row['llama.cpp']['failed']}")
     if args.json:
         args.json.write_text(json.dumps({
             "cpu": cpu, "threads": args.threads, "backend": args.backend, "n_gen": args.n,
