@@ -232,10 +232,9 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown types {unknown}; known: {', '.join(TYPES)}")
     started = time.monotonic()
-    paths, skipped = make_files(names, args.source, args.cache or default_cache(args.source),
-                                args.llama_bin)
+    cache = args.cache or default_cache(args.source)
     if args.make_only:
-        for name, why in skipped.items():
+        for name, why in make_files(names, args.source, cache, args.llama_bin)[1].items():
             print(f"{name}: skipped: {why}")
         return 0
     if not Path(args.ref_python).exists():
@@ -243,7 +242,13 @@ def main() -> int:
     from minfer.bench.bandwidth import read_bandwidth
 
     rows: dict[str, dict[str, Any]] = {}
-    for name, path in paths.items():
+    skipped: dict[str, str] = {}
+    for name in names:  # each file made just before it is measured (with --discard: one at a time)
+        made, failed = make_files([name], args.source, cache, args.llama_bin)
+        skipped.update(failed)
+        if name not in made:
+            continue
+        path = made[name]
         print(f"{name} ...", file=sys.stderr, flush=True)
         row = measure(name, path, args, read_bandwidth)
         if isinstance(row, str):
