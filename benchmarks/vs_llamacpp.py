@@ -75,6 +75,8 @@ LLAMA_SCRIPT = textwrap.dedent(
         return time.perf_counter() - t0
     out = {"threads": threads}
     for name, fn, n in (("pp%d" % pp, run_pp, pp), ("tg%d" % tg, run_tg, tg)):
+        if not n:  # -p 0 / -n 0: that test is not run
+            continue
         fn()
         out[name] = [n / fn() for _ in range(reps)]
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -97,7 +99,7 @@ MINFER_SCRIPT = textwrap.dedent(
     model = minfer.load(path, n_ctx=n_ctx, threads=threads or None, backend=backend)
     engine = model.engine(n_ctx)
     out = {"threads": model.threads}
-    for kw in ({"n_prompt": pp}, {"n_gen": tg}):
+    for kw in [k for k in ({"n_prompt": pp}, {"n_gen": tg}) if any(k.values())]:
         row = run_test(engine, model=model.name, backend=backend, n_threads=model.threads,
                        reps=reps, n_depth=depth, **kw)
         key = "pp%d" % pp if row.n_prompt else "tg%d" % tg
@@ -105,6 +107,13 @@ MINFER_SCRIPT = textwrap.dedent(
                          for s in row.samples_s]
         if row.gb_per_s:
             out["gb_per_s"] = row.gb_per_s
+    try:  # (a --minfer-tree from before these has neither)
+        from minfer.bench.runner import held_bytes_per_token, weight_bytes_by_type
+    except ImportError:
+        pass
+    else:  # the file's weight bytes a decode step reads, by type, and as the backend holds them
+        out["bytes_by_type"] = weight_bytes_by_type(engine)
+        out["held_bytes_per_token"] = held_bytes_per_token(engine)
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
     """

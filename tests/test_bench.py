@@ -124,6 +124,31 @@ def test_the_read_set_is_every_matrix_a_decode_step_reads_whole(
     assert len({a.ctypes.data for a in arrays}) == len(arrays)  # none twice
 
 
+def test_held_bytes_count_a_widened_type_at_its_copys_size(tmp_path: Path) -> None:
+    """Q3_K matrices run from Q6_K copies (`reencode.widen`): the bytes minfer holds for a
+    decode step exceed the file's by exactly the widening (210 / 110 bytes a block); the
+    file's bytes by type add up to weight_bytes_per_token."""
+    from minfer.bench.runner import (
+        held_bytes_per_token,
+        weight_bytes_by_type,
+        weight_bytes_per_token,
+    )
+    from minfer.gguf.constants import GGMLQuantizationType as QType
+    from minfer.tools.synth import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "q3k.gguf", n_embd=256, n_ff=256, weight_types={
+        "ffn_down": QType.Q3_K, "default": QType.F16})
+    engine = minfer.load(str(path), n_ctx=32, backend="cpu").engine()
+    engine.forward([1, 2, 3], 0)
+    engine.forward([4], 3)
+    by_type = weight_bytes_by_type(engine)
+    downs = [t.nbytes for name, t in engine.weights.file.tensors.items() if "ffn_down" in name]
+    assert by_type["Q3_K"] == sum(downs)
+    assert sum(by_type.values()) == weight_bytes_per_token(engine)
+    assert held_bytes_per_token(engine) - weight_bytes_per_token(engine) == \
+        sum(downs) * 100 // 110
+
+
 def test_weights_read_bandwidth_reads_any_arrays() -> None:
     from minfer.bench.bandwidth import weights_read_bandwidth
 

@@ -49,17 +49,40 @@ class BenchRow:
         return asdict(self)
 
 
-def weight_bytes_per_token(engine: Engine) -> int:
-    """Bytes of weights one decode step reads: every matrix once, one embedding row; of a
-    mixture of experts' stacked expert tensors only the `n_expert_used` experts a token reads
-    (its active bytes)."""
+def weight_bytes_by_type(engine: Engine) -> dict[str, int]:
+    """Bytes of weights one decode step reads, by GGUF type name: every matrix once, one
+    embedding row; of a mixture of experts' stacked expert tensors only the `n_expert_used`
+    experts a token reads (its active bytes). A tied embedding table is read whole as the
+    output projection (and its row is gathered besides)."""
     tensors = engine.weights.file.tensors
-    total = sum(engine.hparams.active_share(name, t.nbytes) for name, t in tensors.items())
-    embd = tensors["token_embd.weight"]
-    row = embd.nbytes // embd.shape[1]
-    if engine.hparams.tie_embeddings:
-        return total + row  # the table is read whole as the output projection
-    return total - embd.nbytes + row
+    out: dict[str, int] = {}
+    for name, t in tensors.items():
+        n = engine.hparams.active_share(name, t.nbytes)
+        if name == "token_embd.weight":
+            n = (n if engine.hparams.tie_embeddings else 0) + t.nbytes // t.shape[1]
+        out[t.type_name] = out.get(t.type_name, 0) + n
+    return out
+
+
+def weight_bytes_per_token(engine: Engine) -> int:
+    """The file's bytes of weights one decode step reads (`weight_bytes_by_type`, summed)."""
+    return sum(weight_bytes_by_type(engine).values())
+
+
+def held_bytes_per_token(engine: Engine) -> int:
+    """`weight_bytes_per_token` as the CPU backend holds the weights: each matrix its integer
+    kernels read from a copy of their own (`cpu.backend.bound_matrix_nbytes`: repacked
+    layouts, and `reencode.widen`'s wider types for Q3_K, IQ3/IQ2/IQ1 and TQ*) counted at the
+    copy's size. Only the matrices bound so far count: call it after a decode step."""
+    from minfer.backends.cpu.backend import bound_matrix_nbytes
+
+    tensors = engine.weights.file.tensors
+    total = weight_bytes_per_token(engine)
+    for name, n in bound_matrix_nbytes(engine.weights.state).items():
+        if name == "token_embd.weight" and not engine.hparams.tie_embeddings:
+            continue  # gathered row by row: one row counted above whatever its layout
+        total += engine.hparams.active_share(name, n - tensors[name].nbytes)
+    return total
 
 
 def _random_tokens(n: int, n_vocab: int, rng: np.random.Generator) -> list[int]:

@@ -202,6 +202,14 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
     return p
 
 
+def bound_matrix_nbytes(weights_state: dict[object, object]) -> dict[str, int]:
+    """Bytes of each matrix the integer kernels have been bound to so far (`_projection`, whole
+    weights), by name, from a `ModelWeights.state`: the array a matmul reads, i.e. the file's
+    bytes, its repacked copy, or the copy `K.integer_weight` widened (Q3_K, IQ3/IQ2/IQ1, TQ*)."""
+    return {str(key[1]): p.packed.nbytes for key, p in weights_state.items()
+            if isinstance(p, _Projection) and isinstance(key, tuple) and not key[2]}
+
+
 def _shared_scratch(ctx: ExecContext, kind: str, size: int) -> np.ndarray:
     """A scratch buffer of at least `size` f32 values that every node of this kind shares, in
     every graph of the engine (one forward runs at a time): kept with the model's weights,
