@@ -7,9 +7,9 @@ and its time from inside the region (`RegionRun.timeline`, medians over several 
 
 Prints one layer's steps in full and the whole tape's totals: steps, serial steps, barriers,
 the time in steps (each step's slowest thread), in serial steps, and in barrier gaps (from the
-slowest thread's end of a step to the next step's start). With `--ab ROUNDS`: decode tok/s of
-the fused and the unfused graph (`fuse_add_norm`), two engines in one process taking turns,
-ROUNDS turns of 32 tokens each (median and range).
+slowest thread's end of a step to the next step's start). With `--ab ROUNDS`: decode tok/s
+after and before round 19's changes (`fuse_add_norm` and `regions.schedule`), two engines in one
+process taking turns, ROUNDS turns of 32 tokens each (median and range).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numba
 import numpy as np
 from numba import njit
 
+from minfer.backends.cpu import regions
 from minfer.backends.cpu.kernels.region.sync import cycles
 from minfer.backends.cpu.regions import RegionRun
 from minfer.engine.forward import Engine
@@ -118,12 +119,22 @@ def main() -> None:
 
 
 def _ab(f: GGUFFile, threads: int, rounds: int, n: int = 32) -> None:
+    """The unfused engine's tapes are bound with the tape's own step order in each region
+    (`regions.schedule` held to the identity), as before either change."""
     engines = {fused: Engine(f, HParams.from_gguf(f), n_ctx=512, n_threads=threads,
                              fuse_add_norm=fused) for fused in (True, False)}
     rates: dict[bool, list[float]] = {True: [], False: []}
-    for e in engines.values():
+    scheduled = regions.schedule
+    for fused, e in engines.items():
+        if not fused:
+            regions.schedule = lambda forms: list(range(len(forms)))
         e.forward(list(range(1, 33)), 0)
         e.forward([7], 32)
+        regions.schedule = scheduled
+        region = next(c for c in e.cache.get(e.params_for(1, 1)).scratch["tape"][1].program
+                      if isinstance(c, RegionRun))
+        print(f"{'after' if fused else 'before'}: {len(region.steps)} steps, "
+              f"{region.barriers.sum()} barriers")
     for r in range(rounds):
         for fused in ((True, False) if r % 2 == 0 else (False, True)):
             e = engines[fused]
@@ -132,10 +143,10 @@ def _ab(f: GGUFFile, threads: int, rounds: int, n: int = 32) -> None:
                 e.forward([100 + i], 33 + i)
             rates[fused].append(n / (time.perf_counter() - t0))
     for fused, rs in rates.items():
-        print(f"fuse_add_norm={fused}: median {np.median(rs):.1f} tok/s, range "
+        print(f"{'after' if fused else 'before'}: median {np.median(rs):.1f} tok/s, range "
               f"{min(rs):.1f}-{max(rs):.1f} ({rounds} x {n} tokens)")
     ratio = [a / b for a, b in zip(rates[True], rates[False], strict=True)]
-    print(f"fused / unfused, paired: median {np.median(ratio):.3f}, range "
+    print(f"after / before, paired: median {np.median(ratio):.3f}, range "
           f"{min(ratio):.3f}-{max(ratio):.3f}")
 
 
