@@ -128,6 +128,7 @@ def test_structural_check_catches_a_difference() -> None:
         {"ctx": dataclasses.replace(CTX, k_type="f32")},
         {"ctx": dataclasses.replace(CTX, fuse_swiglu=False)},
         {"ctx": dataclasses.replace(CTX, fuse_gate_up=False)},
+        {"ctx": dataclasses.replace(CTX, fuse_add_norm=False)},
         {"ctx": dataclasses.replace(CTX, backends=("torch", "cpu"))},
         {"ctx": dataclasses.replace(CTX, window="per_seq")},
         {"weights_version": 1},

@@ -11,7 +11,7 @@ import pytest
 from numba import njit
 
 from minfer.backends.cpu.kernels.region.adapters import Form, region_form
-from minfer.backends.cpu.regions import RegionRun, barriers
+from minfer.backends.cpu.regions import RegionRun, barriers, schedule
 from minfer.engine.forward import Engine
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
@@ -65,6 +65,29 @@ def test_barriers_only_before_a_step_that_depends_on_one_since_the_last() -> Non
         _form([y], [y], True),  # writes y, which thread 0 read since the barrier
     ]
     assert barriers(forms) == [False, True, False, True, False, False, True]
+
+
+def test_serial_steps_waiting_on_projections_are_held_to_share_one_barrier() -> None:
+    """Qwen2's q / k / v: a bias add (thread 0) after each projection (every thread) waited
+    for all threads three times; held past the independent projections they wait once."""
+    xq, q, k, v, pos = (0, 10), (10, 20), (20, 30), (30, 40), (40, 50)
+    forms = [
+        _form([xq, q], [q], True),  # 0: q = W_q xq
+        _form([q], [q], False),  # 1: q += b_q (reads every thread's q)
+        _form([xq, k], [k], True),  # 2: k = W_k xq
+        _form([k], [k], False),  # 3: k += b_k
+        _form([xq, v], [v], True),  # 4: v = W_v xq
+        _form([v], [v], False),  # 5: v += b_v
+        _form([q, pos], [q], False),  # 6: rope of q (reads q: after its bias)
+        _form([(50, 60)], [(50, 60)], True),  # 7: apart from all of them
+    ]
+    order = schedule(forms)
+    assert order == [0, 2, 4, 1, 3, 5, 6, 7]
+    assert barriers([forms[i] for i in order]) == [False] * 3 + [True] + [False] * 4
+    assert sum(barriers(forms)) == 3  # before 1, 3 and 5
+    # a step touching a held one is never moved before it
+    touching = [forms[0], forms[1], _form([q], [k], True)]
+    assert schedule(touching) == [0, 1, 2]
 
 
 @njit(parallel=True, cache=True)

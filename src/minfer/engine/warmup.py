@@ -116,7 +116,7 @@ def plan(engine: Any, shapes: Sequence[tuple[int, int]]) -> list[Item]:
         live = live_nodes(graph)
         for node in graph.nodes:
             if not live[node.id] or node.backend != "cpu" or isinstance(
-                    node.op, ir.Input | ir.KvcacheLoad):
+                    node.op, ir.Input | ir.KvcacheLoad | ir.Written):
                 continue
             types = tuple(int(tensors[w].ggml_type) for w in node.meta.weights)
             # per shape: a kernel variant may depend on the row count (sgemm, blocked

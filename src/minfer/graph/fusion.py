@@ -16,6 +16,8 @@ from minfer.graph.params import GraphParams
 def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
     if params.ctx.fuse_swiglu:
         fuse_swiglu(graph)
+    if params.ctx.fuse_add_norm and params.ctx.backends == ("cpu",):
+        fuse_add_norm(graph)
     return graph
 
 
@@ -55,3 +57,27 @@ def live_nodes(graph: ComputeGraph) -> list[bool]:
             for src in node.srcs:
                 live[src] = True
     return live
+
+
+def fuse_add_norm(graph: ComputeGraph) -> int:
+    """RmsNorm(Add(a, b)) -> AddRmsNorm(a, b, total): the norm's node computes the sum too and
+    writes it into the add's buffer, the add becoming a `Written` node (no work). Only where
+    a and b have the sum's shape and every other reader of the sum comes after the norm (they
+    read it once written). The CPU backend runs it as one step where the op tape had two (the
+    residual stream's add and the next norm: two per layer). CPU-only graphs: no other
+    backend runs it."""
+    users = graph.consumers()
+    fused = 0
+    for node in graph.nodes:
+        if not isinstance(node.op, ir.RmsNorm):
+            continue
+        add = graph.nodes[node.srcs[0]]
+        if not isinstance(add.op, ir.Add) or any(
+                graph.nodes[s].shape != add.shape for s in add.srcs) or any(
+                u < node.id for u in users[add.id] if u != node.id):
+            continue
+        node.op = ir.AddRmsNorm(node.op.eps)
+        node.srcs = (*add.srcs, add.id)
+        add.op, add.srcs = ir.Written(), ()
+        fused += 1
+    return fused

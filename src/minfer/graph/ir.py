@@ -79,6 +79,21 @@ class RmsNorm(Op):
 
 
 @dataclass(frozen=True)
+class AddRmsNorm(Op):
+    """RmsNorm(a + b) where the sum is read on (the residual stream): sources (a, b, total),
+    the sum written into `total`'s buffer (a `Written` node), the normalised rows into its
+    own; the fusion pass writes it in place of RmsNorm(Add(a, b)) (`fuse_add_norm`)."""
+
+    eps: float
+
+
+@dataclass(frozen=True)
+class Written(Op):
+    """A buffer a later fused node writes (`AddRmsNorm`'s sum): no work of its own, its readers
+    all after that node. What it replaced stays recorded in its name."""
+
+
+@dataclass(frozen=True)
 class LayerNorm(Op):
     """(x - mean) / sqrt(var + eps) * weight + bias over each row (BERT); weight and bias named
     in the node's meta."""

@@ -112,10 +112,12 @@ def build_tape(
     node_ids: Sequence[int] | None = None,
 ) -> Tape:
     """The op tape for this graph and buffers (of `node_ids` only, in build order, when given:
-    the warm-up binds single nodes)."""
+    the warm-up binds single nodes). A `Written` node's span (empty) follows its writer's, so
+    the observed walk reads its buffer once filled."""
     wanted = None if node_ids is None else set(node_ids)
     steps: list[Callable[[], None]] = []
     spans: list[tuple[int, int, int]] = []
+    written: list[int] = []  # `Written` nodes whose writer is still to come
     program: list[Callable[[], None]] = []
     for backend_name, ids in splits:
         backend = backends[backend_name]
@@ -127,7 +129,13 @@ def build_tape(
             first = len(steps)
             steps.extend(backend.bind_node(node, [buffers[s] for s in node.srcs],
                                            buffers[node_id], ctx))
+            if isinstance(node.op, ir.Written):  # observed once its writer has run
+                written.append(node_id)
+                continue
             spans.append((node_id, first, len(steps)))
+            for w in [w for w in written if w in node.srcs]:
+                written.remove(w)
+                spans.append((w, len(steps), len(steps)))
         split_steps = steps[split_first:]
         program.extend(backend.compose(split_steps) if ctx.composed else split_steps)
     ctx.memo.clear()  # what binding kept there is held by the calls now

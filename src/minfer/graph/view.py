@@ -18,7 +18,7 @@ from minfer.graph.export import _plain
 from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphType
 
-FUSED_OPS = (ir.SwiGLU, ir.FusedGateUp)
+FUSED_OPS = (ir.SwiGLU, ir.FusedGateUp, ir.AddRmsNorm)
 TAIL_SELECT = ("tail_attn_out", "tail_resid")
 
 

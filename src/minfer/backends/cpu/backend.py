@@ -132,8 +132,9 @@ class CpuBackend:
         """The node as calls with everything resolved that stays fixed for this graph and its
         buffers (weights and their bound kernels, op fields, the path a shape takes, the checks
         of shapes): its steps of the op tape. No steps for nodes that do nothing (KV loads:
-        attention reads the persistent region itself)."""
-        if isinstance(node.op, ir.KvcacheLoad):
+        attention reads the persistent region itself; `Written` buffers: a later node fills
+        them)."""
+        if isinstance(node.op, ir.KvcacheLoad | ir.Written):
             return []
         binder = _BINDERS.get(type(node.op))
         if binder is None:
@@ -433,6 +434,13 @@ def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
     return [K.bind_rms_norm(srcs[0], w, node.op.eps, out)]
 
 
+def _bind_add_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
+                       ctx: ExecContext) -> list[Callable[[], None]]:
+    assert isinstance(node.op, ir.AddRmsNorm)
+    w = ctx.weights.vector(node.meta.weights[0])
+    return [K.bind_add_rms_norm(srcs[0], srcs[1], w, node.op.eps, srcs[2], out)]
+
+
 def _bind_rope(node: Node, srcs: Srcs, out: np.ndarray,
                ctx: ExecContext) -> list[Callable[[], None]]:
     op = node.op
@@ -635,6 +643,7 @@ _BINDERS: dict[type, Binder] = {
     ir.Slice: _bind_slice,
     ir.ReplaceRows: _bind_call(_replace_rows),
     ir.RmsNorm: _bind_rms_norm,
+    ir.AddRmsNorm: _bind_add_rms_norm,
     ir.MatMul: _bind_matmul,
     ir.FusedGateUp: _bind_fused_gate_up,
     ir.Add: _bind_kernel(K.bind_add),

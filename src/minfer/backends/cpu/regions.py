@@ -11,7 +11,9 @@ split across threads as its parallel loop split them.
 Barriers: a step waits for all threads only where it touches memory a step since the last
 barrier wrote, or writes memory such a step read (buffers compared by address range), unless
 both steps run on thread 0 alone (serial kernels, one after the other on one thread). q / k / v
-and gate / up projections, which read one activation and write apart, share one barrier.
+and gate / up projections, which read one activation and write apart, share one barrier. A
+serial step that would wait is held back past the independent steps after it (`schedule`), so
+serial steps waiting on a run of projections (Qwen2's q / k / v biases) share one barrier.
 
 MINFER_REGIONS=0 binds every step as a call of its own (the tape as it ran before regions, for
 side-by-side measurements).
@@ -98,6 +100,54 @@ def barriers(forms: Sequence[Form]) -> list[bool]:
     return out
 
 
+def schedule(forms: Sequence[Form]) -> list[int]:
+    """The steps' order in their region: the tape's, but a serial step that would wait at a
+    barrier is held back while the steps after it do not touch what it touches (nor it what
+    they touch), then placed with the held others before the first step that does. Qwen2's
+    q / k / v biases (a serial add after each projection, each waiting for every thread's
+    rows) then share one barrier after the three projections instead of one each. Only
+    independent steps change places: every step computes what it computed."""
+    order: list[int] = []
+    held: list[int] = []
+    reads: list[tuple[Interval, bool]] = []
+    writes: list[tuple[Interval, bool]] = []
+
+    def waits(f: Form) -> bool:
+        return bool(order) and (_clash(writes, f.reads, f.split)
+                                or _clash(writes, f.writes, f.split)
+                                or _clash(reads, f.writes, f.split))
+
+    def place(i: int) -> None:
+        f = forms[i]
+        if waits(f):
+            reads.clear()
+            writes.clear()
+        order.append(i)
+        reads.extend((r, f.split) for r in f.reads)
+        writes.extend((w, f.split) for w in f.writes)
+
+    for i, f in enumerate(forms):
+        if any(_touches(forms[h], f) for h in held):
+            for h in held:
+                place(h)
+            held.clear()
+        if not f.split and waits(f):
+            held.append(i)
+        else:
+            place(i)
+    for h in held:
+        place(h)
+    return order
+
+
+def _touches(a: Form, b: Form) -> bool:
+    """Whether one of the two steps writes memory the other reads or writes."""
+    def meet(xs: Sequence[Interval], ys: Sequence[Interval]) -> bool:
+        return any(s < f and r < e for s, e in xs for r, f in ys)
+
+    return meet(a.writes, b.reads) or meet(a.writes, b.writes) or meet(a.reads, b.writes)
+
+
 def _clash(seen: list[tuple[Interval, bool]], spans: Sequence[Interval], split: bool) -> bool:
     return any((split or other) and a < e and s < b
                for (a, b), other in seen for s, e in spans)
@@ -112,7 +162,8 @@ def compose(steps: Sequence[Callable[[], None]]) -> list[Callable[[], None]]:
 
     def flush() -> None:
         if len(run) > 1 and any(f.split for _, f in run):
-            out.append(RegionRun([s for s, _ in run], [f for _, f in run]))
+            order = schedule([f for _, f in run])
+            out.append(RegionRun([run[i][0] for i in order], [run[i][1] for i in order]))
         else:
             out.extend(s for s, _ in run)
         run.clear()

@@ -78,6 +78,7 @@ from minfer.backends.cpu.kernels.elementwise.gelu import (
     tanh,
 )
 from minfer.backends.cpu.kernels.elementwise.norm import (
+    bind_add_rms_norm,
     bind_head_rms_norm,
     bind_layer_norm,
     bind_rms_norm,
@@ -158,6 +159,7 @@ __all__ = [
     "amx_weight",
     "attention",
     "bind_add",
+    "bind_add_rms_norm",
     "bind_attention",
     "bind_delta_net",
     "bind_gemm",

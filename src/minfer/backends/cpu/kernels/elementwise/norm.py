@@ -1,4 +1,5 @@
-"""RMSNorm over rows (`rms_norm`) and over each head of a row (`head_rms_norm`, Qwen3's q/k norm);
+"""RMSNorm over rows (`rms_norm`) and over each head of a row (`head_rms_norm`, Qwen3's q/k norm),
+a residual add and the RMSNorm of its sum as one step (`bind_add_rms_norm`);
 LayerNorm with weight and bias over rows (`layer_norm`, BERT's), its sums made the same way.
 
 As ggml's `rms_norm` followed by the weight `mul`: the f32 squares are summed in f64 (ggml's
@@ -18,6 +19,7 @@ from functools import partial
 import numpy as np
 from numba import njit, prange
 
+from minfer.backends.cpu.kernels.elementwise.arith import _add
 from minfer.backends.cpu.kernels.region.parts import share
 
 _LANES = 8  # f64 partial sums per segment: lane k sums elements k, k + 8, ...
@@ -91,6 +93,42 @@ def _rms_rows_par_part(part, n_parts, x, w, eps, out, n_seg, seg):
 
 def _rows_kernel(x: np.ndarray) -> Callable[..., None]:
     return _rms_rows_par if x.shape[0] >= PARALLEL_MIN_ROWS else _rms_rows
+
+
+@njit(cache=True, error_model="numpy")
+def _add_rms_rows(a, b, w, eps, total, out):
+    """total = a + b (`arith._add`'s row, its bits), then out = rms_norm(total) * w, row by row:
+    the residual add and the norm after it as one step (`graph.fusion.fuse_add_norm`)."""
+    for t in range(a.shape[0]):
+        _add(a[t], b[t], total[t])
+        _rms_row(total, w, eps, out, t, 1, a.shape[1])
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _add_rms_rows_par(a, b, w, eps, total, out):
+    for t in prange(a.shape[0]):
+        _add(a[t], b[t], total[t])
+        _rms_row(total, w, eps, out, t, 1, a.shape[1])
+
+
+@njit(cache=True, error_model="numpy")
+def _add_rms_rows_par_part(part, n_parts, a, b, w, eps, total, out):
+    """Rows of part `part` of `n_parts` (a parallel region's thread)."""
+    for t in range(*share(part, n_parts, a.shape[0])):
+        _add(a[t], b[t], total[t])
+        _rms_row(total, w, eps, out, t, 1, a.shape[1])
+
+
+def bind_add_rms_norm(a: np.ndarray, b: np.ndarray, w: np.ndarray, eps: float,
+                      total: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """total = a + b and out = rms_norm(total) * w over fixed arrays (one op-tape step; the
+    bits of `add` then `rms_norm`): checked once, then the kernel alone."""
+    _check(total, out, total.shape[1], w)
+    if not a.shape == b.shape == total.shape or a.dtype != np.float32 or b.dtype != np.float32:
+        raise ValueError(f"add_rms_norm wants f32 a, b of the sum's shape {total.shape}, got "
+                         f"{a.shape} / {b.shape}")
+    kernel = _add_rms_rows_par if a.shape[0] >= PARALLEL_MIN_ROWS else _add_rms_rows
+    return partial(kernel, a, b, np.asarray(w, np.float32), np.float32(eps), total, out)
 
 
 def _check(x: np.ndarray, out: np.ndarray, width: int, w: np.ndarray) -> None:

@@ -43,6 +43,8 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_quantize_q8_0_rows_par": ("qs", "d", "s", "isum"),
     "_quantize_q8_k_rows_par": ("qs", "d", "bsums"),
     "_rms_rows_par": ("out",),
+    "_add_rms_rows": ("total", "out"),
+    "_add_rms_rows_par": ("total", "out"),
     "_layer_rows": ("out",),
     "_layer_rows_par": ("out",),
     "_rope_par": ("out",),
