@@ -65,14 +65,15 @@ def test_each_row_of_a_batch_equals_that_row_alone(qt: QType) -> None:
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_0, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K,
-                                QType.IQ4_NL, QType.MXFP4, QType.IQ4_XS], ids=lambda q: q.name)
+                                QType.Q7_K, QType.IQ4_NL, QType.MXFP4, QType.IQ4_XS],
+                         ids=lambda q: q.name)
 def test_interleaved_rows_batch_invariant_across_token_tiles(qt: QType) -> None:
     """The row-interleaved drivers run batches in tiles of 32 tokens (and Q4_0 / Q5_0 / IQ4_NL
     whole tiles through a Q8_0-form copy of each row group, `simd.interleaved.expand_rows`): every
     row of batches across tile edges keeps the bits it gets alone, on the repacked weight."""
     from minfer.backends.cpu.kernels.linear.dispatch import packable, repack_weight
 
-    n_in, n_out = (256 * 3 if qt in (*QUANT_K, QType.IQ4_XS) else 32 * 27), 48
+    n_in, n_out = (256 * 3 if qt in (*QUANT_K, QType.Q7_K, QType.IQ4_XS) else 32 * 27), 48
     if not packable(qt, n_in, n_out):
         pytest.skip(f"{qt.name} has no interleaved layout on this CPU")
     if qt in (QType.IQ4_XS, QType.MXFP4):  # no gguf quantizer: random blocks

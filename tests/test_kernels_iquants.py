@@ -19,6 +19,7 @@ from minfer.backends.cpu.kernels import (
 )
 from minfer.backends.cpu.kernels.linear.dispatch import activation_values
 from minfer.backends.cpu.kernels.quant import iq_grids
+from minfer.backends.cpu.kernels.quant.activations import Q8KBlocks
 from minfer.backends.cpu.kernels.quant.types import BLOCK_LAYOUT
 from minfer.backends.cpu.kernels.reference import (
     IQUANT_TYPES,
@@ -171,26 +172,40 @@ def test_lut_kernels_are_batch_invariant(qt: QType) -> None:
     _assert_batches_match(run, x, _alone(run, x, 37), range(1, 21))
 
 
-@pytest.mark.parametrize("qt", LUT_TYPES, **IDS)
-def test_lut_interleaved_rows_equal_ggml_integer_dot(qt: QType) -> None:
+# the widened copies interleaved (`repack_weight` of `integer_weight`'s copy), and the scale of
+# the test weight: IQ1_S's tiny one runs as Q7_K (see test_tiny_scales_keep_exact_copies)
+WIDENED_PACKED = {QType.IQ2_XXS: (QType.Q7_K_PACKED, 0.05), QType.IQ2_S: (QType.Q7_K_PACKED, 0.05),
+                  QType.IQ3_XXS: (QType.Q6_K_PACKED, 0.05), QType.IQ1_S: (QType.Q7_K_PACKED, 2e-4)}
+
+
+@pytest.mark.parametrize("qt", [*LUT_TYPES, *WIDENED_PACKED], **IDS)
+def test_interleaved_rows_equal_ggml_integer_dot(qt: QType) -> None:
     """IQ4_NL / IQ4_XS / MXFP4 interleaved 16 rows at a time (`repack_weight`; the levels by
-    vpshufb into Q8_0's codes): ggml's integer sums exactly, within f32 rounding of its float
-    steps, for one row, every token pass and across token tiles (MXFP4: E8M0 scales over the
-    whole range); a row's bits the same alone and in batches."""
+    vpshufb into Q8_0's codes), and the widened copies of the types below 4 bits interleaved
+    (Q6_K_PACKED / Q7_K_PACKED, which replace the copy): ggml's integer sums exactly, within
+    f32 rounding of its float steps, for one row, every token pass and across token tiles
+    (MXFP4: E8M0 scales over the whole range); a row's bits the same alone and in batches."""
     from minfer.backends.cpu.kernels.linear.dispatch import packable, repack_weight
 
     from .test_kernels_batch_invariance import _alone, _assert_batches_match, _prequant
 
-    n_in, n_out = (256 * 3 if qt is QType.IQ4_XS else 32 * 27), 48
-    if not packable(qt, n_in, n_out):
+    n_in, n_out = (32 * 27 if qt in (QType.IQ4_NL, QType.MXFP4) else 256 * 3), 48
+    if qt in WIDENED_PACKED:
+        w = _weight(qt, n_out, n_in, seed=4, rms=WIDENED_PACKED[qt][1])
+        wide, wt = integer_weight(w, qt)
+    else:
+        w = wide = _lut_weight(qt, n_out, n_in, seed=4)
+        wt = qt
+    if not packable(wt, n_in, n_out):
         pytest.skip(f"{qt.name} has no interleaved layout on this CPU")
-    w = _lut_weight(qt, n_out, n_in, seed=4)
     if qt is QType.MXFP4:
         e = w.reshape(n_out, -1, 17)[:, :, 0]
         e[:] = np.random.default_rng(3).integers(0, 200, e.shape)
         e[0, :4] = (0, 1, 2, 199)
-    wp, pq = repack_weight(w, qt)
-    assert pq != qt and wp.shape == w.shape
+    wp, pq = repack_weight(wide, wt)
+    assert pq != wt and wp.shape == wide.shape
+    if qt in WIDENED_PACKED:
+        assert pq is WIDENED_PACKED[qt][0]
     x = _x(40, n_in)
     x[5] *= 1e3
     ref, terms = ref_matmul_quant(w, qt, x)
@@ -206,7 +221,7 @@ def test_lut_interleaved_rows_equal_ggml_integer_dot(qt: QType) -> None:
     fn = _kernel_for(pq)[0]
     part = getattr(row_drivers._M, f"{fn.py_func.__name__}_part")
     xq = quantize_activation(x, pq)
-    args = (wp, xq.qs, xq.d, xq.s if qt is not QType.IQ4_XS else xq.bsums)
+    args = (wp, xq.qs, xq.d, xq.bsums if isinstance(xq, Q8KBlocks) else xq.s)
     parts = np.full_like(out, np.nan)
     for p in range(3):
         part(p, 3, *args, parts)

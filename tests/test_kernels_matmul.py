@@ -237,13 +237,14 @@ def test_interleaved_q8_0_is_exact_at_the_extreme_codes() -> None:
     np.testing.assert_allclose(packed, exact, rtol=1e-6, atol=2e-4)  # f32 folds; saturation: 1e2
 
 
-@pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K, QType.Q7_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("n_super", [1, 2, 3, 6, 19])
 def test_interleaved_kquant_rows_match_the_plain_rows_and_are_batch_invariant(
         qt: QType, n_super: int) -> None:
-    """Q4_K / Q6_K rows interleaved 16 at a time (`simd_rows_k`): the same exact integer sums
-    per super-block, folded in another float order; every token's result is bitwise its result
-    alone, for each pass size (8, 4, 2, 1 tokens)."""
+    """Q4_K / Q6_K / Q7_K (the IQ2 types' widened copy) rows interleaved 16 at a time
+    (`simd_rows_k`): the same exact integer sums per super-block, folded in another float
+    order; every token's result is bitwise its result alone, for each pass size (8, 4, 2, 1
+    tokens)."""
     n_in = 256 * n_super
     if not packable(qt, n_in, 48):
         pytest.skip("no repacked layout on this CPU (needs AVX2)")
@@ -263,7 +264,8 @@ def test_only_some_types_of_whole_groups_are_packable() -> None:
     assert packable(QType.Q5_0, 4864, 64) == DOT4 == packable(QType.Q5_0, 4864, 64, False)
     assert packable(QType.Q8_0, 4864, 64) == DOT4
     assert packable(QType.Q8_0, 4864, 64, batched=False) == (DOT4 and HAS_VNNI)
-    for qt in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K):  # rows interleave 16 at a time
+    assert packable(QType.Q7_K, 4864, 64) == DOT4 == packable(QType.Q7_K, 4864, 64, False)
+    for qt in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.Q7_K):  # 16 rows at a time
         assert not packable(qt, 1024, 37)
     with pytest.raises(ValueError, match="no repacked layout"):
         repack_weight(make_weight(QType.Q6_K, 4, 512), QType.Q6_K)

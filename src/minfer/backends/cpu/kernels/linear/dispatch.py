@@ -15,7 +15,7 @@ form the block sums with transposed vpdpbusd, so at 512 tokens they run at 280-4
 threads against 180-245 for dequantized tiles through BLAS sgemm (benchmarks/kernels_bench.py
 --crossover, re-measured per type at nt 16..512). They are also bitwise batch-invariant and use
 llama.cpp's arithmetic (Q8 activations), so prefill and decode agree exactly. On AVX2 (with or
-without AVX-VNNI) the interleaved rows (`repack_weight`: Q4_0 / Q5_0 / Q4_K / Q6_K, and Q8_0:
+without AVX-VNNI) the interleaved rows (`repack_weight`: Q4_0 / Q5_0 / Q4_K / Q6_K / Q7_K, and Q8_0:
 with VNNI, or for a batched engine, see `packable`) run as two ymm halves and are likewise the
 fastest path at every batch size: measured
 on AMD EPYC (Zen 4) compiled for Haswell, 2 threads, against the sgemm path at 512 tokens Q5_0
@@ -59,6 +59,7 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_q6_k,
     mv_q6_kr,
     mv_q7_k,
+    mv_q7_kr,
     mv_q8_0,
     mv_q8_0p,
 )
@@ -138,7 +139,8 @@ _BLOCK32 = {
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
-           QType.Q7_K: mv_q7_k, QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr}
+           QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr, QType.IQ4_XS: mv_iq4_xs,
+           QType.IQ4_XS_PACKED: mv_iq4_xsr}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -149,8 +151,8 @@ PACKED_FORM = "cpu-packed-qhs" if QH_SLICED else "cpu-packed"
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
 def packable(qtype: int, n_in: int, n_out: int, batched: bool = True) -> bool:
     """Whether `repack_weight` has a faster layout for this weight: Q4_0 / Q5_0 / Q8_0 / Q4_K /
-    Q6_K / IQ4_NL / IQ4_XS / MXFP4 with a multiple of 16 rows (interleaved 16 at a time) on a
-    CPU with AVX2 at least.
+    Q6_K / IQ4_NL / IQ4_XS / MXFP4, and the widened Q7_K copies (`integer_weight`), with a
+    multiple of 16 rows (interleaved 16 at a time) on a CPU with AVX2 at least.
     Q8_0 without VNNI (the sign trick, `simd.interleaved.SIGN_TRICK`) only where the weight
     is `batched` (read by many rows at a time): its interleaved rows are 1.7-2x faster from two
     rows on, but one row alone reads the file's rows 10-25% faster (AMD EPYC Zen 3, 2 threads,
@@ -171,7 +173,7 @@ def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
     if not packable(qt, n_in, w.shape[0]):
         raise ValueError(f"{qt.name} weight of {w.shape[0]} rows has no repacked layout here")
     dst = np.empty(w.shape, np.uint8) if out is None else out.reshape(w.shape)
-    if qt in (QType.Q4_K, QType.Q6_K, QType.IQ4_XS):
+    if qt in (QType.Q4_K, QType.Q6_K, QType.Q7_K, QType.IQ4_XS):
         interleave_kquant(w, qt.name.lower(), dst)
     else:
         interleave_block32(w, BLOCK_LAYOUT[qt][1], dst, qh_sliced=QH_SLICED)

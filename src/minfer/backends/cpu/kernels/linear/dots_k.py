@@ -11,7 +11,8 @@ agreement to f32 rounding). The plain drivers (`mv_q4_k`, ...) are `linear.dots3
 generated
 from one template with theirs (`linear.row_drivers`): MAX_TOKENS (8) activation rows per pass over a
 weight row (up to ROWS8_MAX_IN inputs), then 4, 2, 1, batch-invariant, no fastmath. Weights
-interleaved 16 rows at a time run `simd.interleaved_k` instead (`mv_q4_kr`, `mv_q6_kr`). Here: the
+interleaved 16 rows at a time run `simd.interleaved_k` instead (`mv_q4_kr`, `mv_q6_kr`,
+`mv_q7_kr`). Here: the
 per-call activation preparation those need.
 """
 
@@ -41,14 +42,14 @@ def kmins_pairs(bsums):
 
 
 @njit(cache=True)
-def k6_corr(bsums):
-    """-32 x the activation's 16-value sums (int32): Q6_K's code offset, where the interleaved
-    rows start each sub-block's vpdpbusd sums."""
+def koffset_corr(bsums, offset):
+    """-offset x the activation's 16-value sums (int32): the code offset of Q6_K (32) / Q7_K
+    (64), where the interleaved rows start each sub-block's vpdpbusd sums."""
     nt, n16 = bsums.shape
     out = np.empty((nt, n16), np.int32)
     for t in range(nt):
         for j in range(n16):
-            out[t, j] = np.int32(-32) * np.int32(bsums[t, j])
+            out[t, j] = np.int32(-offset) * np.int32(bsums[t, j])
     return out
 
 

@@ -11,7 +11,7 @@ only
 in the intrinsics called, the arrays they read, and the activation preparation done once per
 call (`linear.dots32.lane_corr` / `block_corr` / `block_transpose`). The weights interleaved 16
 rows at a time (Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4: `*p`, `simd.interleaved`; Q4_K / Q6_K /
-IQ4_XS: `*r`, `simd.interleaved_k`) have a third skeleton: threads split the row groups, and
+Q7_K / IQ4_XS: `*r`, `simd.interleaved_k`) have a third skeleton: threads split the row groups, and
 each group runs the same token passes.
 Every driver also comes in an expert form, `<name>_x` (llama.cpp's mul_mat_id): the weights of
 all experts stacked in one array, groups of activation rows each dotted with one expert's rows;
@@ -47,7 +47,7 @@ from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import thread_count
 from minfer.backends.cpu.kernels.linear.dots32 import (
     _CHUNK, block_corr, block_transpose, even_groups, lane_corr)
-from minfer.backends.cpu.kernels.linear.dots_k import iq4_corr, k6_corr, kmins_pairs
+from minfer.backends.cpu.kernels.linear.dots_k import iq4_corr, kmins_pairs, koffset_corr
 from minfer.backends.cpu.kernels.simd.blocks import MAX_TOKENS, ROWS8_MAX_IN
 {imports}
 ROWS_TOKEN_TILE = 32  # tokens per tile of the row-interleaved drivers (see `_ROWS_PASSES`)
@@ -386,7 +386,8 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("q7_k"),
     _kquant("iq4_xs"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
-    _rows_k("q6_k", "k6_corr(bsums)"),
+    _rows_k("q6_k", "koffset_corr(bsums, 32)"),
+    _rows_k("q7_k", "koffset_corr(bsums, 64)"),
     _rows_k("iq4_xs", f"iq4_corr(bsums, {Q8_ROWS_OFFSET})"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
     FloatDriver("mv_f16", "fdot_f16",
@@ -443,6 +444,7 @@ mv_q7_k: Any = _M.mv_q7_k
 mv_iq4_xs: Any = _M.mv_iq4_xs
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
+mv_q7_kr: Any = _M.mv_q7_kr
 mv_iq4_xsr: Any = _M.mv_iq4_xsr
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
@@ -463,6 +465,7 @@ mv_q6_k_x: Any = _M.mv_q6_k_x
 mv_q7_k_x: Any = _M.mv_q7_k_x
 mv_q4_kr_x: Any = _M.mv_q4_kr_x
 mv_q6_kr_x: Any = _M.mv_q6_kr_x
+mv_q7_kr_x: Any = _M.mv_q7_kr_x
 mv_iq4_xsr_x: Any = _M.mv_iq4_xsr_x
 mv_f32_x: Any = _M.mv_f32_x
 mv_f16_x: Any = _M.mv_f16_x

@@ -32,6 +32,12 @@ from minfer.backends.cpu.kernels.simd.llvm import (
 )
 
 _TILE_BYTES = 1 << 19  # f32 bytes of one dequantized tile (fits L2 with the sgemm's packing)
+# ...but at least this many rows: each sgemm call packs the whole activation again, so the 16-row
+# tiles 2^19 bytes gave at 8960 inputs ran at a third of the speed. Q2_K ffn_down (1536 x 8960,
+# the first three of llama-quantize's IQ2_XXS mix of the 1.5B), 512 tokens, 2 threads, Intel SPR
+# on a busy host: 16 rows 393-430 ms, 64 280, 128 272-279, 256 241; 8960 x 1536 (80 rows before)
+# 239-252 -> 233-237 ms. The outputs measured the same bits at every tile size tried.
+_MIN_TILE_ROWS = 128
 
 
 def _find_openblas() -> tuple[int, int]:
@@ -100,7 +106,7 @@ def _tiles_f32(w, x, out, rows, sgemm, set_threads):
 def sgemm_tiles(w: np.ndarray, qt: QType, x: np.ndarray, out: np.ndarray) -> None:
     """out[nt, n_out] = x @ dequant(w).T; w already normalised by `weight_view`, x C-contiguous."""
     n_in = x.shape[1]
-    rows = max(16, min(out.shape[1], _TILE_BYTES // (4 * n_in)) // 16 * 16)
+    rows = max(16, min(out.shape[1], max(_MIN_TILE_ROWS, _TILE_BYTES // (4 * n_in))) // 16 * 16)
     if not SGEMM:
         _numpy_tiles(w, qt, x, out, rows)
     elif qt is QType.F32:

@@ -8,9 +8,9 @@ them for every call and every token pass:
 - Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4 (`interleave_block32`): 16 rows at a time, block column
   by block column, each column's 16 blocks as one packed group whose int32 lane i holds 4
   codes of row i (see `simd.interleaved._group`).
-- Q4_K / Q6_K / IQ4_XS (`interleave_kquant`): 16 rows at a time, super-block column by column,
-  the rows' scales side by side and each sub-block's codes as vectors whose int32 lane i holds 4
-  codes of row i (see `simd.interleaved_k`).
+- Q4_K / Q6_K / Q7_K / IQ4_XS (`interleave_kquant`): 16 rows at a time, super-block column by
+  column, the rows' scales side by side and each sub-block's codes as vectors whose int32 lane i
+  holds 4 codes of row i (see `simd.interleaved_k`).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *, qh_sliced: 
 # column,
 # a header of the rows' fields side by side, then per sub-block the 16 rows' codes as vectors whose
 # dword i is row i's (see `simd.interleaved_k` for the byte order).
-KQUANT_SIZES = {"q4_k": 144, "q6_k": 210, "iq4_xs": 136}
+KQUANT_SIZES = {"q4_k": 144, "q6_k": 210, "q7_k": 276, "iq4_xs": 136}
 
 
 @njit(inline="always")
@@ -166,6 +166,16 @@ def _interleave_super(w, out, size, q6):
             for i in range(16):
                 row = w[16 * g + i]
                 b = s * size
+                if size == 276:  # Q7_K: d (f32) | scale k of the 16 rows | sub-blocks
+                    for c in range(4):
+                        flat[o + 4 * i + c] = row[b + 272 + c]
+                    for k in range(16):
+                        flat[o + 64 + 16 * k + i] = row[b + 256 + k]
+                        for m in range(4):
+                            for c in range(4):
+                                flat[o + 320 + 256 * k + 64 * m + 4 * i + c] = (
+                                    row[b + 16 * k + 4 * m + c])
+                    continue
                 if size == 136:  # IQ4_XS: d | scales_h | scales_l | each sub-block's 16 qs
                     flat[o + 2 * i], flat[o + 2 * i + 1] = row[b], row[b + 1]
                     flat[o + 32 + 2 * i], flat[o + 33 + 2 * i] = row[b + 2], row[b + 3]
@@ -209,7 +219,7 @@ def _interleave_super(w, out, size, q6):
 
 
 def interleave_kquant(w: np.ndarray, kind: str, out: np.ndarray) -> None:
-    """A Q4_K / Q6_K / IQ4_XS weight (uint8 [n_out, row bytes], n_out a multiple of 16) with each
-    group of 16 rows rewritten super-block column by column (read by `simd.interleaved_k`).
-    Same size, exact; written into `out` (w's shape)."""
+    """A Q4_K / Q6_K / Q7_K / IQ4_XS weight (uint8 [n_out, row bytes], n_out a multiple of 16)
+    with each group of 16 rows rewritten super-block column by column (read by
+    `simd.interleaved_k`). Same size, exact; written into `out` (w's shape)."""
     _interleave_super(w, out, KQUANT_SIZES[kind], kind == "q6_k")

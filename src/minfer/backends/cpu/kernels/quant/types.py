@@ -26,12 +26,14 @@ Byte layouts (little-endian, f16 = IEEE half):
         re-encodings into Q6_K / Q7_K, `quant.reencode`)
   Q7_K  (minfer's own, never in a file; 256 values, 276 B): codes u8[256] (q + 64, |q| <= 63)
         | scales int8[16] | d f32, v = d*sc*q per 16-value sub-block. The re-encoding of the
-        IQ2 types, whose lattice values (up to 43) do not fit Q6_K's codes.
+        IQ2 types, whose lattice values (up to 43) do not fit Q6_K's codes (and of IQ1 /
+        IQ3 / TQ weights with a block's d below f16's normal range).
 
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
 The *_PACKED types are minfer's own ids (never in a file): the CPU backend's repacked copies of
-Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 weights (`quant.repack`: the same
+Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 weights and of the widened Q7_K copies
+(Q7_K_PACKED, which replaces the Q7_K copy: no more memory) (`quant.repack`: the same
 information rearranged 16 rows at a time, so that int32 lane i of the integer dots' vectors is
 row i). Only the integer matmul reads them; nothing dequantizes them.
 """
@@ -50,7 +52,7 @@ _G = GGMLQuantizationType
 
 class QType(IntEnum):
     """The GGML type ids the kernels take (values from `minfer.gguf.constants`), and minfer's
-    repacked layouts (0x1000 + the type they repack)."""
+    own layouts (Q7_K; the repacked ones 0x1000 + the type they repack)."""
 
     F32 = _G.F32.value
     F16 = _G.F16.value
@@ -88,6 +90,7 @@ class QType(IntEnum):
     IQ4_XS_PACKED = 0x1000 + _G.IQ4_XS.value
     MXFP4_PACKED = 0x1000 + _G.MXFP4.value
     Q7_K = 0x2000  # minfer's own wide layout (see the module docstring)
+    Q7_K_PACKED = 0x1000 + 0x2000
 
 
 # (values per block, bytes per block) of the weight types the kernels accept: GGML's, and for a
@@ -100,25 +103,29 @@ _WEIGHT_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType
                  QType.Q8_0_PACKED, QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.IQ4_NL_PACKED,
                  QType.IQ4_XS_PACKED, QType.MXFP4_PACKED)
 BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
-    **{qt: GGML_QUANT_SIZES[_G(qt & 0xFFF)] for qt in _WEIGHT_TYPES}, QType.Q7_K: (256, 276)}
+    **{qt: GGML_QUANT_SIZES[_G(qt & 0xFFF)] for qt in _WEIGHT_TYPES}, QType.Q7_K: (256, 276),
+    QType.Q7_K_PACKED: (256, 276)}
 PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
                 QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED,
                 QType.Q6_K: QType.Q6_K_PACKED, QType.IQ4_NL: QType.IQ4_NL_PACKED,
-                QType.IQ4_XS: QType.IQ4_XS_PACKED, QType.MXFP4: QType.MXFP4_PACKED}
+                QType.IQ4_XS: QType.IQ4_XS_PACKED, QType.MXFP4: QType.MXFP4_PACKED,
+                QType.Q7_K: QType.Q7_K_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
                            QType.IQ4_NL, QType.MXFP4})
 # the types dotted with a Q8_K activation (ggml's vec_dot_type Q8_K)
 KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-                          QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K, QType.IQ4_XS,
+                          QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.Q7_K, QType.Q7_K_PACKED,
+                          QType.IQ4_XS,
                           QType.IQ4_XS_PACKED,
                           QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
                           QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0})
 # minfer's own layouts, made from a file's weights (never read from a file)
 DERIVED_TYPES = frozenset({QType.Q4_0_PACKED, QType.Q5_0_PACKED, QType.Q8_0_PACKED,
                            QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.IQ4_NL_PACKED,
-                           QType.IQ4_XS_PACKED, QType.MXFP4_PACKED, QType.Q7_K})
+                           QType.IQ4_XS_PACKED, QType.MXFP4_PACKED, QType.Q7_K,
+                           QType.Q7_K_PACKED})
 
 
 # the GGML types a file's weights may have (what `qtype_of` accepts from a file), by name

@@ -1,4 +1,4 @@
-"""Row-group dots for Q4_K / Q6_K / IQ4_XS weights interleaved sixteen rows at a time
+"""Row-group dots for Q4_K / Q6_K / Q7_K / IQ4_XS weights interleaved sixteen rows at a time
 (`quant.repack.interleave_kquant`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
 The idea of `simd.interleaved` carried to the 256-value super-blocks: per group of 16 weight rows
@@ -14,6 +14,10 @@ sums come from vpdpbusd against its activation dwords broadcast. Interleaved sup
   then per 16-value sub-block three vectors, byte c of lane i: the low 4 bits of codes c and
   8 + c (vector 0), 4 + c and 12 + c (vector 1), and the high 2 bits of codes c, 4 + c, 8 + c,
   12 + c (vector 2).
+- Q7_K (16 x 276; minfer's re-encoding of the IQ2 types, `quant.reencode`): d of the 16 rows
+  (f32), their scales as Q6_K's, then per 16-value sub-block four vectors, byte c of lane i of
+  vector m: code 4m + c of row i (q + 64, read as it is). The step is Q6_K's template
+  (`_offset_super`): the offset 64 in place of 32, an f32 d.
 
 - IQ4_XS (16 x 136): d of the 16 rows, their scales_h words, their scales_l dwords, then per
   32-value sub-block Q4_K's four code vectors (the file's qs bytes as they are), the nibbles
@@ -24,8 +28,9 @@ sums come from vpdpbusd against its activation dwords broadcast. Interleaved sup
 
 Per token and super-block:
 
-    sub-block sums      8 (Q4_K) / 4 (Q6_K) vpdpbusd; Q6_K's start from -32 x the
-                        activation's 16-value sum (`linear.dots_k.k6_corr`, the code offset)
+    sub-block sums      8 (Q4_K) / 4 (Q6_K, Q7_K) vpdpbusd; Q6_K's start from -32 x the
+                        activation's 16-value sum, Q7_K's from -64 x it
+                        (`linear.dots_k.koffset_corr`, the code offset)
     s  = fma(d * scale_k, float(sum_k), s)      one float step per sub-block, s from 0
     acc = fma(d_x, s, acc)
     Q4_K: acc = fma(-dmin * d_x, float(mins . sums32), acc)   the mins in 4 vpdpwssd (mins
@@ -91,7 +96,7 @@ from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
 # against 21.9 at 4. 2-4 KiB ahead were alike, 8 KiB less good (on weights past the L3's size).
 PF_BYTES = 4096
 # (values per aux item, its bytes)
-_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "iq4_xs": (32, 4)}
+_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "q7_k": (16, 4), "iq4_xs": (32, 4)}
 
 
 def _ivec(v: int, lanes: int = ROWS) -> Any:
@@ -213,50 +218,71 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
     return new
 
 
-def _q6k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
-               rows: RowSpan) -> list[Any]:
-    """Super-block column s of the row group (Q6_K) for every token: the new accumulators."""
-    w, base, n, lanes = f.w, _column(builder, f, s, 210), 4 * rows.lanes, rows.lanes
+# The offset-coded types (no mins): (bytes of a row's super-block, bytes of a row's d, code
+# vectors per 16-value sub-block, the highest code, the code offset)
+_OFFSET_CODED = {"q6_k": (210, 2, 3, 63, 32), "q7_k": (276, 4, 4, 127, 64)}
 
-    def at(off: int) -> Any:
-        return builder.add(base, _c(off))
 
-    m15, m3, four = (_splat(builder, v, n) for v in (15, 3, 4))
-    d = halves(builder, w, at(2 * rows.first), lanes)
+def _offset_super(kind: str) -> Any:
+    """The super-block step of Q6_K / Q7_K (`_OFFSET_CODED`): one template, the two layouts
+    differing in d (f16 / f32), the code vectors (Q6_K's 6-bit codes unpacked from three,
+    Q7_K's four read as they are) and the highest code (AVX2's int16 pair sums)."""
+    size, d_bytes, n_vec, code_max, _ = _OFFSET_CODED[kind]
+    codes_at = ROWS * d_bytes + 256  # the d of the 16 rows, their 16 scales each, then codes
 
-    def sub_block(k: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
-        if rows.prefetch:
-            _prefetch_part(builder, f, base, k, 210, 16)
-        sc = builder.sext(_ld(builder, w, builder.add(at(32 + rows.first), builder.mul(k, _c(16))),
-                              _vec(_I8, lanes)), _vec(_I32, lanes))
-        dsc = builder.fmul(d, builder.sitofp(sc, _vec(_F32, lanes)))
-        at_sub = builder.add(at(288 + 4 * rows.first), builder.mul(k, _c(192)))
-        a0, a1, h = (_ld(builder, w, builder.add(at_sub, _c(64 * v)), _vec(_I8, n))
-                     for v in range(3))
-        codes = []
-        for m in range(4):  # codes 4m..4m+3 of the sub-block
-            lo = builder.and_((a0, a1)[m], m15) if m < 2 else builder.lshr((a0, a1)[m - 2], four)
-            hi = builder.and_(builder.lshr(h, _splat(builder, 2 * m, n)) if m else h, m3)
-            codes.append(builder.or_(lo, builder.shl(hi, four)))
-        new = []
-        for i, tok in enumerate(toks):
-            xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
-                                                 builder.mul(k, _c(16))))
-            co = builder.add(tok[3], builder.add(builder.mul(s, _c(64)), builder.mul(k, _c(4))))
-            part = _bcast(builder, f.aux, co, lanes)
-            xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m)), lanes))
-                  for m in range(4)]
-            if PAIRS16:  # AVX2: one pmaddwd per two (codes <= 63)
-                part = _dots_pairs16(builder, codes, xs, part, 63)
-            else:
+    def step(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
+             rows: RowSpan) -> list[Any]:
+        """Super-block column s of the row group for every token: the new accumulators."""
+        w, base, n, lanes = f.w, _column(builder, f, s, size), 4 * rows.lanes, rows.lanes
+
+        def at(off: int) -> Any:
+            return builder.add(base, _c(off))
+
+        m15, m3, four = (_splat(builder, v, n) for v in (15, 3, 4))
+        d = (halves(builder, w, at(2 * rows.first), lanes) if d_bytes == 2
+             else _ld(builder, w, at(4 * rows.first), _vec(_F32, lanes)))
+
+        def sub_block(k: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
+            if rows.prefetch:
+                _prefetch_part(builder, f, base, k, size, 16)
+            sc = builder.sext(_ld(builder, w, builder.add(at(ROWS * d_bytes + rows.first),
+                                                          builder.mul(k, _c(16))),
+                                  _vec(_I8, lanes)), _vec(_I32, lanes))
+            dsc = builder.fmul(d, builder.sitofp(sc, _vec(_F32, lanes)))
+            at_sub = builder.add(at(codes_at + 4 * rows.first), builder.mul(k, _c(64 * n_vec)))
+            vecs = [_ld(builder, w, builder.add(at_sub, _c(64 * v)), _vec(_I8, n))
+                    for v in range(n_vec)]
+            codes = vecs  # Q7_K: codes 4m..4m+3 of the sub-block in vector m
+            if n_vec == 3:  # Q6_K: low nibbles in a0 / a1, the high 2 bits in h
+                a0, a1, h = vecs
+                codes = []
                 for m in range(4):
-                    part = _vpdpbusd(builder, codes[m], xs[m], part)
-            new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, lanes)), sums[i]))
-        return new
+                    lo = (builder.and_((a0, a1)[m], m15) if m < 2
+                          else builder.lshr((a0, a1)[m - 2], four))
+                    hi = builder.and_(builder.lshr(h, _splat(builder, 2 * m, n)) if m else h, m3)
+                    codes.append(builder.or_(lo, builder.shl(hi, four)))
+            new = []
+            for i, tok in enumerate(toks):
+                xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
+                                                     builder.mul(k, _c(16))))
+                co = builder.add(tok[3], builder.add(builder.mul(s, _c(64)),
+                                                     builder.mul(k, _c(4))))
+                part = _bcast(builder, f.aux, co, lanes)
+                xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m)), lanes))
+                      for m in range(4)]
+                if PAIRS16:  # AVX2: pmaddwd of int16 pair sums (`pairs16_group(code_max)`)
+                    part = _dots_pairs16(builder, codes, xs, part, code_max)
+                else:
+                    for m in range(4):
+                        part = _vpdpbusd(builder, codes[m], xs[m], part)
+                new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, lanes)), sums[i]))
+            return new
 
-    sums = _phi_loop(builder, _c(16), [_fzero(lanes)] * len(toks), sub_block)
-    return [_fma(builder, _dx(builder, f, tok, s, lanes), sums[i], acc[i])
-            for i, tok in enumerate(toks)]
+        sums = _phi_loop(builder, _c(16), [_fzero(lanes)] * len(toks), sub_block)
+        return [_fma(builder, _dx(builder, f, tok, s, lanes), sums[i], acc[i])
+                for i, tok in enumerate(toks)]
+
+    return step
 
 
 def _iq4xs_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
@@ -332,16 +358,17 @@ def _dx(builder: Any, f: _Front, tok: Any, s: Any, lanes: int) -> Any:
                   lanes)
 
 
-_SUPER = {"q4_k": _q4k_super, "q6_k": _q6k_super, "iq4_xs": _iq4xs_super}
+_SUPER = {"q4_k": _q4k_super, "q6_k": _offset_super("q6_k"), "q7_k": _offset_super("q7_k"),
+          "iq4_xs": _iq4xs_super}
 
 
 def rows_dot_k(kind: str, ntok: int) -> Any:
     """An intrinsic (w, x, xd, aux, t, out, g) -> None: out[t + j, 16 g + i] for j < ntok and
     the 16 rows i of row group g, from the interleaved weight w (uint8 [n_out, row bytes]), the
     Q8_K activation codes x (int8 [nt, n]) and scales xd (f32 [nt, n/256]), and aux: Q4_K the
-    32-value sums in `kmins_pairs`' order (int16 [nt, n/32]), Q6_K -32 x the 16-value sums
-    (int32 [nt, n/16], `k6_corr`), IQ4_XS -128 x the 32-value sums (int32 [nt, n/32],
-    `iq4_corr`; unread with the sign trick)."""
+    32-value sums in `kmins_pairs`' order (int16 [nt, n/32]), Q6_K / Q7_K -32 / -64 x the
+    16-value sums (int32 [nt, n/16], `koffset_corr`), IQ4_XS -128 x the 32-value sums (int32
+    [nt, n/32], `iq4_corr`; unread with the sign trick)."""
     step = _SUPER[kind]
 
     def typer(typingctx: Any, w: Any, x: Any, xd: Any, aux: Any, t: Any, out: Any, g: Any
@@ -362,7 +389,7 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
     return intrinsic(typer)
 
 
-define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "iq4_xs"))
+define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "q7_k", "iq4_xs"))
 # Wider passes where they measured faster (the row drivers run them first, `RowsDriver.wide`):
 # IQ4_XS unpacks each sub-block's codes (two shifts / masks and a vpshufb per code vector) once
 # per pass, so 16 tokens a pass halve that per token; its 16 accumulators fit zmm's 32
