@@ -12,6 +12,7 @@ from minfer.backends.cpu.kernels import (
     QType,
     bind_gemm_i16,
     dequantize,
+    gemm_i16_scratch_size,
     i16_weight,
     int8_codes,
     q8_0_codes,
@@ -26,8 +27,9 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
 
 
-def _run(x: np.ndarray, wt: I16Weight, out: np.ndarray, bias: np.ndarray | None = None) -> None:
-    for step in bind_gemm_i16(x, wt, out, bias):
+def _run(x: np.ndarray, wt: I16Weight, out: np.ndarray, bias: np.ndarray | None = None,
+         scratch: np.ndarray | None = None) -> None:
+    for step in bind_gemm_i16(x, wt, out, scratch, bias):
         step()
 
 
@@ -59,7 +61,8 @@ def test_gemm_i16_is_the_block_sums_reference_and_each_rows_bits_hold_in_any_bat
     _run(x, wt, out)
     np.testing.assert_array_equal(out, _reference(x, codes, scales))
     with_bias = np.empty_like(out)
-    _run(x, wt, with_bias, bias)
+    stale = np.full(gemm_i16_scratch_size(37, n_in) + 5, np.nan, np.float32)  # shared, used
+    _run(x, wt, with_bias, bias, stale)
     np.testing.assert_array_equal(with_bias, out + bias)
     w_codes = (codes.reshape(n_out, -1, 32) * scales[:, :, None].astype(np.float64))
     ref64 = x.astype(np.float64) @ w_codes.reshape(n_out, n_in).T  # only x's rounding apart

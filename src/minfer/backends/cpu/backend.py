@@ -401,7 +401,8 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
             return [K.bind_gemm_amx(x, aw, out, bias)]
         iw = _i16_weight(ctx, w_name, x.shape[1], node.op.rows)
         if iw is not None:
-            return K.bind_gemm_i16(x, iw, out, bias)
+            return K.bind_gemm_i16(x, iw, out, _shared_scratch(
+                ctx, "gemm", K.gemm_i16_scratch_size(x.shape[0], x.shape[1])), bias)
         scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]

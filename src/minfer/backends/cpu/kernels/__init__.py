@@ -125,6 +125,7 @@ from minfer.backends.cpu.kernels.linear.gemm_i16 import (
     int8_codes,
     q8_0_codes,
 )
+from minfer.backends.cpu.kernels.linear.gemm_i16 import scratch_size as gemm_i16_scratch_size
 from minfer.backends.cpu.kernels.quant.activations import (
     Q8Blocks,
     Q8KBlocks,
@@ -199,6 +200,7 @@ __all__ = [
     "gelu",
     "gelu_erf",
     "gemm",
+    "gemm_i16_scratch_size",
     "gemm_scratch_size",
     "get_rows",
     "head_rms_norm",

@@ -265,15 +265,26 @@ def i16_weight(codes: np.ndarray, scales: np.ndarray) -> I16Weight:
                      np.ascontiguousarray(s[n_tiles * COLS:]))
 
 
+def scratch_size(nt: int, n_in: int) -> int:
+    """f32 values of the scratch `bind_gemm_i16` needs for x `[nt, n_in]`: its int16 codes and
+    their scales."""
+    return nt * n_in // 2 + nt * (n_in // BLOCK)
+
+
 def bind_gemm_i16(x: np.ndarray, w: I16Weight, out: np.ndarray,
+                  scratch: np.ndarray | None = None,
                   bias: np.ndarray | None = None) -> list[Callable[[], None]]:
-    """The two calls (x rounded to int16 per 32-value block into buffers of their own, then the
-    product) that make `out[nt, N] = x[nt, K] @ W.T (+ bias[N])` over fixed arrays (checked
-    once)."""
+    """The two calls (x rounded to int16 per 32-value block, then the product) that make
+    `out[nt, N] = x[nt, K] @ W.T (+ bias[N])` over fixed arrays (checked once). `scratch`: at
+    least `scratch_size(nt, K)` f32 values for the rounded rows, which calls that never run at
+    the same time may share (one is allocated otherwise)."""
     check_operands(x, out, w.n_in, w.n_out)
-    nt = x.shape[0]
-    xq = np.empty((nt, w.n_in), np.int16)
-    xs = np.empty((nt, w.n_in // BLOCK), np.float32)
+    nt, n_in = x.shape
+    size = scratch_size(nt, n_in)
+    if scratch is None:
+        scratch = np.empty(size, np.float32)
+    xq = scratch[: nt * n_in // 2].view(np.int16).reshape(nt, n_in)
+    xs = scratch[nt * n_in // 2: size].reshape(nt, n_in // BLOCK)
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
     if bias is not None and b.shape != (w.n_out,):
         raise ValueError(f"bias of shape {b.shape}, expected ({w.n_out},)")
