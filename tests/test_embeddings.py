@@ -70,18 +70,20 @@ def test_bert_token_types_are_data(bert: Path) -> None:
 
 def _paths(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An encoder's matmul path: "f32" (the f32 GEMM), "integer" (the decoders' int8 dots,
-    under MINFER_ENCODER_INT8 where AMX tiles are not usable), "default" (what this host picks)."""
+    under MINFER_ENCODER_INT8 where AMX tiles are not usable), "i16" (the int16 x int8 GEMM,
+    the default where AMX tiles are not usable), "default" (what this host picks)."""
     from minfer.backends.cpu import kernels
 
     if path == "f32":
         monkeypatch.setenv("MINFER_ENCODER_F32", "1")
-    elif path == "integer":
-        monkeypatch.setenv("MINFER_ENCODER_INT8", "1")
+    elif path in ("integer", "i16"):
+        if path == "integer":
+            monkeypatch.setenv("MINFER_ENCODER_INT8", "1")
         monkeypatch.setattr(kernels, "amx_usable", lambda: False)
 
 
 @pytest.mark.parametrize(("path", "min_cos"), [("f32", 0.99999), ("default", 0.9999),
-                                               ("integer", 0.9999)])
+                                               ("integer", 0.9999), ("i16", 0.99999)])
 def test_quantized_bert_close_to_the_oracle(bert_q8: Path, path: str, min_cos: float,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The int8 path rounds each activation to Q8_0 (as llama.cpp does): a little further
@@ -95,18 +97,18 @@ def test_quantized_bert_close_to_the_oracle(bert_q8: Path, path: str, min_cos: f
     assert cos.min() > min_cos
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_a_quantized_encoder_without_amx_runs_the_integer_dots_only_when_asked(
-        bert_q8: Path, int8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where AMX tiles are not usable, a Q8_0 encoder's projections are the f32 GEMM (the
-    accurate default), or under MINFER_ENCODER_INT8 the decoders' int8 row drivers
-    (batch-invariant: see the test below), not the f32 GEMM over a widened copy."""
+@pytest.mark.parametrize("flag", ["", "MINFER_ENCODER_INT8", "MINFER_ENCODER_F32"])
+def test_a_quantized_encoder_without_amx_runs_the_int16_gemm_unless_told(
+        bert_q8: Path, flag: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where AMX tiles are not usable, a Q8_0 encoder's projections are the int16 x int8 GEMM
+    over the file's codes (the default), under MINFER_ENCODER_INT8 the decoders' int8 row
+    drivers, under MINFER_ENCODER_F32 the f32 GEMM (all batch-invariant: see the test below)."""
     from minfer import jit_cache
     from minfer.backends.cpu import kernels
 
     monkeypatch.setattr(kernels, "amx_usable", lambda: False)
-    if int8:
-        monkeypatch.setenv("MINFER_ENCODER_INT8", "1")
+    if flag:
+        monkeypatch.setenv(flag, "1")
     engine, tok = _engine(bert_q8)
     seqs = [tok.encode(t) for t in TEXTS]
     engine.forward_batch(Batch.sequences(seqs, pooling="mean"))
@@ -118,12 +120,14 @@ def test_a_quantized_encoder_without_amx_runs_the_integer_dots_only_when_asked(
             call = jit_cache.kernel_call(step)
             if call is not None:
                 names.add(getattr(getattr(call[0], "py_func", call[0]), "__name__", ""))
-    assert any(n.startswith("mv_q8_0") for n in names) == int8, names
-    assert any("gemm" in n for n in names) != int8, names
+    assert any(n.startswith("mv_q8_0") for n in names) == (flag == "MINFER_ENCODER_INT8"), names
+    assert ("_quantize" in names) == (flag == ""), names
+    assert any("gemm" in n for n in names) != (flag == "MINFER_ENCODER_INT8"), names
 
 
 @pytest.mark.parametrize(("path_name", "path"), [("bert", "default"), ("bert_q8", "default"),
-                                                ("bert_q8", "integer"), ("bert_q8", "f32")])
+                                                ("bert_q8", "integer"), ("bert_q8", "f32"),
+                                                ("bert_q8", "i16")])
 def test_an_inputs_embedding_does_not_depend_on_its_batch(
         path_name: str, path: str, request: pytest.FixtureRequest,
         monkeypatch: pytest.MonkeyPatch) -> None:

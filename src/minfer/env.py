@@ -15,7 +15,7 @@ variable is the default; a malformed value is refused by name where it is parsed
 | MINFER_TRACE_STEPS | engine.trace | steps the trace keeps (512) |
 | MINFER_SHARE_WEIGHTS | engine.shared_weights | 0: no file-backed repacked weights; a folder |
 | MINFER_TORCH_DEVICE, _CLAIM, _WEIGHTS, _MIN_ROWS | backends.torch_backend | the torch backend |
-| MINFER_ENCODER_F32 | backends.cpu | any value: encoders keep the f32 GEMM on AMX hosts too |
+| MINFER_ENCODER_F32 | backends.cpu | any value: encoders keep the f32 GEMM (not AMX, not int16) |
 | MINFER_ENCODER_INT8 | backends.cpu | any value: encoders without AMX use the int8 dots |
 | MINFER_REGIONS | backends.cpu.regions | 0: each tape step its own call (no parallel regions) |
 | MINFER_API_KEY | cli serve | the server's API key when --api-key is not given |

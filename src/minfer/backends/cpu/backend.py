@@ -256,6 +256,28 @@ def _amx_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.Am
     return aw
 
 
+def _i16_weight(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> K.I16Weight | None:
+    """The weight in `K.bind_gemm_i16`'s layout where an encoder runs it on the int16 x int8
+    GEMM: the file stores it in a block type (Q8_0's own codes; any other re-encoded to int8
+    codes per 32 values from its f32 values), K is whole blocks, AMX tiles are not usable and
+    neither MINFER_ENCODER_F32 nor MINFER_ENCODER_INT8 is set. None otherwise. Made once per
+    model weights."""
+    key = ("cpu-encoder-i16", w_name, rows)
+    if key not in ctx.weights.state:
+        raw, qtype = ctx.weights.matrix(w_name)
+        use = (qtype not in _FLOATS and n_in % 32 == 0 and not env.flag("MINFER_ENCODER_F32")
+               and not env.flag("MINFER_ENCODER_INT8") and not K.amx_usable())
+        codes = None
+        if use and qtype == K.QType.Q8_0:
+            codes = K.q8_0_codes(raw[:rows] if rows else raw)
+        elif use:
+            codes = K.int8_codes(_f32_rows(ctx, w_name, n_in, rows))
+        ctx.weights.state[key] = None if codes is None else K.i16_weight(*codes)
+    iw = ctx.weights.state[key]
+    assert iw is None or isinstance(iw, K.I16Weight)
+    return iw
+
+
 def _expert_weight(ctx: ExecContext, w_name: str) -> K.ExpertWeight:
     """A stacked expert tensor ([n_expert, n_out, ...] in numpy order) as the expert drivers
     read it: repacked 16 rows at a time where the dense weight would be (each expert's rows a
@@ -316,7 +338,8 @@ def _encoder_integer(ctx: ExecContext, w_name: str) -> bool:
     Q4_K, ...). The activation is then rounded to Q8_0 as llama.cpp rounds it, each row's value
     the same bits in any batch. Not the default: that rounding costs all-MiniLM q8_0 a cosine of
     0.9989 to sentence-transformers (0.9996 on the f32 GEMM, the tests' bound 0.999), and on AVX2
-    the int8 dots' sign trick runs at the f32 GEMM's speed (87-101 against 93 GFLOP/s, round 18)."""
+    the int8 dots' sign trick runs at the f32 GEMM's speed (87-101 against 93 GFLOP/s, round 18).
+    Without either flag such a weight runs on `_i16_weight`'s int16-activation GEMM instead."""
     key = ("cpu-encoder-integer", w_name)
     if key not in ctx.weights.state:
         ctx.weights.state[key] = (env.flag("MINFER_ENCODER_INT8")
@@ -379,6 +402,10 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
         aw = _amx_weight(ctx, w_name, x.shape[1], node.op.rows)
         if aw is not None:
             return [K.bind_gemm_amx(x, aw, out, bias)]
+        iw = _i16_weight(ctx, w_name, x.shape[1], node.op.rows)
+        if iw is not None:
+            return K.bind_gemm_i16(x, iw, out, _shared_scratch(
+                ctx, "gemm", K.gemm_i16_scratch_size(x.shape[0], x.shape[1])), bias)
         scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]

@@ -17,6 +17,9 @@ Public API (see docs/interfaces.md):
   column tiles (encoders) -- `linear.dense`
 - bind_gemm_amx(x, amx_weight(w), out): the batch-invariant bf16 GEMM on AMX tiles (encoders
   whose file stores weights below f32, where `amx_usable()`) -- `linear.amx`
+- bind_gemm_i16(x, i16_weight(*q8_0_codes(raw) or int8_codes(w)), out): the batch-invariant
+  int16-activation x int8-weight GEMM (encoders with block-type weights, without AMX) --
+  `linear.gemm_i16`
 - dequantize(w_raw, qtype, n_in), get_rows(w_raw, qtype, ids, out) -- `quant.dequant`
 - rms_norm, head_rms_norm, layer_norm, rope, rope_neox, silu, swiglu, add, mul, gelu, geglu,
   gelu_erf, tanh, scale, softcap, sigmoid_gate, sigmoid_mul, softmax_rows, round_f16,
@@ -116,6 +119,14 @@ from minfer.backends.cpu.kernels.linear.dispatch import (
     repack_weight,
 )
 from minfer.backends.cpu.kernels.linear.experts import ExpertWeight, bind_moe
+from minfer.backends.cpu.kernels.linear.gemm_i16 import (
+    I16Weight,
+    bind_gemm_i16,
+    i16_weight,
+    int8_codes,
+    q8_0_codes,
+)
+from minfer.backends.cpu.kernels.linear.gemm_i16 import scratch_size as gemm_i16_scratch_size
 from minfer.backends.cpu.kernels.quant.activations import (
     Q8Blocks,
     Q8KBlocks,
@@ -149,6 +160,7 @@ __all__ = [
     "AmxWeight",
     "DenseWeight",
     "ExpertWeight",
+    "I16Weight",
     "PrequantKernel",
     "Q8Blocks",
     "Q8KBlocks",
@@ -164,6 +176,7 @@ __all__ = [
     "bind_delta_net",
     "bind_gemm",
     "bind_gemm_amx",
+    "bind_gemm_i16",
     "bind_get_rows",
     "bind_head_rms_norm",
     "bind_layer_norm",
@@ -189,9 +202,12 @@ __all__ = [
     "gelu",
     "gelu_erf",
     "gemm",
+    "gemm_i16_scratch_size",
     "gemm_scratch_size",
     "get_rows",
     "head_rms_norm",
+    "i16_weight",
+    "int8_codes",
     "integer_weight",
     "kv_store",
     "layer_norm",
@@ -204,6 +220,7 @@ __all__ = [
     "new_state",
     "packable",
     "prefill_min_tokens",
+    "q8_0_codes",
     "quantize_activation",
     "quantize_q8_0",
     "quantize_q8_k",

@@ -41,6 +41,16 @@ GROUP_BLOCK = 8  # row groups walked over all of a thread's column tiles before 
 _ROW = _vec(_F32, LANES)
 
 
+def store_tile(builder: Any, accs: list[Any], o_ptr: Any, oi: Any, o_row: Any, col: Any) -> None:
+    """A tile's accumulators (two vectors a row) into out rows oi.. (row stride o_row bytes)
+    from byte column col."""
+    for r in range(len(accs) // 2):
+        base = builder.add(builder.mul(builder.add(oi, ir.Constant(oi.type, r)), o_row), col)
+        for h in range(2):
+            dst = builder.gep(o_ptr, [builder.add(base, ir.Constant(oi.type, 4 * LANES * h))])
+            builder.store(accs[2 * r + h], builder.bitcast(dst, _ROW.as_pointer()), align=1)
+
+
 def _tile(typingctx: Any, x: Any, xi: Any, wt: Any, out: Any, oi: Any, j0: Any, m: Any) -> Any:
     """out[oi+r, j0:j0+COLS] = x[xi+r] @ wt[:, :COLS] for r < m (a literal <= ROWS); x is
     read through its strides (a packed block's transposed view, or the activation itself)."""
@@ -86,11 +96,7 @@ def _tile(typingctx: Any, x: Any, xi: Any, wt: Any, out: Any, oi: Any, j0: Any, 
 
         zero = ir.Constant(_ROW, [0.0] * LANES)
         accs = _phi_loop(builder, n_k, [zero] * (2 * n_rows), step)
-        for r in range(n_rows):
-            base = builder.add(builder.mul(builder.add(oi_v, k(r)), o_row), col)
-            for h in range(2):
-                dst = builder.gep(o_ptr, [builder.add(base, k(4 * LANES * h))])
-                builder.store(accs[2 * r + h], builder.bitcast(dst, _ROW.as_pointer()), align=1)
+        store_tile(builder, accs, o_ptr, oi_v, o_row, col)
         return context.get_dummy_value()
 
     return sig, codegen

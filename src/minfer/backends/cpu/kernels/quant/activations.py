@@ -29,7 +29,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from minfer.backends.cpu.kernels.region.parts import share
-from minfer.backends.cpu.kernels.simd.blocks import _F32, _I8, _I32, _splat, _vec
+from minfer.backends.cpu.kernels.simd.blocks import _F32, _I32, _splat, _vec
 from minfer.backends.cpu.kernels.simd.blocks import _x86 as _call  # any LLVM intrinsic, by name
 from minfer.backends.cpu.kernels.simd.llvm import f16_to_f32, f32_to_f16
 
@@ -87,14 +87,15 @@ def _extreme(n: int, which: str) -> Any:
     return intrinsic(typer)
 
 
-def _quantizer(n: int, clamp: bool) -> Any:
+def _quantizer(n: int, clamp: bool, bits: int = 8) -> Any:
     """An intrinsic (x, off, scale, q) -> int32: q[off:off + n] = round-half-even(scale * x)
-    (at most 127 when `clamp`), as int8; returns their sum."""
+    (at most 127 when `clamp`), as int8 (int16 with bits=16); returns their sum."""
 
     def typer(typingctx: Any, x: Any, off: Any, scale: Any, q: Any) -> Any:
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             px = _elem_ptr(context, builder, sig.args[0], args[0], args[1], _V16F)
-            pq = _elem_ptr(context, builder, sig.args[3], args[3], args[1], _vec(_I8, 16))
+            pq = _elem_ptr(context, builder, sig.args[3], args[3], args[1],
+                           _vec(ir.IntType(bits), 16))
             splat = _splat(builder, args[2], 16)
             total = ir.Constant(_V16I, [0] * 16)
             for k in range(n // 16):
@@ -104,7 +105,7 @@ def _quantizer(n: int, clamp: bool) -> Any:
                 if clamp:
                     r = _call(builder, "llvm.smin.v16i32", _V16I,
                               [r, ir.Constant(_V16I, [127] * 16)])
-                builder.store(builder.trunc(r, _vec(_I8, 16)),
+                builder.store(builder.trunc(r, _vec(ir.IntType(bits), 16)),
                               builder.gep(pq, [i]), align=1)
                 total = builder.add(total, r)
             return _call(builder, "llvm.vector.reduce.add.v16i32", _I32, [total])
@@ -117,6 +118,7 @@ _max32, _min32 = _extreme(32, "max"), _extreme(32, "min")
 _max256, _min256 = _extreme(256, "max"), _extreme(256, "min")
 _quant32 = _quantizer(32, False)
 _quant16_clamped = _quantizer(16, True)
+quant32_i16 = _quantizer(32, False, 16)  # `linear.gemm_i16`'s activation codes
 
 
 # From this many rows on, the rows are split across the threads (prefill); fewer stay on the
