@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 from collections.abc import Callable
 
 import numba
 import numpy as np
+from kernels_bench import timed  # benchmarks/ runs as the script's folder
 
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels.linear.dispatch import (
@@ -29,16 +29,6 @@ from minfer.backends.cpu.kernels.linear.dispatch import (
     new_activation,
 )
 from minfer.gguf.reader import GGUFFile
-
-
-def median_s(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
 
 
 def paths(raw: np.ndarray, qtype: int, n_in: int, n_out: int, nt: int, compare: bool
@@ -82,7 +72,7 @@ def main() -> None:
                 assert xq is not None
                 bind_quantize(x, xq)()
                 fn = bind_prequant_into(w, qt, xq, out)
-            s = median_s(fn, a.reps)
+            s = timed(fn, a.reps)[1]
             outs.append(out.copy())
             totals[label] = totals.get(label, 0.0) + s
             gf = 2 * a.nt * n_in * n_out / s / 1e9
