@@ -13,11 +13,7 @@ import pytest
 
 from minfer.backends.cpu.kernels import ATTN_BLOCKED_MIN_TOKENS, attention
 from minfer.backends.cpu.kernels.attn.attend import _cache_view
-from minfer.backends.cpu.kernels.attn.blocked import (
-    F32_QUERY_MIN_ROWS,
-    attention_blocked,
-    blocked_available,
-)
+from minfer.backends.cpu.kernels.attn.blocked import attention_blocked, blocked_available
 
 pytestmark = pytest.mark.skipif(not blocked_available(), reason="no callable OpenBLAS sgemm")
 RNG = np.random.default_rng(1)
@@ -28,9 +24,6 @@ def _both(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: np.ndarray, end: n
           ) -> tuple[np.ndarray, np.ndarray]:
     ref, out = np.empty_like(q), np.full_like(q, np.nan)
     kw = dict(n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale)
-    if k.dtype == np.float16 and q.shape[0] >= F32_QUERY_MIN_ROWS:
-        # ggml's tiled flash attention: the query stays f32, the f16 cells are widened exactly
-        k, v = k.astype(np.float32), v.astype(np.float32)
     attention(q, k, v, start, end, out=ref, **kw)  # type: ignore[arg-type]
     attention(q, k, v, start, end, out=out, blocked=True, **kw)  # type: ignore[arg-type]
     return ref, out
@@ -118,21 +111,3 @@ def test_all_windows_empty_and_one_cell() -> None:
 
 def test_threshold_is_a_prefill_size() -> None:
     assert 1 < ATTN_BLOCKED_MIN_TOKENS <= 64
-
-
-@pytest.mark.parametrize("nt", [F32_QUERY_MIN_ROWS - 1, F32_QUERY_MIN_ROWS])
-def test_f16_cache_rounds_the_query_below_ggml_tile(nt: int) -> None:
-    """As ggml's flash attention: an f16 cache's query is rounded to f16 below its 64-row tile
-    (the one-chunk path), kept f32 from it on (the tiled path), whose results differ."""
-    n_head, n_kv, hd = 4, 2, 64
-    q, k, v = _qkv(nt, n_head, n_kv, hd, nt, np.float16)
-    start, end = np.zeros(nt, np.int64), np.arange(1, nt + 1, dtype=np.int64)
-    kw = dict(n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=0.125)
-    rounded, unrounded, out = (np.empty_like(q) for _ in range(3))
-    attention(q, k, v, start, end, out=rounded, **kw)  # type: ignore[arg-type]
-    attention(q, k.astype(np.float32), v.astype(np.float32), start, end, out=unrounded,
-              **kw)  # type: ignore[arg-type]
-    attention(q, k, v, start, end, out=out, blocked=True, **kw)  # type: ignore[arg-type]
-    assert np.abs(rounded - unrounded).max() > 1e-4
-    want = rounded if nt < F32_QUERY_MIN_ROWS else unrounded
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -250,9 +250,8 @@ def test_attention_refuses_heads_off_block_boundaries() -> None:
 
 
 def test_f16_k_beside_quantized_v_rounds_the_query_at_any_size() -> None:
-    """ggml's tiled flash attention (64 query rows on, the query kept f32) takes only K and V of
-    one float type: an f16 K beside a q8_0 V dots the f16-rounded query at any batch size, so
-    the blocked kernel rounds it from 64 rows on too."""
+    """An f16 K beside a q8_0 V dots the f16-rounded query at any batch size (ggml's non-flash
+    path, K's vec-dot type), in the blocked kernel too (70 rows)."""
     if not blocked_available():
         pytest.skip("no BLAS sgemm for the blocked kernel")
     hd, nt, n_head, n_kv, n_ctx = 64, 70, 4, 2, 100

@@ -8,8 +8,7 @@ empty) every kernel computes the same bits as before they existed. Query head h 
 (n_head / n_head_kv). Scores and softmax are f32 with max subtraction; the exp sum is accumulated
 in f64 like ggml's `ggml_vec_soft_max_f32`; exp is the vectorisable `fast_exp` (ggml's SIMD softmax
 uses a polynomial exp as well). With an f16 cache the query is rounded to f16 before the q.k dot,
-as ggml does (its vec_dot type for F16 is F16; the blocked prefill kernel keeps it f32 from 64
-rows on, as ggml's tiled flash attention does); the value mix accumulates in f32. Work is split
+as ggml does (its vec_dot type for F16 is F16); the value mix accumulates in f32. Work is split
 over (token, KV head) so the K/V rows of a window are read once for the whole query-head group.
 Scores and value mix run as vector IR where they can (`attn.vector_ir`: scores summed sixteen cells
 at a time, the value mix's accumulators in registers). From `ROWS_MIN_TOKENS` rows on (a

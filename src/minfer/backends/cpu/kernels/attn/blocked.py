@@ -12,16 +12,14 @@ sgemm. The score tile (448 x 256 f32 for Qwen2.5's 7-head groups) stays in L2, w
 score matrix over the whole window (7 MB at 4,096 cells) went through memory on every pass.
 The softmax's passes are vector IR (`attn.vector_ir.scale_max` / `exp_sum`), sums in f64; the
 output is divided by the sum at the end (the sum with the head's sink logit, where the model
-has attention sinks: `arith.sink_inv`). With an f16 cache, queries are rounded to f16 first only
-below `F32_QUERY_MIN_ROWS` (64) rows, as ggml's flash attention does: from its tile of 64 query
-rows on (ggml's `GGML_FA_TILE_Q`, `ggml_compute_forward_flash_attn_ext_tiled`) it keeps the
-query in f32 and converts the K/V tiles to f32, below it converts the query to K's f16 vec-dot
-type (`..._one_chunk`). Rounding a 128-row prefill's queries was the first difference between
-`minfer imatrix` and llama-imatrix (layer 0's attn_output input 1.1e-5 relative apart, 2.7e-7
-without it).
+has attention sinks: `arith.sink_inv`). Queries are rounded to f16 first when the cache is f16,
+at any row count, as ggml's non-flash attention does (K's f16 vec-dot type): llama-cpp-python's
+default, which the reference fixtures use. ggml's flash attention (llama-server's and
+llama-imatrix's default) keeps the query f32 from 64 rows on (`GGML_FA_TILE_Q`); following it
+moved `minfer imatrix` 10% closer to llama-imatrix's default run (round 19) but away from the
+references, so it was left.
 
-The result equals `attention` up to f32 summation order (from 64 rows on, `attention` over the
-f16 cells widened to f32, its query unrounded), but that order depends on the block
+The result equals `attention` up to f32 summation order, but that order depends on the block
 and tile shapes, so this is only for contexts that are not batch invariant. Work items are
 dealt to the workers of a numba parallel loop, each with one scratch buffer; every sgemm is
 single-threaded on its numba worker (see `linear.sgemm`: two thread pools on the same cores spin
@@ -53,7 +51,6 @@ _TILE = 256  # KV cells per step of the online softmax (a 448 x 256 score tile s
 # 1 thread, causal from cell 0 (per-token vs blocked): nt=16 0.06/0.03 ms, 32 0.14/0.07,
 # 128 0.95/0.55, 512 11.8/6.5; below 32 rows there are too few work items to spread over threads.
 BLOCKED_MIN_TOKENS = 32
-F32_QUERY_MIN_ROWS = 64  # ggml's GGML_FA_TILE_Q: its tiled flash attention keeps the query f32
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
@@ -215,14 +212,13 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarra
                       out: np.ndarray, block: int = 0, softcap: float = 0.0,
                       tile: int = _TILE, sinks: np.ndarray = NO_SINKS) -> None:
     """The blocked kernel on arguments already checked and normalised by `attention` (caches as
-    f32 or uint16 f16 bits; an f16 cache rounds the query to f16 here, on the fly, below
-    `F32_QUERY_MIN_ROWS` query rows; `sinks`: f32 [n_head] sink logits, or empty)."""
+    f32 or uint16 f16 bits; an f16 cache rounds the query to f16 here, on the fly; `sinks`:
+    f32 [n_head] sink logits, or empty)."""
     qc = np.ascontiguousarray(q, dtype=np.float32)
     if block <= 0:  # smaller blocks while there are fewer than two work items per thread
         block = _BLOCK
         while block > 16 and -(-q.shape[0] // block) * n_head_kv < 2 * get_num_threads():
             block //= 2
     _attention_blocked(qc, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale),
-                       np.float32(softcap), sinks,
-                       k.dtype == np.uint16 and q.shape[0] < F32_QUERY_MIN_ROWS, out, block, tile,
+                       np.float32(softcap), sinks, k.dtype == np.uint16, out, block, tile,
                        get_num_threads(), SGEMM, SET_THREADS_LOCAL)

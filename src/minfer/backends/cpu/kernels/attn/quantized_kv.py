@@ -116,12 +116,12 @@ def _run(q: np.ndarray, k: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.nda
         rotate(q, rot_k)
     if is_quant(k):  # llama.cpp dots a quantized K with the (rotated) query as Q8_0 blocks
         q = dequantize_activation(quantize_q8_0(q))
-    if k.dtype == np.uint16:  # f16 K beside a quantized V: the query rounds to f16 at any
-        q = q.astype(np.float16).astype(np.float32)  # size (ggml tiles only K, V of one type)
     if blocked and q.shape[0] and blocked_available():
         attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
                           sinks=sinks)
     else:
+        if k.dtype == np.uint16:  # f16 K: the query rounds to f16 as in the f16 kernel
+            q = q.astype(np.float16).astype(np.float32)
         _attention_q(q, k, v, lo, hi, n_head, n_head_kv, head_dim, np.float32(scale), sinks,
                      out)
     rotate(out, rot_v)  # so were the values: the mix comes out rotated
