@@ -8,7 +8,9 @@ kv_long_prompt.txt), cached in `--cache` and made when missing. Requantizing a q
 what is at hand: the figures measure speed, not quality. `--pure` keeps every matrix in the
 type except where llama-quantize cannot: a type of 256-value blocks falls back (to IQ4_NL, Q4_0,
 Q5_0, Q5_1 or Q8_0) on matrices whose rows are not a multiple of 256 (the 0.5B's 896-wide
-ones), so the table gives the share of each file's bytes per token that are the type.
+ones), and the imatrix types keep output.weight and the token embedding in Q4_K (llama-imatrix
+has no statistics for the output matrix, and ggml refuses the 1-2 bit types without them), so
+the table gives the share of each file's bytes per token that are the type.
 
 Per type, alternating minfer / llama.cpp for `--rounds` rounds (`vs_llamacpp.py`'s runners and
 its page-cache eviction before each run): tg tokens/s (`-n`, `-r` reps), the bytes a decode
@@ -113,7 +115,11 @@ def make_files(names: list[str], source: Path, cache: Path,
                 part.rename(imatrix)
             print(f"making {path} ...", file=sys.stderr, flush=True)
             part = cache / f"{name}.part.gguf"
-            extra = ["--imatrix", str(imatrix)] if wants_imatrix else []
+            # llama-imatrix collects no statistics for output.weight, and ggml refuses the
+            # 1-2 bit types there without them: those files keep the output matrix and the
+            # token embedding in Q4_K (the table's "share of its bytes" column shows it)
+            extra = (["--imatrix", str(imatrix), "--output-tensor-type", "q4_k",
+                      "--token-embedding-type", "q4_k"] if wants_imatrix else [])
             err = _tool(bin_dir, "llama-quantize",
                         ["--allow-requantize", "--pure", *extra, str(source), str(part),
                          qtype, "2"], cache / f"{name}.log")
