@@ -34,7 +34,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from minfer.backends.cpu.kernels.linear.dots_q2k import mv_q2_k, mv_q2_k_x
 from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16, round_to_f16
 from minfer.backends.cpu.kernels.linear.row_drivers import (
     expert_form,
@@ -47,6 +46,7 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_iq4_xsr,
     mv_mxfp4,
     mv_mxfp4p,
+    mv_q2_k,
     mv_q4_0,
     mv_q4_0p,
     mv_q4_1,
@@ -62,6 +62,7 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_q7_kr,
     mv_q8_0,
     mv_q8_0p,
+    mv_tq2_0,
 )
 from minfer.backends.cpu.kernels.linear.sgemm import sgemm_tiles
 from minfer.backends.cpu.kernels.quant.activations import (
@@ -139,8 +140,8 @@ _BLOCK32 = {
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
-           QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr, QType.IQ4_XS: mv_iq4_xs,
-           QType.IQ4_XS_PACKED: mv_iq4_xsr}
+           QType.TQ2_0: mv_tq2_0, QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr,
+           QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -231,7 +232,7 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS and MXFP4 among them), or for Q3_K, the i-quants below IQ4 and TQ1_0 / TQ2_0 a copy
+    IQ4_XS, MXFP4 and TQ2_0 among them), or for Q3_K, the i-quants below IQ4 and TQ1_0 a copy
     widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
@@ -285,7 +286,7 @@ def bind_experts_into(w3: np.ndarray, qtype: int, groups: np.ndarray, n_groups: 
     it per call)."""
     qt = qtype_of(qtype)
     fn, want, label = _kernel_for(qt)
-    fn_x: Any = mv_q2_k_x if fn is mv_q2_k else expert_form(fn)
+    fn_x: Any = expert_form(fn)
     n_in = weight_view(w3[0], qt)[1]
     if qt in _FLOAT:
         if xq is not None:

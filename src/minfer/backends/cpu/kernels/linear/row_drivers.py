@@ -1,7 +1,7 @@
 """The row-parallel matrix-vector drivers, written once as templates and generated per type.
 
 Every integer dot kernel on plain weights (`linear.dots32`: Q4_0 .. Q8_0, IQ4_NL, MXFP4;
-`linear.dots_k`: Q4_K .. Q6_K, IQ4_XS) runs the
+`linear.dots_k`: Q2_K .. Q6_K, IQ4_XS, TQ2_0) runs the
 same skeleton around its type's row intrinsics (`simd.blocks`, `simd.kquants`): rows split across
 threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
 at a time while rows have at most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit
@@ -385,6 +385,8 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("q6_k"),
     _kquant("q7_k"),
     _kquant("iq4_xs"),
+    _kquant("q2_k"),
+    _kquant("tq2_0"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "koffset_corr(bsums, 32)"),
     _rows_k("q7_k", "koffset_corr(bsums, 64)"),
@@ -442,6 +444,8 @@ mv_q5_k: Any = _M.mv_q5_k
 mv_q6_k: Any = _M.mv_q6_k
 mv_q7_k: Any = _M.mv_q7_k
 mv_iq4_xs: Any = _M.mv_iq4_xs
+mv_q2_k: Any = _M.mv_q2_k
+mv_tq2_0: Any = _M.mv_tq2_0
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
 mv_q7_kr: Any = _M.mv_q7_kr

@@ -22,8 +22,8 @@ Byte layouts (little-endian, f16 = IEEE half):
         v = d*(sc-32)*(q-4 if the third bit is clear else q) per 16-value sub-block
   IQ4_NL (32 values, 18 B): d f16 | qs[16] (as Q4_0), v = d*level[q], ggml's 16 levels
   IQ1_S .. IQ4_XS, TQ1_0, TQ2_0, MXFP4: see `quant.iquants` (each dequantized exactly; IQ4_XS
-        and MXFP4 dotted in their own blocks as IQ4_NL is, the others run as exact
-        re-encodings into Q6_K / Q7_K, `quant.reencode`)
+        and MXFP4 dotted in their own blocks as IQ4_NL is, TQ2_0 in its own as Q2_K, the
+        others run as exact re-encodings into Q6_K / Q7_K, `quant.reencode`)
   Q7_K  (minfer's own, never in a file; 256 values, 276 B): codes u8[256] (q + 64, |q| <= 63)
         | scales int8[16] | d f32, v = d*sc*q per 16-value sub-block. The re-encoding of the
         IQ2 types, whose lattice values (up to 43) do not fit Q6_K's codes (and of IQ1 /
