@@ -94,18 +94,23 @@ from minfer.backends.cpu.kernels.simd.interleaved import QH_SLICED, ROWS, SIGN_T
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
 PREFILL_MIN_TOKENS = 32
 _FLOAT_MIN = {QType.F32: 16, QType.F16: 16, QType.BF16: 16}
+_NEVER = 1 << 62
 _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
     # widened copies (`quant.reencode`): their Q6_K / Q7_K kernel's
     **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
-                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0), 128),
+                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0), 128),
     QType.IQ4_NL: 64, QType.IQ4_XS: 64, QType.MXFP4: 64,
+    # the plain Q2_K / TQ2_0 rows (`simd.kquants`), one layer of the 1.5B's --pure files, 2
+    # threads, Intel SPR compiled for Haswell, loaded host, ms against sgemm: Q2_K 128 / 256 /
+    # 512 tokens 353 / 557 / 1313 against 387 / 518 / 1029; TQ2_0 faster at every count (512:
+    # 897 against 1264; as fast as its former widened Q6_K_PACKED copy from 64 on, 1.4x at one)
+    QType.Q2_K: 256, QType.TQ2_0: _NEVER,
 }
-_NEVER = 1 << 62
-# Q2_K dots in plain loops (`linear.dots_q2k`), Q3_K on a re-encoded copy (`quant.reencode`):
-# dequantized tiles of the file's weight through sgemm win from here on.
-_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS}
+# Q3_K's plain rows run on a re-encoded copy (`quant.reencode`): dequantized tiles of the file's
+# weight through sgemm win from here on.
+_PLAIN_LOOP_MIN = {QType.Q3_K: PREFILL_MIN_TOKENS}
 
 
 def prefill_min_tokens(qtype: int) -> int:
