@@ -1,8 +1,9 @@
 """Q2_K and TQ2_0 on their vector row kernels (`simd.kquants`, kinds "q2" / "tq2"), reading the
-file's blocks: ggml's integer sums exactly, the float steps within f32 rounding of the float64
-value, for random blocks with extreme scales, mins and block scales; the plain driver, its
-parallel region's parts and its expert form give the same bits, and a row alone the same bits
-as in any batch."""
+file's blocks, and interleaved 16 rows at a time (Q2_K_PACKED / TQ2_0_PACKED,
+`simd.interleaved_k`): ggml's integer sums exactly, the float steps within f32 rounding of the
+float64 value, for random blocks with extreme scales, mins and block scales; the plain driver,
+its parallel region's parts and its expert form give the same bits, and a row alone the same
+bits as in any batch."""
 
 from __future__ import annotations
 
@@ -11,13 +12,21 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
 
-from minfer.backends.cpu.kernels import QType, integer_weight, quantize_activation
+from minfer.backends.cpu.kernels import (
+    QType,
+    integer_weight,
+    matmul,
+    packable,
+    quantize_activation,
+    repack_weight,
+)
 from minfer.backends.cpu.kernels.linear import row_drivers
 from minfer.backends.cpu.kernels.linear.dispatch import (
     _kernel_for,
     bind_experts_into,
     bind_prequant,
 )
+from minfer.backends.cpu.kernels.quant.types import PACKED_TYPES
 from minfer.backends.cpu.kernels.reference import random_iquant_blocks, ref_quantize_q8_k
 
 from .test_kernels_batch_invariance import _alone, _assert_batches_match, _prequant
@@ -122,3 +131,32 @@ def test_rows_are_batch_invariant(qt: QType) -> None:
     x = _x(20, n_in, seed=int(qt))
     run = _prequant(w, qt)
     _assert_batches_match(run, x, _alone(run, x, N_OUT), range(1, 21))
+
+
+@pytest.mark.parametrize("qt", TYPES, **IDS)
+def test_interleaved_rows_equal_the_dequantized_dot(qt: QType) -> None:
+    """The rows interleaved 16 at a time (`repack_weight`): the same integer sums, within f32
+    rounding of the float64 value, for one row, every token pass and across token tiles; a
+    row's bits the same alone and in batches; a parallel region's parts the driver's bits."""
+    n_in, n_out = 256 * 3, 48
+    if not packable(qt, n_in, n_out):
+        pytest.skip(f"{qt.name} has no interleaved layout on this CPU")
+    w = _weight(qt, n_out, n_in, seed=4)
+    wp, pq = repack_weight(w, qt)
+    assert pq is PACKED_TYPES[qt] and wp.shape == w.shape
+    x = _x(40, n_in)
+    ref, terms = _reference(w, qt, x)
+    out = np.empty((40, n_out), np.float32)
+    matmul(wp, pq, x, out)
+    assert np.all(np.abs(out - ref) <= 1e-6 * terms + 1e-30)
+    run = _prequant(wp, pq)
+    _assert_batches_match(run, x, _alone(run, x, n_out), (1, 2, 3, 5, 8, 9, 16, 33, 40))
+    fn = _kernel_for(pq)[0]
+    xq = quantize_activation(x, pq)
+    args = (wp, xq.qs, xq.d, xq.bsums)
+    parts = np.full_like(out, np.nan)
+    part = getattr(row_drivers._M, f"{fn.py_func.__name__}_part")
+    for p in range(3):
+        part(p, 3, *args, parts)
+    fn(*args, out)
+    assert np.array_equal(parts, out)

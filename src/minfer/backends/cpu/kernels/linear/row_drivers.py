@@ -391,6 +391,8 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _rows_k("q6_k", "koffset_corr(bsums, 32)"),
     _rows_k("q7_k", "koffset_corr(bsums, 64)"),
     _rows_k("iq4_xs", f"iq4_corr(bsums, {Q8_ROWS_OFFSET})"),
+    _rows_k("q2_k", "bsums"),
+    _rows_k("tq2_0", "koffset_corr(bsums, 1)"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
     FloatDriver("mv_f16", "fdot_f16",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
@@ -450,6 +452,8 @@ mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
 mv_q7_kr: Any = _M.mv_q7_kr
 mv_iq4_xsr: Any = _M.mv_iq4_xsr
+mv_q2_kr: Any = _M.mv_q2_kr
+mv_tq2_0r: Any = _M.mv_tq2_0r
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16
