@@ -30,7 +30,7 @@ from minfer.backends.cpu.kernels.reference import (
 # the type each one runs as (at moderate scales: see test_tiny_scales_keep_exact_copies)
 WIDENED = {QType.IQ2_XXS: QType.Q7_K, QType.IQ2_XS: QType.Q7_K, QType.IQ2_S: QType.Q7_K,
            QType.IQ3_XXS: QType.Q6_K, QType.IQ3_S: QType.Q6_K, QType.IQ1_S: QType.Q6_K,
-           QType.IQ1_M: QType.Q6_K, QType.TQ1_0: QType.Q6_K, QType.TQ2_0: QType.Q6_K,
+           QType.IQ1_M: QType.Q6_K, QType.TQ1_0: QType.Q6_K, QType.TQ2_0: QType.TQ2_0,
            QType.IQ4_XS: QType.IQ4_XS, QType.MXFP4: QType.MXFP4}
 # the 4-bit level-table types, dotted in the file's blocks
 LUT_TYPES = [QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]

@@ -92,8 +92,8 @@ def test_sgemm_and_integer_paths_agree_to_float_rounding(qt: QType) -> None:
     assert np.abs(big[5] - small[0]).max() < 1e-5 * np.abs(big[5]).max()
 
 
-@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.Q3_K],
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.Q3_K,
+                                QType.Q2_K], ids=lambda q: q.name)
 def test_prefill_sized_batch_takes_a_path_that_matches_its_rows(qt: QType) -> None:
     """matmul on a prefill-sized batch: with AVX512-VNNI the integer path, whose rows are
     bitwise the one-row result; elsewhere the sgemm path, equal to float rounding."""

@@ -15,9 +15,9 @@ form the block sums with transposed vpdpbusd, so at 512 tokens they run at 280-4
 threads against 180-245 for dequantized tiles through BLAS sgemm (benchmarks/kernels_bench.py
 --crossover, re-measured per type at nt 16..512). They are also bitwise batch-invariant and use
 llama.cpp's arithmetic (Q8 activations), so prefill and decode agree exactly. On AVX2 (with or
-without AVX-VNNI) the interleaved rows (`repack_weight`: Q4_0 / Q5_0 / Q4_K / Q6_K / Q7_K, and Q8_0:
-with VNNI, or for a batched engine, see `packable`) run as two ymm halves and are likewise the
-fastest path at every batch size: measured
+without AVX-VNNI) the interleaved rows (`repack_weight`: Q4_0 / Q5_0 / Q4_K / Q6_K / Q7_K /
+Q2_K / TQ2_0, and Q8_0: with VNNI, or for a batched engine, see `packable`) run as two ymm
+halves and are likewise the fastest path at every batch size: measured
 on AMD EPYC (Zen 4) compiled for Haswell, 2 threads, against the sgemm path at 512 tokens Q5_0
 23.1 vs 23.9 ms (4864 x 896), Q4_K 58 vs 76 (8960 x 1536), Q6_K 60 vs 124 (1536 x 8960), and
 1.3-2x faster than the plain integer rows at 4-64 tokens. Float weights, and other quantized
@@ -34,7 +34,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from minfer.backends.cpu.kernels.linear.dots_q2k import mv_q2_k, mv_q2_k_x
 from minfer.backends.cpu.kernels.linear.float_rows import round_to_bf16, round_to_f16
 from minfer.backends.cpu.kernels.linear.row_drivers import (
     expert_form,
@@ -47,6 +46,8 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_iq4_xsr,
     mv_mxfp4,
     mv_mxfp4p,
+    mv_q2_k,
+    mv_q2_kr,
     mv_q4_0,
     mv_q4_0p,
     mv_q4_1,
@@ -62,6 +63,8 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_q7_kr,
     mv_q8_0,
     mv_q8_0p,
+    mv_tq2_0,
+    mv_tq2_0r,
 )
 from minfer.backends.cpu.kernels.linear.sgemm import sgemm_tiles
 from minfer.backends.cpu.kernels.quant.activations import (
@@ -93,18 +96,24 @@ from minfer.backends.cpu.kernels.simd.interleaved import QH_SLICED, ROWS, SIGN_T
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
 PREFILL_MIN_TOKENS = 32
 _FLOAT_MIN = {QType.F32: 16, QType.F16: 16, QType.BF16: 16}
+_NEVER = 1 << 62
 _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
     # widened copies (`quant.reencode`): their Q6_K / Q7_K kernel's
     **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
-                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0), 128),
+                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0), 128),
     QType.IQ4_NL: 64, QType.IQ4_XS: 64, QType.MXFP4: 64,
+    # the plain Q2_K / TQ2_0 rows (`simd.kquants`; their interleaved rows, where the row count
+    # is a multiple of 16, take the integer path throughout), one layer of the 1.5B's --pure
+    # files, 2 threads, Intel SPR compiled for Haswell, loaded host, ms against sgemm: Q2_K
+    # 128 / 256 / 512 tokens 353 / 557 / 1313 against 387 / 518 / 1029; TQ2_0 faster at every
+    # count (512: 897 against 1264)
+    QType.Q2_K: 256, QType.TQ2_0: _NEVER,
 }
-_NEVER = 1 << 62
-# Q2_K dots in plain loops (`linear.dots_q2k`), Q3_K on a re-encoded copy (`quant.reencode`):
-# dequantized tiles of the file's weight through sgemm win from here on.
-_PLAIN_LOOP_MIN = {QType.Q2_K: PREFILL_MIN_TOKENS, QType.Q3_K: PREFILL_MIN_TOKENS}
+# Q3_K's plain rows run on a re-encoded copy (`quant.reencode`): dequantized tiles of the file's
+# weight through sgemm win from here on.
+_PLAIN_LOOP_MIN = {QType.Q3_K: PREFILL_MIN_TOKENS}
 
 
 def prefill_min_tokens(qtype: int) -> int:
@@ -139,8 +148,9 @@ _BLOCK32 = {
 _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
-           QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr, QType.IQ4_XS: mv_iq4_xs,
-           QType.IQ4_XS_PACKED: mv_iq4_xsr}
+           QType.TQ2_0: mv_tq2_0, QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr,
+           QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr,
+           QType.Q2_K_PACKED: mv_q2_kr, QType.TQ2_0_PACKED: mv_tq2_0r}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -151,7 +161,8 @@ PACKED_FORM = "cpu-packed-qhs" if QH_SLICED else "cpu-packed"
 @functools.lru_cache(maxsize=256)  # asked once per matmul node per forward
 def packable(qtype: int, n_in: int, n_out: int, batched: bool = True) -> bool:
     """Whether `repack_weight` has a faster layout for this weight: Q4_0 / Q5_0 / Q8_0 / Q4_K /
-    Q6_K / IQ4_NL / IQ4_XS / MXFP4, and the widened Q7_K copies (`integer_weight`), with a
+    Q6_K / IQ4_NL / IQ4_XS / MXFP4 / Q2_K / TQ2_0, and the widened Q7_K copies
+    (`integer_weight`), with a
     multiple of 16 rows (interleaved 16 at a time) on a CPU with AVX2 at least.
     Q8_0 without VNNI (the sign trick, `simd.interleaved.SIGN_TRICK`) only where the weight
     is `batched` (read by many rows at a time): its interleaved rows are 1.7-2x faster from two
@@ -173,7 +184,7 @@ def repack_weight(w_raw: np.ndarray, qtype: int, out: np.ndarray | None = None
     if not packable(qt, n_in, w.shape[0]):
         raise ValueError(f"{qt.name} weight of {w.shape[0]} rows has no repacked layout here")
     dst = np.empty(w.shape, np.uint8) if out is None else out.reshape(w.shape)
-    if qt in (QType.Q4_K, QType.Q6_K, QType.Q7_K, QType.IQ4_XS):
+    if qt in (QType.Q4_K, QType.Q6_K, QType.Q7_K, QType.IQ4_XS, QType.Q2_K, QType.TQ2_0):
         interleave_kquant(w, qt.name.lower(), dst)
     else:
         interleave_block32(w, BLOCK_LAYOUT[qt][1], dst, qh_sliced=QH_SLICED)
@@ -231,7 +242,7 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS and MXFP4 among them), or for Q3_K, the i-quants below IQ4 and TQ1_0 / TQ2_0 a copy
+    IQ4_XS, MXFP4 and TQ2_0 among them), or for Q3_K, the i-quants below IQ4 and TQ1_0 a copy
     widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
@@ -285,7 +296,7 @@ def bind_experts_into(w3: np.ndarray, qtype: int, groups: np.ndarray, n_groups: 
     it per call)."""
     qt = qtype_of(qtype)
     fn, want, label = _kernel_for(qt)
-    fn_x: Any = mv_q2_k_x if fn is mv_q2_k else expert_form(fn)
+    fn_x: Any = expert_form(fn)
     n_in = weight_view(w3[0], qt)[1]
     if qt in _FLOAT:
         if xq is not None:

@@ -1,11 +1,12 @@
-"""Integer dot kernels for the K-quants (256-value super-blocks): Q4_K, Q5_K, Q6_K.
+"""Integer dot kernels for the K-quants (256-value super-blocks): Q2_K, Q4_K, Q5_K, Q6_K (and
+IQ4_XS, TQ2_0, the Q7_K re-encoding).
 
 The activation is Q8_K (`quant.activations.Q8KBlocks`). Per super-block the integer part is exactly
 ggml's
 (`ggml_vec_dot_q4_K_q8_K` and siblings): sum over sub-blocks of scale * (codes . int8 quants),
-accumulated in int32 lanes per super-block by the `simd_k.rowdot_*_k` row intrinsics (which also
-unpack the 6-bit scales and dot the mins (Q4_K/Q5_K), or Q6_K's -32 offset times its scales,
-with the activation's 16-value `bsums`). The float part is
+accumulated in int32 lanes per super-block by the `simd.kquants.rowdot_*` row intrinsics (which
+also unpack the scales and dot the mins (Q4_K/Q5_K/Q2_K), or Q6_K's -32 offset times its scales,
+TQ2_0's -1, with the activation's 16-value `bsums`). The float part is
 `d_x * d_w * sumi` plus `-d_x * dmin_w * summ` in f32 (order differs from ggml's SIMD lanes:
 agreement to f32 rounding). The plain drivers (`mv_q4_k`, ...) are `linear.dots32`'s skeleton,
 generated

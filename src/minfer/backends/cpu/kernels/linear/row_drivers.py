@@ -1,7 +1,7 @@
 """The row-parallel matrix-vector drivers, written once as templates and generated per type.
 
 Every integer dot kernel on plain weights (`linear.dots32`: Q4_0 .. Q8_0, IQ4_NL, MXFP4;
-`linear.dots_k`: Q4_K .. Q6_K, IQ4_XS) runs the
+`linear.dots_k`: Q2_K .. Q6_K, IQ4_XS, TQ2_0) runs the
 same skeleton around its type's row intrinsics (`simd.blocks`, `simd.kquants`): rows split across
 threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
 at a time while rows have at most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit
@@ -385,10 +385,14 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("q6_k"),
     _kquant("q7_k"),
     _kquant("iq4_xs"),
+    _kquant("q2_k"),
+    _kquant("tq2_0"),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "koffset_corr(bsums, 32)"),
     _rows_k("q7_k", "koffset_corr(bsums, 64)"),
     _rows_k("iq4_xs", f"iq4_corr(bsums, {Q8_ROWS_OFFSET})"),
+    _rows_k("q2_k", "bsums"),
+    _rows_k("tq2_0", "koffset_corr(bsums, 1)"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
     FloatDriver("mv_f16", "fdot_f16",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
@@ -442,10 +446,14 @@ mv_q5_k: Any = _M.mv_q5_k
 mv_q6_k: Any = _M.mv_q6_k
 mv_q7_k: Any = _M.mv_q7_k
 mv_iq4_xs: Any = _M.mv_iq4_xs
+mv_q2_k: Any = _M.mv_q2_k
+mv_tq2_0: Any = _M.mv_tq2_0
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
 mv_q7_kr: Any = _M.mv_q7_kr
 mv_iq4_xsr: Any = _M.mv_iq4_xsr
+mv_q2_kr: Any = _M.mv_q2_kr
+mv_tq2_0r: Any = _M.mv_tq2_0r
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16

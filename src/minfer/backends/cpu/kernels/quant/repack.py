@@ -8,7 +8,8 @@ them for every call and every token pass:
 - Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4 (`interleave_block32`): 16 rows at a time, block column
   by block column, each column's 16 blocks as one packed group whose int32 lane i holds 4
   codes of row i (see `simd.interleaved._group`).
-- Q4_K / Q6_K / Q7_K / IQ4_XS (`interleave_kquant`): 16 rows at a time, super-block column by
+- Q4_K / Q6_K / Q7_K / IQ4_XS / Q2_K / TQ2_0 (`interleave_kquant`): 16 rows at a time,
+  super-block column by
   column, the rows' scales side by side and each sub-block's codes as vectors whose int32 lane i
   holds 4 codes of row i (see `simd.interleaved_k`).
 """
@@ -134,7 +135,7 @@ def interleave_block32(w: np.ndarray, size: int, out: np.ndarray, *, qh_sliced: 
 # column,
 # a header of the rows' fields side by side, then per sub-block the 16 rows' codes as vectors whose
 # dword i is row i's (see `simd.interleaved_k` for the byte order).
-KQUANT_SIZES = {"q4_k": 144, "q6_k": 210, "q7_k": 276, "iq4_xs": 136}
+KQUANT_SIZES = {"q4_k": 144, "q6_k": 210, "q7_k": 276, "iq4_xs": 136, "q2_k": 84, "tq2_0": 66}
 
 
 @njit(inline="always")
@@ -153,6 +154,30 @@ def _k_codes(row, b, q6, codes):
             p, r = v // 64, v % 64
             byte = row[b + 16 + 32 * p + r % 32]
             codes[v] = (byte >> np.uint8(4)) if r >= 32 else (byte & np.uint8(15))
+
+
+@njit(inline="always")
+def _two_bit_group(row, b, size, flat, o, i):
+    """Row i's Q2_K (84-byte: scales[16] | qs[64] | d | dmin) or TQ2_0 (66-byte: qs[64] | d)
+    super-block at byte b into the group at o: d of the 16 rows, (Q2_K) their dmin, scale byte k
+    of the 16 rows for k = 0..15, then per 16-value sub-block k one 64-byte vector whose byte
+    4i + c holds row i's codes c, 4 + c, 8 + c, 12 + c at bits 0, 2, 4, 6."""
+    q2 = size == 84
+    qs, d_at, codes_at = (16, 80, 320) if q2 else (0, 64, 32)
+    flat[o + 2 * i], flat[o + 2 * i + 1] = row[b + d_at], row[b + d_at + 1]
+    if q2:
+        flat[o + 32 + 2 * i], flat[o + 33 + 2 * i] = row[b + 82], row[b + 83]
+        for k in range(16):
+            flat[o + 64 + 16 * k + i] = row[b + k]
+    for k in range(16):
+        for c in range(4):
+            byte = np.uint8(0)
+            for m in range(4):
+                v = 16 * k + 4 * m + c  # value 128 h + 32 s + l: (qs[32 h + l] >> 2 s) & 3
+                code = (row[b + qs + 32 * (v // 128) + v % 32] >> np.uint8(2 * (v % 128 // 32))
+                        ) & np.uint8(3)
+                byte |= code << np.uint8(2 * m)
+            flat[o + codes_at + 64 * k + 4 * i + c] = byte
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -175,6 +200,9 @@ def _interleave_super(w, out, size, q6):
                             for c in range(4):
                                 flat[o + 320 + 256 * k + 64 * m + 4 * i + c] = (
                                     row[b + 16 * k + 4 * m + c])
+                    continue
+                if size == 84 or size == 66:  # Q2_K / TQ2_0: d | (dmin | scale bytes) | codes
+                    _two_bit_group(row, b, size, flat, o, i)
                     continue
                 if size == 136:  # IQ4_XS: d | scales_h | scales_l | each sub-block's 16 qs
                     flat[o + 2 * i], flat[o + 2 * i + 1] = row[b], row[b + 1]
@@ -219,7 +247,7 @@ def _interleave_super(w, out, size, q6):
 
 
 def interleave_kquant(w: np.ndarray, kind: str, out: np.ndarray) -> None:
-    """A Q4_K / Q6_K / Q7_K / IQ4_XS weight (uint8 [n_out, row bytes], n_out a multiple of 16)
-    with each group of 16 rows rewritten super-block column by column (read by
+    """A Q4_K / Q6_K / Q7_K / IQ4_XS / Q2_K / TQ2_0 weight (uint8 [n_out, row bytes], n_out a
+    multiple of 16) with each group of 16 rows rewritten super-block column by column (read by
     `simd.interleaved_k`). Same size, exact; written into `out` (w's shape)."""
     _interleave_super(w, out, KQUANT_SIZES[kind], kind == "q6_k")

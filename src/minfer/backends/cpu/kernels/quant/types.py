@@ -22,8 +22,8 @@ Byte layouts (little-endian, f16 = IEEE half):
         v = d*(sc-32)*(q-4 if the third bit is clear else q) per 16-value sub-block
   IQ4_NL (32 values, 18 B): d f16 | qs[16] (as Q4_0), v = d*level[q], ggml's 16 levels
   IQ1_S .. IQ4_XS, TQ1_0, TQ2_0, MXFP4: see `quant.iquants` (each dequantized exactly; IQ4_XS
-        and MXFP4 dotted in their own blocks as IQ4_NL is, the others run as exact
-        re-encodings into Q6_K / Q7_K, `quant.reencode`)
+        and MXFP4 dotted in their own blocks as IQ4_NL is, TQ2_0 in its own as Q2_K, the
+        others run as exact re-encodings into Q6_K / Q7_K, `quant.reencode`)
   Q7_K  (minfer's own, never in a file; 256 values, 276 B): codes u8[256] (q + 64, |q| <= 63)
         | scales int8[16] | d f32, v = d*sc*q per 16-value sub-block. The re-encoding of the
         IQ2 types, whose lattice values (up to 43) do not fit Q6_K's codes (and of IQ1 /
@@ -32,7 +32,8 @@ Byte layouts (little-endian, f16 = IEEE half):
 Float weights: F32 (float32), F16 (uint16 half bits or float16), BF16 (uint16 bits).
 
 The *_PACKED types are minfer's own ids (never in a file): the CPU backend's repacked copies of
-Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 weights and of the widened Q7_K copies
+Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 / Q2_K / TQ2_0 weights and of the
+widened Q7_K copies
 (Q7_K_PACKED, which replaces the Q7_K copy: no more memory) (`quant.repack`: the same
 information rearranged 16 rows at a time, so that int32 lane i of the integer dots' vectors is
 row i). Only the integer matmul reads them; nothing dequantizes them.
@@ -89,6 +90,8 @@ class QType(IntEnum):
     IQ4_NL_PACKED = 0x1000 + _G.IQ4_NL.value
     IQ4_XS_PACKED = 0x1000 + _G.IQ4_XS.value
     MXFP4_PACKED = 0x1000 + _G.MXFP4.value
+    Q2_K_PACKED = 0x1000 + _G.Q2_K.value
+    TQ2_0_PACKED = 0x1000 + _G.TQ2_0.value
     Q7_K = 0x2000  # minfer's own wide layout (see the module docstring)
     Q7_K_PACKED = 0x1000 + 0x2000
 
@@ -101,7 +104,8 @@ _WEIGHT_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType
                  QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
                  QType.TQ1_0, QType.TQ2_0, QType.MXFP4, QType.Q4_0_PACKED, QType.Q5_0_PACKED,
                  QType.Q8_0_PACKED, QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.IQ4_NL_PACKED,
-                 QType.IQ4_XS_PACKED, QType.MXFP4_PACKED)
+                 QType.IQ4_XS_PACKED, QType.MXFP4_PACKED, QType.Q2_K_PACKED,
+                 QType.TQ2_0_PACKED)
 BLOCK_LAYOUT: dict[QType, tuple[int, int]] = {
     **{qt: GGML_QUANT_SIZES[_G(qt & 0xFFF)] for qt in _WEIGHT_TYPES}, QType.Q7_K: (256, 276),
     QType.Q7_K_PACKED: (256, 276)}
@@ -109,7 +113,8 @@ PACKED_TYPES = {QType.Q4_0: QType.Q4_0_PACKED, QType.Q5_0: QType.Q5_0_PACKED,
                 QType.Q8_0: QType.Q8_0_PACKED, QType.Q4_K: QType.Q4_K_PACKED,
                 QType.Q6_K: QType.Q6_K_PACKED, QType.IQ4_NL: QType.IQ4_NL_PACKED,
                 QType.IQ4_XS: QType.IQ4_XS_PACKED, QType.MXFP4: QType.MXFP4_PACKED,
-                QType.Q7_K: QType.Q7_K_PACKED}
+                QType.Q7_K: QType.Q7_K_PACKED, QType.Q2_K: QType.Q2_K_PACKED,
+                QType.TQ2_0: QType.TQ2_0_PACKED}
 
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 BLOCK32_TYPES = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
@@ -120,12 +125,13 @@ KQUANT_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.
                           QType.IQ4_XS,
                           QType.IQ4_XS_PACKED,
                           QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
-                          QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0})
+                          QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0,
+                          QType.Q2_K_PACKED, QType.TQ2_0_PACKED})
 # minfer's own layouts, made from a file's weights (never read from a file)
 DERIVED_TYPES = frozenset({QType.Q4_0_PACKED, QType.Q5_0_PACKED, QType.Q8_0_PACKED,
                            QType.Q4_K_PACKED, QType.Q6_K_PACKED, QType.IQ4_NL_PACKED,
                            QType.IQ4_XS_PACKED, QType.MXFP4_PACKED, QType.Q7_K,
-                           QType.Q7_K_PACKED})
+                           QType.Q7_K_PACKED, QType.Q2_K_PACKED, QType.TQ2_0_PACKED})
 
 
 # the GGML types a file's weights may have (what `qtype_of` accepts from a file), by name

@@ -1,4 +1,5 @@
-"""Row-group dots for Q4_K / Q6_K / Q7_K / IQ4_XS weights interleaved sixteen rows at a time
+"""Row-group dots for Q4_K / Q6_K / Q7_K / IQ4_XS / Q2_K / TQ2_0 weights interleaved sixteen rows
+at a time
 (`quant.repack.interleave_kquant`), as LLVM vector IR intrinsics (AVX512-VNNI).
 
 The idea of `simd.interleaved` carried to the 256-value super-blocks: per group of 16 weight rows
@@ -25,6 +26,14 @@ sums come from vpdpbusd against its activation dwords broadcast. Interleaved sup
   activation's 32-value sums, `linear.dots_k.iq4_corr`; int8 and the sign trick on AVX2), the
   6-bit scale minus 32 applied in float as Q4_K's. Its batched passes take 16 tokens on zmm
   (`WIDE_PASS`: the unpacking shared by twice the tokens).
+- Q2_K (16 x 84): d of the 16 rows, their dmin, scale byte k of the 16 rows (scale | min << 4)
+  for k = 0..15, then per 16-value sub-block one vector, byte c of lane i holding row i's codes
+  c, 4 + c, 8 + c, 12 + c at bits 0, 2, 4, 6 (four shifts and masks make the four code vectors).
+  Q6_K's step with 4-bit scales and no offset, plus Q4_K's mins term: the 16 mins in 8 word
+  pairs vpdpwssd-ed with the activation's 16-value sums as they are (`bsums`).
+- TQ2_0 (16 x 66): d of the 16 rows, then Q2_K's code vectors. Unit scales: each token's 16
+  sub-block sums are one integer chain from -1 x the 16-value sums (`koffset_corr(bsums, 1)`),
+  one float step per super-block.
 
 Per token and super-block:
 
@@ -96,7 +105,8 @@ from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
 # against 21.9 at 4. 2-4 KiB ahead were alike, 8 KiB less good (on weights past the L3's size).
 PF_BYTES = 4096
 # (values per aux item, its bytes)
-_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "q7_k": (16, 4), "iq4_xs": (32, 4)}
+_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "q7_k": (16, 4), "iq4_xs": (32, 4),
+              "q2_k": (16, 2), "tq2_0": (16, 4)}
 
 
 def _ivec(v: int, lanes: int = ROWS) -> Any:
@@ -337,6 +347,83 @@ def _iq4xs_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any
             for i, tok in enumerate(toks)]
 
 
+def _two_bit_super(kind: str) -> Any:
+    """The super-block step of Q2_K / TQ2_0 (one template; TQ2_0 is Q2_K's codes with unit
+    scales, no mins and a -1 offset)."""
+    q2 = kind == "q2_k"
+    size, codes_at = (84, 320) if q2 else (66, 32)  # after d (and dmin, the scale bytes)
+
+    def step(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
+             rows: RowSpan) -> list[Any]:
+        """Super-block column s of the row group for every token: the new accumulators."""
+        w, base, n, lanes = f.w, _column(builder, f, s, size), 4 * rows.lanes, rows.lanes
+
+        def at(off: int) -> Any:
+            return builder.add(base, _c(off))
+
+        d = halves(builder, w, at(2 * rows.first), lanes)
+
+        def scale_bytes(k: Any) -> Any:  # byte k of the rows' scales: scale | min << 4
+            return builder.zext(_ld(builder, w, builder.add(at(64 + rows.first),
+                                                            builder.mul(k, _c(16))),
+                                    _vec(_I8, lanes)), _vec(_I32, lanes))
+
+        def sub_block(k: Any, sums: list[Any]) -> list[Any]:  # a loop, as Q4_K's
+            if rows.prefetch:
+                _prefetch_part(builder, f, base, k, size, 16)
+            v = _ld(builder, w, builder.add(at(codes_at + 4 * rows.first),
+                                            builder.mul(k, _c(64))), _vec(_I8, n))
+            codes = [builder.and_(builder.lshr(v, _splat(builder, 2 * m, n)) if m else v,
+                                  _splat(builder, 3, n)) for m in range(4)]
+            dsc = (builder.fmul(d, builder.uitofp(builder.and_(scale_bytes(k), _ivec(15, lanes)),
+                                                  _vec(_F32, lanes))) if q2 else None)
+            new = []
+            for i, tok in enumerate(toks):
+                xo = builder.add(tok[0], builder.add(builder.mul(s, _c(256)),
+                                                     builder.mul(k, _c(16))))
+                xs = [_as_bytes(builder, _bcast(builder, f.x, builder.add(xo, _c(4 * m)), lanes))
+                      for m in range(4)]
+                part: Any = _ivec(0, lanes)
+                if not q2:  # -1 x the 16-value sum (`koffset_corr(bsums, 1)`)
+                    part = _bcast(builder, f.aux, builder.add(tok[3], builder.add(
+                        builder.mul(s, _c(64)), builder.mul(k, _c(4)))), lanes)
+                if PAIRS16:
+                    part = _dots_pairs16(builder, codes, xs, part, 3)
+                else:
+                    for m in range(4):
+                        part = _vpdpbusd(builder, codes[m], xs[m], part)
+                new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, lanes)), sums[i])
+                           if q2 else builder.add(part, sums[i]))  # TQ2_0: exact int sums
+            return new
+
+        zero = _fzero(lanes) if q2 else _ivec(0, lanes)
+        sums = _phi_loop(builder, _c(16), [zero] * len(toks), sub_block)
+        if not q2:  # one float step per super-block: d_x * d_w * sum
+            return [_fma(builder, builder.fmul(_dx(builder, f, tok, s, lanes), d),
+                         builder.sitofp(sums[i], _vec(_F32, lanes)), acc[i])
+                    for i, tok in enumerate(toks)]
+        mins = []  # word pairs (m_2j, m_2j+1): against the 16-value sums' dword j
+        for j in range(8):
+            lo, hi = (builder.lshr(scale_bytes(_c(2 * j + h)), _ivec(4, lanes)) for h in (0, 1))
+            mins.append(builder.bitcast(builder.or_(lo, builder.shl(hi, _ivec(16, lanes))),
+                                        _vec(_I16, 2 * lanes)))
+        ndmin = builder.fneg(halves(builder, w, at(32 + 2 * rows.first), lanes))
+        new = []
+        for i, tok in enumerate(toks):
+            dx = _dx(builder, f, tok, s, lanes)
+            ao = builder.add(tok[3], builder.mul(s, _c(32)))
+            msum: Any = _ivec(0, lanes)
+            for j in range(8):
+                bs = _bcast(builder, f.aux, builder.add(ao, _c(4 * j)), lanes)
+                msum = _vpdpwssd(builder, msum, mins[j], builder.bitcast(bs, _vec(_I16, 2 * lanes)))
+            a = _fma(builder, dx, sums[i], acc[i])
+            new.append(_fma(builder, builder.fmul(ndmin, dx),
+                            builder.sitofp(msum, _vec(_F32, lanes)), a))
+        return new
+
+    return step
+
+
 def _column(builder: Any, f: _Front, s: Any, size: int) -> Any:
     """Byte offset of super-block column s in the row group's slab (`size` bytes per row's
     super-block)."""
@@ -359,7 +446,8 @@ def _dx(builder: Any, f: _Front, tok: Any, s: Any, lanes: int) -> Any:
 
 
 _SUPER = {"q4_k": _q4k_super, "q6_k": _offset_super("q6_k"), "q7_k": _offset_super("q7_k"),
-          "iq4_xs": _iq4xs_super}
+          "iq4_xs": _iq4xs_super, "q2_k": _two_bit_super("q2_k"),
+          "tq2_0": _two_bit_super("tq2_0")}
 
 
 def rows_dot_k(kind: str, ntok: int) -> Any:
@@ -368,7 +456,8 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
     Q8_K activation codes x (int8 [nt, n]) and scales xd (f32 [nt, n/256]), and aux: Q4_K the
     32-value sums in `kmins_pairs`' order (int16 [nt, n/32]), Q6_K / Q7_K -32 / -64 x the
     16-value sums (int32 [nt, n/16], `koffset_corr`), IQ4_XS -128 x the 32-value sums (int32
-    [nt, n/32], `iq4_corr`; unread with the sign trick)."""
+    [nt, n/32], `iq4_corr`; unread with the sign trick), Q2_K the 16-value sums (int16 [nt,
+    n/16], `bsums` itself), TQ2_0 -1 x them (int32, `koffset_corr(bsums, 1)`)."""
     step = _SUPER[kind]
 
     def typer(typingctx: Any, w: Any, x: Any, xd: Any, aux: Any, t: Any, out: Any, g: Any
@@ -389,7 +478,8 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
     return intrinsic(typer)
 
 
-define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "q7_k", "iq4_xs"))
+define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "q7_k", "iq4_xs", "q2_k",
+                                                  "tq2_0"))
 # Wider passes where they measured faster (the row drivers run them first, `RowsDriver.wide`):
 # IQ4_XS unpacks each sub-block's codes (two shifts / masks and a vpshufb per code vector) once
 # per pass, so 16 tokens a pass halve that per token; its 16 accumulators fit zmm's 32

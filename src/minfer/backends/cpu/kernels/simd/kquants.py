@@ -1,6 +1,6 @@
-"""Row dot products for the K-quants (Q4_K, Q5_K, Q6_K; Q7_K, minfer's re-encoding of the
-IQ2 types, `quant.types`; and IQ4_XS, its 4-bit codes through the level table, `_dot_iq4_xs`)
-as LLVM vector IR intrinsics.
+"""Row dot products for the K-quants (Q2_K, Q4_K, Q5_K, Q6_K; Q7_K, minfer's re-encoding of
+the IQ2 types, `quant.types`; IQ4_XS, its 4-bit codes through the level table, `_dot_iq4_xs`;
+and TQ2_0, Q2_K's codes with unit scales, `_unpack_q2`) as LLVM vector IR intrinsics.
 
 One `rowdot_*_k(w_row, x, xd, bsums) -> f32` intrinsic per weight row: per 256-value super-block
 the 6-bit scales and mins are unpacked with 32-bit word arithmetic (as ggml), the sub-block codes
@@ -10,7 +10,12 @@ vpdpwssd against the i16 scales (AVX512-VNNI: two 32-code groups per zmm), or on
 VNNI to pmaddwd and an add; else `simd.blocks._lane_sums` times the scales). Q6_K's -32 code
 offset is -32 * (scales . bsums), one pmaddwd of the activation's 16-value sums against the
 row's scales, added to the lanes (Q7_K: the same with -64, and an f32 d); Q4_K / Q5_K's
-mins . bsums is the same pmaddwd against the mins, kept as lanes too. Then d_x * d_w *
+mins . bsums is the same pmaddwd against the mins, kept as lanes too. Q2_K is Q6_K's per-16
+scales (4-bit, its 2-bit codes unpacked by shifts of the 32 qs bytes of each half) with Q4_K's
+mins term (its 16 4-bit mins against the 16 bsums, one pmaddwd), ggml's
+`ggml_vec_dot_q2_K_q8_K`; TQ2_0 (value d * (code - 1), its 66-byte blocks read as they are)
+takes Q2_K's code layout with unit scales: vpdpbusd of the codes as they are, -bsums for the
+-1 (ggml's `ggml_vec_dot_tq2_0_q8_K`). Then d_x * d_w *
 float(lanes) goes into an f32 register accumulator and -d_x * dmin_w * float(min lanes) into a
 second one; two fixed-order horizontal sums per row. Per token the activation side is only its
 quants and bsums (no per-call correction arrays), which keeps several tokens' rows in L1 while
@@ -36,6 +41,7 @@ from minfer.backends.cpu.kernels.simd.blocks import (
     HAS_VNNI512,
     LANES,
     _concat,
+    _dots_pairs16,
     _fma,
     _half,
     _hsum,
@@ -96,6 +102,8 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
     codes = []
     if kind == "iq4":
         return _unpack_iq4_xs(builder, w, base)
+    if kind in ("q2", "tq2"):
+        return _unpack_q2(builder, w, base, kind)
     if kind == "q7":  # codes[256] | scales int8[16] | d f32
         sc = builder.sext(_ld(builder, w, wat(256), _vec(_I8, 16)), _vec(_I32, 16))
         return [_ld(builder, w, wat(32 * g), _vec(_I8, 32)) for g in range(8)], sc
@@ -125,6 +133,27 @@ def _unpack_super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any]
                 cd = builder.or_(cd, builder.shl(bit, _splat(builder, 4, 32)))
             codes.append(cd)
     return codes, sm
+
+
+def _unpack_q2(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any], Any]:
+    """Q2_K super-block (scales[16] | qs[64] | d f16 | dmin f16) or TQ2_0 block (qs[64] | d
+    f16) at byte `base`: the eight 32-code groups, group 4c + s being (qs[32c .. 32c + 31] >>
+    2s) & 3 (values 128c + 32s ..); Q2_K's 4-bit scales then mins as <32 x i32> (one each per
+    16 values), None for TQ2_0 (unit scales)."""
+    u64 = base.type
+    qs = 16 if kind == "q2" else 0
+    codes = []
+    for c in range(2):
+        q = _ld(builder, w, builder.add(base, ir.Constant(u64, qs + 32 * c)), _vec(_I8, 32))
+        for s in range(4):
+            codes.append(builder.and_(builder.lshr(q, _splat(builder, 2 * s, 32)),
+                                      _splat(builder, 3, 32)))
+    if kind == "tq2":
+        return codes, None
+    b = _ld(builder, w, base, _vec(_I8, 16))
+    sc = builder.zext(builder.and_(b, _splat(builder, 15, 16)), _vec(_I32, 16))
+    mins = builder.zext(builder.lshr(b, _splat(builder, 4, 16)), _vec(_I32, 16))
+    return codes, _concat(builder, [sc, mins])
 
 
 # IQ4_XS's levels as the vpdpbusd's u8 operand (level + 128; the -128 comes back through the
@@ -205,14 +234,18 @@ def _vpdpwssd(builder: Any, acc: Any, a: Any, b: Any) -> Any:
 
 
 def _scales16(builder: Any, sm: Any, kind: str) -> tuple[list[Any], Any]:
-    """Per 32-code group the scales as <16 x i16> in pmaddubsw pair order (Q6_K: one per 16
-    values, so two halves), and the <16 x i16> the activation's bsums are pmaddwd-ed with:
-    Q4_K/Q5_K's mins, each repeated for a bsums pair; Q6_K's scales times -32 (its code
-    offset)."""
-    sm16 = builder.trunc(sm, _vec(_I16, 16))
-    if kind in _OFFSET:
-        side = builder.mul(sm16, ir.Constant(_vec(_I16, 16), [-_OFFSET[kind]] * 16))
+    """Per 32-code group the scales as <16 x i16> in pmaddubsw pair order (Q6_K / Q7_K /
+    Q2_K: one per 16 values, so two halves), and the <16 x i16> the activation's bsums are
+    pmaddwd-ed with: Q4_K/Q5_K's mins, each repeated for a bsums pair; Q2_K's 16 mins; Q6_K's
+    scales times -32 (its code offset); TQ2_0: no scales (unit: its codes' sums are taken as
+    they are), -1 for its code offset."""
+    if kind == "tq2":
+        return [], ir.Constant(_vec(_I16, 16), [-_OFFSET[kind]] * 16)
+    sm16 = builder.trunc(sm, _vec(_I16, sm.type.count))
+    if kind in _PER16:
         idx = [[2 * g] * 8 + [2 * g + 1] * 8 for g in range(8)]
+        side = (_splat_lane(builder, sm16, list(range(16, 32))) if kind == "q2" else
+                builder.mul(sm16, ir.Constant(_vec(_I16, 16), [-_OFFSET[kind]] * 16)))
     else:
         side = _splat_lane(builder, sm16, [8 + k // 2 for k in range(16)])
         idx = [[g] * 16 for g in range(8)]
@@ -228,19 +261,29 @@ def _splat_lane(builder: Any, vec: Any, idx: list[int]) -> Any:
 def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
                kind: str, scales16: list[Any], side16: Any) -> tuple[Any, Any]:
     """One token's integer part of super-block i: (<LANES x i32> sum over sub-blocks of scale *
-    lane sums of (code - offset) . x, <8 x i32> lanes of min * activation sums (Q4_K/Q5_K; None
-    for Q6_K)). With VNNI the lanes are pmaddubsw pair sums of the raw codes (<= 63, so no
-    saturation) fed to vpdpwssd against the i16 scales (`_scales16`), plus Q6_K's offset term
-    -32 * scales . bsums as one pmaddwd (exact: |bsum| <= 2032, |32 * scale| <= 4096)."""
+    lane sums of (code - offset) . x, <8 x i32> lanes of min * activation sums (Q4_K/Q5_K/Q2_K;
+    None for Q6_K / Q7_K / TQ2_0)). With VNNI the lanes are pmaddubsw pair sums of the raw
+    codes (<= 63, so no saturation) fed to vpdpwssd against the i16 scales (`_scales16`), plus
+    Q6_K's offset term -32 * scales . bsums as one pmaddwd (exact: |bsum| <= 2032, |32 * scale|
+    <= 4096). TQ2_0's unit scales: its codes (<= 3) go to vpdpbusd as they are (on AVX2, all
+    eight groups' pmaddubsw pairs summed in int16, |sum| <= 8 * 768, then one pmaddwd), its -1
+    offset as -bsums."""
     u64 = i.type
     xo = builder.mul(i, ir.Constant(u64, 256))
     bsv = _ld(builder, bs, builder.mul(i, ir.Constant(u64, 32)), _vec(_I16, 16))
     if DOT4:  # pmaddubsw pair sums, vpdpwssd (or pmaddwd + add) with scales
         per = codes[0].type.count  # codes per vector: 32, or 64 (two groups, zmm)
         acc = ir.Constant(_vec(_I32, per // 4), [0] * (per // 4))
-        for g, cd in enumerate(codes):
-            xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, per * g)), _vec(_I8, per))
-            acc = _vpdpwssd(builder, acc, _pmaddubsw(builder, cd, xv), scales16[g])
+        xs = [_ld(builder, x, builder.add(xo, ir.Constant(u64, per * g)), _vec(_I8, per))
+              for g in range(len(codes))]
+        if kind == "tq2" and not HAS_VNNI:
+            acc = _dots_pairs16(builder, codes, xs, acc, 3)
+        for cd, xv, sc in zip(codes, xs, scales16 or [None] * len(codes), strict=True):
+            if kind == "tq2":
+                if HAS_VNNI:
+                    acc = _vpdpbusd(builder, cd, xv, acc)
+                continue
+            acc = _vpdpwssd(builder, acc, _pmaddubsw(builder, cd, xv), sc)
         if per == 64:  # even groups' lanes + odd groups' lanes (exact)
             acc = builder.add(_splat_lane(builder, acc, list(range(8))),
                               _splat_lane(builder, acc, list(range(8, 16))))
@@ -252,7 +295,10 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
     for g, cd in enumerate(codes):
         xv = _ld(builder, x, builder.add(xo, ir.Constant(u64, 32 * g)), _vec(_I8, 32))
         lanes = _lane_sums(builder, cd, xv, _OFFSET.get(kind, 0), False)
-        if kind in _OFFSET:
+        if kind == "tq2":
+            acc = builder.add(acc, lanes)
+            continue
+        if kind in _PER16:
             half = LANES // 2
             sc = _splat_lane(builder, sm, [2 * g] * half + [2 * g + 1] * half)
         else:
@@ -260,18 +306,23 @@ def _dot_super(builder: Any, codes: list[Any], sm: Any, x: Any, bs: Any, i: Any,
         acc = builder.add(acc, builder.mul(lanes, sc))
     if kind in _OFFSET:
         return acc, None
-    # mins . (pair sums of the 16-value activation sums), as 8 lanes
     bs32 = builder.sext(bsv, _vec(_I32, 16))
+    if kind == "q2":  # mins . the 16-value activation sums, folded to 8 lanes
+        m = builder.mul(bs32, _splat_lane(builder, sm, list(range(16, 32))))
+        return acc, builder.add(_splat_lane(builder, m, list(range(0, 16, 2))),
+                                _splat_lane(builder, m, list(range(1, 16, 2))))
+    # mins . (pair sums of the 16-value activation sums), as 8 lanes
     pairs = builder.add(_splat_lane(builder, bs32, list(range(0, 16, 2))),
                         _splat_lane(builder, bs32, list(range(1, 16, 2))))
     return acc, builder.mul(pairs, _splat_lane(builder, sm, list(range(8, 16))))
 
 
-_KSIZE = {"q4": 144, "q5": 176, "q6": 210, "q7": 276, "iq4": 136}
-# byte offset of d (Q4_K/Q5_K: dmin follows)
-_KD_OFF = {"q4": 0, "q5": 0, "q6": 208, "q7": 272, "iq4": 0}
-_OFFSET = {"q6": 32, "q7": 64}  # the code offset of Q6_K / Q7_K (no mins)
-_NO_MINS = ("q6", "q7", "iq4")
+_KSIZE = {"q4": 144, "q5": 176, "q6": 210, "q7": 276, "iq4": 136, "q2": 84, "tq2": 66}
+# byte offset of d (Q4_K/Q5_K/Q2_K: dmin follows)
+_KD_OFF = {"q4": 0, "q5": 0, "q6": 208, "q7": 272, "iq4": 0, "q2": 80, "tq2": 64}
+_OFFSET = {"q6": 32, "q7": 64, "tq2": 1}  # the code offset of Q6_K / Q7_K / TQ2_0 (no mins)
+_NO_MINS = ("q6", "q7", "iq4", "tq2")
+_PER16 = ("q6", "q7", "q2")  # one scale per 16 values (the others: per 32, or none)
 
 
 def _row_dot_k(kind: str, ntok: int) -> Any:
@@ -306,7 +357,7 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
                 dmin = None
                 if kind not in _NO_MINS:
                     dmin = half_to_float(builder, _ld(builder, w_p, builder.add(
-                        base, ir.Constant(u64, 2)), _I16))
+                        d_at, ir.Constant(u64, 2)), _I16))
                 new_acc, new_m = [], []
                 scales16, side16 = (_scales16(builder, sm, kind) if DOT4 and kind != "iq4"
                                     else ([], None))
@@ -343,3 +394,5 @@ def _row_dot_k(kind: str, ntok: int) -> Any:
 define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k(qt[:2], n),
               ("q4_k", "q5_k", "q6_k", "q7_k"))
 define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k("iq4", n), ("iq4_xs",))
+define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k("q2", n), ("q2_k",))
+define_passes(globals(), "rowdot", lambda qt, n: _row_dot_k("tq2", n), ("tq2_0",))
