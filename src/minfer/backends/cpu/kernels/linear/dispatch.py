@@ -62,6 +62,7 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_q7_kr,
     mv_q8_0,
     mv_q8_0p,
+    mv_tq1_0,
 )
 from minfer.backends.cpu.kernels.linear.sgemm import sgemm_tiles
 from minfer.backends.cpu.kernels.quant.activations import (
@@ -140,7 +141,7 @@ _FLOAT = {QType.F32: mv_f32, QType.F16: mv_f16, QType.BF16: mv_bf16}
 _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
            QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr, QType.IQ4_XS: mv_iq4_xs,
-           QType.IQ4_XS_PACKED: mv_iq4_xsr}
+           QType.IQ4_XS_PACKED: mv_iq4_xsr, QType.TQ1_0: mv_tq1_0}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
