@@ -206,7 +206,7 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
 def bound_matrix_nbytes(weights_state: dict[object, object]) -> dict[str, int]:
     """Bytes of each matrix the integer kernels have been bound to so far (`_projection`, whole
     weights), by name, from a `ModelWeights.state`: the array a matmul reads, i.e. the file's
-    bytes, its repacked copy, or the copy `K.integer_weight` widened (Q3_K, IQ3/IQ2/IQ1, TQ*)."""
+    bytes, its repacked copy, or the copy `K.integer_weight` widened (Q3_K, IQ3/IQ2/IQ1, TQ2_0)."""
     return {str(key[1]): p.packed.nbytes for key, p in weights_state.items()
             if isinstance(p, _Projection) and isinstance(key, tuple) and not key[2]}
 
