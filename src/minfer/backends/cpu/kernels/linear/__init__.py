@@ -5,6 +5,7 @@
     dots32        integer dots of the 32-value block types (Q4_0 … Q8_0)
     dots_k        integer dots of the K-quants
     dots_q2k      Q2_K's dot in plain loops
+    dots_tq1      TQ1_0's per-call activation form (its dot: `simd.ternary`)
     float_rows    F32 / F16 / BF16 weights at small token counts
     sgemm         prefill: dequantized weight tiles through BLAS sgemm
 """
