@@ -314,8 +314,8 @@ def _expert_halves(ctx: ExecContext, w_name: str) -> tuple[K.ExpertWeight, K.Exp
 
 def _widened(w: np.ndarray, qt: int, n_in: int, n_out: int, batched: bool
               ) -> tuple[np.ndarray, int]:
-    """`K.integer_weight`'s copy (Q3_K, the i-quants below 4 bits, TQ*: widened once, shared
-    by both paths; IQ4_NL / IQ4_XS / MXFP4 and the rest: the weight itself), repacked where
+    """`K.integer_weight`'s copy (Q3_K, the i-quants below 4 bits, TQ2_0: widened once, shared
+    by both paths; IQ4_NL / IQ4_XS / MXFP4 / TQ1_0 and the rest: the weight itself), repacked where
     its type packs (the packed copy replaces the widened one): the widened Q6_K rows run 2.2x
     faster at 64 tokens interleaved (896 x 4864, 2 threads, Intel SPR: IQ3_XXS 2.00 -> 0.92
     ms) and ~10% faster at one; the Q7_K rows (the 1.5B's IQ2_XXS / IQ2_S weights, and its
