@@ -34,7 +34,10 @@ def tq1_activation(xq, bsums):
     """(y int16 [nt, n], -sum(x) int32 [nt, n/256]) of Q8_K codes xq int8 [nt, n] and their
     16-value sums bsums int16 [nt, n/16]."""
     nt, n = xq.shape
-    y = np.empty((nt, n), np.int16)
+    # 64-byte aligned (numba's arrays are 32): the kernel's zmm loads of y then split no line
+    buf = np.empty(nt * n + 32, np.int16)
+    off = (64 - buf.ctypes.data % 64) % 64 // 2
+    y = buf[off:off + nt * n].reshape((nt, n))
     neg = np.empty((nt, n // 256), np.int32)
     for t in range(nt):
         for b in range(0, n, 256):
