@@ -18,7 +18,7 @@ step reads (`minfer.bench.runner.weight_bytes_per_token`: every weight tensor on
 embedding counted once as the output matmul, plus the token's embedding row), the effective
 bandwidth bytes x tok/s, and its fraction of `minfer bench --roofline`'s read bandwidth
 (`minfer.bench.bandwidth.read_bandwidth`, read before each type's runs). Where minfer widens a
-type for its kernels (`reencode.widen`: Q3_K, IQ3/IQ2/IQ1, TQ* to Q6_K / Q7_K copies) it reads
+type for its kernels (`reencode.widen`: Q3_K, IQ3/IQ2/IQ1, TQ2_0 to Q6_K / Q7_K copies) it reads
 more bytes than the file's: the table gives both fractions, "of its bytes" (the file's, the
 issue's measure) and "of the bytes read" (what minfer holds, `held_bytes_per_token`).
 

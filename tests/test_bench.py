@@ -100,10 +100,11 @@ def test_roofline_fraction_uses_the_readings_beside_each_repetition(
     assert tg["test"] == "tg4" and tg["roofline_gb_per_s"] == 30.0  # mean of the two beside
     assert tg["roofline_fraction"] == pytest.approx(tg["gb_per_s"] / 30.0)
     assert next(readings) == 99.0  # exactly one reading per repetition
-    # beside each, the model's own weights read: a real reading, the row's GB/s a share of it
+    # beside each, the model's own weight arrays read (the held copies): a real reading, the
+    # bytes the kernels read a share of it
     assert tg["weights_read_gb_per_s"] > 0
     assert tg["weights_read_fraction"] == pytest.approx(
-        tg["gb_per_s"] / tg["weights_read_gb_per_s"])
+        tg["held_gb_per_s"] / tg["weights_read_gb_per_s"])
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3moe"])
@@ -127,7 +128,7 @@ def test_the_read_set_is_every_matrix_a_decode_step_reads_whole(
 def test_held_bytes_count_a_widened_type_at_its_copys_size(tmp_path: Path) -> None:
     """Q3_K matrices run from Q6_K copies (`reencode.widen`): the bytes minfer holds for a
     decode step exceed the file's by exactly the widening (210 / 110 bytes a block); the
-    file's bytes by type add up to weight_bytes_per_token."""
+    file's bytes by type add up to weight_bytes_per_token; bench's tg row reports both."""
     from minfer.bench.runner import (
         held_bytes_per_token,
         weight_bytes_by_type,
@@ -147,6 +148,14 @@ def test_held_bytes_count_a_widened_type_at_its_copys_size(tmp_path: Path) -> No
     assert sum(by_type.values()) == weight_bytes_per_token(engine)
     assert held_bytes_per_token(engine) - weight_bytes_per_token(engine) == \
         sum(downs) * 100 // 110
+    # a tg row counts both: GB/s of the file's bytes, and what the kernels read ("held")
+    from minfer.cli.bench_cmd import _md
+
+    row = run_test(engine, model="m", backend="cpu", n_threads=1, n_gen=2, reps=1)
+    assert row.gb_per_s is not None and row.held_gb_per_s is not None
+    assert row.held_gb_per_s / row.gb_per_s == pytest.approx(
+        held_bytes_per_token(engine) / weight_bytes_per_token(engine))
+    assert f"{row.gb_per_s:.1f}, held {row.held_gb_per_s:.1f} |" in _md([row], header=False)
 
 
 def test_weights_read_bandwidth_reads_any_arrays() -> None:

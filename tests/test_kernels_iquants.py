@@ -1,7 +1,7 @@
 """The i-quants, TQ1_0 / TQ2_0 and MXFP4: dequantization bit-exact with gguf.quants, the
 exact re-encoded copies the integer kernels run (none for IQ4_NL / IQ4_XS / MXFP4: their own
-level-table kernels read the file's blocks), and the matmul paths against ggml's integer dot
-and the dequantized f32 product."""
+level-table kernels read the file's blocks; none for TQ1_0: `simd.ternary` reads its base-3
+bytes), and the matmul paths against ggml's integer dot and the dequantized f32 product."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from minfer.backends.cpu.kernels.reference import (
 # the type each one runs as (at moderate scales: see test_tiny_scales_keep_exact_copies)
 WIDENED = {QType.IQ2_XXS: QType.Q7_K, QType.IQ2_XS: QType.Q7_K, QType.IQ2_S: QType.Q7_K,
            QType.IQ3_XXS: QType.Q6_K, QType.IQ3_S: QType.Q6_K, QType.IQ1_S: QType.Q6_K,
-           QType.IQ1_M: QType.Q6_K, QType.TQ1_0: QType.Q6_K, QType.TQ2_0: QType.TQ2_0,
+           QType.IQ1_M: QType.Q6_K, QType.TQ1_0: QType.TQ1_0, QType.TQ2_0: QType.TQ2_0,
            QType.IQ4_XS: QType.IQ4_XS, QType.MXFP4: QType.MXFP4}
 # the 4-bit level-table types, dotted in the file's blocks
 LUT_TYPES = [QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]
@@ -254,3 +254,94 @@ def test_prefill_sgemm_path_matches_dequantized_product(qt: QType) -> None:
     ref = activation_values(x, qt).astype(np.float64) @ dequantize(w, qt, N_IN).astype(
         np.float64).T
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def _tq1_weight(n_out: int, n_in: int, seed: int) -> np.ndarray:
+    """TQ1_0 rows: half of them as gguf.quants quantizes (the file's encodings), half random
+    bytes (every byte value, digits ggml's reading gives any byte), at spread-out scales."""
+    rng = np.random.default_rng(seed)
+    quantized = gq.quantize(rng.standard_normal((n_out // 2, n_in)).astype(np.float32),
+                            GT.TQ1_0)
+    nb = n_in // 256
+    rand = random_iquant_blocks(QType.TQ1_0, n_out - n_out // 2, n_in, rng,
+                                rms=np.exp(rng.uniform(-6, 1, (n_out - n_out // 2, nb))))
+    return np.ascontiguousarray(np.concatenate([quantized, rand]))
+
+
+@pytest.mark.parametrize("nt", [1, 2, 3, 4, 7, 8, 9, 20, 64])  # every token pass, a prefill
+def test_tq1_0_kernel_reads_its_own_blocks(nt: int) -> None:
+    """TQ1_0 dotted in the file's 54-byte blocks (`simd.ternary`, no widened copy): ggml's
+    integer sums (`ggml_vec_dot_tq1_0_q8_K`) exactly, the float steps as ggml's (d_w * d_x
+    times the block's sum): within f32 rounding of the float64 value, and within the
+    activation's quantization of the dequantized weight's product."""
+    n_in, n_out = 256 * 5, 37
+    w = _tq1_weight(n_out, n_in, seed=nt)
+    assert integer_weight(w, QType.TQ1_0)[0] is w
+    x = _x(nt, n_in)
+    if nt > 3:
+        x[2] *= 1e3
+    out = np.empty((nt, n_out), np.float32)
+    matmul(w, QType.TQ1_0, x, out)
+    ref, terms = ref_matmul_quant(w, QType.TQ1_0, x)
+    assert np.all(np.abs(out - ref) <= 1e-6 * terms + 1e-30)
+    exact = x.astype(np.float64) @ dequantize(w, QType.TQ1_0, n_in).astype(np.float64).T
+    act_err = (np.abs(activation_values(x, QType.TQ1_0).astype(np.float64) - x)
+               @ np.abs(dequantize(w, QType.TQ1_0, n_in).astype(np.float64)).T)
+    assert np.all(np.abs(out - exact) <= act_err + 1e-5 * terms)
+
+
+def test_tq1_0_activation_form() -> None:
+    """The activation side of the TQ1_0 dot (`linear.dots_tq1`): y_v = x_v - 3 x of the value
+    holding the same byte's next digit (none after a byte's last), qh's 16 in the kernel's
+    slot order; -sum(x) per block."""
+    from minfer.backends.cpu.kernels.linear.dots_tq1 import tq1_activation
+    from minfer.backends.cpu.kernels.quant.activations import quantize_q8_k
+    from minfer.backends.cpu.kernels.simd.ternary import QH_SLOTS
+
+    xq = quantize_q8_k(_x(3, 512))
+    y, neg = tq1_activation(xq.qs, xq.bsums)
+    x = xq.qs.astype(np.int32).reshape(3, 2, 256)
+    nxt = np.zeros_like(x)
+    nxt[..., 0:128] = x[..., 32:160]
+    nxt[..., 160:224] = x[..., 176:240]
+    nxt[..., 240:252] = x[..., 244:256]
+    want = x - 3 * nxt
+    want[..., 240:] = want[..., [240 + 4 * k + m for m, k in QH_SLOTS]]
+    np.testing.assert_array_equal(y.reshape(3, 2, 256), want)
+    np.testing.assert_array_equal(neg, -x.sum(-1))
+
+
+def test_tq1_0_kernel_is_batch_invariant_and_its_forms_agree() -> None:
+    """A token's row is the same bits alone and in batches of 1..20 at any position; a
+    parallel region's parts (`mv_tq1_0_part`) and the experts' form (`mv_tq1_0_x`) write the
+    dense driver's bits."""
+    from minfer.backends.cpu.kernels.linear import row_drivers
+    from minfer.backends.cpu.kernels.linear.dispatch import quantize_activation
+
+    from .test_kernels_batch_invariance import _alone, _assert_batches_match, _prequant
+
+    n_in, n_out = 256 * 5, 37
+    w = _tq1_weight(n_out, n_in, seed=11)
+    x = np.random.default_rng(3).standard_normal((20, n_in)).astype(np.float32)
+    x[3] *= 1e3
+    x[7] *= 1e-3
+    run = _prequant(w, QType.TQ1_0)
+    _assert_batches_match(run, x, _alone(run, x, n_out), range(1, 21))
+    xq = quantize_activation(x, QType.TQ1_0)
+    args = (xq.qs, xq.d, xq.bsums)
+    out = np.empty((20, n_out), np.float32)
+    row_drivers.mv_tq1_0(w, *args, out)
+    parts = np.full_like(out, np.nan)
+    for p in range(3):
+        row_drivers._M.mv_tq1_0_part(p, 3, w, *args, parts)
+    assert np.array_equal(parts, out)
+    # the rows split over 3 stacked experts (of 37 rows: w and two others), groups in any order
+    others = [_tq1_weight(n_out, n_in, seed=s) for s in (12, 13)]
+    w3 = np.ascontiguousarray(np.stack([others[0], w, others[1]]))
+    groups = np.array([[1, 0, 9], [0, 9, 12], [1, 12, 20]], np.int64)
+    got = np.full_like(out, np.nan)
+    row_drivers.expert_form(row_drivers.mv_tq1_0)(w3, groups, np.array([3]), *args, got)
+    assert np.array_equal(got[:9], out[:9]) and np.array_equal(got[12:], out[12:])
+    alone = np.empty((3, n_out), np.float32)
+    row_drivers.mv_tq1_0(others[0], xq.qs[9:12], xq.d[9:12], xq.bsums[9:12], alone)
+    assert np.array_equal(got[9:12], alone)

@@ -6,7 +6,10 @@ repetition first prefills D random tokens untimed, so the timed test runs agains
 in the KV (`pp512 @ d4096`). Each test runs one untimed warm-up, then `reps` timed repetitions,
 each from an empty KV (the regions are reused; windows are data, so "empty" needs no zeroing) and
 without reloading the model. tg rows also report the decode roofline figure: weight bytes read per
-token × tokens/s.
+token × tokens/s, counted two ways: the file's bytes (`weight_bytes_per_token`, issue #65's
+measure: `gb_per_s`) and the bytes the CPU backend's kernels read (`held_bytes_per_token`: a
+widened or repacked copy at its own size, `held_gb_per_s`); they differ where minfer widens a
+type (`reencode.widen`: Q3_K, the i-quants below 4 bits, TQ2_0).
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ class BenchRow:
     tokens_per_s: float
     stddev: float
     samples_s: list[float]
-    gb_per_s: float | None = None
+    gb_per_s: float | None = None  # the file's weight bytes a decode step reads x t/s
+    held_gb_per_s: float | None = None  # the bytes its kernels read (held copies) x t/s
     n_depth: int = 0
     roofline_fraction: float | None = None  # gb_per_s / the machine's read bandwidth
     roofline_gb_per_s: float | None = None  # that bandwidth, read between this row's reps
-    # the model's own weight arrays read as a decode step reads them (`weights_read_bandwidth`),
-    # between this row's reps, and gb_per_s as a fraction of it
+    # the model's own weight arrays read as a decode step reads them (`weights_read_bandwidth`:
+    # the held copies), between this row's reps, and held_gb_per_s as a fraction of it
     weights_read_gb_per_s: float | None = None
     weights_read_fraction: float | None = None
 
@@ -72,8 +76,8 @@ def weight_bytes_per_token(engine: Engine) -> int:
 def held_bytes_per_token(engine: Engine) -> int:
     """`weight_bytes_per_token` as the CPU backend holds the weights: each matrix its integer
     kernels read from a copy of their own (`cpu.backend.bound_matrix_nbytes`: repacked
-    layouts, and `reencode.widen`'s wider types for Q3_K, IQ3/IQ2/IQ1 and TQ*) counted at the
-    copy's size. Only the matrices bound so far count: call it after a decode step."""
+    layouts, and `reencode.widen`'s wider types for Q3_K, IQ3/IQ2/IQ1 and TQ2_0) counted at
+    the copy's size. Only the matrices bound so far count: call it after a decode step."""
     from minfer.backends.cpu.backend import bound_matrix_nbytes
 
     tensors = engine.weights.file.tensors
@@ -169,4 +173,5 @@ def run_test(
     )
     if n_gen:
         row.gb_per_s = weight_bytes_per_token(engine) * mean / 1e9
+        row.held_gb_per_s = held_bytes_per_token(engine) * mean / 1e9
     return row

@@ -4,7 +4,11 @@ thread count) and prints each tg row's GB/s as a fraction of the bandwidth read 
 each of that row's repetitions: on a shared host the bandwidth drifts by 2x within minutes
 (a 2-core AMD EPYC read 28-56 GB/s), so only a reading beside the decode is a fair ceiling.
 Beside it, the model's own weight arrays read as a decode step reads them (`minfer.bench.
-bandwidth.weights_read_bandwidth`): the ceiling of those pages, sizes and calls.
+bandwidth.weights_read_bandwidth`): the ceiling of those pages, sizes and calls. A tg row's
+GB/s counts the file's weight bytes (`bench.runner.weight_bytes_per_token`), and its roofline
+percentage is of those; where the kernels read copies of another size (a type minfer widens,
+`reencode.widen`), the bytes they read follow as "held" (`held_bytes_per_token`), and the
+weights' read percentage is of the held bytes, the arrays that reading reads.
 
 `minfer perplexity [MODEL] -f FILE [-c 512] [--chunks N] [-t N] [--json]`: the text's perplexity
 as llama.cpp's `llama-perplexity` measures it (minfer.bench.perplexity): a quantization's cost
@@ -142,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
                 if readings and row.gb_per_s is not None:
                     row.roofline_gb_per_s = statistics.fmean(readings)
                     row.roofline_fraction = row.gb_per_s / row.roofline_gb_per_s
-                if weight_readings and row.gb_per_s is not None:
+                if weight_readings and row.held_gb_per_s is not None:
                     row.weights_read_gb_per_s = statistics.fmean(weight_readings)
-                    row.weights_read_fraction = row.gb_per_s / row.weights_read_gb_per_s
+                    row.weights_read_fraction = row.held_gb_per_s / row.weights_read_gb_per_s
                 rows.append(row)
                 if args.output == "md":
                     print(_md([rows[-1]], header=len(rows) == 1), end="", flush=True)
@@ -297,10 +301,13 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
         out.write("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n")
     for r in rows:
         gb = f"{r.gb_per_s:.1f}" if r.gb_per_s is not None else ""
+        held = r.held_gb_per_s
+        if r.gb_per_s is not None and held is not None and abs(held - r.gb_per_s) > 1e-3 * held:
+            gb += f", held {held:.1f}"  # the kernels read copies of another size
         if r.roofline_fraction is not None:
             gb += f" ({100 * r.roofline_fraction:.0f}% of {r.roofline_gb_per_s:.1f}"
             if r.weights_read_fraction is not None:
-                gb += (f"; {100 * r.weights_read_fraction:.0f}% of its weights' read "
+                gb += (f"; held {100 * r.weights_read_fraction:.0f}% of its weights' read "
                        f"{r.weights_read_gb_per_s:.1f}")
             gb += ")"
         rate = f"{r.tokens_per_s:.2f} ± {r.stddev:.2f}" if r.test != "roofline" else ""
@@ -312,8 +319,8 @@ def _md(rows: list[BenchRow], *, header: bool) -> str:
 def _csv(rows: list[BenchRow]) -> str:
     out = io.StringIO()
     fields = ["model", "size_bytes", "n_params", "backend", "n_threads", "test", "n_depth",
-              "tokens_per_s", "stddev", "gb_per_s", "roofline_fraction", "roofline_gb_per_s",
-              "weights_read_fraction", "weights_read_gb_per_s"]
+              "tokens_per_s", "stddev", "gb_per_s", "held_gb_per_s", "roofline_fraction",
+              "roofline_gb_per_s", "weights_read_fraction", "weights_read_gb_per_s"]
     w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:

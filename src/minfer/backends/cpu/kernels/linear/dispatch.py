@@ -63,6 +63,7 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_q7_kr,
     mv_q8_0,
     mv_q8_0p,
+    mv_tq1_0,
     mv_tq2_0,
     mv_tq2_0r,
 )
@@ -102,7 +103,7 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
     # widened copies (`quant.reencode`): their Q6_K / Q7_K kernel's
     **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
-                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0), 128),
+                     QType.IQ1_S, QType.IQ1_M), 128),
     QType.IQ4_NL: 64, QType.IQ4_XS: 64, QType.MXFP4: 64,
     # the plain Q2_K / TQ2_0 rows (`simd.kquants`; their interleaved rows, where the row count
     # is a multiple of 16, take the integer path throughout), one layer of the 1.5B's --pure
@@ -110,6 +111,9 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     # 128 / 256 / 512 tokens 353 / 557 / 1313 against 387 / 518 / 1029; TQ2_0 faster at every
     # count (512: 897 against 1264)
     QType.Q2_K: 256, QType.TQ2_0: _NEVER,
+    # its own blocks (`simd.ternary`), compiled for Haswell on Intel SPR, 2 threads: 1536 x 1536
+    # at 128 / 256 / 512 tokens 19.3 / 34.5 / 72.3 ms against sgemm's 23.3 / 35.8 / 57.5
+    QType.TQ1_0: 256,
 }
 # Q3_K's plain rows run on a re-encoded copy (`quant.reencode`): dequantized tiles of the file's
 # weight through sgemm win from here on.
@@ -150,7 +154,8 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.Q4_K_PACKED: mv_q4_kr, QType.Q6_K_PACKED: mv_q6_kr, QType.Q2_K: mv_q2_k,
            QType.TQ2_0: mv_tq2_0, QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr,
            QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr,
-           QType.Q2_K_PACKED: mv_q2_kr, QType.TQ2_0_PACKED: mv_tq2_0r}
+           QType.Q2_K_PACKED: mv_q2_kr, QType.TQ2_0_PACKED: mv_tq2_0r,
+           QType.TQ1_0: mv_tq1_0}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -242,7 +247,7 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS, MXFP4 and TQ2_0 among them), or for Q3_K, the i-quants below IQ4 and TQ1_0 a copy
+    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them), or for Q3_K and the i-quants below IQ4 a copy
     widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)

@@ -48,6 +48,7 @@ from minfer.backends.cpu.kernels.simd.llvm import thread_count
 from minfer.backends.cpu.kernels.linear.dots32 import (
     _CHUNK, block_corr, block_transpose, even_groups, lane_corr)
 from minfer.backends.cpu.kernels.linear.dots_k import iq4_corr, kmins_pairs, koffset_corr
+from minfer.backends.cpu.kernels.linear.dots_tq1 import tq1_activation
 from minfer.backends.cpu.kernels.simd.blocks import MAX_TOKENS, ROWS8_MAX_IN
 {imports}
 ROWS_TOKEN_TILE = 32  # tokens per tile of the row-interleaved drivers (see `_ROWS_PASSES`)
@@ -387,6 +388,10 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _kquant("iq4_xs"),
     _kquant("q2_k"),
     _kquant("tq2_0"),
+    # the file's blocks: each byte's leading-digit numbers against y = x - 3 x' (`simd.ternary`)
+    IntegerDriver("mv_tq1_0", "tq1_0", "simd.ternary", "bsums",
+                  ("xy, xn = tq1_activation(xq, bsums)",), "xy, xd, xn",
+                  "TQ1_0 rows dotted with a Q8_K activation (`linear.dots_tq1`)."),
     _rows_k("q4_k", "kmins_pairs(bsums)"),
     _rows_k("q6_k", "koffset_corr(bsums, 32)"),
     _rows_k("q7_k", "koffset_corr(bsums, 64)"),
@@ -448,6 +453,7 @@ mv_q7_k: Any = _M.mv_q7_k
 mv_iq4_xs: Any = _M.mv_iq4_xs
 mv_q2_k: Any = _M.mv_q2_k
 mv_tq2_0: Any = _M.mv_tq2_0
+mv_tq1_0: Any = _M.mv_tq1_0
 mv_q4_kr: Any = _M.mv_q4_kr
 mv_q6_kr: Any = _M.mv_q6_kr
 mv_q7_kr: Any = _M.mv_q7_kr

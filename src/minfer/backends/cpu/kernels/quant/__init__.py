@@ -7,5 +7,6 @@
     activations   activation quantization to Q8_0 / Q8_1 / Q8_K
     repack        the 16-row interleaved weight layouts, made once per weight
     reencode      exact re-encodings into wider types that have fast kernels (Q3_K, the
-                  i-quants below 4 bits, TQ*; IQ4_NL / IQ4_XS / MXFP4 run in their own blocks)
+                  i-quants below 4 bits, TQ2_0; IQ4_NL / IQ4_XS / MXFP4 / TQ1_0 run in their
+                  own blocks)
 """

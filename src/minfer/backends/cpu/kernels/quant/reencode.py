@@ -1,12 +1,13 @@
 """Re-encodings of weight types into wider ones that have fast integer kernels (`widen`).
 
 (IQ4_NL, IQ4_XS and MXFP4, 4-bit codes of int8 levels, are not widened: their own kernels look
-the levels up, `simd.blocks._lookup`, and read the file's blocks. Nor is TQ2_0: its 2-bit codes
-are Q2_K's layout, dotted by Q2_K's vector kernel with unit scales, `simd.kquants`.)
+the levels up, `simd.blocks._lookup`, and read the file's blocks. Nor are TQ2_0, whose 2-bit codes
+are Q2_K's layout, dotted by Q2_K's vector kernel with unit scales (`simd.kquants`), and TQ1_0,
+whose base-3 bytes its kernel `simd.ternary` dots as they are.)
 
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
-- TQ1_0, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M → Q6_K: their integer form d * sc * q
+- IQ3_XXS, IQ3_S, IQ1_S, IQ1_M → Q6_K: their integer form d * sc * q
   (`quant.iquants.iq_form`; |q| <= 31, sc <= 31) is a Q6_K block with d as its f16 scale. The
   Q6_K dot with a Q8_K activation forms the same integer sums as ggml's dots of these types
   (which read Q8_K too; IQ1's delta is the q = 8 * grid +- 1 of d/8), so results agree to f32
@@ -126,7 +127,9 @@ def _iq_to_k(w, qtype, size, out, seven, exact):
             dst[o + 209] = np.uint8(h >> np.uint16(8))
 
 
-_Q6_K_TARGETS = frozenset({QType.TQ1_0, QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M})
+_Q6_K_TARGETS = frozenset({QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M})
+# read in the file's blocks by their own kernels
+_OWN_BLOCKS = frozenset({QType.IQ4_XS, QType.TQ1_0, QType.TQ2_0})
 
 
 def widen(w: np.ndarray, qt: QType) -> tuple[np.ndarray, QType]:
@@ -134,7 +137,7 @@ def widen(w: np.ndarray, qt: QType) -> tuple[np.ndarray, QType]:
     its type for the types above, else w and qt themselves."""
     if qt is QType.Q3_K:
         return q3_k_to_q6_k(w), QType.Q6_K
-    if qt not in IQ_SIZES or qt in (QType.IQ4_XS, QType.TQ2_0):
+    if qt not in IQ_SIZES or qt in _OWN_BLOCKS:
         return w, qt
     size = IQ_SIZES[qt]
     nb = w.shape[1] // size
