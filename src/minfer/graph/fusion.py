@@ -8,6 +8,8 @@ buildable and tested against the fused one.
 
 from __future__ import annotations
 
+import dataclasses
+
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
@@ -18,6 +20,8 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
         fuse_swiglu(graph)
     if params.ctx.fuse_add_norm and params.ctx.backends == ("cpu",):
         fuse_add_norm(graph)
+    if params.ctx.fuse_norm_quant and params.ctx.backends == ("cpu",):
+        fuse_norm_quant(graph)
     return graph
 
 
@@ -79,5 +83,32 @@ def fuse_add_norm(graph: ComputeGraph) -> int:
         node.op = ir.AddRmsNorm(node.op.eps)
         node.srcs = (*add.srcs, add.id)
         add.op, add.srcs = ir.Written(), ()
+        fused += 1
+    return fused
+
+
+_PROJECTIONS = (ir.MatMul, ir.FusedGateUp, ir.Moe)  # the nodes that quantize their input
+
+
+def fuse_norm_quant(graph: ComputeGraph) -> int:
+    """RmsNorm / AddRmsNorm whose first reader is a projection of its rows (MatMul, FusedGateUp)
+    -> the same op with `quant_for` naming that projection's weight: the CPU backend then makes
+    the activation's quantization (Q8_0 or Q8_K, as that weight's kernel reads it) in the norm's
+    step instead of a step of its own before the projection, the same buffer the projections
+    read (q / k / v, gate / up). Only where no other projection comes between them (the
+    backend keeps one quantized activation per shape and form). The backend keeps the separate
+    step wherever the projection would not read it (a float weight, the sgemm path). CPU-only
+    graphs: no other backend runs it."""
+    users = graph.consumers()
+    fused = 0
+    for node in graph.nodes:
+        if not isinstance(node.op, ir.RmsNorm | ir.AddRmsNorm) or not users[node.id]:
+            continue
+        first = graph.nodes[min(users[node.id])]
+        if not isinstance(first.op, ir.MatMul | ir.FusedGateUp) or first.srcs[0] != node.id \
+                or any(isinstance(graph.nodes[i].op, _PROJECTIONS)
+                       for i in range(node.id + 1, first.id)):
+            continue
+        node.op = dataclasses.replace(node.op, quant_for=first.meta.weights[0])
         fused += 1
     return fused

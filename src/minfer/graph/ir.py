@@ -75,16 +75,22 @@ class ReplaceRows(Op):
 
 @dataclass(frozen=True)
 class RmsNorm(Op):
+    """RMSNorm of each row times a weight. quant_for: the weight of the first projection
+    reading it, whose quantized activation the norm's step makes too (`fuse_norm_quant`)."""
+
     eps: float
+    quant_for: str = ""
 
 
 @dataclass(frozen=True)
 class AddRmsNorm(Op):
     """RmsNorm(a + b) where the sum is read on (the residual stream): sources (a, b, total),
     the sum written into `total`'s buffer (a `Written` node), the normalised rows into its
-    own; the fusion pass writes it in place of RmsNorm(Add(a, b)) (`fuse_add_norm`)."""
+    own; the fusion pass writes it in place of RmsNorm(Add(a, b)) (`fuse_add_norm`). quant_for
+    as RmsNorm's."""
 
     eps: float
+    quant_for: str = ""
 
 
 @dataclass(frozen=True)

@@ -456,10 +456,28 @@ def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.copyto, out, x[:, op.start:op.start + op.width])]
 
 
+def _norm_activation(node: Node, out: np.ndarray,
+                     ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
+    """The quantized activation a norm's step fills for the projections reading its rows
+    (`fusion.fuse_norm_quant`: the op's `quant_for`), claiming its tape slot so that they emit
+    no quantize step; None where they would not read one (a float weight, the sgemm path)."""
+    op = node.op
+    assert isinstance(op, ir.RmsNorm | ir.AddRmsNorm)
+    if not op.quant_for or ctx.dense_f32:
+        return None
+    p = _projection(ctx, op.quant_for, out.shape[1])
+    if out.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
+        return None
+    return _activation_slot(ctx, node.id, out, p)[0]
+
+
 def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.RmsNorm)
     w = ctx.weights.vector(node.meta.weights[0])
+    xq = _norm_activation(node, out, ctx)
+    if xq is not None:
+        return [K.bind_norm_quant(srcs[0], None, w, node.op.eps, None, out, xq)]
     return [K.bind_rms_norm(srcs[0], w, node.op.eps, out)]
 
 
@@ -467,6 +485,9 @@ def _bind_add_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                        ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.AddRmsNorm)
     w = ctx.weights.vector(node.meta.weights[0])
+    xq = _norm_activation(node, out, ctx)
+    if xq is not None:
+        return [K.bind_norm_quant(srcs[0], srcs[1], w, node.op.eps, srcs[2], out, xq)]
     return [K.bind_add_rms_norm(srcs[0], srcs[1], w, node.op.eps, srcs[2], out)]
 
 

@@ -89,6 +89,7 @@ from minfer.backends.cpu.kernels.elementwise.norm import (
     layer_norm,
     rms_norm,
 )
+from minfer.backends.cpu.kernels.elementwise.norm_quant import bind_norm_quant
 from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
 from minfer.backends.cpu.kernels.linear.amx import AmxWeight, amx_weight, bind_gemm_amx
@@ -182,6 +183,7 @@ __all__ = [
     "bind_layer_norm",
     "bind_moe",
     "bind_mul",
+    "bind_norm_quant",
     "bind_pool",
     "bind_prequant",
     "bind_prequant_into",

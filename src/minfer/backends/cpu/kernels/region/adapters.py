@@ -45,6 +45,8 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_rms_rows_par": ("out",),
     "_add_rms_rows": ("total", "out"),
     "_add_rms_rows_par": ("total", "out"),
+    "_norm_q8_rows": ("total", "out", "qs", "d", "aux", "isum"),
+    "_norm_q8_rows_par": ("total", "out", "qs", "d", "aux", "isum"),
     "_layer_rows": ("out",),
     "_layer_rows_par": ("out",),
     "_rope_par": ("out",),
