@@ -22,6 +22,8 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
         fuse_add_norm(graph)
     if params.ctx.fuse_norm_quant and params.ctx.backends == ("cpu",):
         fuse_norm_quant(graph)
+    if params.ctx.fuse_bias and params.ctx.backends == ("cpu",):
+        fuse_bias(graph)
     return graph
 
 
@@ -111,4 +113,18 @@ def fuse_norm_quant(graph: ComputeGraph) -> int:
             continue
         node.op = dataclasses.replace(node.op, quant_for=first.meta.weights[0])
         fused += 1
+    return fused
+
+
+def fuse_bias(graph: ComputeGraph) -> int:
+    """MatMul with a bias -> MatMul(fused_bias=True): the CPU backend adds the bias in the
+    projection's kernel (each thread to the rows it computed, the same f32 add) where the
+    unfused tape had an add step after it, which waited for every thread's rows (Qwen2's
+    q / k / v biases: three serial steps a layer). The backend keeps the add step wherever the
+    kernel has no bias epilogue (the sgemm path, float weights, Q2_K). CPU-only graphs."""
+    fused = 0
+    for node in graph.nodes:
+        if isinstance(node.op, ir.MatMul) and len(node.meta.weights) > 1:
+            node.op = dataclasses.replace(node.op, fused_bias=True)
+            fused += 1
     return fused

@@ -110,9 +110,11 @@ class LayerNorm(Op):
 @dataclass(frozen=True)
 class MatMul(Op):
     """y = x @ W.T (+ bias); W and bias named in the node's meta. rows > 0: only W's first
-    `rows` output rows (a draft model's logits over the vocabulary's first ids)."""
+    `rows` output rows (a draft model's logits over the vocabulary's first ids). fused_bias:
+    the bias added by the projection's kernel to the rows each thread computed (`fuse_bias`)."""
 
     rows: int = 0
+    fused_bias: bool = False
 
 
 @dataclass(frozen=True)

@@ -349,19 +349,30 @@ def _encoder_integer(ctx: ExecContext, w_name: str) -> bool:
 
 
 def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
-                  ctx: ExecContext, rows: int = 0) -> list[Callable[[], None]]:
+                  ctx: ExecContext, rows: int = 0, bias: np.ndarray | None = None,
+                  epilogue: bool = False) -> list[Callable[[], None]]:
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
-    its arrays, and the activation's quantization where this is the first reader of x."""
+    its arrays, and the activation's quantization where this is the first reader of x; then
+    the bias, if any: in the kernel's epilogue where `epilogue` (`fusion.fuse_bias`) and the
+    kernel has one, else an add step after it (the same bits)."""
     if ctx.dense_f32 and not _encoder_integer(ctx, w_name):
         raise GraphError("a dense-f32 context runs its projections as MatMul nodes only")
     p = _projection(ctx, w_name, x.shape[1], rows)
+    steps: list[Callable[[], None]]
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
-        return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
-    xq, quantize = _activation_slot(ctx, x_node, x, p)
-    if xq is None:  # a float weight: its rounded activation is made per call
-        run, qt = p.run, p.quant_type
-        return [lambda: run(K.quantize_activation(x, qt), out)]
-    return [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out)]
+        steps = [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
+    else:
+        xq, quantize = _activation_slot(ctx, x_node, x, p)
+        if xq is None:  # a float weight: its rounded activation is made per call
+            run, qt = p.run, p.quant_type
+            steps = [lambda: run(K.quantize_activation(x, qt), out)]
+        elif bias is not None and epilogue and K.takes_bias(p.quant_type):
+            return [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out, bias)]
+        else:
+            steps = [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out)]
+    if bias is not None:
+        steps.append(K.bind_add(out, bias, out))
+    return steps
 
 
 def _activation_slot(ctx: ExecContext, x_node: int, x: np.ndarray, p: _Projection
@@ -409,10 +420,9 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
         scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]
-    steps = _bind_project(w_name, node.srcs[0], x, out, ctx, node.op.rows)
-    if len(node.meta.weights) > 1:
-        steps.append(K.bind_add(out, ctx.weights.vector(node.meta.weights[1]), out))
-    return steps
+    bias = ctx.weights.vector(node.meta.weights[1]) if len(node.meta.weights) > 1 else None
+    return _bind_project(w_name, node.srcs[0], x, out, ctx, node.op.rows, bias=bias,
+                         epilogue=node.op.fused_bias)
 
 
 def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
@@ -466,7 +476,8 @@ def _norm_activation(node: Node, out: np.ndarray,
     if not op.quant_for or ctx.dense_f32:
         return None
     p = _projection(ctx, op.quant_for, out.shape[1])
-    if out.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
+    if not isinstance(p.form, str) or (out.shape[0] >= p.sgemm_from
+                                       and not ctx.batch_invariant):
         return None
     return _activation_slot(ctx, node.id, out, p)[0]
 

@@ -118,6 +118,7 @@ from minfer.backends.cpu.kernels.linear.dispatch import (
     prefill_min_tokens,
     quantize_activation,
     repack_weight,
+    takes_bias,
 )
 from minfer.backends.cpu.kernels.linear.experts import ExpertWeight, bind_moe
 from minfer.backends.cpu.kernels.linear.gemm_i16 import (
@@ -243,5 +244,6 @@ __all__ = [
     "softmax_rows",
     "ssm_conv",
     "swiglu",
+    "takes_bias",
     "tanh",
 ]
