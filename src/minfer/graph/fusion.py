@@ -24,6 +24,8 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
         fuse_norm_quant(graph)
     if params.ctx.fuse_bias and params.ctx.backends == ("cpu",):
         fuse_bias(graph)
+    if params.ctx.fuse_rope_store and params.ctx.backends == ("cpu",):
+        fuse_rope_store(graph)
     return graph
 
 
@@ -127,4 +129,36 @@ def fuse_bias(graph: ComputeGraph) -> int:
         if isinstance(node.op, ir.MatMul) and len(node.meta.weights) > 1:
             node.op = dataclasses.replace(node.op, fused_bias=True)
             fused += 1
+    return fused
+
+
+def fuse_rope_store(graph: ComputeGraph) -> int:
+    """KvcacheStore(Rope(k), v) after Rope(q) -> one KvcacheStore that ropes both: k roped
+    straight into the KV region (the roped k's node orphaned, no buffer), q into rope_q's
+    buffer, now a `Written` node. Only where the two ropes are the layer's last two nodes of
+    that kind, read the same positions and factors, differ only in their head count, the roped
+    k has no other reader and every reader of the roped q comes after the store. The CPU
+    backend runs it as one step where the tape had three (each serial at decode). CPU-only
+    graphs."""
+    users = graph.consumers()
+    fused = 0
+    for store in graph.nodes:
+        op = store.op
+        if not isinstance(op, ir.KvcacheStore) or op.rope_k is not None:
+            continue
+        rk = graph.nodes[store.srcs[0]]
+        if not isinstance(rk.op, ir.Rope) or users[rk.id] != [store.id] \
+                or rk.op.head_dim != op.head_dim:
+            continue
+        rq = next((n for n in reversed(graph.nodes[:rk.id]) if isinstance(n.op, ir.Rope)), None)
+        if rq is None or not isinstance(rq.op, ir.Rope) or rq.meta.layer != store.meta.layer \
+                or rq.srcs[1:] != rk.srcs[1:] or rq.meta.weights != rk.meta.weights \
+                or dataclasses.replace(rq.op, n_head=rk.op.n_head) != rk.op \
+                or not all(u > store.id for u in users[rq.id]):
+            continue
+        store.op = dataclasses.replace(op, rope_q=rq.op, rope_k=rk.op)
+        store.srcs = (rk.srcs[0], *store.srcs[1:3], rq.srcs[0], rq.srcs[1], rq.id)
+        store.meta = dataclasses.replace(store.meta, weights=rk.meta.weights)
+        rq.op, rq.srcs = ir.Written(), ()
+        fused += 1
     return fused

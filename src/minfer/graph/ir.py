@@ -95,8 +95,9 @@ class AddRmsNorm(Op):
 
 @dataclass(frozen=True)
 class Written(Op):
-    """A buffer a later fused node writes (`AddRmsNorm`'s sum): no work of its own, its readers
-    all after that node. What it replaced stays recorded in its name."""
+    """A buffer a later fused node writes (`AddRmsNorm`'s sum, a rope-storing KvcacheStore's
+    q): no work of its own, its readers all after that node. What it replaced stays recorded
+    in its name."""
 
 
 @dataclass(frozen=True)
@@ -230,10 +231,15 @@ class QkNorm(Op):
 @dataclass(frozen=True)
 class KvcacheStore(Op):
     """Writes K and V rows into the layer's persistent KV region at the cells input (head_dim
-    sets how a quantized region rotates its rows, as llama.cpp does)."""
+    sets how a quantized region rotates its rows, as llama.cpp does). With rope_q / rope_k
+    (`fuse_rope_store`) it ropes them too: sources (k, v, cells, q, positions, q_out), k roped
+    by rope_k into the region, q by rope_q into q_out's buffer (a `Written` node), the rope
+    factors (if any) named in the meta."""
 
     layer: int
     head_dim: int
+    rope_q: Rope | None = None
+    rope_k: Rope | None = None
 
 
 @dataclass(frozen=True)

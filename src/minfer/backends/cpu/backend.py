@@ -525,10 +525,20 @@ def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,
 
 def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
-    assert isinstance(node.op, ir.KvcacheStore)
-    layer = node.op.layer
+    op = node.op
+    assert isinstance(op, ir.KvcacheStore)
+    layer = op.layer
+    if op.rope_q is not None and op.rope_k is not None:  # `fusion.fuse_rope_store`
+        k, v, cells, q, positions, q_out = srcs
+        rq = op.rope_q
+        factors = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights else None
+        return [K.bind_rope_store(q, k, v, positions, q_out, ctx.kv.k[layer], ctx.kv.v[layer],
+                                  cells, n_head=rq.n_head, n_head_kv=op.rope_k.n_head,
+                                  head_dim=rq.head_dim, rope_dim=rq.rope_dim, base=rq.base,
+                                  style=rq.style, freq_scale=rq.freq_scale, factors=factors,
+                                  yarn=rq.yarn, mrope=rq.mrope, sections=rq.sections)]
     return [K.bind_store_kv(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2],
-                            head_dim=node.op.head_dim)]
+                            head_dim=op.head_dim)]
 
 
 def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,

@@ -51,6 +51,7 @@ import minfer.jit_cache  # noqa: F401
 from minfer.backends.cpu.kernels.attn.attend import attention, bind_attention, kv_store
 from minfer.backends.cpu.kernels.attn.blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv
+from minfer.backends.cpu.kernels.attn.rope_store import bind_rope_store
 from minfer.backends.cpu.kernels.attn.sequences import (
     bind_sequence_attention,
     sequence_attention,
@@ -191,6 +192,7 @@ __all__ = [
     "bind_quantize",
     "bind_rms_norm",
     "bind_rope",
+    "bind_rope_store",
     "bind_sequence_attention",
     "bind_short_conv",
     "bind_silu",

@@ -60,6 +60,8 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_causal_conv": ("state", "out"),
     "_prepare": ("qr", "lo", "hi"),
     "_store_kv_serial": ("k_cache", "v_cache"),
+    "_rope_store": ("q_out", "k_cache", "v_cache"),
+    "_rope_store_par": ("q_out", "k_cache", "v_cache"),
 }
 _DRIVER_WRITES = ("out",)  # the row drivers (`linear.row_drivers`: mv_*)
 
