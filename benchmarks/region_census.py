@@ -8,9 +8,9 @@ and its time from inside the region (`RegionRun.timeline`, medians over several 
 Prints one layer's steps in full and the whole tape's totals: steps, serial steps, barriers,
 the time in steps (each step's slowest thread), in serial steps, and in barrier gaps (from the
 slowest thread's end of a step to the next step's start). `--off` turns fusions off (the
-EngineConfig fields: fuse_add_norm, fuse_norm_quant, fuse_bias). With `--ab ROUNDS`: decode
-tok/s with every fusion against the fusions of round 20 off (`fuse_norm_quant`, `fuse_bias`),
-two engines in one process taking turns, ROUNDS turns of 32 tokens each (median and range).
+EngineConfig fields in FUSIONS). With `--ab ROUNDS`: decode tok/s with every fusion against
+round 20's off (ROUND_20), two engines in one process taking turns, ROUNDS turns of 32 tokens
+each (median and range).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from minfer.gguf.reader import GGUFFile
 from minfer.jit_cache import kernel_call
 
 DEFAULT_MODEL = Path.home() / ".cache/minfer/qwen2.5-coder-0.5b-instruct.gguf"
-FUSIONS = ("fuse_add_norm", "fuse_norm_quant", "fuse_bias")
-ROUND_20 = ("fuse_norm_quant", "fuse_bias")  # what `--ab` turns off for "before"
+FUSIONS = ("fuse_add_norm", "fuse_norm_quant", "fuse_bias", "fuse_rope_store")
+ROUND_20 = ("fuse_norm_quant", "fuse_bias", "fuse_rope_store")  # `--ab` turns off for "before"
 
 
 @njit

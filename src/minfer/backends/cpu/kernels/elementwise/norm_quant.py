@@ -4,9 +4,10 @@
 `_q8_k_row`) by the thread that normalised it, so the op tape has no quantize step (and, split
 across threads, no barrier) between the norm and the projections reading its activation.
 
-The same row functions as the unfused steps, so the same bits: the kernels here take no fastmath
-flags (numba inlines a row function into its caller's flags; the norm's f64 sums must not be
-reordered, and the quantization's flags are order-insensitive ones it does not need). Arguments:
+The same row functions as the unfused steps, so the same bits: the kernels take no fastmath flags
+(numba inlines a row function into its caller's flags, and the norm's f64 sums must not be
+reordered); the row's quantization is a function of its own under the quantize kernels' flags
+(inlined without them it ran at a third of their speed: 896 values, 6.4 against 2.1 us). Arguments:
 (a, b, w, eps, total, out, qs, d, aux, isum): b None normalises a itself (total None), else
 total = a + b is normalised; isum None quantizes to Q8_K (aux: bsums), else Q8_0 (aux: s).
 """
@@ -22,6 +23,7 @@ from numba import njit, prange
 from minfer.backends.cpu.kernels.elementwise.arith import _add
 from minfer.backends.cpu.kernels.elementwise.norm import _check, _rms_row
 from minfer.backends.cpu.kernels.quant.activations import (
+    _FM,
     PARALLEL_MIN_ROWS,
     Q8Blocks,
     Q8KBlocks,
@@ -29,6 +31,16 @@ from minfer.backends.cpu.kernels.quant.activations import (
     _q8_k_row,
 )
 from minfer.backends.cpu.kernels.region.parts import share
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def _q8_0_one(x, qs, d, s, isum, t):
+    _q8_0_row(x, qs, d, s, isum, t)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def _q8_k_one(x, qs, d, bsums, t):
+    _q8_k_row(x, qs, d, bsums, t)
 
 
 @njit(cache=True, error_model="numpy")
@@ -40,9 +52,9 @@ def _norm_q8_rows(a, b, w, eps, total, out, qs, d, aux, isum):
             x = total
         _rms_row(x, w, eps, out, t, 1, a.shape[1])
         if isum is None:
-            _q8_k_row(out, qs, d, aux, t)
+            _q8_k_one(out, qs, d, aux, t)
         else:
-            _q8_0_row(out, qs, d, aux, isum, t)
+            _q8_0_one(out, qs, d, aux, isum, t)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -54,9 +66,9 @@ def _norm_q8_rows_par(a, b, w, eps, total, out, qs, d, aux, isum):
             x = total
         _rms_row(x, w, eps, out, t, 1, a.shape[1])
         if isum is None:
-            _q8_k_row(out, qs, d, aux, t)
+            _q8_k_one(out, qs, d, aux, t)
         else:
-            _q8_0_row(out, qs, d, aux, isum, t)
+            _q8_0_one(out, qs, d, aux, isum, t)
 
 
 @njit(cache=True, error_model="numpy")
@@ -69,9 +81,9 @@ def _norm_q8_rows_par_part(part, n_parts, a, b, w, eps, total, out, qs, d, aux, 
             x = total
         _rms_row(x, w, eps, out, t, 1, a.shape[1])
         if isum is None:
-            _q8_k_row(out, qs, d, aux, t)
+            _q8_k_one(out, qs, d, aux, t)
         else:
-            _q8_0_row(out, qs, d, aux, isum, t)
+            _q8_0_one(out, qs, d, aux, isum, t)
 
 
 def bind_norm_quant(a: np.ndarray, b: np.ndarray | None, w: np.ndarray, eps: float,
