@@ -3,13 +3,14 @@ whether every thread takes a share or thread 0 runs it alone, whether a barrier 
 and its time from inside the region (`RegionRun.timeline`, medians over several decode steps).
 
     PYTHONPATH=src python benchmarks/region_census.py [MODEL.gguf] [--threads 2] [--runs 30]
-        [--layer 1] [--no-fuse-norm] [--ab ROUNDS]
+        [--layer 1] [--off FUSION ...] [--ab ROUNDS]
 
 Prints one layer's steps in full and the whole tape's totals: steps, serial steps, barriers,
 the time in steps (each step's slowest thread), in serial steps, and in barrier gaps (from the
-slowest thread's end of a step to the next step's start). With `--ab ROUNDS`: decode tok/s
-after and before round 19's changes (`fuse_add_norm` and `regions.schedule`), two engines in one
-process taking turns, ROUNDS turns of 32 tokens each (median and range).
+slowest thread's end of a step to the next step's start). `--off` turns fusions off (the
+EngineConfig fields in FUSIONS). With `--ab ROUNDS`: decode tok/s with every fusion against
+round 20's off (ROUND_20), two engines in one process taking turns, ROUNDS turns of 32 tokens
+each (median and range).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import numba
 import numpy as np
 from numba import njit
 
-from minfer.backends.cpu import regions
 from minfer.backends.cpu.kernels.region.sync import cycles
 from minfer.backends.cpu.regions import RegionRun
 from minfer.engine.forward import Engine
@@ -32,6 +32,8 @@ from minfer.gguf.reader import GGUFFile
 from minfer.jit_cache import kernel_call
 
 DEFAULT_MODEL = Path.home() / ".cache/minfer/qwen2.5-coder-0.5b-instruct.gguf"
+FUSIONS = ("fuse_add_norm", "fuse_norm_quant", "fuse_bias", "fuse_rope_store")
+ROUND_20 = ("fuse_norm_quant", "fuse_bias", "fuse_rope_store")  # `--ab` turns off for "before"
 
 
 @njit
@@ -53,7 +55,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--layer", type=int, default=1)
-    ap.add_argument("--no-fuse-norm", action="store_true")
+    ap.add_argument("--off", nargs="*", default=[], choices=FUSIONS)
     ap.add_argument("--ab", type=int, default=0)
     a = ap.parse_args()
     numba.set_num_threads(a.threads)
@@ -62,7 +64,7 @@ def main() -> None:
         _ab(f, a.threads, a.ab)
         return
     e = Engine(f, HParams.from_gguf(f), n_ctx=512, n_threads=a.threads,
-               fuse_add_norm=not a.no_fuse_norm)
+               **dict.fromkeys(a.off, False))
     e.forward(list(range(1, 33)), 0)
     t0 = time.perf_counter()
     for i in range(16):
@@ -119,18 +121,13 @@ def main() -> None:
 
 
 def _ab(f: GGUFFile, threads: int, rounds: int, n: int = 32) -> None:
-    """The unfused engine's tapes are bound with the tape's own step order in each region
-    (`regions.schedule` held to the identity), as before either change."""
+    """After: every fusion; before: round 20's (ROUND_20) off."""
     engines = {fused: Engine(f, HParams.from_gguf(f), n_ctx=512, n_threads=threads,
-                             fuse_add_norm=fused) for fused in (True, False)}
+                             **dict.fromkeys(ROUND_20, fused)) for fused in (True, False)}
     rates: dict[bool, list[float]] = {True: [], False: []}
-    scheduled = regions.schedule
     for fused, e in engines.items():
-        if not fused:
-            regions.schedule = lambda forms: list(range(len(forms)))
         e.forward(list(range(1, 33)), 0)
         e.forward([7], 32)
-        regions.schedule = scheduled
         region = next(c for c in e.cache.get(e.params_for(1, 1)).scratch["tape"][1].program
                       if isinstance(c, RegionRun))
         print(f"{'after' if fused else 'before'}: {len(region.steps)} steps, "

@@ -8,6 +8,8 @@ buildable and tested against the fused one.
 
 from __future__ import annotations
 
+import dataclasses
+
 from minfer.graph import ir
 from minfer.graph.ir import ComputeGraph
 from minfer.graph.params import GraphParams
@@ -18,6 +20,12 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
         fuse_swiglu(graph)
     if params.ctx.fuse_add_norm and params.ctx.backends == ("cpu",):
         fuse_add_norm(graph)
+    if params.ctx.fuse_norm_quant and params.ctx.backends == ("cpu",):
+        fuse_norm_quant(graph)
+    if params.ctx.fuse_bias and params.ctx.backends == ("cpu",):
+        fuse_bias(graph)
+    if params.ctx.fuse_rope_store and params.ctx.backends == ("cpu",):
+        fuse_rope_store(graph)
     return graph
 
 
@@ -79,5 +87,78 @@ def fuse_add_norm(graph: ComputeGraph) -> int:
         node.op = ir.AddRmsNorm(node.op.eps)
         node.srcs = (*add.srcs, add.id)
         add.op, add.srcs = ir.Written(), ()
+        fused += 1
+    return fused
+
+
+_PROJECTIONS = (ir.MatMul, ir.FusedGateUp, ir.Moe)  # the nodes that quantize their input
+
+
+def fuse_norm_quant(graph: ComputeGraph) -> int:
+    """RmsNorm / AddRmsNorm whose first reader is a projection of its rows (MatMul, FusedGateUp)
+    -> the same op with `quant_for` naming that projection's weight: the CPU backend then makes
+    the activation's quantization (Q8_0 or Q8_K, as that weight's kernel reads it) in the norm's
+    step instead of a step of its own before the projection, the same buffer the projections
+    read (q / k / v, gate / up). Only where no other projection comes between them (the
+    backend keeps one quantized activation per shape and form). The backend keeps the separate
+    step wherever the projection would not read it (a float weight, the sgemm path). CPU-only
+    graphs: no other backend runs it."""
+    users = graph.consumers()
+    fused = 0
+    for node in graph.nodes:
+        if not isinstance(node.op, ir.RmsNorm | ir.AddRmsNorm) or not users[node.id]:
+            continue
+        first = graph.nodes[min(users[node.id])]
+        if not isinstance(first.op, ir.MatMul | ir.FusedGateUp) or first.srcs[0] != node.id \
+                or any(isinstance(graph.nodes[i].op, _PROJECTIONS)
+                       for i in range(node.id + 1, first.id)):
+            continue
+        node.op = dataclasses.replace(node.op, quant_for=first.meta.weights[0])
+        fused += 1
+    return fused
+
+
+def fuse_bias(graph: ComputeGraph) -> int:
+    """MatMul with a bias -> MatMul(fused_bias=True): the CPU backend adds the bias in the
+    projection's kernel (each thread to the rows it computed, the same f32 add) where the
+    unfused tape had an add step after it, which waited for every thread's rows (Qwen2's
+    q / k / v biases: three serial steps a layer). The backend keeps the add step wherever the
+    kernel has no bias epilogue (the sgemm path, float weights). CPU-only graphs."""
+    fused = 0
+    for node in graph.nodes:
+        if isinstance(node.op, ir.MatMul) and len(node.meta.weights) > 1:
+            node.op = dataclasses.replace(node.op, fused_bias=True)
+            fused += 1
+    return fused
+
+
+def fuse_rope_store(graph: ComputeGraph) -> int:
+    """KvcacheStore(Rope(k), v) after Rope(q) -> one KvcacheStore that ropes both: k roped
+    straight into the KV region (the roped k's node orphaned, no buffer), q into rope_q's
+    buffer, now a `Written` node. Only where the two ropes are the layer's last two nodes of
+    that kind, read the same positions and factors, differ only in their head count, the roped
+    k has no other reader and every reader of the roped q comes after the store. The CPU
+    backend runs it as one step where the tape had three (each serial at decode). CPU-only
+    graphs."""
+    users = graph.consumers()
+    fused = 0
+    for store in graph.nodes:
+        op = store.op
+        if not isinstance(op, ir.KvcacheStore) or op.rope_k is not None:
+            continue
+        rk = graph.nodes[store.srcs[0]]
+        if not isinstance(rk.op, ir.Rope) or users[rk.id] != [store.id] \
+                or rk.op.head_dim != op.head_dim:
+            continue
+        rq = next((n for n in reversed(graph.nodes[:rk.id]) if isinstance(n.op, ir.Rope)), None)
+        if rq is None or not isinstance(rq.op, ir.Rope) or rq.meta.layer != store.meta.layer \
+                or rq.srcs[1:] != rk.srcs[1:] or rq.meta.weights != rk.meta.weights \
+                or dataclasses.replace(rq.op, n_head=rk.op.n_head) != rk.op \
+                or not all(u > store.id for u in users[rq.id]):
+            continue
+        store.op = dataclasses.replace(op, rope_q=rq.op, rope_k=rk.op)
+        store.srcs = (rk.srcs[0], *store.srcs[1:3], rq.srcs[0], rq.srcs[1], rq.id)
+        store.meta = dataclasses.replace(store.meta, weights=rk.meta.weights)
+        rq.op, rq.srcs = ir.Written(), ()
         fused += 1
     return fused

@@ -75,22 +75,29 @@ class ReplaceRows(Op):
 
 @dataclass(frozen=True)
 class RmsNorm(Op):
+    """RMSNorm of each row times a weight. quant_for: the weight of the first projection
+    reading it, whose quantized activation the norm's step makes too (`fuse_norm_quant`)."""
+
     eps: float
+    quant_for: str = ""
 
 
 @dataclass(frozen=True)
 class AddRmsNorm(Op):
     """RmsNorm(a + b) where the sum is read on (the residual stream): sources (a, b, total),
     the sum written into `total`'s buffer (a `Written` node), the normalised rows into its
-    own; the fusion pass writes it in place of RmsNorm(Add(a, b)) (`fuse_add_norm`)."""
+    own; the fusion pass writes it in place of RmsNorm(Add(a, b)) (`fuse_add_norm`). quant_for
+    as RmsNorm's."""
 
     eps: float
+    quant_for: str = ""
 
 
 @dataclass(frozen=True)
 class Written(Op):
-    """A buffer a later fused node writes (`AddRmsNorm`'s sum): no work of its own, its readers
-    all after that node. What it replaced stays recorded in its name."""
+    """A buffer a later fused node writes (`AddRmsNorm`'s sum, a rope-storing KvcacheStore's
+    q): no work of its own, its readers all after that node. What it replaced stays recorded
+    in its name."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +111,11 @@ class LayerNorm(Op):
 @dataclass(frozen=True)
 class MatMul(Op):
     """y = x @ W.T (+ bias); W and bias named in the node's meta. rows > 0: only W's first
-    `rows` output rows (a draft model's logits over the vocabulary's first ids)."""
+    `rows` output rows (a draft model's logits over the vocabulary's first ids). fused_bias:
+    the bias added by the projection's kernel to the rows each thread computed (`fuse_bias`)."""
 
     rows: int = 0
+    fused_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -222,10 +231,15 @@ class QkNorm(Op):
 @dataclass(frozen=True)
 class KvcacheStore(Op):
     """Writes K and V rows into the layer's persistent KV region at the cells input (head_dim
-    sets how a quantized region rotates its rows, as llama.cpp does)."""
+    sets how a quantized region rotates its rows, as llama.cpp does). With rope_q / rope_k
+    (`fuse_rope_store`) it ropes them too: sources (k, v, cells, q, positions, q_out), k roped
+    by rope_k into the region, q by rope_q into q_out's buffer (a `Written` node), the rope
+    factors (if any) named in the meta."""
 
     layer: int
     head_dim: int
+    rope_q: Rope | None = None
+    rope_k: Rope | None = None
 
 
 @dataclass(frozen=True)

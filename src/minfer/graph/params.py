@@ -28,6 +28,9 @@ class ContextParams:
     fuse_swiglu: bool = True  # Mul(Silu(gate), up) -> SwiGLU
     fuse_gate_up: bool = True  # decode: gate, up and SwiGLU in one node
     fuse_add_norm: bool = True  # RmsNorm(Add(a, b)) -> AddRmsNorm (CPU-only graphs)
+    fuse_norm_quant: bool = True  # a norm's step quantizes for its projections (CPU-only)
+    fuse_bias: bool = True  # a projection's bias added in its kernel (CPU-only graphs)
+    fuse_rope_store: bool = True  # rope of q and k in the KV store's step (CPU-only graphs)
     backends: tuple[str, ...] = ("cpu",)  # backends allowed to take nodes, in preference order
     window: str = "per_token"  # KV window inputs: kv_start/kv_end per query token
     vocab_limit: int = 0  # logits of the first ids only (a draft model's head); 0: all

@@ -350,19 +350,30 @@ def _encoder_integer(ctx: ExecContext, w_name: str) -> bool:
 
 
 def _bind_project(w_name: str, x_node: int, x: np.ndarray, out: np.ndarray,
-                  ctx: ExecContext, rows: int = 0) -> list[Callable[[], None]]:
+                  ctx: ExecContext, rows: int = 0, bias: np.ndarray | None = None,
+                  epilogue: bool = False) -> list[Callable[[], None]]:
     """`_project` with its decisions taken once: the path this shape takes, the kernel bound to
-    its arrays, and the activation's quantization where this is the first reader of x."""
+    its arrays, and the activation's quantization where this is the first reader of x; then
+    the bias, if any: in the kernel's epilogue where `epilogue` (`fusion.fuse_bias`) and the
+    kernel has one, else an add step after it (the same bits)."""
     if ctx.dense_f32 and not _encoder_integer(ctx, w_name):
         raise GraphError("a dense-f32 context runs its projections as MatMul nodes only")
     p = _projection(ctx, w_name, x.shape[1], rows)
+    steps: list[Callable[[], None]]
     if x.shape[0] >= p.sgemm_from and not ctx.batch_invariant:
-        return [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
-    xq, quantize = _activation_slot(ctx, x_node, x, p)
-    if xq is None:  # a float weight: its rounded activation is made per call
-        run, qt = p.run, p.quant_type
-        return [lambda: run(K.quantize_activation(x, qt), out)]
-    return [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out)]
+        steps = [partial(K.matmul_sgemm, p.raw, p.raw_type, x, out)]
+    else:
+        xq, quantize = _activation_slot(ctx, x_node, x, p)
+        if xq is None:  # a float weight: its rounded activation is made per call
+            run, qt = p.run, p.quant_type
+            steps = [lambda: run(K.quantize_activation(x, qt), out)]
+        elif bias is not None and epilogue and K.takes_bias(p.quant_type):
+            return [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out, bias)]
+        else:
+            steps = [*quantize, K.bind_prequant_into(p.packed, p.quant_type, xq, out)]
+    if bias is not None:
+        steps.append(K.bind_add(out, bias, out))
+    return steps
 
 
 def _activation_slot(ctx: ExecContext, x_node: int, x: np.ndarray, p: _Projection
@@ -410,10 +421,9 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
         scratch = _shared_scratch(ctx, "gemm", K.gemm_scratch_size(x.shape[0], x.shape[1]))
         return [K.bind_gemm(x, _dense_weight(ctx, w_name, x.shape[1], node.op.rows), out,
                             scratch, bias)]
-    steps = _bind_project(w_name, node.srcs[0], x, out, ctx, node.op.rows)
-    if len(node.meta.weights) > 1:
-        steps.append(K.bind_add(out, ctx.weights.vector(node.meta.weights[1]), out))
-    return steps
+    bias = ctx.weights.vector(node.meta.weights[1]) if len(node.meta.weights) > 1 else None
+    return _bind_project(w_name, node.srcs[0], x, out, ctx, node.op.rows, bias=bias,
+                         epilogue=node.op.fused_bias)
 
 
 def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
@@ -457,10 +467,29 @@ def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.copyto, out, x[:, op.start:op.start + op.width])]
 
 
+def _norm_activation(node: Node, out: np.ndarray,
+                     ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
+    """The quantized activation a norm's step fills for the projections reading its rows
+    (`fusion.fuse_norm_quant`: the op's `quant_for`), claiming its tape slot so that they emit
+    no quantize step; None where they would not read one (a float weight, the sgemm path)."""
+    op = node.op
+    assert isinstance(op, ir.RmsNorm | ir.AddRmsNorm)
+    if not op.quant_for or ctx.dense_f32:
+        return None
+    p = _projection(ctx, op.quant_for, out.shape[1])
+    if not isinstance(p.form, str) or (out.shape[0] >= p.sgemm_from
+                                       and not ctx.batch_invariant):
+        return None
+    return _activation_slot(ctx, node.id, out, p)[0]
+
+
 def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.RmsNorm)
     w = ctx.weights.vector(node.meta.weights[0])
+    xq = _norm_activation(node, out, ctx)
+    if xq is not None:
+        return [K.bind_norm_quant(srcs[0], None, w, node.op.eps, None, out, xq)]
     return [K.bind_rms_norm(srcs[0], w, node.op.eps, out)]
 
 
@@ -468,6 +497,9 @@ def _bind_add_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                        ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.AddRmsNorm)
     w = ctx.weights.vector(node.meta.weights[0])
+    xq = _norm_activation(node, out, ctx)
+    if xq is not None:
+        return [K.bind_norm_quant(srcs[0], srcs[1], w, node.op.eps, srcs[2], out, xq)]
     return [K.bind_add_rms_norm(srcs[0], srcs[1], w, node.op.eps, srcs[2], out)]
 
 
@@ -494,10 +526,20 @@ def _bind_qk_norm(node: Node, srcs: Srcs, out: np.ndarray,
 
 def _bind_kv_store(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
-    assert isinstance(node.op, ir.KvcacheStore)
-    layer = node.op.layer
+    op = node.op
+    assert isinstance(op, ir.KvcacheStore)
+    layer = op.layer
+    if op.rope_q is not None and op.rope_k is not None:  # `fusion.fuse_rope_store`
+        k, v, cells, q, positions, q_out = srcs
+        rq = op.rope_q
+        factors = ctx.weights.vector(node.meta.weights[0]) if node.meta.weights else None
+        return [K.bind_rope_store(q, k, v, positions, q_out, ctx.kv.k[layer], ctx.kv.v[layer],
+                                  cells, n_head=rq.n_head, n_head_kv=op.rope_k.n_head,
+                                  head_dim=rq.head_dim, rope_dim=rq.rope_dim, base=rq.base,
+                                  style=rq.style, freq_scale=rq.freq_scale, factors=factors,
+                                  yarn=rq.yarn, mrope=rq.mrope, sections=rq.sections)]
     return [K.bind_store_kv(srcs[0], srcs[1], ctx.kv.k[layer], ctx.kv.v[layer], srcs[2],
-                            head_dim=node.op.head_dim)]
+                            head_dim=op.head_dim)]
 
 
 def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,

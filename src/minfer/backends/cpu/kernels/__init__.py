@@ -51,6 +51,7 @@ import minfer.jit_cache  # noqa: F401
 from minfer.backends.cpu.kernels.attn.attend import attention, bind_attention, kv_store
 from minfer.backends.cpu.kernels.attn.blocked import BLOCKED_MIN_TOKENS as ATTN_BLOCKED_MIN_TOKENS
 from minfer.backends.cpu.kernels.attn.kv_formats import bind_store_kv
+from minfer.backends.cpu.kernels.attn.rope_store import bind_rope_store
 from minfer.backends.cpu.kernels.attn.sequences import (
     bind_sequence_attention,
     sequence_attention,
@@ -89,6 +90,7 @@ from minfer.backends.cpu.kernels.elementwise.norm import (
     layer_norm,
     rms_norm,
 )
+from minfer.backends.cpu.kernels.elementwise.norm_quant import bind_norm_quant
 from minfer.backends.cpu.kernels.elementwise.pool import bind_pool
 from minfer.backends.cpu.kernels.elementwise.rope import bind_rope, rope, rope_neox
 from minfer.backends.cpu.kernels.linear.amx import AmxWeight, amx_weight, bind_gemm_amx
@@ -117,6 +119,7 @@ from minfer.backends.cpu.kernels.linear.dispatch import (
     prefill_min_tokens,
     quantize_activation,
     repack_weight,
+    takes_bias,
 )
 from minfer.backends.cpu.kernels.linear.experts import ExpertWeight, bind_moe
 from minfer.backends.cpu.kernels.linear.gemm_i16 import (
@@ -182,12 +185,14 @@ __all__ = [
     "bind_layer_norm",
     "bind_moe",
     "bind_mul",
+    "bind_norm_quant",
     "bind_pool",
     "bind_prequant",
     "bind_prequant_into",
     "bind_quantize",
     "bind_rms_norm",
     "bind_rope",
+    "bind_rope_store",
     "bind_sequence_attention",
     "bind_short_conv",
     "bind_silu",
@@ -241,5 +246,6 @@ __all__ = [
     "softmax_rows",
     "ssm_conv",
     "swiglu",
+    "takes_bias",
     "tanh",
 ]

@@ -272,23 +272,39 @@ def bind_prequant(w_raw: np.ndarray, qtype: int) -> PrequantKernel:
             fn(w, xq, out)
             return
         _check_widths(xq.qs, out, n_in, n_out)
-        fn(w, xq.qs, xq.d, xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
+        # the bias argument None given explicitly: the op tape binds every argument's type
+        # (`jit_cache.direct`), so every call then shares one compiled form
+        fn(w, xq.qs, xq.d, xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out, None)
 
     return run
 
 
+def takes_bias(qtype: int) -> bool:
+    """Whether `bind_prequant_into` adds a bias in its kernel for this weight type (the
+    generated row drivers' epilogue; not the float rows)."""
+    _, want, _ = _kernel_for(qtype_of(qtype))
+    return want is not np.ndarray
+
+
 def bind_prequant_into(w_raw: np.ndarray, qtype: int, xq: Q8Blocks | Q8KBlocks,
-                       out: np.ndarray) -> Callable[[], None]:
+                       out: np.ndarray, bias: np.ndarray | None = None) -> Callable[[], None]:
     """`matmul_prequant(w, qtype, xq, out)` over fixed buffers: every check done here, once;
-    the call is the compiled kernel alone (whatever `xq` holds when it runs)."""
+    the call is the compiled kernel alone (whatever `xq` holds when it runs). With `bias`
+    (f32 [n_out], where `takes_bias`), out + bias: each thread adds it to the rows it computed,
+    the bits of a separate add after the kernel."""
     qt = qtype_of(qtype)
     w, n_in = weight_view(w_raw, qt)
     fn, want, label = _kernel_for(qt)
     if not isinstance(xq, want):
         raise TypeError(f"{qt.name} needs {label} activation")
     _check_widths(xq.qs, out, n_in, w.shape[0])
-    return functools.partial(fn, w, xq.qs, xq.d,
-                             xq.s if isinstance(xq, Q8Blocks) else xq.bsums, out)
+    aux = xq.s if isinstance(xq, Q8Blocks) else xq.bsums
+    if bias is None:
+        return functools.partial(fn, w, xq.qs, xq.d, aux, out, None)
+    if not takes_bias(qt) or bias.shape != (out.shape[1],) or bias.dtype != np.float32:
+        raise ValueError(f"a {qt.name} projection takes no bias {bias.shape} {bias.dtype} "
+                         f"into {out.shape}")
+    return functools.partial(fn, w, xq.qs, xq.d, aux, out, bias)
 
 
 def bind_experts_into(w3: np.ndarray, qtype: int, groups: np.ndarray, n_groups: np.ndarray,

@@ -87,20 +87,29 @@ _EXPERT_JOBS = """\
         w = w3[groups[g, 0]]
         t0, t1 = groups[g, 1], groups[g, 2]
 """
+# A dense driver's bias (`bias`, None: none), added by the thread that computed the rows, to
+# the rows [r0, r1) of activation rows [t0, t1) once their passes are done: out + bias as one f32
+# add, the bits of a separate add step (`graph.fusion.fuse_bias`), without its barrier.
+_EPILOGUE = """\
+        if bias is not None:
+            for t in range(t0, t1):
+                for r in range(r0, r1):
+                    out[t, r] = out[t, r] + bias[r]
+"""
 _INTEGER = '''
 
 @njit(parallel=True, cache=True)
-def {name}(w, xq, xd, {aux}, out):
+def {name}(w, xq, xd, {aux}, out, bias=None):
     """{doc}"""
     n_out, nt = w.shape[0], xq.shape[0]
 {prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
     t0, t1 = 0, nt
     for c in prange((n_out + _CHUNK - 1) // _CHUNK):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}
+{passes}{epilogue}
 
 @njit(cache=True)
-def {name}_part(part, n_parts, w, xq, xd, {aux}, out):
+def {name}_part(part, n_parts, w, xq, xd, {aux}, out, bias=None):
     """{name}'s rows for part `part` of `n_parts` (a parallel region's thread): the chunks
     its parallel loop would give that thread."""
     n_out, nt = w.shape[0], xq.shape[0]
@@ -109,7 +118,7 @@ def {name}_part(part, n_parts, w, xq, xd, {aux}, out):
     n_chunk = (n_out + _CHUNK - 1) // _CHUNK
     for c in range(*share(part, n_parts, n_chunk)):
         r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}
+{passes}{epilogue}
 
 @njit(parallel=True, cache=True)
 def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
@@ -183,6 +192,7 @@ class IntegerDriver:
     def source(self) -> str:
         passes = _INTEGER_PASSES.format(rd=self.rd, args=self.args)
         return _INTEGER.format(name=self.name, aux=self.aux, doc=self.doc, passes=passes,
+                               epilogue=_EPILOGUE,
                                jobs=_EXPERT_JOBS.format(unit="_CHUNK"),
                                prologue="".join(f"    {s}\n" for s in self.prologue))
 
@@ -239,7 +249,7 @@ _EXPANDED = """\
 _ROWS = '''
 
 @njit(parallel=True, cache=True)
-def {name}(w, xq, xd, {fourth}, out):
+def {name}(w, xq, xd, {fourth}, out, bias=None):
     """{doc}"""
     n_out, nt = w.shape[0], xq.shape[0]
     aux = {aux}
@@ -249,10 +259,10 @@ def {name}(w, xq, xd, {fourth}, out):
 {scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
             t1 = min(nt, t0 + ROWS_TOKEN_TILE)
             for c in range(*share(part, n_parts, n_groups)):
-{passes}
+{passes}{epilogue}
 
 @njit(cache=True)
-def {name}_part(part, n_parts, w, xq, xd, {fourth}, out):
+def {name}_part(part, n_parts, w, xq, xd, {fourth}, out, bias=None):
     """{name}'s row groups for part `part` of `n_parts` (a parallel region's thread): one
     contiguous run of groups, as its parallel loop gives each thread."""
     n_out, nt = w.shape[0], xq.shape[0]
@@ -263,7 +273,7 @@ def {name}_part(part, n_parts, w, xq, xd, {fourth}, out):
 {scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
             t1 = min(nt, t0 + ROWS_TOKEN_TILE)
             for c in range(*share(part, n_parts, n_groups)):
-{passes}
+{passes}{epilogue}
 
 @njit(parallel=True, cache=True)
 def {name}_x(w3, groups, n_groups, xq, xd, {fourth}, out):
@@ -307,8 +317,11 @@ class RowsDriver:
                                      plain=textwrap.indent(passes, " " * 4),
                                      expanded=textwrap.indent(q8, " " * 4))
             scratch = "        wx = np.empty((ROWS, xq.shape[1] // 32 * 34), np.uint8)\n"
+        epilogue = textwrap.indent("        r0, r1 = c * ROWS, c * ROWS + ROWS\n" + _EPILOGUE,
+                                   " " * 8)
         return _ROWS.format(name=self.name, fourth=self.fourth, aux=self.aux, doc=self.doc,
                             passes=textwrap.indent(dense, " " * 8), expert_passes=passes,
+                            epilogue=epilogue,
                             scratch=scratch, jobs=_EXPERT_JOBS.format(unit="ROWS"))
 
 

@@ -45,6 +45,8 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_rms_rows_par": ("out",),
     "_add_rms_rows": ("total", "out"),
     "_add_rms_rows_par": ("total", "out"),
+    "_norm_q8_rows": ("total", "out", "qs", "d", "aux", "isum"),
+    "_norm_q8_rows_par": ("total", "out", "qs", "d", "aux", "isum"),
     "_layer_rows": ("out",),
     "_layer_rows_par": ("out",),
     "_rope_par": ("out",),
@@ -58,6 +60,8 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_causal_conv": ("state", "out"),
     "_prepare": ("qr", "lo", "hi"),
     "_store_kv_serial": ("k_cache", "v_cache"),
+    "_rope_store": ("q_out", "k_cache", "v_cache"),
+    "_rope_store_par": ("q_out", "k_cache", "v_cache"),
 }
 _DRIVER_WRITES = ("out",)  # the row drivers (`linear.row_drivers`: mv_*)
 
