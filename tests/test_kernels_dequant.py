@@ -30,16 +30,16 @@ QUANT_K = [QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q2_K, QType.Q3_K]
 
 def make_weight(qt: QType, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
     """Weight bytes (or a float array) of type qt, from random normal data (Q7_K: random
-    IQ2_XS blocks widened)."""
+    IQ2_XXS blocks widened)."""
     rng = np.random.default_rng(seed)
     if qt in QUANT_K:
         return random_kquant_blocks(qt, n_out, n_in, rng)
-    if qt is QType.Q7_K:  # minfer's own (never in a file): an IQ2_XS weight's widened copy
+    if qt is QType.Q7_K:  # minfer's own (never in a file): an IQ2_XXS weight's widened copy
         from minfer.backends.cpu.kernels import integer_weight
         from minfer.backends.cpu.kernels.reference import random_iquant_blocks
 
-        raw = random_iquant_blocks(QType.IQ2_XS, n_out, n_in, rng, rms=0.05)
-        return integer_weight(raw, QType.IQ2_XS)[0]
+        raw = random_iquant_blocks(QType.IQ2_XXS, n_out, n_in, rng, rms=0.05)
+        return integer_weight(raw, QType.IQ2_XXS)[0]
     data = rng.standard_normal((n_out, n_in)).astype(np.float32)
     if qt is QType.F32:
         return data

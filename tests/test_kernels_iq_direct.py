@@ -1,4 +1,5 @@
-"""IQ2_XXS / IQ3_XXS dotted from the file's blocks (`simd.iquants`): no widened copy held, ggml's
+"""IQ2_XXS / IQ3_XXS dotted from the file's blocks (`simd.iquants`, under MINFER_IQ_DIRECT; by
+default they are widened, test_kernels_iquants.py): no widened copy held, ggml's
 integer sums exactly against the dequantized reference, and one value per row whichever path
 computes it: the plain rows (short calls, experts), the row groups expanded into a Q7_K_PACKED
 scratch (long calls), a parallel region's parts. Run for the host's CPU and, in .ci/run's AVX2
@@ -27,6 +28,11 @@ IDS = {"ids": lambda q: q.name}
 N_IN = 256 * 3
 
 
+@pytest.fixture(autouse=True)
+def _direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINFER_IQ_DIRECT", "1")
+
+
 def _weight(qt: QType, n_out: int, seed: int = 4) -> np.ndarray:
     return random_iquant_blocks(qt, n_out, N_IN, np.random.default_rng(seed), rms=0.05)
 
@@ -38,13 +44,15 @@ def _x(nt: int, seed: int = 5) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qt", DIRECT, **IDS)
-def test_the_file_blocks_are_the_weight_held(qt: QType) -> None:
+def test_the_file_blocks_are_the_weight_held(qt: QType, monkeypatch: pytest.MonkeyPatch) -> None:
     w = _weight(qt, 48)
     held, ht = integer_weight(w, qt)
     assert held is w and ht is qt
     assert not packable(qt, N_IN, 48)  # no interleaved copy either
     # long calls expand row groups on the fly (never the sgemm path) where the CPU can
     assert prefill_min_tokens(qt) > 1 << 40 or not EXPANDS
+    monkeypatch.delenv("MINFER_IQ_DIRECT")  # the default: the exact Q6_K / Q7_K copy
+    assert integer_weight(w, qt)[1] is not qt
 
 
 @pytest.mark.parametrize("qt", DIRECT, **IDS)

@@ -28,9 +28,8 @@ from minfer.backends.cpu.kernels.reference import (
 )
 
 # the type each one runs as (at moderate scales: see test_tiny_scales_keep_exact_copies)
-# (IQ2_XXS / IQ3_XXS: the file's blocks, `simd.iquants`; see test_kernels_iq_direct.py)
-WIDENED = {QType.IQ2_XXS: QType.IQ2_XXS, QType.IQ2_XS: QType.Q7_K, QType.IQ2_S: QType.Q7_K,
-           QType.IQ3_XXS: QType.IQ3_XXS, QType.IQ3_S: QType.Q6_K, QType.IQ1_S: QType.Q6_K,
+WIDENED = {QType.IQ2_XXS: QType.Q7_K, QType.IQ2_XS: QType.Q7_K, QType.IQ2_S: QType.Q7_K,
+           QType.IQ3_XXS: QType.Q6_K, QType.IQ3_S: QType.Q6_K, QType.IQ1_S: QType.Q6_K,
            QType.IQ1_M: QType.Q6_K, QType.TQ1_0: QType.Q6_K, QType.TQ2_0: QType.Q6_K,
            QType.IQ4_XS: QType.IQ4_XS, QType.MXFP4: QType.MXFP4}
 # the 4-bit level-table types, dotted in the file's blocks
@@ -175,8 +174,8 @@ def test_lut_kernels_are_batch_invariant(qt: QType) -> None:
 
 # the widened copies interleaved (`repack_weight` of `integer_weight`'s copy), and the scale of
 # the test weight: IQ1_S's tiny one runs as Q7_K (see test_tiny_scales_keep_exact_copies)
-WIDENED_PACKED = {QType.IQ2_XS: (QType.Q7_K_PACKED, 0.05), QType.IQ2_S: (QType.Q7_K_PACKED, 0.05),
-                  QType.IQ3_S: (QType.Q6_K_PACKED, 0.05), QType.IQ1_S: (QType.Q7_K_PACKED, 2e-4)}
+WIDENED_PACKED = {QType.IQ2_XXS: (QType.Q7_K_PACKED, 0.05), QType.IQ2_S: (QType.Q7_K_PACKED, 0.05),
+                  QType.IQ3_XXS: (QType.Q6_K_PACKED, 0.05), QType.IQ1_S: (QType.Q7_K_PACKED, 2e-4)}
 
 
 @pytest.mark.parametrize("qt", [*LUT_TYPES, *WIDENED_PACKED], **IDS)

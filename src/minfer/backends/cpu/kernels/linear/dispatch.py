@@ -77,7 +77,7 @@ from minfer.backends.cpu.kernels.quant.activations import (
     quantize_q8_0,
     quantize_q8_k,
 )
-from minfer.backends.cpu.kernels.quant.reencode import READ_DIRECT, widen
+from minfer.backends.cpu.kernels.quant.reencode import reads_direct, widen
 from minfer.backends.cpu.kernels.quant.repack import interleave_block32, interleave_kquant
 from minfer.backends.cpu.kernels.quant.types import (
     BLOCK_LAYOUT,
@@ -100,8 +100,8 @@ _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
     # widened copies (`quant.reencode`): their Q6_K / Q7_K kernel's
-    **dict.fromkeys((QType.IQ2_XS, QType.IQ2_S, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M,
-                     QType.TQ1_0, QType.TQ2_0), 128),
+    **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
+                     QType.IQ1_S, QType.IQ1_M, QType.TQ1_0, QType.TQ2_0), 128),
     QType.IQ4_NL: 64, QType.IQ4_XS: 64, QType.MXFP4: 64,
 }
 _NEVER = 1 << 62
@@ -118,7 +118,7 @@ def prefill_min_tokens(qtype: int) -> int:
         return _PLAIN_LOOP_MIN[qt]
     if qt in DERIVED_TYPES:  # interleaved rows, Q7_K: the integer path only
         return _NEVER
-    if qt in READ_DIRECT and EXPANDS:  # long calls expand row groups to Q7_K_PACKED's form
+    if reads_direct(qt) and EXPANDS:  # long calls expand row groups to Q7_K_PACKED's form
         return _NEVER
     if HAS_VNNI512 and qt not in _FLOAT_MIN:
         return _NEVER
@@ -237,8 +237,9 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS, MXFP4, IQ2_XXS and IQ3_XXS among them), or for Q3_K, the other i-quants below IQ4
-    and TQ1_0 / TQ2_0 a copy widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
+    IQ4_XS and MXFP4 among them; IQ2_XXS and IQ3_XXS under MINFER_IQ_DIRECT), or for Q3_K, the
+    i-quants below IQ4 and TQ1_0 / TQ2_0 a copy widened to Q6_K / Q7_K (see `quant.reencode`),
+    made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
     return widen(w, qt)

@@ -1,24 +1,26 @@
 """Re-encodings of weight types into wider ones that have fast integer kernels (`widen`).
 
 (IQ4_NL, IQ4_XS and MXFP4, 4-bit codes of int8 levels, are not widened: their own kernels look
-the levels up, `simd.blocks._lookup`, and read the file's blocks. Nor are IQ2_XXS and IQ3_XXS
-(`READ_DIRECT`): their kernels (`simd.iquants`) fetch the grid rows from the file's blocks, and
-for long calls expand one group of 16 rows at a time into a Q7_K_PACKED scratch, the same bits
-as the copy below without holding it.)
+the levels up, `simd.blocks._lookup`, and read the file's blocks. Under MINFER_IQ_DIRECT
+(`reads_direct`) nor are IQ2_XXS and IQ3_XXS: their kernels (`simd.iquants`) fetch the grid
+rows from the file's blocks, and for long calls expand one group of 16 rows at a time into a
+Q7_K_PACKED scratch: the file's bytes held (1/4.2 of IQ2_XXS's copy, 1/2.8 of IQ3_XXS's), at
+2-3x the copy's time per decode matmul (their grid and sign fetches are compute), 1.05-1.2x at
+512 tokens; not the default.)
 
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
-- TQ1_0, TQ2_0, IQ3_S, IQ1_S, IQ1_M → Q6_K: their integer form d * sc * q
+- TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M → Q6_K: their integer form d * sc * q
   (`quant.iquants.iq_form`; |q| <= 31, sc <= 31) is a Q6_K block with d as its f16 scale. The
   Q6_K dot with a Q8_K activation forms the same integer sums as ggml's dots of these types
   (which read Q8_K too; IQ1's delta is the q = 8 * grid +- 1 of d/8), so results agree to f32
   summation order. d is ggml's f16 scale over 1, 2 or 8, exact in f16 unless it falls below
   f16's normal range (ggml d < 2^-11); a weight with such a block goes to Q7_K instead. Small
   weights do: in llama-quantize's imatrix IQ3_XXS of Qwen2.5-Coder-1.5B most FFN blocks have
-  d < 2^-13 (d/2 a subnormal f16, its last bit lost), so its IQ3_S tensors run as Q6_K, and
-  its IQ3_XXS ones (widened before `READ_DIRECT`) ran as Q7_K.
-- IQ2_XS, IQ2_S → Q7_K (minfer's layout, `quant.types`): lattice values up to 43 need 7-bit
-  codes; d/8 kept as f32. Exact, as above (276 bytes for 66..82).
+  d < 2^-13 (d/2 a subnormal f16, its last bit lost), so all 84 IQ3_XXS tensors run as Q7_K
+  (its IQ3_S ones as Q6_K).
+- IQ2_XXS, IQ2_XS, IQ2_S → Q7_K (minfer's layout, `quant.types`): lattice values up to 43 need
+  7-bit codes; d/8 kept as f32. Exact, as above (276 bytes for 66..82).
 
 The CPU backend binds these weights once (`linear.dispatch.bind_prequant`) and runs the copy
 through the hand-vectorized Q6_K / Q7_K kernels: 1.5-4x the weight memory, an order of
@@ -32,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from minfer import env
 from minfer.backends.cpu.kernels.quant.iquants import IQ_SIZES, iq_form
 from minfer.backends.cpu.kernels.quant.types import QType
 from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f16_to_f32, f32_to_f16
@@ -128,8 +131,15 @@ def _iq_to_k(w, qtype, size, out, seven, exact):
             dst[o + 209] = np.uint8(h >> np.uint16(8))
 
 
-# read in the file's blocks by their own kernels (`simd.iquants`), never widened
+# the types with kernels on the file's blocks (`simd.iquants`), run so under MINFER_IQ_DIRECT
 READ_DIRECT = frozenset({QType.IQ2_XXS, QType.IQ3_XXS})
+
+
+def reads_direct(qt: QType) -> bool:
+    """Whether weights of this type are kept as the file's blocks, not widened: a READ_DIRECT
+    type with MINFER_IQ_DIRECT set (read at each call)."""
+    return qt in READ_DIRECT and env.flag("MINFER_IQ_DIRECT")
+
 _Q6_K_TARGETS = frozenset({QType.TQ1_0, QType.TQ2_0, QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S,
                            QType.IQ1_M})
 
@@ -139,7 +149,7 @@ def widen(w: np.ndarray, qt: QType) -> tuple[np.ndarray, QType]:
     its type for the types above, else w and qt themselves."""
     if qt is QType.Q3_K:
         return q3_k_to_q6_k(w), QType.Q6_K
-    if qt not in IQ_SIZES or qt is QType.IQ4_XS or qt in READ_DIRECT:
+    if qt not in IQ_SIZES or qt is QType.IQ4_XS or reads_direct(qt):
         return w, qt
     size = IQ_SIZES[qt]
     nb = w.shape[1] // size

@@ -94,26 +94,24 @@ def _byte(builder: Any, word: Any, k: int) -> Any:
     return builder.and_(builder.lshr(word, ir.Constant(_I64, 8 * k)), ir.Constant(_I64, 255))
 
 
-def _group(builder: Any, w: Any, base: Any, g: int, kind: str) -> tuple[Any, Any]:
+def _group(builder: Any, w: Any, base: Any, g: int, kind: str) -> Any:
     """Group g (values 32g..32g+31) of the super-block at byte `base` of i8* w: its codes
-    q + 64 as <32 x i8>, and its 4-bit scale ls (i32; the sub-block scale is 2 ls + 1)."""
+    q + 64 as <32 x i8>."""
     u64 = base.type
     q = _ld(builder, w, builder.add(base, ir.Constant(u64, 2 + 8 * g)), _I64)
+    n_idx = 4 if kind == "iq2_xxs" else 8
+    elem = _I64 if kind == "iq2_xxs" else _I32
+    grid_t = (_table(builder, "minfer_iq2xxs_grid", _I64, _GRID8) if kind == "iq2_xxs"
+              else _table(builder, "minfer_iq3xxs_grid", _I32, _GRID4))
     if kind == "iq2_xxs":  # 4 grid indices, then the word of sign indices and ls
         aux = builder.trunc(builder.lshr(q, ir.Constant(_I64, 32)), _I32)
-        grid_t = _table(builder, "minfer_iq2xxs_grid", _I64, _GRID8)
-        grid = ir.Constant(_vec(_I64, 4), None)
-        for k in range(4):
-            grid = builder.insert_element(grid, _fetch(builder, grid_t, _byte(builder, q, k)),
-                                          ir.Constant(_I32, k))
     else:  # 8 grid indices; the words after the 64 index bytes
         aux = _ld(builder, w, builder.add(base, ir.Constant(u64, 66 + 4 * g)), _I32)
-        grid_t = _table(builder, "minfer_iq3xxs_grid", _I32, _GRID4)
-        grid = ir.Constant(_vec(_I32, 8), None)
-        for k in range(8):
-            grid = builder.insert_element(grid, _fetch(builder, grid_t, _byte(builder, q, k)),
-                                          ir.Constant(_I32, k))
     sign_t = _table(builder, "minfer_ksign_masks", _I64, _SIGN_MASKS)
+    grid = ir.Constant(_vec(elem, n_idx), None)
+    for k in range(n_idx):
+        grid = builder.insert_element(grid, _fetch(builder, grid_t, _byte(builder, q, k)),
+                                      ir.Constant(_I32, k))
     signs = ir.Constant(_vec(_I64, 4), None)
     for k in range(4):
         sk = builder.zext(builder.and_(builder.lshr(aux, ir.Constant(_I32, 7 * k)),
@@ -121,20 +119,25 @@ def _group(builder: Any, w: Any, base: Any, g: int, kind: str) -> tuple[Any, Any
         signs = builder.insert_element(signs, _fetch(builder, sign_t, sk), ir.Constant(_I32, k))
     gv = builder.bitcast(grid, _vec(_I8, 32))
     mv = builder.bitcast(signs, _vec(_I8, 32))
-    codes = builder.add(builder.sub(builder.xor(gv, mv), mv), _splat(builder, OFFSET, 32))
-    return codes, builder.lshr(aux, ir.Constant(_I32, 28))
+    return builder.add(builder.sub(builder.xor(gv, mv), mv), _splat(builder, OFFSET, 32))
 
 
 def _super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any], Any, Any]:
     """The super-block at byte `base`: its eight groups' codes, the 16 sub-block scales as
     <16 x i32> and d (f32, ggml's f16 times `_D_FACTOR`)."""
-    codes, sc = [], ir.Constant(_vec(_I32, 16), None)
-    for g in range(8):
-        cd, ls = _group(builder, w, base, g, kind)
-        codes.append(cd)
-        s = builder.add(builder.shl(ls, ir.Constant(_I32, 1)), ir.Constant(_I32, 1))
-        for h in range(2):
-            sc = builder.insert_element(sc, s, ir.Constant(_I32, 2 * g + h))
+    codes = [_group(builder, w, base, g, kind) for g in range(8)]
+    # the 8 words holding ls in their top 4 bits: IQ2_XXS's odd words from byte 2, IQ3_XXS's
+    # 8 words from byte 66; each ls twice (its group's two sub-blocks), 2 ls + 1
+    if kind == "iq2_xxs":
+        words = _ld(builder, w, builder.add(base, ir.Constant(base.type, 2)), _vec(_I32, 16))
+        pick = [2 * (k // 2) + 1 for k in range(16)]
+    else:
+        words = _ld(builder, w, builder.add(base, ir.Constant(base.type, 66)), _vec(_I32, 8))
+        pick = [k // 2 for k in range(16)]
+    ls = builder.lshr(builder.shuffle_vector(words, words, ir.Constant(_vec(_I32, 16), pick)),
+                      ir.Constant(_vec(_I32, 16), [28] * 16))
+    sc = builder.add(builder.shl(ls, ir.Constant(_vec(_I32, 16), [1] * 16)),
+                     ir.Constant(_vec(_I32, 16), [1] * 16))
     d = builder.fmul(half_to_float(builder, _ld(builder, w, base, _I16)),
                      ir.Constant(_F32, _D_FACTOR[kind]))
     return codes, sc, d
