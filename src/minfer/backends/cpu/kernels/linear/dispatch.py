@@ -40,6 +40,8 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_bf16,
     mv_f16,
     mv_f32,
+    mv_iq2_xxs,
+    mv_iq3_xxs,
     mv_iq4_nl,
     mv_iq4_nlp,
     mv_iq4_xs,
@@ -79,7 +81,7 @@ from minfer.backends.cpu.kernels.quant.activations import (
     quantize_q8_0,
     quantize_q8_k,
 )
-from minfer.backends.cpu.kernels.quant.reencode import widen
+from minfer.backends.cpu.kernels.quant.reencode import reads_direct, widen
 from minfer.backends.cpu.kernels.quant.repack import interleave_block32, interleave_kquant
 from minfer.backends.cpu.kernels.quant.types import (
     BLOCK_LAYOUT,
@@ -92,6 +94,7 @@ from minfer.backends.cpu.kernels.quant.types import (
 )
 from minfer.backends.cpu.kernels.simd.blocks import DOT4, HAS_VNNI512
 from minfer.backends.cpu.kernels.simd.interleaved import QH_SLICED, ROWS, SIGN_TRICK
+from minfer.backends.cpu.kernels.simd.iquants import EXPANDS
 
 # From this many activation rows on, dequantize + sgemm beats the integer dots. With AVX512-VNNI
 # only float weights ever switch; PREFILL_MIN_TOKENS is the default elsewhere.
@@ -128,6 +131,8 @@ def prefill_min_tokens(qtype: int) -> int:
         return _PLAIN_LOOP_MIN[qt]
     if qt in DERIVED_TYPES:  # interleaved rows, Q7_K: the integer path only
         return _NEVER
+    if reads_direct(qt) and EXPANDS:  # long calls expand row groups to Q7_K_PACKED's form
+        return _NEVER
     if HAS_VNNI512 and qt not in _FLOAT_MIN:
         return _NEVER
     return _PREFILL_MIN.get(qt, PREFILL_MIN_TOKENS)
@@ -155,7 +160,8 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.TQ2_0: mv_tq2_0, QType.Q7_K: mv_q7_k, QType.Q7_K_PACKED: mv_q7_kr,
            QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr,
            QType.Q2_K_PACKED: mv_q2_kr, QType.TQ2_0_PACKED: mv_tq2_0r,
-           QType.TQ1_0: mv_tq1_0}
+           QType.TQ1_0: mv_tq1_0, QType.IQ2_XXS: mv_iq2_xxs,
+           QType.IQ3_XXS: mv_iq3_xxs}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -247,8 +253,9 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them), or for Q3_K and the i-quants below IQ4 a copy
-    widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
+    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them; IQ2_XXS and IQ3_XXS under MINFER_IQ_DIRECT),
+    or for Q3_K and the i-quants below IQ4 a copy widened to Q6_K / Q7_K (see
+    `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
     return widen(w, qt)

@@ -325,6 +325,91 @@ class RowsDriver:
                             scratch=scratch, jobs=_EXPERT_JOBS.format(unit="ROWS"))
 
 
+# The i-quants read from the file's blocks (`simd.iquants`): the plain rows' passes for short
+# calls; from EXPAND_MIN_TOKENS tokens on (the dense forms, rows a multiple of 16, AVX2 at
+# least: `simd.iquants.EXPANDS`) each thread takes one contiguous run of row groups and
+# expands each group in turn into a Q7_K_PACKED scratch (`expand_<qt>`, 16 x 276 bytes per
+# super-block column), then runs Q7_K_PACKED's passes with integer scales on it over every
+# token tile. The float steps are the plain rows' (`simd.iquants`), so a row's value is the
+# same bits either way.
+_IQ_EXPANDED = """\
+            wx = np.empty((ROWS, xq.shape[1] // 256 * 276), np.uint8)
+            for c in range(*share(part, n_parts, n_groups)):
+                expand_{qt}(w, c, wx)
+                for t0 in range(0, nt, ROWS_TOKEN_TILE):
+                    t1 = min(nt, t0 + ROWS_TOKEN_TILE)
+{passes}{epilogue}"""
+_IQ = '''
+
+@njit(parallel=True, cache=True)
+def {name}(w, xq, xd, bsums, out, bias=None):
+    """{doc}"""
+    n_out, nt = w.shape[0], xq.shape[0]
+    if nt >= EXPAND_MIN_TOKENS and n_out % ROWS == 0 and EXPANDS:
+        aux = koffset_corr(bsums, 64)
+        n_groups = n_out // ROWS
+        n_parts = max(1, min(thread_count(), n_groups))
+        for part in prange(n_parts):
+{expanded}    else:
+        wide = xq.shape[1] <= ROWS8_MAX_IN
+        t0, t1 = 0, nt
+        for c in prange((n_out + _CHUNK - 1) // _CHUNK):
+            r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}{plain_epilogue}
+
+@njit(cache=True)
+def {name}_part(part, n_parts, w, xq, xd, bsums, out, bias=None):
+    """{name}'s rows for part `part` of `n_parts` (a parallel region's thread): what its
+    parallel loops would give that thread."""
+    n_out, nt = w.shape[0], xq.shape[0]
+    if nt >= EXPAND_MIN_TOKENS and n_out % ROWS == 0 and EXPANDS:
+        aux = koffset_corr(bsums, 64)
+        n_groups = n_out // ROWS
+        if part < n_groups:
+            n_parts = min(n_parts, n_groups)
+{expanded}    else:
+        wide = xq.shape[1] <= ROWS8_MAX_IN
+        t0, t1 = 0, nt
+        n_chunk = (n_out + _CHUNK - 1) // _CHUNK
+        for c in range(*share(part, n_parts, n_chunk)):
+            r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
+{passes}{plain_epilogue}'''
+
+
+@dataclass(frozen=True)
+class IQDriver:
+    """An i-quant driver over the file's blocks: `name(w, xq, xd, bsums, out)`, the plain rows'
+    intrinsics `simd.iquants.rowdot*_<qt>` or, for long calls, the expanded row groups
+    (`_IQ_EXPANDED`); its expert form is the plain rows' (`IntegerDriver`)."""
+
+    qt: str
+
+    def _plain(self) -> IntegerDriver:
+        return IntegerDriver(f"mv_{self.qt}", self.qt, "simd.iquants", "bsums", (),
+                             "xq, xd, bsums", f"{self.qt.upper()} rows (the file's blocks) dotted "
+                             "with a Q8_K activation (`simd.iquants`).")
+
+    def imports(self) -> str:
+        return (self._plain().imports()
+                + "from minfer.backends.cpu.kernels.simd.iquants import EXPAND_MIN_TOKENS, "
+                f"EXPANDS, expand_{self.qt}\n"
+                + _pass_imports("simd.interleaved_k", "rowsdotx", "q7_ki")
+                + "from minfer.backends.cpu.kernels.simd.interleaved import ROWS\n")
+
+    def source(self) -> str:
+        plain = self._plain()
+        rows = _ROWS_PASSES.format(dot="rowsdotx", qt="q7_ki", w="wx", wg=", 0", wide="",
+                                   start="t0")
+        group_rows = "        r0, r1 = c * ROWS, c * ROWS + ROWS\n"
+        expanded = _IQ_EXPANDED.format(qt=self.qt, passes=textwrap.indent(rows, " " * 12),
+                                       epilogue=textwrap.indent(group_rows + _EPILOGUE, " " * 12))
+        passes = textwrap.indent(_INTEGER_PASSES.format(rd=self.qt, args=plain.args), " " * 4)
+        dense = _IQ.format(name=plain.name, doc=plain.doc, expanded=expanded, passes=passes,
+                           plain_epilogue=textwrap.indent(_EPILOGUE, " " * 4))
+        full = plain.source()
+        return dense + full[full.rindex("\n\n@njit", 0, full.index("_x(w3")):]
+
+
 @dataclass(frozen=True)
 class FloatDriver:
     """One float driver: `name(w, x, out)` over `simd.floats`' dot of its row type."""
@@ -373,7 +458,7 @@ def _kquant(qt: str) -> IntegerDriver:
                          f"{qt.upper()} rows dotted with a Q8_K activation (`linear.dots_k`).")
 
 
-DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
+DRIVERS: tuple[IntegerDriver | RowsDriver | IQDriver | FloatDriver, ...] = (
     _block32("q4_0", 8),
     _block32("q4_1", 0),
     _block32("q5_0", 16),
@@ -411,6 +496,8 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | FloatDriver, ...] = (
     _rows_k("iq4_xs", f"iq4_corr(bsums, {Q8_ROWS_OFFSET})"),
     _rows_k("q2_k", "bsums"),
     _rows_k("tq2_0", "koffset_corr(bsums, 1)"),
+    IQDriver("iq2_xxs"),
+    IQDriver("iq3_xxs"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
     FloatDriver("mv_f16", "fdot_f16",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
@@ -473,6 +560,8 @@ mv_q7_kr: Any = _M.mv_q7_kr
 mv_iq4_xsr: Any = _M.mv_iq4_xsr
 mv_q2_kr: Any = _M.mv_q2_kr
 mv_tq2_0r: Any = _M.mv_tq2_0r
+mv_iq2_xxs: Any = _M.mv_iq2_xxs
+mv_iq3_xxs: Any = _M.mv_iq3_xxs
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16

@@ -3,7 +3,12 @@
 (IQ4_NL, IQ4_XS and MXFP4, 4-bit codes of int8 levels, are not widened: their own kernels look
 the levels up, `simd.blocks._lookup`, and read the file's blocks. Nor are TQ2_0, whose 2-bit codes
 are Q2_K's layout, dotted by Q2_K's vector kernel with unit scales (`simd.kquants`), and TQ1_0,
-whose base-3 bytes its kernel `simd.ternary` dots as they are.)
+whose base-3 bytes its kernel `simd.ternary` dots as they are. Under MINFER_IQ_DIRECT
+(`reads_direct`) nor are IQ2_XXS and IQ3_XXS: their kernels (`simd.iquants`) fetch the grid
+rows from the file's blocks, and for long calls expand one group of 16 rows at a time into a
+Q7_K_PACKED scratch: the file's bytes held (1/4.2 of IQ2_XXS's copy, 1/2.8 of IQ3_XXS's), at
+2-3x the copy's time per decode matmul (their grid and sign fetches are compute), 1.05-1.2x at
+512 tokens; not the default.)
 
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
@@ -31,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from minfer import env
 from minfer.backends.cpu.kernels.quant.iquants import IQ_SIZES, iq_form
 from minfer.backends.cpu.kernels.quant.types import QType
 from minfer.backends.cpu.kernels.simd.llvm import bits_of_f32, f16_to_f32, f32_to_f16
@@ -127,6 +133,16 @@ def _iq_to_k(w, qtype, size, out, seven, exact):
             dst[o + 209] = np.uint8(h >> np.uint16(8))
 
 
+# the types with kernels on the file's blocks (`simd.iquants`), run so under MINFER_IQ_DIRECT
+READ_DIRECT = frozenset({QType.IQ2_XXS, QType.IQ3_XXS})
+
+
+def reads_direct(qt: QType) -> bool:
+    """Whether weights of this type are kept as the file's blocks, not widened: a READ_DIRECT
+    type with MINFER_IQ_DIRECT set (read at each call)."""
+    return qt in READ_DIRECT and env.flag("MINFER_IQ_DIRECT")
+
+
 _Q6_K_TARGETS = frozenset({QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M})
 # read in the file's blocks by their own kernels
 _OWN_BLOCKS = frozenset({QType.IQ4_XS, QType.TQ1_0, QType.TQ2_0})
@@ -137,7 +153,7 @@ def widen(w: np.ndarray, qt: QType) -> tuple[np.ndarray, QType]:
     its type for the types above, else w and qt themselves."""
     if qt is QType.Q3_K:
         return q3_k_to_q6_k(w), QType.Q6_K
-    if qt not in IQ_SIZES or qt in _OWN_BLOCKS:
+    if qt not in IQ_SIZES or qt in _OWN_BLOCKS or reads_direct(qt):
         return w, qt
     size = IQ_SIZES[qt]
     nb = w.shape[1] // size

@@ -105,8 +105,8 @@ from minfer.backends.cpu.kernels.simd.kquants import _vpdpwssd
 # against 21.9 at 4. 2-4 KiB ahead were alike, 8 KiB less good (on weights past the L3's size).
 PF_BYTES = 4096
 # (values per aux item, its bytes)
-_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "q7_k": (16, 4), "iq4_xs": (32, 4),
-              "q2_k": (16, 2), "tq2_0": (16, 4)}
+_AUX_BYTES = {"q4_k": (32, 2), "q6_k": (16, 4), "q7_k": (16, 4), "q7_ki": (16, 4),
+              "iq4_xs": (32, 4), "q2_k": (16, 2), "tq2_0": (16, 4)}
 
 
 def _ivec(v: int, lanes: int = ROWS) -> Any:
@@ -233,10 +233,13 @@ def _q4k_super(builder: Any, f: _Front, toks: list[Any], s: Any, acc: list[Any],
 _OFFSET_CODED = {"q6_k": (210, 2, 3, 63, 32), "q7_k": (276, 4, 4, 127, 64)}
 
 
-def _offset_super(kind: str) -> Any:
+def _offset_super(kind: str, int_scales: bool = False) -> Any:
     """The super-block step of Q6_K / Q7_K (`_OFFSET_CODED`): one template, the two layouts
     differing in d (f16 / f32), the code vectors (Q6_K's 6-bit codes unpacked from three,
-    Q7_K's four read as they are) and the highest code (AVX2's int16 pair sums)."""
+    Q7_K's four read as they are) and the highest code (AVX2's int16 pair sums).
+    `int_scales` (Q7_K expanded from IQ2_XXS / IQ3_XXS rows, `simd.iquants`): the sub-block
+    sums times the scales summed in int32 (exact), one float step per super-block, acc =
+    fma(d * d_x, float(sum), acc): the float steps of `simd.iquants`' plain rows."""
     size, d_bytes, n_vec, code_max, _ = _OFFSET_CODED[kind]
     codes_at = ROWS * d_bytes + 256  # the d of the 16 rows, their 16 scales each, then codes
 
@@ -258,7 +261,7 @@ def _offset_super(kind: str) -> Any:
             sc = builder.sext(_ld(builder, w, builder.add(at(ROWS * d_bytes + rows.first),
                                                           builder.mul(k, _c(16))),
                                   _vec(_I8, lanes)), _vec(_I32, lanes))
-            dsc = builder.fmul(d, builder.sitofp(sc, _vec(_F32, lanes)))
+            dsc = None if int_scales else builder.fmul(d, builder.sitofp(sc, _vec(_F32, lanes)))
             at_sub = builder.add(at(codes_at + 4 * rows.first), builder.mul(k, _c(64 * n_vec)))
             vecs = [_ld(builder, w, builder.add(at_sub, _c(64 * v)), _vec(_I8, n))
                     for v in range(n_vec)]
@@ -285,10 +288,19 @@ def _offset_super(kind: str) -> Any:
                 else:
                     for m in range(4):
                         part = _vpdpbusd(builder, codes[m], xs[m], part)
-                new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, lanes)), sums[i]))
+                if int_scales:
+                    new.append(builder.add(sums[i], builder.mul(part, sc)))
+                else:
+                    new.append(_fma(builder, dsc, builder.sitofp(part, _vec(_F32, lanes)),
+                                    sums[i]))
             return new
 
-        sums = _phi_loop(builder, _c(16), [_fzero(lanes)] * len(toks), sub_block)
+        zero = _ivec(0, lanes) if int_scales else _fzero(lanes)
+        sums = _phi_loop(builder, _c(16), [zero] * len(toks), sub_block)
+        if int_scales:
+            return [_fma(builder, builder.fmul(d, _dx(builder, f, tok, s, lanes)),
+                         builder.sitofp(sums[i], _vec(_F32, lanes)), acc[i])
+                    for i, tok in enumerate(toks)]
         return [_fma(builder, _dx(builder, f, tok, s, lanes), sums[i], acc[i])
                 for i, tok in enumerate(toks)]
 
@@ -446,23 +458,23 @@ def _dx(builder: Any, f: _Front, tok: Any, s: Any, lanes: int) -> Any:
 
 
 _SUPER = {"q4_k": _q4k_super, "q6_k": _offset_super("q6_k"), "q7_k": _offset_super("q7_k"),
-          "iq4_xs": _iq4xs_super, "q2_k": _two_bit_super("q2_k"),
-          "tq2_0": _two_bit_super("tq2_0")}
+          "q7_ki": _offset_super("q7_k", int_scales=True), "iq4_xs": _iq4xs_super,
+          "q2_k": _two_bit_super("q2_k"), "tq2_0": _two_bit_super("tq2_0")}
 
 
-def rows_dot_k(kind: str, ntok: int) -> Any:
+def rows_dot_k(kind: str, ntok: int, weight_group: bool = False) -> Any:
     """An intrinsic (w, x, xd, aux, t, out, g) -> None: out[t + j, 16 g + i] for j < ntok and
     the 16 rows i of row group g, from the interleaved weight w (uint8 [n_out, row bytes]), the
     Q8_K activation codes x (int8 [nt, n]) and scales xd (f32 [nt, n/256]), and aux: Q4_K the
     32-value sums in `kmins_pairs`' order (int16 [nt, n/32]), Q6_K / Q7_K -32 / -64 x the
     16-value sums (int32 [nt, n/16], `koffset_corr`), IQ4_XS -128 x the 32-value sums (int32
     [nt, n/32], `iq4_corr`; unread with the sign trick), Q2_K the 16-value sums (int16 [nt,
-    n/16], `bsums` itself), TQ2_0 -1 x them (int32, `koffset_corr(bsums, 1)`)."""
+    n/16], `bsums` itself), TQ2_0 -1 x them (int32, `koffset_corr(bsums, 1)`).
+    `weight_group`: an eighth argument wg, the row group of w to read (`simd.iquants.expand_*`'
+    copy: 0)."""
     step = _SUPER[kind]
 
-    def typer(typingctx: Any, w: Any, x: Any, xd: Any, aux: Any, t: Any, out: Any, g: Any
-              ) -> Any:
-        sig = types.void(w, x, xd, aux, t, out, g)
+    def typed(sig: Any) -> Any:
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             f = _Front(context, builder, signature, args, kind)
@@ -475,11 +487,22 @@ def rows_dot_k(kind: str, ntok: int) -> Any:
 
         return sig, codegen
 
-    return intrinsic(typer)
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, aux: Any, t: Any, out: Any, g: Any
+              ) -> Any:
+        return typed(types.void(w, x, xd, aux, t, out, g))
+
+    def typer_wg(typingctx: Any, w: Any, x: Any, xd: Any, aux: Any, t: Any, out: Any, g: Any,
+                 wg: Any) -> Any:
+        return typed(types.void(w, x, xd, aux, t, out, g, wg))
+
+    return intrinsic(typer_wg if weight_group else typer)
 
 
 define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "q7_k", "iq4_xs", "q2_k",
                                                   "tq2_0"))
+# Q7_K with integer scales on a row group expanded from the file's IQ2_XXS / IQ3_XXS rows
+# (`simd.iquants`)
+define_passes(globals(), "rowsdotx", lambda qt, n: rows_dot_k(qt, n, True), ("q7_ki",))
 # Wider passes where they measured faster (the row drivers run them first, `RowsDriver.wide`):
 # IQ4_XS unpacks each sub-block's codes (two shifts / masks and a vpshufb per code vector) once
 # per pass, so 16 tokens a pass halve that per token; its 16 accumulators fit zmm's 32

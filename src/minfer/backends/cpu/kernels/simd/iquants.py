@@ -1,0 +1,248 @@
+"""Row dots that read the file's IQ2_XXS / IQ3_XXS blocks (ggml's `ggml_vec_dot_iq2_xxs_q8_K` /
+`ggml_vec_dot_iq3_xxs_q8_K` arithmetic against the Q8_K activation) as LLVM vector IR
+intrinsics, and the expansion of 16 such rows into one Q7_K_PACKED row group (`expand_*`).
+
+Per 256-value super-block and 32-value group the grid rows are fetched per index from a
+constant table (IQ2_XXS: 8 values a byte index; IQ3_XXS: 4, halved as `quant.iquants.iq_form`
+does: its grid is all even, q = g / 2 with d / 2), the signs per 7-bit ksigns index (the parity
+bit the 8th sign) as a byte mask from a second table, and the codes made q + 64 (21..107:
+vpdpbusd's u8 operand, or pmaddubsw's without VNNI: pair sums <= 2 * 107 * 128, no saturation;
+the offset comes back as -64 x the activation's 16-value sums). The codes are dotted with the
+Q8_K activation as Q7_K's in `simd.kquants._dot_super` (exact int32 lanes times the sub-block
+scales 2 ls + 1, the offset as -64 x scales . bsums), the lanes summed (exact: |sum| <= 31 *
+256 * 43 * 128 < 2^31), and one float step per super-block, as ggml's: acc = fma(d_w * d_x,
+float(sum), acc). The expanded row groups run the same steps (`simd.interleaved_k`'s
+integer-scale Q7_K step, `rowsdotx*_q7_ki`, lanes = rows), so a row's value is the same bits
+from either path, whatever the batch. The CPU backend runs these only under MINFER_IQ_DIRECT
+(`quant.reencode.reads_direct`; docs/performance.md has the measurements). (The
+float-scale steps of the widened Q7_K_PACKED copy, s = fma(d * sc_k, float(sum_k), s) per
+sub-block, are a chain of 16 dependent fmas per row and super-block: on one row they made the
+1.5B's IQ2_XXS ffn_gate 5.0 ms a token against 1.8 for this, 2 threads, Intel SPR.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from minfer.backends.cpu.kernels.quant.iq_grids import IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS
+from minfer.backends.cpu.kernels.simd.blocks import (
+    _F32,
+    _I8,
+    _I16,
+    _I32,
+    DOT4,
+    HAS_VNNI512,
+    _concat,
+    _fma,
+    _hfold,
+    _ld,
+    _phi_loop,
+    _prefetch_span,
+    _row_front,
+    _splat,
+    _store_totals,
+    _token_rows,
+    _vec,
+    define_passes,
+)
+from minfer.backends.cpu.kernels.simd.kquants import PREFETCH, _dot_super, _scales16
+from minfer.backends.cpu.kernels.simd.llvm import half_to_float
+
+_I64 = ir.IntType(64)
+OFFSET = 64  # the code offset (Q7_K's)
+# block bytes, the scale d's factor on ggml's f16 d (`iq_form`)
+SIZES = {"iq2_xxs": 66, "iq3_xxs": 98}
+_D_FACTOR = {"iq2_xxs": 0.125, "iq3_xxs": 0.5}
+# The row drivers' rule (`linear.row_drivers.IQDriver`): from this many tokens on, expand each
+# group of 16 rows into Q7_K_PACKED's layout and run its passes (AVX2 at least, as they need)
+EXPAND_MIN_TOKENS = 8
+EXPANDS = DOT4
+Q7_SIZE = 276  # bytes of a Q7_K super-block (one row's share of a packed column)
+
+# the tables: grid rows as little-endian words (the values as bytes), the sign masks (0xFF
+# where the value is negated) as i64
+_GRID8 = np.ascontiguousarray(IQ2XXS_GRID.astype(np.uint8)).view(np.int64).reshape(-1)
+_GRID4 = np.ascontiguousarray((IQ3XXS_GRID // 2).astype(np.uint8)).view(np.int32).reshape(-1)
+_SIGN_MASKS = np.array([sum(0xFF << (8 * j) for j in range(8) if (int(s) >> j) & 1)
+                        for s in KSIGNS], np.uint64).view(np.int64)
+
+
+def _table(builder: Any, name: str, elem: ir.IntType, values: np.ndarray) -> Any:
+    """The module's constant array `name` (made on first use)."""
+    mod = builder.module
+    try:
+        return mod.get_global(name)
+    except KeyError:
+        arr = ir.ArrayType(elem, len(values))
+        gv = ir.GlobalVariable(mod, arr, name)
+        gv.linkage = "internal"
+        gv.global_constant = True
+        gv.initializer = ir.Constant(arr, [int(v) for v in values])
+        return gv
+
+
+def _fetch(builder: Any, table: Any, idx: Any) -> Any:
+    return builder.load(builder.gep(table, [ir.Constant(_I32, 0), idx]))
+
+
+def _byte(builder: Any, word: Any, k: int) -> Any:
+    """Byte k of an i64 as an i64 index."""
+    return builder.and_(builder.lshr(word, ir.Constant(_I64, 8 * k)), ir.Constant(_I64, 255))
+
+
+def _group(builder: Any, w: Any, base: Any, g: int, kind: str) -> Any:
+    """Group g (values 32g..32g+31) of the super-block at byte `base` of i8* w: its codes
+    q + 64 as <32 x i8>."""
+    u64 = base.type
+    q = _ld(builder, w, builder.add(base, ir.Constant(u64, 2 + 8 * g)), _I64)
+    n_idx = 4 if kind == "iq2_xxs" else 8
+    elem = _I64 if kind == "iq2_xxs" else _I32
+    grid_t = (_table(builder, "minfer_iq2xxs_grid", _I64, _GRID8) if kind == "iq2_xxs"
+              else _table(builder, "minfer_iq3xxs_grid", _I32, _GRID4))
+    if kind == "iq2_xxs":  # 4 grid indices, then the word of sign indices and ls
+        aux = builder.trunc(builder.lshr(q, ir.Constant(_I64, 32)), _I32)
+    else:  # 8 grid indices; the words after the 64 index bytes
+        aux = _ld(builder, w, builder.add(base, ir.Constant(u64, 66 + 4 * g)), _I32)
+    sign_t = _table(builder, "minfer_ksign_masks", _I64, _SIGN_MASKS)
+    grid = ir.Constant(_vec(elem, n_idx), None)
+    for k in range(n_idx):
+        grid = builder.insert_element(grid, _fetch(builder, grid_t, _byte(builder, q, k)),
+                                      ir.Constant(_I32, k))
+    signs = ir.Constant(_vec(_I64, 4), None)
+    for k in range(4):
+        sk = builder.zext(builder.and_(builder.lshr(aux, ir.Constant(_I32, 7 * k)),
+                                       ir.Constant(_I32, 127)), _I64)
+        signs = builder.insert_element(signs, _fetch(builder, sign_t, sk), ir.Constant(_I32, k))
+    gv = builder.bitcast(grid, _vec(_I8, 32))
+    mv = builder.bitcast(signs, _vec(_I8, 32))
+    return builder.add(builder.sub(builder.xor(gv, mv), mv), _splat(builder, OFFSET, 32))
+
+
+def _super(builder: Any, w: Any, base: Any, kind: str) -> tuple[list[Any], Any, Any]:
+    """The super-block at byte `base`: its eight groups' codes, the 16 sub-block scales as
+    <16 x i32> and d (f32, ggml's f16 times `_D_FACTOR`)."""
+    codes = [_group(builder, w, base, g, kind) for g in range(8)]
+    # the 8 words holding ls in their top 4 bits: IQ2_XXS's odd words from byte 2, IQ3_XXS's
+    # 8 words from byte 66; each ls twice (its group's two sub-blocks), 2 ls + 1
+    if kind == "iq2_xxs":
+        words = _ld(builder, w, builder.add(base, ir.Constant(base.type, 2)), _vec(_I32, 16))
+        pick = [2 * (k // 2) + 1 for k in range(16)]
+    else:
+        words = _ld(builder, w, builder.add(base, ir.Constant(base.type, 66)), _vec(_I32, 8))
+        pick = [k // 2 for k in range(16)]
+    ls = builder.lshr(builder.shuffle_vector(words, words, ir.Constant(_vec(_I32, 16), pick)),
+                      ir.Constant(_vec(_I32, 16), [28] * 16))
+    sc = builder.add(builder.shl(ls, ir.Constant(_vec(_I32, 16), [1] * 16)),
+                     ir.Constant(_vec(_I32, 16), [1] * 16))
+    d = builder.fmul(half_to_float(builder, _ld(builder, w, base, _I16)),
+                     ir.Constant(_F32, _D_FACTOR[kind]))
+    return codes, sc, d
+
+
+def _row_dot_iq(kind: str, ntok: int) -> Any:
+    """An intrinsic rowdot(w, x, xd, bsums, t, out, r) -> None: out[t + j, r] for j < ntok, one
+    row of the file's `kind` blocks against Q8_K activation rows (2-D arrays). Each super-block
+    is unpacked once for the ntok tokens; per token one float step per super-block (module
+    docstring), none depending on ntok."""
+    size = SIZES[kind]
+
+    def typer(typingctx: Any, w: Any, x: Any, xd: Any, bsums: Any, t: Any, out: Any,
+              r: Any) -> Any:
+        sig = types.void(w, x, xd, bsums, t, out, r)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            w_p, acts, t_v, (out_t, out_v), r_v, nb = _row_front(
+                context, builder, signature, args, 1, 1)  # super-blocks: xd's width
+            u64 = ir.IntType(64)
+            toks = _token_rows(context, builder, t_v, ntok, acts)
+
+            def body(i: Any, vals: list[Any]) -> list[Any]:
+                base = builder.mul(i, ir.Constant(u64, size))
+                _prefetch_span(builder, w_p, builder.add(base, ir.Constant(u64, PREFETCH)), size)
+                codes, sc, d = _super(builder, w_p, base, kind)
+                if HAS_VNNI512:  # two groups per zmm
+                    codes = [_concat(builder, codes[g:g + 2]) for g in range(0, 8, 2)]
+                scales16, side16 = _scales16(builder, sc, "q7") if DOT4 else ([], None)
+                new = []
+                for j, (x, xd, bs) in enumerate(toks):
+                    lanes = _dot_super(builder, codes, sc, x, bs, i, "q7", scales16, side16)[0]
+                    isum = _hfold(builder, lanes, builder.add)
+                    dx = _ld(builder, xd, builder.mul(i, ir.Constant(u64, 4)), _F32)
+                    new.append(_fma(builder, builder.fmul(d, dx), builder.sitofp(isum, _F32),
+                                    vals[j]))
+                return new
+
+            vals = _phi_loop(builder, nb, [ir.Constant(_F32, 0.0)] * ntok, body)
+            _store_totals(context, builder, out_t, out_v, t_v, r_v, vals)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+def _expand(kind: str) -> Any:
+    """An intrinsic expand(w, g, dst) -> None: rows 16 g .. 16 g + 15 of the file's `kind`
+    weight w (uint8 [n_out, nb * size]) written into dst (uint8 [16, nb * 276]) as one
+    Q7_K_PACKED row group (`quant.repack.interleave_kquant`'s layout of the rows `widen` made):
+    per super-block column the 16 rows' f32 d, their 16 scales side by side, then per 16-value
+    sub-block k and code dword m the 16 rows' dwords (byte c of lane i: code 4m + c of row i,
+    q + 64). `rowsdotx*_q7_ki(dst, x, xd, aux, t, out, g, 0)` reads it."""
+    size = SIZES[kind]
+
+    def typer(typingctx: Any, w: Any, g: Any, dst: Any) -> Any:
+        sig = types.void(w, g, dst)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            wt, gt, dt = signature.args
+            w_a = context.make_array(wt)(context, builder, args[0])
+            d_a = context.make_array(dt)(context, builder, args[2])
+            w_p = builder.bitcast(w_a.data, _I8.as_pointer())
+            d_p = builder.bitcast(d_a.data, _I8.as_pointer())
+            row_bytes = builder.extract_value(w_a.shape, 1)
+            row_bytes = builder.zext(row_bytes, _I64) if row_bytes.type.width < 64 else row_bytes
+            nb = builder.udiv(row_bytes, ir.Constant(_I64, size))
+            g_v = context.cast(builder, args[1], gt, types.int64)
+            first = builder.mul(builder.mul(g_v, ir.Constant(_I64, 16)), row_bytes)
+
+            def c(v: int) -> Any:
+                return ir.Constant(_I64, v)
+
+            def column(s: Any, keep: list[Any]) -> list[Any]:
+                col = builder.mul(s, c(16 * Q7_SIZE))
+                for row in range(16):
+                    base = builder.add(first, builder.add(builder.mul(c(row), row_bytes),
+                                                          builder.mul(s, c(size))))
+                    codes, sc, d = _super(builder, w_p, base, kind)
+                    builder.store(d, builder.bitcast(builder.gep(
+                        d_p, [builder.add(col, c(4 * row))]), _F32.as_pointer()), align=1)
+                    for k in range(16):
+                        builder.store(builder.trunc(builder.extract_element(
+                            sc, ir.Constant(_I32, k)), _I8),
+                            builder.gep(d_p, [builder.add(col, c(64 + 16 * k + row))]))
+                    for gi, cd in enumerate(codes):
+                        words = builder.bitcast(cd, _vec(_I32, 8))
+                        for j in range(8):  # sub-block 2 gi + j // 4, dword m = j % 4
+                            at = 320 + 256 * (2 * gi + j // 4) + 64 * (j % 4) + 4 * row
+                            builder.store(builder.extract_element(words, ir.Constant(_I32, j)),
+                                          builder.bitcast(builder.gep(
+                                              d_p, [builder.add(col, c(at))]),
+                                              _I32.as_pointer()), align=1)
+                return keep
+
+            _phi_loop(builder, nb, [ir.Constant(_I32, 0)], column)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+define_passes(globals(), "rowdot", _row_dot_iq, tuple(SIZES))
+expand_iq2_xxs = _expand("iq2_xxs")
+expand_iq3_xxs = _expand("iq3_xxs")
