@@ -12,13 +12,8 @@ import pytest
 
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels import QType
-from minfer.engine.forward import Engine
-from minfer.gguf.hparams import HParams
-from minfer.gguf.reader import GGUFFile
-from minfer.jit_cache import kernel_call
+from tests.fused_runs import run_engine, tape_kernels
 from tests.test_kernels_dequant import make_weight
-
-TOKENS = [(7 * i + 3) % 50 for i in range(70)]
 
 
 @pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K],
@@ -47,36 +42,17 @@ def test_the_epilogue_gives_the_separate_adds_bits(qt: QType, packed: bool, nt: 
         K.bind_prequant_into(w, wt, xq, fused, bias[:16])
 
 
-def _run(path: Path, **fields: object) -> tuple[list[np.ndarray], Engine]:
-    f = GGUFFile.open(path)
-    e = Engine(f, HParams.from_gguf(f), n_ctx=128, kv_type="f16", **fields)
-    out = [e.forward(TOKENS[:6], 0, n_out=2)]
-    for i, tok in enumerate(TOKENS[6:9]):
-        out.append(e.forward([tok], 6 + i))
-    out.append(e.forward(TOKENS[9:13], 9, n_out=4))
-    out.append(e.forward(TOKENS[13:], 13, n_out=3))  # 57 rows: past the regions' limit
-    return out + [a.copy() for a in e.kv.k + e.kv.v], e
-
-
-def _kernels(e: Engine, key: str) -> list[str]:
-    tape = e.cache.get(e.params_for(1, 1)).scratch[key][1]
-    names = []
-    for s in tape.steps:
-        bound = kernel_call(s)
-        func = getattr(bound[0], "py_func", bound[0]) if bound else s
-        names.append(getattr(func, "__name__", "?"))
-    return names
 
 
 @pytest.mark.parametrize("invariant", [False, True])
 def test_fused_and_unfused_engines_give_the_same_bits(invariant: bool,
                                                       tiny_qwen2: Path) -> None:
-    fused, e = _run(tiny_qwen2, batch_invariant=invariant)
-    plain, e0 = _run(tiny_qwen2, batch_invariant=invariant, fuse_bias=False)
+    fused, e = run_engine(tiny_qwen2, batch_invariant=invariant)
+    plain, e0 = run_engine(tiny_qwen2, batch_invariant=invariant, fuse_bias=False)
     for a, b in zip(fused, plain, strict=True):
         np.testing.assert_array_equal(a, b)
     key = "tape-invariant" if invariant else "tape"
-    steps, steps0 = _kernels(e, key), _kernels(e0, key)
+    steps, steps0 = tape_kernels(e, key), tape_kernels(e0, key)
     n_bias = 3 * e.hparams.n_layer  # q / k / v
     assert steps0.count("_add_row") - steps.count("_add_row") == n_bias
     assert len(steps) == len(steps0) - n_bias

@@ -6,22 +6,17 @@ quantize step of each fused norm."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minfer.backends.cpu import kernels as K
-from minfer.engine.forward import Engine
-from minfer.gguf.hparams import HParams
-from minfer.gguf.reader import GGUFFile
 from minfer.graph import ir
 from minfer.graph.fusion import fuse
 from minfer.graph.params import ContextParams, GraphParams
 from minfer.models.qwen import build_qwen
+from tests.fused_runs import run_engine, tape_kernels
 from tests.test_graph import _hparams, _shapes
-
-TOKENS = [(7 * i + 3) % 50 for i in range(70)]
 
 
 @pytest.mark.parametrize("rows", [1, 5, 20])  # 20: the parallel rows (PARALLEL_MIN_ROWS)
@@ -80,27 +75,6 @@ def test_the_pass_marks_each_norm_read_by_a_projection() -> None:
     assert not any(getattr(n.op, "quant_for", "") for n in torch.nodes)
 
 
-def _run(path: Path, **fields: object) -> tuple[list[np.ndarray], Engine]:
-    f = GGUFFile.open(path)
-    e = Engine(f, HParams.from_gguf(f), n_ctx=128, kv_type="f16", **fields)
-    out = [e.forward(TOKENS[:6], 0, n_out=2)]
-    for i, tok in enumerate(TOKENS[6:9]):
-        out.append(e.forward([tok], 6 + i))
-    out.append(e.forward(TOKENS[9:13], 9, n_out=4))
-    out.append(e.forward(TOKENS[13:], 13, n_out=3))  # 57 rows: past the regions' limit
-    return out + [a.copy() for a in e.kv.k + e.kv.v], e
-
-
-def _kernels(e: Engine, key: str) -> list[str]:
-    from minfer.jit_cache import kernel_call
-
-    tape = e.cache.get(e.params_for(1, 1)).scratch[key][1]
-    names = []
-    for s in tape.steps:
-        bound = kernel_call(s)
-        func = getattr(bound[0], "py_func", bound[0]) if bound else s
-        names.append(getattr(func, "__name__", "?"))
-    return names
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3"])
@@ -109,13 +83,13 @@ def _kernels(e: Engine, key: str) -> list[str]:
 def test_fused_and_unfused_engines_give_the_same_bits(
         model: str, invariant: bool, add_norm: bool, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(model)
-    fused, e = _run(path, batch_invariant=invariant, fuse_add_norm=add_norm)
-    plain, e0 = _run(path, batch_invariant=invariant, fuse_add_norm=add_norm,
+    fused, e = run_engine(path, batch_invariant=invariant, fuse_add_norm=add_norm)
+    plain, e0 = run_engine(path, batch_invariant=invariant, fuse_add_norm=add_norm,
                      fuse_norm_quant=False)
     for a, b in zip(fused, plain, strict=True):
         np.testing.assert_array_equal(a, b)
     key = "tape-invariant" if invariant else "tape"
-    steps, steps0 = _kernels(e, key), _kernels(e0, key)
+    steps, steps0 = tape_kernels(e, key), tape_kernels(e0, key)
     n_layer = e.hparams.n_layer
     # every layer's attention and FFN norms; the output norm too where its weight is quantized
     # (tiny_qwen2's output is its F16 embedding: no quantized activation)

@@ -6,24 +6,18 @@ step where it had three."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels.attn.kv_formats import new_cache
-from minfer.engine.forward import Engine
-from minfer.gguf.hparams import HParams
-from minfer.gguf.reader import GGUFFile
 from minfer.graph import ir
 from minfer.graph.fusion import fuse, live_nodes
 from minfer.graph.params import ContextParams, GraphParams
-from minfer.jit_cache import kernel_call
 from minfer.models.qwen import build_qwen
+from tests.fused_runs import run_engine, tape_kernels
 from tests.test_graph import _hparams, _shapes
-
-TOKENS = [(7 * i + 3) % 50 for i in range(70)]
 
 
 @pytest.mark.parametrize("rows", [1, 5, 12])  # 12: rope's parallel rows
@@ -81,25 +75,6 @@ def test_the_pass_ropes_q_and_k_in_each_store() -> None:
     assert not any(isinstance(n.op, ir.KvcacheStore) and n.op.rope_k for n in torch.nodes)
 
 
-def _run(path: Path, **fields: object) -> tuple[list[np.ndarray], Engine]:
-    f = GGUFFile.open(path)
-    e = Engine(f, HParams.from_gguf(f), n_ctx=128, **fields)
-    out = [e.forward(TOKENS[:6], 0, n_out=2)]
-    for i, tok in enumerate(TOKENS[6:9]):
-        out.append(e.forward([tok], 6 + i))
-    out.append(e.forward(TOKENS[9:13], 9, n_out=4))
-    out.append(e.forward(TOKENS[13:], 13, n_out=3))  # 57 rows: past the regions' limit
-    return out + [a.copy() for a in e.kv.k + e.kv.v], e
-
-
-def _kernels(e: Engine, key: str) -> list[str]:
-    tape = e.cache.get(e.params_for(1, 1)).scratch[key][1]
-    names = []
-    for s in tape.steps:
-        bound = kernel_call(s)
-        func = getattr(bound[0], "py_func", bound[0]) if bound else s
-        names.append(getattr(func, "__name__", "?"))
-    return names
 
 
 @pytest.mark.parametrize("model,kv", [("tiny_qwen2", "f16"), ("tiny_qwen3", "f16"),
@@ -108,12 +83,12 @@ def _kernels(e: Engine, key: str) -> list[str]:
 def test_fused_and_unfused_engines_give_the_same_bits(
         model: str, kv: str, invariant: bool, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(model)
-    fused, e = _run(path, kv_type=kv, batch_invariant=invariant)
-    plain, e0 = _run(path, kv_type=kv, batch_invariant=invariant, fuse_rope_store=False)
+    fused, e = run_engine(path, kv_type=kv, batch_invariant=invariant)
+    plain, e0 = run_engine(path, kv_type=kv, batch_invariant=invariant, fuse_rope_store=False)
     for a, b in zip(fused, plain, strict=True):
         np.testing.assert_array_equal(a, b)
     key = "tape-invariant" if invariant else "tape"
-    steps, steps0 = _kernels(e, key), _kernels(e0, key)
+    steps, steps0 = tape_kernels(e, key), tape_kernels(e0, key)
     n_layer = e.hparams.n_layer
     assert steps.count("_rope_store") == n_layer and "_rope" not in steps
     assert len(steps) == len(steps0) - 2 * n_layer
