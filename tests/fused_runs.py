@@ -1,5 +1,6 @@
-"""What the fusion tests share: a tiny model's engine run through prefill, decode, a short
-chunk and a chunk past the regions' row limit, and the kernels a decode tape's steps call."""
+"""What the fusion tests share: the tiny Qwen graph after the fusion passes, a tiny model's
+engine run through prefill, decode, a short chunk and a chunk past the regions' row limit, and
+the kernels a decode tape's steps call."""
 
 from __future__ import annotations
 
@@ -10,9 +11,23 @@ import numpy as np
 from minfer.engine.forward import Engine
 from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
+from minfer.graph import ir
+from minfer.graph.fusion import fuse
+from minfer.graph.params import ContextParams, GraphParams
 from minfer.jit_cache import kernel_call
+from minfer.models.qwen import build_qwen
+from tests.test_graph import _hparams, _shapes
 
 TOKENS = [(7 * i + 3) % 50 for i in range(70)]
+
+
+def fused_graph(ctx: ContextParams, n_tokens: int = 4) -> ir.ComputeGraph:
+    """The tiny Qwen graph of test_graph for `n_tokens` rows, after the fusion passes."""
+    hp = _hparams()
+    params = GraphParams.for_batch(n_tokens, 1, ctx)
+    graph = build_qwen(hp, params, _shapes(hp))
+    fuse(graph, params)
+    return graph
 
 
 def run_engine(path: Path, **fields: object) -> tuple[list[np.ndarray], Engine]:

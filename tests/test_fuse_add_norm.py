@@ -18,10 +18,8 @@ from minfer.gguf.hparams import HParams
 from minfer.gguf.reader import GGUFFile
 from minfer.graph import ir
 from minfer.graph.alloc import plan_buffers
-from minfer.graph.fusion import fuse
-from minfer.graph.params import ContextParams, GraphParams
-from minfer.models.qwen import build_qwen
-from tests.test_graph import _hparams, _shapes
+from minfer.graph.params import ContextParams
+from tests.fused_runs import fused_graph
 
 TOKENS = [(7 * i + 3) % 50 for i in range(70)]
 
@@ -42,17 +40,9 @@ def test_the_fused_kernel_gives_the_add_and_the_norms_bits(rows: int) -> None:
         K.bind_add_rms_norm(a, b.reshape(-1), w, 1e-6, total, out)
 
 
-def _graph(ctx: ContextParams, n_tokens: int = 4) -> ir.ComputeGraph:
-    hp = _hparams()
-    params = GraphParams.for_batch(n_tokens, 1, ctx)
-    graph = build_qwen(hp, params, _shapes(hp))
-    fuse(graph, params)
-    return graph
-
-
 def test_the_pass_fuses_each_residual_add_into_the_norm_reading_it() -> None:
     ctx = ContextParams(n_ctx=128)
-    fused, plain = _graph(ctx), _graph(dataclasses.replace(ctx, fuse_add_norm=False))
+    fused, plain = fused_graph(ctx), fused_graph(dataclasses.replace(ctx, fuse_add_norm=False))
     kinds = [n.op.kind for n in fused.nodes]
     # 3 layers: the ffn norm of each, the next layer's attention norm, the output norm (and
     # each layer's roped q, which its KV store writes: `fuse_rope_store`)
@@ -66,7 +56,7 @@ def test_the_pass_fuses_each_residual_add_into_the_norm_reading_it() -> None:
             later = [u for u in fused.consumers()[total.id] if u != node.id]
             assert all(u > node.id for u in later)
     # another backend in the graph: left unfused (only the CPU backend runs it)
-    torch = _graph(dataclasses.replace(ctx, backends=("torch", "cpu")))
+    torch = fused_graph(dataclasses.replace(ctx, backends=("torch", "cpu")))
     assert "AddRmsNorm" not in [n.op.kind for n in torch.nodes]
 
 

@@ -12,11 +12,8 @@ import pytest
 
 from minfer.backends.cpu import kernels as K
 from minfer.graph import ir
-from minfer.graph.fusion import fuse
-from minfer.graph.params import ContextParams, GraphParams
-from minfer.models.qwen import build_qwen
-from tests.fused_runs import run_engine, tape_kernels
-from tests.test_graph import _hparams, _shapes
+from minfer.graph.params import ContextParams
+from tests.fused_runs import fused_graph, run_engine, tape_kernels
 
 
 @pytest.mark.parametrize("rows", [1, 5, 20])  # 20: the parallel rows (PARALLEL_MIN_ROWS)
@@ -49,18 +46,10 @@ def test_the_fused_kernel_gives_the_norms_and_the_quantizations_bits(
         K.bind_norm_quant(a, None, w, 1e-6, None, out, K.new_activation(rows, n // 2, qtype))
 
 
-def _graph(ctx: ContextParams, n_tokens: int = 4) -> ir.ComputeGraph:
-    hp = _hparams()
-    params = GraphParams.for_batch(n_tokens, 1, ctx)
-    graph = build_qwen(hp, params, _shapes(hp))
-    fuse(graph, params)
-    return graph
-
-
 def test_the_pass_marks_each_norm_read_by_a_projection() -> None:
     ctx = ContextParams(n_ctx=128)
     for c in (ctx, dataclasses.replace(ctx, fuse_add_norm=False)):
-        graph = _graph(c)
+        graph = fused_graph(c)
         norms = [n for n in graph.nodes if isinstance(n.op, ir.RmsNorm | ir.AddRmsNorm)
                  and graph.consumers()[n.id]]
         # 3 layers: attention and FFN norms, and the output norm
@@ -69,9 +58,9 @@ def test_the_pass_marks_each_norm_read_by_a_projection() -> None:
             first = graph.nodes[min(graph.consumers()[n.id])]
             assert n.op.quant_for == first.meta.weights[0]
             assert isinstance(first.op, ir.MatMul | ir.FusedGateUp)
-    plain = _graph(dataclasses.replace(ctx, fuse_norm_quant=False))
+    plain = fused_graph(dataclasses.replace(ctx, fuse_norm_quant=False))
     assert not any(getattr(n.op, "quant_for", "") for n in plain.nodes)
-    torch = _graph(dataclasses.replace(ctx, backends=("torch", "cpu")))
+    torch = fused_graph(dataclasses.replace(ctx, backends=("torch", "cpu")))
     assert not any(getattr(n.op, "quant_for", "") for n in torch.nodes)
 
 

@@ -13,11 +13,9 @@ import pytest
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels.attn.kv_formats import new_cache
 from minfer.graph import ir
-from minfer.graph.fusion import fuse, live_nodes
-from minfer.graph.params import ContextParams, GraphParams
-from minfer.models.qwen import build_qwen
-from tests.fused_runs import run_engine, tape_kernels
-from tests.test_graph import _hparams, _shapes
+from minfer.graph.fusion import live_nodes
+from minfer.graph.params import ContextParams
+from tests.fused_runs import fused_graph, run_engine, tape_kernels
 
 
 @pytest.mark.parametrize("rows", [1, 5, 12])  # 12: rope's parallel rows
@@ -49,17 +47,9 @@ def test_the_fused_kernel_gives_the_ropes_and_the_stores_bits(rows: int, kv: str
                           n_head_kv=n_kv, **rope)()  # type: ignore[arg-type]
 
 
-def _graph(ctx: ContextParams, n_tokens: int = 4) -> ir.ComputeGraph:
-    hp = _hparams()
-    params = GraphParams.for_batch(n_tokens, 1, ctx)
-    graph = build_qwen(hp, params, _shapes(hp))
-    fuse(graph, params)
-    return graph
-
-
 def test_the_pass_ropes_q_and_k_in_each_store() -> None:
     ctx = ContextParams(n_ctx=128)
-    graph = _graph(ctx)
+    graph = fused_graph(ctx)
     live = live_nodes(graph)
     stores = [n for n in graph.nodes if isinstance(n.op, ir.KvcacheStore)]
     assert len(stores) == 3 and all(s.op.rope_q and s.op.rope_k for s in stores)
@@ -69,9 +59,9 @@ def test_the_pass_ropes_q_and_k_in_each_store() -> None:
         q_out = graph.nodes[s.srcs[5]]
         assert isinstance(q_out.op, ir.Written) and q_out.name == "rope_q"
         assert all(u > s.id for u in users[q_out.id] if u != s.id)
-    plain = _graph(dataclasses.replace(ctx, fuse_rope_store=False))
+    plain = fused_graph(dataclasses.replace(ctx, fuse_rope_store=False))
     assert sum(isinstance(n.op, ir.Rope) for n in plain.nodes) == 6
-    torch = _graph(dataclasses.replace(ctx, backends=("torch", "cpu")))
+    torch = fused_graph(dataclasses.replace(ctx, backends=("torch", "cpu")))
     assert not any(isinstance(n.op, ir.KvcacheStore) and n.op.rope_k for n in torch.nodes)
 
 

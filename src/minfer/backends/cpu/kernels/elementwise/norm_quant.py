@@ -43,47 +43,37 @@ def _q8_k_one(x, qs, d, bsums, t):
     _q8_k_row(x, qs, d, bsums, t)
 
 
+@njit(inline="always", error_model="numpy")
+def _norm_q8_row(t, a, b, w, eps, total, out, qs, d, aux, isum):
+    """Row t: normalised (after the add where b is given) and quantized."""
+    x = a
+    if b is not None:
+        _add(a[t], b[t], total[t])
+        x = total
+    _rms_row(x, w, eps, out, t, 1, a.shape[1])
+    if isum is None:
+        _q8_k_one(out, qs, d, aux, t)
+    else:
+        _q8_0_one(out, qs, d, aux, isum, t)
+
+
 @njit(cache=True, error_model="numpy")
 def _norm_q8_rows(a, b, w, eps, total, out, qs, d, aux, isum):
     for t in range(a.shape[0]):
-        x = a
-        if b is not None:
-            _add(a[t], b[t], total[t])
-            x = total
-        _rms_row(x, w, eps, out, t, 1, a.shape[1])
-        if isum is None:
-            _q8_k_one(out, qs, d, aux, t)
-        else:
-            _q8_0_one(out, qs, d, aux, isum, t)
+        _norm_q8_row(t, a, b, w, eps, total, out, qs, d, aux, isum)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _norm_q8_rows_par(a, b, w, eps, total, out, qs, d, aux, isum):
     for t in prange(a.shape[0]):
-        x = a
-        if b is not None:
-            _add(a[t], b[t], total[t])
-            x = total
-        _rms_row(x, w, eps, out, t, 1, a.shape[1])
-        if isum is None:
-            _q8_k_one(out, qs, d, aux, t)
-        else:
-            _q8_0_one(out, qs, d, aux, isum, t)
+        _norm_q8_row(t, a, b, w, eps, total, out, qs, d, aux, isum)
 
 
 @njit(cache=True, error_model="numpy")
 def _norm_q8_rows_par_part(part, n_parts, a, b, w, eps, total, out, qs, d, aux, isum):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
     for t in range(*share(part, n_parts, a.shape[0])):
-        x = a
-        if b is not None:
-            _add(a[t], b[t], total[t])
-            x = total
-        _rms_row(x, w, eps, out, t, 1, a.shape[1])
-        if isum is None:
-            _q8_k_one(out, qs, d, aux, t)
-        else:
-            _q8_0_one(out, qs, d, aux, isum, t)
+        _norm_q8_row(t, a, b, w, eps, total, out, qs, d, aux, isum)
 
 
 def bind_norm_quant(a: np.ndarray, b: np.ndarray | None, w: np.ndarray, eps: float,
