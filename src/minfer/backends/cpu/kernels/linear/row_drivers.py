@@ -1,22 +1,22 @@
 """The row-parallel matrix-vector drivers, written once as templates and generated per type.
 
-Every integer dot kernel on plain weights (`linear.dots32`: Q4_0 .. Q8_0, IQ4_NL, MXFP4;
-`linear.dots_k`: Q2_K .. Q6_K, IQ4_XS, TQ2_0) runs the
-same skeleton around its type's row intrinsics (`simd.blocks`, `simd.kquants`): rows split across
-threads in contiguous chunks of `_CHUNK`; tokens MAX_TOKENS (8)
-at a time while rows have at most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit
-the same per-token float operations, so out[t] does not depend on the batch). The float
-kernels (F32 / F16 / BF16, `linear.float_rows`) share a second, simpler skeleton. The types differ
-only
-in the intrinsics called, the arrays they read, and the activation preparation done once per
-call (`linear.dots32.lane_corr` / `block_corr` / `block_transpose`). The weights interleaved 16
-rows at a time (Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4: `*p`, `simd.interleaved`; Q4_K / Q6_K /
-Q7_K / IQ4_XS: `*r`, `simd.interleaved_k`) have a third skeleton: threads split the row groups, and
-each group runs the same token passes.
-Every driver also comes in an expert form, `<name>_x` (llama.cpp's mul_mat_id): the weights of
-all experts stacked in one array, groups of activation rows each dotted with one expert's rows;
-its token passes are the dense driver's own snippet, so a row's result is the same bits whichever
-form, group or batch computes it.
+Every driver is one skeleton around its type's row intrinsics: a dense form (a parallel loop
+over the rows), its region part (`<name>_part`, one thread's share of that loop) and its expert
+form (`<name>_x`, llama.cpp's mul_mat_id: the weights of all experts stacked in one array,
+groups of activation rows each dotted with one expert's rows). The rows are divided one of two
+ways. The plain rows (`linear.dots32`: Q4_0 .. Q8_0, IQ4_NL, MXFP4; `linear.dots_k`: Q2_K ..
+Q7_K, IQ4_XS, TQ2_0; `linear.dots_tq1`; the float rows F32 / F16 / BF16, `linear.float_rows`)
+go in contiguous chunks of `_CHUNK` rows, tokens MAX_TOKENS (8) at a time while rows have at
+most ROWS8_MAX_IN inputs, then four, two, one (the intrinsics emit the same per-token float
+operations, so out[t] does not depend on the batch). The weights interleaved 16 rows at a time
+(Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4: `*p`, `simd.interleaved`; Q4_K / Q6_K / Q7_K / IQ4_XS /
+Q2_K / TQ2_0: `*r`, `simd.interleaved_k`) go one run of row groups per thread, token tile by
+token tile. IQ2_XXS / IQ3_XXS on the file's blocks (`simd.iquants`) take the chunks for short
+calls and, for long ones, the row groups expanded one at a time into Q7_K_PACKED's form. The
+types differ only in the intrinsics called, the arrays they read, and the activation
+preparation done once per call (`linear.dots32.lane_corr` / `block_corr` / `block_transpose`).
+A driver's token passes are one snippet in all its forms, so a row's result is the same bits
+whichever form, group or batch computes it.
 
 numba caches a compiled function on disk only when it lives in a real source file and its
 callees are module globals: a factory closing over the intrinsics would recompile them on
@@ -55,11 +55,82 @@ ROWS_TOKEN_TILE = 32  # tokens per tile of the row-interleaved drivers (see `_RO
 
 '''
 
+# Every driver is one skeleton: a dense form (`name`, a parallel loop over the rows), its region
+# part (`name_part(part, n_parts, ...)`: the iterations of that loop one thread of a parallel
+# region takes, `region.parts.share`) and its expert form (`name_x`: stacked experts, groups of
+# activation rows each dotted with its own expert's rows: llama.cpp's mul_mat_id). The dense
+# form and its part are one body written twice, `split` apart: how the rows are divided.
+_PART_DOC = "{rows} for part `part` of `n_parts` (a parallel region's thread)"
+_DENSE = '''
+
+@njit(parallel=True, cache=True)
+def {name}(w, {args}):
+    """{doc}"""
+    n_out, nt = w.shape[0], {x}.shape[0]
+{dense}
+
+@njit(cache=True)
+def {name}_part(part, n_parts, w, {args}):
+    """{name}'s {part_doc}"""
+    n_out, nt = w.shape[0], {x}.shape[0]
+{part}'''
+# An expert form: {head} what it reads once per call, then its jobs (expert group g, chunk c of
+# `unit` rows) with the group's expert `w` and activation rows [t0, t1) (see
+# `linear.dots32.even_groups` for the two orders), each running {passes}.
+_EXPERT = '''
+
+@njit(parallel=True, cache=True)
+def {name}_x(w3, groups, n_groups, {args}):
+    """{doc}"""
+{head}    ng, n_chunk = n_groups[0], (n_out + {unit} - 1) // {unit}
+    even = even_groups(groups, ng)
+    for job in prange(n_chunk * ng):
+        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
+        w = w3[groups[g, 0]]
+        t0, t1 = groups[g, 1], groups[g, 2]
+{passes}'''
+_EXPERT_DOC = "{name} over stacked experts (see the integer drivers' `_x` form)."
+
+# The two ways the rows are divided, (dense form, region part). Chunks of `_CHUNK` rows (the
+# plain rows, `_CHUNKED`); or one contiguous run of the groups of 16 rows per thread (the
+# row-interleaved weights and the expanded i-quant row groups, `_GROUPED`).
+_CHUNK_SPLIT = ("    for c in prange((n_out + _CHUNK - 1) // _CHUNK):\n",
+                "    n_chunk = (n_out + _CHUNK - 1) // _CHUNK\n"
+                "    for c in range(*share(part, n_parts, n_chunk)):\n")
+_CHUNK_ROWS = "        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)\n"
+_CHUNKED = """\
+{head}    t0, t1 = 0, nt
+{split}""" + _CHUNK_ROWS + "{passes}"
+_GROUP_SPLIT = ("    n_parts = max(1, min(thread_count(), n_groups))\n"
+                "    for part in prange(n_parts):\n",
+                "    if part < n_groups:\n"
+                "        n_parts = min(n_parts, n_groups)\n")
+_GROUPED = """\
+    aux = {aux}
+    n_groups = n_out // ROWS
+{split}{scratch}{loops}{passes}"""
+# a thread's row groups, and its token tiles (ROWS_TOKEN_TILE tokens)
+_GROUP_LOOP = "for c in range(*share(part, n_parts, n_groups)):\n"
+_TILE_LOOP = """\
+for t0 in range(0, nt, ROWS_TOKEN_TILE):
+    t1 = min(nt, t0 + ROWS_TOKEN_TILE)
+"""
+
+# A dense driver's bias (`bias`, None: none), added by the thread that computed the rows, to
+# the rows [r0, r1) of activation rows [t0, t1) once their passes are done: out + bias as one f32
+# add, the bits of a separate add step (`graph.fusion.fuse_bias`), without its barrier.
+_EPILOGUE = """\
+        if bias is not None:
+            for t in range(t0, t1):
+                for r in range(r0, r1):
+                    out[t, r] = out[t, r] + bias[r]
+"""
+_GROUP_EPILOGUE = "        r0, r1 = c * ROWS, c * ROWS + ROWS\n" + _EPILOGUE
+
 # The integer drivers: {rd} is the intrinsics' suffix, {args} what they read between the weight
-# row and the token index, {prologue} the activation preparation. The token passes over rows
-# [r0, r1) of `w` and activation rows [t0, t1) are one snippet, shared by the dense driver (one
-# weight, every row) and its expert form (`name_x`: stacked experts, groups of activation rows
-# each dotted with its own expert's rows: llama.cpp's mul_mat_id).
+# row and the token index. The token passes over rows [r0, r1) of `w` and activation rows
+# [t0, t1) are one snippet, shared by the dense driver (one weight, every row) and its expert
+# form, so a row's result is the same bits whichever form, group or batch computes it.
 _INTEGER_PASSES = """\
         m = t1 - t0
         n8 = t0 + (m - m % MAX_TOKENS if wide else 0)
@@ -77,58 +148,6 @@ _INTEGER_PASSES = """\
             for r in range(r0, r1):
                 rowdot_{rd}(w[r], {args}, t1 - 1, out, r)
 """
-# An expert form's jobs: (expert group g, chunk c of `unit` rows) with the group's expert `w`
-# and activation rows [t0, t1); see `linear.dots32.even_groups` for the two orders.
-_EXPERT_JOBS = """\
-    ng, n_chunk = n_groups[0], (n_out + {unit} - 1) // {unit}
-    even = even_groups(groups, ng)
-    for job in prange(n_chunk * ng):
-        g, c = (job // n_chunk, job % n_chunk) if even else (job % ng, job // ng)
-        w = w3[groups[g, 0]]
-        t0, t1 = groups[g, 1], groups[g, 2]
-"""
-# A dense driver's bias (`bias`, None: none), added by the thread that computed the rows, to
-# the rows [r0, r1) of activation rows [t0, t1) once their passes are done: out + bias as one f32
-# add, the bits of a separate add step (`graph.fusion.fuse_bias`), without its barrier.
-_EPILOGUE = """\
-        if bias is not None:
-            for t in range(t0, t1):
-                for r in range(r0, r1):
-                    out[t, r] = out[t, r] + bias[r]
-"""
-_INTEGER = '''
-
-@njit(parallel=True, cache=True)
-def {name}(w, xq, xd, {aux}, out, bias=None):
-    """{doc}"""
-    n_out, nt = w.shape[0], xq.shape[0]
-{prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
-    t0, t1 = 0, nt
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}{epilogue}
-
-@njit(cache=True)
-def {name}_part(part, n_parts, w, xq, xd, {aux}, out, bias=None):
-    """{name}'s rows for part `part` of `n_parts` (a parallel region's thread): the chunks
-    its parallel loop would give that thread."""
-    n_out, nt = w.shape[0], xq.shape[0]
-{prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
-    t0, t1 = 0, nt
-    n_chunk = (n_out + _CHUNK - 1) // _CHUNK
-    for c in range(*share(part, n_parts, n_chunk)):
-        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}{epilogue}
-
-@njit(parallel=True, cache=True)
-def {name}_x(w3, groups, n_groups, xq, xd, {aux}, out):
-    """{name} over stacked experts w3 [n_expert, n_out, ...]: activation rows
-    [groups[g, 1], groups[g, 2]) times expert groups[g, 0], for the first n_groups[0] groups."""
-    n_out, nt = w3.shape[1], xq.shape[0]
-{prologue}    wide = xq.shape[1] <= ROWS8_MAX_IN
-{jobs}        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}'''
-
 # The float drivers: {dot} is the row type's dot (`simd.floats`: one fixed order of fused
 # multiply-adds, so a row's value is the same bits in either form, any batch and any process;
 # the activation is already rounded to the weight's type by the caller, see `linear.float_rows`).
@@ -138,33 +157,6 @@ _FLOAT_PASSES = """\
             for t in range(t0, t1):
                 out[t, r] = {dot}(row, x[t])
 """
-_FLOAT = '''
-
-@njit(parallel=True, cache=True)
-def {name}(w, x, out):
-    """{doc}"""
-    n_out, nt = w.shape[0], x.shape[0]
-    t0, t1 = 0, nt
-    for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}
-
-@njit(cache=True)
-def {name}_part(part, n_parts, w, x, out):
-    """{name}'s rows for part `part` of `n_parts` (a parallel region's thread)."""
-    n_out, nt = w.shape[0], x.shape[0]
-    t0, t1 = 0, nt
-    n_chunk = (n_out + _CHUNK - 1) // _CHUNK
-    for c in range(*share(part, n_parts, n_chunk)):
-        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}
-
-@njit(parallel=True, cache=True)
-def {name}_x(w3, groups, n_groups, x, out):
-    """{name} over stacked experts (see the integer drivers' `_x` form)."""
-    n_out = w3.shape[1]
-{jobs}        r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}'''
 
 
 def _pass_imports(module: str, prefix: str, suffix: str, *extra: str) -> str:
@@ -189,12 +181,31 @@ class IntegerDriver:
     def imports(self) -> str:
         return _pass_imports(self.module, "rowdot", self.rd)
 
+    def _head(self) -> str:
+        return "".join(f"    {s}\n" for s in self.prologue) + \
+            "    wide = xq.shape[1] <= ROWS8_MAX_IN\n"
+
+    def _passes(self) -> str:
+        return _INTEGER_PASSES.format(rd=self.rd, args=self.args)
+
+    def body(self, part: bool) -> str:
+        """The dense form's body (part: its region part's), after `n_out, nt`."""
+        return _CHUNKED.format(head=self._head(), split=_CHUNK_SPLIT[part],
+                               passes=self._passes() + _EPILOGUE)
+
+    def expert(self) -> str:
+        doc = (f"{self.name} over stacked experts w3 [n_expert, n_out, ...]: activation rows\n"
+               "    [groups[g, 1], groups[g, 2]) times expert groups[g, 0], for the first "
+               "n_groups[0] groups.")
+        return _EXPERT.format(name=self.name, args=f"xq, xd, {self.aux}, out", doc=doc,
+                              head="    n_out, nt = w3.shape[1], xq.shape[0]\n" + self._head(),
+                              unit="_CHUNK", passes=_CHUNK_ROWS + self._passes())
+
     def source(self) -> str:
-        passes = _INTEGER_PASSES.format(rd=self.rd, args=self.args)
-        return _INTEGER.format(name=self.name, aux=self.aux, doc=self.doc, passes=passes,
-                               epilogue=_EPILOGUE,
-                               jobs=_EXPERT_JOBS.format(unit="_CHUNK"),
-                               prologue="".join(f"    {s}\n" for s in self.prologue))
+        return _DENSE.format(name=self.name, args=f"xq, xd, {self.aux}, out, bias=None",
+                             x="xq", doc=self.doc, dense=self.body(False), part=self.body(True),
+                             part_doc=_PART_DOC.format(rows="rows") + ": the chunks\n    its "
+                             "parallel loop would give that thread.") + self.expert()
 
 
 # The drivers of the row-interleaved weights (`simd.interleaved`, `simd.interleaved_k`): each
@@ -246,41 +257,22 @@ _EXPANDED = """\
         else:
 {plain}\
 """
-_ROWS = '''
 
-@njit(parallel=True, cache=True)
-def {name}(w, xq, xd, {fourth}, out, bias=None):
-    """{doc}"""
-    n_out, nt = w.shape[0], xq.shape[0]
-    aux = {aux}
-    n_groups = n_out // ROWS
-    n_parts = max(1, min(thread_count(), n_groups))
-    for part in prange(n_parts):
-{scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
-            t1 = min(nt, t0 + ROWS_TOKEN_TILE)
-            for c in range(*share(part, n_parts, n_groups)):
-{passes}{epilogue}
 
-@njit(cache=True)
-def {name}_part(part, n_parts, w, xq, xd, {fourth}, out, bias=None):
-    """{name}'s row groups for part `part` of `n_parts` (a parallel region's thread): one
-    contiguous run of groups, as its parallel loop gives each thread."""
-    n_out, nt = w.shape[0], xq.shape[0]
-    aux = {aux}
-    n_groups = n_out // ROWS
-    if part < n_groups:
-        n_parts = min(n_parts, n_groups)
-{scratch}        for t0 in range(0, nt, ROWS_TOKEN_TILE):
-            t1 = min(nt, t0 + ROWS_TOKEN_TILE)
-            for c in range(*share(part, n_parts, n_groups)):
-{passes}{epilogue}
+def _rows_passes(dot: str, qt: str, w: str = "w", wg: str = "", wide: int = 0) -> str:
+    """The token passes of one row group `c` over a tile [t0, t1): `<dot>*_<qt>` on `w`
+    (`wg`: the group the intrinsics index in `w`, none: c)."""
+    head = _WIDE_PASSES.format(n=wide, dot=dot, qt=qt, w=w, wg=wg) if wide else ""
+    return _ROWS_PASSES.format(dot=dot, qt=qt, w=w, wg=wg, wide=head,
+                               start="tw" if wide else "t0")
 
-@njit(parallel=True, cache=True)
-def {name}_x(w3, groups, n_groups, xq, xd, {fourth}, out):
-    """{name} over stacked experts (see the integer drivers' `_x` form)."""
-    aux = {aux}
-    n_out = w3.shape[1]
-{jobs}{expert_passes}'''
+
+def _grouped(part: bool, aux: str, scratch: str, loops: str, passes: str) -> str:
+    """A body over the groups of 16 rows, one run per thread: `scratch` made once per thread,
+    `loops` (at 8 spaces) around `passes` (at 16, with the epilogue)."""
+    return _GROUPED.format(aux=aux, split=_GROUP_SPLIT[part], loops=loops,
+                           scratch=textwrap.indent(scratch, " " * 8),
+                           passes=textwrap.indent(passes + _GROUP_EPILOGUE, " " * 8))
 
 
 @dataclass(frozen=True)
@@ -304,83 +296,48 @@ class RowsDriver:
             line += _pass_imports(self.module, "rowsdotx", "q8_0", f"expand_{self.qt}")
         return line
 
-    def source(self) -> str:
-        wide = (_WIDE_PASSES.format(n=self.wide, dot="rowsdot", qt=self.qt, w="w", wg="")
-                if self.wide else "")
-        passes = _ROWS_PASSES.format(dot="rowsdot", qt=self.qt, w="w", wg="", wide=wide,
-                                     start="tw" if self.wide else "t0")
-        dense, scratch = passes, ""
+    def body(self, part: bool) -> str:
+        """Token tile by token tile, each of the thread's groups in turn."""
+        passes, scratch = _rows_passes("rowsdot", self.qt, wide=self.wide), ""
         if self.expand:
-            q8 = _ROWS_PASSES.format(dot="rowsdotx", qt="q8_0", w="wx", wg=", 0", wide="",
-                                     start="t0")
-            dense = _EXPANDED.format(qt=self.qt, min_tokens=EXPAND_MIN_TOKENS,
-                                     plain=textwrap.indent(passes, " " * 4),
-                                     expanded=textwrap.indent(q8, " " * 4))
-            scratch = "        wx = np.empty((ROWS, xq.shape[1] // 32 * 34), np.uint8)\n"
-        epilogue = textwrap.indent("        r0, r1 = c * ROWS, c * ROWS + ROWS\n" + _EPILOGUE,
-                                   " " * 8)
-        return _ROWS.format(name=self.name, fourth=self.fourth, aux=self.aux, doc=self.doc,
-                            passes=textwrap.indent(dense, " " * 8), expert_passes=passes,
-                            epilogue=epilogue,
-                            scratch=scratch, jobs=_EXPERT_JOBS.format(unit="ROWS"))
+            passes = _EXPANDED.format(
+                qt=self.qt, min_tokens=EXPAND_MIN_TOKENS,
+                plain=textwrap.indent(passes, " " * 4),
+                expanded=textwrap.indent(_rows_passes("rowsdotx", "q8_0", "wx", ", 0"), " " * 4))
+            scratch = "wx = np.empty((ROWS, xq.shape[1] // 32 * 34), np.uint8)\n"
+        loops = textwrap.indent(_TILE_LOOP, " " * 8) + textwrap.indent(_GROUP_LOOP, " " * 12)
+        return _grouped(part, self.aux, scratch, loops, passes)
+
+    def source(self) -> str:
+        expert = _EXPERT.format(name=self.name, args=f"xq, xd, {self.fourth}, out",
+                                doc=_EXPERT_DOC.format(name=self.name),
+                                head=f"    aux = {self.aux}\n    n_out = w3.shape[1]\n",
+                                unit="ROWS", passes=_rows_passes("rowsdot", self.qt,
+                                                                 wide=self.wide))
+        part_doc = _PART_DOC.format(rows="row groups") + (
+            ": one\n    contiguous run of groups, as its parallel loop gives each thread.")
+        return _DENSE.format(name=self.name, args=f"xq, xd, {self.fourth}, out, bias=None",
+                             x="xq", doc=self.doc, dense=self.body(False), part=self.body(True),
+                             part_doc=part_doc) + expert
 
 
-# The i-quants read from the file's blocks (`simd.iquants`): the plain rows' passes for short
-# calls; from EXPAND_MIN_TOKENS tokens on (the dense forms, rows a multiple of 16, AVX2 at
-# least: `simd.iquants.EXPANDS`) each thread takes one contiguous run of row groups and
-# expands each group in turn into a Q7_K_PACKED scratch (`expand_<qt>`, 16 x 276 bytes per
-# super-block column), then runs Q7_K_PACKED's passes with integer scales on it over every
-# token tile. The float steps are the plain rows' (`simd.iquants`), so a row's value is the
-# same bits either way.
-_IQ_EXPANDED = """\
-            wx = np.empty((ROWS, xq.shape[1] // 256 * 276), np.uint8)
-            for c in range(*share(part, n_parts, n_groups)):
-                expand_{qt}(w, c, wx)
-                for t0 in range(0, nt, ROWS_TOKEN_TILE):
-                    t1 = min(nt, t0 + ROWS_TOKEN_TILE)
-{passes}{epilogue}"""
-_IQ = '''
-
-@njit(parallel=True, cache=True)
-def {name}(w, xq, xd, bsums, out, bias=None):
-    """{doc}"""
-    n_out, nt = w.shape[0], xq.shape[0]
+# The i-quants read from the file's blocks (`simd.iquants`): the plain rows' body (an
+# `IntegerDriver`'s, chunks of rows) for short calls; from EXPAND_MIN_TOKENS tokens on (rows a
+# multiple of 16, AVX2 at least: `simd.iquants.EXPANDS`) the grouped body, each thread's row
+# groups in turn expanded into a Q7_K_PACKED scratch (`expand_<qt>`, 16 x 276 bytes per
+# super-block column), then Q7_K_PACKED's passes with integer scales on it over every token
+# tile. The float steps are the plain rows' (`simd.iquants`), so a row's value is the same bits
+# either way. The expert form is the plain rows'.
+_IQ_BODY = """\
     if nt >= EXPAND_MIN_TOKENS and n_out % ROWS == 0 and EXPANDS:
-        aux = koffset_corr(bsums, 64)
-        n_groups = n_out // ROWS
-        n_parts = max(1, min(thread_count(), n_groups))
-        for part in prange(n_parts):
 {expanded}    else:
-        wide = xq.shape[1] <= ROWS8_MAX_IN
-        t0, t1 = 0, nt
-        for c in prange((n_out + _CHUNK - 1) // _CHUNK):
-            r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}{plain_epilogue}
-
-@njit(cache=True)
-def {name}_part(part, n_parts, w, xq, xd, bsums, out, bias=None):
-    """{name}'s rows for part `part` of `n_parts` (a parallel region's thread): what its
-    parallel loops would give that thread."""
-    n_out, nt = w.shape[0], xq.shape[0]
-    if nt >= EXPAND_MIN_TOKENS and n_out % ROWS == 0 and EXPANDS:
-        aux = koffset_corr(bsums, 64)
-        n_groups = n_out // ROWS
-        if part < n_groups:
-            n_parts = min(n_parts, n_groups)
-{expanded}    else:
-        wide = xq.shape[1] <= ROWS8_MAX_IN
-        t0, t1 = 0, nt
-        n_chunk = (n_out + _CHUNK - 1) // _CHUNK
-        for c in range(*share(part, n_parts, n_chunk)):
-            r0, r1 = c * _CHUNK, min(n_out, c * _CHUNK + _CHUNK)
-{passes}{plain_epilogue}'''
+{plain}"""
 
 
 @dataclass(frozen=True)
 class IQDriver:
     """An i-quant driver over the file's blocks: `name(w, xq, xd, bsums, out)`, the plain rows'
-    intrinsics `simd.iquants.rowdot*_<qt>` or, for long calls, the expanded row groups
-    (`_IQ_EXPANDED`); its expert form is the plain rows' (`IntegerDriver`)."""
+    intrinsics `simd.iquants.rowdot*_<qt>` or, for long calls, the expanded row groups."""
 
     qt: str
 
@@ -396,18 +353,22 @@ class IQDriver:
                 + _pass_imports("simd.interleaved_k", "rowsdotx", "q7_ki")
                 + "from minfer.backends.cpu.kernels.simd.interleaved import ROWS\n")
 
+    def body(self, part: bool) -> str:
+        """Each of the thread's groups expanded once, then token tile by token tile."""
+        loops = (textwrap.indent(_GROUP_LOOP, " " * 8)
+                 + textwrap.indent(f"expand_{self.qt}(w, c, wx)\n" + _TILE_LOOP, " " * 12))
+        expanded = _grouped(part, "koffset_corr(bsums, 64)",
+                            "wx = np.empty((ROWS, xq.shape[1] // 256 * 276), np.uint8)\n",
+                            loops, _rows_passes("rowsdotx", "q7_ki", "wx", ", 0"))
+        return _IQ_BODY.format(expanded=textwrap.indent(expanded, " " * 4),
+                               plain=textwrap.indent(self._plain().body(part), " " * 4))
+
     def source(self) -> str:
         plain = self._plain()
-        rows = _ROWS_PASSES.format(dot="rowsdotx", qt="q7_ki", w="wx", wg=", 0", wide="",
-                                   start="t0")
-        group_rows = "        r0, r1 = c * ROWS, c * ROWS + ROWS\n"
-        expanded = _IQ_EXPANDED.format(qt=self.qt, passes=textwrap.indent(rows, " " * 12),
-                                       epilogue=textwrap.indent(group_rows + _EPILOGUE, " " * 12))
-        passes = textwrap.indent(_INTEGER_PASSES.format(rd=self.qt, args=plain.args), " " * 4)
-        dense = _IQ.format(name=plain.name, doc=plain.doc, expanded=expanded, passes=passes,
-                           plain_epilogue=textwrap.indent(_EPILOGUE, " " * 4))
-        full = plain.source()
-        return dense + full[full.rindex("\n\n@njit", 0, full.index("_x(w3")):]
+        return _DENSE.format(name=plain.name, args="xq, xd, bsums, out, bias=None", x="xq",
+                             doc=plain.doc, dense=self.body(False), part=self.body(True),
+                             part_doc=_PART_DOC.format(rows="rows") + ": what its\n    "
+                             "parallel loops would give that thread.") + plain.expert()
 
 
 @dataclass(frozen=True)
@@ -421,10 +382,18 @@ class FloatDriver:
     def imports(self) -> str:
         return f"from minfer.backends.cpu.kernels.simd.floats import {self.dot}\n"
 
+    def body(self, part: bool) -> str:
+        return _CHUNKED.format(head="", split=_CHUNK_SPLIT[part],
+                               passes=_FLOAT_PASSES.format(dot=self.dot))
+
     def source(self) -> str:
-        passes = _FLOAT_PASSES.format(dot=self.dot)
-        return _FLOAT.format(name=self.name, doc=self.doc, passes=passes,
-                             jobs=_EXPERT_JOBS.format(unit="_CHUNK"))
+        expert = _EXPERT.format(name=self.name, args="x, out",
+                                doc=_EXPERT_DOC.format(name=self.name),
+                                head="    n_out = w3.shape[1]\n", unit="_CHUNK",
+                                passes=_CHUNK_ROWS + _FLOAT_PASSES.format(dot=self.dot))
+        return _DENSE.format(name=self.name, args="x, out", x="x", doc=self.doc,
+                             dense=self.body(False), part=self.body(True),
+                             part_doc=_PART_DOC.format(rows="rows") + ".") + expert
 
 
 _Q8 = "xq, xt, xd, xs, xc, cb"  # what the 32-value block rows read (Q8_0 unpacked: no xt, cb)
