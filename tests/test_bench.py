@@ -158,6 +158,32 @@ def test_held_bytes_count_a_widened_type_at_its_copys_size(tmp_path: Path) -> No
     assert f"{row.gb_per_s:.1f}, held {row.held_gb_per_s:.1f} |" in _md([row], header=False)
 
 
+@pytest.mark.parametrize("widen", [False, True], ids=["file-blocks", "widened"])
+def test_held_bytes_of_iq2_xxs_are_the_files_unless_widened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, widen: bool) -> None:
+    """IQ2_XXS (`reencode.READ_DIRECT`) is read from the file's blocks by default: no copy of
+    it made or kept, the bytes held for a decode step the file's; under MINFER_IQ_WIDEN its
+    exact Q7_K copies (276 / 66 bytes a block), held in their place."""
+    from minfer.bench.runner import held_bytes_per_token, weight_bytes_per_token
+    from minfer.gguf.constants import GGMLQuantizationType as QType
+    from minfer.tools.synth import write_tiny_model
+
+    if widen:
+        monkeypatch.setenv("MINFER_IQ_WIDEN", "1")
+    else:
+        monkeypatch.delenv("MINFER_IQ_WIDEN", raising=False)
+    path = write_tiny_model(tmp_path / "iq2.gguf", n_embd=256, n_ff=256, weight_types={
+        "ffn_down": QType.IQ2_XXS, "default": QType.F16})
+    engine = minfer.load(str(path), n_ctx=32, backend="cpu").engine()
+    engine.forward([1, 2, 3], 0)
+    engine.forward([4], 3)
+    downs = {name: t.nbytes for name, t in engine.weights.file.tensors.items()
+             if "ffn_down" in name}
+    assert held_bytes_per_token(engine) - weight_bytes_per_token(engine) == (
+        sum(downs.values()) * 210 // 66 if widen else 0)
+    assert not any(engine.weights.has_copy(name) for name in downs)
+
+
 def test_weights_read_bandwidth_reads_any_arrays() -> None:
     from minfer.bench.bandwidth import weights_read_bandwidth
 

@@ -58,12 +58,20 @@ def test_quantized_models_match_oracle(fixture: str, request: pytest.FixtureRequ
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("qtype", [QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS,
-                                   QType.IQ3_S, QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS,
-                                   QType.TQ1_0, QType.TQ2_0, QType.MXFP4], ids=lambda q: q.name)
-def test_iquant_models_match_oracle(qtype: QType, tmp_path: Path) -> None:
+@pytest.mark.parametrize("qtype, widen", [
+    *(pytest.param(q, False, id=q.name)
+      for q in (QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
+                QType.IQ1_S, QType.IQ1_M, QType.IQ4_XS, QType.TQ1_0, QType.TQ2_0, QType.MXFP4)),
+    *(pytest.param(q, True, id=f"{q.name}-widened") for q in (QType.IQ2_XXS, QType.IQ3_XXS))])
+def test_iquant_models_match_oracle(qtype: QType, widen: bool, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every projection and the (tied) embeddings in one of the i-quant / ternary / MXFP4 types
-    (random valid blocks for the i-quants, `tools.quantize.simple`), decode and prefill."""
+    (random valid blocks for the i-quants, `tools.quantize.simple`), decode and prefill;
+    IQ2_XXS / IQ3_XXS on the file's blocks (the default) and widened (MINFER_IQ_WIDEN)."""
+    if widen:
+        monkeypatch.setenv("MINFER_IQ_WIDEN", "1")
+    else:
+        monkeypatch.delenv("MINFER_IQ_WIDEN", raising=False)
     path = write_tiny_model(tmp_path / "iq.gguf", n_embd=256, n_ff=512, weight_types=qtype)
     ref = OracleQwen(str(path)).logits(TOKENS)
     engine = _engine(path, kv_type="f32")

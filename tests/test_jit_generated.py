@@ -64,7 +64,8 @@ def test_generated_drivers_are_cached_dispatchers() -> None:
              if n.startswith("mv_") and not n.endswith("_x")]
     # 31 types: Q7_K (the IQ2 types' widened copy) and its interleaved form, the table-lookup
     # IQ4_NL / IQ4_XS / MXFP4 and theirs, Q2_K / TQ2_0 and theirs, TQ1_0, the grid-fetching
-    # IQ2_XXS / IQ3_XXS among them; each with its stacked-expert form and its region parts
+    # IQ2_XXS / IQ3_XXS (their default) among them; each with its stacked-expert form and its
+    # region parts
     assert len(dense) == 31
     drivers = [*dense, *(row_drivers.expert_form(d) for d in dense)]
     drivers += [getattr(row_drivers._M, f"{d.py_func.__name__}{part}")

@@ -30,7 +30,7 @@ QUANT_K = [QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q2_K, QType.Q3_K]
 
 def make_weight(qt: QType, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
     """Weight bytes (or a float array) of type qt, from random normal data (Q7_K: random
-    IQ2_XXS blocks widened)."""
+    IQ2_XXS blocks widened, as under MINFER_IQ_WIDEN)."""
     rng = np.random.default_rng(seed)
     if qt in QUANT_K:
         return random_kquant_blocks(qt, n_out, n_in, rng)
@@ -39,7 +39,9 @@ def make_weight(qt: QType, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
         from minfer.backends.cpu.kernels.reference import random_iquant_blocks
 
         raw = random_iquant_blocks(QType.IQ2_XXS, n_out, n_in, rng, rms=0.05)
-        return integer_weight(raw, QType.IQ2_XXS)[0]
+        with pytest.MonkeyPatch.context() as mp:  # by default its file's blocks are read
+            mp.setenv("MINFER_IQ_WIDEN", "1")
+            return integer_weight(raw, QType.IQ2_XXS)[0]
     data = rng.standard_normal((n_out, n_in)).astype(np.float32)
     if qt is QType.F32:
         return data

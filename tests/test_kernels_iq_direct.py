@@ -1,5 +1,5 @@
-"""IQ2_XXS / IQ3_XXS dotted from the file's blocks (`simd.iquants`, under MINFER_IQ_DIRECT; by
-default they are widened, test_kernels_iquants.py): no widened copy held, ggml's
+"""IQ2_XXS / IQ3_XXS dotted from the file's blocks (`simd.iquants`, the default; under
+MINFER_IQ_WIDEN they are widened, test_kernels_iquants.py): no widened copy held, ggml's
 integer sums exactly against the dequantized reference, and one value per row whichever path
 computes it: the plain rows (short calls, experts), the row groups expanded into a Q7_K_PACKED
 scratch (long calls), a parallel region's parts. Run for the host's CPU and, in .ci/run's AVX2
@@ -30,7 +30,7 @@ N_IN = 256 * 3
 
 @pytest.fixture(autouse=True)
 def _direct(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINFER_IQ_DIRECT", "1")
+    monkeypatch.delenv("MINFER_IQ_WIDEN", raising=False)  # the default, whatever the caller's
 
 
 def _weight(qt: QType, n_out: int, seed: int = 4) -> np.ndarray:
@@ -51,8 +51,9 @@ def test_the_file_blocks_are_the_weight_held(qt: QType, monkeypatch: pytest.Monk
     assert not packable(qt, N_IN, 48)  # no interleaved copy either
     # long calls expand row groups on the fly (never the sgemm path) where the CPU can
     assert prefill_min_tokens(qt) > 1 << 40 or not EXPANDS
-    monkeypatch.delenv("MINFER_IQ_DIRECT")  # the default: the exact Q6_K / Q7_K copy
-    assert integer_weight(w, qt)[1] is not qt
+    monkeypatch.setenv("MINFER_IQ_WIDEN", "1")  # speed over memory: the exact Q6_K / Q7_K copy
+    wide, wt = integer_weight(w, qt)
+    assert wt is not qt and wide.nbytes > 2 * w.nbytes
 
 
 @pytest.mark.parametrize("qt", DIRECT, **IDS)

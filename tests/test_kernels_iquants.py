@@ -1,7 +1,10 @@
 """The i-quants, TQ1_0 / TQ2_0 and MXFP4: dequantization bit-exact with gguf.quants, the
 exact re-encoded copies the integer kernels run (none for IQ4_NL / IQ4_XS / MXFP4: their own
 level-table kernels read the file's blocks; none for TQ1_0: `simd.ternary` reads its base-3
-bytes), and the matmul paths against ggml's integer dot and the dequantized f32 product."""
+bytes), and the matmul paths against ggml's integer dot and the dequantized f32 product.
+
+IQ2_XXS / IQ3_XXS run here as MINFER_IQ_WIDEN runs them, on their widened copies; their
+default, the file's blocks, is test_kernels_iq_direct.py's."""
 
 from __future__ import annotations
 
@@ -36,6 +39,11 @@ WIDENED = {QType.IQ2_XXS: QType.Q7_K, QType.IQ2_XS: QType.Q7_K, QType.IQ2_S: QTy
 LUT_TYPES = [QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]
 N_IN, N_OUT = 768, 83
 IDS = {"ids": lambda q: q.name}
+
+
+@pytest.fixture(autouse=True)
+def _widen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINFER_IQ_WIDEN", "1")
 
 
 def _weight(qt: QType, n_out: int = N_OUT, n_in: int = N_IN, seed: int = 0,

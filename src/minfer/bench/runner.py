@@ -9,7 +9,8 @@ without reloading the model. tg rows also report the decode roofline figure: wei
 token × tokens/s, counted two ways: the file's bytes (`weight_bytes_per_token`, issue #65's
 measure: `gb_per_s`) and the bytes the CPU backend's kernels read (`held_bytes_per_token`: a
 widened or repacked copy at its own size, `held_gb_per_s`); they differ where minfer widens a
-type (`reencode.widen`: Q3_K, the i-quants below 4 bits, TQ2_0).
+type (`reencode.widen`: Q3_K, the i-quants below 4 bits; IQ2_XXS / IQ3_XXS only under
+MINFER_IQ_WIDEN, their file's blocks by default).
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def weight_bytes_per_token(engine: Engine) -> int:
 def held_bytes_per_token(engine: Engine) -> int:
     """`weight_bytes_per_token` as the CPU backend holds the weights: each matrix its integer
     kernels read from a copy of their own (`cpu.backend.bound_matrix_nbytes`: repacked
-    layouts, and `reencode.widen`'s wider types for Q3_K, IQ3/IQ2/IQ1 and TQ2_0) counted at
-    the copy's size. Only the matrices bound so far count: call it after a decode step."""
+    layouts, and `reencode.widen`'s wider types for Q3_K and IQ3/IQ2/IQ1, IQ2_XXS / IQ3_XXS
+    only under MINFER_IQ_WIDEN) counted at the copy's size. Only the matrices bound so far
+    count: call it after a decode step."""
     from minfer.backends.cpu.backend import bound_matrix_nbytes
 
     tensors = engine.weights.file.tensors

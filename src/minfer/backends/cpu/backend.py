@@ -206,7 +206,8 @@ def _projection(ctx: ExecContext, w_name: str, n_in: int, rows: int = 0) -> _Pro
 def bound_matrix_nbytes(weights_state: dict[object, object]) -> dict[str, int]:
     """Bytes of each matrix the integer kernels have been bound to so far (`_projection`, whole
     weights), by name, from a `ModelWeights.state`: the array a matmul reads, i.e. the file's
-    bytes, its repacked copy, or the copy `K.integer_weight` widened (Q3_K, IQ3/IQ2/IQ1)."""
+    bytes, its repacked copy, or the copy `K.integer_weight` widened (Q3_K, IQ3/IQ2/IQ1 but
+    IQ2_XXS / IQ3_XXS, which stay the file's blocks unless MINFER_IQ_WIDEN)."""
     return {str(key[1]): p.packed.nbytes for key, p in weights_state.items()
             if isinstance(p, _Projection) and isinstance(key, tuple) and not key[2]}
 
@@ -315,7 +316,8 @@ def _expert_halves(ctx: ExecContext, w_name: str) -> tuple[K.ExpertWeight, K.Exp
 def _widened(w: np.ndarray, qt: int, n_in: int, n_out: int, batched: bool
               ) -> tuple[np.ndarray, int]:
     """`K.integer_weight`'s copy (Q3_K, the i-quants below 4 bits: widened once, shared by
-    both paths; IQ4_NL / IQ4_XS / MXFP4 / TQ1_0 / TQ2_0 and the rest: the weight itself),
+    both paths; IQ4_NL / IQ4_XS / MXFP4 / TQ1_0 / TQ2_0, IQ2_XXS / IQ3_XXS unless
+    MINFER_IQ_WIDEN, and the rest: the weight itself),
     repacked where its type packs (the packed copy replaces the widened one): the widened Q6_K
     rows run 2.2x faster at 64 tokens interleaved (896 x 4864, 2 threads, Intel SPR: IQ3_XXS
     2.00 -> 0.92 ms) and ~10% faster at one; the Q7_K rows (the 1.5B's IQ2_XXS / IQ2_S

@@ -104,7 +104,8 @@ _NEVER = 1 << 62
 _PREFILL_MIN = _FLOAT_MIN if HAS_VNNI512 else {
     QType.Q4_0: 64, QType.Q8_0: 64, QType.Q4_K: 64, QType.Q6_K: 128,
     QType.Q4_1: 32, QType.Q5_K: 48, QType.Q5_0: 16, QType.Q5_1: 16, **_FLOAT_MIN,
-    # widened copies (`quant.reencode`): their Q6_K / Q7_K kernel's
+    # widened copies (`quant.reencode`; IQ2_XXS / IQ3_XXS under MINFER_IQ_WIDEN): their Q6_K /
+    # Q7_K kernel's
     **dict.fromkeys((QType.IQ2_XXS, QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S,
                      QType.IQ1_S, QType.IQ1_M), 128),
     QType.IQ4_NL: 64, QType.IQ4_XS: 64, QType.MXFP4: 64,
@@ -253,9 +254,9 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them; IQ2_XXS and IQ3_XXS under MINFER_IQ_DIRECT),
-    or for Q3_K and the i-quants below IQ4 a copy widened to Q6_K / Q7_K (see
-    `quant.reencode`), made here."""
+    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them; IQ2_XXS and IQ3_XXS unless MINFER_IQ_WIDEN,
+    `reencode.reads_direct`), or for Q3_K and the other i-quants below IQ4 a copy widened to
+    Q6_K / Q7_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
     return widen(w, qt)

@@ -3,12 +3,14 @@
 (IQ4_NL, IQ4_XS and MXFP4, 4-bit codes of int8 levels, are not widened: their own kernels look
 the levels up, `simd.blocks._lookup`, and read the file's blocks. Nor are TQ2_0, whose 2-bit codes
 are Q2_K's layout, dotted by Q2_K's vector kernel with unit scales (`simd.kquants`), and TQ1_0,
-whose base-3 bytes its kernel `simd.ternary` dots as they are. Under MINFER_IQ_DIRECT
-(`reads_direct`) nor are IQ2_XXS and IQ3_XXS: their kernels (`simd.iquants`) fetch the grid
-rows from the file's blocks, and for long calls expand one group of 16 rows at a time into a
-Q7_K_PACKED scratch: the file's bytes held (1/4.2 of IQ2_XXS's copy, 1/2.8 of IQ3_XXS's), at
-2-3x the copy's time per decode matmul (their grid and sign fetches are compute), 1.05-1.2x at
-512 tokens; not the default.)
+whose base-3 bytes its kernel `simd.ternary` dots as they are. Nor, by default, are the
+READ_DIRECT types (IQ2_XXS, IQ3_XXS; `reads_direct`): their kernels (`simd.iquants`) fetch the
+grid rows from the file's blocks, and for long calls expand one group of 16 rows at a time into
+a Q7_K_PACKED scratch: the file's bytes held (1/4.2 of IQ2_XXS's copy, 1/2.8 of IQ3_XXS's; the
+1.5B imatrix files' RSS 1,056 / 1,383 MiB against 2,143 / 2,335 widened), at 2-3x the copy's
+time per decode matmul (their grid and sign fetches are compute), 1.05-1.2x at 512 tokens. A
+user picks these types to fit memory, so the file's blocks are the default; MINFER_IQ_WIDEN=1
+widens them as below, speed over memory.)
 
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
@@ -133,14 +135,14 @@ def _iq_to_k(w, qtype, size, out, seven, exact):
             dst[o + 209] = np.uint8(h >> np.uint16(8))
 
 
-# the types with kernels on the file's blocks (`simd.iquants`), run so under MINFER_IQ_DIRECT
+# the types with kernels on the file's blocks (`simd.iquants`), run so unless MINFER_IQ_WIDEN
 READ_DIRECT = frozenset({QType.IQ2_XXS, QType.IQ3_XXS})
 
 
 def reads_direct(qt: QType) -> bool:
     """Whether weights of this type are kept as the file's blocks, not widened: a READ_DIRECT
-    type with MINFER_IQ_DIRECT set (read at each call)."""
-    return qt in READ_DIRECT and env.flag("MINFER_IQ_DIRECT")
+    type, unless MINFER_IQ_WIDEN is set (read at each call)."""
+    return qt in READ_DIRECT and not env.flag("MINFER_IQ_WIDEN")
 
 
 _Q6_K_TARGETS = frozenset({QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S, QType.IQ1_M})

@@ -13,8 +13,8 @@ scales 2 ls + 1, the offset as -64 x scales . bsums), the lanes summed (exact: |
 256 * 43 * 128 < 2^31), and one float step per super-block, as ggml's: acc = fma(d_w * d_x,
 float(sum), acc). The expanded row groups run the same steps (`simd.interleaved_k`'s
 integer-scale Q7_K step, `rowsdotx*_q7_ki`, lanes = rows), so a row's value is the same bits
-from either path, whatever the batch. The CPU backend runs these only under MINFER_IQ_DIRECT
-(`quant.reencode.reads_direct`; docs/performance.md has the measurements). (The
+from either path, whatever the batch. The CPU backend runs these by default, not under
+MINFER_IQ_WIDEN (`quant.reencode.reads_direct`; docs/performance.md has the measurements). (The
 float-scale steps of the widened Q7_K_PACKED copy, s = fma(d * sc_k, float(sum_k), s) per
 sub-block, are a chain of 16 dependent fmas per row and super-block: on one row they made the
 1.5B's IQ2_XXS ffn_gate 5.0 ms a token against 1.8 for this, 2 threads, Intel SPR.)
