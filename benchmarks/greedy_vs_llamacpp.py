@@ -198,7 +198,8 @@ def compare(engine: Any, ids: list[int], ref_logits: np.ndarray, ref_greedy: np.
                 "near_tie": max(m_margin, l_margin) < near_tie,
             })
             break  # past it the two engines decode different texts
-        logits = engine.forward([pick], len(ids) + step, n_out=1)[-1]
+        if step + 1 < n:
+            logits = engine.forward([pick], len(ids) + step, n_out=1)[-1]
     res["drift"] = max(drifts)  # every step on a context the two engines share
     res["drift10"] = max(drifts10)
     res["minfer_ids"] = picks
