@@ -3,7 +3,8 @@ near-ties" on every weight type). Not a test; a measurement, run by hand:
 
     PYTHONPATH=src .venv/bin/python benchmarks/greedy_vs_llamacpp.py \
         [FILE.gguf ... | --types Q2_K,IQ1_S,...] [--dir ~/.cache/minfer/qtypes-1.5b] [-n 32] \
-        [--json out.json]
+        [--json out.json] [--layers]
+    PYTHONPATH=src .venv/bin/python benchmarks/greedy_vs_llamacpp.py --table a.json b.json
 
 With no files and no --types it runs every `*.gguf` in --dir but imatrix.gguf (the files
 benchmarks/type_roofline.py makes: the dev model requantized by llama-quantize --pure).
@@ -23,11 +24,20 @@ references' measure, held to 0.5 there) and over the whole vocabulary, at every 
 share a context (up to and with the divergent step; `before` / `at` split it there).
 
 A divergence is a near-tie when both engines' margins are below `--near-tie` (default 0.1):
-where llama.cpp picks a and minfer b,
-llama.cpp's margin L[a] - L[b] plus minfer's M[b] - M[a] is exactly (L - M)[a] - (L - M)[b], so
-two margins under 0.1 need the two engines' logits to move apart by under 0.2 on those two tokens,
-well inside the 0.5 the dense references already accept between llama.cpp's own configurations
-(tests/test_reference_llamacpp.py). A divergence above it is a real difference to explain.
+where llama.cpp picks a and minfer b, llama.cpp's margin L[a] - L[b] plus minfer's M[b] - M[a]
+is exactly (L - M)[a] - (L - M)[b], so two margins under 0.1 need the two engines' logits to
+move apart by under 0.2 on those two tokens, well inside the 0.5 the dense references already
+accept between llama.cpp's own configurations (tests/test_reference_llamacpp.py).
+
+A divergence above it is a real difference to explain. The script measures llama.cpp's own
+spread there: the same context through llama.cpp with the prompt one token at a time and with
+an f32 KV (ALT_CONFIGS), each one's top-10 drift from llama.cpp's default and the two picks'
+margin; minfer's drift "within llama.cpp's own spread" when at most SPREAD_FACTOR (1.5) times
+the larger (two samples of a spread, not a bound), else UNEXPLAINED. `--layers` adds, per
+layer, the last row's output of minfer and of llama.cpp one token at a time against llama.cpp's
+default (rms of the difference / rms), through llama.cpp's eval callback: a minfer bug shows as
+a step in the first column where the second has none.
+`--table` prints the table of earlier `--json` files (docs/performance.md's).
 """
 
 from __future__ import annotations
