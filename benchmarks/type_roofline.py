@@ -49,7 +49,8 @@ TYPES: dict[str, tuple[str, bool]] = {
     "Q5_1": ("Q5_1", False), "Q2_K": ("Q2_K", False), "Q3_K": ("Q3_K", False),
     "Q4_K": ("Q4_K", False), "Q5_K": ("Q5_K", False), "Q6_K": ("Q6_K", False),
     "IQ4_NL": ("IQ4_NL", False), "IQ4_XS": ("IQ4_XS", False), "IQ3_S": ("IQ3_S", True),
-    "IQ3_XXS": ("IQ3_XXS", True), "IQ2_S": ("IQ2_S", True), "IQ2_XS": ("IQ2_XS", True),
+    # (llama-quantize's IQ2_S file type is IQ2_XS tensors at its default; IQ2_M's is IQ2_S)
+    "IQ3_XXS": ("IQ3_XXS", True), "IQ2_S": ("IQ2_M", True), "IQ2_XS": ("IQ2_XS", True),
     "IQ2_XXS": ("IQ2_XXS", True), "IQ1_M": ("IQ1_M", True), "IQ1_S": ("IQ1_S", True),
     "TQ1_0": ("TQ1_0", False), "TQ2_0": ("TQ2_0", False),
     # llama-quantize has no plain MXFP4 file type; MXFP4_MOE with --pure makes every matrix
