@@ -26,6 +26,8 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
         fuse_bias(graph)
     if params.ctx.fuse_rope_store and params.ctx.backends == ("cpu",):
         fuse_rope_store(graph)
+    if params.ctx.fuse_gate_up and params.ctx.backends == ("cpu",):
+        fuse_gate_up_quant(graph)
     return graph
 
 
@@ -160,5 +162,26 @@ def fuse_rope_store(graph: ComputeGraph) -> int:
         store.srcs = (rk.srcs[0], *store.srcs[1:3], rq.srcs[0], rq.srcs[1], rq.id)
         store.meta = dataclasses.replace(store.meta, weights=rk.meta.weights)
         rq.op, rq.srcs = ir.Written(), ()
+        fused += 1
+    return fused
+
+
+def fuse_gate_up_quant(graph: ComputeGraph) -> int:
+    """FusedGateUp (the builder's, under `fuse_gate_up`) whose only reader is the down
+    projection of its rows -> the same op with `quant_for` naming the down weight: the CPU
+    backend then runs gate, up, SwiGLU and the down activation's quantization as one split
+    step (`kernels.linear.gate_up`: each thread its blocks of the result) where the tape had
+    the two projections, a serial SwiGLU and a serial quantize between barriers. The backend
+    keeps the separate steps wherever the fused one cannot stand for them (a float or sgemm
+    path, GeGLU, gate and up of different types). CPU-only graphs."""
+    users = graph.consumers()
+    fused = 0
+    for node in graph.nodes:
+        if not isinstance(node.op, ir.FusedGateUp) or len(users[node.id]) != 1:
+            continue
+        down = graph.nodes[users[node.id][0]]
+        if not isinstance(down.op, ir.MatMul) or down.srcs[0] != node.id:
+            continue
+        node.op = dataclasses.replace(node.op, quant_for=down.meta.weights[0])
         fused += 1
     return fused

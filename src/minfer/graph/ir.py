@@ -367,9 +367,12 @@ class RoundF16(Op):
 
 @dataclass(frozen=True)
 class FusedGateUp(Op):
-    """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
+    """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input.
+    quant_for: the down projection's weight (`fusion.fuse_gate_up_quant`): the CPU backend
+    then also quantizes the result as that weight's kernel reads it, in the same step."""
 
     act: str = "silu"  # "silu" | "gelu"
+    quant_for: str = ""
 
 
 @dataclass(frozen=True)

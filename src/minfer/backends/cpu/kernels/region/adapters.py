@@ -62,6 +62,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_store_kv_serial": ("k_cache", "v_cache"),
     "_rope_store": ("q_out", "k_cache", "v_cache"),
     "_rope_store_par": ("q_out", "k_cache", "v_cache"),
+    "gate_up": ("gate", "up", "out", "qs", "qd", "qsum1", "qisum", "qbsums"),
 }
 _DRIVER_WRITES = ("out",)  # the row drivers (`linear.row_drivers`: mv_*)
 
