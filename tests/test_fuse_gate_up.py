@@ -65,15 +65,19 @@ def test_the_fused_step_gives_the_separate_steps_bits(types: tuple[QType, QType]
     np.testing.assert_array_equal(out, want)
     for field in vars(down):
         np.testing.assert_array_equal(getattr(down, field), getattr(want_q, field))
-    # a parallel region's parts: any number of threads, more than the blocks too
+    # a parallel region's parts: any number of threads (more than the column groups too), in
+    # any order of arrival; each block quantized once all its parts are in, the counts reset
     assert isinstance(step, partial)
     part = sys.modules[step.func.py_func.__module__].gate_up_part
-    for n_parts in (2, 3, 5):
+    arrivals = step.args[8]
+    for n_parts in (2, 3, 5, 64):
         out[:] = np.nan
         for field in vars(down):
             getattr(down, field)[:] = 0
-        for p in range(n_parts):
+        order = range(n_parts) if n_parts % 2 else reversed(range(n_parts))
+        for p in order:
             part(p, n_parts, *step.args)
+        assert not arrivals.any()
         np.testing.assert_array_equal(out, want)
         for field in vars(down):
             np.testing.assert_array_equal(getattr(down, field), getattr(want_q, field))

@@ -16,7 +16,8 @@ environment (`minfer.env`), so a default is the same wherever an engine is made.
   norm's step also quantizes its rows for the projections reading them (CPU-only graphs, on);
   fuse_bias: a projection's bias added by its kernel, no step of its own (CPU-only graphs, on);
   fuse_rope_store: rope of q and k in the KV store's step, k roped straight into the cache
-  (CPU-only graphs, on);
+  (CPU-only graphs, on); fuse_attn_quant: attention's step also quantizes each KV head's
+  query heads for the output projection (CPU-only graphs, on);
 - n_threads: threads for prefill and the most a decode step may take; adaptive_threads: decode
   steps pick their count by measurement (when the user gave none);
 - batch_invariant: every row's arithmetic independent of the batch around it (the server);
@@ -50,6 +51,7 @@ class EngineConfig:
     fuse_norm_quant: bool = True
     fuse_bias: bool = True
     fuse_rope_store: bool = True
+    fuse_attn_quant: bool = True
     n_threads: int | None = None
     adaptive_threads: bool = False
     batch_invariant: bool = False
@@ -69,7 +71,8 @@ class EngineConfig:
         return cls(n_ctx=n_ctx, k_type=k_type or kv_type, v_type=v_type or kv_type,
                    fuse_swiglu=fuse, fuse_gate_up=fuse, fuse_add_norm=fuse,
                    fuse_norm_quant=fuse,
-                   fuse_bias=fuse, fuse_rope_store=fuse, n_threads=chosen or usable_cores(),
+                   fuse_bias=fuse, fuse_rope_store=fuse, fuse_attn_quant=fuse,
+                   n_threads=chosen or usable_cores(),
                    adaptive_threads=chosen is None, batch_invariant=batch_invariant,
                    state_checkpoints=state_checkpoints)
 

@@ -581,7 +581,25 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     return K.bind_attention(srcs[0], k_cache, v_cache, srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
-                            softcap=op.softcap, sinks=sinks)
+                            softcap=op.softcap, sinks=sinks, quant=_output_activation(node, out,
+                                                                                       ctx))
+
+
+def _output_activation(node: Node, out: np.ndarray,
+                       ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
+    """The quantized activation an attention step fills for the output projection reading its
+    rows (`fusion.fuse_attn_quant`: the op's `quant_for`), its tape slot claimed so that the
+    projection emits no quantize step; None where the projection would not read one (a float
+    weight, the sgemm path)."""
+    op = node.op
+    assert isinstance(op, ir.Attn)
+    if not op.quant_for or ctx.dense_f32:
+        return None
+    p = _projection(ctx, op.quant_for, out.shape[1])
+    if not isinstance(p.form, str) or (out.shape[0] >= p.sgemm_from
+                                       and not ctx.batch_invariant):
+        return None
+    return _activation_slot(ctx, node.id, out, p)[0]
 
 
 def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,

@@ -2,13 +2,17 @@
 quantization as one step (`ir.FusedGateUp` with `quant_for`, issue #66).
 
 Each thread (`gate_up_part`, or its share of `gate_up`'s parallel loop) takes a contiguous run of
-the down activation's quantization blocks (32 values for Q8_0, 256 for Q8_K), computes those
-output columns of gate and of up (the row driver's `_part` form over those weight rows: each
-row's value is the same bits whichever rows a call takes), applies SwiGLU to them
-(`arith._swiglu`, the same per-element function as the SwiGLU step) and quantizes its own
-blocks of the result (`activations.quantize_q8_0_blocks` / `_k_`, the quantize kernels' block
-function under their flags). The unfused tape ran gate, up, a serial SwiGLU and a serial
-quantize with two barriers between; this step needs none, and its bits are theirs.
+the output's groups of 16 columns (the split the row drivers' own loops make), computes those
+columns of gate and of up (the row driver's `_part` form over those weight rows: each row's
+value is the same bits whichever rows a call takes) and applies SwiGLU to them (`arith._swiglu`,
+the same per-element function as the SwiGLU step). A quantization block of the down activation
+(32 values for Q8_0, 256 for Q8_K) may span two threads' columns: each thread counts its
+arrival at each block it wrote into (`arrivals`, an atomic add), and the last to arrive, which
+then sees every value of the block, quantizes it (`activations.quantize_q8_0_blocks` / `_k_`,
+the quantize kernels' block function under their flags) and resets its count. So the threads'
+shares stay as even as the drivers' (a Q8_K activation of the 0.5B's FFN has 19 blocks) with
+no barrier. The unfused tape ran gate, up, a serial SwiGLU and a serial quantize; this step
+needs no wait of its own, and its bits are theirs.
 
 One module per pair of row drivers (gate's, up's) and quantized form, rendered from `_TEMPLATE`
 and loaded through `jit_cache.load_generated` (numba caches only functions whose callees are
@@ -35,35 +39,59 @@ from numba import njit, prange
 from minfer.backends.cpu.kernels.elementwise.arith import _swiglu
 from minfer.backends.cpu.kernels.quant.activations import {quantize}
 from minfer.backends.cpu.kernels.region.parts import share
+from minfer.backends.cpu.kernels.region.sync import atomic_add
 from minfer.backends.cpu.kernels.simd.llvm import thread_count
 from {gate_module} import {gate}_part as gate_rows
 from {up_module} import {up}_part as up_rows
 
+ROWS = 16  # a share's unit: a group of the interleaved weights' rows
+
+
+@njit(inline="always")
+def _part_of(g, n_parts, n_groups):
+    """The part whose share holds group g."""
+    return ((g + 1) * n_parts - 1) // n_groups
+
+
+@njit(inline="always")
+def _parts_in(b, per_block, n_parts, n_groups):
+    """How many parts hold groups of block b."""
+    n, prev = 1, _part_of(b * per_block, n_parts, n_groups)
+    for g in range(b * per_block + 1, (b + 1) * per_block):
+        p = _part_of(g, n_parts, n_groups)
+        n += p != prev
+        prev = p
+    return n
+
 
 @njit(cache=True)
-def gate_up_part(part, n_parts, wg, wu, xq, xd, aux, gate, up, out, {quant}):
-    """Part `part` of `n_parts`: its run of the quantization blocks (see the module)."""
+def gate_up_part(part, n_parts, wg, wu, xq, xd, aux, gate, up, out, arrivals, {quant}):
+    """Part `part` of `n_parts`: its groups of columns, and the blocks it completes."""
     nt, n_ff = out.shape
-    n_block = qd.shape[1]
-    unit = n_ff // n_block
-    b0, b1 = share(part, n_parts, n_block)
-    lo, hi = b0 * unit, b1 * unit
-    if hi > lo:
-        g = gate[nt * lo:nt * hi].reshape(nt, hi - lo)  # this thread's columns, contiguous
+    n_groups = n_ff // ROWS
+    per_block = n_ff // qd.shape[1] // ROWS
+    g0, g1 = share(part, n_parts, n_groups)
+    if g1 > g0:
+        lo, hi = g0 * ROWS, g1 * ROWS
+        g = gate[nt * lo:nt * hi].reshape(nt, hi - lo)  # this part's columns, contiguous
         u = up[nt * lo:nt * hi].reshape(nt, hi - lo)
         gate_rows(0, 1, wg[lo:hi], xq, xd, aux, g, None)
         up_rows(0, 1, wu[lo:hi], xq, xd, aux, u, None)
         for t in range(nt):
             _swiglu(g[t], u[t], out[t, lo:hi])
-            {quantize}(out, {quant}, t, b0, b1)
+        for b in range(g0 // per_block, (g1 - 1) // per_block + 1):
+            if atomic_add(arrivals, b, 1) == _parts_in(b, per_block, n_parts, n_groups) - 1:
+                arrivals[b] = 0  # the last part to arrive: every value of block b is written
+                for t in range(nt):
+                    {quantize}(out, {quant}, t, b, b + 1)
 
 
 @njit(parallel=True, cache=True)
-def gate_up(wg, wu, xq, xd, aux, gate, up, out, {quant}):
+def gate_up(wg, wu, xq, xd, aux, gate, up, out, arrivals, {quant}):
     """gate_up_part's parts, one per thread."""
     n_parts = thread_count()
     for part in prange(n_parts):
-        gate_up_part(part, n_parts, wg, wu, xq, xd, aux, gate, up, out, {quant})
+        gate_up_part(part, n_parts, wg, wu, xq, xd, aux, gate, up, out, arrivals, {quant})
 '''
 _FORMS = {"q8_0": ("quantize_q8_0_blocks", "qs, qd, qsum1, qisum"),
           "q8_k": ("quantize_q8_k_blocks", "qs, qd, qbsums")}
@@ -112,4 +140,5 @@ def bind_gate_up(wg_raw: np.ndarray, gate_type: int, wu_raw: np.ndarray, up_type
     quant = ((down.qs, down.d, down.bsums) if isinstance(down, Q8KBlocks)
              else (down.qs, down.d, down.s, down.isum))
     gate, up = np.empty(out.size, np.float32), np.empty(out.size, np.float32)
-    return functools.partial(kernel, wg, wu, xq.qs, xq.d, aux, gate, up, out, *quant)
+    arrivals = np.zeros(n_ff // unit, np.int64)
+    return functools.partial(kernel, wg, wu, xq.qs, xq.d, aux, gate, up, out, arrivals, *quant)
