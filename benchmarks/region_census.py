@@ -9,8 +9,8 @@ Prints one layer's steps in full and the whole tape's totals: steps, serial step
 the time in steps (each step's slowest thread), in serial steps, and in barrier gaps (from the
 slowest thread's end of a step to the next step's start). `--off` turns fusions off (the
 EngineConfig fields in FUSIONS). With `--ab ROUNDS`: decode tok/s with every fusion against
-round 20's off (ROUND_20), two engines in one process taking turns, ROUNDS turns of 32 tokens
-each (median and range).
+those of `--off` off (without `--off`: round 20's, ROUND_20), two engines in one process taking
+turns, ROUNDS turns of 32 tokens each (median and range).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from minfer.gguf.reader import GGUFFile
 from minfer.jit_cache import kernel_call
 
 DEFAULT_MODEL = Path.home() / ".cache/minfer/qwen2.5-coder-0.5b-instruct.gguf"
-FUSIONS = ("fuse_add_norm", "fuse_norm_quant", "fuse_bias", "fuse_rope_store")
+FUSIONS = ("fuse_add_norm", "fuse_norm_quant", "fuse_bias", "fuse_rope_store", "fuse_gate_up",
+           "fuse_attn_quant")
 ROUND_20 = ("fuse_norm_quant", "fuse_bias", "fuse_rope_store")  # `--ab` turns off for "before"
 
 
@@ -61,7 +62,7 @@ def main() -> None:
     numba.set_num_threads(a.threads)
     f = GGUFFile.open(a.model)
     if a.ab:
-        _ab(f, a.threads, a.ab)
+        _ab(f, a.threads, a.ab, tuple(a.off) or ROUND_20)
         return
     e = Engine(f, HParams.from_gguf(f), n_ctx=512, n_threads=a.threads,
                **dict.fromkeys(a.off, False))
@@ -120,10 +121,10 @@ def main() -> None:
         print(f"  {k:32s} {kinds[k]:4d} {t / 1e3:6.3f}")
 
 
-def _ab(f: GGUFFile, threads: int, rounds: int, n: int = 32) -> None:
-    """After: every fusion; before: round 20's (ROUND_20) off."""
+def _ab(f: GGUFFile, threads: int, rounds: int, off: tuple[str, ...], n: int = 32) -> None:
+    """After: every fusion; before: those in `off` off."""
     engines = {fused: Engine(f, HParams.from_gguf(f), n_ctx=512, n_threads=threads,
-                             **dict.fromkeys(ROUND_20, fused)) for fused in (True, False)}
+                             **dict.fromkeys(off, fused)) for fused in (True, False)}
     rates: dict[bool, list[float]] = {True: [], False: []}
     for fused, e in engines.items():
         e.forward(list(range(1, 33)), 0)

@@ -7,14 +7,17 @@ environment (`minfer.env`), so a default is the same wherever an engine is made.
 - n_ctx: the context (KV cells) the engine holds;
 - k_type / v_type: the KV cache formats (f32, f16, q8_0, q4_0; the backend that owns them
   refuses the rest);
-- fuse_swiglu: the SwiGLU / GeGLU activation fused into one node (on); fuse_gate_up: gate and
-  up projections as one node (off: measured neutral on decode, 2 threads 13.07 vs 12.83
-  ms/token unfused; it stays a tested twin); fuse_add_norm: a residual add and the RMSNorm
+- fuse_swiglu: the SwiGLU / GeGLU activation fused into one node (on); fuse_gate_up: a decode
+  graph's gate and up projections and their SwiGLU as one node, and on CPU-only graphs one
+  split step of the op tape that also quantizes the result for the down projection
+  (`kernels.linear.gate_up`: two serial steps and two barriers a layer fewer; on);
+  fuse_add_norm: a residual add and the RMSNorm
   reading it as one node, one step of the op tape (CPU-only graphs, on); fuse_norm_quant: that
   norm's step also quantizes its rows for the projections reading them (CPU-only graphs, on);
   fuse_bias: a projection's bias added by its kernel, no step of its own (CPU-only graphs, on);
   fuse_rope_store: rope of q and k in the KV store's step, k roped straight into the cache
-  (CPU-only graphs, on);
+  (CPU-only graphs, on); fuse_attn_quant: attention's step also quantizes each KV head's
+  query heads for the output projection (CPU-only graphs, on);
 - n_threads: threads for prefill and the most a decode step may take; adaptive_threads: decode
   steps pick their count by measurement (when the user gave none);
 - batch_invariant: every row's arithmetic independent of the batch around it (the server);
@@ -43,11 +46,12 @@ class EngineConfig:
     k_type: str = "f16"
     v_type: str = "f16"
     fuse_swiglu: bool = True
-    fuse_gate_up: bool = False
+    fuse_gate_up: bool = True
     fuse_add_norm: bool = True
     fuse_norm_quant: bool = True
     fuse_bias: bool = True
     fuse_rope_store: bool = True
+    fuse_attn_quant: bool = True
     n_threads: int | None = None
     adaptive_threads: bool = False
     batch_invariant: bool = False
@@ -65,8 +69,10 @@ class EngineConfig:
         decode steps picking their count by measurement."""
         chosen = threads or env.threads()
         return cls(n_ctx=n_ctx, k_type=k_type or kv_type, v_type=v_type or kv_type,
-                   fuse_swiglu=fuse, fuse_add_norm=fuse, fuse_norm_quant=fuse,
-                   fuse_bias=fuse, fuse_rope_store=fuse, n_threads=chosen or usable_cores(),
+                   fuse_swiglu=fuse, fuse_gate_up=fuse, fuse_add_norm=fuse,
+                   fuse_norm_quant=fuse,
+                   fuse_bias=fuse, fuse_rope_store=fuse, fuse_attn_quant=fuse,
+                   n_threads=chosen or usable_cores(),
                    adaptive_threads=chosen is None, batch_invariant=batch_invariant,
                    state_checkpoints=state_checkpoints)
 

@@ -228,6 +228,7 @@ class Engine:
             fuse_norm_quant=config.fuse_norm_quant,
             fuse_bias=config.fuse_bias,
             fuse_rope_store=config.fuse_rope_store,
+            fuse_attn_quant=config.fuse_attn_quant,
             backends=tuple(b.name for b in self._backends),
             # whole groups of 16 output rows: the unit of the CPU backend's interleaved weights
             vocab_limit=limit if 0 < (limit := -(-vocab_limit // 16) * 16) < hparams.n_vocab

@@ -26,6 +26,10 @@ def fuse(graph: ComputeGraph, params: GraphParams) -> ComputeGraph:
         fuse_bias(graph)
     if params.ctx.fuse_rope_store and params.ctx.backends == ("cpu",):
         fuse_rope_store(graph)
+    if params.ctx.fuse_gate_up and params.ctx.backends == ("cpu",):
+        fuse_gate_up_quant(graph)
+    if params.ctx.fuse_attn_quant and params.ctx.backends == ("cpu",):
+        fuse_attn_quant(graph)
     return graph
 
 
@@ -161,4 +165,48 @@ def fuse_rope_store(graph: ComputeGraph) -> int:
         store.meta = dataclasses.replace(store.meta, weights=rk.meta.weights)
         rq.op, rq.srcs = ir.Written(), ()
         fused += 1
+    return fused
+
+
+def _only_projection(graph: ComputeGraph, users: list[list[int]], node: ir.Node) -> str:
+    """The weight of the MatMul that is the node's only reader, projecting its rows; "" if
+    there is none such."""
+    if len(users[node.id]) != 1:
+        return ""
+    reader = graph.nodes[users[node.id][0]]
+    if not isinstance(reader.op, ir.MatMul) or reader.srcs[0] != node.id:
+        return ""
+    return reader.meta.weights[0]
+
+
+def fuse_gate_up_quant(graph: ComputeGraph) -> int:
+    """FusedGateUp (the builder's, under `fuse_gate_up`) whose only reader is the down
+    projection of its rows -> the same op with `quant_for` naming the down weight: the CPU
+    backend then runs gate, up, SwiGLU and the down activation's quantization as one split
+    step (`kernels.linear.gate_up`: each thread its blocks of the result) where the tape had
+    the two projections, a serial SwiGLU and a serial quantize between barriers. The backend
+    keeps the separate steps wherever the fused one cannot stand for them (a float or sgemm
+    path, GeGLU, gate and up of different types). CPU-only graphs."""
+    return _quant_for_projection(graph, ir.FusedGateUp)
+
+
+def fuse_attn_quant(graph: ComputeGraph) -> int:
+    """Attn whose only reader is the output projection of its rows -> the same op with
+    `quant_for` naming that weight: the CPU backend's attention step then quantizes the heads
+    each thread computed (`kernels.attn.attend`: where a KV head's group of query heads is
+    whole quantization blocks), and the o-proj follows it with no serial quantize step between.
+    Not where something else reads the attention's rows first (Qwen3.5's output gate).
+    CPU-only graphs."""
+    return _quant_for_projection(graph, ir.Attn)
+
+
+def _quant_for_projection(graph: ComputeGraph, kind: type[ir.FusedGateUp | ir.Attn]) -> int:
+    users = graph.consumers()
+    fused = 0
+    for node in graph.nodes:
+        op = node.op
+        weight = _only_projection(graph, users, node) if isinstance(op, kind) else ""
+        if weight and isinstance(op, ir.FusedGateUp | ir.Attn):
+            node.op = dataclasses.replace(op, quant_for=weight)
+            fused += 1
     return fused

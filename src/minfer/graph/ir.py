@@ -312,7 +312,9 @@ class Attn(Op):
     named in the meta, gpt-oss's `attn_sinks`) joins the softmax's max and sum as a cell
     without a value (ggml_soft_max_ext's sinks): the weights sum to less than 1. The cells are
     layer's own, or kv_layer's where that is set (Gemma 4's shared-KV layers read an earlier
-    layer's)."""
+    layer's). quant_for: the output projection's weight (`fusion.fuse_attn_quant`): the CPU
+    backend then also quantizes the output as that weight's kernel reads it, in the same
+    step."""
 
     layer: int
     n_head: int
@@ -323,6 +325,7 @@ class Attn(Op):
     softcap: float = 0.0
     sinks: bool = False
     kv_layer: int = -1
+    quant_for: str = ""
 
     @property
     def cache_layer(self) -> int:
@@ -367,9 +370,12 @@ class RoundF16(Op):
 
 @dataclass(frozen=True)
 class FusedGateUp(Op):
-    """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input."""
+    """Decode fusion: act(x @ Wg.T) * (x @ Wu.T) in one pass over one quantized input.
+    quant_for: the down projection's weight (`fusion.fuse_gate_up_quant`): the CPU backend
+    then also quantizes the result as that weight's kernel reads it, in the same step."""
 
     act: str = "silu"  # "silu" | "gelu"
+    quant_for: str = ""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class ContextParams:
     fuse_norm_quant: bool = True  # a norm's step quantizes for its projections (CPU-only)
     fuse_bias: bool = True  # a projection's bias added in its kernel (CPU-only graphs)
     fuse_rope_store: bool = True  # rope of q and k in the KV store's step (CPU-only graphs)
+    fuse_attn_quant: bool = True  # attention's step quantizes for the o-proj (CPU-only)
     backends: tuple[str, ...] = ("cpu",)  # backends allowed to take nodes, in preference order
     window: str = "per_token"  # KV window inputs: kv_start/kv_end per query token
     vocab_limit: int = 0  # logits of the first ids only (a draft model's head); 0: all

@@ -431,6 +431,9 @@ def _bind_matmul(node: Node, srcs: Srcs, out: np.ndarray,
 def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
                         ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.FusedGateUp)
+    fused = _fused_gate_up_step(node, srcs[0], out, ctx)
+    if fused is not None:
+        return fused
     # the tape's own scratch, held as long as the tape. With its output aliasing an input, the
     # activation's element loop fails LLVM's runtime overlap check and runs scalar (0.5B decode:
     # 24 us a layer, 3 us vectorised, the same bits): a third buffer where rows are few
@@ -440,6 +443,32 @@ def _bind_fused_gate_up(node: Node, srcs: Srcs, out: np.ndarray,
            else K.bind_swiglu(gate, up, out))
     return [*_bind_project(node.meta.weights[0], node.srcs[0], srcs[0], gate, ctx),
             *_bind_project(node.meta.weights[1], node.srcs[0], srcs[0], up, ctx), act]
+
+
+def _fused_gate_up_step(node: Node, x: np.ndarray, out: np.ndarray,
+                        ctx: ExecContext) -> list[Callable[[], None]] | None:
+    """Gate, up, SwiGLU and the down activation's quantization as one step (`K.bind_gate_up`,
+    `fusion.fuse_gate_up_quant`), after x's quantize step where the tape still needs one; None
+    where it cannot stand for the separate steps: GeGLU, the sgemm path or a float weight for
+    any of the three projections, gate and up reading different activations, the down activation's
+    slot being the input's (one shape and form), out's rows not whole blocks of that form: the
+    caller binds those."""
+    op = node.op
+    assert isinstance(op, ir.FusedGateUp)
+    if not op.quant_for or op.act != "silu" or ctx.dense_f32:
+        return None
+    pg, pu = (_projection(ctx, w, x.shape[1]) for w in node.meta.weights[:2])
+    pd = _projection(ctx, op.quant_for, out.shape[1])
+    integer = all(isinstance(p.form, str) and (x.shape[0] < p.sgemm_from or ctx.batch_invariant)
+                  for p in (pg, pu, pd))
+    if not integer or not isinstance(pd.form, str) or pg.form != pu.form \
+            or out.shape[1] % K.block_values(pd.form) or (x.shape, pg.form) == (out.shape, pd.form):
+        return None
+    xq, quantize = _activation_slot(ctx, node.srcs[0], x, pg)
+    down = _activation_slot(ctx, node.id, out, pd)[0]  # claimed: down emits no quantize step
+    assert xq is not None and down is not None
+    return [*quantize, K.bind_gate_up(pg.packed, pg.quant_type, pu.packed, pu.quant_type, xq,
+                                      out, down)]
 
 
 def _bind_get_rows(node: Node, srcs: Srcs, out: np.ndarray,
@@ -554,7 +583,25 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     return K.bind_attention(srcs[0], k_cache, v_cache, srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
-                            softcap=op.softcap, sinks=sinks)
+                            softcap=op.softcap, sinks=sinks, quant=_output_activation(node, out,
+                                                                                       ctx))
+
+
+def _output_activation(node: Node, out: np.ndarray,
+                       ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
+    """The quantized activation an attention step fills for the output projection reading its
+    rows (`fusion.fuse_attn_quant`: the op's `quant_for`), its tape slot claimed so that the
+    projection emits no quantize step; None where the projection would not read one (a float
+    weight, the sgemm path)."""
+    op = node.op
+    assert isinstance(op, ir.Attn)
+    if not op.quant_for or ctx.dense_f32:
+        return None
+    p = _projection(ctx, op.quant_for, out.shape[1])
+    if not isinstance(p.form, str) or (out.shape[0] >= p.sgemm_from
+                                       and not ctx.batch_invariant):
+        return None
+    return _activation_slot(ctx, node.id, out, p)[0]
 
 
 def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,

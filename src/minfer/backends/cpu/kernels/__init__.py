@@ -35,7 +35,8 @@ Public API (see docs/interfaces.md):
 - attention (blocked=True: the sgemm kernel of `attn.blocked`, used from
   ATTN_BLOCKED_MIN_TOKENS rows when not batch invariant), kv_store -- `attn.attend`
 - bind_*(same arguments) -> a no-argument call: the kernel over fixed arrays, checked once (the
-  op tape); new_activation / bind_quantize / bind_prequant_into for a matmul's activation
+  op tape); new_activation / bind_quantize / bind_prequant_into for a matmul's activation;
+  bind_gate_up: gate, up, SwiGLU and down's activation quantize as one step -- `linear.gate_up`
 
 The hot loops do not depend on numba's auto-vectoriser settings: the quantized dots are explicit
 vector IR (`simd.blocks`, `simd.kquants`), and the element-wise loops are simple enough for
@@ -122,6 +123,7 @@ from minfer.backends.cpu.kernels.linear.dispatch import (
     takes_bias,
 )
 from minfer.backends.cpu.kernels.linear.experts import ExpertWeight, bind_moe
+from minfer.backends.cpu.kernels.linear.gate_up import bind_gate_up, block_values
 from minfer.backends.cpu.kernels.linear.gemm_i16 import (
     I16Weight,
     bind_gemm_i16,
@@ -177,6 +179,7 @@ __all__ = [
     "bind_add_rms_norm",
     "bind_attention",
     "bind_delta_net",
+    "bind_gate_up",
     "bind_gemm",
     "bind_gemm_amx",
     "bind_gemm_i16",
@@ -199,6 +202,7 @@ __all__ = [
     "bind_ssm_conv",
     "bind_store_kv",
     "bind_swiglu",
+    "block_values",
     "delta_net",
     "dense_weight",
     "dequantize",

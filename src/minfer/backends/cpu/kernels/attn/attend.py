@@ -47,6 +47,14 @@ from minfer.backends.cpu.kernels.attn.vector_ir import (
 )
 from minfer.backends.cpu.kernels.attn.vector_ir import scores as ir_scores
 from minfer.backends.cpu.kernels.elementwise.arith import softmax_groups
+from minfer.backends.cpu.kernels.quant.activations import (
+    Q8Blocks,
+    Q8KBlocks,
+    bind_quantize_q8_0,
+    bind_quantize_q8_k,
+    quantize_q8_0_blocks,
+    quantize_q8_k_blocks,
+)
 from minfer.backends.cpu.kernels.region.parts import share
 from minfer.backends.cpu.kernels.simd.llvm import as_f32, f16_to_f32, f32_to_f16
 
@@ -114,6 +122,41 @@ def _attention_part(part, n_parts, q, k, v, kv_start, kv_end, n_head, n_head_kv,
     for item in range(*share(part, n_parts, n)):
         _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
                         softcap, sinks, out)
+
+
+@njit(inline="always")
+def _quantize_heads(item, n_head, n_head_kv, head_dim, out, qs, qd, qaux, qisum):
+    """Quantize the output columns of `item` (its query row's group of heads; whole blocks,
+    checked by `bind_attention`) into the output projection's activation: Q8_0 blocks of 32
+    (qaux: Q8_1's sums) or, with qisum None, Q8_K blocks of 256 (qaux: bsums)."""
+    width = n_head // n_head_kv * head_dim
+    t, c0 = item // n_head_kv, item % n_head_kv * width
+    if qisum is None:
+        quantize_q8_k_blocks(out, qs, qd, qaux, t, c0 // 256, (c0 + width) // 256)
+    else:
+        quantize_q8_0_blocks(out, qs, qd, qaux, qisum, t, c0 // 32, (c0 + width) // 32)
+
+
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
+def _attention_quant(q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale, softcap,
+                     sinks, out, qs, qd, qaux, qisum):
+    """`_attention`, each item's output then quantized by the thread that computed it
+    (`fusion.fuse_attn_quant`): the bits of `_attention` and a quantize step after it."""
+    for item in prange(q.shape[0] * n_head_kv):
+        _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                        softcap, sinks, out)
+        _quantize_heads(item, n_head, n_head_kv, head_dim, out, qs, qd, qaux, qisum)
+
+
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _attention_quant_part(part, n_parts, q, k, v, kv_start, kv_end, n_head, n_head_kv,
+                          head_dim, scale, softcap, sinks, out, qs, qd, qaux, qisum):
+    """`_attention_quant`'s items for part `part` of `n_parts` (a parallel region's thread)."""
+    n = q.shape[0] * n_head_kv
+    for item in range(*share(part, n_parts, n)):
+        _attention_item(item, q, k, v, kv_start, kv_end, n_head, n_head_kv, head_dim, scale,
+                        softcap, sinks, out)
+        _quantize_heads(item, n_head, n_head_kv, head_dim, out, qs, qd, qaux, qisum)
 
 
 # The row-blocked form of `_attention` (`_attention_rows`), from this many query rows on: a work
@@ -380,17 +423,25 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start:
 def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_start: np.ndarray,
                    kv_end: np.ndarray, *, n_head: int, n_head_kv: int, head_dim: int,
                    scale: float, out: np.ndarray, blocked: bool = False, window: int = 0,
-                   softcap: float = 0.0,
-                   sinks: np.ndarray | None = None) -> list[Callable[[], None]]:
+                   softcap: float = 0.0, sinks: np.ndarray | None = None,
+                   quant: Q8Blocks | Q8KBlocks | None = None) -> list[Callable[[], None]]:
     """`attention` over fixed arrays (the op tape), as the calls to make in order: shapes
     checked once. The windows are data the batch fills in each time; their bounds are the
     caller's to check (the engine refuses a batch whose windows leave the context before it
-    runs anything)."""
+    runs anything). With `quant`, out is also quantized into it: by the attention kernel's
+    threads, each the heads it computed, where the per-row kernel runs and a KV head's group
+    of query heads is whole blocks (`fusion.fuse_attn_quant`); else by a quantize step after."""
+    def then_quantize(steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+        if quant is None:
+            return steps
+        return [*steps, bind_quantize_q8_k(out, quant) if isinstance(quant, Q8KBlocks)
+                else bind_quantize_q8_0(out, quant)]
+
     if kv_quant.uses_quant(k_cache, v_cache):  # q8_0 / q4_0 caches
-        return [kv_quant.bind_attention(q, k_cache, v_cache, kv_start, kv_end, n_head=n_head,
-                                        n_head_kv=n_head_kv, head_dim=head_dim, scale=scale,
-                                        out=out, blocked=blocked, window=window,
-                                        softcap=softcap, sinks=sinks)]
+        return then_quantize([kv_quant.bind_attention(
+            q, k_cache, v_cache, kv_start, kv_end, n_head=n_head, n_head_kv=n_head_kv,
+            head_dim=head_dim, scale=scale, out=out, blocked=blocked, window=window,
+            softcap=softcap, sinks=sinks)])
     sk = sink_logits(sinks, n_head)
     nt = q.shape[0]
     k, v = _check_heads(q, k_cache, v_cache, n_head, n_head_kv, head_dim, out)
@@ -408,7 +459,7 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
             lo, hi = bounds()
             attention_blocked(q, k, v, lo, hi, n_head, n_head_kv, head_dim, scale, out,
                               softcap=softcap, sinks=sk)
-        return [step_blocked]
+        return then_quantize([step_blocked])
     f16 = k.dtype == np.uint16
     scale32, softcap32 = np.float32(scale), np.float32(softcap)
     lo, hi = np.empty(nt, np.int64), np.empty(nt, np.int64)
@@ -418,14 +469,19 @@ def bind_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_s
             qr = q.astype(np.float16).astype(np.float32)
             _per_token(qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32, sk,
                        out)
-        return [step_rounding]
+        return then_quantize([step_rounding])
     qr = np.empty_like(q) if f16 else q  # the query rounded to f16 (with an f16 cache)
     # `_per_token`'s choice is fixed by the shape; the row-blocked kernel reads the thread
     # count of each call, so it keeps the Python wrapper
     kernel = _per_token if _rows_apply(nt, head_dim) else _attention
-    return [partial(_prepare, q, qr, f16, kv_start, kv_end, window, lo, hi),
-            partial(kernel, qr, k, v, lo, hi, n_head, n_head_kv, head_dim, scale32, softcap32,
-                    sk, out)]
+    prepare = partial(_prepare, q, qr, f16, kv_start, kv_end, window, lo, hi)
+    unit = 256 if isinstance(quant, Q8KBlocks) else 32
+    if quant is not None and kernel is _attention and n_head // n_head_kv * head_dim % unit == 0:
+        aux, isum = (quant.bsums, None) if isinstance(quant, Q8KBlocks) else (quant.s, quant.isum)
+        return [prepare, partial(_attention_quant, qr, k, v, lo, hi, n_head, n_head_kv, head_dim,
+                                 scale32, softcap32, sk, out, quant.qs, quant.d, aux, isum)]
+    return then_quantize([prepare, partial(kernel, qr, k, v, lo, hi, n_head, n_head_kv,
+                                           head_dim, scale32, softcap32, sk, out)])
 
 
 # Up to this many query rows a bound attention holds its own buffer for the query rounded to

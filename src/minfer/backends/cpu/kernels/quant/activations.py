@@ -127,10 +127,9 @@ PARALLEL_MIN_ROWS = 16
 
 
 @njit(inline="always", fastmath=_FM, error_model="numpy")
-def _q8_0_row(x, qs, d, s, isum, t):
-    n = x.shape[1]
+def _q8_0_blocks(x, qs, d, s, isum, t, b0, b1):
     xr, qr = x[t], qs[t]
-    for b in range(n // 32):
+    for b in range(b0, b1):
         o = b * 32
         amax = max(_max32(xr, o), -_min32(xr, o))
         dd = amax / np.float32(127.0)
@@ -139,6 +138,11 @@ def _q8_0_row(x, qs, d, s, isum, t):
         d[t, b] = f16_to_f32(f32_to_f16(dd))
         s[t, b] = f16_to_f32(f32_to_f16(dd * np.float32(total)))
         isum[t, b] = total
+
+
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _q8_0_row(x, qs, d, s, isum, t):
+    _q8_0_blocks(x, qs, d, s, isum, t, 0, x.shape[1] // 32)
 
 
 @njit(cache=True, fastmath=_FM, error_model="numpy")
@@ -161,10 +165,9 @@ def _quantize_q8_0_rows_par_part(part, n_parts, x, qs, d, s, isum):
 
 
 @njit(inline="always", fastmath=_FM, error_model="numpy")
-def _q8_k_row(x, qs, d, bsums, t):
-    n = x.shape[1]
+def _q8_k_blocks(x, qs, d, bsums, t, b0, b1):
     xr, qr = x[t], qs[t]
-    for b in range(n // 256):
+    for b in range(b0, b1):
         o = b * 256
         mx, mn = _max256(xr, o), _min256(xr, o)
         if mx == 0 and mn == 0:
@@ -187,6 +190,11 @@ def _q8_k_row(x, qs, d, bsums, t):
         d[t, b] = np.float32(1.0) / iscale
 
 
+@njit(inline="always", fastmath=_FM, error_model="numpy")
+def _q8_k_row(x, qs, d, bsums, t):
+    _q8_k_blocks(x, qs, d, bsums, t, 0, x.shape[1] // 256)
+
+
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _quantize_q8_k_rows(x, qs, d, bsums):
     for t in range(x.shape[0]):
@@ -204,6 +212,20 @@ def _quantize_q8_k_rows_par_part(part, n_parts, x, qs, d, bsums):
     """Rows of part `part` of `n_parts` (a parallel region's thread)."""
     for t in range(*share(part, n_parts, x.shape[0])):
         _q8_k_row(x, qs, d, bsums, t)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def quantize_q8_0_blocks(x, qs, d, s, isum, t, b0, b1):
+    """Blocks [b0, b1) of row t, as the row kernels quantize them (under their flags: numba
+    inlines a row function into its caller's): a step that computed those values itself
+    (`linear.gate_up`) quantizes them with no step of its own."""
+    _q8_0_blocks(x, qs, d, s, isum, t, b0, b1)
+
+
+@njit(cache=True, fastmath=_FM, error_model="numpy")
+def quantize_q8_k_blocks(x, qs, d, bsums, t, b0, b1):
+    """Q8_K's blocks [b0, b1) of row t (see `quantize_q8_0_blocks`)."""
+    _q8_k_blocks(x, qs, d, bsums, t, b0, b1)
 
 
 def _rows(x: np.ndarray, block: int) -> np.ndarray:

@@ -39,6 +39,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_rope": ("out",),
     "_swiglu": ("out",),
     "_attention": ("out",),
+    "_attention_quant": ("out", "qs", "qd", "qaux", "qisum"),
     "_per_token": ("out",),
     "_quantize_q8_0_rows_par": ("qs", "d", "s", "isum"),
     "_quantize_q8_k_rows_par": ("qs", "d", "bsums"),
@@ -62,6 +63,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "_store_kv_serial": ("k_cache", "v_cache"),
     "_rope_store": ("q_out", "k_cache", "v_cache"),
     "_rope_store_par": ("q_out", "k_cache", "v_cache"),
+    "gate_up": ("gate", "up", "out", "arrivals", "qs", "qd", "qsum1", "qisum", "qbsums"),
 }
 _DRIVER_WRITES = ("out",)  # the row drivers (`linear.row_drivers`: mv_*)
 
