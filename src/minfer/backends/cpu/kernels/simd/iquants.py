@@ -138,14 +138,19 @@ def _indices(builder: Any, w: Any, base: Any, g: int, kind: str) -> list[Any]:
         q = _at(builder, w, base, 2 + 8 * g, _I64)
         return [_bits(builder, q, 16 * k, 511) for k in range(4)]
     # IQ3_S: qs[64] the low 8 bits, qh[8] (byte g, bit k) the 9th; IQ2_S: qs[32] the low 8
-    # bits, qh[8] (byte g, bits 2k, 2k + 1) the 9th and 10th
+    # bits, qh[8] (byte g, bits 2k, 2k + 1) the 9th and 10th. The indices made as u16 lanes of
+    # one vector (the qs bytes widened, or'ed with qh's bits moved to 8 and up), then read from
+    # its 64-bit words as IQ2_XS's from its block (scalar, they were twice the instructions)
     n, hi_bits = (8, 1) if kind == "iq3_s" else (4, 2)
-    q = _at(builder, w, base, 2 + n * g, _I64 if n == 8 else _I32)
-    qh = builder.zext(_at(builder, w, base, 66 + g, _I8), _I64)
-    return [builder.or_(_bits(builder, q, 8 * k, 255),
-                        builder.shl(_bits(builder, qh, hi_bits * k, (1 << hi_bits) - 1),
-                                    ir.Constant(_I64, 8)))
-            for k in range(n)]
+    v16 = _vec(ir.IntType(16), n)
+    low = builder.zext(_at(builder, w, base, 2 + n * g, _vec(_I8, n)), v16)
+    qh = _splat(builder, builder.zext(_at(builder, w, base, 66 + g, _I8), ir.IntType(16)), n)
+    high = builder.shl(builder.and_(qh, ir.Constant(v16, [((1 << hi_bits) - 1) << (hi_bits * k)
+                                                          for k in range(n)])),
+                       ir.Constant(v16, [8 - hi_bits * k for k in range(n)]))
+    words = builder.bitcast(builder.or_(low, high), _vec(_I64, n // 4))
+    return [_bits(builder, builder.extract_element(words, ir.Constant(_I32, k // 4)),
+                  16 * (k % 4), 0xFFFF) for k in range(n)]
 
 
 def _ksign_indices(builder: Any, w: Any, base: Any, g: int, kind: str) -> list[Any] | None:
