@@ -7,8 +7,9 @@ whose base-3 bytes its kernel `simd.ternary` dots as they are. Under MINFER_IQ_D
 (`reads_direct`) nor are the READ_DIRECT types (IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S): their
 kernels (`simd.iquants`) fetch the grid rows from the file's blocks, and for long calls expand
 one group of 16 rows at a time into a Q7_K_PACKED scratch: the file's bytes held (1/4.2 of
-IQ2_XXS's copy, 1/2.8 of IQ3_XXS's), at 2-3x the copy's time per decode matmul (their grid and
-sign fetches are compute), 1.05-1.2x at 512 tokens; not the default.)
+IQ2_XXS's copy, 1/2.8 of IQ3_XXS's, 1/1.9 of IQ3_S's, 1/3.7 of IQ2_XS's), at 2-3.7x the copy's
+time per decode matmul (their grid and sign fetches are compute), 1.05-1.3x at 512 tokens;
+not the default.)
 
 - Q3_K → Q6_K: value = d * (sc - 32) * q3 with q3 in -4..3 per 16 values is exactly Q6_K's
   d * sc8 * (q6 - 32) with sc8 = sc - 32 and q6 = q3 + 32 (210 bytes instead of 110).
