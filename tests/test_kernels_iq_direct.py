@@ -1,5 +1,6 @@
-"""IQ2_XXS / IQ3_XXS dotted from the file's blocks (`simd.iquants`, the default; under
-MINFER_IQ_WIDEN they are widened, test_kernels_iquants.py): no widened copy held, ggml's
+"""The i-quants read direct (IQ2_XXS / IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S, `reencode.READ_DIRECT`)
+dotted from the file's blocks (`simd.iquants`, the default; under MINFER_IQ_WIDEN they are
+widened, test_kernels_iquants.py): no widened copy held, ggml's
 integer sums exactly against the dequantized reference, and one value per row whichever path
 computes it: the plain rows (short calls, experts), the row groups expanded into a Q7_K_PACKED
 scratch (long calls), a parallel region's parts. Run for the host's CPU and, in .ci/run's AVX2
@@ -23,7 +24,7 @@ from minfer.backends.cpu.kernels.simd.iquants import EXPAND_MIN_TOKENS, EXPANDS
 
 from .test_kernels_batch_invariance import _alone, _assert_batches_match, _prequant
 
-DIRECT = [QType.IQ2_XXS, QType.IQ3_XXS]
+DIRECT = [QType.IQ2_XXS, QType.IQ3_XXS, QType.IQ3_S, QType.IQ2_XS, QType.IQ2_S]
 IDS = {"ids": lambda q: q.name}
 N_IN = 256 * 3
 
@@ -53,7 +54,7 @@ def test_the_file_blocks_are_the_weight_held(qt: QType, monkeypatch: pytest.Monk
     assert prefill_min_tokens(qt) > 1 << 40 or not EXPANDS
     monkeypatch.setenv("MINFER_IQ_WIDEN", "1")  # speed over memory: the exact Q6_K / Q7_K copy
     wide, wt = integer_weight(w, qt)
-    assert wt is not qt and wide.nbytes > 2 * w.nbytes
+    assert wt is not qt and wide.nbytes > 1.5 * w.nbytes  # IQ3_S -> Q6_K: 210 / 110 bytes
 
 
 @pytest.mark.parametrize("qt", DIRECT, **IDS)
@@ -73,6 +74,40 @@ def test_rows_equal_ggml_integer_dot_alone_and_in_batches(qt: QType, n_out: int)
     assert np.abs(alone - f64).max() <= 1e-5 * np.abs(f64).max()
     assert EXPAND_MIN_TOKENS <= 16
     _assert_batches_match(run, x, alone, (2, 3, 5, 8, 9, 16, 33, 40))
+
+
+# d_w over ggml's f16 d (`quant.iquants.iq_form`)
+_D_FACTOR = {QType.IQ2_XXS: 0.125, QType.IQ3_XXS: 0.5, QType.IQ3_S: 1.0, QType.IQ2_XS: 0.125,
+             QType.IQ2_S: 0.125}
+
+
+@pytest.mark.parametrize("qt", DIRECT, **IDS)
+def test_rows_are_ggml_float_steps_bit_for_bit(qt: QType) -> None:
+    """Per super-block the exact integer sum (the dequantized values over d_w are integers
+    sc * q) and one float step acc = fma(d_w * d_x, float(sum), acc) in block order: emulated
+    in 64-bit-mantissa long doubles (d_w d_x times a sum below 2^31 is exact there), the
+    kernel's bits in short (plain rows) and long (expanded row groups) calls."""
+    n_out, nb = 48, N_IN // 256
+    w = _weight(qt, n_out, seed=10)
+    x = _x(20, seed=11)
+    xq = quantize_activation(x, qt)
+    d16 = w.reshape(n_out, nb, -1)[:, :, :2].copy().view(np.float16)[..., 0]
+    dw = d16.astype(np.float32) * np.float32(_D_FACTOR[qt])  # [n_out, nb]
+    vals = dequantize(w, qt, N_IN).astype(np.float64).reshape(n_out, nb, 256)
+    ints = np.rint(vals / np.where(dw == 0, 1, dw)[..., None].astype(np.float64))
+    assert np.array_equal(ints * dw[..., None], vals)  # d_w * (sc * q) exactly
+    acc = np.zeros((len(x), n_out), np.float32)
+    xqs = xq.qs.astype(np.int64).reshape(len(x), nb, 256)
+    for b in range(nb):
+        isum = xqs[:, b] @ ints[:, b].astype(np.int64).T  # [nt, n_out]
+        p = xq.d[:, b, None] * dw[None, :, b]  # f32 products
+        acc = (p.astype(np.longdouble) * isum.astype(np.longdouble)
+               + acc.astype(np.longdouble)).astype(np.float32)
+    run = _prequant(w, qt)
+    for t0, t1 in ((0, 3), (0, 20)):
+        out = np.empty((t1 - t0, n_out), np.float32)
+        run(x[t0:t1], out)
+        assert np.array_equal(out, acc[t0:t1]), (t0, t1)
 
 
 @pytest.mark.parametrize("qt", DIRECT, **IDS)

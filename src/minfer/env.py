@@ -17,7 +17,7 @@ variable is the default; a malformed value is refused by name where it is parsed
 | MINFER_TORCH_DEVICE, _CLAIM, _WEIGHTS, _MIN_ROWS | backends.torch_backend | the torch backend |
 | MINFER_ENCODER_F32 | backends.cpu | any value: encoders keep the f32 GEMM (not AMX, not int16) |
 | MINFER_ENCODER_INT8 | backends.cpu | any value: encoders without AMX use the int8 dots |
-| MINFER_IQ_WIDEN | backends.cpu.kernels.quant | any value: IQ2_XXS / IQ3_XXS widened (speed) |
+| MINFER_IQ_WIDEN | backends.cpu.kernels.quant | any value: READ_DIRECT i-quants widened (speed) |
 | MINFER_REGIONS | backends.cpu.regions | 0: each tape step its own call (no parallel regions) |
 | MINFER_API_KEY | cli serve | the server's API key when --api-key is not given |
 | MINFER_TIMING | cli run | any value: per-phase timings on stderr |

@@ -40,7 +40,10 @@ from minfer.backends.cpu.kernels.linear.row_drivers import (
     mv_bf16,
     mv_f16,
     mv_f32,
+    mv_iq2_s,
+    mv_iq2_xs,
     mv_iq2_xxs,
+    mv_iq3_s,
     mv_iq3_xxs,
     mv_iq4_nl,
     mv_iq4_nlp,
@@ -162,7 +165,8 @@ _KQUANT = {QType.Q4_K: mv_q4_k, QType.Q5_K: mv_q5_k, QType.Q6_K: mv_q6_k,
            QType.IQ4_XS: mv_iq4_xs, QType.IQ4_XS_PACKED: mv_iq4_xsr,
            QType.Q2_K_PACKED: mv_q2_kr, QType.TQ2_0_PACKED: mv_tq2_0r,
            QType.TQ1_0: mv_tq1_0, QType.IQ2_XXS: mv_iq2_xxs,
-           QType.IQ3_XXS: mv_iq3_xxs}
+           QType.IQ3_XXS: mv_iq3_xxs, QType.IQ3_S: mv_iq3_s, QType.IQ2_XS: mv_iq2_xs,
+           QType.IQ2_S: mv_iq2_s}
 
 
 # The name the repacked weights are kept under (`ModelWeights.derived`, on disk too): Q5_0's
@@ -254,9 +258,9 @@ def _kernel_for(qt: QType) -> tuple[Callable[..., None], type, str]:
 
 def integer_weight(w_raw: np.ndarray, qtype: int) -> tuple[np.ndarray, QType]:
     """The weight as the integer kernels read it, and its type: the file's blocks (IQ4_NL,
-    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them; IQ2_XXS and IQ3_XXS unless MINFER_IQ_WIDEN,
-    `reencode.reads_direct`), or for Q3_K and the other i-quants below IQ4 a copy widened to
-    Q6_K / Q7_K (see `quant.reencode`), made here."""
+    IQ4_XS, MXFP4, TQ1_0 and TQ2_0 among them; the `reencode.READ_DIRECT` i-quants unless
+    MINFER_IQ_WIDEN, `reencode.reads_direct`), or for Q3_K and the other i-quants below IQ4 a
+    copy widened to Q6_K / Q7_K (see `quant.reencode`), made here."""
     qt = qtype_of(qtype)
     w, _ = weight_view(w_raw, qt)
     return widen(w, qt)

@@ -467,6 +467,9 @@ DRIVERS: tuple[IntegerDriver | RowsDriver | IQDriver | FloatDriver, ...] = (
     _rows_k("tq2_0", "koffset_corr(bsums, 1)"),
     IQDriver("iq2_xxs"),
     IQDriver("iq3_xxs"),
+    IQDriver("iq3_s"),
+    IQDriver("iq2_xs"),
+    IQDriver("iq2_s"),
     FloatDriver("mv_f32", "fdot_f32", "F32 rows times an f32 activation (`linear.float_rows`)."),
     FloatDriver("mv_f16", "fdot_f16",
                 "w: uint16 half bits [n_out, n]; x: f32 values already rounded to f16."),
@@ -531,6 +534,9 @@ mv_q2_kr: Any = _M.mv_q2_kr
 mv_tq2_0r: Any = _M.mv_tq2_0r
 mv_iq2_xxs: Any = _M.mv_iq2_xxs
 mv_iq3_xxs: Any = _M.mv_iq3_xxs
+mv_iq3_s: Any = _M.mv_iq3_s
+mv_iq2_xs: Any = _M.mv_iq2_xs
+mv_iq2_s: Any = _M.mv_iq2_s
 mv_f32: Any = _M.mv_f32
 mv_f16: Any = _M.mv_f16
 mv_bf16: Any = _M.mv_bf16

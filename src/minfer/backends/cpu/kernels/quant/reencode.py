@@ -4,11 +4,12 @@
 the levels up, `simd.blocks._lookup`, and read the file's blocks. Nor are TQ2_0, whose 2-bit codes
 are Q2_K's layout, dotted by Q2_K's vector kernel with unit scales (`simd.kquants`), and TQ1_0,
 whose base-3 bytes its kernel `simd.ternary` dots as they are. Nor, by default, are the
-READ_DIRECT types (IQ2_XXS, IQ3_XXS; `reads_direct`): their kernels (`simd.iquants`) fetch the
-grid rows from the file's blocks, and for long calls expand one group of 16 rows at a time into
-a Q7_K_PACKED scratch: the file's bytes held (1/4.2 of IQ2_XXS's copy, 1/2.8 of IQ3_XXS's; the
-1.5B imatrix files' RSS 1,056 / 1,383 MiB against 2,143 / 2,335 widened), at 2-3x the copy's
-time per decode matmul (their grid and sign fetches are compute), 1.05-1.2x at 512 tokens. A
+READ_DIRECT types (IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S; `reads_direct`): their kernels
+(`simd.iquants`) fetch the grid rows from the file's blocks, and for long calls expand one group
+of 16 rows at a time into a Q7_K_PACKED scratch: the file's bytes held (1/4.2 of IQ2_XXS's
+copy, 1/2.8 of IQ3_XXS's, 1/1.9 of IQ3_S's, 1/3.7 of IQ2_XS's; the 1.5B imatrix files' RSS
+1,056 / 1,383 MiB against 2,143 / 2,335 widened for IQ2_XXS / IQ3_XXS), at 2-3.7x the copy's
+time per decode matmul (their grid and sign fetches are compute), 1.05-1.3x at 512 tokens. A
 user picks these types to fit memory, so the file's blocks are the default; MINFER_IQ_WIDEN=1
 widens them as below, speed over memory.)
 
@@ -136,7 +137,7 @@ def _iq_to_k(w, qtype, size, out, seven, exact):
 
 
 # the types with kernels on the file's blocks (`simd.iquants`), run so unless MINFER_IQ_WIDEN
-READ_DIRECT = frozenset({QType.IQ2_XXS, QType.IQ3_XXS})
+READ_DIRECT = frozenset({QType.IQ2_XXS, QType.IQ3_XXS, QType.IQ3_S, QType.IQ2_XS, QType.IQ2_S})
 
 
 def reads_direct(qt: QType) -> bool:

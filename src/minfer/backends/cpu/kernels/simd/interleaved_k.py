@@ -237,7 +237,7 @@ def _offset_super(kind: str, int_scales: bool = False) -> Any:
     """The super-block step of Q6_K / Q7_K (`_OFFSET_CODED`): one template, the two layouts
     differing in d (f16 / f32), the code vectors (Q6_K's 6-bit codes unpacked from three,
     Q7_K's four read as they are) and the highest code (AVX2's int16 pair sums).
-    `int_scales` (Q7_K expanded from IQ2_XXS / IQ3_XXS rows, `simd.iquants`): the sub-block
+    `int_scales` (Q7_K expanded from IQ2 / IQ3 rows, `simd.iquants`): the sub-block
     sums times the scales summed in int32 (exact), one float step per super-block, acc =
     fma(d * d_x, float(sum), acc): the float steps of `simd.iquants`' plain rows."""
     size, d_bytes, n_vec, code_max, _ = _OFFSET_CODED[kind]
@@ -500,7 +500,7 @@ def rows_dot_k(kind: str, ntok: int, weight_group: bool = False) -> Any:
 
 define_passes(globals(), "rowsdot", rows_dot_k, ("q4_k", "q6_k", "q7_k", "iq4_xs", "q2_k",
                                                   "tq2_0"))
-# Q7_K with integer scales on a row group expanded from the file's IQ2_XXS / IQ3_XXS rows
+# Q7_K with integer scales on a row group expanded from the file's IQ2 / IQ3 rows
 # (`simd.iquants`)
 define_passes(globals(), "rowsdotx", lambda qt, n: rows_dot_k(qt, n, True), ("q7_ki",))
 # Wider passes where they measured faster (the row drivers run them first, `RowsDriver.wide`):
