@@ -40,10 +40,11 @@ def test_sums_are_the_squared_inputs_of_every_block_matmul(tiny_qwen2: Path) -> 
         engine.forward(ids[i * 32:(i + 1) * 32], 0, 32)
     for step in tracer.steps:
         graph = tracer.prepared[step.header["graph"]].graph
-        for node in graph.nodes:
-            if isinstance(node.op, ir.MatMul) and node.meta.weights[0] in matmuls:
+        for node in graph.nodes:  # a fused gate / up node: both its weights read its input
+            if isinstance(node.op, ir.MatMul | ir.FusedGateUp):
                 x = step.outputs[node.srcs[0]].reshape(32, -1).astype(np.float64)
-                want[node.meta.weights[0]] = want.get(node.meta.weights[0], 0) + (x * x).sum(0)
+                for name in node.meta.weights[:2 if isinstance(node.op, ir.FusedGateUp) else 1]:
+                    want[name] = want.get(name, 0) + (x * x).sum(0)
     for name, e in im.entries.items():
         assert list(e.counts) == [64]
         np.testing.assert_allclose(e.sums, want[name], rtol=1e-5, err_msg=name)

@@ -87,26 +87,29 @@ class ImatrixCollector(StepTracer):
             if isinstance(node.op, ir.Moe):
                 self._experts(node, buffers, tape, weights)
                 return
-            # a shared expert's sigmoid gate is a 1-output matmul of its second source in llama.cpp
+            # a shared expert's sigmoid gate is a 1-output matmul of its second source in llama.cpp;
+            # a fused gate / up node is llama.cpp's two matmuls of one input
             if isinstance(node.op, ir.MatMul):
-                src = nodes[node.srcs[0]]
+                src, names = nodes[node.srcs[0]], node.meta.weights[:1]
+            elif isinstance(node.op, ir.FusedGateUp):
+                src, names = nodes[node.srcs[0]], node.meta.weights[:2]
             elif isinstance(node.op, ir.SigmoidGate):
-                src = nodes[node.srcs[1]]
+                src, names = nodes[node.srcs[1]], node.meta.weights[:1]
             else:
                 return
-            if not self.wanted(node.meta.weights[0]):
-                return
+            names = tuple(n for n in names if self.wanted(n))
             n_rows, n_in = src.shape[0], src.shape[-1]
             x = buffers[src.id]
-            if n_rows < MIN_ROWS or x is None:
+            if not names or n_rows < MIN_ROWS or x is None:
                 return
-            x = x.reshape(-1)[:n_rows * n_in].reshape(n_rows, n_in)
-            name = node.meta.weights[0]
-            acc = self.sums.setdefault(name, np.zeros(n_in, np.float32))
-            _add_squares(acc, np.ascontiguousarray(x, np.float32))
-            if not np.isfinite(acc).all():
-                raise MinferError(f"non-finite values detected in {name}")
-            self.counts[name] = self.counts.get(name, 0) + n_rows
+            x = np.ascontiguousarray(x.reshape(-1)[:n_rows * n_in].reshape(n_rows, n_in),
+                                     np.float32)
+            for name in names:
+                acc = self.sums.setdefault(name, np.zeros(n_in, np.float32))
+                _add_squares(acc, x)
+                if not np.isfinite(acc).all():
+                    raise MinferError(f"non-finite values detected in {name}")
+                self.counts[name] = self.counts.get(name, 0) + n_rows
 
         tape.run_observed(observe)
 
