@@ -62,16 +62,16 @@ def test_generated_drivers_are_cached_dispatchers() -> None:
     rather than closures)."""
     dense = [getattr(row_drivers, n) for n in dir(row_drivers)
              if n.startswith("mv_") and not n.endswith("_x")]
-    # 31 types: Q7_K (the IQ2 types' widened copy) and its interleaved form, the table-lookup
+    # 34 types: Q7_K (the IQ2 types' widened copy) and its interleaved form, the table-lookup
     # IQ4_NL / IQ4_XS / MXFP4 and theirs, Q2_K / TQ2_0 and theirs, TQ1_0, the grid-fetching
-    # IQ2_XXS / IQ3_XXS (their default) among them; each with its stacked-expert form and its
-    # region parts
-    assert len(dense) == 31
+    # IQ2_XXS / IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S (their default) among them; each with its
+    # stacked-expert form and its region parts
+    assert len(dense) == 34
     drivers = [*dense, *(row_drivers.expert_form(d) for d in dense)]
     drivers += [getattr(row_drivers._M, f"{d.py_func.__name__}{part}")
                 for d in dense for part in ("_part", "_x_part")]
     drivers += list(rows._DRIVERS.values())
-    assert len(drivers) == 4 * 31 + 19  # 31 dense drivers' four forms, 19 quantizer row drivers
+    assert len(drivers) == 4 * 34 + 19  # 34 dense drivers' four forms, 19 quantizer row drivers
     for d in drivers:
         assert d.py_func.__code__.co_filename.endswith(".py")
         assert Path(d.py_func.__code__.co_filename).parent.name == "generated"
