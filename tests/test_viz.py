@@ -95,9 +95,13 @@ def test_graph_endpoint_counts_equal_the_graph(client: TestClient, session: VizS
         assert node["op"] == "MatMul" and node["backend"] == "cpu"
         assert node["weights"][0] == {"name": "blk.0.attn_q.weight", "type": "Q8_0"}
         assert node["buffer"]["slot"] >= 0 and node["shape"] == [n_tokens, 64]
-        swiglu = [n for n in body["nodes"] if n["op"] == "SwiGLU"]
-        assert swiglu and all(n["fused"] for n in swiglu)
-        assert any(n["orphaned"] for n in body["nodes"])  # the Silu the fusion replaced
+        # prefill: the SwiGLU the fusion pass wrote; decode: gate, up and SwiGLU as one node
+        # (fuse_gate_up), written so by the builder
+        fused_op = "SwiGLU" if kind == "prefill" else "FusedGateUp"
+        fused = [n for n in body["nodes"] if n["op"] == fused_op]
+        assert fused and all(n["fused"] for n in fused)
+        if kind == "prefill":
+            assert any(n["orphaned"] for n in body["nodes"])  # the Silu the fusion replaced
         tail = {n["name"] for n in body["nodes"] if n["tail"]}
         assert ("tail_resid" in tail and "output" in tail) == (kind == "prefill")
         assert not any(n["tail"] for n in body["nodes"] if n["layer"] == 0)
@@ -123,7 +127,7 @@ def test_generate_streams_steps_and_tokens_and_the_trace_matches_numpy(
     graph = client.get(f"/api/graph?uid={decode['graph']}").json()
     by_name = {(n["name"], n["layer"]): n["id"] for n in graph["nodes"]}
     records = {r["id"]: r for r in decode["nodes"]}
-    for key in (("attn_q", 0), ("attn.1", 1), ("ffn_swiglu", 1), ("output", -1),
+    for key in (("attn_q", 0), ("attn.1", 1), ("ffn_gate_up", 1), ("output", -1),
                 ("token_ids", -1)):
         node_id = by_name[key]
         want = summarize_reference(outputs[node_id]) if key[0] != "token_ids" else \
