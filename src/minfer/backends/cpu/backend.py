@@ -498,13 +498,14 @@ def _bind_slice(node: Node, srcs: Srcs, out: np.ndarray,
     return [partial(np.copyto, out, x[:, op.start:op.start + op.width])]
 
 
-def _norm_activation(node: Node, out: np.ndarray,
-                     ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
-    """The quantized activation a norm's step fills for the projections reading its rows
-    (`fusion.fuse_norm_quant`: the op's `quant_for`), claiming its tape slot so that they emit
-    no quantize step; None where they would not read one (a float weight, the sgemm path)."""
+def _fused_activation(node: Node, out: np.ndarray,
+                      ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
+    """The quantized activation a norm's or an attention's step fills for the projections
+    reading its rows (`fusion.fuse_norm_quant` / `fuse_attn_quant`: the op's `quant_for`),
+    claiming its tape slot so that they emit no quantize step; None where they would not read
+    one (a float weight, the sgemm path)."""
     op = node.op
-    assert isinstance(op, ir.RmsNorm | ir.AddRmsNorm)
+    assert isinstance(op, ir.RmsNorm | ir.AddRmsNorm | ir.Attn)
     if not op.quant_for or ctx.dense_f32:
         return None
     p = _projection(ctx, op.quant_for, out.shape[1])
@@ -518,7 +519,7 @@ def _bind_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                    ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.RmsNorm)
     w = ctx.weights.vector(node.meta.weights[0])
-    xq = _norm_activation(node, out, ctx)
+    xq = _fused_activation(node, out, ctx)
     if xq is not None:
         return [K.bind_norm_quant(srcs[0], None, w, node.op.eps, None, out, xq)]
     return [K.bind_rms_norm(srcs[0], w, node.op.eps, out)]
@@ -528,7 +529,7 @@ def _bind_add_rms_norm(node: Node, srcs: Srcs, out: np.ndarray,
                        ctx: ExecContext) -> list[Callable[[], None]]:
     assert isinstance(node.op, ir.AddRmsNorm)
     w = ctx.weights.vector(node.meta.weights[0])
-    xq = _norm_activation(node, out, ctx)
+    xq = _fused_activation(node, out, ctx)
     if xq is not None:
         return [K.bind_norm_quant(srcs[0], srcs[1], w, node.op.eps, srcs[2], out, xq)]
     return [K.bind_add_rms_norm(srcs[0], srcs[1], w, node.op.eps, srcs[2], out)]
@@ -583,25 +584,8 @@ def _bind_attn(node: Node, srcs: Srcs, out: np.ndarray,
     return K.bind_attention(srcs[0], k_cache, v_cache, srcs[2], srcs[3],
                             n_head=op.n_head, n_head_kv=op.n_head_kv, head_dim=op.head_dim,
                             scale=op.scale, out=out, blocked=blocked, window=op.window,
-                            softcap=op.softcap, sinks=sinks, quant=_output_activation(node, out,
+                            softcap=op.softcap, sinks=sinks, quant=_fused_activation(node, out,
                                                                                        ctx))
-
-
-def _output_activation(node: Node, out: np.ndarray,
-                       ctx: ExecContext) -> K.Q8Blocks | K.Q8KBlocks | None:
-    """The quantized activation an attention step fills for the output projection reading its
-    rows (`fusion.fuse_attn_quant`: the op's `quant_for`), its tape slot claimed so that the
-    projection emits no quantize step; None where the projection would not read one (a float
-    weight, the sgemm path)."""
-    op = node.op
-    assert isinstance(op, ir.Attn)
-    if not op.quant_for or ctx.dense_f32:
-        return None
-    p = _projection(ctx, op.quant_for, out.shape[1])
-    if not isinstance(p.form, str) or (out.shape[0] >= p.sgemm_from
-                                       and not ctx.batch_invariant):
-        return None
-    return _activation_slot(ctx, node.id, out, p)[0]
 
 
 def _bind_short_conv(node: Node, srcs: Srcs, out: np.ndarray,
