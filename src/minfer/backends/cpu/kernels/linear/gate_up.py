@@ -88,7 +88,9 @@ def gate_up_part(part, n_parts, wg, wu, xq, xd, aux, gate, up, out, arrivals, {q
 
 @njit(parallel=True, cache=True)
 def gate_up(wg, wu, xq, xd, aux, gate, up, out, arrivals, {quant}):
-    """gate_up_part's parts, one per thread."""
+    """gate_up_part's parts, one per thread; the counts zeroed first (a region whose step
+    failed part-way calls this to raise, and leaves no stale count behind)."""
+    arrivals[:] = 0
     n_parts = thread_count()
     for part in prange(n_parts):
         gate_up_part(part, n_parts, wg, wu, xq, xd, aux, gate, up, out, arrivals, {quant})
