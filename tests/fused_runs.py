@@ -52,3 +52,16 @@ def tape_kernels(e: Engine, key: str) -> list[str]:
         func = getattr(bound[0], "py_func", bound[0]) if bound else s
         names.append(getattr(func, "__name__", "?"))
     return names
+
+
+def fused_against_unfused(path: Path, invariant: bool,
+                          toggle: str) -> tuple[list[str], list[str], int]:
+    """Two engines, the fusion `toggle` on (the default) and off: every forward's logits and
+    the KV caches bit for bit equal; then their one-token decode tapes' kernel names and the
+    model's layer count, for the caller's step counts."""
+    fused, e = run_engine(path, batch_invariant=invariant)
+    plain, e0 = run_engine(path, batch_invariant=invariant, **{toggle: False})
+    for a, b in zip(fused, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+    key = "tape-invariant" if invariant else "tape"
+    return tape_kernels(e, key), tape_kernels(e0, key), e.hparams.n_layer

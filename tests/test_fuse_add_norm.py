@@ -12,14 +12,11 @@ import pytest
 
 from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.regions import RegionRun
-from minfer.engine.forward import Engine
 from minfer.engine.trace import StepTracer
-from minfer.gguf.hparams import HParams
-from minfer.gguf.reader import GGUFFile
 from minfer.graph import ir
 from minfer.graph.alloc import plan_buffers
 from minfer.graph.params import ContextParams
-from tests.fused_runs import fused_graph
+from tests.fused_runs import fused_graph, run_engine
 
 TOKENS = [(7 * i + 3) % 50 for i in range(70)]
 
@@ -60,24 +57,13 @@ def test_the_pass_fuses_each_residual_add_into_the_norm_reading_it() -> None:
     assert "AddRmsNorm" not in [n.op.kind for n in torch.nodes]
 
 
-def _run(path: Path, **fields: object) -> tuple[list[np.ndarray], Engine]:
-    f = GGUFFile.open(path)
-    e = Engine(f, HParams.from_gguf(f), n_ctx=128, kv_type="f16", **fields)
-    out = [e.forward(TOKENS[:6], 0, n_out=2)]
-    for i, tok in enumerate(TOKENS[6:9]):
-        out.append(e.forward([tok], 6 + i))
-    out.append(e.forward(TOKENS[9:13], 9, n_out=4))
-    out.append(e.forward(TOKENS[13:], 13, n_out=3))  # 57 rows: past the regions' limit
-    return out + [a.copy() for a in e.kv.k + e.kv.v], e
-
-
 @pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_qwen3"])
 @pytest.mark.parametrize("invariant", [False, True])
 def test_fused_and_unfused_engines_give_the_same_bits(
         model: str, invariant: bool, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(model)
-    fused, e = _run(path, batch_invariant=invariant)
-    plain, e0 = _run(path, batch_invariant=invariant, fuse_add_norm=False)
+    fused, e = run_engine(path, batch_invariant=invariant)
+    plain, e0 = run_engine(path, batch_invariant=invariant, fuse_add_norm=False)
     for a, b in zip(fused, plain, strict=True):
         np.testing.assert_array_equal(a, b)
     key = "tape-invariant" if invariant else "tape"
@@ -96,7 +82,7 @@ def test_the_observed_walk_reads_each_sum_once_written(tiny_qwen2: Path) -> None
     fused norm that fills it, the unfused add's values (node ids are kept)."""
     seen = []
     for fuse_add_norm in (True, False):
-        _, e = _run(tiny_qwen2, fuse_add_norm=fuse_add_norm)
+        _, e = run_engine(tiny_qwen2, fuse_add_norm=fuse_add_norm)
         e.tracer = StepTracer(capture=True)
         e.forward([5], len(TOKENS))
         seen.append((e.cache.get(e.params_for(1, 1)).graph, e.tracer.steps[0]))

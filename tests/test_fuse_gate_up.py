@@ -18,7 +18,7 @@ from minfer.backends.cpu import kernels as K
 from minfer.backends.cpu.kernels import QType
 from minfer.graph import ir
 from minfer.graph.params import ContextParams
-from tests.fused_runs import fused_graph, run_engine, tape_kernels
+from tests.fused_runs import fused_against_unfused, fused_graph
 from tests.test_kernels_dequant import make_weight
 
 
@@ -112,13 +112,7 @@ def test_the_pass_marks_each_gate_up_read_by_down() -> None:
 def test_fused_and_unfused_engines_give_the_same_bits(
         model: str, invariant: bool, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(model)
-    fused, e = run_engine(path, batch_invariant=invariant)
-    plain, e0 = run_engine(path, batch_invariant=invariant, fuse_gate_up=False)
-    for a, b in zip(fused, plain, strict=True):
-        np.testing.assert_array_equal(a, b)
-    key = "tape-invariant" if invariant else "tape"
-    steps, steps0 = tape_kernels(e, key), tape_kernels(e0, key)
-    n_layer = e.hparams.n_layer
+    steps, steps0, n_layer = fused_against_unfused(path, invariant, "fuse_gate_up")
     assert steps.count("gate_up") == n_layer
     # per layer: gate, up, SwiGLU and the down activation's quantize -> one step
     assert len(steps) == len(steps0) - 3 * n_layer
