@@ -160,15 +160,22 @@ def llama_runs(ref_python: str, path: Path, prompts: list[tuple[str, str, list[i
                n: int, config: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """llama.cpp's greedy picks and every step's logits, per prompt (its own interpreter);
     config: Llama() arguments over the defaults (ALT_CONFIGS)."""
+    return _reference(ref_python, LLAMA_SCRIPT, path, {
+        "n_ctx": N_CTX, "threads": THREADS, "n": n,
+        "prompts": [{"text": t, "ids": ids} for _, t, ids in prompts], "config": config or {}},
+        "llama.cpp")
+
+
+def _reference(ref_python: str, script: str, path: Path, spec: dict[str, object],
+               what: str) -> dict[str, np.ndarray]:
+    """Run `script` in llama.cpp's interpreter on the file with a JSON spec; its npz arrays."""
     with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"n_ctx": N_CTX, "threads": THREADS, "n": n, "prompts": [
-            {"text": t, "ids": ids} for _, t, ids in prompts], "config": config or {}}))
-        out = Path(tmp) / "llama.npz"
-        proc = subprocess.run([ref_python, "-c", LLAMA_SCRIPT, str(path), str(spec), str(out)],
+        spec_file, out = Path(tmp) / "spec.json", Path(tmp) / "out.npz"
+        spec_file.write_text(json.dumps(spec))
+        proc = subprocess.run([ref_python, "-c", script, str(path), str(spec_file), str(out)],
                               capture_output=True, text=True, check=False, timeout=1800)
         if proc.returncode != 0:
-            raise RuntimeError(f"llama.cpp failed on {path}:\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"{what} failed on {path}:\n{proc.stderr[-3000:]}")
         with np.load(out) as z:
             return {k: z[k] for k in z.files}
 
@@ -251,16 +258,8 @@ def layer_spread(model: Any, ref_python: str, path: Path, context: list[int]
     graph = tracer.prepared[step.header["graph"]].graph
     mine = {graph.nodes[nid].meta.layer: np.asarray(out)[-1].ravel()
             for nid, out in step.outputs.items() if graph.nodes[nid].name == "ffn_resid"}
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"n_ctx": N_CTX, "threads": THREADS, "ids": context}))
-        out = Path(tmp) / "layers.npz"
-        proc = subprocess.run([ref_python, "-c", LAYERS_SCRIPT, str(path), str(spec), str(out)],
-                              capture_output=True, text=True, check=False, timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"llama.cpp's layers failed on {path}:\n{proc.stderr[-3000:]}")
-        with np.load(out) as z:
-            ref = {k: z[k] for k in z.files}
+    ref = _reference(ref_python, LAYERS_SCRIPT, path,
+                     {"n_ctx": N_CTX, "threads": THREADS, "ids": context}, "llama.cpp's layers")
 
     def rel(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b.astype(np.float64) ** 2)))
